@@ -1,0 +1,148 @@
+// What the core is told: the inventory, the policy, the actions; and what it answers.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tangram/types.h"
+
+namespace tangram {
+
+// ---------------------------------------------------------------- inventory
+
+struct GpuSpec {
+  Quantity memory = 0;  // milli-MiB
+};
+
+struct NodeSpec {
+  std::string name;
+  std::vector<Quantity> capacity;  // one entry per Inventory::kinds, milli-units
+  std::vector<GpuSpec> gpus;
+};
+
+// A named API quota. Zero disables a limit.
+struct QuotaSpec {
+  std::string name;
+  double rate = 0;                   // requests per second (GCRA emission interval 1/rate)
+  std::int64_t burst = 1;            // requests admitted back to back before the rate applies
+  std::int64_t max_concurrency = 0;  // requests in flight at once
+  std::int64_t tokens_per_minute = 0;  // token bucket: capacity and refill per minute
+};
+
+// A GPU service (a reward model): resident on one device or offloaded to host memory.
+struct ServiceSpec {
+  std::string name;
+  Quantity memory = 0;         // device memory while resident, milli-MiB
+  double restore_seconds = 0;  // time from a restore decision until it can run actions
+  std::int32_t max_batch = 1;  // actions it runs at once while resident
+};
+
+struct Inventory {
+  std::vector<std::string> kinds;  // resource kinds, e.g. {"cpu", "memory"}; names unique
+  std::vector<NodeSpec> nodes;
+  std::vector<QuotaSpec> quotas;
+  std::vector<ServiceSpec> services;
+};
+
+// ---------------------------------------------------------------- policy
+
+enum class PolicyKind : std::uint8_t {
+  // Minimise average ACT: shortest-estimated-first with aging, best-fit of minimum grants,
+  // spare elastic units by largest marginal gain once nobody waits, greedy eviction.
+  kTangram = 0,
+  // One shared pool, first-come first-served (with backfill), fixed minimum grants.
+  kFifo = 1,
+  // Each trajectory owns a fixed slot of cores from its first action until it ends; its
+  // actions run in that slot with the whole slot as their grant. Services as kIsolated.
+  kTrajectory = 2,
+  // A dedicated share of every node per task pool; each service has a home device.
+  kIsolated = 3,
+};
+
+struct PolicyConfig {
+  PolicyKind kind = PolicyKind::kTangram;
+  // kTangram: ordering key = estimated run time + aging * submit time. Larger favours
+  // arrival order; smaller favours short actions. Waiting can never starve an action in
+  // the order, because later arrivals get ever larger keys.
+  double aging = 0.5;
+  // Placement: best fit among the first `candidates` feasible bins in index order.
+  std::int32_t candidates = 4;
+  // kTangram: an extra elastic unit is granted only if it cuts the run time by at least
+  // this fraction of the current run time.
+  double min_relative_gain = 0.05;
+  // kTangram, kFifo: an action that has waited this long and still does not fit holds
+  // back every later action from the bins it could use, so big actions are not starved
+  // by a stream of small ones.
+  double starvation_seconds = 60;
+  // kTrajectory: cores (milli) in each trajectory's slot. Each node is cut into
+  // floor(cpu / slot) slots; other kinds are divided evenly among a node's slots.
+  Quantity trajectory_slot_cpu = 0;
+  // kIsolated: (task pool id, weight). Every node is divided among the pools in
+  // proportion to the weights. Actions name their pool in ActionSpec::task.
+  std::vector<std::pair<std::uint32_t, double>> pools;
+};
+
+// ---------------------------------------------------------------- actions
+
+enum class ModelKind : std::uint8_t {
+  kConstant = 0,  // run time does not depend on the grant
+  kAmdahl = 1,    // t(u) = seconds * ((1 - p) + p * min / u)
+  kTable = 2,     // piecewise linear through (units, seconds) points, flat outside
+  kCallback = 3,  // t(u) = callback(u), a native function (numba cfunc from Python)
+};
+
+using RuntimeCallback = double (*)(double units);
+
+struct ElasticityModel {
+  ModelKind kind = ModelKind::kConstant;
+  double seconds = 0;            // kConstant, kAmdahl: run time at the minimum grant
+  double parallel_fraction = 0;  // kAmdahl, in [0, 1]
+  std::int32_t table = -1;       // kTable: id from Scheduler::add_table
+  RuntimeCallback callback = nullptr;  // kCallback
+};
+
+inline constexpr std::int32_t kNone = -1;
+
+struct ActionSpec {
+  ActionId id = 0;
+  TrajectoryId trajectory = 0;
+  std::uint32_t task = 0;      // task pool (kIsolated); a label otherwise
+  std::int32_t priority = 0;   // higher classes go first
+  std::vector<Quantity> demand;  // minimum demand per kind, milli-units
+  Quantity gpu_memory = 0;     // device memory on one GPU (or on its service's GPU)
+  std::int32_t elastic_kind = kNone;  // the one elastic dimension, or kNone
+  Quantity elastic_max = 0;    // upper bound of the elastic grant, milli-units
+  ElasticityModel model;
+  std::int32_t affinity_node = kNone;  // where its trajectory's sandbox lives
+  std::int32_t service = kNone;        // GPU service it must run on
+  std::int32_t quota = kNone;          // API quota it draws from
+  std::int64_t tokens = 0;             // tokens it takes from the quota's budget
+};
+
+// ---------------------------------------------------------------- decisions
+
+enum class DecisionKind : std::uint8_t {
+  kStart = 0,    // run `action` on `node` (and `device`), elastic kind granted `grant`
+  kRestore = 1,  // make `service` resident on `node`/`device`; ready at `time`
+  kEvict = 2,    // offload `service` from `node`/`device` to host memory
+  kReject = 3,   // `action` can never run: terminal; Scheduler::message(reason) says why
+};
+
+struct Decision {
+  DecisionKind kind = DecisionKind::kStart;
+  ActionId action = 0;
+  std::int32_t node = kNone;
+  std::int32_t device = kNone;  // GPU index within the node
+  std::int32_t service = kNone;
+  std::int32_t elastic_kind = kNone;
+  Quantity grant = 0;  // granted units of the elastic kind (the minimum when not elastic)
+  TimeNs time = 0;     // kStart: when; kRestore: when the service is ready
+  std::int32_t reason = kNone;  // kReject: index into the last call's messages
+};
+
+// Where an action stands.
+enum class ActionState : std::uint8_t { kUnknown = 0, kWaiting = 1, kRunning = 2 };
+
+}  // namespace tangram

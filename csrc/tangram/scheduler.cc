@@ -1,0 +1,1461 @@
+// The scheduler core. docs/scheduling.md states the rules; tangram/reference.py implements
+// the same rules naively, and the differential tests hold the two to identical decisions.
+//
+// Structure:
+//   bins        what placement packs into: a node (kTangram, kFifo), a node's share for one
+//               task pool (kIsolated) or one trajectory slot (kTrajectory). Each policy
+//               partition has a BinTree over its bins for fast "first bins that fit".
+//   classes     waiting actions with identical admission constraints (demand, gpu memory,
+//               affinity, service, quota, tokens; the trajectory under kTrajectory). If the
+//               first of a class cannot start, none of the class can in that pass.
+//   active set  the head of every class that may start, in policy order. A class that
+//               failed on resources alone is parked off the set until resources are
+//               released where it could run; parking only skips work that would fail.
+#include "tangram/scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <tuple>
+#include <map>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+
+#include "tangram/bin_tree.h"
+#include "tangram/elasticity.h"
+#include "tangram/quota.h"
+
+namespace tangram {
+
+namespace {
+
+constexpr Quantity kMaxMilli = static_cast<Quantity>(kMaxBaseUnits) * kMilli;
+constexpr Quantity kElasticStep = kMilli;  // elastic grants grow one base unit at a time
+
+// Why a class could not start its head in the last pass that looked at it.
+enum class Block : std::uint8_t {
+  kNotConsidered,
+  kResources,
+  kHeldBack,  // an older starving action holds the bins
+  kQuotaRate,
+  kQuotaConcurrency,
+  kQuotaTokens,
+  kServiceRestoring,
+  kServiceNoRoom,
+  kServiceBatchFull,
+};
+
+struct OrderKey {
+  std::int32_t neg_priority;
+  std::int64_t key;
+  std::uint64_t seq;
+  std::int32_t slot;  // the action's slot; not part of the order
+  bool operator<(const OrderKey& o) const {
+    if (neg_priority != o.neg_priority) return neg_priority < o.neg_priority;
+    if (key != o.key) return key < o.key;
+    return seq < o.seq;
+  }
+};
+
+struct ActionRec {
+  ActionId id = 0;
+  TrajectoryId trajectory = 0;
+  std::int32_t cls = kNone;
+  ActionState state = ActionState::kUnknown;
+  std::int32_t elastic_kind = kNone;
+  Quantity elastic_max = 0;
+  Quantity grant = 0;  // elastic grant while running
+  ElasticityModel model;
+  TimeNs est_ns = 0;
+  TimeNs submit_ns = 0;
+  OrderKey order{};
+  std::int32_t bin = kNone;
+  std::int32_t device = kNone;  // global device index
+  TimeNs start_ns = 0;
+};
+
+struct Class {
+  // admission constraints (the class key)
+  std::vector<Quantity> demand;  // K kinds
+  Quantity gpu_memory = 0;
+  std::int32_t partition = 0;
+  std::int32_t affinity_node = kNone;
+  std::int32_t service = kNone;
+  std::int32_t quota = kNone;
+  std::int64_t tokens = 0;
+  TrajectoryId trajectory = 0;  // kTrajectory only
+  // state
+  std::set<OrderKey> waiting;
+  bool in_active = false;
+  bool parked = false;
+  Block block = Block::kNotConsidered;
+  TimeNs block_until = 0;
+};
+
+struct ClassKeyHash {
+  std::size_t operator()(const std::vector<std::int64_t>& v) const {
+    std::uint64_t h = 1469598103934665603ull;
+    for (std::int64_t x : v) {
+      h ^= static_cast<std::uint64_t>(x) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    }
+    return static_cast<std::size_t>(h);
+  }
+};
+
+struct Partition {
+  std::vector<std::int32_t> bins;       // global bin ids, in leaf order
+  std::vector<std::int32_t> node_lo;    // per node: first leaf of its bins (or -1)
+  std::vector<std::int32_t> node_hi;
+  BinTree free_tree;  // free vector (+ node's largest free device memory); -1 = unusable
+  BinTree cap_tree;   // capacity vector (+ node's largest device) for feasibility
+  std::vector<std::int32_t> parked;  // classes parked on any bin of this partition
+};
+
+struct ServiceRec {
+  std::int32_t device = kNone;  // global device index while resident or restoring
+  TimeNs ready_ns = 0;
+  std::int32_t running = 0;
+  std::int64_t waiting = 0;
+  TimeNs queued_ns = 0;  // estimated work of waiting actions
+  std::int32_t home_device = kNone;  // kIsolated / kTrajectory
+  TimeNs restore_ns = 0;
+};
+
+}  // namespace
+
+struct Scheduler::Impl {
+  Inventory inv;
+  PolicyConfig policy;
+  std::int32_t K = 0;  // kinds
+  std::int32_t D = 0;  // tree dims: K (+1 when there are GPUs)
+  bool has_gpus = false;
+  std::int64_t aging_permille = 0;
+  TimeNs starvation_ns = 0;
+
+  // bins
+  std::vector<Quantity> bin_cap, bin_free;  // B x K
+  std::vector<std::int32_t> bin_node, bin_partition, bin_leaf;
+  std::vector<Partition> partitions;
+  std::unordered_map<std::uint32_t, std::int32_t> pool_partition;  // kIsolated
+
+  // GPUs (global device index)
+  std::vector<std::int32_t> dev_node, dev_local;
+  std::vector<Quantity> dev_total, dev_free;
+  std::vector<std::int32_t> node_first_dev;  // node -> first global device
+  std::vector<Quantity> node_max_dev_free, node_max_dev_total;
+
+  std::vector<ServiceRec> services;
+  std::vector<QuotaState> quotas;
+  std::vector<RuntimeTable> tables;
+
+  // actions and classes
+  std::vector<ActionRec> slots;
+  std::vector<std::int32_t> free_slots;
+  std::unordered_map<ActionId, std::int32_t> by_id;
+  std::vector<Class> classes;
+  std::unordered_map<std::vector<std::int64_t>, std::int32_t, ClassKeyHash> class_index;
+  std::set<OrderKey> active;
+  std::vector<std::vector<std::int32_t>> node_parked;  // classes parked on one node's bins
+  std::unordered_map<TrajectoryId, std::int32_t> trajectory_live;
+  std::unordered_map<TrajectoryId, std::int32_t> trajectory_bin;  // kTrajectory bindings
+  std::uint64_t next_seq = 0;
+  std::size_t n_waiting = 0, n_running = 0;
+  TimeNs now = 0;
+  TimeNs wakeup = kNever;
+  std::vector<std::string> messages;
+
+  // per-pass scratch
+  std::uint64_t pass_epoch = 0;
+  std::vector<std::uint64_t> node_contended, partition_contended;  // == pass_epoch when set
+  std::vector<std::uint64_t> node_masked, partition_masked;
+  bool any_mask = false;
+  std::vector<std::uint8_t> quota_blocked;
+  std::vector<std::int32_t> started;  // action slots started in this pass
+  std::vector<std::size_t> started_decision;
+  std::vector<std::int32_t> cand;
+  std::vector<Quantity> scratch;
+
+  Impl(Inventory inventory, PolicyConfig cfg);
+
+  // ---- helpers
+  Quantity* free_of(std::int32_t bin) { return &bin_free[static_cast<std::size_t>(bin) * K]; }
+  const Quantity* free_of(std::int32_t bin) const { return &bin_free[static_cast<std::size_t>(bin) * K]; }
+  const Quantity* cap_of(std::int32_t bin) const { return &bin_cap[static_cast<std::size_t>(bin) * K]; }
+  bool service_is_ready(const ServiceRec& s) const { return s.device != kNone && s.ready_ns <= now; }
+  bool uses_service_home() const {
+    return policy.kind == PolicyKind::kIsolated || policy.kind == PolicyKind::kTrajectory;
+  }
+
+  void refresh_leaf(std::int32_t bin);
+  void refresh_node_devices(std::int32_t node);
+  void release_on_node(std::int32_t node, std::int32_t partition);
+  void park(std::int32_t c, std::int32_t node_or_none);
+  void activate(std::int32_t c);
+  void deactivate(std::int32_t c);
+  void set_head(std::int32_t c);
+  double seconds(const ActionRec& a, Quantity units) const;
+  Quantity minimum(const ActionRec& a) const;
+
+  // ---- events
+  std::int32_t class_for(const ActionSpec& s);
+  std::string infeasible_reason(const Class& c) const;
+  void validate_now(TimeNs t) const;
+  void validate_spec(const ActionSpec& s, std::size_t i, const std::string& f) const;
+  void submit(const ActionSpec* a, std::size_t n, std::vector<Decision>& out);
+  void finish(std::int32_t slot);  // running -> gone, resources back
+  void unqueue(std::int32_t slot);  // waiting -> gone
+
+  // ---- the pass
+  enum class Try { kStarted, kBlocked, kParked, kHalt };
+  void pass(std::vector<Decision>& out);
+  Try try_head(std::int32_t c, std::vector<Decision>& out);
+  std::int32_t scope_node(const Class& c) const;
+  bool eligible_range(const Class& c, std::int32_t& lo, std::int32_t& hi, std::int32_t& fixed_leaf) const;
+  bool restore(std::int32_t svc_id, const Class& head_class, std::vector<Decision>& out);
+  void grant_spare(std::vector<Decision>& out);
+  std::string explain(ActionId id) const;
+  void check() const;
+};
+
+// ============================================================ construction
+
+Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg) : inv(std::move(inventory)), policy(std::move(cfg)) {
+  K = static_cast<std::int32_t>(inv.kinds.size());
+  if (K == 0) throw Error(ErrorCode::kInvalidArgument, "inventory.kinds", "at least one resource kind is needed");
+  for (std::int32_t k = 0; k < K; ++k) {
+    if (inv.kinds[k].empty()) throw Error(ErrorCode::kInvalidArgument, "inventory.kinds[" + std::to_string(k) + "]", "a kind needs a name");
+    for (std::int32_t j = 0; j < k; ++j)
+      if (inv.kinds[j] == inv.kinds[k])
+        throw Error(ErrorCode::kInvalidArgument, "inventory.kinds[" + std::to_string(k) + "]", "duplicate kind '" + inv.kinds[k] + "'");
+  }
+  if (inv.nodes.empty()) throw Error(ErrorCode::kInvalidArgument, "inventory.nodes", "at least one node is needed");
+  const std::int32_t N = static_cast<std::int32_t>(inv.nodes.size());
+  for (std::int32_t n = 0; n < N; ++n) {
+    const auto& node = inv.nodes[n];
+    std::string f = "inventory.nodes[" + std::to_string(n) + "]";
+    if (static_cast<std::int32_t>(node.capacity.size()) != K)
+      throw Error(ErrorCode::kInvalidArgument, f + ".capacity", "has " + std::to_string(node.capacity.size()) + " entries for " + std::to_string(K) + " kinds");
+    for (std::int32_t k = 0; k < K; ++k)
+      if (node.capacity[k] < 0 || node.capacity[k] > kMaxMilli)
+        throw Error(ErrorCode::kInvalidArgument, f + ".capacity." + inv.kinds[k], "must be in [0, 1e12] units");
+    for (std::size_t g = 0; g < node.gpus.size(); ++g)
+      if (node.gpus[g].memory <= 0 || node.gpus[g].memory > kMaxMilli)
+        throw Error(ErrorCode::kInvalidArgument, f + ".gpus[" + std::to_string(g) + "].memory", "must be in (0, 1e12] MiB");
+  }
+  // devices
+  node_first_dev.resize(N + 1);
+  for (std::int32_t n = 0; n < N; ++n) {
+    node_first_dev[n] = static_cast<std::int32_t>(dev_node.size());
+    for (std::size_t g = 0; g < inv.nodes[n].gpus.size(); ++g) {
+      dev_node.push_back(n);
+      dev_local.push_back(static_cast<std::int32_t>(g));
+      dev_total.push_back(inv.nodes[n].gpus[g].memory);
+    }
+  }
+  node_first_dev[N] = static_cast<std::int32_t>(dev_node.size());
+  dev_free = dev_total;
+  has_gpus = !dev_node.empty();
+  D = K + (has_gpus ? 1 : 0);
+  node_max_dev_free.assign(N, 0);
+  node_max_dev_total.assign(N, 0);
+  for (std::int32_t n = 0; n < N; ++n)
+    for (std::int32_t d = node_first_dev[n]; d < node_first_dev[n + 1]; ++d)
+      node_max_dev_total[n] = std::max(node_max_dev_total[n], dev_total[d]);
+  node_max_dev_free = node_max_dev_total;
+
+  // quotas and services
+  for (std::size_t q = 0; q < inv.quotas.size(); ++q) {
+    quotas.emplace_back(inv.quotas[q], "inventory.quotas[" + std::to_string(q) + "]");
+    for (std::size_t j = 0; j < q; ++j)
+      if (inv.quotas[j].name == inv.quotas[q].name)
+        throw Error(ErrorCode::kInvalidArgument, "inventory.quotas[" + std::to_string(q) + "].name", "duplicate quota '" + inv.quotas[q].name + "'");
+  }
+  quota_blocked.assign(quotas.size(), 0);
+  for (std::size_t s = 0; s < inv.services.size(); ++s) {
+    const auto& spec = inv.services[s];
+    std::string f = "inventory.services[" + std::to_string(s) + "]";
+    for (std::size_t j = 0; j < s; ++j)
+      if (inv.services[j].name == spec.name) throw Error(ErrorCode::kInvalidArgument, f + ".name", "duplicate service '" + spec.name + "'");
+    if (spec.memory < 0 || spec.memory > kMaxMilli) throw Error(ErrorCode::kInvalidArgument, f + ".memory", "must be in [0, 1e12] MiB");
+    if (!std::isfinite(spec.restore_seconds) || spec.restore_seconds < 0 || spec.restore_seconds > kMaxSeconds)
+      throw Error(ErrorCode::kInvalidArgument, f + ".restore_seconds", "must be a finite number in [0, 1e9]");
+    if (spec.max_batch < 1) throw Error(ErrorCode::kInvalidArgument, f + ".max_batch", "must be at least 1");
+    if (!has_gpus) throw Error(ErrorCode::kInvalidArgument, f, "a GPU service needs at least one GPU in the inventory");
+    ServiceRec rec;
+    rec.restore_ns = to_ns(spec.restore_seconds);
+    services.push_back(rec);
+  }
+
+  // policy
+  std::string pf = std::string("policy(") + policy_name(policy.kind) + ")";
+  if (!std::isfinite(policy.aging) || policy.aging < 0 || policy.aging > 4)
+    throw Error(ErrorCode::kInvalidArgument, pf + ".aging", "must be a finite number in [0, 4]");
+  aging_permille = to_milli(policy.aging);
+  if (policy.candidates < 1 || policy.candidates > 1024)
+    throw Error(ErrorCode::kInvalidArgument, pf + ".candidates", "must be in [1, 1024]");
+  if (!std::isfinite(policy.min_relative_gain) || policy.min_relative_gain < 0 || policy.min_relative_gain > 1)
+    throw Error(ErrorCode::kInvalidArgument, pf + ".min_relative_gain", "must be a finite number in [0, 1]");
+  if (!std::isfinite(policy.starvation_seconds) || policy.starvation_seconds <= 0 || policy.starvation_seconds > kMaxSeconds)
+    throw Error(ErrorCode::kInvalidArgument, pf + ".starvation_seconds", "must be a finite number in (0, 1e9]");
+  starvation_ns = to_ns(policy.starvation_seconds);
+
+  // bins per policy
+  auto add_bin = [&](std::int32_t node, std::int32_t part, const std::vector<Quantity>& cap) {
+    std::int32_t b = static_cast<std::int32_t>(bin_node.size());
+    bin_node.push_back(node);
+    bin_partition.push_back(part);
+    bin_leaf.push_back(static_cast<std::int32_t>(partitions[part].bins.size()));
+    partitions[part].bins.push_back(b);
+    bin_cap.insert(bin_cap.end(), cap.begin(), cap.end());
+    bin_free.insert(bin_free.end(), cap.begin(), cap.end());
+  };
+  switch (policy.kind) {
+    case PolicyKind::kTangram:
+    case PolicyKind::kFifo:
+      partitions.resize(1);
+      for (std::int32_t n = 0; n < N; ++n) add_bin(n, 0, inv.nodes[n].capacity);
+      break;
+    case PolicyKind::kTrajectory: {
+      std::int32_t cpu = kNone;
+      for (std::int32_t k = 0; k < K; ++k)
+        if (inv.kinds[k] == "cpu") cpu = k;
+      if (cpu == kNone) throw Error(ErrorCode::kUnknownName, pf, "the trajectory policy needs a 'cpu' kind");
+      if (policy.trajectory_slot_cpu <= 0 || policy.trajectory_slot_cpu > kMaxMilli)
+        throw Error(ErrorCode::kInvalidArgument, pf + ".trajectory_slot_cpu", "must be positive");
+      partitions.resize(1);
+      for (std::int32_t n = 0; n < N; ++n) {
+        Quantity slots = inv.nodes[n].capacity[cpu] / policy.trajectory_slot_cpu;
+        std::vector<Quantity> cap(K);
+        for (std::int32_t k = 0; k < K; ++k)
+          cap[k] = k == cpu ? policy.trajectory_slot_cpu : (slots > 0 ? inv.nodes[n].capacity[k] / slots : 0);
+        for (Quantity s = 0; s < slots; ++s) add_bin(n, 0, cap);
+      }
+      if (partitions[0].bins.empty())
+        throw Error(ErrorCode::kInvalidArgument, pf + ".trajectory_slot_cpu", "larger than every node's cpu: no slot fits");
+      break;
+    }
+    case PolicyKind::kIsolated: {
+      if (policy.pools.empty()) throw Error(ErrorCode::kInvalidArgument, pf + ".pools", "the isolated policy needs at least one task pool");
+      double total = 0;
+      for (std::size_t p = 0; p < policy.pools.size(); ++p) {
+        double w = policy.pools[p].second;
+        if (!std::isfinite(w) || w <= 0 || w > 1e6)
+          throw Error(ErrorCode::kInvalidArgument, pf + ".pools[" + std::to_string(p) + "].weight", "must be a finite number in (0, 1e6]");
+        if (pool_partition.count(policy.pools[p].first))
+          throw Error(ErrorCode::kInvalidArgument, pf + ".pools[" + std::to_string(p) + "].task", "duplicate task pool " + std::to_string(policy.pools[p].first));
+        pool_partition[policy.pools[p].first] = static_cast<std::int32_t>(p);
+        total += w;
+      }
+      partitions.resize(policy.pools.size());
+      // Shares in integer parts per million so the split is exact and reproducible.
+      std::vector<Quantity> ppm(policy.pools.size());
+      for (std::size_t p = 0; p < policy.pools.size(); ++p)
+        ppm[p] = static_cast<Quantity>(std::floor(policy.pools[p].second / total * 1e6));
+      for (std::size_t p = 0; p < policy.pools.size(); ++p)
+        for (std::int32_t n = 0; n < N; ++n) {
+          std::vector<Quantity> cap(K);
+          for (std::int32_t k = 0; k < K; ++k)
+            cap[k] = static_cast<Quantity>((static_cast<__int128>(inv.nodes[n].capacity[k]) * ppm[p]) / 1000000);
+          add_bin(n, static_cast<std::int32_t>(p), cap);
+        }
+      break;
+    }
+  }
+  if (uses_service_home() && has_gpus) {
+    // Each service is given a home device up front, round robin over all devices, as a
+    // dedicated reward pool would be.
+    for (std::size_t s = 0; s < services.size(); ++s)
+      services[s].home_device = static_cast<std::int32_t>(s % dev_node.size());
+  }
+  // trees
+  for (auto& part : partitions) {
+    std::int32_t leaves = static_cast<std::int32_t>(part.bins.size());
+    part.free_tree = BinTree(leaves, D);
+    part.cap_tree = BinTree(leaves, D);
+    part.node_lo.assign(N, -1);
+    part.node_hi.assign(N, -1);
+    std::vector<Quantity> v(D);
+    for (std::int32_t leaf = 0; leaf < leaves; ++leaf) {
+      std::int32_t b = part.bins[leaf];
+      std::int32_t n = bin_node[b];
+      if (part.node_lo[n] < 0) part.node_lo[n] = leaf;
+      part.node_hi[n] = leaf + 1;
+      std::copy(cap_of(b), cap_of(b) + K, v.begin());
+      if (has_gpus) v[K] = node_max_dev_total[n];
+      part.cap_tree.set(leaf, v.data());
+      part.free_tree.set(leaf, v.data());
+    }
+  }
+  node_parked.resize(N);
+  node_contended.assign(N, 0);
+  node_masked.assign(N, 0);
+  partition_contended.assign(partitions.size(), 0);
+  partition_masked.assign(partitions.size(), 0);
+  scratch.resize(D);
+}
+
+// ============================================================ helpers
+
+void Scheduler::Impl::refresh_leaf(std::int32_t bin) {
+  Partition& part = partitions[bin_partition[bin]];
+  std::int32_t leaf = bin_leaf[bin];
+  std::copy(free_of(bin), free_of(bin) + K, scratch.begin());
+  if (has_gpus) scratch[K] = node_max_dev_free[bin_node[bin]];
+  part.free_tree.set(leaf, scratch.data());
+}
+
+void Scheduler::Impl::refresh_node_devices(std::int32_t node) {
+  Quantity best = 0;
+  for (std::int32_t d = node_first_dev[node]; d < node_first_dev[node + 1]; ++d) best = std::max(best, dev_free[d]);
+  if (best == node_max_dev_free[node]) return;
+  node_max_dev_free[node] = best;
+  for (auto& part : partitions) {
+    if (part.node_lo[node] < 0) continue;
+    for (std::int32_t leaf = part.node_lo[node]; leaf < part.node_hi[node]; ++leaf) {
+      if (part.free_tree.leaf(leaf)[0] < 0) continue;  // a bound trajectory slot stays hidden
+      std::copy(part.free_tree.leaf(leaf), part.free_tree.leaf(leaf) + D, scratch.begin());
+      scratch[K] = best;
+      part.free_tree.set(leaf, scratch.data());
+    }
+  }
+}
+
+// Resources came back on `node` (in `partition`, or every partition when kNone): classes
+// parked there may fit now.
+void Scheduler::Impl::release_on_node(std::int32_t node, std::int32_t partition) {
+  auto wake = [&](std::vector<std::int32_t>& list) {
+    for (std::int32_t c : list) {
+      Class& cl = classes[c];
+      if (!cl.parked) continue;
+      cl.parked = false;
+      if (!cl.waiting.empty()) activate(c);
+    }
+    list.clear();
+  };
+  wake(node_parked[node]);
+  if (partition == kNone) {
+    for (auto& part : partitions) wake(part.parked);
+  } else {
+    wake(partitions[partition].parked);
+  }
+}
+
+void Scheduler::Impl::park(std::int32_t c, std::int32_t node) {
+  Class& cl = classes[c];
+  deactivate(c);
+  cl.parked = true;
+  if (node == kNone) partitions[cl.partition].parked.push_back(c);
+  else node_parked[node].push_back(c);
+}
+
+void Scheduler::Impl::activate(std::int32_t c) {
+  Class& cl = classes[c];
+  if (cl.in_active || cl.parked || cl.waiting.empty()) return;
+  active.insert(*cl.waiting.begin());
+  cl.in_active = true;
+}
+
+void Scheduler::Impl::deactivate(std::int32_t c) {
+  Class& cl = classes[c];
+  if (!cl.in_active) return;
+  active.erase(*cl.waiting.begin());
+  cl.in_active = false;
+}
+
+Quantity Scheduler::Impl::minimum(const ActionRec& a) const {
+  return a.elastic_kind == kNone ? kMilli : classes[a.cls].demand[a.elastic_kind];
+}
+
+double Scheduler::Impl::seconds(const ActionRec& a, Quantity units) const {
+  if (a.elastic_kind == kNone) return model_seconds(a.model, kMilli, kMilli, tables);
+  return model_seconds(a.model, units, classes[a.cls].demand[a.elastic_kind], tables);
+}
+
+// ============================================================ submit
+
+void Scheduler::Impl::validate_now(TimeNs t) const {
+  if (t < 0 || t > to_ns(kMaxSeconds)) throw Error(ErrorCode::kInvalidArgument, "now", "must be in [0, 1e9] seconds");
+  if (t < now)
+    throw Error(ErrorCode::kInvalidArgument, "now", "time went backwards (" + std::to_string(to_seconds(t)) + " s < " + std::to_string(to_seconds(now)) + " s)");
+}
+
+void Scheduler::Impl::validate_spec(const ActionSpec& s, std::size_t, const std::string& f) const {
+  auto bad = [&](const std::string& field, const std::string& why) { throw Error(ErrorCode::kInvalidArgument, f + "." + field, why); };
+  if (static_cast<std::int32_t>(s.demand.size()) != K)
+    bad("demand", "has " + std::to_string(s.demand.size()) + " entries for " + std::to_string(K) + " kinds");
+  for (std::int32_t k = 0; k < K; ++k)
+    if (s.demand[k] < 0 || s.demand[k] > kMaxMilli) bad("demand." + inv.kinds[k], "must be in [0, 1e12] units");
+  if (s.gpu_memory < 0 || s.gpu_memory > kMaxMilli) bad("gpu_memory", "must be in [0, 1e12] MiB");
+  if (s.gpu_memory > 0 && !has_gpus && s.service == kNone) bad("gpu_memory", "the inventory has no GPU");
+  if (s.elastic_kind != kNone) {
+    if (s.elastic_kind < 0 || s.elastic_kind >= K) bad("elastic_kind", "no kind with index " + std::to_string(s.elastic_kind));
+    Quantity lo = s.demand[s.elastic_kind];
+    if (lo <= 0) bad("demand." + inv.kinds[s.elastic_kind], "the elastic kind needs a positive minimum");
+    if (s.elastic_max < lo) bad("elastic_max", "the elastic upper bound is below the minimum demand");
+    if (s.elastic_max > kMaxMilli) bad("elastic_max", "must be at most 1e12 units");
+  }
+  const ElasticityModel& m = s.model;
+  switch (m.kind) {
+    case ModelKind::kConstant:
+    case ModelKind::kAmdahl:
+      if (!std::isfinite(m.seconds) || m.seconds < 0 || m.seconds > kMaxSeconds) bad("model.seconds", "must be a finite number in [0, 1e9]");
+      if (m.kind == ModelKind::kAmdahl && !(m.parallel_fraction >= 0 && m.parallel_fraction <= 1))
+        bad("model.parallel_fraction", "must be in [0, 1]");
+      break;
+    case ModelKind::kTable:
+      if (m.table < 0 || m.table >= static_cast<std::int32_t>(tables.size())) bad("model.table", "no table with id " + std::to_string(m.table));
+      break;
+    case ModelKind::kCallback:
+      if (m.callback == nullptr) bad("model.callback", "is null");
+      break;
+    default:
+      bad("model.kind", "unknown model kind");
+  }
+  if (s.affinity_node != kNone && (s.affinity_node < 0 || s.affinity_node >= static_cast<std::int32_t>(inv.nodes.size())))
+    throw Error(ErrorCode::kUnknownName, f + ".affinity_node", "no node with index " + std::to_string(s.affinity_node));
+  if (s.service != kNone) {
+    if (s.service < 0 || s.service >= static_cast<std::int32_t>(services.size()))
+      throw Error(ErrorCode::kUnknownName, f + ".service", "no service with index " + std::to_string(s.service));
+    if (s.affinity_node != kNone) bad("affinity_node", "cannot be combined with a service: actions run where their service is resident");
+  }
+  if (s.quota != kNone && (s.quota < 0 || s.quota >= static_cast<std::int32_t>(quotas.size())))
+    throw Error(ErrorCode::kUnknownName, f + ".quota", "no quota with index " + std::to_string(s.quota));
+  if (s.tokens < 0 || s.tokens > static_cast<std::int64_t>(kMaxBaseUnits)) bad("tokens", "must be in [0, 1e12]");
+  if (s.tokens > 0 && s.quota == kNone) bad("tokens", "tokens need a quota to draw from");
+  if (policy.kind == PolicyKind::kIsolated && !pool_partition.count(s.task))
+    throw Error(ErrorCode::kUnknownName, f + ".task", "no task pool " + std::to_string(s.task) + " in the isolated policy");
+  // The model must give a usable run time at the minimum grant.
+  Quantity lo = s.elastic_kind == kNone ? kMilli : s.demand[s.elastic_kind];
+  double t = model_seconds(m, lo, lo, tables);
+  if (!std::isfinite(t) || t < 0 || t > kMaxSeconds) bad("model", "run time at the minimum grant is not a finite number in [0, 1e9] s");
+}
+
+std::int32_t Scheduler::Impl::class_for(const ActionSpec& s) {
+  std::int32_t partition = policy.kind == PolicyKind::kIsolated ? pool_partition.at(s.task) : 0;
+  TrajectoryId traj = policy.kind == PolicyKind::kTrajectory ? s.trajectory : 0;
+  std::vector<std::int64_t> key;
+  key.reserve(K + 8);
+  key.insert(key.end(), s.demand.begin(), s.demand.end());
+  key.push_back(s.gpu_memory);
+  key.push_back(partition);
+  key.push_back(s.affinity_node);
+  key.push_back(s.service);
+  key.push_back(s.quota);
+  key.push_back(s.tokens);
+  key.push_back(static_cast<std::int64_t>(traj));
+  auto it = class_index.find(key);
+  if (it != class_index.end()) return it->second;
+  Class c;
+  c.demand = s.demand;
+  c.gpu_memory = s.gpu_memory;
+  c.partition = partition;
+  c.affinity_node = s.affinity_node;
+  c.service = s.service;
+  c.quota = s.quota;
+  c.tokens = s.tokens;
+  c.trajectory = traj;
+  std::int32_t id = static_cast<std::int32_t>(classes.size());
+  classes.push_back(std::move(c));
+  class_index.emplace(std::move(key), id);
+  return id;
+}
+
+// Why no action of this class can ever run, or "" if one could.
+std::string Scheduler::Impl::infeasible_reason(const Class& c) const {
+  const Partition& part = partitions[c.partition];
+  std::vector<Quantity> need(c.demand.begin(), c.demand.end());
+  if (has_gpus) need.push_back(c.service == kNone ? c.gpu_memory : 0);
+  auto describe_shortfall = [&](std::int32_t lo, std::int32_t hi, const char* where) {
+    std::ostringstream os;
+    os << "demand does not fit " << where << ":";
+    std::vector<Quantity> best(D, 0);
+    for (std::int32_t leaf = lo; leaf < hi; ++leaf)
+      for (std::int32_t d = 0; d < D; ++d) best[d] = std::max(best[d], part.cap_tree.leaf(leaf)[d]);
+    for (std::int32_t d = 0; d < D; ++d)
+      if (need[d] > best[d])
+        os << " " << (d < K ? inv.kinds[d] : std::string("gpu_memory")) << " needs " << need[d] / 1000.0 << ", largest is " << best[d] / 1000.0 << ";";
+    std::string s = os.str();
+    if (!s.empty() && s.back() == ';') s.pop_back();
+    return s;
+  };
+  std::vector<std::int32_t> found;
+  auto no_skip = [](std::int32_t) { return false; };
+  if (c.service != kNone) {
+    const ServiceSpec& spec = inv.services[c.service];
+    const ServiceRec& rec = services[c.service];
+    std::int32_t dlo = rec.home_device != kNone ? rec.home_device : 0;
+    std::int32_t dhi = rec.home_device != kNone ? rec.home_device + 1 : static_cast<std::int32_t>(dev_node.size());
+    for (std::int32_t d = dlo; d < dhi; ++d) {
+      if (dev_total[d] < spec.memory + c.gpu_memory) continue;
+      std::int32_t n = dev_node[d];
+      if (part.node_lo[n] < 0) continue;
+      found.clear();
+      part.cap_tree.find(part.node_lo[n], part.node_hi[n], need.data(), 1, no_skip, found);
+      if (!found.empty()) return "";
+    }
+    std::ostringstream os;
+    os << "service '" << spec.name << "' needs " << (spec.memory + c.gpu_memory) / 1000.0
+       << " MiB of GPU memory with the action's demand on the same node, and no "
+       << (rec.home_device != kNone ? "home device" : "device") << " has that";
+    return os.str();
+  }
+  std::int32_t lo = 0, hi = part.free_tree.leaves();
+  const char* where = "on any node";
+  if (c.affinity_node != kNone) {
+    lo = part.node_lo[c.affinity_node];
+    hi = part.node_hi[c.affinity_node];
+    where = "on its affinity node";
+    if (lo < 0) return "its affinity node has no bin in this policy";
+  }
+  found.clear();
+  part.cap_tree.find(lo, hi, need.data(), 1, no_skip, found);
+  if (!found.empty()) {
+    if (c.quota != kNone && !quotas[c.quota].tokens_fit(c.tokens))
+      return "needs " + std::to_string(c.tokens) + " tokens, more than quota '" + inv.quotas[c.quota].name + "' grants per minute";
+    return "";
+  }
+  return describe_shortfall(lo, hi, where);
+}
+
+void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, std::vector<Decision>& out) {
+  // Validate the whole batch before touching anything.
+  std::unordered_map<ActionId, std::size_t> seen;
+  for (std::size_t i = 0; i < n; ++i) {
+    std::string f = "actions[" + std::to_string(i) + "]";
+    if (by_id.count(a[i].id)) throw Error(ErrorCode::kDuplicateId, f + ".id", "action " + std::to_string(a[i].id) + " is already live");
+    if (!seen.emplace(a[i].id, i).second)
+      throw Error(ErrorCode::kDuplicateId, f + ".id", "action " + std::to_string(a[i].id) + " appears twice in the batch");
+    validate_spec(a[i], i, f);
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    const ActionSpec& s = a[i];
+    std::int32_t c = class_for(s);
+    std::string why = infeasible_reason(classes[c]);
+    if (!why.empty()) {
+      Decision d;
+      d.kind = DecisionKind::kReject;
+      d.action = s.id;
+      d.time = now;
+      d.reason = static_cast<std::int32_t>(messages.size());
+      messages.push_back("action " + std::to_string(s.id) + " can never run: " + why);
+      out.push_back(d);
+      continue;
+    }
+    std::int32_t slot;
+    if (!free_slots.empty()) {
+      slot = free_slots.back();
+      free_slots.pop_back();
+    } else {
+      slot = static_cast<std::int32_t>(slots.size());
+      slots.emplace_back();
+    }
+    ActionRec& r = slots[slot];
+    r = ActionRec{};
+    r.id = s.id;
+    r.trajectory = s.trajectory;
+    r.cls = c;
+    r.state = ActionState::kWaiting;
+    r.elastic_kind = s.elastic_kind;
+    r.elastic_max = s.elastic_max;
+    r.model = s.model;
+    r.submit_ns = now;
+    r.est_ns = to_ns(seconds(r, minimum(r)));
+    std::int64_t key = 0;
+    if (policy.kind == PolicyKind::kTangram)
+      key = r.est_ns + static_cast<std::int64_t>((static_cast<__int128>(now) * aging_permille) / 1000);
+    r.order = OrderKey{-s.priority, key, next_seq++, slot};
+    by_id.emplace(s.id, slot);
+    ++trajectory_live[s.trajectory];
+    ++n_waiting;
+    Class& cl = classes[c];
+    if (cl.service != kNone) {
+      services[cl.service].waiting += 1;
+      services[cl.service].queued_ns += r.est_ns;
+    }
+    bool new_head = cl.waiting.empty() || r.order < *cl.waiting.begin();
+    if (new_head) deactivate(c);
+    cl.waiting.insert(r.order);
+    if (new_head && !cl.parked) activate(c);
+  }
+}
+
+void Scheduler::Impl::finish(std::int32_t slot) {
+  ActionRec& r = slots[slot];
+  Class& cl = classes[r.cls];
+  Quantity* f = free_of(r.bin);
+  for (std::int32_t k = 0; k < K; ++k) f[k] += cl.demand[k];
+  if (r.elastic_kind != kNone) f[r.elastic_kind] += r.grant - cl.demand[r.elastic_kind];
+  std::int32_t node = bin_node[r.bin];
+  if (r.device != kNone && cl.gpu_memory > 0) {
+    dev_free[r.device] += cl.gpu_memory;
+    refresh_node_devices(node);
+  }
+  // A trajectory slot stays bound (hidden from the free tree) until its trajectory ends.
+  if (policy.kind != PolicyKind::kTrajectory) refresh_leaf(r.bin);
+  if (cl.quota != kNone) quotas[cl.quota].release();
+  if (cl.service != kNone) services[cl.service].running -= 1;
+  --n_running;
+  if (--trajectory_live[r.trajectory] == 0) trajectory_live.erase(r.trajectory);
+  by_id.erase(r.id);
+  r.state = ActionState::kUnknown;
+  free_slots.push_back(slot);
+  release_on_node(node, bin_partition[r.bin]);
+}
+
+void Scheduler::Impl::unqueue(std::int32_t slot) {
+  ActionRec& r = slots[slot];
+  Class& cl = classes[r.cls];
+  bool was_head = cl.waiting.begin()->seq == r.order.seq;
+  if (was_head) deactivate(r.cls);
+  cl.waiting.erase(r.order);
+  if (was_head && !cl.parked) activate(r.cls);
+  if (cl.service != kNone) {
+    services[cl.service].waiting -= 1;
+    services[cl.service].queued_ns -= r.est_ns;
+  }
+  --n_waiting;
+  if (--trajectory_live[r.trajectory] == 0) trajectory_live.erase(r.trajectory);
+  by_id.erase(r.id);
+  r.state = ActionState::kUnknown;
+  free_slots.push_back(slot);
+}
+
+// ============================================================ the pass
+
+// The leaves of the class's partition it may use: [lo, hi), or one fixed leaf (a bound
+// trajectory slot, hidden from the free tree). False when it has nowhere to go right now.
+bool Scheduler::Impl::eligible_range(const Class& c, std::int32_t& lo, std::int32_t& hi,
+                                     std::int32_t& fixed_leaf) const {
+  const Partition& part = partitions[c.partition];
+  fixed_leaf = kNone;
+  std::int32_t node = c.affinity_node;
+  if (c.service != kNone) node = dev_node[services[c.service].device];
+  if (policy.kind == PolicyKind::kTrajectory) {
+    auto it = trajectory_bin.find(c.trajectory);
+    if (it != trajectory_bin.end()) {
+      fixed_leaf = bin_leaf[it->second];
+      lo = fixed_leaf;
+      hi = fixed_leaf + 1;
+      return true;
+    }
+  }
+  if (node == kNone) {
+    lo = 0;
+    hi = part.free_tree.leaves();
+    return true;
+  }
+  lo = part.node_lo[node];
+  hi = part.node_hi[node];
+  return lo >= 0;
+}
+
+// The one node a class is confined to (affinity, its service's device, its trajectory's
+// slot), or kNone when it may use any bin of its partition.
+std::int32_t Scheduler::Impl::scope_node(const Class& c) const {
+  if (policy.kind == PolicyKind::kTrajectory) {
+    auto it = trajectory_bin.find(c.trajectory);
+    if (it != trajectory_bin.end()) return bin_node[it->second];
+  }
+  if (c.service != kNone) {
+    std::int32_t d = services[c.service].device;
+    return d == kNone ? kNone : dev_node[d];
+  }
+  return c.affinity_node;
+}
+
+Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decision>& out) {
+  Class& cl = classes[c];
+  const std::int32_t slot = cl.waiting.begin()->slot;
+  ActionRec& a = slots[slot];
+  if (cl.quota != kNone && quota_blocked[cl.quota]) {
+    cl.block = quotas[cl.quota].last_block == QuotaState::Blocked::kRate ? Block::kQuotaRate
+               : quotas[cl.quota].last_block == QuotaState::Blocked::kTokens ? Block::kQuotaTokens
+                                                                             : Block::kQuotaConcurrency;
+    cl.block_until = quotas[cl.quota].last_until;
+    return Try::kBlocked;
+  }
+  std::int32_t device = kNone;
+  if (cl.service != kNone) {
+    ServiceRec& svc = services[cl.service];
+    if (svc.device == kNone && !restore(cl.service, cl, out)) {
+      cl.block = Block::kServiceNoRoom;
+      return Try::kBlocked;
+    }
+    if (svc.ready_ns > now) {
+      cl.block = Block::kServiceRestoring;
+      cl.block_until = svc.ready_ns;
+      wakeup = std::min(wakeup, svc.ready_ns);
+      return Try::kBlocked;
+    }
+    if (svc.running >= inv.services[cl.service].max_batch) {
+      cl.block = Block::kServiceBatchFull;
+      return Try::kBlocked;
+    }
+    device = svc.device;
+  }
+  Partition& part = partitions[cl.partition];
+  std::int32_t lo, hi, fixed_leaf;
+  bool has_range = eligible_range(cl, lo, hi, fixed_leaf);
+  const std::int32_t node_scope = scope_node(cl);
+
+  cand.clear();
+  bool masked = partition_masked[cl.partition] == pass_epoch;
+  if (has_range && !masked) {
+    if (fixed_leaf != kNone) {
+      std::int32_t b = part.bins[fixed_leaf];
+      const Quantity* f = free_of(b);
+      bool fits = node_masked[bin_node[b]] != pass_epoch;
+      for (std::int32_t k = 0; k < K && fits; ++k) fits = f[k] >= cl.demand[k];
+      if (fits && cl.gpu_memory > 0 && device == kNone) fits = node_max_dev_free[bin_node[b]] >= cl.gpu_memory;
+      if (fits) cand.push_back(fixed_leaf);
+    } else {
+      std::copy(cl.demand.begin(), cl.demand.end(), scratch.begin());
+      if (has_gpus) scratch[K] = device == kNone ? cl.gpu_memory : 0;
+      auto skip = [&](std::int32_t leaf) { return any_mask && node_masked[bin_node[part.bins[leaf]]] == pass_epoch; };
+      part.free_tree.find(lo, hi, scratch.data(), policy.candidates, skip, cand);
+    }
+  }
+  if (!cand.empty() && device != kNone && dev_free[device] < cl.gpu_memory) cand.clear();
+  if (cand.empty()) {
+    bool held = masked || (node_scope != kNone && node_masked[node_scope] == pass_epoch);
+    cl.block = held ? Block::kHeldBack : Block::kResources;
+    if (now - a.submit_ns >= starvation_ns) {
+      // A starving action keeps everything behind it off the bins it could use.
+      if (node_scope == kNone) {
+        partition_masked[cl.partition] = pass_epoch;
+        if (partitions.size() == 1) return Try::kHalt;
+      } else {
+        node_masked[node_scope] = pass_epoch;
+      }
+      any_mask = true;
+      return Try::kBlocked;
+    }
+    if (!any_mask && cl.service == kNone) return Try::kParked;
+    return Try::kBlocked;
+  }
+  if (cl.quota != kNone) {
+    QuotaState& q = quotas[cl.quota];
+    if (!q.admits(now, cl.tokens)) {
+      quota_blocked[cl.quota] = 1;
+      cl.block = q.last_block == QuotaState::Blocked::kRate ? Block::kQuotaRate
+                 : q.last_block == QuotaState::Blocked::kTokens ? Block::kQuotaTokens
+                                                                : Block::kQuotaConcurrency;
+      cl.block_until = q.last_until;
+      if (q.last_until != kNever) wakeup = std::min(wakeup, q.last_until);
+      return Try::kBlocked;
+    }
+    q.take(now, cl.tokens);
+  }
+  // Best fit among the candidates: least normalised room left over; first on ties.
+  std::int32_t best_leaf = cand[0];
+  if (cand.size() > 1) {
+    std::int64_t best_score = INT64_MAX;
+    for (std::int32_t leaf : cand) {
+      std::int32_t b = part.bins[leaf];
+      const Quantity* f = free_of(b);
+      const Quantity* cap = cap_of(b);
+      std::int64_t score = 0;
+      for (std::int32_t k = 0; k < K; ++k)
+        if (cap[k] > 0) score += ((f[k] - cl.demand[k]) * 1024) / cap[k];
+      if (score < best_score) {
+        best_score = score;
+        best_leaf = leaf;
+      }
+    }
+  }
+  const std::int32_t bin = part.bins[best_leaf];
+  const std::int32_t node = bin_node[bin];
+  if (device == kNone && cl.gpu_memory > 0) {
+    Quantity best_left = INT64_MAX;
+    for (std::int32_t d = node_first_dev[node]; d < node_first_dev[node + 1]; ++d)
+      if (dev_free[d] >= cl.gpu_memory && dev_free[d] - cl.gpu_memory < best_left) {
+        best_left = dev_free[d] - cl.gpu_memory;
+        device = d;
+      }
+  }
+  // Commit.
+  Quantity* f = free_of(bin);
+  for (std::int32_t k = 0; k < K; ++k) f[k] -= cl.demand[k];
+  a.grant = a.elastic_kind == kNone ? 0 : cl.demand[a.elastic_kind];
+  if (a.elastic_kind != kNone && policy.kind == PolicyKind::kTrajectory) {
+    // The trajectory's slot is all its own: the action gets all of it, up to its bound.
+    Quantity extra = std::min(f[a.elastic_kind], a.elastic_max - a.grant);
+    a.grant += extra;
+    f[a.elastic_kind] -= extra;
+  }
+  if (cl.gpu_memory > 0) {
+    dev_free[device] -= cl.gpu_memory;
+    refresh_node_devices(node);
+  }
+  if (policy.kind == PolicyKind::kTrajectory) {
+    if (fixed_leaf == kNone) {
+      trajectory_bin[cl.trajectory] = bin;
+      std::vector<Quantity> hidden(D, -1);
+      part.free_tree.set(best_leaf, hidden.data());
+    }
+  } else {
+    refresh_leaf(bin);
+  }
+  if (cl.service != kNone) {
+    services[cl.service].running += 1;
+    services[cl.service].waiting -= 1;
+    services[cl.service].queued_ns -= a.est_ns;
+  }
+  deactivate(c);
+  cl.waiting.erase(cl.waiting.begin());
+  activate(c);
+  a.state = ActionState::kRunning;
+  a.bin = bin;
+  a.device = device;
+  a.start_ns = now;
+  --n_waiting;
+  ++n_running;
+  Decision d;
+  d.kind = DecisionKind::kStart;
+  d.action = a.id;
+  d.node = node;
+  d.device = device == kNone ? kNone : dev_local[device];
+  d.service = cl.service;
+  d.elastic_kind = a.elastic_kind;
+  d.grant = a.grant;
+  d.time = now;
+  started.push_back(slot);
+  started_decision.push_back(out.size());
+  out.push_back(d);
+  return Try::kStarted;
+}
+
+// Makes `svc_id` resident (or restoring) somewhere, evicting idle services greedily.
+// Emits the evict and restore decisions; false when no device can make room now.
+bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vector<Decision>& out) {
+  ServiceRec& svc = services[svc_id];
+  const Quantity need = inv.services[svc_id].memory;
+  const Partition& part = partitions[head.partition];
+  std::int32_t dlo = svc.home_device != kNone ? svc.home_device : 0;
+  std::int32_t dhi = svc.home_device != kNone ? svc.home_device + 1 : static_cast<std::int32_t>(dev_node.size());
+  std::vector<std::int32_t> found;
+  auto no_skip = [](std::int32_t) { return false; };
+  std::vector<Quantity> demand(head.demand.begin(), head.demand.end());
+  if (has_gpus) demand.push_back(0);
+  auto usable = [&](std::int32_t d) {
+    if (dev_total[d] < need + head.gpu_memory) return false;
+    std::int32_t n = dev_node[d];
+    if (part.node_lo[n] < 0) return false;
+    found.clear();
+    part.cap_tree.find(part.node_lo[n], part.node_hi[n], demand.data(), 1, no_skip, found);
+    return !found.empty();
+  };
+  // Prefer devices whose node has room for the waiting action right now.
+  auto busy_node = [&](std::int32_t d) {
+    std::int32_t n = dev_node[d];
+    found.clear();
+    part.free_tree.find(part.node_lo[n], part.node_hi[n], demand.data(), 1, no_skip, found);
+    return found.empty() ? 1 : 0;
+  };
+  // 1. A device with room already: best fit.
+  std::int32_t target = kNone;
+  std::pair<int, Quantity> best_fit{2, 0};
+  for (std::int32_t d = dlo; d < dhi; ++d)
+    if (dev_free[d] >= need && usable(d)) {
+      std::pair<int, Quantity> fit{busy_node(d), dev_free[d] - need};
+      if (fit < best_fit) {
+        best_fit = fit;
+        target = d;
+      }
+    }
+  std::vector<std::int32_t> victims;
+  if (target == kNone) {
+    // 2. Greedy eviction: never a service with running actions or still restoring; idle
+    // ones first, then the least queued work per unit of restore cost.
+    auto rank_less = [&](std::int32_t x, std::int32_t y) {
+      const ServiceRec& a = services[x];
+      const ServiceRec& b = services[y];
+      bool ia = a.waiting == 0, ib = b.waiting == 0;
+      if (ia != ib) return ia;
+      __int128 lhs = static_cast<__int128>(a.queued_ns) * std::max<TimeNs>(b.restore_ns, 1);
+      __int128 rhs = static_cast<__int128>(b.queued_ns) * std::max<TimeNs>(a.restore_ns, 1);
+      if (lhs != rhs) return lhs < rhs;
+      return x < y;
+    };
+    struct Cost {
+      std::int64_t node_busy, busy, queued, count;
+      std::int32_t device;
+    } best{INT64_MAX, INT64_MAX, INT64_MAX, INT64_MAX, kNone};
+    std::vector<std::int32_t> cands;
+    for (std::int32_t d = dlo; d < dhi; ++d) {
+      if (!usable(d)) continue;
+      cands.clear();
+      for (std::int32_t s = 0; s < static_cast<std::int32_t>(services.size()); ++s) {
+        const ServiceRec& o = services[s];
+        if (s != svc_id && o.device == d && o.running == 0 && o.ready_ns <= now) cands.push_back(s);
+      }
+      std::sort(cands.begin(), cands.end(), rank_less);
+      Quantity room = dev_free[d];
+      Cost cost{busy_node(d), 0, 0, 0, d};
+      std::size_t used = 0;
+      while (room < need && used < cands.size()) {
+        const ServiceRec& o = services[cands[used]];
+        room += inv.services[cands[used]].memory;
+        cost.busy += o.waiting > 0 ? 1 : 0;
+        cost.queued += o.queued_ns;
+        cost.count += 1;
+        ++used;
+      }
+      if (room < need) continue;
+      if (std::tie(cost.node_busy, cost.busy, cost.queued, cost.count, cost.device) <
+          std::tie(best.node_busy, best.busy, best.queued, best.count, best.device)) {
+        best = cost;
+        victims.assign(cands.begin(), cands.begin() + static_cast<std::ptrdiff_t>(used));
+      }
+    }
+    if (best.device == kNone) return false;
+    target = best.device;
+    for (std::int32_t v : victims) {
+      services[v].device = kNone;
+      dev_free[target] += inv.services[v].memory;
+      Decision d;
+      d.kind = DecisionKind::kEvict;
+      d.service = v;
+      d.node = dev_node[target];
+      d.device = dev_local[target];
+      d.time = now;
+      out.push_back(d);
+    }
+  }
+  svc.device = target;
+  svc.ready_ns = now + svc.restore_ns;
+  dev_free[target] -= need;
+  refresh_node_devices(dev_node[target]);
+  if (!victims.empty()) release_on_node(dev_node[target], kNone);
+  Decision d;
+  d.kind = DecisionKind::kRestore;
+  d.service = svc_id;
+  d.node = dev_node[target];
+  d.device = dev_local[target];
+  d.time = svc.ready_ns;
+  out.push_back(d);
+  if (svc.ready_ns > now) wakeup = std::min(wakeup, svc.ready_ns);
+  return true;
+}
+
+// kTangram: spare elastic units on a bin nobody waits for go to the actions started in
+// this pass with the largest marginal cut in run time, one unit at a time.
+void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
+  // Group this pass's elastic starts by bin, keeping start order.
+  std::map<std::int32_t, std::vector<std::size_t>> by_bin;  // ordered: deterministic
+  for (std::size_t i = 0; i < started.size(); ++i) {
+    const ActionRec& a = slots[started[i]];
+    if (a.elastic_kind == kNone || a.grant >= a.elastic_max) continue;
+    std::int32_t node = bin_node[a.bin];
+    if (partition_contended[bin_partition[a.bin]] == pass_epoch || node_contended[node] == pass_epoch) continue;
+    by_bin[a.bin].push_back(i);
+  }
+  for (auto& [bin, members] : by_bin) {
+    Quantity* f = free_of(bin);
+    for (;;) {
+      std::size_t best = SIZE_MAX;
+      double best_gain = 0;
+      for (std::size_t i : members) {
+        ActionRec& a = slots[started[i]];
+        Quantity step = std::min(kElasticStep, a.elastic_max - a.grant);
+        if (step <= 0 || f[a.elastic_kind] < step) continue;
+        double now_s = seconds(a, a.grant);
+        double next_s = seconds(a, a.grant + step);
+        double gain = now_s - next_s;
+        if (!(now_s > 0) || !(gain >= policy.min_relative_gain * now_s) || !(gain > 0)) continue;
+        if (best == SIZE_MAX || gain > best_gain) {
+          best = i;
+          best_gain = gain;
+        }
+      }
+      if (best == SIZE_MAX) break;
+      ActionRec& a = slots[started[best]];
+      Quantity step = std::min(kElasticStep, a.elastic_max - a.grant);
+      a.grant += step;
+      f[a.elastic_kind] -= step;
+      out[started_decision[best]].grant = a.grant;
+    }
+    refresh_leaf(bin);
+  }
+}
+
+void Scheduler::Impl::pass(std::vector<Decision>& out) {
+  ++pass_epoch;
+  any_mask = false;
+  wakeup = kNever;
+  std::fill(quota_blocked.begin(), quota_blocked.end(), 0);
+  started.clear();
+  started_decision.clear();
+  auto it = active.begin();
+  while (it != active.end()) {
+    OrderKey head = *it;
+    std::int32_t c = slots[head.slot].cls;
+    Try r = try_head(c, out);
+    if (r == Try::kHalt) {
+      // A starving action that may use any bin stops the pass: the whole partition is its.
+      partition_contended[classes[c].partition] = pass_epoch;
+      break;
+    }
+    if (r == Try::kStarted) {
+      it = active.upper_bound(head);
+      continue;
+    }
+    ++it;
+    // Whoever still waits has a claim on the bins it could use: no spare units there.
+    std::int32_t node = scope_node(classes[c]);
+    if (node == kNone) partition_contended[classes[c].partition] = pass_epoch;
+    else node_contended[node] = pass_epoch;
+    if (r == Try::kParked) park(c, node);
+  }
+  // Classes that stayed parked still wait for resources: their bins are contended.
+  for (std::size_t p = 0; p < partitions.size(); ++p)
+    for (std::int32_t c : partitions[p].parked)
+      if (classes[c].parked && !classes[c].waiting.empty()) partition_contended[p] = pass_epoch;
+  for (std::size_t n = 0; n < node_parked.size(); ++n)
+    for (std::int32_t c : node_parked[n])
+      if (classes[c].parked && !classes[c].waiting.empty()) node_contended[n] = pass_epoch;
+  if (policy.kind == PolicyKind::kTangram && !started.empty()) grant_spare(out);
+  for (std::size_t q = 0; q < quotas.size(); ++q)
+    if (quota_blocked[q] && quotas[q].last_until != kNever) wakeup = std::min(wakeup, quotas[q].last_until);
+  for (const ServiceRec& s : services)
+    if (s.device != kNone && s.ready_ns > now) wakeup = std::min(wakeup, s.ready_ns);
+}
+
+// ============================================================ explain
+
+std::string Scheduler::Impl::explain(ActionId id) const {
+  auto it = by_id.find(id);
+  if (it == by_id.end()) return "action " + std::to_string(id) + " is not live (never submitted, or already ended)";
+  const ActionRec& a = slots[it->second];
+  std::ostringstream os;
+  if (a.state == ActionState::kRunning) {
+    os << "running on node " << bin_node[a.bin] << " (" << inv.nodes[bin_node[a.bin]].name << ")";
+    if (a.device != kNone) os << ", GPU " << dev_local[a.device];
+    if (a.elastic_kind != kNone) os << ", " << inv.kinds[a.elastic_kind] << " grant " << a.grant / 1000.0;
+    return os.str();
+  }
+  const Class& cl = classes[a.cls];
+  std::size_t ahead = 0;
+  for (const OrderKey& k : cl.waiting) {
+    if (k.slot == it->second) break;
+    ++ahead;
+  }
+  os << "waiting";
+  if (ahead > 0) os << " behind " << ahead << " earlier action" << (ahead > 1 ? "s" : "") << " of the same shape;";
+  auto when = [&](TimeNs t) { return std::to_string(to_seconds(t)) + " s"; };
+  switch (cl.parked ? Block::kResources : cl.block) {
+    case Block::kNotConsidered:
+      os << " not yet considered by a scheduling pass";
+      break;
+    case Block::kResources: {
+      os << " for resources: needs";
+      for (std::int32_t k = 0; k < K; ++k)
+        if (cl.demand[k] > 0) os << " " << inv.kinds[k] << "=" << cl.demand[k] / 1000.0;
+      if (cl.gpu_memory > 0) os << " gpu_memory=" << cl.gpu_memory / 1000.0;
+      if (cl.affinity_node != kNone) os << " on node " << cl.affinity_node;
+      if (cl.service != kNone) os << " beside service '" << inv.services[cl.service].name << "'";
+      const Partition& part = partitions[cl.partition];
+      std::vector<Quantity> best(K, 0);
+      for (std::int32_t b : part.bins)
+        for (std::int32_t k = 0; k < K; ++k) best[k] = std::max(best[k], free_of(b)[k]);
+      os << "; most free on one bin:";
+      for (std::int32_t k = 0; k < K; ++k) os << " " << inv.kinds[k] << "=" << best[k] / 1000.0;
+      if (policy.kind == PolicyKind::kTrajectory && !trajectory_bin.count(cl.trajectory)) os << " (no free trajectory slot)";
+      break;
+    }
+    case Block::kHeldBack:
+      os << " held back: an action that has waited over " << policy.starvation_seconds << " s has first claim on the resources it needs";
+      break;
+    case Block::kQuotaRate:
+      os << " for quota '" << inv.quotas[cl.quota].name << "' rate limit; next admission at " << when(cl.block_until);
+      break;
+    case Block::kQuotaTokens:
+      os << " for quota '" << inv.quotas[cl.quota].name << "' token budget; enough tokens at " << when(cl.block_until);
+      break;
+    case Block::kQuotaConcurrency:
+      os << " for quota '" << inv.quotas[cl.quota].name << "' concurrency limit (" << inv.quotas[cl.quota].max_concurrency << " in flight)";
+      break;
+    case Block::kServiceRestoring:
+      os << " for service '" << inv.services[cl.service].name << "' to finish restoring at " << when(cl.block_until);
+      break;
+    case Block::kServiceNoRoom:
+      os << " for service '" << inv.services[cl.service].name << "': no GPU can make room for it now (resident services are busy)";
+      break;
+    case Block::kServiceBatchFull:
+      os << " for service '" << inv.services[cl.service].name << "': its batch is full (" << inv.services[cl.service].max_batch << " running)";
+      break;
+  }
+  return os.str();
+}
+
+// ============================================================ invariants
+
+void Scheduler::Impl::check() const {
+  auto fail = [](const std::string& what) { throw std::logic_error("invariant violated: " + what); };
+  const std::size_t B = bin_node.size();
+  std::vector<Quantity> used(B * K, 0);
+  std::vector<Quantity> dev_used(dev_node.size(), 0);
+  std::vector<std::int32_t> svc_running(services.size(), 0), quota_running(quotas.size(), 0);
+  std::size_t waiting = 0, running = 0;
+  for (const auto& [id, slot] : by_id) {
+    const ActionRec& a = slots[slot];
+    if (a.id != id) fail("id index out of sync");
+    const Class& cl = classes[a.cls];
+    if (a.state == ActionState::kRunning) {
+      ++running;
+      for (std::int32_t k = 0; k < K; ++k) used[a.bin * K + k] += cl.demand[k];
+      if (a.elastic_kind != kNone) {
+        if (a.grant < cl.demand[a.elastic_kind] || a.grant > std::max(a.elastic_max, cl.demand[a.elastic_kind]))
+          fail("grant outside [minimum, elastic_max] for action " + std::to_string(id));
+        used[a.bin * K + a.elastic_kind] += a.grant - cl.demand[a.elastic_kind];
+      }
+      if (cl.gpu_memory > 0) dev_used[a.device] += cl.gpu_memory;
+      if (cl.service != kNone) {
+        ++svc_running[cl.service];
+        if (a.device != services[cl.service].device) fail("service action off its service's device");
+      }
+      if (cl.quota != kNone) ++quota_running[cl.quota];
+    } else if (a.state == ActionState::kWaiting) {
+      ++waiting;
+      if (!cl.waiting.count(a.order)) fail("waiting action missing from its class");
+    } else {
+      fail("live action in a terminal state");
+    }
+  }
+  if (waiting != n_waiting || running != n_running) fail("waiting/running counts");
+  for (std::size_t b = 0; b < B; ++b)
+    for (std::int32_t k = 0; k < K; ++k) {
+      Quantity cap = bin_cap[b * K + k], f = bin_free[b * K + k];
+      if (f < 0) fail("capacity exceeded on bin " + std::to_string(b));
+      if (f + used[b * K + k] != cap) fail("free + used != capacity on bin " + std::to_string(b));
+    }
+  for (std::size_t s = 0; s < services.size(); ++s) {
+    if (services[s].running != svc_running[s]) fail("service running count");
+    if (services[s].device != kNone) dev_used[services[s].device] += inv.services[s].memory;
+    else if (services[s].running) fail("offloaded service with running actions");
+  }
+  for (std::size_t d = 0; d < dev_node.size(); ++d) {
+    if (dev_free[d] < 0) fail("GPU memory exceeded on device " + std::to_string(d));
+    if (dev_free[d] + dev_used[d] != dev_total[d]) fail("GPU free + used != total on device " + std::to_string(d));
+  }
+  for (std::size_t q = 0; q < quotas.size(); ++q)
+    if (quotas[q].running != quota_running[q]) fail("quota running count");
+  std::size_t heads = 0;
+  for (std::size_t c = 0; c < classes.size(); ++c) {
+    const Class& cl = classes[c];
+    if (cl.in_active) {
+      ++heads;
+      if (cl.waiting.empty() || !active.count(*cl.waiting.begin())) fail("active class head missing");
+      if (cl.parked) fail("class both parked and active");
+    } else if (!cl.waiting.empty() && !cl.parked) {
+      fail("waiting class neither active nor parked");
+    }
+  }
+  if (heads != active.size()) fail("active set has stale heads");
+  for (const Partition& part : partitions)
+    for (std::size_t leaf = 0; leaf < part.bins.size(); ++leaf) {
+      std::int32_t b = part.bins[leaf];
+      const Quantity* v = part.free_tree.leaf(static_cast<std::int32_t>(leaf));
+      bool hidden = v[0] == -1 && policy.kind == PolicyKind::kTrajectory;
+      if (hidden) continue;
+      for (std::int32_t k = 0; k < K; ++k)
+        if (v[k] != bin_free[b * K + k]) fail("free tree out of sync");
+      if (has_gpus && v[K] != node_max_dev_free[bin_node[b]]) fail("free tree GPU entry out of sync");
+    }
+}
+
+// ============================================================ public face
+
+Scheduler::Scheduler(Inventory inventory, PolicyConfig policy)
+    : impl_(std::make_unique<Impl>(std::move(inventory), std::move(policy))) {}
+Scheduler::~Scheduler() = default;
+Scheduler::Scheduler(Scheduler&&) noexcept = default;
+Scheduler& Scheduler::operator=(Scheduler&&) noexcept = default;
+
+std::int32_t Scheduler::add_table(std::vector<std::pair<double, double>> points) {
+  validate_table(points, "table");
+  impl_->tables.push_back(std::move(points));
+  return static_cast<std::int32_t>(impl_->tables.size() - 1);
+}
+
+void Scheduler::submit(const ActionSpec* actions, std::size_t count, TimeNs now, std::vector<Decision>& out) {
+  out.clear();
+  impl_->validate_now(now);
+  impl_->messages.clear();
+  impl_->now = now;
+  impl_->submit(actions, count, out);
+  impl_->pass(out);
+}
+
+namespace {
+template <class F>
+void validate_ids(const std::unordered_map<ActionId, std::int32_t>& by_id, const ActionId* ids, std::size_t n, F&& state_ok) {
+  std::unordered_map<ActionId, std::size_t> seen;
+  for (std::size_t i = 0; i < n; ++i) {
+    std::string f = "ids[" + std::to_string(i) + "]";
+    auto it = by_id.find(ids[i]);
+    if (it == by_id.end()) throw Error(ErrorCode::kUnknownAction, f, "action " + std::to_string(ids[i]) + " is not live (never submitted, or already ended)");
+    if (!seen.emplace(ids[i], i).second) throw Error(ErrorCode::kDuplicateId, f, "action " + std::to_string(ids[i]) + " appears twice in the batch");
+    state_ok(it->second, f);
+  }
+}
+}  // namespace
+
+void Scheduler::complete(const ActionId* ids, std::size_t count, TimeNs now, std::vector<Decision>& out) {
+  out.clear();
+  Impl& m = *impl_;
+  m.validate_now(now);
+  validate_ids(m.by_id, ids, count, [&](std::int32_t slot, const std::string& f) {
+    if (m.slots[slot].state != ActionState::kRunning)
+      throw Error(ErrorCode::kInvalidState, f, "action " + std::to_string(m.slots[slot].id) + " has not started");
+  });
+  m.messages.clear();
+  m.now = now;
+  for (std::size_t i = 0; i < count; ++i) m.finish(m.by_id.at(ids[i]));
+  m.pass(out);
+}
+
+void Scheduler::cancel(const ActionId* ids, std::size_t count, TimeNs now, std::vector<Decision>& out) {
+  out.clear();
+  Impl& m = *impl_;
+  m.validate_now(now);
+  validate_ids(m.by_id, ids, count, [](std::int32_t, const std::string&) {});
+  m.messages.clear();
+  m.now = now;
+  for (std::size_t i = 0; i < count; ++i) {
+    std::int32_t slot = m.by_id.at(ids[i]);
+    if (m.slots[slot].state == ActionState::kRunning) m.finish(slot);
+    else m.unqueue(slot);
+  }
+  m.pass(out);
+}
+
+void Scheduler::end_trajectories(const TrajectoryId* ids, std::size_t count, TimeNs now, std::vector<Decision>& out) {
+  out.clear();
+  Impl& m = *impl_;
+  m.validate_now(now);
+  for (std::size_t i = 0; i < count; ++i) {
+    auto it = m.trajectory_live.find(ids[i]);
+    if (it != m.trajectory_live.end())
+      throw Error(ErrorCode::kInvalidState, "trajectories[" + std::to_string(i) + "]",
+                  "trajectory " + std::to_string(ids[i]) + " still has " + std::to_string(it->second) + " live action(s)");
+  }
+  m.messages.clear();
+  m.now = now;
+  for (std::size_t i = 0; i < count; ++i) {
+    auto it = m.trajectory_bin.find(ids[i]);
+    if (it == m.trajectory_bin.end()) continue;
+    std::int32_t bin = it->second;
+    m.trajectory_bin.erase(it);
+    m.refresh_leaf(bin);
+    m.release_on_node(m.bin_node[bin], m.bin_partition[bin]);
+  }
+  m.pass(out);
+}
+
+void Scheduler::tick(TimeNs now, std::vector<Decision>& out) {
+  out.clear();
+  impl_->validate_now(now);
+  impl_->messages.clear();
+  impl_->now = now;
+  impl_->pass(out);
+}
+
+TimeNs Scheduler::next_wakeup() const { return impl_->wakeup; }
+TimeNs Scheduler::now() const { return impl_->now; }
+
+const std::string& Scheduler::message(std::int32_t reason) const {
+  if (reason < 0 || reason >= static_cast<std::int32_t>(impl_->messages.size()))
+    throw Error(ErrorCode::kInvalidArgument, "reason", "no message with index " + std::to_string(reason) + " in the last call");
+  return impl_->messages[reason];
+}
+
+std::string Scheduler::explain(ActionId id) const { return impl_->explain(id); }
+
+ActionState Scheduler::state(ActionId id) const {
+  auto it = impl_->by_id.find(id);
+  return it == impl_->by_id.end() ? ActionState::kUnknown : impl_->slots[it->second].state;
+}
+
+Decision Scheduler::placement(ActionId id) const {
+  auto it = impl_->by_id.find(id);
+  if (it == impl_->by_id.end() || impl_->slots[it->second].state != ActionState::kRunning)
+    throw Error(ErrorCode::kInvalidState, "id", "action " + std::to_string(id) + " is not running");
+  const ActionRec& a = impl_->slots[it->second];
+  Decision d;
+  d.kind = DecisionKind::kStart;
+  d.action = id;
+  d.node = impl_->bin_node[a.bin];
+  d.device = a.device == kNone ? kNone : impl_->dev_local[a.device];
+  d.service = impl_->classes[a.cls].service;
+  d.elastic_kind = a.elastic_kind;
+  d.grant = a.grant;
+  d.time = a.start_ns;
+  return d;
+}
+
+const Inventory& Scheduler::inventory() const { return impl_->inv; }
+const PolicyConfig& Scheduler::policy() const { return impl_->policy; }
+std::size_t Scheduler::waiting_count() const { return impl_->n_waiting; }
+std::size_t Scheduler::running_count() const { return impl_->n_running; }
+
+Quantity Scheduler::free(std::int32_t node, std::int32_t kind) const {
+  const Impl& m = *impl_;
+  if (node < 0 || node >= static_cast<std::int32_t>(m.inv.nodes.size())) throw Error(ErrorCode::kUnknownName, "node", "no node with index " + std::to_string(node));
+  if (kind < 0 || kind >= m.K) throw Error(ErrorCode::kUnknownName, "kind", "no kind with index " + std::to_string(kind));
+  Quantity total = 0;
+  for (std::size_t b = 0; b < m.bin_node.size(); ++b)
+    if (m.bin_node[b] == node) total += m.free_of(static_cast<std::int32_t>(b))[kind];
+  return total;
+}
+
+Quantity Scheduler::gpu_free(std::int32_t node, std::int32_t device) const {
+  const Impl& m = *impl_;
+  if (node < 0 || node >= static_cast<std::int32_t>(m.inv.nodes.size())) throw Error(ErrorCode::kUnknownName, "node", "no node with index " + std::to_string(node));
+  std::int32_t d = m.node_first_dev[node] + device;
+  if (device < 0 || d >= m.node_first_dev[node + 1]) throw Error(ErrorCode::kUnknownName, "device", "node " + std::to_string(node) + " has no GPU " + std::to_string(device));
+  return m.dev_free[d];
+}
+
+std::pair<std::int32_t, std::int32_t> Scheduler::service_location(std::int32_t service) const {
+  const Impl& m = *impl_;
+  if (service < 0 || service >= static_cast<std::int32_t>(m.services.size())) throw Error(ErrorCode::kUnknownName, "service", "no service with index " + std::to_string(service));
+  std::int32_t d = m.services[service].device;
+  if (d == kNone) return {kNone, kNone};
+  return {m.dev_node[d], m.dev_local[d]};
+}
+
+bool Scheduler::service_ready(std::int32_t service) const {
+  const Impl& m = *impl_;
+  if (service < 0 || service >= static_cast<std::int32_t>(m.services.size())) throw Error(ErrorCode::kUnknownName, "service", "no service with index " + std::to_string(service));
+  return m.service_is_ready(m.services[service]);
+}
+
+double Scheduler::runtime(ActionId id, Quantity units) const {
+  auto it = impl_->by_id.find(id);
+  if (it == impl_->by_id.end()) throw Error(ErrorCode::kUnknownAction, "id", "action " + std::to_string(id) + " is not live");
+  const ActionRec& a = impl_->slots[it->second];
+  if (a.elastic_kind != kNone && units <= 0) throw Error(ErrorCode::kInvalidArgument, "units", "must be positive");
+  return impl_->seconds(a, units);
+}
+
+void Scheduler::check_invariants() const { impl_->check(); }
+
+const char* policy_name(PolicyKind kind) {
+  switch (kind) {
+    case PolicyKind::kTangram: return "tangram";
+    case PolicyKind::kFifo: return "fifo";
+    case PolicyKind::kTrajectory: return "trajectory";
+    case PolicyKind::kIsolated: return "isolated";
+  }
+  return "?";
+}
+
+PolicyKind policy_from_name(const std::string& name) {
+  for (PolicyKind k : {PolicyKind::kTangram, PolicyKind::kFifo, PolicyKind::kTrajectory, PolicyKind::kIsolated})
+    if (name == policy_name(k)) return k;
+  throw Error(ErrorCode::kUnknownName, "policy", "unknown policy '" + name + "' (tangram, fifo, trajectory, isolated)");
+}
+
+}  // namespace tangram

@@ -1,0 +1,89 @@
+// The action-level scheduler: events in, decisions out.
+//
+// Every event call validates its whole batch first (throwing tangram::Error and applying
+// nothing if any item is bad), applies it, then runs one scheduling pass at `now` and
+// appends that pass's decisions to `out` (which it clears first). Time must never go
+// backwards. The same events always give the same decisions.
+//
+// Terminal states: an action ends exactly once, by complete() (done or failed: the caller
+// knows which), cancel(), or a kReject decision at submit (it can never fit).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tangram/model.h"
+
+namespace tangram {
+
+class Scheduler {
+ public:
+  Scheduler(Inventory inventory, PolicyConfig policy);
+  ~Scheduler();
+  Scheduler(Scheduler&&) noexcept;
+  Scheduler& operator=(Scheduler&&) noexcept;
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Registers a (units, seconds) table for ModelKind::kTable; returns its id.
+  std::int32_t add_table(std::vector<std::pair<double, double>> points);
+
+  // ---- events
+  void submit(const ActionSpec* actions, std::size_t count, TimeNs now,
+              std::vector<Decision>& out);
+  // The actions finished (successfully or not); their resources return to the pools.
+  void complete(const ActionId* ids, std::size_t count, TimeNs now,
+                std::vector<Decision>& out);
+  // Waiting actions leave the queue; running ones are taken as stopped by the caller.
+  void cancel(const ActionId* ids, std::size_t count, TimeNs now,
+              std::vector<Decision>& out);
+  // The trajectories are over (kTrajectory frees their slots). They must have no live
+  // actions left.
+  void end_trajectories(const TrajectoryId* ids, std::size_t count, TimeNs now,
+                        std::vector<Decision>& out);
+  // Time passed: restores finish, quotas refill.
+  void tick(TimeNs now, std::vector<Decision>& out);
+
+  // ---- queries
+  // The earliest future time at which a tick could start something (a restore finishing,
+  // a quota refilling), or kNever.
+  TimeNs next_wakeup() const;
+  TimeNs now() const;
+  // The text of a kReject decision's `reason` from the last event call.
+  const std::string& message(std::int32_t reason) const;
+  // Why a waiting action waits, in words; or its state if it does not wait.
+  std::string explain(ActionId id) const;
+  ActionState state(ActionId id) const;
+  // For a running action: where it runs and its elastic grant.
+  Decision placement(ActionId id) const;
+
+  const Inventory& inventory() const;
+  const PolicyConfig& policy() const;
+  std::size_t waiting_count() const;
+  std::size_t running_count() const;
+  // Free amount of `kind` on `node` (summed over the node's bins), milli-units.
+  Quantity free(std::int32_t node, std::int32_t kind) const;
+  Quantity gpu_free(std::int32_t node, std::int32_t device) const;
+  // The service's device as (node, device), or (kNone, kNone) when offloaded.
+  std::pair<std::int32_t, std::int32_t> service_location(std::int32_t service) const;
+  bool service_ready(std::int32_t service) const;
+  // Run time in seconds the action's model gives for `units` milli-units of its elastic
+  // kind (its minimum when not elastic). The action must be live.
+  double runtime(ActionId id, Quantity units) const;
+
+  // Check every internal invariant (capacity never exceeded, accounting consistent);
+  // throws std::logic_error naming the first violation. For tests and the fuzzer.
+  void check_invariants() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+const char* policy_name(PolicyKind kind);
+// Throws Error(kUnknownName) for an unknown name.
+PolicyKind policy_from_name(const std::string& name);
+
+}  // namespace tangram

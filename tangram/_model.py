@@ -1,0 +1,202 @@
+"""What a user describes: the inventory, elasticity models and actions.
+
+Units: cores for "cpu", MiB for "memory" and GPU memory, plain counts for any other kind
+and for tokens; seconds for time. The core stores them as integer milli-units.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence, Union
+
+from ._errors import ValidationError
+
+# ------------------------------------------------------------------ inventory
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU device (or MIG instance) and its memory in MiB."""
+
+    memory: float
+
+
+@dataclass(frozen=True)
+class Node:
+    """A machine: its capacity per resource kind, and its GPUs."""
+
+    name: str
+    resources: Mapping[str, float]
+    gpus: Sequence[Gpu] = ()
+
+
+@dataclass(frozen=True)
+class Quota:
+    """A named API quota. Zero disables a limit."""
+
+    name: str
+    rate: float = 0.0  # requests per second
+    burst: int = 1  # requests admitted back to back before the rate applies
+    max_concurrency: int = 0  # requests in flight
+    tokens_per_minute: int = 0  # token budget, refilled continuously
+
+
+@dataclass(frozen=True)
+class Service:
+    """A GPU service (a reward model) kept in host memory and restored onto a GPU."""
+
+    name: str
+    memory: float  # MiB of GPU memory while resident
+    restore_seconds: float = 0.0
+    max_batch: int = 1  # actions it runs at once
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """Nodes, quotas and services. Kinds are taken from the nodes in order of appearance,
+    "cpu" and "memory" first when present."""
+
+    nodes: Sequence[Node]
+    quotas: Sequence[Quota] = ()
+    services: Sequence[Service] = ()
+
+    @property
+    def kinds(self) -> list[str]:
+        seen: list[str] = []
+        for base in ("cpu", "memory"):
+            if any(base in n.resources for n in self.nodes):
+                seen.append(base)
+        for n in self.nodes:
+            for k in n.resources:
+                if k not in seen:
+                    seen.append(k)
+        return seen
+
+    @staticmethod
+    def uniform(nodes: int, resources: Mapping[str, float], gpus: Sequence[float] = (),
+                quotas: Sequence[Quota] = (), services: Sequence[Service] = ()) -> "Inventory":
+        """`nodes` identical nodes named node0, node1, ..."""
+        return Inventory(
+            nodes=[Node(f"node{i}", dict(resources), [Gpu(m) for m in gpus]) for i in range(nodes)],
+            quotas=list(quotas),
+            services=list(services),
+        )
+
+    @staticmethod
+    def local(quotas: Sequence[Quota] = (), services: Sequence[Service] = ()) -> "Inventory":
+        """This machine: the CPUs this process may use, its memory, its GPUs.
+
+        GPUs come from NVML (nvidia-ml-py) when a driver is present. Without one, the
+        environment variable TANGRAM_FAKE_GPUS="81920,81920" declares a fake inventory of
+        GPUs with those memories in MiB, so GPU paths can be exercised on any machine.
+        """
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
+        return Inventory(
+            nodes=[Node(os.uname().nodename, {"cpu": cpus, "memory": math.floor(memory)}, discover_gpus())],
+            quotas=list(quotas),
+            services=list(services),
+        )
+
+
+def discover_gpus() -> list[Gpu]:
+    """GPUs of this machine: TANGRAM_FAKE_GPUS when set, else NVML, else none."""
+    fake = os.environ.get("TANGRAM_FAKE_GPUS", "").strip()
+    if fake:
+        try:
+            return [Gpu(float(m)) for m in fake.split(",")]
+        except ValueError:
+            raise ValidationError("TANGRAM_FAKE_GPUS", f"expected comma-separated MiB values, got {fake!r}") from None
+    try:
+        import pynvml  # nvidia-ml-py
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return []  # no driver: no GPUs
+    try:
+        return [
+            Gpu(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total / 2**20)
+            for i in range(pynvml.nvmlDeviceGetCount())
+        ]
+    finally:
+        pynvml.nvmlShutdown()
+
+
+# ------------------------------------------------------------------ elasticity
+
+
+@dataclass(frozen=True)
+class Constant:
+    """Run time does not depend on the grant."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Amdahl:
+    """t(u) = seconds * ((1 - p) + p * minimum / u): `seconds` at the minimum grant."""
+
+    seconds: float
+    parallel_fraction: float
+
+
+@dataclass(frozen=True)
+class Table:
+    """Piecewise linear through (units, seconds) points, flat outside them."""
+
+    points: tuple[tuple[float, float], ...]
+
+    def __init__(self, points: Sequence[tuple[float, float]]) -> None:
+        object.__setattr__(self, "points", tuple((float(u), float(s)) for u, s in points))
+
+
+@dataclass(frozen=True)
+class Native:
+    """A native `double seconds(double units)` function the core calls directly: build it
+    with `tangram.cost_model` (numba), or pass the address of any C function."""
+
+    address: int
+    keepalive: object = field(default=None, compare=False, repr=False)
+
+
+def cost_model(fn: Callable[[float], float]) -> Native:
+    """Compile `fn(units) -> seconds` with numba into a native callback for the core.
+
+    The function must be numba-compilable in nopython mode. A plain Python callable given
+    as an action's runtime also works, by a slower path: it is sampled at every grant the
+    core can choose (whole units from the minimum to the bound) into a Table at submit.
+    """
+    import numba
+
+    compiled = numba.cfunc("float64(float64)", nopython=True)(fn)
+    return Native(compiled.address, keepalive=compiled)
+
+
+Model = Union[float, int, Constant, Amdahl, Table, Native, Callable[[float], float]]
+
+
+# ------------------------------------------------------------------ actions
+
+
+@dataclass
+class Action:
+    """One tool call: a minimum demand per kind, at most one elastic kind with an upper
+    bound, and a run-time model (seconds, or a model of seconds against the grant)."""
+
+    id: int
+    demand: Mapping[str, float]
+    runtime: Model = 1.0
+    elastic: str | None = None  # the kind that may be granted beyond the minimum
+    max_units: float | None = None  # the elastic upper bound
+    trajectory: int = 0
+    task: int = 0
+    priority: int = 0
+    gpu_memory: float = 0.0
+    affinity: int | str | None = None  # node index or name
+    service: str | None = None
+    quota: str | None = None
+    tokens: int = 0

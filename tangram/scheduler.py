@@ -1,0 +1,376 @@
+"""tangram.Scheduler: the C++ core in virtual time, with a Pythonic face."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Iterator, Mapping, Sequence, overload
+
+import numpy as np
+
+from . import _core
+from ._errors import UnknownNameError, ValidationError
+from ._model import Action, Amdahl, Constant, Inventory, Native, Table
+from ._records import (
+    ACTION_HEADER_SIZE,
+    DECISION_DTYPE,
+    DECISION_KINDS,
+    MODEL_AMDAHL,
+    MODEL_CALLBACK,
+    MODEL_CONSTANT,
+    MODEL_TABLE,
+    REJECT,
+    action_dtype,
+    empty_actions,
+)
+
+POLICIES = ("tangram", "fifo", "trajectory", "isolated")
+MAX_SAMPLED_STEPS = 4096
+
+assert _core.ACTION_HEADER_SIZE == ACTION_HEADER_SIZE
+assert _core.DECISION_SIZE == DECISION_DTYPE.itemsize
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A scheduling policy and its knobs (csrc/tangram/model.h documents each)."""
+
+    name: str = "tangram"
+    aging: float = 0.5
+    candidates: int = 4
+    min_relative_gain: float = 0.05
+    starvation_seconds: float = 60.0
+    trajectory_slot_cpu: float = 0.0  # cores per trajectory slot ("trajectory")
+    pools: Mapping[int, float] = field(default_factory=dict)  # task -> weight ("isolated")
+
+
+@dataclass(frozen=True)
+class Decision:
+    kind: str  # "start", "restore", "evict" or "reject"
+    action: int | None
+    node: int | None
+    device: int | None
+    service: str | None
+    grant: float  # units of the elastic kind granted (its minimum when not elastic)
+    time: float  # start time, or when a restored service is ready
+    reason: str | None = None  # why a rejected action can never run
+
+
+class Decisions(Sequence[Decision]):
+    """One event's decisions: `array` (DECISION_DTYPE records) for bulk use, or iterate
+    for Decision objects."""
+
+    def __init__(self, array: np.ndarray, messages: Sequence[str], services: Sequence[str]) -> None:
+        self.array = array
+        self._messages = messages
+        self._services = services
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    @overload
+    def __getitem__(self, i: int) -> Decision: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Decision]: ...
+    def __getitem__(self, i):  # type: ignore[no-untyped-def]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        r = self.array[i]
+        kind = int(r["kind"])
+        none = lambda v: None if v < 0 else int(v)  # noqa: E731
+        svc = int(r["service"])
+        return Decision(
+            kind=DECISION_KINDS[kind],
+            action=int(r["action"]) if kind in (0, 3) else None,
+            node=none(r["node"]),
+            device=none(r["device"]),
+            service=self._services[svc] if svc >= 0 else None,
+            grant=float(r["grant"]),
+            time=float(r["time"]),
+            reason=self._messages[int(r["reason"])] if kind == REJECT else None,
+        )
+
+    def __iter__(self) -> Iterator[Decision]:
+        return (self[i] for i in range(len(self)))
+
+    def of_kind(self, kind: str) -> np.ndarray:
+        return self.array[self.array["kind"] == DECISION_KINDS.index(kind)]
+
+    def __repr__(self) -> str:
+        return f"Decisions({list(self)!r})"
+
+
+def resolve_policy(policy: str | Policy, overrides: Mapping[str, object]) -> Policy:
+    if isinstance(policy, str):
+        if policy not in POLICIES:
+            raise UnknownNameError("policy", f"unknown policy {policy!r} (one of {', '.join(POLICIES)})")
+        policy = Policy(name=policy)
+    return replace(policy, **overrides) if overrides else policy
+
+
+def core_arguments(inventory: Inventory, policy: Policy) -> dict[str, object]:
+    """The inventory and policy as the compiled core (and the reference) take them."""
+    kinds = inventory.kinds
+    if not inventory.nodes:
+        raise ValidationError("inventory.nodes", "at least one node is needed")
+    capacity = np.zeros((len(inventory.nodes), len(kinds)), dtype=np.int64)
+    for n, node in enumerate(inventory.nodes):
+        for k, kind in enumerate(kinds):
+            capacity[n, k] = _milli(node.resources.get(kind, 0), f"inventory.nodes[{n}].resources.{kind}")
+    return dict(
+        kinds=kinds,
+        node_names=[n.name for n in inventory.nodes],
+        capacity=capacity,
+        gpus=[[_milli(g.memory, f"inventory.nodes[{n}].gpus[{i}].memory") for i, g in enumerate(node.gpus)]
+              for n, node in enumerate(inventory.nodes)],
+        quotas=[(q.name, float(q.rate), int(q.burst), int(q.max_concurrency), int(q.tokens_per_minute))
+                for q in inventory.quotas],
+        services=[(s.name, _milli(s.memory, f"inventory.services[{i}].memory"), float(s.restore_seconds), int(s.max_batch))
+                  for i, s in enumerate(inventory.services)],
+        policy=policy.name,
+        aging=float(policy.aging),
+        candidates=int(policy.candidates),
+        min_relative_gain=float(policy.min_relative_gain),
+        starvation_seconds=float(policy.starvation_seconds),
+        trajectory_slot_cpu=_milli(policy.trajectory_slot_cpu, "policy.trajectory_slot_cpu"),
+        pools=[(int(t), float(w)) for t, w in policy.pools.items()],
+    )
+
+
+def _milli(value: object, name: str) -> int:
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise ValidationError(name, f"must be a number, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v) or v < 0 or v > 1e12:
+        raise ValidationError(name, f"must be a finite number in [0, 1e12], got {value!r}")
+    return math.floor(v * 1000.0 + 0.5)
+
+
+class RecordEncoder:
+    """Turns Action objects into the core's bulk records, registering tables as needed."""
+
+    def __init__(self, inventory: Inventory, add_table) -> None:  # type: ignore[no-untyped-def]
+        self.kinds = inventory.kinds
+        self.kind_index = {k: i for i, k in enumerate(self.kinds)}
+        self.node_index = {n.name: i for i, n in enumerate(inventory.nodes)}
+        self.service_index = {s.name: i for i, s in enumerate(inventory.services)}
+        self.quota_index = {q.name: i for i, q in enumerate(inventory.quotas)}
+        self.dtype = action_dtype(len(self.kinds))
+        self._add_table = add_table
+        self._tables: dict[tuple[tuple[float, float], ...], int] = {}
+
+    def table_id(self, points: tuple[tuple[float, float], ...]) -> int:
+        tid = self._tables.get(points)
+        if tid is None:
+            tid = self._tables[points] = self._add_table(list(points))
+        return tid
+
+    def encode(self, actions: Sequence[Action]) -> np.ndarray:
+        rec = empty_actions(len(self.kinds), len(actions))
+        for i, a in enumerate(actions):
+            self._encode_one(rec[i], a, f"actions[{i}]")
+        return rec
+
+    def _lookup(self, table: Mapping[str, int], name: object, what: str, fld: str) -> int:
+        if name not in table:
+            raise UnknownNameError(fld, f"no {what} named {name!r} (known: {', '.join(map(str, table)) or 'none'})")
+        return table[name]  # type: ignore[index]
+
+    def _encode_one(self, r: np.void, a: Action, f: str) -> None:
+        if not isinstance(a, Action):
+            raise ValidationError(f, f"expected a tangram.Action, got {type(a).__name__}")
+        for fld, v in (("id", a.id), ("trajectory", a.trajectory), ("task", a.task), ("tokens", a.tokens)):
+            if not isinstance(v, numbers.Integral) or v < 0:
+                raise ValidationError(f"{f}.{fld}", f"must be a non-negative integer, got {v!r}")
+        r["id"], r["trajectory"], r["task"], r["tokens"] = a.id, a.trajectory, a.task, a.tokens
+        if not isinstance(a.priority, numbers.Integral) or not -2**31 <= a.priority < 2**31:
+            raise ValidationError(f"{f}.priority", f"must be a 32-bit integer, got {a.priority!r}")
+        r["priority"] = a.priority
+        demand = np.zeros(len(self.kinds))
+        for kind, v in a.demand.items():
+            k = self._lookup(self.kind_index, kind, "resource kind", f"{f}.demand")
+            if not isinstance(v, numbers.Real) or isinstance(v, bool):
+                raise ValidationError(f"{f}.demand.{kind}", f"must be a number, got {v!r}")
+            demand[k] = v
+        r["demand"] = demand
+        if not isinstance(a.gpu_memory, numbers.Real):
+            raise ValidationError(f"{f}.gpu_memory", f"must be a number, got {a.gpu_memory!r}")
+        r["gpu_memory"] = a.gpu_memory
+        minimum = 1.0
+        if a.elastic is not None:
+            k = self._lookup(self.kind_index, a.elastic, "resource kind", f"{f}.elastic")
+            r["elastic_kind"] = k
+            minimum = float(demand[k])
+            if a.max_units is None:
+                raise ValidationError(f"{f}.max_units", "an elastic action needs an upper bound")
+            r["elastic_max"] = a.max_units
+        elif a.max_units is not None:
+            raise ValidationError(f"{f}.max_units", "an upper bound needs an elastic kind")
+        if a.affinity is not None:
+            if isinstance(a.affinity, str):
+                r["affinity"] = self._lookup(self.node_index, a.affinity, "node", f"{f}.affinity")
+            else:
+                r["affinity"] = a.affinity
+        if a.service is not None:
+            r["service"] = self._lookup(self.service_index, a.service, "service", f"{f}.service")
+        if a.quota is not None:
+            r["quota"] = self._lookup(self.quota_index, a.quota, "quota", f"{f}.quota")
+        self._encode_model(r, a, f, minimum)
+
+    def _encode_model(self, r: np.void, a: Action, f: str, minimum: float) -> None:
+        m = a.runtime
+        if isinstance(m, numbers.Real) and not isinstance(m, bool):
+            m = Constant(float(m))
+        if isinstance(m, Constant):
+            r["model"], r["seconds"] = MODEL_CONSTANT, m.seconds
+        elif isinstance(m, Amdahl):
+            r["model"], r["seconds"], r["parallel_fraction"] = MODEL_AMDAHL, m.seconds, m.parallel_fraction
+        elif isinstance(m, Table):
+            r["model"], r["table"] = MODEL_TABLE, self.table_id(m.points)
+        elif isinstance(m, Native):
+            r["model"], r["callback"] = MODEL_CALLBACK, m.address
+        elif callable(m):
+            # The documented slower path: sample the callable at every grant the core can
+            # choose (whole units from the minimum up to the bound) into a table.
+            top = float(a.max_units) if a.elastic is not None else minimum
+            if not math.isfinite(top) or top - minimum > MAX_SAMPLED_STEPS:
+                raise ValidationError(f"{f}.runtime", f"a plain Python callable is sampled at each unit; "
+                                      f"the elastic range exceeds {MAX_SAMPLED_STEPS} units: compile it with "
+                                      "tangram.cost_model instead")
+            units = [minimum + i for i in range(int(top - minimum) + 1)]
+            if units[-1] != top:
+                units.append(top)
+            points = []
+            for u in units:
+                s = m(u)
+                if not isinstance(s, numbers.Real) or not math.isfinite(s) or s < 0:
+                    raise ValidationError(f"{f}.runtime", f"the callable returned {s!r} for {u} units")
+                points.append((u, float(s)))
+            if minimum <= 0:
+                raise ValidationError(f"{f}.demand.{a.elastic}", "the elastic kind needs a positive minimum")
+            r["model"], r["table"] = MODEL_TABLE, self.table_id(tuple(points))
+        else:
+            raise ValidationError(f"{f}.runtime", f"expected seconds or a model, got {type(m).__name__}")
+
+
+class Scheduler:
+    """The scheduler core in virtual time.
+
+    Feed it events with the caller's clock (`now`, seconds, never decreasing): submit,
+    complete, cancel, end_trajectories, tick. Each returns the Decisions of the pass that
+    follows. Actions go in as `tangram.Action` objects or, in bulk, as a NumPy array of
+    `self.action_dtype` (see `self.new_actions`).
+    """
+
+    def __init__(self, inventory: Inventory, policy: str | Policy = "tangram", **policy_options: object) -> None:
+        self.inventory = inventory
+        self.policy = resolve_policy(policy, policy_options)
+        self._core = _core.Scheduler(**core_arguments(inventory, self.policy), decision_dtype=DECISION_DTYPE)
+        self._encoder = RecordEncoder(inventory, self._core.add_table)
+        self._services = [s.name for s in inventory.services]
+        self.kinds = self._encoder.kinds
+
+    # ---------------------------------------------------------------- events
+    @property
+    def action_dtype(self) -> np.dtype:
+        return self._encoder.dtype
+
+    def new_actions(self, count: int) -> np.ndarray:
+        """Blank bulk records: fill id, demand, seconds... and pass them to submit()."""
+        return empty_actions(len(self.kinds), count)
+
+    def submit(self, actions: Action | Iterable[Action] | np.ndarray, now: float) -> Decisions:
+        if isinstance(actions, np.ndarray):
+            if actions.dtype != self._encoder.dtype:
+                raise ValidationError("actions", f"array dtype must be Scheduler.action_dtype, got {actions.dtype}")
+            records = np.ascontiguousarray(actions)
+        else:
+            batch = [actions] if isinstance(actions, Action) else list(actions)
+            records = self._encoder.encode(batch)
+        return self._wrap(self._core.submit(records, now))
+
+    def complete(self, ids: int | Iterable[int], now: float) -> Decisions:
+        return self._wrap(self._core.complete(_ids(ids), now))
+
+    def cancel(self, ids: int | Iterable[int], now: float) -> Decisions:
+        return self._wrap(self._core.cancel(_ids(ids), now))
+
+    def end_trajectories(self, ids: int | Iterable[int], now: float) -> Decisions:
+        return self._wrap(self._core.end_trajectories(_ids(ids), now))
+
+    def tick(self, now: float) -> Decisions:
+        return self._wrap(self._core.tick(now))
+
+    def table(self, points: Sequence[tuple[float, float]]) -> int:
+        """Registers a (units, seconds) table for bulk records; returns its id."""
+        return self._encoder.table_id(Table(points).points)
+
+    def _wrap(self, array: np.ndarray) -> Decisions:
+        messages: list[str] = []
+        if len(array) and (array["kind"] == REJECT).any():
+            messages = [self._core.message(i) for i in range(int(array["reason"].max()) + 1)]
+        return Decisions(array, messages, self._services)
+
+    # ---------------------------------------------------------------- queries
+    @property
+    def next_wakeup(self) -> float | None:
+        """When a tick could start something (a restore ends, a quota refills), or None."""
+        return self._core.next_wakeup
+
+    @property
+    def now(self) -> float:
+        return self._core.now
+
+    @property
+    def waiting(self) -> int:
+        return self._core.waiting_count
+
+    @property
+    def running(self) -> int:
+        return self._core.running_count
+
+    def explain(self, action_id: int) -> str:
+        """Why the action waits, in words (or where it runs)."""
+        return self._core.explain(action_id)
+
+    def state(self, action_id: int) -> str:
+        return ("unknown", "waiting", "running")[self._core.state(action_id)]
+
+    def free(self, node: int, kind: str) -> float:
+        return self._core.free(node, self._kind(kind)) / 1000.0
+
+    def gpu_free(self, node: int, device: int) -> float:
+        return self._core.gpu_free(node, device) / 1000.0
+
+    def service_location(self, service: str) -> tuple[int, int] | None:
+        node, device = self._core.service_location(self._service(service))
+        return None if node < 0 else (node, device)
+
+    def runtime(self, action_id: int, units: float) -> float:
+        """Seconds the live action's model gives for `units` of its elastic kind."""
+        return self._core.runtime(action_id, units)
+
+    def check_invariants(self) -> None:
+        self._core.check_invariants()
+
+    def _kind(self, kind: str) -> int:
+        if kind not in self._encoder.kind_index:
+            raise UnknownNameError("kind", f"no resource kind named {kind!r}")
+        return self._encoder.kind_index[kind]
+
+    def _service(self, service: str) -> int:
+        if service not in self._encoder.service_index:
+            raise UnknownNameError("service", f"no service named {service!r}")
+        return self._encoder.service_index[service]
+
+
+def _ids(ids: int | Iterable[int]) -> np.ndarray:
+    if isinstance(ids, np.ndarray):
+        return ids
+    if isinstance(ids, numbers.Integral):
+        ids = [ids]
+    try:
+        return np.asarray(list(ids), dtype=np.uint64)
+    except (OverflowError, ValueError, TypeError) as e:
+        raise ValidationError("ids", f"must be non-negative integers ({e})") from None
