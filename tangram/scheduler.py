@@ -10,7 +10,7 @@ from typing import Iterable, Iterator, Mapping, Sequence, overload
 import numpy as np
 
 from . import _core
-from ._errors import UnknownNameError, ValidationError
+from ._errors import TangramError, UnknownNameError, ValidationError
 from ._model import Action, Amdahl, Constant, Inventory, Native, Table
 from ._records import (
     ACTION_HEADER_SIZE,
@@ -52,7 +52,7 @@ class Decision:
     node: int | None
     device: int | None
     service: str | None
-    grant: float  # units of the elastic kind granted (its minimum when not elastic)
+    grant: float  # units of the elastic kind granted; 0.0 when the action is not elastic
     time: float  # start time, or when a restored service is ready
     reason: str | None = None  # why a rejected action can never run
 
@@ -159,6 +159,7 @@ class RecordEncoder:
         self.dtype = action_dtype(len(self.kinds))
         self._add_table = add_table
         self._tables: dict[tuple[tuple[float, float], ...], int] = {}
+        self.natives: dict[int, Native] = {}
 
     def table_id(self, points: tuple[tuple[float, float], ...]) -> int:
         tid = self._tables.get(points)
@@ -230,11 +231,19 @@ class RecordEncoder:
             r["model"], r["table"] = MODEL_TABLE, self.table_id(m.points)
         elif isinstance(m, Native):
             r["model"], r["callback"] = MODEL_CALLBACK, m.address
+            self.natives[m.address] = m  # the core holds only the address: keep the code alive
         elif callable(m):
             # The documented slower path: sample the callable at every grant the core can
             # choose (whole units from the minimum up to the bound) into a table.
-            top = float(a.max_units) if a.elastic is not None else minimum
-            if not math.isfinite(top) or top - minimum > MAX_SAMPLED_STEPS:
+            top = minimum
+            if a.elastic is not None:
+                top = float(a.max_units)  # type: ignore[arg-type]
+                if not minimum > 0:
+                    raise ValidationError(f"{f}.demand.{a.elastic}", "the elastic kind needs a positive minimum")
+                if not math.isfinite(top) or top < minimum:
+                    raise ValidationError(f"{f}.max_units", f"must be a finite bound at least the minimum "
+                                          f"({minimum:g}), got {a.max_units!r}")
+            if top - minimum > MAX_SAMPLED_STEPS:
                 raise ValidationError(f"{f}.runtime", f"a plain Python callable is sampled at each unit; "
                                       f"the elastic range exceeds {MAX_SAMPLED_STEPS} units: compile it with "
                                       "tangram.cost_model instead")
@@ -247,8 +256,6 @@ class RecordEncoder:
                 if not isinstance(s, numbers.Real) or not math.isfinite(s) or s < 0:
                     raise ValidationError(f"{f}.runtime", f"the callable returned {s!r} for {u} units")
                 points.append((u, float(s)))
-            if minimum <= 0:
-                raise ValidationError(f"{f}.demand.{a.elastic}", "the elastic kind needs a positive minimum")
             r["model"], r["table"] = MODEL_TABLE, self.table_id(tuple(points))
         else:
             raise ValidationError(f"{f}.runtime", f"expected seconds or a model, got {type(m).__name__}")
@@ -288,6 +295,10 @@ class Scheduler:
         else:
             batch = [actions] if isinstance(actions, Action) else list(actions)
             records = self._encoder.encode(batch)
+            try:
+                return self._wrap(self._core.submit(records, now))
+            except TangramError as e:
+                raise _action_field_names(e) from None
         return self._wrap(self._core.submit(records, now))
 
     def complete(self, ids: int | Iterable[int], now: float) -> Decisions:
@@ -363,6 +374,18 @@ class Scheduler:
         if service not in self._encoder.service_index:
             raise UnknownNameError("service", f"no service named {service!r}")
         return self._encoder.service_index[service]
+
+
+# Record fields named as the Action attributes that fill them.
+_RECORD_TO_ACTION_FIELD = {".elastic_max": ".max_units", ".affinity_node": ".affinity", ".model": ".runtime"}
+
+
+def _action_field_names(error: TangramError) -> TangramError:
+    field = error.field
+    for record_name, action_name in _RECORD_TO_ACTION_FIELD.items():
+        if record_name in field:
+            field = field.replace(record_name, action_name)
+    return type(error)(field, error.reason) if field != error.field else error
 
 
 def _ids(ids: int | Iterable[int]) -> np.ndarray:

@@ -137,7 +137,7 @@ struct Decision {
   std::int32_t device = kNone;  // GPU index within the node
   std::int32_t service = kNone;
   std::int32_t elastic_kind = kNone;
-  Quantity grant = 0;  // granted units of the elastic kind (the minimum when not elastic)
+  Quantity grant = 0;  // granted units of the elastic kind; 0 when the action is not elastic
   TimeNs time = 0;     // kStart: when; kRestore: when the service is ready
   std::int32_t reason = kNone;  // kReject: index into the last call's messages
 };

@@ -84,11 +84,16 @@ struct Class {
   std::int32_t service = kNone;
   std::int32_t quota = kNone;
   std::int64_t tokens = 0;
-  TrajectoryId trajectory = 0;  // kTrajectory only
+  TrajectoryId trajectory = 0;
+  // kTrajectory, non-service actions: the class runs in its trajectory's own slot. Service
+  // actions run beside their service, in any slot no trajectory holds, and bind nothing.
+  bool in_trajectory_slot = false;
   // state
   std::set<OrderKey> waiting;
   bool in_active = false;
   bool parked = false;
+  std::int32_t park_node = kNone;  // while parked: the node it waits on, or kNone (partition)
+  TimeNs park_deadline = 0;        // when its head starts starving
   Block block = Block::kNotConsidered;
   TimeNs block_until = 0;
 };
@@ -109,7 +114,8 @@ struct Partition {
   std::vector<std::int32_t> node_hi;
   BinTree free_tree;  // free vector (+ node's largest free device memory); -1 = unusable
   BinTree cap_tree;   // capacity vector (+ node's largest device) for feasibility
-  std::vector<std::int32_t> parked;  // classes parked on any bin of this partition
+  std::vector<std::int32_t> parked;  // classes parked on any bin of this partition (may hold stale ids)
+  std::int64_t parked_count = 0;     // classes parked here now
 };
 
 struct ServiceRec {
@@ -156,9 +162,14 @@ struct Scheduler::Impl {
   std::vector<Class> classes;
   std::unordered_map<std::vector<std::int64_t>, std::int32_t, ClassKeyHash> class_index;
   std::set<OrderKey> active;
-  std::vector<std::vector<std::int32_t>> node_parked;  // classes parked on one node's bins
+  std::vector<std::vector<std::int32_t>> node_parked;  // classes parked on one node's bins (may hold stale ids)
+  std::vector<std::int64_t> node_parked_count;
+  // Parked classes by the time their head starts starving: then they must be looked at
+  // again, since the starvation guard changes what a failure means.
+  std::set<std::pair<TimeNs, std::int32_t>> park_deadlines;
   std::unordered_map<TrajectoryId, std::int32_t> trajectory_live;
   std::unordered_map<TrajectoryId, std::int32_t> trajectory_bin;  // kTrajectory bindings
+  std::vector<std::uint8_t> bin_bound;  // kTrajectory: slot held by a trajectory (hidden from the free tree)
   std::uint64_t next_seq = 0;
   std::size_t n_waiting = 0, n_running = 0;
   TimeNs now = 0;
@@ -167,6 +178,7 @@ struct Scheduler::Impl {
 
   // per-pass scratch
   std::uint64_t pass_epoch = 0;
+  const OrderKey* pass_cursor = nullptr;  // the head being looked at, while a pass runs
   std::vector<std::uint64_t> node_contended, partition_contended;  // == pass_epoch when set
   std::vector<std::uint64_t> node_masked, partition_masked;
   bool any_mask = false;
@@ -191,6 +203,7 @@ struct Scheduler::Impl {
   void refresh_node_devices(std::int32_t node);
   void release_on_node(std::int32_t node, std::int32_t partition);
   void park(std::int32_t c, std::int32_t node_or_none);
+  void unpark(std::int32_t c);
   void activate(std::int32_t c);
   void deactivate(std::int32_t c);
   void set_head(std::int32_t c);
@@ -201,8 +214,9 @@ struct Scheduler::Impl {
   std::int32_t class_for(const ActionSpec& s);
   std::string infeasible_reason(const Class& c) const;
   void validate_now(TimeNs t) const;
-  void validate_spec(const ActionSpec& s, std::size_t i, const std::string& f) const;
-  void submit(const ActionSpec* a, std::size_t n, std::vector<Decision>& out);
+  template <class Field>
+  void validate_spec(const ActionSpec& s, std::size_t i, const Field& field) const;
+  void submit(const ActionSpec* a, std::size_t n, TimeNs t, std::vector<Decision>& out);
   void finish(std::int32_t slot);  // running -> gone, resources back
   void unqueue(std::int32_t slot);  // waiting -> gone
 
@@ -213,6 +227,16 @@ struct Scheduler::Impl {
   std::int32_t scope_node(const Class& c) const;
   bool eligible_range(const Class& c, std::int32_t& lo, std::int32_t& hi, std::int32_t& fixed_leaf) const;
   bool restore(std::int32_t svc_id, const Class& head_class, std::vector<Decision>& out);
+  struct RoomPlan {
+    bool ok = false;
+    std::int64_t busy = 0;    // victims with waiting actions
+    std::int64_t queued = 0;  // their queued work, ns
+    std::vector<std::int32_t> victims;
+  };
+  RoomPlan plan_room(std::int32_t device, Quantity need, std::int32_t keep) const;
+  bool make_gpu_room(const Class& c, std::int32_t lo, std::int32_t hi, std::int32_t fixed_leaf,
+                     std::int32_t device, std::vector<Decision>& out);
+  void evict(std::int32_t svc_id, std::vector<Decision>& out);
   void grant_spare(std::vector<Decision>& out);
   std::string explain(ActionId id) const;
   void check() const;
@@ -352,13 +376,24 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg) : inv(std::move(inv
       std::vector<Quantity> ppm(policy.pools.size());
       for (std::size_t p = 0; p < policy.pools.size(); ++p)
         ppm[p] = static_cast<Quantity>(std::floor(policy.pools[p].second / total * 1e6));
-      for (std::size_t p = 0; p < policy.pools.size(); ++p)
-        for (std::int32_t n = 0; n < N; ++n) {
-          std::vector<Quantity> cap(K);
-          for (std::int32_t k = 0; k < K; ++k)
-            cap[k] = static_cast<Quantity>((static_cast<__int128>(inv.nodes[n].capacity[k]) * ppm[p]) / 1000000);
-          add_bin(n, static_cast<std::int32_t>(p), cap);
+      // Each node's capacity is split exactly: floor of each share, then the milli-units
+      // left over spread evenly, the first pools taking one more, so shares sum to the node.
+      const std::size_t P = policy.pools.size();
+      std::vector<std::vector<Quantity>> share(P * N, std::vector<Quantity>(K));
+      for (std::int32_t n = 0; n < N; ++n)
+        for (std::int32_t k = 0; k < K; ++k) {
+          Quantity cap = inv.nodes[n].capacity[k], given = 0;
+          for (std::size_t p = 0; p < P; ++p) {
+            Quantity q = static_cast<Quantity>((static_cast<__int128>(cap) * ppm[p]) / 1000000);
+            share[p * N + n][k] = q;
+            given += q;
+          }
+          const Quantity left = cap - given, each = left / static_cast<Quantity>(P);
+          const std::size_t extra = static_cast<std::size_t>(left % static_cast<Quantity>(P));
+          for (std::size_t p = 0; p < P; ++p) share[p * N + n][k] += each + (p < extra ? 1 : 0);
         }
+      for (std::size_t p = 0; p < P; ++p)
+        for (std::int32_t n = 0; n < N; ++n) add_bin(n, static_cast<std::int32_t>(p), share[p * N + n]);
       break;
     }
   }
@@ -387,7 +422,9 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg) : inv(std::move(inv
       part.free_tree.set(leaf, v.data());
     }
   }
+  bin_bound.assign(bin_node.size(), 0);
   node_parked.resize(N);
+  node_parked_count.assign(N, 0);
   node_contended.assign(N, 0);
   node_masked.assign(N, 0);
   partition_contended.assign(partitions.size(), 0);
@@ -413,7 +450,7 @@ void Scheduler::Impl::refresh_node_devices(std::int32_t node) {
   for (auto& part : partitions) {
     if (part.node_lo[node] < 0) continue;
     for (std::int32_t leaf = part.node_lo[node]; leaf < part.node_hi[node]; ++leaf) {
-      if (part.free_tree.leaf(leaf)[0] < 0) continue;  // a bound trajectory slot stays hidden
+      if (bin_bound[part.bins[leaf]]) continue;  // a bound trajectory slot stays hidden
       std::copy(part.free_tree.leaf(leaf), part.free_tree.leaf(leaf) + D, scratch.begin());
       scratch[K] = best;
       part.free_tree.set(leaf, scratch.data());
@@ -424,20 +461,16 @@ void Scheduler::Impl::refresh_node_devices(std::int32_t node) {
 // Resources came back on `node` (in `partition`, or every partition when kNone): classes
 // parked there may fit now.
 void Scheduler::Impl::release_on_node(std::int32_t node, std::int32_t partition) {
-  auto wake = [&](std::vector<std::int32_t>& list) {
-    for (std::int32_t c : list) {
-      Class& cl = classes[c];
-      if (!cl.parked) continue;
-      cl.parked = false;
-      if (!cl.waiting.empty()) activate(c);
-    }
+  auto wake = [&](std::vector<std::int32_t>& list, std::int32_t scope) {
+    for (std::int32_t c : list)
+      if (classes[c].parked && classes[c].park_node == scope) unpark(c);
     list.clear();
   };
-  wake(node_parked[node]);
+  wake(node_parked[node], node);
   if (partition == kNone) {
-    for (auto& part : partitions) wake(part.parked);
+    for (auto& part : partitions) wake(part.parked, kNone);
   } else {
-    wake(partitions[partition].parked);
+    wake(partitions[partition].parked, kNone);
   }
 }
 
@@ -445,8 +478,31 @@ void Scheduler::Impl::park(std::int32_t c, std::int32_t node) {
   Class& cl = classes[c];
   deactivate(c);
   cl.parked = true;
-  if (node == kNone) partitions[cl.partition].parked.push_back(c);
-  else node_parked[node].push_back(c);
+  cl.park_node = node;
+  cl.park_deadline = slots[cl.waiting.begin()->slot].submit_ns + starvation_ns;
+  park_deadlines.emplace(cl.park_deadline, c);
+  if (node == kNone) {
+    partitions[cl.partition].parked.push_back(c);
+    ++partitions[cl.partition].parked_count;
+  } else {
+    node_parked[node].push_back(c);
+    ++node_parked_count[node];
+  }
+}
+
+void Scheduler::Impl::unpark(std::int32_t c) {
+  Class& cl = classes[c];
+  cl.parked = false;
+  park_deadlines.erase({cl.park_deadline, c});
+  if (cl.park_node == kNone) --partitions[cl.partition].parked_count;
+  else --node_parked_count[cl.park_node];
+  activate(c);
+  // Woken mid-pass behind the cursor: this pass has passed it by, as it would have passed
+  // by a failed head, so it still waits there.
+  if (pass_cursor != nullptr && *cl.waiting.begin() < *pass_cursor) {
+    if (cl.park_node == kNone) partition_contended[cl.partition] = pass_epoch;
+    else node_contended[cl.park_node] = pass_epoch;
+  }
 }
 
 void Scheduler::Impl::activate(std::int32_t c) {
@@ -480,8 +536,10 @@ void Scheduler::Impl::validate_now(TimeNs t) const {
     throw Error(ErrorCode::kInvalidArgument, "now", "time went backwards (" + std::to_string(to_seconds(t)) + " s < " + std::to_string(to_seconds(now)) + " s)");
 }
 
-void Scheduler::Impl::validate_spec(const ActionSpec& s, std::size_t, const std::string& f) const {
-  auto bad = [&](const std::string& field, const std::string& why) { throw Error(ErrorCode::kInvalidArgument, f + "." + field, why); };
+// `field()` names the action ("actions[3]"); it is only called to build an error.
+template <class Field>
+void Scheduler::Impl::validate_spec(const ActionSpec& s, std::size_t, const Field& field) const {
+  auto bad = [&](const std::string& name, const std::string& why) { throw Error(ErrorCode::kInvalidArgument, field() + "." + name, why); };
   if (static_cast<std::int32_t>(s.demand.size()) != K)
     bad("demand", "has " + std::to_string(s.demand.size()) + " entries for " + std::to_string(K) + " kinds");
   for (std::int32_t k = 0; k < K; ++k)
@@ -513,18 +571,18 @@ void Scheduler::Impl::validate_spec(const ActionSpec& s, std::size_t, const std:
       bad("model.kind", "unknown model kind");
   }
   if (s.affinity_node != kNone && (s.affinity_node < 0 || s.affinity_node >= static_cast<std::int32_t>(inv.nodes.size())))
-    throw Error(ErrorCode::kUnknownName, f + ".affinity_node", "no node with index " + std::to_string(s.affinity_node));
+    throw Error(ErrorCode::kUnknownName, field() + ".affinity_node", "no node with index " + std::to_string(s.affinity_node));
   if (s.service != kNone) {
     if (s.service < 0 || s.service >= static_cast<std::int32_t>(services.size()))
-      throw Error(ErrorCode::kUnknownName, f + ".service", "no service with index " + std::to_string(s.service));
+      throw Error(ErrorCode::kUnknownName, field() + ".service", "no service with index " + std::to_string(s.service));
     if (s.affinity_node != kNone) bad("affinity_node", "cannot be combined with a service: actions run where their service is resident");
   }
   if (s.quota != kNone && (s.quota < 0 || s.quota >= static_cast<std::int32_t>(quotas.size())))
-    throw Error(ErrorCode::kUnknownName, f + ".quota", "no quota with index " + std::to_string(s.quota));
+    throw Error(ErrorCode::kUnknownName, field() + ".quota", "no quota with index " + std::to_string(s.quota));
   if (s.tokens < 0 || s.tokens > static_cast<std::int64_t>(kMaxBaseUnits)) bad("tokens", "must be in [0, 1e12]");
   if (s.tokens > 0 && s.quota == kNone) bad("tokens", "tokens need a quota to draw from");
   if (policy.kind == PolicyKind::kIsolated && !pool_partition.count(s.task))
-    throw Error(ErrorCode::kUnknownName, f + ".task", "no task pool " + std::to_string(s.task) + " in the isolated policy");
+    throw Error(ErrorCode::kUnknownName, field() + ".task", "no task pool " + std::to_string(s.task) + " in the isolated policy");
   // The model must give a usable run time at the minimum grant.
   Quantity lo = s.elastic_kind == kNone ? kMilli : s.demand[s.elastic_kind];
   double t = model_seconds(m, lo, lo, tables);
@@ -533,7 +591,8 @@ void Scheduler::Impl::validate_spec(const ActionSpec& s, std::size_t, const std:
 
 std::int32_t Scheduler::Impl::class_for(const ActionSpec& s) {
   std::int32_t partition = policy.kind == PolicyKind::kIsolated ? pool_partition.at(s.task) : 0;
-  TrajectoryId traj = policy.kind == PolicyKind::kTrajectory ? s.trajectory : 0;
+  const bool in_slot = policy.kind == PolicyKind::kTrajectory && s.service == kNone;
+  TrajectoryId traj = in_slot ? s.trajectory : 0;
   std::vector<std::int64_t> key;
   key.reserve(K + 8);
   key.insert(key.end(), s.demand.begin(), s.demand.end());
@@ -544,6 +603,7 @@ std::int32_t Scheduler::Impl::class_for(const ActionSpec& s) {
   key.push_back(s.quota);
   key.push_back(s.tokens);
   key.push_back(static_cast<std::int64_t>(traj));
+  key.push_back(in_slot ? 1 : 0);
   auto it = class_index.find(key);
   if (it != class_index.end()) return it->second;
   Class c;
@@ -555,6 +615,7 @@ std::int32_t Scheduler::Impl::class_for(const ActionSpec& s) {
   c.quota = s.quota;
   c.tokens = s.tokens;
   c.trajectory = traj;
+  c.in_trajectory_slot = in_slot;
   std::int32_t id = static_cast<std::int32_t>(classes.size());
   classes.push_back(std::move(c));
   class_index.emplace(std::move(key), id);
@@ -579,6 +640,8 @@ std::string Scheduler::Impl::infeasible_reason(const Class& c) const {
     if (!s.empty() && s.back() == ';') s.pop_back();
     return s;
   };
+  if (c.quota != kNone && !quotas[c.quota].tokens_fit(c.tokens))
+    return "needs " + std::to_string(c.tokens) + " tokens, more than quota '" + inv.quotas[c.quota].name + "' grants per minute";
   std::vector<std::int32_t> found;
   auto no_skip = [](std::int32_t) { return false; };
   if (c.service != kNone) {
@@ -610,24 +673,22 @@ std::string Scheduler::Impl::infeasible_reason(const Class& c) const {
   }
   found.clear();
   part.cap_tree.find(lo, hi, need.data(), 1, no_skip, found);
-  if (!found.empty()) {
-    if (c.quota != kNone && !quotas[c.quota].tokens_fit(c.tokens))
-      return "needs " + std::to_string(c.tokens) + " tokens, more than quota '" + inv.quotas[c.quota].name + "' grants per minute";
-    return "";
-  }
+  if (!found.empty()) return "";
   return describe_shortfall(lo, hi, where);
 }
 
-void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, std::vector<Decision>& out) {
-  // Validate the whole batch before touching anything.
+void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::vector<Decision>& out) {
+  // Validate the whole batch before touching anything (the clock included).
   std::unordered_map<ActionId, std::size_t> seen;
   for (std::size_t i = 0; i < n; ++i) {
-    std::string f = "actions[" + std::to_string(i) + "]";
-    if (by_id.count(a[i].id)) throw Error(ErrorCode::kDuplicateId, f + ".id", "action " + std::to_string(a[i].id) + " is already live");
-    if (!seen.emplace(a[i].id, i).second)
-      throw Error(ErrorCode::kDuplicateId, f + ".id", "action " + std::to_string(a[i].id) + " appears twice in the batch");
-    validate_spec(a[i], i, f);
+    auto field = [i] { return "actions[" + std::to_string(i) + "]"; };
+    if (by_id.count(a[i].id)) throw Error(ErrorCode::kDuplicateId, field() + ".id", "action " + std::to_string(a[i].id) + " is already live");
+    if (n > 1 && !seen.emplace(a[i].id, i).second)
+      throw Error(ErrorCode::kDuplicateId, field() + ".id", "action " + std::to_string(a[i].id) + " appears twice in the batch");
+    validate_spec(a[i], i, field);
   }
+  messages.clear();
+  now = t;
   for (std::size_t i = 0; i < n; ++i) {
     const ActionSpec& s = a[i];
     std::int32_t c = class_for(s);
@@ -692,7 +753,7 @@ void Scheduler::Impl::finish(std::int32_t slot) {
     refresh_node_devices(node);
   }
   // A trajectory slot stays bound (hidden from the free tree) until its trajectory ends.
-  if (policy.kind != PolicyKind::kTrajectory) refresh_leaf(r.bin);
+  if (!bin_bound[r.bin]) refresh_leaf(r.bin);
   if (cl.quota != kNone) quotas[cl.quota].release();
   if (cl.service != kNone) services[cl.service].running -= 1;
   --n_running;
@@ -700,7 +761,8 @@ void Scheduler::Impl::finish(std::int32_t slot) {
   by_id.erase(r.id);
   r.state = ActionState::kUnknown;
   free_slots.push_back(slot);
-  release_on_node(node, bin_partition[r.bin]);
+  // Freed GPU memory is shared by every partition on the node.
+  release_on_node(node, cl.gpu_memory > 0 ? kNone : bin_partition[r.bin]);
 }
 
 void Scheduler::Impl::unqueue(std::int32_t slot) {
@@ -709,7 +771,8 @@ void Scheduler::Impl::unqueue(std::int32_t slot) {
   bool was_head = cl.waiting.begin()->seq == r.order.seq;
   if (was_head) deactivate(r.cls);
   cl.waiting.erase(r.order);
-  if (was_head && !cl.parked) activate(r.cls);
+  if (was_head && cl.parked) unpark(r.cls);  // its new head may starve sooner
+  else if (was_head) activate(r.cls);
   if (cl.service != kNone) {
     services[cl.service].waiting -= 1;
     services[cl.service].queued_ns -= r.est_ns;
@@ -731,7 +794,7 @@ bool Scheduler::Impl::eligible_range(const Class& c, std::int32_t& lo, std::int3
   fixed_leaf = kNone;
   std::int32_t node = c.affinity_node;
   if (c.service != kNone) node = dev_node[services[c.service].device];
-  if (policy.kind == PolicyKind::kTrajectory) {
+  if (c.in_trajectory_slot) {
     auto it = trajectory_bin.find(c.trajectory);
     if (it != trajectory_bin.end()) {
       fixed_leaf = bin_leaf[it->second];
@@ -753,7 +816,7 @@ bool Scheduler::Impl::eligible_range(const Class& c, std::int32_t& lo, std::int3
 // The one node a class is confined to (affinity, its service's device, its trajectory's
 // slot), or kNone when it may use any bin of its partition.
 std::int32_t Scheduler::Impl::scope_node(const Class& c) const {
-  if (policy.kind == PolicyKind::kTrajectory) {
+  if (c.in_trajectory_slot) {
     auto it = trajectory_bin.find(c.trajectory);
     if (it != trajectory_bin.end()) return bin_node[it->second];
   }
@@ -778,6 +841,18 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
   std::int32_t device = kNone;
   if (cl.service != kNone) {
     ServiceRec& svc = services[cl.service];
+    if (svc.device != kNone && svc.ready_ns <= now && dev_total[svc.device] < inv.services[cl.service].memory + cl.gpu_memory) {
+      // Its device can never hold this action beside the service: move the service once
+      // its running batch is done.
+      if (svc.running > 0) {
+        cl.block = Block::kServiceNoRoom;
+        return Try::kBlocked;
+      }
+      const std::int32_t node = dev_node[svc.device];
+      evict(cl.service, out);
+      refresh_node_devices(node);
+      release_on_node(node, kNone);
+    }
     if (svc.device == kNone && !restore(cl.service, cl, out)) {
       cl.block = Block::kServiceNoRoom;
       return Try::kBlocked;
@@ -817,6 +892,9 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
     }
   }
   if (!cand.empty() && device != kNone && dev_free[device] < cl.gpu_memory) cand.clear();
+  // GPU memory held by resident services is reclaimed for an action that needs it.
+  if (cand.empty() && cl.gpu_memory > 0 && has_range && !masked && make_gpu_room(cl, lo, hi, fixed_leaf, device, out))
+    return try_head(c, out);
   if (cand.empty()) {
     bool held = masked || (node_scope != kNone && node_masked[node_scope] == pass_epoch);
     cl.block = held ? Block::kHeldBack : Block::kResources;
@@ -831,7 +909,9 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
       any_mask = true;
       return Try::kBlocked;
     }
-    if (!any_mask && cl.service == kNone) return Try::kParked;
+    // Parking waits for a release; GPU classes are looked at every pass instead, since
+    // memory also frees when a cached service turns idle.
+    if (!any_mask && cl.service == kNone && cl.gpu_memory == 0) return Try::kParked;
     return Try::kBlocked;
   }
   if (cl.quota != kNone) {
@@ -878,7 +958,7 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
   Quantity* f = free_of(bin);
   for (std::int32_t k = 0; k < K; ++k) f[k] -= cl.demand[k];
   a.grant = a.elastic_kind == kNone ? 0 : cl.demand[a.elastic_kind];
-  if (a.elastic_kind != kNone && policy.kind == PolicyKind::kTrajectory) {
+  if (a.elastic_kind != kNone && cl.in_trajectory_slot) {
     // The trajectory's slot is all its own: the action gets all of it, up to its bound.
     Quantity extra = std::min(f[a.elastic_kind], a.elastic_max - a.grant);
     a.grant += extra;
@@ -888,13 +968,12 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
     dev_free[device] -= cl.gpu_memory;
     refresh_node_devices(node);
   }
-  if (policy.kind == PolicyKind::kTrajectory) {
-    if (fixed_leaf == kNone) {
-      trajectory_bin[cl.trajectory] = bin;
-      std::vector<Quantity> hidden(D, -1);
-      part.free_tree.set(best_leaf, hidden.data());
-    }
-  } else {
+  if (cl.in_trajectory_slot && fixed_leaf == kNone) {
+    trajectory_bin[cl.trajectory] = bin;
+    bin_bound[bin] = 1;
+    std::vector<Quantity> hidden(D, -1);
+    part.free_tree.set(best_leaf, hidden.data());
+  } else if (!bin_bound[bin]) {
     refresh_leaf(bin);
   }
   if (cl.service != kNone) {
@@ -926,7 +1005,56 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
   return Try::kStarted;
 }
 
-// Makes `svc_id` resident (or restoring) somewhere, evicting idle services greedily.
+// Greedy eviction plan for `need` milli-MiB on device d: never a service with running
+// actions or still restoring (nor `keep`); idle ones (nothing waiting) first, then the
+// least queued work per unit of restore cost, then service order.
+Scheduler::Impl::RoomPlan Scheduler::Impl::plan_room(std::int32_t d, Quantity need, std::int32_t keep) const {
+  RoomPlan plan;
+  Quantity room = dev_free[d];
+  if (room >= need) {
+    plan.ok = true;
+    return plan;
+  }
+  std::vector<std::int32_t> cands;
+  for (std::int32_t s = 0; s < static_cast<std::int32_t>(services.size()); ++s) {
+    const ServiceRec& o = services[s];
+    if (s != keep && o.device == d && o.running == 0 && o.ready_ns <= now) cands.push_back(s);
+  }
+  std::sort(cands.begin(), cands.end(), [&](std::int32_t x, std::int32_t y) {
+    const ServiceRec& a = services[x];
+    const ServiceRec& b = services[y];
+    bool ia = a.waiting == 0, ib = b.waiting == 0;
+    if (ia != ib) return ia;
+    __int128 lhs = static_cast<__int128>(a.queued_ns) * std::max<TimeNs>(b.restore_ns, 1);
+    __int128 rhs = static_cast<__int128>(b.queued_ns) * std::max<TimeNs>(a.restore_ns, 1);
+    if (lhs != rhs) return lhs < rhs;
+    return x < y;
+  });
+  for (std::size_t i = 0; i < cands.size() && room < need; ++i) {
+    const ServiceRec& o = services[cands[i]];
+    room += inv.services[cands[i]].memory;
+    plan.busy += o.waiting > 0 ? 1 : 0;
+    plan.queued += o.queued_ns;
+    plan.victims.push_back(cands[i]);
+  }
+  plan.ok = room >= need;
+  return plan;
+}
+
+void Scheduler::Impl::evict(std::int32_t v, std::vector<Decision>& out) {
+  const std::int32_t d = services[v].device;
+  services[v].device = kNone;
+  dev_free[d] += inv.services[v].memory;
+  Decision e;
+  e.kind = DecisionKind::kEvict;
+  e.service = v;
+  e.node = dev_node[d];
+  e.device = dev_local[d];
+  e.time = now;
+  out.push_back(e);
+}
+
+// Makes `svc_id` resident (or restoring) somewhere, evicting greedily (plan_room).
 // Emits the evict and restore decisions; false when no device can make room now.
 bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vector<Decision>& out) {
   ServiceRec& svc = services[svc_id];
@@ -947,87 +1075,45 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
     return !found.empty();
   };
   // Prefer devices whose node has room for the waiting action right now.
-  auto busy_node = [&](std::int32_t d) {
+  auto busy_node = [&](std::int32_t d) -> std::int64_t {
     std::int32_t n = dev_node[d];
     found.clear();
     part.free_tree.find(part.node_lo[n], part.node_hi[n], demand.data(), 1, no_skip, found);
     return found.empty() ? 1 : 0;
   };
-  // 1. A device with room already: best fit.
+  // 1. A device with room already: best fit. 2. Else the cheapest eviction plan.
   std::int32_t target = kNone;
-  std::pair<int, Quantity> best_fit{2, 0};
+  std::pair<std::int64_t, Quantity> best_fit{2, 0};
   for (std::int32_t d = dlo; d < dhi; ++d)
     if (dev_free[d] >= need && usable(d)) {
-      std::pair<int, Quantity> fit{busy_node(d), dev_free[d] - need};
+      std::pair<std::int64_t, Quantity> fit{busy_node(d), dev_free[d] - need};
       if (fit < best_fit) {
         best_fit = fit;
         target = d;
       }
     }
-  std::vector<std::int32_t> victims;
+  RoomPlan chosen;
   if (target == kNone) {
-    // 2. Greedy eviction: never a service with running actions or still restoring; idle
-    // ones first, then the least queued work per unit of restore cost.
-    auto rank_less = [&](std::int32_t x, std::int32_t y) {
-      const ServiceRec& a = services[x];
-      const ServiceRec& b = services[y];
-      bool ia = a.waiting == 0, ib = b.waiting == 0;
-      if (ia != ib) return ia;
-      __int128 lhs = static_cast<__int128>(a.queued_ns) * std::max<TimeNs>(b.restore_ns, 1);
-      __int128 rhs = static_cast<__int128>(b.queued_ns) * std::max<TimeNs>(a.restore_ns, 1);
-      if (lhs != rhs) return lhs < rhs;
-      return x < y;
-    };
-    struct Cost {
-      std::int64_t node_busy, busy, queued, count;
-      std::int32_t device;
-    } best{INT64_MAX, INT64_MAX, INT64_MAX, INT64_MAX, kNone};
-    std::vector<std::int32_t> cands;
+    std::tuple<std::int64_t, std::int64_t, std::int64_t, std::size_t, std::int32_t> best{INT64_MAX, 0, 0, 0, 0};
     for (std::int32_t d = dlo; d < dhi; ++d) {
       if (!usable(d)) continue;
-      cands.clear();
-      for (std::int32_t s = 0; s < static_cast<std::int32_t>(services.size()); ++s) {
-        const ServiceRec& o = services[s];
-        if (s != svc_id && o.device == d && o.running == 0 && o.ready_ns <= now) cands.push_back(s);
-      }
-      std::sort(cands.begin(), cands.end(), rank_less);
-      Quantity room = dev_free[d];
-      Cost cost{busy_node(d), 0, 0, 0, d};
-      std::size_t used = 0;
-      while (room < need && used < cands.size()) {
-        const ServiceRec& o = services[cands[used]];
-        room += inv.services[cands[used]].memory;
-        cost.busy += o.waiting > 0 ? 1 : 0;
-        cost.queued += o.queued_ns;
-        cost.count += 1;
-        ++used;
-      }
-      if (room < need) continue;
-      if (std::tie(cost.node_busy, cost.busy, cost.queued, cost.count, cost.device) <
-          std::tie(best.node_busy, best.busy, best.queued, best.count, best.device)) {
+      RoomPlan plan = plan_room(d, need, svc_id);
+      if (!plan.ok) continue;
+      auto cost = std::make_tuple(busy_node(d), plan.busy, plan.queued, plan.victims.size(), d);
+      if (cost < best) {
         best = cost;
-        victims.assign(cands.begin(), cands.begin() + static_cast<std::ptrdiff_t>(used));
+        target = d;
+        chosen = std::move(plan);
       }
     }
-    if (best.device == kNone) return false;
-    target = best.device;
-    for (std::int32_t v : victims) {
-      services[v].device = kNone;
-      dev_free[target] += inv.services[v].memory;
-      Decision d;
-      d.kind = DecisionKind::kEvict;
-      d.service = v;
-      d.node = dev_node[target];
-      d.device = dev_local[target];
-      d.time = now;
-      out.push_back(d);
-    }
+    if (target == kNone) return false;
+    for (std::int32_t v : chosen.victims) evict(v, out);
   }
   svc.device = target;
   svc.ready_ns = now + svc.restore_ns;
   dev_free[target] -= need;
   refresh_node_devices(dev_node[target]);
-  if (!victims.empty()) release_on_node(dev_node[target], kNone);
+  if (!chosen.victims.empty()) release_on_node(dev_node[target], kNone);
   Decision d;
   d.kind = DecisionKind::kRestore;
   d.service = svc_id;
@@ -1036,6 +1122,51 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
   d.time = svc.ready_ns;
   out.push_back(d);
   if (svc.ready_ns > now) wakeup = std::min(wakeup, svc.ready_ns);
+  return true;
+}
+
+// An action needs GPU memory that resident services hold: evict by the same greedy plan,
+// on its service's device, or else on the device with the cheapest plan among the nodes
+// (in its range) where the rest of its demand fits now. False when no plan exists.
+bool Scheduler::Impl::make_gpu_room(const Class& c, std::int32_t lo, std::int32_t hi, std::int32_t fixed_leaf,
+                                    std::int32_t device, std::vector<Decision>& out) {
+  std::int32_t target = kNone;
+  RoomPlan chosen;
+  if (device != kNone) {
+    if (dev_free[device] >= c.gpu_memory) return false;  // it waits for something else
+    chosen = plan_room(device, c.gpu_memory, c.service);
+    if (!chosen.ok) return false;
+    target = device;
+  } else {
+    const Partition& part = partitions[c.partition];
+    std::tuple<std::int64_t, std::int64_t, std::size_t, std::int32_t> best{INT64_MAX, 0, 0, 0};
+    if (fixed_leaf != kNone) lo = fixed_leaf, hi = fixed_leaf + 1;
+    for (std::int32_t leaf = lo; leaf < hi; ++leaf) {
+      const std::int32_t b = part.bins[leaf];
+      const std::int32_t n = bin_node[b];
+      if (fixed_leaf == kNone && bin_bound[b]) continue;
+      if (any_mask && node_masked[n] == pass_epoch) continue;
+      const Quantity* f = free_of(b);
+      bool fits = true;
+      for (std::int32_t k = 0; k < K && fits; ++k) fits = f[k] >= c.demand[k];
+      if (!fits) continue;
+      for (std::int32_t d = node_first_dev[n]; d < node_first_dev[n + 1]; ++d) {
+        if (dev_total[d] < c.gpu_memory) continue;
+        RoomPlan plan = plan_room(d, c.gpu_memory, kNone);
+        if (!plan.ok || plan.victims.empty()) continue;
+        auto cost = std::make_tuple(plan.busy, plan.queued, plan.victims.size(), d);
+        if (cost < best) {
+          best = cost;
+          target = d;
+          chosen = std::move(plan);
+        }
+      }
+    }
+    if (target == kNone) return false;
+  }
+  for (std::int32_t v : chosen.victims) evict(v, out);
+  refresh_node_devices(dev_node[target]);
+  release_on_node(dev_node[target], kNone);
   return true;
 }
 
@@ -1048,7 +1179,11 @@ void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
     const ActionRec& a = slots[started[i]];
     if (a.elastic_kind == kNone || a.grant >= a.elastic_max) continue;
     std::int32_t node = bin_node[a.bin];
-    if (partition_contended[bin_partition[a.bin]] == pass_epoch || node_contended[node] == pass_epoch) continue;
+    // Parked classes still wait for resources where they are parked.
+    std::int32_t part = bin_partition[a.bin];
+    if (partition_contended[part] == pass_epoch || partitions[part].parked_count > 0 ||
+        node_contended[node] == pass_epoch || node_parked_count[node] > 0)
+      continue;
     by_bin[a.bin].push_back(i);
   }
   for (auto& [bin, members] : by_bin) {
@@ -1087,14 +1222,18 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
   std::fill(quota_blocked.begin(), quota_blocked.end(), 0);
   started.clear();
   started_decision.clear();
+  while (!park_deadlines.empty() && park_deadlines.begin()->first <= now) unpark(park_deadlines.begin()->second);
   auto it = active.begin();
   while (it != active.end()) {
     OrderKey head = *it;
     std::int32_t c = slots[head.slot].cls;
+    pass_cursor = &head;
     Try r = try_head(c, out);
+    pass_cursor = nullptr;
     if (r == Try::kHalt) {
       // A starving action that may use any bin stops the pass: the whole partition is its.
       partition_contended[classes[c].partition] = pass_epoch;
+      for (auto rest = std::next(it); rest != active.end(); ++rest) classes[slots[rest->slot].cls].block = Block::kHeldBack;
       break;
     }
     if (r == Try::kStarted) {
@@ -1108,13 +1247,6 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
     else node_contended[node] = pass_epoch;
     if (r == Try::kParked) park(c, node);
   }
-  // Classes that stayed parked still wait for resources: their bins are contended.
-  for (std::size_t p = 0; p < partitions.size(); ++p)
-    for (std::int32_t c : partitions[p].parked)
-      if (classes[c].parked && !classes[c].waiting.empty()) partition_contended[p] = pass_epoch;
-  for (std::size_t n = 0; n < node_parked.size(); ++n)
-    for (std::int32_t c : node_parked[n])
-      if (classes[c].parked && !classes[c].waiting.empty()) node_contended[n] = pass_epoch;
   if (policy.kind == PolicyKind::kTangram && !started.empty()) grant_spare(out);
   for (std::size_t q = 0; q < quotas.size(); ++q)
     if (quota_blocked[q] && quotas[q].last_until != kNever) wakeup = std::min(wakeup, quotas[q].last_until);
@@ -1161,7 +1293,7 @@ std::string Scheduler::Impl::explain(ActionId id) const {
         for (std::int32_t k = 0; k < K; ++k) best[k] = std::max(best[k], free_of(b)[k]);
       os << "; most free on one bin:";
       for (std::int32_t k = 0; k < K; ++k) os << " " << inv.kinds[k] << "=" << best[k] / 1000.0;
-      if (policy.kind == PolicyKind::kTrajectory && !trajectory_bin.count(cl.trajectory)) os << " (no free trajectory slot)";
+      if (cl.in_trajectory_slot && !trajectory_bin.count(cl.trajectory)) os << " (no free trajectory slot)";
       break;
     }
     case Block::kHeldBack:
@@ -1253,12 +1385,28 @@ void Scheduler::Impl::check() const {
     }
   }
   if (heads != active.size()) fail("active set has stale heads");
+  std::vector<std::int64_t> node_count(node_parked.size(), 0), part_count(partitions.size(), 0);
+  std::size_t deadlines = 0;
+  for (const Class& cl : classes) {
+    if (!cl.parked) continue;
+    ++deadlines;
+    if (cl.waiting.empty()) fail("parked class without waiting actions");
+    if (cl.park_node == kNone) ++part_count[cl.partition];
+    else ++node_count[cl.park_node];
+  }
+  if (deadlines != park_deadlines.size()) fail("park deadlines out of sync");
+  for (std::size_t n = 0; n < node_count.size(); ++n)
+    if (node_count[n] != node_parked_count[n]) fail("node parked count");
+  for (std::size_t p = 0; p < part_count.size(); ++p)
+    if (part_count[p] != partitions[p].parked_count) fail("partition parked count");
   for (const Partition& part : partitions)
     for (std::size_t leaf = 0; leaf < part.bins.size(); ++leaf) {
       std::int32_t b = part.bins[leaf];
       const Quantity* v = part.free_tree.leaf(static_cast<std::int32_t>(leaf));
-      bool hidden = v[0] == -1 && policy.kind == PolicyKind::kTrajectory;
-      if (hidden) continue;
+      if (bin_bound[b]) {
+        if (v[0] != -1) fail("bound trajectory slot visible in the free tree");
+        continue;
+      }
       for (std::int32_t k = 0; k < K; ++k)
         if (v[k] != bin_free[b * K + k]) fail("free tree out of sync");
       if (has_gpus && v[K] != node_max_dev_free[bin_node[b]]) fail("free tree GPU entry out of sync");
@@ -1282,9 +1430,7 @@ std::int32_t Scheduler::add_table(std::vector<std::pair<double, double>> points)
 void Scheduler::submit(const ActionSpec* actions, std::size_t count, TimeNs now, std::vector<Decision>& out) {
   out.clear();
   impl_->validate_now(now);
-  impl_->messages.clear();
-  impl_->now = now;
-  impl_->submit(actions, count, out);
+  impl_->submit(actions, count, now, out);
   impl_->pass(out);
 }
 
@@ -1348,6 +1494,7 @@ void Scheduler::end_trajectories(const TrajectoryId* ids, std::size_t count, Tim
     if (it == m.trajectory_bin.end()) continue;
     std::int32_t bin = it->second;
     m.trajectory_bin.erase(it);
+    m.bin_bound[bin] = 0;
     m.refresh_leaf(bin);
     m.release_on_node(m.bin_node[bin], m.bin_partition[bin]);
   }

@@ -1,0 +1,373 @@
+"""tangram.Scheduler end to end through the public Python face.
+
+Action objects and bulk NumPy records, Decisions (objects and arrays), explain() for each
+wait reason, queries, and each policy by name.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tangram
+from tangram import Action, Amdahl, Inventory, Node, Gpu, Quota, Service, Scheduler
+
+
+def cpu_mem(nodes: int = 2, cpu: float = 8, memory: float = 16384, **kw) -> Inventory:
+    return Inventory.uniform(nodes, {"cpu": cpu, "memory": memory}, **kw)
+
+
+# ------------------------------------------------------------------ objects vs records
+
+def workload() -> list[Action]:
+    """A mixed burst: constants, elastic Amdahl actions, affinities, priorities, an
+    infeasible one, a quota and a service."""
+    acts = []
+    for i in range(1, 41):
+        if i % 4 == 0:
+            acts.append(Action(i, {"cpu": 1, "memory": 256 * (i % 5)}, Amdahl(10.0 + i, 0.5 + (i % 5) / 10),
+                               elastic="cpu", max_units=1 + i % 6, trajectory=i // 3))
+        else:
+            acts.append(Action(i, {"cpu": 0.5 * (1 + i % 4), "memory": 512}, float(1 + i % 7),
+                               trajectory=i // 3, priority=i % 2,
+                               affinity=(i % 2) if i % 5 == 0 else None))
+    acts.append(Action(41, {"cpu": 64}, 1.0))  # can never fit
+    acts.append(Action(42, {"cpu": 1}, 2.0, quota="api", tokens=10))
+    acts.append(Action(43, {"cpu": 1}, 2.0, service="rm", gpu_memory=100))
+    return acts
+
+
+def gpu_inventory() -> Inventory:
+    return Inventory(
+        nodes=[Node("a", {"cpu": 8, "memory": 16384}, [Gpu(8000)]), Node("b", {"cpu": 8, "memory": 16384})],
+        quotas=[Quota("api", rate=2.0, burst=1, tokens_per_minute=600)],
+        services=[Service("rm", memory=4000, restore_seconds=1.5, max_batch=2)],
+    )
+
+
+def as_records(s: Scheduler, actions: list[Action]) -> np.ndarray:
+    """The same actions written by hand into bulk records."""
+    rec = s.new_actions(len(actions))
+    kinds = s.kinds
+    for r, a in zip(rec, actions):
+        r["id"], r["trajectory"], r["task"], r["priority"] = a.id, a.trajectory, a.task, a.priority
+        r["demand"] = [a.demand.get(k, 0.0) for k in kinds]
+        r["gpu_memory"] = a.gpu_memory
+        if isinstance(a.runtime, Amdahl):
+            r["model"], r["seconds"], r["parallel_fraction"] = 1, a.runtime.seconds, a.runtime.parallel_fraction
+        else:
+            r["model"], r["seconds"] = 0, float(a.runtime)
+        if a.elastic is not None:
+            r["elastic_kind"], r["elastic_max"] = kinds.index(a.elastic), a.max_units
+        if a.affinity is not None:
+            r["affinity"] = a.affinity
+        if a.service is not None:
+            r["service"] = [sv.name for sv in s.inventory.services].index(a.service)
+        if a.quota is not None:
+            r["quota"] = [q.name for q in s.inventory.quotas].index(a.quota)
+        r["tokens"] = a.tokens
+    return rec
+
+
+def drive(s: Scheduler, submit) -> list[np.ndarray]:
+    """Submits in three batches, then completes whatever runs and ticks until done."""
+    out = [submit(s, 0, 15, 0.0).array, submit(s, 15, 30, 1.0).array, submit(s, 30, 43, 2.0).array]
+    running: list[int] = []
+    for arr in out:
+        running += [int(a) for a in arr[arr["kind"] == 0]["action"]]
+    t = 3.0
+    while running or s.waiting:
+        if running:
+            d = s.complete(running[:3], t)
+            running = running[3:]
+        else:
+            assert s.next_wakeup is not None, "actions wait but no wakeup is due"
+            t = max(t, s.next_wakeup)
+            d = s.tick(t)
+        s.check_invariants()
+        running += [int(a) for a in d.array[d.array["kind"] == 0]["action"]]
+        out.append(d.array)
+        t += 1.0
+    return out
+
+
+def test_objects_and_bulk_records_give_the_same_decisions():
+    acts = workload()
+    a = Scheduler(gpu_inventory())
+    b = Scheduler(gpu_inventory())
+    by_objects = drive(a, lambda s, lo, hi, t: s.submit(acts[lo:hi], t))
+    by_records = drive(b, lambda s, lo, hi, t: s.submit(as_records(s, acts[lo:hi]), t))
+    assert len(by_objects) == len(by_records)
+    for x, y in zip(by_objects, by_records):
+        np.testing.assert_array_equal(x, y)
+    kinds = np.concatenate(by_objects)["kind"]
+    assert {0, 1, 3} <= set(kinds.tolist())  # starts, a restore, a reject
+    assert a.waiting == a.running == 0
+
+
+def test_action_dtype_and_new_actions():
+    s = Scheduler(cpu_mem())
+    assert s.action_dtype == tangram.action_dtype(2)
+    assert s.action_dtype.itemsize == 96 + 16
+    rec = s.new_actions(3)
+    assert rec.dtype == s.action_dtype and len(rec) == 3
+    for name in ("elastic_kind", "table", "affinity", "service", "quota"):
+        assert (rec[name] == -1).all()
+    assert (rec["model"] == 0).all() and (rec["demand"] == 0).all()
+    rec["id"] = [1, 2, 3]
+    rec["demand"][:, 0] = [1, 2, 100]
+    rec["seconds"] = 5
+    d = s.submit(rec, 0)
+    # Rejects come out of the submit itself, before the pass's starts.
+    assert [(x.kind, x.action) for x in d] == [("reject", 3), ("start", 1), ("start", 2)]
+    # A Table registered for bulk records.
+    tid = s.table([(1, 10.0), (4, 4.0)])
+    assert s.table([(1.0, 10.0), (4.0, 4.0)]) == tid
+    rec = s.new_actions(1)
+    rec["id"], rec["model"], rec["table"], rec["elastic_kind"], rec["elastic_max"] = 4, 2, tid, 0, 4
+    rec["demand"][0, 0] = 1
+    d = s.submit(rec, 1)
+    assert d[0].kind == "start" and s.runtime(4, 2.5) == pytest.approx(7.0)
+
+
+def test_empty_batches():
+    s = Scheduler(cpu_mem())
+    assert len(s.submit([], 0)) == 0
+    assert len(s.submit(s.new_actions(0), 0)) == 0
+    assert len(s.complete([], 0)) == 0
+    assert len(s.tick(1)) == 0
+
+
+# ------------------------------------------------------------------ Decisions
+
+def test_decisions_objects_and_arrays():
+    s = Scheduler(gpu_inventory())
+    d = s.submit([
+        Action(1, {"cpu": 1}, Amdahl(100, 0.9), elastic="cpu", max_units=3, affinity="b"),
+        Action(2, {"cpu": 100}, 1.0),
+        Action(3, {"cpu": 1}, 1.0, service="rm"),
+        Action(4, {"cpu": 1}, 1.0, gpu_memory=1000),
+    ], 0.5)
+    assert isinstance(d, tangram.Decisions)
+    assert d.array.dtype == tangram.DECISION_DTYPE
+    assert len(d) == len(d.array) == 4
+    objs = list(d)
+    assert all(isinstance(x, tangram.Decision) for x in objs)
+    assert objs == d[:] == [d[i] for i in range(len(d))]
+    assert d[-1] == objs[-1]
+    by_kind = {x.kind: x for x in objs if x.kind != "start"}
+    starts = {x.action: x for x in objs if x.kind == "start"}
+    # The elastic action alone on node b, where nobody waits: 3 cores (its bound), a float.
+    # (Node a is contended: action 3 waits there for its service to restore.)
+    assert starts[1].grant == 3.0 and isinstance(starts[1].grant, float)
+    assert starts[1].node == 1 and starts[1].device is None and starts[1].service is None
+    assert starts[1].time == 0.5
+    assert starts[4].node == 0 and starts[4].device == 0  # the only GPU
+    rej = by_kind["reject"]
+    assert rej.action == 2 and rej.node is None
+    assert rej.reason.startswith("action 2 can never run: ") and "cpu needs 100, largest is 8" in rej.reason
+    res = by_kind["restore"]
+    assert res.action is None and res.service == "rm" and (res.node, res.device) == (0, 0)
+    assert res.time == pytest.approx(2.0)  # 0.5 + restore_seconds
+    assert sorted(d.of_kind("start")["action"].tolist()) == sorted(starts)
+    assert d.of_kind("evict").size == 0
+    arr = d.of_kind("start")
+    row = arr[arr["action"] == 1][0]
+    assert row["grant_milli"] == 3000 and row["grant"] == 3.0 and row["elastic_kind"] == 0
+    assert "Decision(kind=" in repr(d)
+
+
+def test_queries_and_states():
+    s = Scheduler(cpu_mem(nodes=1, cpu=2), "fifo")
+    assert s.now == 0.0 and s.next_wakeup is None
+    s.submit([Action(1, {"cpu": 2}, 10.0), Action(2, {"cpu": 1}, 5.0)], 1.25)
+    assert s.now == 1.25
+    assert (s.state(1), s.state(2), s.state(3)) == ("running", "waiting", "unknown")
+    assert (s.waiting, s.running) == (1, 1)
+    assert s.free(0, "cpu") == 0.0 and s.free(0, "memory") == 16384.0
+    assert s.explain(1) == "running on node 0 (node0)"
+    assert s.runtime(1, 1) == 10.0
+    d = s.complete(1, 3)
+    assert [x.action for x in d] == [2]
+    assert s.state(1) == "unknown"
+    assert "not live" in s.explain(1)
+    s.cancel([2], 4)
+    assert s.waiting == s.running == 0 and s.free(0, "cpu") == 2.0
+
+
+# ------------------------------------------------------------------ explain
+
+def test_explain_resources():
+    s = Scheduler(cpu_mem(nodes=1, cpu=4))
+    s.submit([Action(1, {"cpu": 3}, 10.0), Action(2, {"cpu": 2, "memory": 100}, 10.0),
+              Action(3, {"cpu": 2, "memory": 100}, 10.0)], 0)
+    assert s.explain(2) == ("waiting for resources: needs cpu=2 memory=100; "
+                            "most free on one bin: cpu=1 memory=16384")
+    assert s.explain(3).startswith("waiting behind 1 earlier action of the same shape; for resources")
+
+
+def test_explain_quota_rate_concurrency_tokens():
+    inv = Inventory.uniform(1, {"cpu": 64}, quotas=[
+        Quota("rated", rate=2.0), Quota("capped", max_concurrency=1), Quota("budget", tokens_per_minute=60)])
+    s = Scheduler(inv, "fifo")
+    s.submit([Action(i, {"cpu": 1}, 100.0, quota="rated") for i in (1, 2)]
+             + [Action(i, {"cpu": 1}, 100.0, quota="capped") for i in (3, 4)]
+             + [Action(i, {"cpu": 1}, 100.0, quota="budget", tokens=40) for i in (5, 6)], 0)
+    assert s.explain(2) == "waiting for quota 'rated' rate limit; next admission at 0.500000 s"
+    assert s.explain(4) == "waiting for quota 'capped' concurrency limit (1 in flight)"
+    # 60 tokens a minute: 40 spent, 20 left; 20 more take 20 s.
+    assert s.explain(6) == "waiting for quota 'budget' token budget; enough tokens at 20.000000 s"
+    assert s.next_wakeup == 0.5
+    assert [x.action for x in s.tick(0.5)] == [2]
+    assert s.next_wakeup == 20.0
+    assert [x.action for x in s.tick(20.0)] == [6]
+
+
+def test_explain_service_restoring_and_batch_full():
+    inv = Inventory(nodes=[Node("g", {"cpu": 8}, [Gpu(10000)])],
+                    services=[Service("rm", 4000, restore_seconds=3.0, max_batch=1)])
+    s = Scheduler(inv)
+    d = s.submit([Action(1, {"cpu": 1}, 10.0, service="rm"), Action(2, {"cpu": 1}, 10.0, service="rm")], 1)
+    assert [x.kind for x in d] == ["restore"]
+    assert s.explain(1) == "waiting for service 'rm' to finish restoring at 4.000000 s"
+    assert s.service_location("rm") == (0, 0) and s.gpu_free(0, 0) == 6000.0
+    assert s.next_wakeup == 4.0
+    d = s.tick(4.0)
+    assert [(x.kind, x.action, x.service) for x in d] == [("start", 1, "rm")]
+    assert s.explain(2) == "waiting for service 'rm': its batch is full (1 running)"
+    assert [x.action for x in s.complete(1, 5)] == [2]
+
+
+def test_explain_held_back_by_a_starving_action():
+    s = Scheduler(Inventory.uniform(2, {"cpu": 4}), "fifo", starvation_seconds=10)
+    s.submit([Action(i, {"cpu": 1}, 100.0, affinity="node0") for i in (1, 2, 3)], 0)
+    s.submit(Action(10, {"cpu": 4}, 1.0, affinity=0), 1)
+    assert s.explain(10).startswith("waiting for resources: needs cpu=4 on node 0;")
+    s.complete(1, 12)  # the big one has waited 11 s: it claims node 0
+    assert len(s.submit(Action(20, {"cpu": 1}, 1.0, affinity=0), 12)) == 0
+    assert s.explain(20) == ("waiting held back: an action that has waited over 10 s has first claim "
+                             "on the resources it needs")
+    assert [x.action for x in s.submit(Action(21, {"cpu": 1}, 1.0, affinity=1), 12)] == [21]
+    assert [x.action for x in s.complete([2, 3], 13)] == [10]
+
+
+def test_explain_behind_a_starving_action_that_stops_the_pass():
+    s = Scheduler(Inventory.uniform(1, {"cpu": 4}), "fifo", starvation_seconds=10)
+    s.submit([Action(i, {"cpu": 1}, 100.0) for i in (1, 2, 3)], 0)
+    s.submit(Action(10, {"cpu": 4}, 1.0), 1)
+    s.complete(1, 11)
+    assert len(s.submit(Action(20, {"cpu": 1}, 1.0), 12)) == 0
+    assert "not yet considered" not in s.explain(20)
+
+
+# ------------------------------------------------------------------ policies
+
+def test_policy_by_name_object_and_overrides():
+    assert tangram.POLICIES == ("tangram", "fifo", "trajectory", "isolated")
+    assert Scheduler(cpu_mem()).policy == tangram.Policy()
+    s = Scheduler(cpu_mem(), "fifo", starvation_seconds=5)
+    assert s.policy.name == "fifo" and s.policy.starvation_seconds == 5
+    s = Scheduler(cpu_mem(), tangram.Policy("isolated", pools={0: 1.0, 1: 3.0}), candidates=2)
+    assert s.policy.candidates == 2 and s.policy.pools == {0: 1.0, 1: 3.0}
+
+
+def test_fifo_and_tangram_order():
+    def order(policy: str) -> list[int]:
+        s = Scheduler(Inventory.uniform(1, {"cpu": 1}), policy)
+        seen = [x.action for x in s.submit([Action(1, {"cpu": 1}, 100.0), Action(2, {"cpu": 1}, 50.0),
+                                            Action(3, {"cpu": 1}, 1.0)], 0)]
+        t = 1.0
+        while len(seen) < 3:
+            seen += [x.action for x in s.complete(seen[-1], t)]
+            t += 1
+        return seen
+
+    assert order("fifo") == [1, 2, 3]
+    assert order("tangram") == [3, 2, 1]
+
+
+def test_spare_units_only_when_nobody_waits():
+    s = Scheduler(Inventory.uniform(1, {"cpu": 4}))
+    d = s.submit([Action(1, {"cpu": 1}, Amdahl(100, 0.9), elastic="cpu", max_units=4),
+                  Action(2, {"cpu": 1}, Amdahl(100, 0.2), elastic="cpu", max_units=4)], 0)
+    assert {x.action: x.grant for x in d} == {1: 3.0, 2: 1.0}
+    s = Scheduler(Inventory.uniform(1, {"cpu": 4}))
+    d = s.submit([Action(1, {"cpu": 1}, Amdahl(10, 0.9), elastic="cpu", max_units=4),
+                  Action(2, {"cpu": 4}, 100.0)], 0)
+    assert [(x.action, x.grant) for x in d] == [(1, 1.0)]
+
+
+def test_trajectory_policy_slots():
+    s = Scheduler(Inventory.uniform(1, {"cpu": 4}), "trajectory", trajectory_slot_cpu=2)
+    d = s.submit([Action(1, {"cpu": 1}, Amdahl(10, 0.9), elastic="cpu", max_units=8, trajectory=1),
+                  Action(2, {"cpu": 1}, 10.0, trajectory=2), Action(3, {"cpu": 1}, 10.0, trajectory=3)], 0)
+    assert [(x.action, x.grant) for x in d] == [(1, 2.0), (2, 0.0)]
+    assert s.explain(3).endswith("(no free trajectory slot)")
+    assert len(s.complete(1, 1)) == 0  # trajectory 1 keeps its slot
+    with pytest.raises(tangram.InvalidStateError) as e:
+        s.end_trajectories(2, 2)
+    assert e.value.field == "trajectories[0]"
+    assert [x.action for x in s.end_trajectories([1], 2)] == [3]
+
+
+def test_isolated_policy_pools():
+    s = Scheduler(Inventory.uniform(1, {"cpu": 8}), "isolated", pools={0: 1.0, 1: 1.0})
+    d = s.submit([Action(i, {"cpu": 1}, 10.0, task=0) for i in range(1, 6)], 0)
+    assert len(d) == 4 and s.state(5) == "waiting"
+    assert [x.action for x in s.submit(Action(6, {"cpu": 4}, 10.0, task=1), 1)] == [6]
+    d = s.submit(Action(7, {"cpu": 5}, 10.0, task=1), 2)
+    assert d[0].kind == "reject"
+
+
+def test_isolated_equal_pools_split_the_node_exactly():
+    s = Scheduler(Inventory.uniform(1, {"cpu": 3}), "isolated", pools={0: 1.0, 1: 1.0, 2: 1.0})
+    assert s.free(0, "cpu") == 3.0
+    assert s.submit(Action(1, {"cpu": 1}, 10.0, task=2), 0)[0].kind == "start"
+
+
+# ------------------------------------------------------------------ GPU services
+
+def test_services_restore_and_evict():
+    inv = Inventory(nodes=[Node("g", {"cpu": 8}, [Gpu(10000)])],
+                    services=[Service("rm0", 6000, restore_seconds=2.0), Service("rm1", 6000, restore_seconds=2.0)])
+    s = Scheduler(inv)
+    s.submit(Action(1, {"cpu": 1}, 5.0, service="rm0"), 0)
+    assert [x.action for x in s.tick(2)] == [1]
+    assert len(s.submit(Action(2, {"cpu": 1}, 5.0, service="rm1"), 3)) == 0
+    assert s.explain(2) == ("waiting for service 'rm1': no GPU can make room for it now "
+                            "(resident services are busy)")
+    d = s.complete(1, 7)
+    assert [(x.kind, x.service) for x in d] == [("evict", "rm0"), ("restore", "rm1")]
+    assert s.service_location("rm0") is None and s.service_location("rm1") == (0, 0)
+    assert [x.action for x in s.tick(9)] == [2]
+
+
+def test_service_action_over_token_budget_is_rejected():
+    inv = Inventory(nodes=[Node("g", {"cpu": 8}, [Gpu(10000)])], services=[Service("rm", 1000)],
+                    quotas=[Quota("llm", tokens_per_minute=100)])
+    s = Scheduler(inv)
+    d = s.submit(Action(1, {"cpu": 1}, 5.0, service="rm", quota="llm", tokens=1000), 0)
+    assert [x.kind for x in d] == ["reject"]
+
+
+def test_plain_gpu_action_gets_memory_held_by_idle_services():
+    inv = Inventory(nodes=[Node("g", {"cpu": 4}, [Gpu(10000)])],
+                    services=[Service("A", 6000), Service("B", 4000)])
+    s = Scheduler(inv)
+    s.submit(Action(1, {"cpu": 1}, 1.0, service="B"), 0)
+    s.complete(1, 1)
+    s.submit(Action(2, {"cpu": 1}, 1.0, service="A"), 2)
+    s.complete(2, 3)
+    assert s.gpu_free(0, 0) == 0.0
+    s.submit(Action(3, {"cpu": 1}, 1.0, gpu_memory=500), 4)
+    assert s.state(3) == "running" or s.next_wakeup is not None, s.explain(3)
+
+
+def test_trajectory_service_action_runs_where_its_service_is():
+    inv = Inventory(nodes=[Node("a", {"cpu": 4}, [Gpu(1000)]), Node("b", {"cpu": 4}, [Gpu(1000)])],
+                    services=[Service("s0", 500), Service("s1", 500)])  # home devices a/0 and b/0
+    s = Scheduler(inv, "trajectory", trajectory_slot_cpu=2)
+    assert s.submit(Action(1, {"cpu": 1}, 10.0, trajectory=7), 0)[0].node == 0
+    d = s.submit(Action(2, {"cpu": 1}, 10.0, trajectory=7, service="s1"), 0)
+    start = [x for x in d if x.kind == "start"]
+    assert not start or (start[0].node, start[0].device) == s.service_location("s1")
