@@ -21,11 +21,14 @@ using tangram::bindings::DecisionRecord;
 
 namespace {
 
-Quantity milli_field(double v, const std::string& field) {
-  if (!std::isfinite(v)) throw Error(ErrorCode::kInvalidArgument, field, "must be a finite number, got " + std::to_string(v));
-  if (v < 0) throw Error(ErrorCode::kInvalidArgument, field, "must not be negative, got " + std::to_string(v));
-  if (v > kMaxBaseUnits) throw Error(ErrorCode::kInvalidArgument, field, "is absurdly large (over 1e12 units)");
-  return to_milli(v);
+// `field()` names the value; it is only called to build an error (the hot path stays free
+// of string building).
+template <class Field>
+Quantity milli_field(double v, const Field& field) {
+  if (v >= 0 && v <= kMaxBaseUnits) return to_milli(v);  // NaN fails both comparisons
+  if (!std::isfinite(v)) throw Error(ErrorCode::kInvalidArgument, field(), "must be a finite number, got " + std::to_string(v));
+  if (v < 0) throw Error(ErrorCode::kInvalidArgument, field(), "must not be negative, got " + std::to_string(v));
+  throw Error(ErrorCode::kInvalidArgument, field(), "is absurdly large (over 1e12 units)");
 }
 
 TimeNs time_field(double now) {
@@ -128,14 +131,16 @@ class PyScheduler {
   void decode(const char* rec, std::size_t i, ActionSpec& s) const {
     ActionHeader h;
     std::memcpy(&h, rec, sizeof h);
-    auto field = [i](const char* name) { return "actions[" + std::to_string(i) + "]." + name; };
+    auto field = [i](const char* name) {
+      return [i, name] { return "actions[" + std::to_string(i) + "]." + name; };
+    };
     s.id = h.id;
     s.trajectory = h.trajectory;
     s.task = h.task;
     s.priority = h.priority;
     s.elastic_kind = h.elastic_kind;
     if (h.model > static_cast<std::uint32_t>(ModelKind::kCallback))
-      throw Error(ErrorCode::kInvalidArgument, field("model"), "unknown model kind " + std::to_string(h.model));
+      throw Error(ErrorCode::kInvalidArgument, field("model")(), "unknown model kind " + std::to_string(h.model));
     s.model.kind = static_cast<ModelKind>(h.model);
     s.model.seconds = h.seconds;
     s.model.parallel_fraction = h.parallel_fraction;
@@ -152,20 +157,23 @@ class PyScheduler {
     for (std::int32_t k = 0; k < kinds_; ++k) {
       double v;
       std::memcpy(&v, d + k * sizeof(double), sizeof v);
-      s.demand[k] = milli_field(v, field("demand.") + sched_.inventory().kinds[k]);
+      s.demand[k] = milli_field(v, [&] { return field("demand.")() + sched_.inventory().kinds[k]; });
     }
   }
 
+  // The records are written into a buffer the array owns through a capsule: cheaper than
+  // letting NumPy allocate (and zero-fill) a structured array.
   py::array decisions() {
-    py::array arr(decision_dtype_, py::array::ShapeContainer{static_cast<py::ssize_t>(out_.size())},
-                  py::array::StridesContainer{});
-    auto* dst = static_cast<DecisionRecord*>(arr.mutable_data());
-    for (std::size_t i = 0; i < out_.size(); ++i) {
+    const std::size_t n = out_.size();
+    auto* dst = new DecisionRecord[n == 0 ? 1 : n];
+    for (std::size_t i = 0; i < n; ++i) {
       const Decision& d = out_[i];
       dst[i] = DecisionRecord{d.action, d.grant, static_cast<double>(d.grant) / 1000.0, to_seconds(d.time),
                               static_cast<std::int32_t>(d.kind), d.node, d.device, d.service, d.elastic_kind, d.reason};
     }
-    return arr;
+    py::capsule owner(dst, [](void* p) { delete[] static_cast<DecisionRecord*>(p); });
+    return py::array(decision_dtype_, py::array::ShapeContainer{static_cast<py::ssize_t>(n)},
+                     py::array::StridesContainer{static_cast<py::ssize_t>(sizeof(DecisionRecord))}, dst, owner);
   }
 
   Scheduler sched_;
@@ -204,6 +212,7 @@ void register_scheduler(py::module_& m) {
       })
       .def_property_readonly("now", [](PyScheduler& s) { return to_seconds(s.core().now()); })
       .def("message", [](PyScheduler& s, std::int32_t i) { return s.core().message(i); }, py::arg("reason"))
+      .def_property_readonly("message_count", [](PyScheduler& s) { return s.core().message_count(); })
       .def("explain", [](PyScheduler& s, std::uint64_t id) { return s.core().explain(id); }, py::arg("id"))
       .def("state", [](PyScheduler& s, std::uint64_t id) { return static_cast<int>(s.core().state(id)); }, py::arg("id"))
       .def("placement", [](PyScheduler& s, std::uint64_t id) {
@@ -219,7 +228,7 @@ void register_scheduler(py::module_& m) {
       .def("service_location", [](PyScheduler& s, std::int32_t svc) { return s.core().service_location(svc); }, py::arg("service"))
       .def("service_ready", [](PyScheduler& s, std::int32_t svc) { return s.core().service_ready(svc); }, py::arg("service"))
       .def("runtime", [](PyScheduler& s, std::uint64_t id, double units) {
-        return s.core().runtime(id, milli_field(units, "units"));
+        return s.core().runtime(id, milli_field(units, [] { return std::string("units"); }));
       }, py::arg("id"), py::arg("units"))
       .def("check_invariants", [](PyScheduler& s) { s.core().check_invariants(); });
 }

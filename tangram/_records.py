@@ -56,9 +56,9 @@ def action_dtype(kinds: int) -> np.dtype:
     return dt
 
 
-def empty_actions(kinds: int, count: int) -> np.ndarray:
+def empty_actions(kinds: int, count: int, dtype: np.dtype | None = None) -> np.ndarray:
     """Zeroed records with every optional index field set to -1 and the model constant."""
-    arr = np.zeros(count, dtype=action_dtype(kinds))
+    arr = np.zeros(count, dtype=dtype if dtype is not None else action_dtype(kinds))
     for name in ("elastic_kind", "table", "affinity", "service", "quota"):
         arr[name] = -1
     return arr

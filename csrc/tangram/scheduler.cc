@@ -16,8 +16,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <tuple>
 #include <map>
+#include <memory_resource>
 #include <set>
 #include <sstream>
 #include <unordered_map>
@@ -89,11 +91,15 @@ struct Class {
   // actions run beside their service, in any slot no trajectory holds, and bind nothing.
   bool in_trajectory_slot = false;
   // state
-  std::set<OrderKey> waiting;
+  std::string infeasible;  // why no action of this class can ever run; empty if one can
+  explicit Class(std::pmr::memory_resource* pool) : waiting(pool) {}
+  std::pmr::set<OrderKey> waiting;
   bool in_active = false;
   bool parked = false;
   std::int32_t park_node = kNone;  // while parked: the node it waits on, or kNone (partition)
   TimeNs park_deadline = 0;        // when its head starts starving
+  std::uint64_t park_generation = 0;  // counts parkings, to spot stale deadline entries
+
   Block block = Block::kNotConsidered;
   TimeNs block_until = 0;
 };
@@ -131,6 +137,9 @@ struct ServiceRec {
 }  // namespace
 
 struct Scheduler::Impl {
+  // Node-based containers churn on every submit, start and park: a pool keeps that off
+  // malloc. Declared first so it outlives every container that uses it.
+  std::pmr::unsynchronized_pool_resource pool;
   Inventory inv;
   PolicyConfig policy;
   std::int32_t K = 0;  // kinds
@@ -158,16 +167,24 @@ struct Scheduler::Impl {
   // actions and classes
   std::vector<ActionRec> slots;
   std::vector<std::int32_t> free_slots;
-  std::unordered_map<ActionId, std::int32_t> by_id;
+  std::pmr::unordered_map<ActionId, std::int32_t> by_id{&pool};
   std::vector<Class> classes;
   std::unordered_map<std::vector<std::int64_t>, std::int32_t, ClassKeyHash> class_index;
-  std::set<OrderKey> active;
+  std::pmr::set<OrderKey> active{&pool};
   std::vector<std::vector<std::int32_t>> node_parked;  // classes parked on one node's bins (may hold stale ids)
   std::vector<std::int64_t> node_parked_count;
   // Parked classes by the time their head starts starving: then they must be looked at
   // again, since the starvation guard changes what a failure means.
-  std::set<std::pair<TimeNs, std::int32_t>> park_deadlines;
-  std::unordered_map<TrajectoryId, std::int32_t> trajectory_live;
+  // A min-heap of (deadline, class, park generation); entries of classes since unparked
+  // are stale and skipped when they surface.
+  struct ParkDeadline {
+    TimeNs at;
+    std::int32_t cls;
+    std::uint64_t generation;
+    bool operator>(const ParkDeadline& o) const { return std::tie(at, cls) > std::tie(o.at, o.cls); }
+  };
+  std::vector<ParkDeadline> park_deadlines;
+  std::pmr::unordered_map<TrajectoryId, std::int32_t> trajectory_live{&pool};
   std::unordered_map<TrajectoryId, std::int32_t> trajectory_bin;  // kTrajectory bindings
   std::vector<std::uint8_t> bin_bound;  // kTrajectory: slot held by a trajectory (hidden from the free tree)
   std::uint64_t next_seq = 0;
@@ -187,6 +204,13 @@ struct Scheduler::Impl {
   std::vector<std::size_t> started_decision;
   std::vector<std::int32_t> cand;
   std::vector<Quantity> scratch;
+  std::vector<std::int64_t> key_scratch;
+  // Nodes released since the last pass (partition-wide wakes are done once per event).
+  std::vector<std::int32_t> released_nodes;
+  std::vector<std::uint64_t> node_released;  // == release_epoch when in released_nodes
+  std::vector<Quantity> most_released;
+  std::uint64_t release_epoch = 1;
+  bool in_pass = false;
 
   Impl(Inventory inventory, PolicyConfig cfg);
 
@@ -202,6 +226,11 @@ struct Scheduler::Impl {
   void refresh_leaf(std::int32_t bin);
   void refresh_node_devices(std::int32_t node);
   void release_on_node(std::int32_t node, std::int32_t partition);
+  bool fits_some_bin(const Class& cl, std::int32_t node) const;
+  template <class Fits>
+  void wake(std::vector<std::int32_t>& list, std::int32_t scope, Fits&& fits);
+  void flush_releases();
+
   void park(std::int32_t c, std::int32_t node_or_none);
   void unpark(std::int32_t c);
   void activate(std::int32_t c);
@@ -425,6 +454,7 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg) : inv(std::move(inv
   bin_bound.assign(bin_node.size(), 0);
   node_parked.resize(N);
   node_parked_count.assign(N, 0);
+  node_released.assign(N, 0);
   node_contended.assign(N, 0);
   node_masked.assign(N, 0);
   partition_contended.assign(partitions.size(), 0);
@@ -460,19 +490,74 @@ void Scheduler::Impl::refresh_node_devices(std::int32_t node) {
 
 // Resources came back on `node` (in `partition`, or every partition when kNone): classes
 // parked there may fit now.
+bool Scheduler::Impl::fits_some_bin(const Class& cl, std::int32_t node) const {
+  const Partition& part = partitions[cl.partition];
+  for (std::int32_t leaf = part.node_lo[node]; leaf >= 0 && leaf < part.node_hi[node]; ++leaf) {
+    const Quantity* f = free_of(part.bins[leaf]);
+    bool fits = true;
+    for (std::int32_t k = 0; k < K && fits; ++k) fits = f[k] >= cl.demand[k];
+    if (fits) return true;
+  }
+  return false;
+}
+
+// Wakes the parked classes of `list` that `fits` says may fit now; the rest stay parked.
+template <class Fits>
+void Scheduler::Impl::wake(std::vector<std::int32_t>& list, std::int32_t scope, Fits&& fits) {
+  std::size_t kept = 0;
+  for (std::int32_t c : list) {
+    const Class& cl = classes[c];
+    if (!cl.parked || cl.park_node != scope) continue;  // stale entry
+    if (fits(cl)) unpark(c);
+    else list[kept++] = c;
+  }
+  list.resize(kept);
+}
+
+// Resources came back on `node` (in `partition`, or every partition when kNone). Only bins
+// on that node changed, so a parked class that fits none of them still fits nowhere. Classes
+// confined to the node are woken at once; those free to use any node are woken once per
+// event, at the next pass (flush_releases), unless a pass is running.
 void Scheduler::Impl::release_on_node(std::int32_t node, std::int32_t partition) {
-  auto wake = [&](std::vector<std::int32_t>& list, std::int32_t scope) {
-    for (std::int32_t c : list)
-      if (classes[c].parked && classes[c].park_node == scope) unpark(c);
-    list.clear();
-  };
-  wake(node_parked[node], node);
-  if (partition == kNone) {
-    for (auto& part : partitions) wake(part.parked, kNone);
-  } else {
-    wake(partitions[partition].parked, kNone);
+  wake(node_parked[node], node, [&](const Class& cl) { return fits_some_bin(cl, node); });
+  for (std::size_t p = 0; p < partitions.size(); ++p) {
+    if (partition != kNone && static_cast<std::int32_t>(p) != partition) continue;
+    if (partitions[p].parked_count == 0) continue;
+    if (in_pass) {
+      wake(partitions[p].parked, kNone, [&](const Class& cl) { return fits_some_bin(cl, node); });
+    } else if (node_released[node] != release_epoch) {
+      node_released[node] = release_epoch;
+      released_nodes.push_back(node);
+    }
   }
 }
+
+// Wakes the partition-wide parked classes that fit a bin of one of the nodes released
+// since the last pass. Checking exactly costs a few comparisons per class and node, far
+// less than a retry that fails.
+void Scheduler::Impl::flush_releases() {
+  if (released_nodes.empty()) return;
+  for (Partition& part : partitions) {
+    if (part.parked_count == 0) continue;
+    // The per-kind maximum over the released bins rules most classes out in K comparisons.
+    most_released.assign(K, -1);
+    for (std::int32_t n : released_nodes)
+      for (std::int32_t leaf = part.node_lo[n]; leaf >= 0 && leaf < part.node_hi[n]; ++leaf) {
+        const Quantity* f = free_of(part.bins[leaf]);
+        for (std::int32_t k = 0; k < K; ++k) most_released[k] = std::max(most_released[k], f[k]);
+      }
+    wake(part.parked, kNone, [&](const Class& cl) {
+      for (std::int32_t k = 0; k < K; ++k)
+        if (cl.demand[k] > most_released[k]) return false;
+      for (std::int32_t n : released_nodes)
+        if (fits_some_bin(cl, n)) return true;
+      return false;
+    });
+  }
+  released_nodes.clear();
+  ++release_epoch;
+}
+
 
 void Scheduler::Impl::park(std::int32_t c, std::int32_t node) {
   Class& cl = classes[c];
@@ -480,7 +565,8 @@ void Scheduler::Impl::park(std::int32_t c, std::int32_t node) {
   cl.parked = true;
   cl.park_node = node;
   cl.park_deadline = slots[cl.waiting.begin()->slot].submit_ns + starvation_ns;
-  park_deadlines.emplace(cl.park_deadline, c);
+  park_deadlines.push_back(ParkDeadline{cl.park_deadline, c, ++cl.park_generation});
+  std::push_heap(park_deadlines.begin(), park_deadlines.end(), std::greater<>());
   if (node == kNone) {
     partitions[cl.partition].parked.push_back(c);
     ++partitions[cl.partition].parked_count;
@@ -493,7 +579,6 @@ void Scheduler::Impl::park(std::int32_t c, std::int32_t node) {
 void Scheduler::Impl::unpark(std::int32_t c) {
   Class& cl = classes[c];
   cl.parked = false;
-  park_deadlines.erase({cl.park_deadline, c});
   if (cl.park_node == kNone) --partitions[cl.partition].parked_count;
   else --node_parked_count[cl.park_node];
   activate(c);
@@ -593,8 +678,8 @@ std::int32_t Scheduler::Impl::class_for(const ActionSpec& s) {
   std::int32_t partition = policy.kind == PolicyKind::kIsolated ? pool_partition.at(s.task) : 0;
   const bool in_slot = policy.kind == PolicyKind::kTrajectory && s.service == kNone;
   TrajectoryId traj = in_slot ? s.trajectory : 0;
-  std::vector<std::int64_t> key;
-  key.reserve(K + 8);
+  std::vector<std::int64_t>& key = key_scratch;  // reused: no allocation on a hit
+  key.clear();
   key.insert(key.end(), s.demand.begin(), s.demand.end());
   key.push_back(s.gpu_memory);
   key.push_back(partition);
@@ -606,7 +691,7 @@ std::int32_t Scheduler::Impl::class_for(const ActionSpec& s) {
   key.push_back(in_slot ? 1 : 0);
   auto it = class_index.find(key);
   if (it != class_index.end()) return it->second;
-  Class c;
+  Class c(&pool);
   c.demand = s.demand;
   c.gpu_memory = s.gpu_memory;
   c.partition = partition;
@@ -618,7 +703,9 @@ std::int32_t Scheduler::Impl::class_for(const ActionSpec& s) {
   c.in_trajectory_slot = in_slot;
   std::int32_t id = static_cast<std::int32_t>(classes.size());
   classes.push_back(std::move(c));
-  class_index.emplace(std::move(key), id);
+  class_index.emplace(key, id);
+  // Feasibility depends only on capacities and the class: decided once, here.
+  classes[id].infeasible = infeasible_reason(classes[id]);
   return id;
 }
 
@@ -692,7 +779,7 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
   for (std::size_t i = 0; i < n; ++i) {
     const ActionSpec& s = a[i];
     std::int32_t c = class_for(s);
-    std::string why = infeasible_reason(classes[c]);
+    const std::string& why = classes[c].infeasible;
     if (!why.empty()) {
       Decision d;
       d.kind = DecisionKind::kReject;
@@ -1222,7 +1309,15 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
   std::fill(quota_blocked.begin(), quota_blocked.end(), 0);
   started.clear();
   started_decision.clear();
-  while (!park_deadlines.empty() && park_deadlines.begin()->first <= now) unpark(park_deadlines.begin()->second);
+  flush_releases();
+  while (!park_deadlines.empty() && park_deadlines.front().at <= now) {
+    ParkDeadline due = park_deadlines.front();
+    std::pop_heap(park_deadlines.begin(), park_deadlines.end(), std::greater<>());
+    park_deadlines.pop_back();
+    const Class& cl = classes[due.cls];
+    if (cl.parked && cl.park_generation == due.generation) unpark(due.cls);
+  }
+  in_pass = true;
   auto it = active.begin();
   while (it != active.end()) {
     OrderKey head = *it;
@@ -1247,6 +1342,7 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
     else node_contended[node] = pass_epoch;
     if (r == Try::kParked) park(c, node);
   }
+  in_pass = false;
   if (policy.kind == PolicyKind::kTangram && !started.empty()) grant_spare(out);
   for (std::size_t q = 0; q < quotas.size(); ++q)
     if (quota_blocked[q] && quotas[q].last_until != kNever) wakeup = std::min(wakeup, quotas[q].last_until);
@@ -1394,7 +1490,11 @@ void Scheduler::Impl::check() const {
     if (cl.park_node == kNone) ++part_count[cl.partition];
     else ++node_count[cl.park_node];
   }
-  if (deadlines != park_deadlines.size()) fail("park deadlines out of sync");
+  for (const ParkDeadline& d : park_deadlines) {
+    const Class& cl = classes[d.cls];
+    if (cl.parked && cl.park_generation == d.generation && d.at != cl.park_deadline) fail("park deadline out of sync");
+  }
+  if (deadlines > park_deadlines.size()) fail("parked class without a deadline");
   for (std::size_t n = 0; n < node_count.size(); ++n)
     if (node_count[n] != node_parked_count[n]) fail("node parked count");
   for (std::size_t p = 0; p < part_count.size(); ++p)
@@ -1435,8 +1535,8 @@ void Scheduler::submit(const ActionSpec* actions, std::size_t count, TimeNs now,
 }
 
 namespace {
-template <class F>
-void validate_ids(const std::unordered_map<ActionId, std::int32_t>& by_id, const ActionId* ids, std::size_t n, F&& state_ok) {
+template <class Index, class F>
+void validate_ids(const Index& by_id, const ActionId* ids, std::size_t n, F&& state_ok) {
   std::unordered_map<ActionId, std::size_t> seen;
   for (std::size_t i = 0; i < n; ++i) {
     std::string f = "ids[" + std::to_string(i) + "]";
@@ -1517,6 +1617,8 @@ const std::string& Scheduler::message(std::int32_t reason) const {
     throw Error(ErrorCode::kInvalidArgument, "reason", "no message with index " + std::to_string(reason) + " in the last call");
   return impl_->messages[reason];
 }
+
+std::size_t Scheduler::message_count() const { return impl_->messages.size(); }
 
 std::string Scheduler::explain(ActionId id) const { return impl_->explain(id); }
 

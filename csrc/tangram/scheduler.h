@@ -53,6 +53,7 @@ class Scheduler {
   TimeNs now() const;
   // The text of a kReject decision's `reason` from the last event call.
   const std::string& message(std::int32_t reason) const;
+  std::size_t message_count() const;  // messages of the last event call
   // Why a waiting action waits, in words; or its state if it does not wait.
   std::string explain(ActionId id) const;
   ActionState state(ActionId id) const;
