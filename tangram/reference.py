@@ -36,7 +36,8 @@ Rules, in words:
      affinity or a service; nodes held back by a starving action are skipped) whose free
      vector covers the demand and, for a non-service action, whose largest free GPU
      memory >= gpu_memory; a service action also needs gpu_memory free on its device.
-  4. none, and it needs GPU memory: evict idle services for it (below) and try again.
+  4. none, and it needs GPU memory: evict services for it by the greedy plan (below) and
+     try again.
      Still none: if it has waited >= starvation_seconds, it is starving: with a scope
      node that node is held back from every later action in the pass; without one the
      pass halts. Either way the action is blocked.
@@ -657,7 +658,7 @@ class ReferenceScheduler:
         out.append(self._decision(EVICT, node=self.dev_node[d], device=self.dev_local[d], service=s, time=self.now_ns))
 
     def _restore(self, a: _Action, out: list) -> bool:
-        """Make a's service resident somewhere, evicting idle services if needed."""
+        """Make a's service resident somewhere, evicting greedily if needed."""
         s = a.service
         svc = self.services[s]
         need = svc.memory
@@ -688,7 +689,7 @@ class ReferenceScheduler:
         return True
 
     def _make_gpu_room(self, a: _Action, scope: int, device: int, p: _Pass, out: list) -> bool:
-        """Evict idle services for the GPU memory `a` needs: on its service's device, or on
+        """Evict services (greedy plan) for the GPU memory `a` needs: on its service's device, or on
         the device with the cheapest plan among nodes (not held back) where the rest of its
         demand fits now."""
         if device >= 0:
