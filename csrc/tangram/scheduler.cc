@@ -99,6 +99,12 @@ struct Class {
   std::int32_t park_node = kNone;  // while parked: the node it waits on, or kNone (partition)
   TimeNs park_deadline = 0;        // when its head starts starving
   std::uint64_t park_generation = 0;  // counts parkings, to spot stale deadline entries
+  // Woken by flush_releases at the start of pass `fit_pass`: it fitted nowhere when parked
+  // and only released bins have grown since, so in that pass its only possible bins are
+  // the partition's released leaves from position `fit_from` on (the first it fitted).
+  // Free room only shrinks within a pass, so placement needs to look at nothing else.
+  std::uint64_t fit_pass = 0;
+  std::int32_t fit_from = 0;
 
   Block block = Block::kNotConsidered;
   TimeNs block_until = 0;
@@ -209,6 +215,11 @@ struct Scheduler::Impl {
   std::vector<std::int32_t> released_nodes;
   std::vector<std::uint64_t> node_released;  // == release_epoch when in released_nodes
   std::vector<Quantity> most_released;
+  struct Released {
+    std::int32_t leaf;
+    const Quantity* free;  // into bin_free, which never grows after construction
+  };
+  std::vector<std::vector<Released>> released_leaves;  // per partition, in leaf order
   std::uint64_t release_epoch = 1;
   bool in_pass = false;
 
@@ -230,6 +241,15 @@ struct Scheduler::Impl {
   template <class Fits>
   void wake(std::vector<std::int32_t>& list, std::int32_t scope, Fits&& fits);
   void flush_releases();
+  std::int32_t first_released_fit(const std::vector<Released>& leaves, std::int32_t from, const Quantity* demand) const {
+    for (std::int32_t i = from; i < static_cast<std::int32_t>(leaves.size()); ++i) {
+      const Quantity* f = leaves[i].free;
+      bool fits = true;
+      for (std::int32_t k = 0; k < K && fits; ++k) fits = f[k] >= demand[k];
+      if (fits) return i;
+    }
+    return -1;
+  }
 
   void park(std::int32_t c, std::int32_t node_or_none);
   void unpark(std::int32_t c);
@@ -455,6 +475,7 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg) : inv(std::move(inv
   node_parked.resize(N);
   node_parked_count.assign(N, 0);
   node_released.assign(N, 0);
+  released_leaves.resize(partitions.size());
   node_contended.assign(N, 0);
   node_masked.assign(N, 0);
   partition_contended.assign(partitions.size(), 0);
@@ -506,7 +527,7 @@ template <class Fits>
 void Scheduler::Impl::wake(std::vector<std::int32_t>& list, std::int32_t scope, Fits&& fits) {
   std::size_t kept = 0;
   for (std::int32_t c : list) {
-    const Class& cl = classes[c];
+    Class& cl = classes[c];
     if (!cl.parked || cl.park_node != scope) continue;  // stale entry
     if (fits(cl)) unpark(c);
     else list[kept++] = c;
@@ -537,21 +558,28 @@ void Scheduler::Impl::release_on_node(std::int32_t node, std::int32_t partition)
 // less than a retry that fails.
 void Scheduler::Impl::flush_releases() {
   if (released_nodes.empty()) return;
-  for (Partition& part : partitions) {
+  std::sort(released_nodes.begin(), released_nodes.end());  // leaves lie in node order
+  for (std::size_t p = 0; p < partitions.size(); ++p) {
+    Partition& part = partitions[p];
     if (part.parked_count == 0) continue;
+    std::vector<Released>& leaves = released_leaves[p];
+    leaves.clear();
     // The per-kind maximum over the released bins rules most classes out in K comparisons.
     most_released.assign(K, -1);
     for (std::int32_t n : released_nodes)
       for (std::int32_t leaf = part.node_lo[n]; leaf >= 0 && leaf < part.node_hi[n]; ++leaf) {
         const Quantity* f = free_of(part.bins[leaf]);
+        leaves.push_back(Released{leaf, f});
         for (std::int32_t k = 0; k < K; ++k) most_released[k] = std::max(most_released[k], f[k]);
       }
-    wake(part.parked, kNone, [&](const Class& cl) {
+    wake(part.parked, kNone, [&](Class& cl) {
       for (std::int32_t k = 0; k < K; ++k)
         if (cl.demand[k] > most_released[k]) return false;
-      for (std::int32_t n : released_nodes)
-        if (fits_some_bin(cl, n)) return true;
-      return false;
+      std::int32_t at = first_released_fit(leaves, 0, cl.demand.data());
+      if (at < 0) return false;
+      cl.fit_pass = pass_epoch;  // flush runs at the start of the pass
+      cl.fit_from = at;
+      return true;
     });
   }
   released_nodes.clear();
@@ -564,6 +592,7 @@ void Scheduler::Impl::park(std::int32_t c, std::int32_t node) {
   deactivate(c);
   cl.parked = true;
   cl.park_node = node;
+  cl.fit_pass = 0;
   cl.park_deadline = slots[cl.waiting.begin()->slot].submit_ns + starvation_ns;
   park_deadlines.push_back(ParkDeadline{cl.park_deadline, c, ++cl.park_generation});
   std::push_heap(park_deadlines.begin(), park_deadlines.end(), std::greater<>());
@@ -975,7 +1004,20 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
       std::copy(cl.demand.begin(), cl.demand.end(), scratch.begin());
       if (has_gpus) scratch[K] = device == kNone ? cl.gpu_memory : 0;
       auto skip = [&](std::int32_t leaf) { return any_mask && node_masked[bin_node[part.bins[leaf]]] == pass_epoch; };
-      part.free_tree.find(lo, hi, scratch.data(), policy.candidates, skip, cand);
+      if (cl.fit_pass == pass_epoch && lo == 0 && hi == part.free_tree.leaves()) {
+        // Woken by this pass's releases: only released leaves can hold it (see Class).
+        const std::vector<Released>& leaves = released_leaves[cl.partition];
+        for (std::int32_t i = first_released_fit(leaves, cl.fit_from, cl.demand.data()); i >= 0;
+             i = first_released_fit(leaves, i + 1, cl.demand.data())) {
+          const std::int32_t leaf = leaves[i].leaf;
+          if (bin_bound[part.bins[leaf]] || skip(leaf)) continue;
+          if (has_gpus && node_max_dev_free[bin_node[part.bins[leaf]]] < scratch[K]) continue;
+          cand.push_back(leaf);
+          if (static_cast<std::int32_t>(cand.size()) == policy.candidates) break;
+        }
+      } else {
+        part.free_tree.find(lo, hi, scratch.data(), policy.candidates, skip, cand);
+      }
     }
   }
   if (!cand.empty() && device != kNone && dev_free[device] < cl.gpu_memory) cand.clear();
