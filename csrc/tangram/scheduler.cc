@@ -95,6 +95,7 @@ struct Class {
   explicit Class(std::pmr::memory_resource* pool) : waiting(pool) {}
   std::pmr::set<OrderKey> waiting;
   bool in_active = false;
+  std::uint64_t active_gen = 0;  // counts activations; older heap entries are stale
   bool parked = false;
   std::int32_t park_node = kNone;  // while parked: the node it waits on, or kNone (partition)
   TimeNs park_deadline = 0;        // when its head starts starving
@@ -176,7 +177,23 @@ struct Scheduler::Impl {
   std::pmr::unordered_map<ActionId, std::int32_t> by_id{&pool};
   std::vector<Class> classes;
   std::unordered_map<std::vector<std::int64_t>, std::int32_t, ClassKeyHash> class_index;
-  std::pmr::set<OrderKey> active{&pool};
+  // The head of every class that may start, as a min-heap in policy order. Deactivating
+  // only clears Class::in_active: entries whose generation is not the class's current one
+  // are stale and dropped when they surface (each pass drains the heap).
+  struct ActiveEntry {
+    OrderKey key;
+    std::int32_t cls;
+    std::uint64_t gen;
+    bool operator>(const ActiveEntry& o) const { return o.key < key; }
+  };
+  std::vector<ActiveEntry> active;
+  std::vector<ActiveEntry> active_deferred;  // popped in a pass, still active: pushed back after it
+  std::size_t active_count = 0;
+  bool live(const ActiveEntry& e) const { return classes[e.cls].in_active && classes[e.cls].active_gen == e.gen; }
+  void push_active(const ActiveEntry& e) {
+    active.push_back(e);
+    std::push_heap(active.begin(), active.end(), std::greater<>());
+  }
   std::vector<std::vector<std::int32_t>> node_parked;  // classes parked on one node's bins (may hold stale ids)
   std::vector<std::int64_t> node_parked_count;
   // Parked classes by the time their head starts starving: then they must be looked at
@@ -622,15 +639,16 @@ void Scheduler::Impl::unpark(std::int32_t c) {
 void Scheduler::Impl::activate(std::int32_t c) {
   Class& cl = classes[c];
   if (cl.in_active || cl.parked || cl.waiting.empty()) return;
-  active.insert(*cl.waiting.begin());
   cl.in_active = true;
+  ++active_count;
+  push_active(ActiveEntry{*cl.waiting.begin(), c, ++cl.active_gen});
 }
 
 void Scheduler::Impl::deactivate(std::int32_t c) {
   Class& cl = classes[c];
   if (!cl.in_active) return;
-  active.erase(*cl.waiting.begin());
-  cl.in_active = false;
+  cl.in_active = false;  // its heap entry is now stale
+  --active_count;
 }
 
 Quantity Scheduler::Impl::minimum(const ActionRec& a) const {
@@ -1360,30 +1378,44 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
     if (cl.parked && cl.park_generation == due.generation) unpark(due.cls);
   }
   in_pass = true;
-  auto it = active.begin();
-  while (it != active.end()) {
-    OrderKey head = *it;
-    std::int32_t c = slots[head.slot].cls;
-    pass_cursor = &head;
+  // Walk the heads in policy order. A head pushed behind the cursor (a class woken by an
+  // eviction) waits for the next pass, like any head this pass has already passed by.
+  active_deferred.clear();
+  bool have_cursor = false;
+  OrderKey cursor{};
+  while (!active.empty()) {
+    ActiveEntry e = active.front();
+    std::pop_heap(active.begin(), active.end(), std::greater<>());
+    active.pop_back();
+    if (!live(e)) continue;
+    if (have_cursor && e.key < cursor) {
+      active_deferred.push_back(e);
+      continue;
+    }
+    cursor = e.key;
+    have_cursor = true;
+    const std::int32_t c = e.cls;
+    pass_cursor = &cursor;
     Try r = try_head(c, out);
     pass_cursor = nullptr;
     if (r == Try::kHalt) {
       // A starving action that may use any bin stops the pass: the whole partition is its.
       partition_contended[classes[c].partition] = pass_epoch;
-      for (auto rest = std::next(it); rest != active.end(); ++rest) classes[slots[rest->slot].cls].block = Block::kHeldBack;
+      active_deferred.push_back(e);
+      for (const ActiveEntry& rest : active)
+        if (live(rest)) classes[rest.cls].block = Block::kHeldBack;
       break;
     }
-    if (r == Try::kStarted) {
-      it = active.upper_bound(head);
-      continue;
-    }
-    ++it;
+    if (r == Try::kStarted) continue;  // try_head pushed the class's next head, if any
     // Whoever still waits has a claim on the bins it could use: no spare units there.
     std::int32_t node = scope_node(classes[c]);
     if (node == kNone) partition_contended[classes[c].partition] = pass_epoch;
     else node_contended[node] = pass_epoch;
     if (r == Try::kParked) park(c, node);
+    else active_deferred.push_back(e);
   }
+  for (const ActiveEntry& e : active_deferred)
+    if (live(e)) push_active(e);
   in_pass = false;
   if (policy.kind == PolicyKind::kTangram && !started.empty()) grant_spare(out);
   for (std::size_t q = 0; q < quotas.size(); ++q)
@@ -1516,13 +1548,21 @@ void Scheduler::Impl::check() const {
     const Class& cl = classes[c];
     if (cl.in_active) {
       ++heads;
-      if (cl.waiting.empty() || !active.count(*cl.waiting.begin())) fail("active class head missing");
+      std::size_t entries = 0;
+      for (const ActiveEntry& e : active)
+        if (live(e)) {
+          if (e.cls == static_cast<std::int32_t>(c)) ++entries;
+        }
+      if (cl.waiting.empty() || entries != 1) fail("active class head missing or duplicated");
+      for (const ActiveEntry& e : active)
+        if (live(e) && e.cls == static_cast<std::int32_t>(c) && e.key.seq != cl.waiting.begin()->seq)
+          fail("active entry is not the class head");
       if (cl.parked) fail("class both parked and active");
     } else if (!cl.waiting.empty() && !cl.parked) {
       fail("waiting class neither active nor parked");
     }
   }
-  if (heads != active.size()) fail("active set has stale heads");
+  if (heads != active_count) fail("active count out of sync");
   std::vector<std::int64_t> node_count(node_parked.size(), 0), part_count(partitions.size(), 0);
   std::size_t deadlines = 0;
   for (const Class& cl : classes) {
