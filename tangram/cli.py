@@ -1,4 +1,4 @@
-"""The `tangram` command: `tangram demo`, `tangram bench`."""
+"""The `tangram` command: `tangram demo`, `tangram sim`, `tangram bench`."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--actions", type=int, default=2000, help="actions in the burst (default 2000)")
     demo.add_argument("--policies", default="tangram,fifo,trajectory",
                       help="comma-separated policies (default tangram,fifo,trajectory)")
+    sub.add_parser("sim", help="simulate RL steps under each policy (tangram sim --help)", add_help=False)
     sub.add_parser("bench", help="decision-latency benchmarks (tangram bench --help)", add_help=False)
     args, rest = parser.parse_known_args(argv)
     if args.version:
@@ -25,6 +26,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import bench
 
         return bench.main(rest)
+    if args.command == "sim":
+        from . import sim
+
+        return sim.cli_main(rest)
     if rest:
         parser.error(f"unrecognised arguments: {' '.join(rest)}")
     if args.command in (None, "demo"):

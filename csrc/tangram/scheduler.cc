@@ -1009,12 +1009,14 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
   const std::int32_t node_scope = scope_node(cl);
 
   cand.clear();
-  bool masked = partition_masked[cl.partition] == pass_epoch;
+  // A trajectory's own slot is nobody else's: a starving action elsewhere cannot claim it.
+  const bool own_slot = fixed_leaf != kNone;
+  bool masked = !own_slot && partition_masked[cl.partition] == pass_epoch;
   if (has_range && !masked) {
     if (fixed_leaf != kNone) {
       std::int32_t b = part.bins[fixed_leaf];
       const Quantity* f = free_of(b);
-      bool fits = node_masked[bin_node[b]] != pass_epoch;
+      bool fits = true;
       for (std::int32_t k = 0; k < K && fits; ++k) fits = f[k] >= cl.demand[k];
       if (fits && cl.gpu_memory > 0 && device == kNone) fits = node_max_dev_free[bin_node[b]] >= cl.gpu_memory;
       if (fits) cand.push_back(fixed_leaf);
@@ -1043,13 +1045,14 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
   if (cand.empty() && cl.gpu_memory > 0 && has_range && !masked && make_gpu_room(cl, lo, hi, fixed_leaf, device, out))
     return try_head(c, out);
   if (cand.empty()) {
-    bool held = masked || (node_scope != kNone && node_masked[node_scope] == pass_epoch);
+    bool held = masked || (!own_slot && node_scope != kNone && node_masked[node_scope] == pass_epoch);
     cl.block = held ? Block::kHeldBack : Block::kResources;
-    if (now - a.submit_ns >= starvation_ns) {
-      // A starving action keeps everything behind it off the bins it could use.
+    if (!own_slot && now - a.submit_ns >= starvation_ns) {
+      // A starving action keeps everything behind it off the bins it could use. Under
+      // kTrajectory those are the free slots only, so the pass goes on for bound ones.
       if (node_scope == kNone) {
         partition_masked[cl.partition] = pass_epoch;
-        if (partitions.size() == 1) return Try::kHalt;
+        if (partitions.size() == 1 && policy.kind != PolicyKind::kTrajectory) return Try::kHalt;
       } else {
         node_masked[node_scope] = pass_epoch;
       }

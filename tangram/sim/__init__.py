@@ -1,0 +1,22 @@
+"""The simulator: one RL rollout step of a workload, in virtual time, driving the scheduler
+core through the same events a live runtime sends, under each policy."""
+
+from .cli import cli_main, run_many
+from .engine import POLICY_NAMES, SimResult, build_inventory, make_policy, simulate, trajectory_slot_cpu
+from .workloads import Dist, Step, Workload, builtin, builtin_names
+
+__all__ = [
+    "Dist",
+    "POLICY_NAMES",
+    "SimResult",
+    "Step",
+    "Workload",
+    "build_inventory",
+    "builtin",
+    "builtin_names",
+    "cli_main",
+    "make_policy",
+    "run_many",
+    "simulate",
+    "trajectory_slot_cpu",
+]

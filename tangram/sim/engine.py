@@ -1,0 +1,385 @@
+"""A discrete-event simulator of one RL rollout step, driving one `tangram.Scheduler` in
+virtual time through the same events a live runtime sends (submit, complete,
+end_trajectories, tick).
+
+The step: every trajectory of the batch starts at t = 0. Each alternates LLM generation (a
+think time that uses no external resource) and actions, one at a time: an action is
+submitted once the previous action of its trajectory has ended plus a think time. After
+its last environment action (and one more think time) comes its reward action on a GPU
+reward service. The trajectory ends when its reward ends (`end_trajectories` is sent
+then); the step ends when every trajectory has ended.
+
+Executors only wait: an action started with grant g runs `sched.runtime(id, g)` (the core's
+own elasticity model; 1.0 for non-elastic actions) times a per-action noise factor, so the
+core's estimates are imperfect. An action the core rejects (it can never fit) ends at once
+as failed; its trajectory carries on.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .._model import Action, Amdahl, Constant, Gpu, Inventory, Node, Service
+from ..scheduler import Policy, Scheduler
+from .workloads import Step, Workload
+
+POLICY_NAMES = ("tangram", "fifo", "trajectory", "isolated")
+ENV, REWARD = 0, 1
+KIND_LABELS = ("env", "reward")
+
+_FINISH, _SUBMIT = 0, 1
+
+
+# ------------------------------------------------------------------ setup
+
+
+def build_inventory(w: Workload) -> Inventory:
+    """CPU nodes node0.. (the sandboxes), then GPU nodes gpu0.. holding the reward replicas."""
+    inv = w.inventory
+    nodes = [Node(f"node{i}", {"cpu": inv.cpu_node.cpu, "memory": inv.cpu_node.memory},
+                  [Gpu(m) for m in inv.cpu_node.gpus]) for i in range(inv.cpu_nodes)]
+    if inv.gpu_nodes and inv.gpu_node is not None:
+        nodes += [Node(f"gpu{i}", {"cpu": inv.gpu_node.cpu, "memory": inv.gpu_node.memory},
+                       [Gpu(m) for m in inv.gpu_node.gpus]) for i in range(inv.gpu_nodes)]
+    services = []
+    if w.reward is not None:
+        r = w.reward
+        services = [Service(f"reward-{i}", memory=r.gpu_memory, restore_seconds=r.restore_seconds,
+                            max_batch=r.max_batch) for i in range(r.replicas)]
+    return Inventory(nodes=nodes, services=services)
+
+
+def trajectory_slot_cpu(w: Workload) -> float:
+    """The `trajectory` baseline as a careful user configures it: the cores of each sandbox
+    node divided evenly among the trajectories that live there at once (every trajectory of
+    the step is concurrent; they are spread round robin over the CPU nodes), in whole cores,
+    but never less than the largest minimum core demand of an action (else it could never
+    run), and large enough that a slot's share of node memory holds the largest memory
+    demand. When the node has fewer such slots than trajectories, the rest wait for a slot:
+    the baseline is then short of sandboxes, not misconfigured."""
+    inv = w.inventory
+    per_node = math.ceil(w.batch / inv.cpu_nodes)
+    need_cpu = max(k.cpu for k in w.actions)
+    need_mem = max(k.memory for k in w.actions)
+    slot = max(float(math.floor(inv.cpu_node.cpu / per_node)), float(math.ceil(need_cpu)), 1.0)
+    while slot < inv.cpu_node.cpu:
+        slots = math.floor(inv.cpu_node.cpu / slot)
+        if inv.cpu_node.memory / slots >= need_mem:
+            break
+        slot += 1.0
+    return slot
+
+
+def make_policy(w: Workload, name: str) -> Policy:
+    if name not in POLICY_NAMES:
+        raise ValueError(f"unknown policy {name!r} (one of {', '.join(POLICY_NAMES)})")
+    if name == "trajectory":
+        return Policy(name="trajectory", trajectory_slot_cpu=trajectory_slot_cpu(w))
+    if name == "isolated":
+        # One task in these workloads: one pool holding every node; each reward replica
+        # gets its own home GPU (round robin), as a dedicated deployment would.
+        return Policy(name="isolated", pools={0: 1.0})
+    return Policy(name=name)
+
+
+# ------------------------------------------------------------------ result
+
+
+@dataclass
+class SimResult:
+    workload: str
+    policy: str
+    seed: int
+    load: int  # trajectories in the step
+    label: np.ndarray  # ENV or REWARD per action (index = action id)
+    trajectory: np.ndarray
+    submit: np.ndarray
+    start: np.ndarray  # NaN for rejected actions
+    finish: np.ndarray
+    grant: np.ndarray  # elastic units granted (cores); the minimum for non-elastic actions
+    run: np.ndarray
+    best: np.ndarray  # run time at the best grant (elastic max), same noise
+    rejected: np.ndarray  # bool
+    step_duration: float
+    utilisation: dict[str, float]
+    resource_seconds: dict[str, float]  # granted resource-seconds per kind
+    cpu_held_seconds: float  # what the policy holds: granted, or whole slots under trajectory
+    restores: int
+    evictions: int
+    scheduler: Scheduler | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def wait(self) -> np.ndarray:
+        return self.start - self.submit
+
+    @property
+    def act(self) -> np.ndarray:
+        return self.finish - self.submit
+
+    def row(self) -> dict[str, Any]:
+        ok = ~self.rejected
+        act = self.act[ok]
+        lab = self.label[ok]
+
+        def mean(a: np.ndarray) -> float:
+            return float(a.mean()) if len(a) else float("nan")
+
+        lb = mean(self.best[ok])
+        avg = mean(act)
+        return {
+            "workload": self.workload,
+            "policy": self.policy,
+            "seed": self.seed,
+            "load": self.load,
+            "actions": int(ok.sum()),
+            "rejected": int(self.rejected.sum()),
+            "avg_act": avg,
+            "p99_act": float(np.percentile(act, 99)) if len(act) else float("nan"),
+            "lower_bound_act": lb,
+            "act_ratio_to_bound": avg / lb if lb > 0 else float("nan"),
+            "act_env": mean(act[lab == ENV]),
+            "act_reward": mean(act[lab == REWARD]),
+            "avg_wait": mean(self.wait[ok]),
+            "step_duration": self.step_duration,
+            "utilisation": dict(self.utilisation),
+            "resource_seconds": dict(self.resource_seconds),
+            "cpu_held_seconds": self.cpu_held_seconds,
+            "restores": self.restores,
+            "evictions": self.evictions,
+        }
+
+
+# ------------------------------------------------------------------ simulation
+
+
+def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
+             step: Step | None = None, check: bool = True) -> SimResult:
+    """Simulates one RL step of `workload` under `policy`. Deterministic for a seed."""
+    w = workload
+    pol = make_policy(w, policy) if isinstance(policy, str) else policy
+    inventory = build_inventory(w)
+    sched = Scheduler(inventory, pol)
+    st = step if step is not None else w.sample(seed)
+    n = w.batch
+    offsets = st.offsets
+    n_env = int(offsets[-1])
+    has_reward = w.reward is not None
+    total = n_env + (n if has_reward else 0)
+    kinds = sched.kinds
+    cpu_nodes = w.inventory.cpu_nodes
+
+    label = np.zeros(total, dtype=np.int8)
+    traj_of = np.zeros(total, dtype=np.int64)
+    traj_of[:n_env] = np.repeat(np.arange(n), st.turns)
+    if has_reward:
+        label[n_env:] = REWARD
+        traj_of[n_env:] = np.arange(n)
+    submit = np.full(total, np.nan)
+    start = np.full(total, np.nan)
+    finish = np.full(total, np.nan)
+    grant = np.zeros(total)
+    run = np.zeros(total)
+    best = np.zeros(total)
+    rejected = np.zeros(total, dtype=bool)
+    demand = np.zeros((total, len(kinds)))  # held per kind (elastic kind = grant), at start
+    elastic = np.zeros(total, dtype=bool)
+    max_units = np.zeros(total)
+
+    # noise/think index: per trajectory, one entry per env action then one for the reward
+    def side_index(t: int, j: int) -> int:
+        return int(offsets[t]) + t + j
+
+    def make_action(t: int, j: int) -> tuple[int, Action]:
+        """The j-th action of trajectory t (j == turns[t]: its reward)."""
+        if j < st.turns[t]:
+            aid = int(offsets[t]) + j
+            k = w.actions[int(st.kind[aid])]
+            secs = float(st.seconds[aid])
+            if k.elastic:
+                elastic[aid] = True
+                max_units[aid] = k.max_units
+                a = Action(aid, {"cpu": k.cpu, "memory": k.memory}, Amdahl(secs, k.parallel_fraction),
+                           elastic="cpu", max_units=k.max_units, trajectory=t, affinity=t % cpu_nodes)
+            else:
+                a = Action(aid, {"cpu": k.cpu, "memory": k.memory}, Constant(secs),
+                           trajectory=t, affinity=t % cpu_nodes)
+            return aid, a
+        r = w.reward
+        assert r is not None
+        aid = n_env + t
+        a = Action(aid, {"cpu": r.cpu, "memory": r.memory}, Constant(float(st.reward_seconds[t])),
+                   trajectory=t, service=f"reward-{t % r.replicas}")
+        return aid, a
+
+    base_demand = {}  # action id -> minimum demand vector, filled at submit
+
+    heap: list[tuple[float, int, int, int]] = []
+    seq = 0
+    next_j = np.zeros(n, dtype=np.int64)  # next action index per trajectory
+    traj_end = np.full(n, np.nan)
+    traj_first_start = np.full(n, np.nan)
+    restores = evictions = 0
+    rejected_now: list[int] = []
+
+    def push(time: float, kind: int, x: int) -> None:
+        nonlocal seq
+        heapq.heappush(heap, (time, seq, kind, x))
+        seq += 1
+
+    def apply(decisions, now: float) -> None:  # type: ignore[no-untyped-def]
+        nonlocal restores, evictions
+        arr = decisions.array
+        for r in arr:
+            kind = int(r["kind"])
+            if kind == 0:  # start
+                aid = int(r["action"])
+                g = float(r["grant"])
+                noise = float(st.noise[side_index(int(traj_of[aid]), _j_of(aid))])
+                if elastic[aid]:
+                    t_run = sched.runtime(aid, g) * noise
+                    best[aid] = sched.runtime(aid, float(max_units[aid])) * noise
+                    grant[aid] = g
+                else:
+                    t_run = sched.runtime(aid, 1.0) * noise
+                    best[aid] = t_run
+                    grant[aid] = base_demand[aid][0]
+                start[aid] = now
+                run[aid] = t_run
+                d = base_demand[aid]
+                if elastic[aid]:
+                    d = d.copy()
+                    d[0] = g
+                demand[aid] = d
+                t = int(traj_of[aid])
+                if label[aid] == ENV and math.isnan(traj_first_start[t]):
+                    traj_first_start[t] = now
+                push(now + t_run, _FINISH, aid)
+            elif kind == 1:
+                restores += 1
+            elif kind == 2:
+                evictions += 1
+            else:
+                rejected_now.append(int(r["action"]))
+
+    def _j_of(aid: int) -> int:
+        if aid >= n_env:
+            return int(st.turns[aid - n_env])
+        return aid - int(offsets[int(traj_of[aid])])
+
+    def n_actions(t: int) -> int:
+        return int(st.turns[t]) + (1 if has_reward else 0)
+
+    def queue_next(t: int, now: float, immediate: list[int], ended: list[int]) -> None:
+        j = int(next_j[t])
+        if j >= n_actions(t):
+            traj_end[t] = now
+            ended.append(t)
+            return
+        think = float(st.think[side_index(t, j)])
+        if think > 0:
+            push(now + think, _SUBMIT, t)
+        else:
+            immediate.append(t)
+
+    now = 0.0
+    immediate: list[int] = []
+    ended: list[int] = []
+    for t in range(n):
+        queue_next(t, 0.0, immediate, ended)
+
+    def advance(aid: int, now: float, to_submit: list[int], ended: list[int]) -> None:
+        t = int(traj_of[aid])
+        next_j[t] += 1
+        queue_next(t, now, to_submit, ended)
+
+    def handle(now: float, finished: list[int], to_submit: list[int], ended: list[int]) -> None:
+        """Events at `now`, in a fixed order: completions, then trajectories that ended,
+        then submissions (and again while rejections or zero think times chain on)."""
+        if finished:
+            for aid in finished:
+                finish[aid] = now
+            apply(sched.complete(finished, now), now)
+            for aid in finished:
+                advance(aid, now, to_submit, ended)
+        while ended or to_submit:
+            if ended:
+                apply(sched.end_trajectories(ended, now), now)
+                ended = []
+            if to_submit:
+                batch = []
+                for t in to_submit:
+                    aid, a = make_action(t, int(next_j[t]))
+                    submit[aid] = now
+                    vec = np.zeros(len(kinds))
+                    for kname, v in a.demand.items():
+                        vec[kinds.index(kname)] = v
+                    base_demand[aid] = vec
+                    batch.append(a)
+                to_submit = []
+                apply(sched.submit(batch, now), now)
+                refused = list(rejected_now)
+                rejected_now.clear()
+                for aid in refused:  # can never run: ends now, failed; its trajectory goes on
+                    rejected[aid] = True
+                    finish[aid] = now
+                    advance(aid, now, to_submit, ended)
+
+    assert kinds[0] == "cpu"
+    handle(0.0, [], immediate, ended)
+    while True:
+        wake = sched.next_wakeup
+        nxt = heap[0][0] if heap else math.inf
+        if wake is not None and now < wake < nxt:
+            now = wake
+            apply(sched.tick(now), now)
+            handle(now, [], [], [])
+            continue
+        if not heap:
+            break
+        now = nxt
+        finished: list[int] = []
+        subs: list[int] = []
+        while heap and heap[0][0] == now:
+            _, _, kind, x = heapq.heappop(heap)
+            (finished if kind == _FINISH else subs).append(x)
+        handle(now, finished, subs, [])
+
+    if sched.waiting or sched.running:
+        stuck = [i for i in range(total) if np.isnan(finish[i]) and not np.isnan(submit[i])][:3]
+        why = "; ".join(f"{i}: {sched.explain(i)}" for i in stuck)
+        raise RuntimeError(f"simulation stalled at t={now:g} with {sched.waiting} waiting, "
+                           f"{sched.running} running ({why})")
+    if check:
+        sched.check_invariants()
+
+    step_duration = float(np.nanmax(traj_end)) if n else 0.0
+    ok = ~rejected
+    held = (demand[ok] * run[ok, None]).sum(axis=0)
+    capacity = np.zeros(len(kinds))
+    for node in inventory.nodes:
+        for k, kname in enumerate(kinds):
+            capacity[k] += node.resources.get(kname, 0.0)
+    span = step_duration if step_duration > 0 else 1.0
+    utilisation = {kname: float(held[k] / (capacity[k] * span)) if capacity[k] > 0 else 0.0
+                   for k, kname in enumerate(kinds)}
+    resource_seconds = {kname: float(held[k]) for k, kname in enumerate(kinds)}
+    cpu_held = float(held[0])
+    if pol.name == "trajectory":
+        # Each trajectory holds its whole slot from its first start until it ends; reward
+        # actions bind no slot and hold their own grant.
+        slot = pol.trajectory_slot_cpu
+        bound = ~np.isnan(traj_first_start)
+        reward_cpu = float((demand[ok & (label == REWARD), 0] * run[ok & (label == REWARD)]).sum())
+        cpu_held = float((slot * (traj_end[bound] - traj_first_start[bound])).sum()) + reward_cpu
+    return SimResult(
+        workload=w.name, policy=pol.name, seed=seed, load=n, label=label, trajectory=traj_of,
+        submit=submit, start=start, finish=finish, grant=grant, run=run, best=best,
+        rejected=rejected, step_duration=step_duration, utilisation=utilisation,
+        resource_seconds=resource_seconds, cpu_held_seconds=cpu_held, restores=restores,
+        evictions=evictions, scheduler=sched,
+    )

@@ -1,0 +1,291 @@
+"""Workloads: what one RL step of a rollout asks of the external resources.
+
+A workload is plain JSON (docs/workloads.md documents every field and where each number
+comes from). The built-in ones live beside this file (`workloads/<name>.json`) in the same
+format, so a user models their own by copying one and editing it.
+
+Sampling is separate from policies: `Workload.sample(seed)` draws one step's trajectories
+(turns, action kinds, run times, think times, noise) from the seed alone, so every policy
+simulated with that seed sees exactly the same step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .._errors import ValidationError
+
+BUILTIN_DIR = Path(__file__).with_name("workloads")
+
+# ------------------------------------------------------------------ distributions
+
+
+@dataclass(frozen=True)
+class Dist:
+    """A distribution of a non-negative number.
+
+    fixed: always `value`; lognormal: median `median`, log-space sd `sigma` (heavy tailed
+    for sigma around 1); uniform: real in [low, high]; uniform_int: integer in [low, high];
+    exponential: mean `mean`.
+    """
+
+    dist: str
+    params: Mapping[str, float]
+
+    @staticmethod
+    def parse(obj: Any, where: str) -> "Dist":
+        if isinstance(obj, (int, float)) and not isinstance(obj, bool):
+            obj = {"dist": "fixed", "value": obj}
+        if not isinstance(obj, Mapping) or "dist" not in obj:
+            raise ValidationError(where, f"expected a number or {{'dist': ...}}, got {obj!r}")
+        kind = obj["dist"]
+        need = {"fixed": ("value",), "lognormal": ("median", "sigma"), "uniform": ("low", "high"),
+                "uniform_int": ("low", "high"), "exponential": ("mean",)}
+        if kind not in need:
+            raise ValidationError(f"{where}.dist", f"unknown distribution {kind!r} (one of {', '.join(need)})")
+        params: dict[str, float] = {}
+        for p in need[kind]:
+            v = obj.get(p)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+                raise ValidationError(f"{where}.{p}", f"must be a finite non-negative number, got {v!r}")
+            params[p] = float(v)
+        extra = set(obj) - set(need[kind]) - {"dist"}
+        if extra:
+            raise ValidationError(where, f"unknown fields {sorted(extra)} for {kind}")
+        if kind in ("uniform", "uniform_int") and params["low"] > params["high"]:
+            raise ValidationError(where, "low must not exceed high")
+        if kind == "lognormal" and params["median"] <= 0:
+            raise ValidationError(f"{where}.median", "must be positive")
+        return Dist(kind, params)
+
+    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        p = self.params
+        if self.dist == "fixed":
+            return np.full(n, p["value"])
+        if self.dist == "lognormal":
+            return rng.lognormal(math.log(p["median"]), p["sigma"], n)
+        if self.dist == "uniform":
+            return rng.uniform(p["low"], p["high"], n)
+        if self.dist == "uniform_int":
+            return rng.integers(int(p["low"]), int(p["high"]) + 1, n).astype(float)
+        return rng.exponential(p["mean"], n)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dist": self.dist, **self.params}
+
+
+# ------------------------------------------------------------------ workload
+
+
+@dataclass(frozen=True)
+class ActionKind:
+    """One kind of environment action. Elastic on "cpu" (Amdahl) when parallel_fraction > 0
+    and max_units > cpu."""
+
+    name: str
+    weight: float
+    cpu: float  # minimum cores
+    memory: float  # MiB
+    seconds: Dist  # run time at the minimum grant, before noise
+    parallel_fraction: float = 0.0
+    max_units: float = 0.0  # elastic upper bound in cores; 0: not elastic
+
+    @property
+    def elastic(self) -> bool:
+        return self.parallel_fraction > 0 and self.max_units > self.cpu
+
+
+@dataclass(frozen=True)
+class Reward:
+    """The GPU reward model: `replicas` copies, each a tangram Service; trajectory i scores
+    on replica i % replicas (the core has no replicated service: routing is static)."""
+
+    replicas: int
+    gpu_memory: float  # MiB per resident replica
+    restore_seconds: float
+    max_batch: int
+    cpu: float  # host cores each reward action holds (the request's client side)
+    memory: float  # host MiB each reward action holds
+    seconds: Dist  # run time of one reward action, before noise
+
+
+@dataclass(frozen=True)
+class NodeShape:
+    cpu: float
+    memory: float
+    gpus: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class InventorySpec:
+    cpu_nodes: int
+    cpu_node: NodeShape
+    gpu_nodes: int = 0
+    gpu_node: NodeShape | None = None
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    batch: int  # trajectories per RL step, all started together
+    turns: Dist  # environment actions per trajectory (rounded, at least 0)
+    think: Dist  # LLM generation before each action (and before the reward)
+    noise_sigma: float  # actual run time = model time x lognormal(-sigma^2/2, sigma): mean 1
+    actions: tuple[ActionKind, ...]
+    inventory: InventorySpec
+    reward: Reward | None = None
+    description: str = ""
+    source: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    # ---------------------------------------------------------------- loading
+    @staticmethod
+    def from_dict(obj: Mapping[str, Any]) -> "Workload":
+        def num(o: Mapping[str, Any], key: str, where: str, default: float | None = None,
+                integer: bool = False, positive: bool = False) -> float:
+            v = o.get(key, default)
+            if v is None:
+                raise ValidationError(f"{where}.{key}", "is required")
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+                raise ValidationError(f"{where}.{key}", f"must be a finite non-negative number, got {v!r}")
+            if integer and v != int(v):
+                raise ValidationError(f"{where}.{key}", f"must be an integer, got {v!r}")
+            if positive and v <= 0:
+                raise ValidationError(f"{where}.{key}", "must be positive")
+            return float(v)
+
+        if not isinstance(obj, Mapping):
+            raise ValidationError("workload", "must be a JSON object")
+        kinds = []
+        raw_actions = obj.get("actions")
+        if not isinstance(raw_actions, Sequence) or not raw_actions:
+            raise ValidationError("workload.actions", "must be a non-empty list")
+        for i, a in enumerate(raw_actions):
+            w = f"workload.actions[{i}]"
+            kinds.append(ActionKind(
+                name=str(a.get("name", f"action{i}")),
+                weight=num(a, "weight", w, 1.0),
+                cpu=num(a, "cpu", w, 1.0, positive=True),
+                memory=num(a, "memory", w, 0.0),
+                seconds=Dist.parse(a.get("seconds"), f"{w}.seconds"),
+                parallel_fraction=num(a, "parallel_fraction", w, 0.0),
+                max_units=num(a, "max_units", w, 0.0),
+            ))
+            if kinds[-1].parallel_fraction > 1:
+                raise ValidationError(f"{w}.parallel_fraction", "must be in [0, 1]")
+        if sum(k.weight for k in kinds) <= 0:
+            raise ValidationError("workload.actions", "weights must not all be zero")
+
+        inv = obj.get("inventory")
+        if not isinstance(inv, Mapping):
+            raise ValidationError("workload.inventory", "is required")
+
+        def shape(o: Any, where: str) -> NodeShape:
+            if not isinstance(o, Mapping):
+                raise ValidationError(where, "is required")
+            gpus = o.get("gpus", [])
+            return NodeShape(num(o, "cpu", where), num(o, "memory", where),
+                             tuple(float(num({"g": g}, "g", f"{where}.gpus")) for g in gpus))
+
+        gpu_nodes = int(num(inv, "gpu_nodes", "workload.inventory", 0, integer=True))
+        inventory = InventorySpec(
+            cpu_nodes=int(num(inv, "cpu_nodes", "workload.inventory", integer=True, positive=True)),
+            cpu_node=shape(inv.get("cpu_node"), "workload.inventory.cpu_node"),
+            gpu_nodes=gpu_nodes,
+            gpu_node=shape(inv.get("gpu_node"), "workload.inventory.gpu_node") if gpu_nodes else None,
+        )
+        reward = None
+        r = obj.get("reward")
+        if r is not None:
+            w = "workload.reward"
+            reward = Reward(
+                replicas=int(num(r, "replicas", w, 1, integer=True, positive=True)),
+                gpu_memory=num(r, "gpu_memory", w),
+                restore_seconds=num(r, "restore_seconds", w, 0.0),
+                max_batch=int(num(r, "max_batch", w, 1, integer=True, positive=True)),
+                cpu=num(r, "cpu", w, 0.0),
+                memory=num(r, "memory", w, 0.0),
+                seconds=Dist.parse(r.get("seconds"), f"{w}.seconds"),
+            )
+            if not gpu_nodes or not inventory.gpu_node or not inventory.gpu_node.gpus:
+                raise ValidationError("workload.inventory.gpu_nodes", "a reward service needs GPU nodes with GPUs")
+        return Workload(
+            name=str(obj.get("name", "custom")),
+            batch=int(num(obj, "batch", "workload", integer=True, positive=True)),
+            turns=Dist.parse(obj.get("turns"), "workload.turns"),
+            think=Dist.parse(obj.get("think", 0.0), "workload.think"),
+            noise_sigma=num(obj, "noise_sigma", "workload", 0.0),
+            actions=tuple(kinds),
+            inventory=inventory,
+            reward=reward,
+            description=str(obj.get("description", "")),
+            source=dict(obj),
+        )
+
+    @staticmethod
+    def load(name_or_path: str | Path) -> "Workload":
+        """A built-in workload by name (`coding`), or a JSON file."""
+        p = Path(name_or_path)
+        if not p.suffix and (BUILTIN_DIR / f"{name_or_path}.json").exists():
+            p = BUILTIN_DIR / f"{name_or_path}.json"
+        if not p.exists():
+            known = ", ".join(sorted(builtin_names()))
+            raise ValidationError("workload", f"no built-in workload or file {str(name_or_path)!r} (built-in: {known})")
+        with open(p, encoding="utf-8") as f:
+            return Workload.from_dict(json.load(f))
+
+    def with_batch(self, batch: int) -> "Workload":
+        if batch < 1:
+            raise ValidationError("batch", "must be positive")
+        return replace(self, batch=int(batch))
+
+    # ---------------------------------------------------------------- sampling
+    def sample(self, seed: int) -> "Step":
+        """One RL step drawn from `seed` alone (the same for every policy)."""
+        rng = np.random.default_rng(seed)
+        n = self.batch
+        turns = np.maximum(np.rint(self.turns.draw(rng, n)), 0).astype(np.int64)
+        total = int(turns.sum())
+        weights = np.array([k.weight for k in self.actions], dtype=float)
+        kind = rng.choice(len(self.actions), size=total, p=weights / weights.sum())
+        seconds = np.zeros(total)
+        for i, k in enumerate(self.actions):
+            sel = kind == i
+            seconds[sel] = k.seconds.draw(rng, int(sel.sum()))
+        think = self.think.draw(rng, total + n)  # one before every action, the reward included
+        s = self.noise_sigma
+        noise = rng.lognormal(-s * s / 2, s, total + n) if s > 0 else np.ones(total + n)
+        reward_seconds = self.reward.seconds.draw(rng, n) if self.reward else np.zeros(0)
+        return Step(turns=turns, kind=kind, seconds=seconds, think=think, noise=noise,
+                    reward_seconds=reward_seconds)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One sampled RL step. Environment actions of trajectory t are the slice
+    offsets[t]:offsets[t+1] of kind/seconds; think and noise hold, per trajectory, one entry
+    per environment action and then one for its reward (index offsets[t] + t + j)."""
+
+    turns: np.ndarray  # environment actions per trajectory
+    kind: np.ndarray  # action kind index per environment action
+    seconds: np.ndarray  # model run time at the minimum grant
+    think: np.ndarray
+    noise: np.ndarray
+    reward_seconds: np.ndarray  # per trajectory
+
+    @property
+    def offsets(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(self.turns)])
+
+
+def builtin_names() -> list[str]:
+    return sorted(p.stem for p in BUILTIN_DIR.glob("*.json"))
+
+
+def builtin(name: str) -> Workload:
+    return Workload.load(BUILTIN_DIR / f"{name}.json")

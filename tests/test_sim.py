@@ -1,0 +1,250 @@
+"""The simulator (tangram/sim): determinism, conservation, hand-computed cases, the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+import tangram
+import tangram.sim as sim
+from tangram.sim.engine import ENV, REWARD
+
+POLICIES = ("tangram", "fifo", "trajectory", "isolated")
+
+
+def tiny(**over):  # type: ignore[no-untyped-def]
+    """A workload small enough to compute by hand: fixed times, no noise, no think time."""
+    w = {
+        "name": "tiny",
+        "batch": 2,
+        "turns": {"dist": "fixed", "value": 2},
+        "think": 0,
+        "noise_sigma": 0,
+        "actions": [{"name": "cmd", "cpu": 1, "memory": 100, "seconds": 2.0}],
+        "inventory": {"cpu_nodes": 1, "cpu_node": {"cpu": 1, "memory": 1000}},
+    }
+    w.update(over)
+    return sim.Workload.from_dict(w)
+
+
+def small_coding(batch: int = 96) -> sim.Workload:
+    return sim.builtin("coding").with_batch(batch)
+
+
+# ------------------------------------------------------------------ determinism
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_same_seed_same_result(policy: str) -> None:
+    w = small_coding(64)
+    a, b = sim.simulate(w, policy, seed=3), sim.simulate(w, policy, seed=3)
+    assert a.row() == b.row()
+    for f in ("submit", "start", "finish", "grant", "run", "best"):
+        np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
+    c = sim.simulate(w, policy, seed=4)
+    assert c.row() != a.row()
+
+
+def test_policies_see_the_same_step() -> None:
+    w = small_coding(48)
+    rows = sim.run_many(w, ["tangram", "fifo"], [0])
+    assert rows[0]["lower_bound_act"] == pytest.approx(rows[1]["lower_bound_act"])
+    assert rows[0]["actions"] == rows[1]["actions"]
+
+
+# ------------------------------------------------------------------ conservation
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_conservation(policy: str) -> None:
+    w = small_coding(96)
+    r = sim.simulate(w, policy, seed=1)
+    s = r.scheduler
+    assert s is not None
+    step = w.sample(1)
+    n_actions = int(step.turns.sum()) + w.batch  # environment actions and one reward each
+    assert len(r.submit) == n_actions
+    # every action was submitted once and ended once (a second complete would raise)
+    assert not np.isnan(r.submit).any() and not np.isnan(r.finish).any()
+    assert not r.rejected.any()
+    np.testing.assert_allclose(r.finish, r.start + r.run, rtol=0, atol=1e-6)
+    assert (r.start >= r.submit).all()
+    assert s.waiting == 0 and s.running == 0
+    assert all(s.state(i) == "unknown" for i in range(0, n_actions, 7))
+    # pools back to full: what a fresh scheduler has free (under trajectory, the whole
+    # slots only: a node's cores left over after cutting slots belong to none)
+    fresh = tangram.Scheduler(s.inventory, s.policy)
+    for n, node in enumerate(s.inventory.nodes):
+        for kind, cap in node.resources.items():
+            assert s.free(n, kind) == fresh.free(n, kind)
+            if policy != "trajectory":
+                assert s.free(n, kind) == cap
+        # GPUs: free plus the resident reward replicas (cached after use) is the whole device
+        for d, gpu in enumerate(node.gpus):
+            resident = sum(svc.memory for svc in s.inventory.services if s.service_location(svc.name) == (n, d))
+            assert s.gpu_free(n, d) + resident == gpu.memory
+    # trajectories are sequential: each action is submitted after its predecessor ended
+    for t in range(0, w.batch, 5):
+        idx = np.flatnonzero(r.trajectory == t)
+        idx = idx[np.argsort(r.submit[idx], kind="stable")]
+        assert (r.submit[idx[1:]] >= r.finish[idx[:-1]]).all()
+        assert r.label[idx[-1]] == REWARD
+    # no action beats its own lower bound; the step ends with the last trajectory
+    assert (r.finish - r.submit >= r.best - 1e-6).all()
+    assert r.step_duration == pytest.approx(float(r.finish.max()))
+    assert 0 < r.utilisation["cpu"] <= 1 and 0 < r.utilisation["memory"] <= 1
+
+
+# ------------------------------------------------------------------ hand-computed cases
+
+
+def test_fifo_two_trajectories_one_core() -> None:
+    # t=0: both trajectories submit; a0 (traj 0) runs 0-2, a2 (traj 1) waits.
+    # t=2: a2 starts (it has waited since 0), then a1 (traj 0's second) is submitted: 4-6.
+    # t=4: a3 (traj 1's second) submitted, runs 6-8. ACTs 2, 4, 4, 4.
+    for policy in ("fifo", "isolated", "tangram"):
+        r = sim.simulate(tiny(), policy, seed=0)
+        np.testing.assert_allclose(r.submit, [0, 2, 0, 4])
+        np.testing.assert_allclose(r.start, [0, 4, 2, 6])
+        np.testing.assert_allclose(r.act, [2, 4, 4, 4])
+        row = r.row()
+        assert row["avg_act"] == pytest.approx(3.5)
+        assert row["lower_bound_act"] == pytest.approx(2.0)
+        assert row["step_duration"] == pytest.approx(8.0)
+        assert row["utilisation"]["cpu"] == pytest.approx(1.0)
+        assert row["act_reward"] != row["act_reward"]  # NaN: no reward actions
+
+
+def test_trajectory_two_trajectories_one_core() -> None:
+    # One 1-core slot: trajectory 0 holds it from t=0 until it ends at t=4 (its actions run
+    # 0-2 and 2-4); trajectory 1's first action waits for the slot until 4, runs 4-6, then
+    # 6-8. ACTs 2, 2, 6, 2: here, with no think time, the trajectory binding wins.
+    r = sim.simulate(tiny(), "trajectory", seed=0)
+    np.testing.assert_allclose(r.start, [0, 2, 4, 6])
+    np.testing.assert_allclose(r.act, [2, 2, 6, 2])
+    assert r.row()["avg_act"] == pytest.approx(3.0)
+    assert r.row()["step_duration"] == pytest.approx(8.0)
+    assert r.cpu_held_seconds == pytest.approx(8.0)  # 1 core x (4 - 0) + 1 core x (8 - 4)
+
+
+def test_elastic_grants() -> None:
+    # One trajectory, one perfectly parallel test suite of 8 s at 1 core, up to 4 cores,
+    # on a 4-core node: tangram gives 4 cores (2 s); fifo the minimum (8 s); the trajectory
+    # slot is the whole node (4 cores) divided among 1 trajectory, granted whole: 2 s.
+    w = tiny(batch=1, turns={"dist": "fixed", "value": 1},
+             actions=[{"name": "test", "cpu": 1, "memory": 100, "seconds": 8.0,
+                       "parallel_fraction": 1.0, "max_units": 4}],
+             inventory={"cpu_nodes": 1, "cpu_node": {"cpu": 4, "memory": 1000}})
+    expect = {"tangram": (4.0, 2.0), "fifo": (1.0, 8.0), "isolated": (1.0, 8.0), "trajectory": (4.0, 2.0)}
+    for policy, (grant, act) in expect.items():
+        r = sim.simulate(w, policy, seed=0)
+        assert r.grant[0] == grant and r.act[0] == pytest.approx(act), policy
+        assert r.row()["lower_bound_act"] == pytest.approx(2.0)
+        assert r.utilisation["cpu"] == pytest.approx(grant / 4.0)
+
+
+def test_reward_waits_for_restore() -> None:
+    # No environment action: after 1 s of thinking, the reward (0.5 s) needs its service,
+    # which restores in 3 s: ACT 3.5 under every policy; the step ends at 4.5.
+    w = tiny(batch=1, turns={"dist": "fixed", "value": 0}, think=1.0,
+             reward={"replicas": 1, "gpu_memory": 1000, "restore_seconds": 3.0, "max_batch": 1,
+                     "cpu": 0.5, "memory": 10, "seconds": 0.5},
+             inventory={"cpu_nodes": 1, "cpu_node": {"cpu": 1, "memory": 1000},
+                        "gpu_nodes": 1, "gpu_node": {"cpu": 2, "memory": 1000, "gpus": [4000]}})
+    for policy in POLICIES:
+        r = sim.simulate(w, policy, seed=0)
+        assert r.label.tolist() == [REWARD]
+        assert r.act[0] == pytest.approx(3.5), policy
+        assert r.step_duration == pytest.approx(4.5)
+        assert r.restores == 1
+
+
+def test_reward_batch_limit() -> None:
+    # Two trajectories, one replica with max_batch 1, no restore: the second reward waits.
+    w = tiny(turns={"dist": "fixed", "value": 0},
+             reward={"replicas": 1, "gpu_memory": 1000, "restore_seconds": 0.0, "max_batch": 1,
+                     "cpu": 0.5, "memory": 10, "seconds": 1.0},
+             inventory={"cpu_nodes": 1, "cpu_node": {"cpu": 1, "memory": 1000},
+                        "gpu_nodes": 1, "gpu_node": {"cpu": 2, "memory": 1000, "gpus": [4000]}})
+    for policy in POLICIES:
+        r = sim.simulate(w, policy, seed=0)
+        assert sorted(r.act.tolist()) == pytest.approx([1.0, 2.0]), policy
+
+
+def test_rejected_actions_fail_and_the_trajectory_goes_on() -> None:
+    w = tiny(batch=1, actions=[{"name": "big", "cpu": 1, "memory": 5000, "seconds": 1.0, "weight": 1}])
+    r = sim.simulate(w, "tangram", seed=0)
+    assert r.rejected.all() and len(r.rejected) == 2
+    assert r.row()["rejected"] == 2 and r.row()["actions"] == 0
+    assert r.step_duration == 0.0
+
+
+def test_noise_is_seeded_and_mean_one() -> None:
+    w = small_coding(256)
+    step = w.sample(5)
+    assert step.noise.mean() == pytest.approx(1.0, abs=0.05)
+    np.testing.assert_array_equal(step.noise, w.sample(5).noise)
+
+
+# Invariant: under 'trajectory', a trajectory starving for a slot holds back only the free
+# slots; a trajectory holding its own slot still starts in it (this once deadlocked a step).
+def test_trajectory_starving_for_a_slot_does_not_block_bound_slots() -> None:
+    inv = tangram.Inventory.uniform(1, {"cpu": 1, "memory": 1024})
+    s = tangram.Scheduler(inv, tangram.Policy("trajectory", trajectory_slot_cpu=1.0))
+    s.submit([tangram.Action(1, {"cpu": 1}, 100.0, trajectory=1)], 0.0)
+    s.submit([tangram.Action(2, {"cpu": 1}, 1.0, trajectory=2)], 0.0)  # waits for a slot
+    s.complete([1], 100.0)
+    d = s.submit([tangram.Action(3, {"cpu": 1}, 1.0, trajectory=1)], 110.0)  # its own slot is free
+    assert [int(x["action"]) for x in d.of_kind("start")] == [3]
+
+
+# ------------------------------------------------------------------ workloads and CLI
+
+
+def test_trajectory_slot_is_an_even_share() -> None:
+    w = sim.builtin("coding")
+    cores = w.inventory.cpu_nodes * w.inventory.cpu_node.cpu
+    assert sim.trajectory_slot_cpu(w) == max(1, cores // w.batch)
+    assert sim.trajectory_slot_cpu(w.with_batch(256)) == cores // 256
+    assert sim.trajectory_slot_cpu(w.with_batch(8192)) == 1  # never below one action's minimum
+
+
+def test_workload_from_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    src = dict(sim.builtin("coding").source)
+    src["batch"] = 40
+    p = tmp_path / "mine.json"
+    p.write_text(json.dumps(src))
+    w = sim.Workload.load(p)
+    assert w.batch == 40 and w.actions == sim.builtin("coding").actions
+    with pytest.raises(tangram.ValidationError, match="no built-in workload"):
+        sim.Workload.load("nope")
+    with pytest.raises(tangram.ValidationError, match="turns"):
+        sim.Workload.from_dict({**src, "turns": {"dist": "zipf"}})
+
+
+def test_cli_rows(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "rows.json"
+    assert sim.cli_main(["--workload", "coding", "--policies", "tangram,fifo,trajectory,isolated",
+                         "--seeds", "2", "--batch", "48", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "tangram" in text and "lower bound" in text
+    rows = json.loads(out.read_text())
+    assert len(rows) == 8
+    keys = {"workload", "policy", "seed", "load", "avg_act", "p99_act", "lower_bound_act",
+            "step_duration", "act_env", "act_reward", "utilisation"}
+    for row in rows:
+        assert keys <= set(row)
+        assert row["load"] == 48 and row["workload"] == "coding"
+        assert row["avg_act"] >= row["lower_bound_act"] > 0
+        assert all(math.isfinite(v) for v in row["utilisation"].values())
+    assert {(r["policy"], r["seed"]) for r in rows} == {(p, s) for p in POLICIES for s in (0, 1)}
+
+
+def test_coding_step_at_scale() -> None:
+    # The full 1,024-trajectory step takes a couple of seconds here; a quarter keeps the
+    # suite fast while still exercising contention at the reward services.
+    r = sim.simulate(small_coding(256), "tangram", seed=0)
+    assert r.row()["actions"] > 256 and (r.label == ENV).sum() > 0
