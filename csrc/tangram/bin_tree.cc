@@ -16,7 +16,13 @@ void BinTree::set(std::int32_t i, const Quantity* values) {
     Quantity* v = &max_[static_cast<std::size_t>(node) * dims_];
     const Quantity* l = &max_[static_cast<std::size_t>(2 * node) * dims_];
     const Quantity* r = &max_[static_cast<std::size_t>(2 * node + 1) * dims_];
-    for (std::int32_t d = 0; d < dims_; ++d) v[d] = std::max(l[d], r[d]);
+    bool changed = false;
+    for (std::int32_t d = 0; d < dims_; ++d) {
+      Quantity m = std::max(l[d], r[d]);
+      changed |= m != v[d];
+      v[d] = m;
+    }
+    if (!changed) return;  // the maxima above depend only on this node's: unchanged too
   }
 }
 

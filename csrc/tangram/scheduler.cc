@@ -228,6 +228,7 @@ struct Scheduler::Impl {
   std::vector<std::int32_t> cand;
   std::vector<Quantity> scratch;
   std::vector<std::int64_t> key_scratch;
+  std::vector<std::pair<ActionId, std::size_t>> id_scratch;
   // Nodes released since the last pass (partition-wide wakes are done once per event).
   std::vector<std::int32_t> released_nodes;
   std::vector<std::uint64_t> node_released;  // == release_epoch when in released_nodes
@@ -813,13 +814,22 @@ std::string Scheduler::Impl::infeasible_reason(const Class& c) const {
 
 void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::vector<Decision>& out) {
   // Validate the whole batch before touching anything (the clock included).
-  std::unordered_map<ActionId, std::size_t> seen;
   for (std::size_t i = 0; i < n; ++i) {
     auto field = [i] { return "actions[" + std::to_string(i) + "]"; };
     if (by_id.count(a[i].id)) throw Error(ErrorCode::kDuplicateId, field() + ".id", "action " + std::to_string(a[i].id) + " is already live");
-    if (n > 1 && !seen.emplace(a[i].id, i).second)
-      throw Error(ErrorCode::kDuplicateId, field() + ".id", "action " + std::to_string(a[i].id) + " appears twice in the batch");
     validate_spec(a[i], i, field);
+  }
+  if (n > 1) {
+    // Duplicates within the batch: sort (id, position) pairs; report the later position.
+    id_scratch.clear();
+    for (std::size_t i = 0; i < n; ++i) id_scratch.emplace_back(a[i].id, i);
+    std::sort(id_scratch.begin(), id_scratch.end());
+    std::size_t worst = SIZE_MAX;
+    for (std::size_t i = 1; i < n; ++i)
+      if (id_scratch[i].first == id_scratch[i - 1].first) worst = std::min(worst, id_scratch[i].second);
+    if (worst != SIZE_MAX)
+      throw Error(ErrorCode::kDuplicateId, "actions[" + std::to_string(worst) + "].id",
+                  "action " + std::to_string(a[worst].id) + " appears twice in the batch");
   }
   messages.clear();
   now = t;
