@@ -1,0 +1,51 @@
+"""Instructions per decision of the core on the 1,024-node burst, counted by callgrind.
+
+Wall-clock figures on a shared 2-core VM move by 2x from run to run; instruction counts do
+not. Run:  python bench/count_instructions.py [NODES]   (needs valgrind; takes ~1 minute)
+
+It records the burst's event sequence once, replays it under callgrind with collection on
+only inside Scheduler::submit and Scheduler::complete (the C++ core, binding excluded), and
+divides by the number of start decisions.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+REPLAY = """
+import gc, sys
+from tangram import bench as b
+nodes = int(sys.argv[1])
+inv = b.make_inventory(nodes, 0)
+events = b.record_burst("core", inv, b.make_actions(10000, nodes, 0))
+gc.disable()
+print(b.replay(b.make_scheduler("core", inv), events))
+"""
+
+
+def main() -> int:
+    nodes = sys.argv[1] if len(sys.argv) > 1 else "1024"
+    python = os.path.realpath(sys.executable)  # not a shim script: valgrind must see python
+    with tempfile.TemporaryDirectory() as tmp:
+        script, out = os.path.join(tmp, "replay.py"), os.path.join(tmp, "callgrind.out")
+        with open(script, "w") as f:
+            f.write(REPLAY)
+        run = subprocess.run(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--collect-atstart=no",
+             "--toggle-collect=tangram::Scheduler::submit*", "--toggle-collect=tangram::Scheduler::complete*",
+             python, script, nodes],
+            capture_output=True, text=True, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"}, check=True)
+        decisions = int(run.stdout.split()[-1])
+        total = int(re.search(r"^summary:\s+(\d+)", open(out).read(), re.M).group(1))
+    # The recording run and the replay run are both counted: two bursts.
+    print(f"{nodes} nodes: {total / (2 * decisions):,.0f} instructions per decision "
+          f"({decisions} decisions per burst, core only)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
