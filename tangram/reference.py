@@ -228,6 +228,16 @@ class _Pass:
         self.started: list = []  # (action, index of its decision)
 
 
+def _first_repeat(ids: list[int]) -> int | None:
+    """The first position whose id already appeared earlier in the batch, or None."""
+    seen: set[int] = set()
+    for i, x in enumerate(ids):
+        if x in seen:
+            return i
+        seen.add(x)
+    return None
+
+
 class ReferenceScheduler:
     """The scheduling rules of tangram._core.Scheduler, naively (see the module docstring)."""
 
@@ -357,12 +367,13 @@ class ReferenceScheduler:
             raise ValidationError("actions", "expected a 1-d array of the scheduler's action dtype")
         batch = [self._decode(r, f"actions[{i}]") for i, r in enumerate(records)]
         self._begin(t)
-        seen = set()
         for i, a in enumerate(batch):
-            if a.id in self.actions or a.id in seen:
-                raise DuplicateIdError(f"actions[{i}].id", f"action {a.id} is already live or twice in the batch")
-            seen.add(a.id)
+            if a.id in self.actions:
+                raise DuplicateIdError(f"actions[{i}].id", f"action {a.id} is already live")
             self._validate(a, f"actions[{i}]")
+        repeat = _first_repeat([a.id for a in batch])
+        if repeat is not None:
+            raise DuplicateIdError(f"actions[{repeat}].id", f"action {batch[repeat].id} appears twice in the batch")
         self._start_event(t)
         out = []
         for a in batch:
@@ -420,10 +431,11 @@ class ReferenceScheduler:
         for i, x in enumerate(ids):
             if x not in self.actions:
                 raise UnknownActionError(f"ids[{i}]", f"action {x} is not live (never submitted, or already ended)")
-            if x in ids[:i]:
-                raise DuplicateIdError(f"ids[{i}]", f"action {x} appears twice in the batch")
             if running_only and not self.actions[x].running:
                 raise InvalidStateError(f"ids[{i}]", f"action {x} has not started")
+        repeat = _first_repeat(ids)
+        if repeat is not None:
+            raise DuplicateIdError(f"ids[{repeat}]", f"action {ids[repeat]} appears twice in the batch")
         self._start_event(t)
         return ids
 

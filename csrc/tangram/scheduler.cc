@@ -87,6 +87,7 @@ struct Class {
   std::int32_t quota = kNone;
   std::int64_t tokens = 0;
   TrajectoryId trajectory = 0;
+  std::int32_t next_same_hash = kNone;
   // kTrajectory, non-service actions: the class runs in its trajectory's own slot. Service
   // actions run beside their service, in any slot no trajectory holds, and bind nothing.
   bool in_trajectory_slot = false;
@@ -111,15 +112,6 @@ struct Class {
   TimeNs block_until = 0;
 };
 
-struct ClassKeyHash {
-  std::size_t operator()(const std::vector<std::int64_t>& v) const {
-    std::uint64_t h = 1469598103934665603ull;
-    for (std::int64_t x : v) {
-      h ^= static_cast<std::uint64_t>(x) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-    }
-    return static_cast<std::size_t>(h);
-  }
-};
 
 struct Partition {
   std::vector<std::int32_t> bins;       // global bin ids, in leaf order
@@ -176,7 +168,8 @@ struct Scheduler::Impl {
   std::vector<std::int32_t> free_slots;
   std::pmr::unordered_map<ActionId, std::int32_t> by_id{&pool};
   std::vector<Class> classes;
-  std::unordered_map<std::vector<std::int64_t>, std::int32_t, ClassKeyHash> class_index;
+  // Classes by hash of their constraints; equal hashes chain through Class::next_same_hash.
+  std::unordered_map<std::uint64_t, std::int32_t> class_index;
   // The head of every class that may start, as a min-heap in policy order. Deactivating
   // only clears Class::in_active: entries whose generation is not the class's current one
   // are stale and dropped when they surface (each pass drains the heap).
@@ -227,7 +220,6 @@ struct Scheduler::Impl {
   std::vector<std::size_t> started_decision;
   std::vector<std::int32_t> cand;
   std::vector<Quantity> scratch;
-  std::vector<std::int64_t> key_scratch;
   std::vector<std::pair<ActionId, std::size_t>> id_scratch;
   // Nodes released since the last pass (partition-wide wakes are done once per event).
   std::vector<std::int32_t> released_nodes;
@@ -726,20 +718,28 @@ std::int32_t Scheduler::Impl::class_for(const ActionSpec& s) {
   std::int32_t partition = policy.kind == PolicyKind::kIsolated ? pool_partition.at(s.task) : 0;
   const bool in_slot = policy.kind == PolicyKind::kTrajectory && s.service == kNone;
   TrajectoryId traj = in_slot ? s.trajectory : 0;
-  std::vector<std::int64_t>& key = key_scratch;  // reused: no allocation on a hit
-  key.clear();
-  key.insert(key.end(), s.demand.begin(), s.demand.end());
-  key.push_back(s.gpu_memory);
-  key.push_back(partition);
-  key.push_back(s.affinity_node);
-  key.push_back(s.service);
-  key.push_back(s.quota);
-  key.push_back(s.tokens);
-  key.push_back(static_cast<std::int64_t>(traj));
-  key.push_back(in_slot ? 1 : 0);
-  auto it = class_index.find(key);
-  if (it != class_index.end()) return it->second;
+  std::uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](std::int64_t x) { h ^= static_cast<std::uint64_t>(x) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+  for (Quantity q : s.demand) mix(q);
+  mix(s.gpu_memory);
+  mix(partition);
+  mix(s.affinity_node);
+  mix(s.service);
+  mix(s.quota);
+  mix(s.tokens);
+  mix(static_cast<std::int64_t>(traj));
+  mix(in_slot ? 1 : 0);
+  auto it = class_index.find(h);
+  std::int32_t chain = it == class_index.end() ? kNone : it->second;
+  for (std::int32_t c = chain; c != kNone; c = classes[c].next_same_hash) {
+    const Class& o = classes[c];
+    if (o.demand == s.demand && o.gpu_memory == s.gpu_memory && o.partition == partition &&
+        o.affinity_node == s.affinity_node && o.service == s.service && o.quota == s.quota &&
+        o.tokens == s.tokens && o.trajectory == traj && o.in_trajectory_slot == in_slot)
+      return c;
+  }
   Class c(&pool);
+  c.next_same_hash = chain;
   c.demand = s.demand;
   c.gpu_memory = s.gpu_memory;
   c.partition = partition;
@@ -751,7 +751,7 @@ std::int32_t Scheduler::Impl::class_for(const ActionSpec& s) {
   c.in_trajectory_slot = in_slot;
   std::int32_t id = static_cast<std::int32_t>(classes.size());
   classes.push_back(std::move(c));
-  class_index.emplace(key, id);
+  class_index[h] = id;
   // Feasibility depends only on capacities and the class: decided once, here.
   classes[id].infeasible = infeasible_reason(classes[id]);
   return id;
@@ -1632,13 +1632,24 @@ void Scheduler::submit(const ActionSpec* actions, std::size_t count, TimeNs now,
 namespace {
 template <class Index, class F>
 void validate_ids(const Index& by_id, const ActionId* ids, std::size_t n, F&& state_ok) {
-  std::unordered_map<ActionId, std::size_t> seen;
   for (std::size_t i = 0; i < n; ++i) {
-    std::string f = "ids[" + std::to_string(i) + "]";
     auto it = by_id.find(ids[i]);
-    if (it == by_id.end()) throw Error(ErrorCode::kUnknownAction, f, "action " + std::to_string(ids[i]) + " is not live (never submitted, or already ended)");
-    if (!seen.emplace(ids[i], i).second) throw Error(ErrorCode::kDuplicateId, f, "action " + std::to_string(ids[i]) + " appears twice in the batch");
-    state_ok(it->second, f);
+    if (it == by_id.end())
+      throw Error(ErrorCode::kUnknownAction, "ids[" + std::to_string(i) + "]",
+                  "action " + std::to_string(ids[i]) + " is not live (never submitted, or already ended)");
+    state_ok(it->second, i);
+  }
+  if (n > 1) {
+    // Duplicates: sort a copy; report the later position of the first repeated id.
+    std::vector<std::pair<ActionId, std::size_t>> sorted(n);
+    for (std::size_t i = 0; i < n; ++i) sorted[i] = {ids[i], i};
+    std::sort(sorted.begin(), sorted.end());
+    std::size_t worst = SIZE_MAX;
+    for (std::size_t i = 1; i < n; ++i)
+      if (sorted[i].first == sorted[i - 1].first) worst = std::min(worst, sorted[i].second);
+    if (worst != SIZE_MAX)
+      throw Error(ErrorCode::kDuplicateId, "ids[" + std::to_string(worst) + "]",
+                  "action " + std::to_string(ids[worst]) + " appears twice in the batch");
   }
 }
 }  // namespace
@@ -1647,9 +1658,10 @@ void Scheduler::complete(const ActionId* ids, std::size_t count, TimeNs now, std
   out.clear();
   Impl& m = *impl_;
   m.validate_now(now);
-  validate_ids(m.by_id, ids, count, [&](std::int32_t slot, const std::string& f) {
+  validate_ids(m.by_id, ids, count, [&](std::int32_t slot, std::size_t i) {
     if (m.slots[slot].state != ActionState::kRunning)
-      throw Error(ErrorCode::kInvalidState, f, "action " + std::to_string(m.slots[slot].id) + " has not started");
+      throw Error(ErrorCode::kInvalidState, "ids[" + std::to_string(i) + "]",
+                  "action " + std::to_string(m.slots[slot].id) + " has not started");
   });
   m.messages.clear();
   m.now = now;
@@ -1661,7 +1673,7 @@ void Scheduler::cancel(const ActionId* ids, std::size_t count, TimeNs now, std::
   out.clear();
   Impl& m = *impl_;
   m.validate_now(now);
-  validate_ids(m.by_id, ids, count, [](std::int32_t, const std::string&) {});
+  validate_ids(m.by_id, ids, count, [](std::int32_t, std::size_t) {});
   m.messages.clear();
   m.now = now;
   for (std::size_t i = 0; i < count; ++i) {
