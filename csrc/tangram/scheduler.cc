@@ -1037,8 +1037,11 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
       if (cl.fit_pass == pass_epoch && lo == 0 && hi == part.free_tree.leaves()) {
         // Woken by this pass's releases: only released leaves can hold it (see Class).
         const std::vector<Released>& leaves = released_leaves[cl.partition];
-        for (std::int32_t i = first_released_fit(leaves, cl.fit_from, cl.demand.data()); i >= 0;
-             i = first_released_fit(leaves, i + 1, cl.demand.data())) {
+        const std::int32_t first = first_released_fit(leaves, cl.fit_from, cl.demand.data());
+        // Leaves before `first` do not fit now, and room only shrinks in a pass: later
+        // heads of this class start their scan there.
+        cl.fit_from = first < 0 ? static_cast<std::int32_t>(leaves.size()) : first;
+        for (std::int32_t i = first; i >= 0; i = first_released_fit(leaves, i + 1, cl.demand.data())) {
           const std::int32_t leaf = leaves[i].leaf;
           if (bin_bound[part.bins[leaf]] || skip(leaf)) continue;
           if (has_gpus && node_max_dev_free[bin_node[part.bins[leaf]]] < scratch[K]) continue;
