@@ -8,9 +8,10 @@
 //   classes     waiting actions with identical admission constraints (demand, gpu memory,
 //               affinity, service, quota, tokens; the trajectory under kTrajectory). If the
 //               first of a class cannot start, none of the class can in that pass.
-//   active set  the head of every class that may start, in policy order. A class that
-//               failed on resources alone is parked off the set until resources are
-//               released where it could run; parking only skips work that would fail.
+//   active      a heap of the head of every class that may start, in policy order. A
+//               class that failed on resources alone is parked off it until resources are
+//               released where it could run; parking only skips work that would fail. A
+//               class woken by released room looks only at the released bins.
 #include "tangram/scheduler.h"
 
 #include <algorithm>
