@@ -56,8 +56,9 @@ Rules, in words:
 * Restore. Candidate devices: memory >= service + gpu_memory and a node whose capacity
   covers the demand. Prefer a device with room now, minimising (node lacks free room for
   the demand now, memory left over), first device on ties. Otherwise evict on one device:
-  eligible victims are other services resident there with nothing running and not
-  restoring, ranked idle (nothing waiting) first, then by queued est_ns per restore_ns
+  eligible victims are other services resident there with nothing running and ready
+  since before the last pass (so never one still restoring, nor one whose actions have
+  not yet had a pass to start), ranked idle (nothing waiting) first, then by queued est_ns per restore_ns
   (max 1) ascending (cross-multiplied integers), then index; take victims in rank order
   until the room suffices; choose the device minimising (node lacks room now, victims
   with waiting actions, their queued ns, victim count, device). Evict decisions (time =
@@ -310,6 +311,7 @@ class ReferenceScheduler:
         self.actions: dict[int, _Action] = {}  # live actions, by id
         self.seq = 0
         self.now_ns = 0
+        self.prev_pass_ns = -1  # when the last pass ran: a service ready since then is not evictable yet
         self.wakeup_ns: int | None = None
         self.messages: list[str] = []
 
@@ -553,6 +555,7 @@ class ReferenceScheduler:
         times = [s.ready_ns for s in self.services if s.device >= 0 and s.ready_ns > self.now_ns]
         times += [self.quotas[q].until for q in p.blocked_quotas if self.quotas[q].until is not None]
         self.wakeup_ns = min(times, default=None)
+        self.prev_pass_ns = self.now_ns
         arr = np.zeros(len(out), dtype=DECISION_DTYPE)
         for i, d in enumerate(out):
             arr[i] = (d["action"], d["grant"], d["grant"] / 1000.0, d["time"] / 1e9, d["kind"], d["node"],
@@ -655,7 +658,8 @@ class ReferenceScheduler:
 
         room, victims = self.dev_free[d], []
         idle = sorted((o for o, svc in enumerate(self.services) if o != keep and svc.device == d
-                       and self._running(service=o) == 0 and svc.ready_ns <= now), key=functools.cmp_to_key(rank))
+                       and self._running(service=o) == 0 and svc.ready_ns <= self.prev_pass_ns),
+                      key=functools.cmp_to_key(rank))
         for o in idle:
             if room >= need:
                 break

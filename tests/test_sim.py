@@ -248,3 +248,193 @@ def test_coding_step_at_scale() -> None:
     # suite fast while still exercising contention at the reward services.
     r = sim.simulate(small_coding(256), "tangram", seed=0)
     assert r.row()["actions"] > 256 and (r.label == ENV).sum() > 0
+
+
+# ------------------------------------------------------------------ deepsearch and multireward
+
+NEW_WORKLOADS = {"deepsearch": 128, "multireward": 256}  # batch sizes that keep the suite fast
+
+
+def _check_conservation(w: sim.Workload, r: sim.SimResult, seed: int) -> None:
+    s = r.scheduler
+    assert s is not None
+    step = w.sample(seed)
+    assert len(r.submit) == int(step.turns.sum()) + w.batch
+    assert not np.isnan(r.submit).any() and not np.isnan(r.finish).any() and not r.rejected.any()
+    np.testing.assert_allclose(r.finish, r.start + r.run, rtol=0, atol=1e-6)
+    assert (r.start >= r.submit).all() and (r.act >= r.best - 1e-6).all()
+    assert s.waiting == 0 and s.running == 0
+    fresh = tangram.Scheduler(s.inventory, s.policy)
+    for n, node in enumerate(s.inventory.nodes):
+        for kind in node.resources:
+            assert s.free(n, kind) == fresh.free(n, kind)
+        for d, gpu in enumerate(node.gpus):
+            resident = sum(svc.memory for svc in s.inventory.services if s.service_location(svc.name) == (n, d))
+            assert s.gpu_free(n, d) + resident == gpu.memory
+    # every trajectory ends with exactly one reward action, on the service it drew
+    rw = np.flatnonzero(r.label == REWARD)
+    assert sorted(r.trajectory[rw].tolist()) == list(range(w.batch))
+    np.testing.assert_array_equal(r.service[rw], step.reward_service[r.trajectory[rw]])
+    assert (r.action_kind[r.label == ENV] >= 0).all() and (r.service[r.label == ENV] == -1).all()
+
+
+def _quota_violations(starts: np.ndarray, finishes: np.ndarray, rate: float, burst: int, cap: int) -> list[str]:
+    """Checks GCRA from the recorded start times: in any window [s_i, s_j], at most
+    burst + rate * (s_j - s_i) starts; and at most `cap` in flight at any instant."""
+    out = []
+    s = np.sort(starts)
+    eps = 1e-6
+    for k in range(burst, len(s)):  # j = i + k: k + 1 starts in [s_i, s_{i+k}]
+        gap = s[k:] - s[:-k]
+        if (k + 1 > burst + rate * gap + eps).any():
+            out.append(f"{k + 1} starts within {gap.min():.6f} s")
+            break
+    # in flight: a finish at t frees its slot before a start at t
+    ev = np.concatenate([np.stack([finishes, np.zeros_like(finishes)], 1), np.stack([starts, np.ones_like(starts)], 1)])
+    ev = ev[np.lexsort((ev[:, 1], ev[:, 0]))]
+    inflight = np.cumsum(np.where(ev[:, 1] == 1, 1, -1))
+    if cap and inflight.max() > cap:
+        out.append(f"{inflight.max()} in flight > {cap}")
+    return out
+
+
+def _gpu_overcommit(w: sim.Workload, r: sim.SimResult) -> list[str]:
+    """Replays the restore/evict decisions: a device never holds more than its memory."""
+    assert w.reward is not None
+    cap = {}
+    for n in range(w.inventory.gpu_nodes):
+        assert w.inventory.gpu_node is not None
+        for d, m in enumerate(w.inventory.gpu_node.gpus):
+            cap[(w.inventory.cpu_nodes + n, d)] = m
+    used = dict.fromkeys(cap, 0.0)
+    where: dict[int, tuple[int, int]] = {}
+    out = []
+    for t, kind, svc, node, dev in r.service_log:
+        mem = w.reward.services[svc].gpu_memory
+        if kind == 1:
+            assert svc not in where, f"service {svc} restored twice"
+            where[svc] = (node, dev)
+            used[(node, dev)] += mem
+            if used[(node, dev)] > cap[(node, dev)]:
+                out.append(f"t={t}: device {(node, dev)} holds {used[(node, dev)]} > {cap[(node, dev)]}")
+        else:
+            assert where.pop(svc) == (node, dev)
+            used[(node, dev)] -= mem
+    s = r.scheduler
+    assert s is not None
+    for (node, dev), u in used.items():  # the replay agrees with the core at the end
+        assert s.gpu_free(node, dev) == pytest.approx(cap[(node, dev)] - u)
+    # every reward action ran while its service was resident: after its restore was ready,
+    # and it finished before that residency was evicted
+    spans: dict[int, list[tuple[float, float]]] = {}
+    opened: dict[int, float] = {}
+    for t, kind, svc, _, _ in r.service_log:
+        if kind == 1:
+            opened[svc] = t + w.reward.services[svc].restore_seconds
+        else:
+            spans.setdefault(svc, []).append((opened.pop(svc), t))
+    for svc, ready in opened.items():
+        spans.setdefault(svc, []).append((ready, math.inf))
+    for a in np.flatnonzero(r.label == REWARD):
+        svc = int(r.service[a])
+        if not any(lo - 1e-6 <= r.start[a] and r.finish[a] <= hi + 1e-6 for lo, hi in spans.get(svc, [])):
+            out.append(f"reward {a} on service {svc} ran {r.start[a]}..{r.finish[a]} outside residency {spans.get(svc)}")
+            break
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(NEW_WORKLOADS))
+@pytest.mark.parametrize("policy", POLICIES)
+def test_new_workloads_conserve_and_repeat(name: str, policy: str) -> None:
+    w = sim.builtin(name).with_batch(NEW_WORKLOADS[name])
+    a = sim.simulate(w, policy, seed=2)
+    _check_conservation(w, a, 2)
+    b = sim.simulate(w, policy, seed=2)
+    assert a.row() == b.row() and a.service_log == b.service_log
+    for f in ("submit", "start", "finish", "grant"):
+        np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
+    assert sim.simulate(w, policy, seed=3).row() != a.row()
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_deepsearch_quota_respected(policy: str) -> None:
+    w = sim.builtin("deepsearch")  # the full 1,024 trajectories: the quota binds only under load
+    (q,) = w.quotas
+    kinds = [i for i, k in enumerate(w.actions) if k.quota == q.name]
+    r = sim.simulate(w, policy, seed=0)
+    m = np.isin(r.action_kind, kinds)
+    assert m.sum() > 4 * q.burst
+    assert _quota_violations(r.start[m], r.finish[m], q.rate, q.burst, q.max_concurrency) == []
+    # the quota binds: the burst at the start of the step makes search calls wait
+    assert r.wait[m].max() > 1.0
+    assert r.row()["act_by_kind"]["search"] > 0
+
+
+def test_quota_checker_catches_violations() -> None:
+    starts = np.array([0.0, 0.0, 0.5, 1.0])
+    assert _quota_violations(starts, starts + 0.1, rate=1.0, burst=2, cap=0) != []
+    assert _quota_violations(np.array([0.0, 0.0, 1.0, 2.0]), np.array([5.0, 5.0, 5.0, 5.0]), 1.0, 2, 3) != []
+    assert _quota_violations(np.array([0.0, 0.0, 1.0, 2.0]), np.array([0.1, 0.1, 1.1, 2.1]), 1.0, 2, 2) == []
+
+
+def test_quota_hand_computed() -> None:
+    # Four trajectories, one 0.1 s search each, 1 request/s with burst 2: starts 0, 0, 1, 2.
+    # With max_concurrency 1 and 3 s calls: starts 0, 3, 6, 9 (the rate never binds later).
+    def w(seconds: float, conc: int) -> sim.Workload:
+        return tiny(batch=4, turns={"dist": "fixed", "value": 1},
+                    quotas=[{"name": "api", "rate": 1.0, "burst": 2, "max_concurrency": conc}],
+                    actions=[{"name": "search", "cpu": 0.05, "memory": 10, "seconds": seconds, "quota": "api"}],
+                    inventory={"cpu_nodes": 1, "cpu_node": {"cpu": 4, "memory": 1000}})
+    for policy in POLICIES:
+        r = sim.simulate(w(0.1, 0), policy, seed=0)
+        np.testing.assert_allclose(np.sort(r.start), [0, 0, 1, 2], err_msg=policy)
+        r = sim.simulate(w(3.0, 1), policy, seed=0)
+        np.testing.assert_allclose(np.sort(r.start), [0, 3, 6, 9], err_msg=policy)
+
+
+def test_quota_fields_validated() -> None:
+    with pytest.raises(tangram.ValidationError, match="quota"):
+        tiny(actions=[{"name": "s", "cpu": 1, "seconds": 1.0, "quota": "nope"}])
+    with pytest.raises(tangram.ValidationError, match="tokens"):
+        tiny(actions=[{"name": "s", "cpu": 1, "seconds": 1.0, "tokens": 10}])
+    w = tiny(quotas=[{"name": "llm", "tokens_per_minute": 6000}],
+             actions=[{"name": "s", "cpu": 1, "memory": 1, "seconds": 1.0, "quota": "llm",
+                       "tokens": {"dist": "uniform_int", "low": 100, "high": 200}}])
+    st = w.sample(0)
+    assert ((st.tokens >= 100) & (st.tokens <= 200)).all()
+    r = sim.simulate(w, "tangram", seed=0)
+    assert not r.rejected.any() and r.row()["actions"] == 4
+
+
+def test_coding_sampling_unchanged_by_new_fields() -> None:
+    st = sim.builtin("coding").with_batch(8).sample(0)
+    np.testing.assert_array_equal(st.reward_service, np.arange(8) % 4)
+    assert not st.tokens.any()
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_multireward_evicts_within_gpu_memory(policy: str) -> None:
+    w = sim.builtin("multireward")
+    assert w.reward is not None and len(w.reward.services) == 10 and w.batch == 1024
+    assert w.inventory.gpu_node is not None
+    total_gpu = w.inventory.gpu_nodes * sum(w.inventory.gpu_node.gpus)
+    assert sum(sv.gpu_memory for sv in w.reward.services) > total_gpu  # cannot all be resident
+    w = w.with_batch(NEW_WORKLOADS["multireward"])
+    r = sim.simulate(w, policy, seed=0)
+    assert r.evictions > 0 and r.restores > len(w.reward.services) - 1
+    assert _gpu_overcommit(w, r) == []
+    # popularity is skewed: the most popular service gets the most rewards
+    counts = np.bincount(r.service[r.label == REWARD], minlength=10)
+    assert counts[0] == counts.max() and counts[0] > 3 * counts[-1]
+
+
+def test_cli_sweep(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "rows.json"
+    assert sim.cli_main(["--workload", "multireward", "--policies", "tangram,fifo", "--sweep", "batch=32,64",
+                         "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [(r["load"], r["policy"]) for r in rows] == [(32, "tangram"), (32, "fifo"), (64, "tangram"), (64, "fifo")]
+    assert all("act_by_kind" in r and "reward" in r["act_by_kind"] for r in rows)
+    assert capsys.readouterr().out.count("lower bound") == 2
+    with pytest.raises(SystemExit):
+        sim.cli_main(["--sweep", "gpus=1,2"])

@@ -208,6 +208,7 @@ struct Scheduler::Impl {
   std::size_t n_waiting = 0, n_running = 0;
   TimeNs now = 0;
   TimeNs wakeup = kNever;
+  TimeNs prev_pass_now = -1;  // when the previous pass ran
   std::vector<std::string> messages;
 
   // per-pass scratch
@@ -1170,7 +1171,7 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
 }
 
 // Greedy eviction plan for `need` milli-MiB on device d: never a service with running
-// actions or still restoring (nor `keep`); idle ones (nothing waiting) first, then the
+// actions, still restoring or ready only since the last pass (nor `keep`); idle ones (nothing waiting) first, then the
 // least queued work per unit of restore cost, then service order.
 Scheduler::Impl::RoomPlan Scheduler::Impl::plan_room(std::int32_t d, Quantity need, std::int32_t keep) const {
   RoomPlan plan;
@@ -1182,7 +1183,9 @@ Scheduler::Impl::RoomPlan Scheduler::Impl::plan_room(std::int32_t d, Quantity ne
   std::vector<std::int32_t> cands;
   for (std::int32_t s = 0; s < static_cast<std::int32_t>(services.size()); ++s) {
     const ServiceRec& o = services[s];
-    if (s != keep && o.device == d && o.running == 0 && o.ready_ns <= now) cands.push_back(s);
+    // A service that became ready since the last pass gets that pass for its waiting
+    // actions before it may be evicted: otherwise a restore can be undone unused.
+    if (s != keep && o.device == d && o.running == 0 && o.ready_ns <= prev_pass_now) cands.push_back(s);
   }
   std::sort(cands.begin(), cands.end(), [&](std::int32_t x, std::int32_t y) {
     const ServiceRec& a = services[x];
@@ -1439,6 +1442,7 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
     if (quota_blocked[q] && quotas[q].last_until != kNever) wakeup = std::min(wakeup, quotas[q].last_until);
   for (const ServiceRec& s : services)
     if (s.device != kNone && s.ready_ns > now) wakeup = std::min(wakeup, s.ready_ns);
+  prev_pass_now = now;
 }
 
 // ============================================================ explain

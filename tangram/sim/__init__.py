@@ -3,11 +3,13 @@ core through the same events a live runtime sends, under each policy."""
 
 from .cli import cli_main, run_many
 from .engine import POLICY_NAMES, SimResult, build_inventory, make_policy, simulate, trajectory_slot_cpu
-from .workloads import Dist, Step, Workload, builtin, builtin_names
+from .workloads import Dist, QuotaSpec, RewardService, Step, Workload, builtin, builtin_names
 
 __all__ = [
     "Dist",
     "POLICY_NAMES",
+    "QuotaSpec",
+    "RewardService",
     "SimResult",
     "Step",
     "Workload",

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .._model import Action, Amdahl, Constant, Gpu, Inventory, Node, Service
+from .._model import Action, Amdahl, Constant, Gpu, Inventory, Node, Quota, Service
 from ..scheduler import Policy, Scheduler
 from .workloads import Step, Workload
 
@@ -39,7 +39,8 @@ _FINISH, _SUBMIT = 0, 1
 
 
 def build_inventory(w: Workload) -> Inventory:
-    """CPU nodes node0.. (the sandboxes), then GPU nodes gpu0.. holding the reward replicas."""
+    """CPU nodes node0.. (the sandboxes), then GPU nodes gpu0.. holding the reward services;
+    the workload's API quotas."""
     inv = w.inventory
     nodes = [Node(f"node{i}", {"cpu": inv.cpu_node.cpu, "memory": inv.cpu_node.memory},
                   [Gpu(m) for m in inv.cpu_node.gpus]) for i in range(inv.cpu_nodes)]
@@ -49,9 +50,11 @@ def build_inventory(w: Workload) -> Inventory:
     services = []
     if w.reward is not None:
         r = w.reward
-        services = [Service(f"reward-{i}", memory=r.gpu_memory, restore_seconds=r.restore_seconds,
-                            max_batch=r.max_batch) for i in range(r.replicas)]
-    return Inventory(nodes=nodes, services=services)
+        services = [Service(sv.name, memory=sv.gpu_memory, restore_seconds=sv.restore_seconds,
+                            max_batch=sv.max_batch) for sv in r.services]
+    quotas = [Quota(q.name, rate=q.rate, burst=q.burst, max_concurrency=q.max_concurrency,
+                    tokens_per_minute=q.tokens_per_minute) for q in w.quotas]
+    return Inventory(nodes=nodes, quotas=quotas, services=services)
 
 
 def trajectory_slot_cpu(w: Workload) -> float:
@@ -111,6 +114,11 @@ class SimResult:
     cpu_held_seconds: float  # what the policy holds: granted, or whole slots under trajectory
     restores: int
     evictions: int
+    action_kind: np.ndarray  # index into workload.actions per environment action; -1 for rewards
+    service: np.ndarray  # index into workload.reward.services per reward action; -1 otherwise
+    kind_names: tuple[str, ...]  # the workload's action kind names
+    # (time, 1 restore / 2 evict, service index, node, device), in decision order
+    service_log: list[tuple[float, int, int, int, int]] = field(default_factory=list, repr=False)
     scheduler: Scheduler | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -131,6 +139,10 @@ class SimResult:
 
         lb = mean(self.best[ok])
         avg = mean(act)
+        ak = self.action_kind[ok]
+        by_kind = {name: mean(act[ak == i]) for i, name in enumerate(self.kind_names) if (ak == i).any()}
+        if (lab == REWARD).any():
+            by_kind["reward"] = mean(act[lab == REWARD])
         return {
             "workload": self.workload,
             "policy": self.policy,
@@ -144,6 +156,7 @@ class SimResult:
             "act_ratio_to_bound": avg / lb if lb > 0 else float("nan"),
             "act_env": mean(act[lab == ENV]),
             "act_reward": mean(act[lab == REWARD]),
+            "act_by_kind": by_kind,
             "avg_wait": mean(self.wait[ok]),
             "step_duration": self.step_duration,
             "utilisation": dict(self.utilisation),
@@ -176,9 +189,13 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
     label = np.zeros(total, dtype=np.int8)
     traj_of = np.zeros(total, dtype=np.int64)
     traj_of[:n_env] = np.repeat(np.arange(n), st.turns)
+    action_kind = np.full(total, -1, dtype=np.int64)
+    action_kind[:n_env] = st.kind
+    service_of = np.full(total, -1, dtype=np.int64)
     if has_reward:
         label[n_env:] = REWARD
         traj_of[n_env:] = np.arange(n)
+        service_of[n_env:] = st.reward_service
     submit = np.full(total, np.nan)
     start = np.full(total, np.nan)
     finish = np.full(total, np.nan)
@@ -200,20 +217,22 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
             aid = int(offsets[t]) + j
             k = w.actions[int(st.kind[aid])]
             secs = float(st.seconds[aid])
+            extra = {"quota": k.quota, "tokens": int(st.tokens[aid])} if k.quota else {}
             if k.elastic:
                 elastic[aid] = True
                 max_units[aid] = k.max_units
                 a = Action(aid, {"cpu": k.cpu, "memory": k.memory}, Amdahl(secs, k.parallel_fraction),
-                           elastic="cpu", max_units=k.max_units, trajectory=t, affinity=t % cpu_nodes)
+                           elastic="cpu", max_units=k.max_units, trajectory=t, affinity=t % cpu_nodes,
+                           **extra)  # type: ignore[arg-type]
             else:
                 a = Action(aid, {"cpu": k.cpu, "memory": k.memory}, Constant(secs),
-                           trajectory=t, affinity=t % cpu_nodes)
+                           trajectory=t, affinity=t % cpu_nodes, **extra)  # type: ignore[arg-type]
             return aid, a
         r = w.reward
         assert r is not None
         aid = n_env + t
         a = Action(aid, {"cpu": r.cpu, "memory": r.memory}, Constant(float(st.reward_seconds[t])),
-                   trajectory=t, service=f"reward-{t % r.replicas}")
+                   trajectory=t, service=r.services[int(st.reward_service[t])].name)
         return aid, a
 
     base_demand = {}  # action id -> minimum demand vector, filled at submit
@@ -225,6 +244,7 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
     traj_first_start = np.full(n, np.nan)
     restores = evictions = 0
     rejected_now: list[int] = []
+    service_log: list[tuple[float, int, int, int, int]] = []
 
     def push(time: float, kind: int, x: int) -> None:
         nonlocal seq
@@ -261,8 +281,10 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
                 push(now + t_run, _FINISH, aid)
             elif kind == 1:
                 restores += 1
+                service_log.append((now, 1, int(r["service"]), int(r["node"]), int(r["device"])))
             elif kind == 2:
                 evictions += 1
+                service_log.append((now, 2, int(r["service"]), int(r["node"]), int(r["device"])))
             else:
                 rejected_now.append(int(r["action"]))
 
@@ -381,5 +403,6 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
         submit=submit, start=start, finish=finish, grant=grant, run=run, best=best,
         rejected=rejected, step_duration=step_duration, utilisation=utilisation,
         resource_seconds=resource_seconds, cpu_held_seconds=cpu_held, restores=restores,
-        evictions=evictions, scheduler=sched,
+        evictions=evictions, action_kind=action_kind, service=service_of,
+        kind_names=tuple(k.name for k in w.actions), service_log=service_log, scheduler=sched,
     )

@@ -95,6 +95,8 @@ class ActionKind:
     seconds: Dist  # run time at the minimum grant, before noise
     parallel_fraction: float = 0.0
     max_units: float = 0.0  # elastic upper bound in cores; 0: not elastic
+    quota: str | None = None  # a named API quota (workload.quotas) each action of this kind uses
+    tokens: Dist | None = None  # tokens each action spends of its quota's tokens_per_minute
 
     @property
     def elastic(self) -> bool:
@@ -102,17 +104,45 @@ class ActionKind:
 
 
 @dataclass(frozen=True)
-class Reward:
-    """The GPU reward model: `replicas` copies, each a tangram Service; trajectory i scores
-    on replica i % replicas (the core has no replicated service: routing is static)."""
+class QuotaSpec:
+    """A named API quota (a core `Quota`): GCRA `rate` requests/s with `burst`, at most
+    `max_concurrency` in flight, `tokens_per_minute`; 0 disables a limit."""
 
-    replicas: int
-    gpu_memory: float  # MiB per resident replica
+    name: str
+    rate: float = 0.0
+    burst: int = 1
+    max_concurrency: int = 0
+    tokens_per_minute: int = 0
+
+
+@dataclass(frozen=True)
+class RewardService:
+    """One GPU reward service (a core `Service`)."""
+
+    name: str
+    gpu_memory: float  # MiB while resident
     restore_seconds: float
     max_batch: int
+    weight: float = 1.0  # popularity (routing "popularity")
+    seconds: Dist | None = None  # run time of one of its reward actions; None: the reward's
+
+
+@dataclass(frozen=True)
+class Reward:
+    """GPU reward services, each a tangram Service. Either `replicas` identical copies of
+    one model, trajectory i scoring on replica i % replicas (routing "round_robin": the core
+    has no replicated service, so routing is static), or an explicit list of `services`,
+    each trajectory scoring on one drawn by the services' weights (routing "popularity")."""
+
+    services: tuple[RewardService, ...]
+    routing: str  # "round_robin" or "popularity"
     cpu: float  # host cores each reward action holds (the request's client side)
     memory: float  # host MiB each reward action holds
     seconds: Dist  # run time of one reward action, before noise
+
+    @property
+    def replicas(self) -> int:
+        return len(self.services)
 
 
 @dataclass(frozen=True)
@@ -140,6 +170,7 @@ class Workload:
     actions: tuple[ActionKind, ...]
     inventory: InventorySpec
     reward: Reward | None = None
+    quotas: tuple[QuotaSpec, ...] = ()
     description: str = ""
     source: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -161,6 +192,27 @@ class Workload:
 
         if not isinstance(obj, Mapping):
             raise ValidationError("workload", "must be a JSON object")
+        quotas: list[QuotaSpec] = []
+        raw_quotas = obj.get("quotas", [])
+        if not isinstance(raw_quotas, Sequence):
+            raise ValidationError("workload.quotas", "must be a list")
+        for i, q in enumerate(raw_quotas):
+            w = f"workload.quotas[{i}]"
+            if not isinstance(q, Mapping) or not isinstance(q.get("name"), str):
+                raise ValidationError(f"{w}.name", "each quota needs a name")
+            quotas.append(QuotaSpec(
+                name=q["name"],
+                rate=num(q, "rate", w, 0.0),
+                burst=int(num(q, "burst", w, 1, integer=True, positive=True)),
+                max_concurrency=int(num(q, "max_concurrency", w, 0, integer=True)),
+                tokens_per_minute=int(num(q, "tokens_per_minute", w, 0, integer=True)),
+            ))
+            extra = set(q) - {"name", "rate", "burst", "max_concurrency", "tokens_per_minute"}
+            if extra:
+                raise ValidationError(w, f"unknown fields {sorted(extra)}")
+        quota_names = [q.name for q in quotas]
+        if len(set(quota_names)) != len(quota_names):
+            raise ValidationError("workload.quotas", "quota names must be unique")
         kinds = []
         raw_actions = obj.get("actions")
         if not isinstance(raw_actions, Sequence) or not raw_actions:
@@ -175,7 +227,13 @@ class Workload:
                 seconds=Dist.parse(a.get("seconds"), f"{w}.seconds"),
                 parallel_fraction=num(a, "parallel_fraction", w, 0.0),
                 max_units=num(a, "max_units", w, 0.0),
+                quota=a.get("quota"),
+                tokens=Dist.parse(a["tokens"], f"{w}.tokens") if "tokens" in a else None,
             ))
+            if kinds[-1].quota is not None and kinds[-1].quota not in quota_names:
+                raise ValidationError(f"{w}.quota", f"no quota named {kinds[-1].quota!r} in workload.quotas")
+            if kinds[-1].tokens is not None and kinds[-1].quota is None:
+                raise ValidationError(f"{w}.tokens", "tokens count against a quota: name one")
             if kinds[-1].parallel_fraction > 1:
                 raise ValidationError(f"{w}.parallel_fraction", "must be in [0, 1]")
         if sum(k.weight for k in kinds) <= 0:
@@ -203,11 +261,35 @@ class Workload:
         r = obj.get("reward")
         if r is not None:
             w = "workload.reward"
+            raw_services = r.get("services")
+            if raw_services is not None:
+                if "replicas" in r or not isinstance(raw_services, Sequence) or not raw_services:
+                    raise ValidationError(f"{w}.services", "a non-empty list, instead of replicas")
+                services = []
+                for i, sv in enumerate(raw_services):
+                    ws = f"{w}.services[{i}]"
+                    services.append(RewardService(
+                        name=str(sv.get("name", f"reward-{i}")),
+                        gpu_memory=num(sv, "gpu_memory", ws),
+                        restore_seconds=num(sv, "restore_seconds", ws, 0.0),
+                        max_batch=int(num(sv, "max_batch", ws, 1, integer=True, positive=True)),
+                        weight=num(sv, "weight", ws, 1.0),
+                        seconds=Dist.parse(sv["seconds"], f"{ws}.seconds") if "seconds" in sv else None,
+                    ))
+                if len({sv.name for sv in services}) != len(services):
+                    raise ValidationError(f"{w}.services", "service names must be unique")
+                if sum(sv.weight for sv in services) <= 0:
+                    raise ValidationError(f"{w}.services", "weights must not all be zero")
+                routing = "popularity"
+            else:
+                replicas = int(num(r, "replicas", w, 1, integer=True, positive=True))
+                mem, restore = num(r, "gpu_memory", w), num(r, "restore_seconds", w, 0.0)
+                batch = int(num(r, "max_batch", w, 1, integer=True, positive=True))
+                services = [RewardService(f"reward-{i}", mem, restore, batch) for i in range(replicas)]
+                routing = "round_robin"
             reward = Reward(
-                replicas=int(num(r, "replicas", w, 1, integer=True, positive=True)),
-                gpu_memory=num(r, "gpu_memory", w),
-                restore_seconds=num(r, "restore_seconds", w, 0.0),
-                max_batch=int(num(r, "max_batch", w, 1, integer=True, positive=True)),
+                services=tuple(services),
+                routing=routing,
                 cpu=num(r, "cpu", w, 0.0),
                 memory=num(r, "memory", w, 0.0),
                 seconds=Dist.parse(r.get("seconds"), f"{w}.seconds"),
@@ -223,13 +305,14 @@ class Workload:
             actions=tuple(kinds),
             inventory=inventory,
             reward=reward,
+            quotas=tuple(quotas),
             description=str(obj.get("description", "")),
             source=dict(obj),
         )
 
     @staticmethod
     def load(name_or_path: str | Path) -> "Workload":
-        """A built-in workload by name (`coding`), or a JSON file."""
+        """A built-in workload by name (`coding`, `deepsearch`, `multireward`), or a JSON file."""
         p = Path(name_or_path)
         if not p.suffix and (BUILTIN_DIR / f"{name_or_path}.json").exists():
             p = BUILTIN_DIR / f"{name_or_path}.json"
@@ -261,8 +344,27 @@ class Workload:
         s = self.noise_sigma
         noise = rng.lognormal(-s * s / 2, s, total + n) if s > 0 else np.ones(total + n)
         reward_seconds = self.reward.seconds.draw(rng, n) if self.reward else np.zeros(0)
+        # Draws added after the first format only come after the draws above, and only for
+        # workloads that use them, so a workload without them samples exactly as before.
+        reward_service = np.zeros(n, dtype=np.int64)
+        if self.reward is not None:
+            svcs = self.reward.services
+            if self.reward.routing == "round_robin":
+                reward_service = np.arange(n, dtype=np.int64) % len(svcs)
+            else:
+                pw = np.array([sv.weight for sv in svcs], dtype=float)
+                reward_service = rng.choice(len(svcs), size=n, p=pw / pw.sum()).astype(np.int64)
+                for i, sv in enumerate(svcs):
+                    sel = reward_service == i
+                    if sv.seconds is not None and sel.any():
+                        reward_seconds[sel] = sv.seconds.draw(rng, int(sel.sum()))
+        tokens = np.zeros(total, dtype=np.int64)
+        for i, k in enumerate(self.actions):
+            sel = kind == i
+            if k.tokens is not None and sel.any():
+                tokens[sel] = np.maximum(np.rint(k.tokens.draw(rng, int(sel.sum()))), 0).astype(np.int64)
         return Step(turns=turns, kind=kind, seconds=seconds, think=think, noise=noise,
-                    reward_seconds=reward_seconds)
+                    reward_seconds=reward_seconds, reward_service=reward_service, tokens=tokens)
 
 
 @dataclass(frozen=True)
@@ -277,6 +379,8 @@ class Step:
     think: np.ndarray
     noise: np.ndarray
     reward_seconds: np.ndarray  # per trajectory
+    reward_service: np.ndarray  # per trajectory: index into reward.services
+    tokens: np.ndarray  # per environment action: tokens of its quota (0: none)
 
     @property
     def offsets(self) -> np.ndarray:
