@@ -25,7 +25,7 @@ from ._records import (
     empty_actions,
 )
 
-POLICIES = ("tangram", "fifo", "trajectory", "isolated")
+POLICIES = ("tangram", "fifo", "trajectory", "isolated", "optimus")
 MAX_SAMPLED_STEPS = 4096
 
 assert _core.ACTION_HEADER_SIZE == ACTION_HEADER_SIZE

@@ -263,7 +263,7 @@ def test_explain_behind_a_starving_action_that_stops_the_pass():
 # ------------------------------------------------------------------ policies
 
 def test_policy_by_name_object_and_overrides():
-    assert tangram.POLICIES == ("tangram", "fifo", "trajectory", "isolated")
+    assert tangram.POLICIES == ("tangram", "fifo", "trajectory", "isolated", "optimus")
     assert Scheduler(cpu_mem()).policy == tangram.Policy()
     s = Scheduler(cpu_mem(), "fifo", starvation_seconds=5)
     assert s.policy.name == "fifo" and s.policy.starvation_seconds == 5

@@ -59,6 +59,11 @@ enum class PolicyKind : std::uint8_t {
   kTrajectory = 2,
   // A dedicated share of every node per task pool; each service has a home device.
   kIsolated = 3,
+  // Optimus/AFS-style greedy elasticity from the cluster-scheduling literature: arrival
+  // order (with backfill) and minimum grants at admission, then every spare elastic unit
+  // goes to the action started in the pass with the largest marginal cut in run time
+  // (at least min_relative_gain of it), whether or not others still wait.
+  kOptimus = 4,
 };
 
 struct PolicyConfig {

@@ -398,6 +398,7 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg) : inv(std::move(inv
   switch (policy.kind) {
     case PolicyKind::kTangram:
     case PolicyKind::kFifo:
+    case PolicyKind::kOptimus:
       partitions.resize(1);
       for (std::int32_t n = 0; n < N; ++n) add_bin(n, 0, inv.nodes[n].capacity);
       break;
@@ -1337,8 +1338,9 @@ bool Scheduler::Impl::make_gpu_room(const Class& c, std::int32_t lo, std::int32_
   return true;
 }
 
-// kTangram: spare elastic units on a bin nobody waits for go to the actions started in
-// this pass with the largest marginal cut in run time, one unit at a time.
+// Spare elastic units go to the actions started in this pass with the largest marginal cut
+// in run time, one unit at a time: under kTangram only on bins nobody waits for, under
+// kOptimus on every bin.
 void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
   // Group this pass's elastic starts by bin, keeping start order.
   std::map<std::int32_t, std::vector<std::size_t>> by_bin;  // ordered: deterministic
@@ -1348,8 +1350,9 @@ void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
     std::int32_t node = bin_node[a.bin];
     // Parked classes still wait for resources where they are parked.
     std::int32_t part = bin_partition[a.bin];
-    if (partition_contended[part] == pass_epoch || partitions[part].parked_count > 0 ||
-        node_contended[node] == pass_epoch || node_parked_count[node] > 0)
+    if (policy.kind == PolicyKind::kTangram &&
+        (partition_contended[part] == pass_epoch || partitions[part].parked_count > 0 ||
+         node_contended[node] == pass_epoch || node_parked_count[node] > 0))
       continue;
     by_bin[a.bin].push_back(i);
   }
@@ -1437,7 +1440,8 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
   for (const ActiveEntry& e : active_deferred)
     if (live(e)) push_active(e);
   in_pass = false;
-  if (policy.kind == PolicyKind::kTangram && !started.empty()) grant_spare(out);
+  if ((policy.kind == PolicyKind::kTangram || policy.kind == PolicyKind::kOptimus) && !started.empty())
+    grant_spare(out);
   for (std::size_t q = 0; q < quotas.size(); ++q)
     if (quota_blocked[q] && quotas[q].last_until != kNever) wakeup = std::min(wakeup, quotas[q].last_until);
   for (const ServiceRec& s : services)
@@ -1810,6 +1814,7 @@ const char* policy_name(PolicyKind kind) {
   switch (kind) {
     case PolicyKind::kTangram: return "tangram";
     case PolicyKind::kFifo: return "fifo";
+    case PolicyKind::kOptimus: return "optimus";
     case PolicyKind::kTrajectory: return "trajectory";
     case PolicyKind::kIsolated: return "isolated";
   }
@@ -1817,9 +1822,10 @@ const char* policy_name(PolicyKind kind) {
 }
 
 PolicyKind policy_from_name(const std::string& name) {
-  for (PolicyKind k : {PolicyKind::kTangram, PolicyKind::kFifo, PolicyKind::kTrajectory, PolicyKind::kIsolated})
+  for (PolicyKind k : {PolicyKind::kTangram, PolicyKind::kFifo, PolicyKind::kTrajectory, PolicyKind::kIsolated,
+                       PolicyKind::kOptimus})
     if (name == policy_name(k)) return k;
-  throw Error(ErrorCode::kUnknownName, "policy", "unknown policy '" + name + "' (tangram, fifo, trajectory, isolated)");
+  throw Error(ErrorCode::kUnknownName, "policy", "unknown policy '" + name + "' (tangram, fifo, trajectory, isolated, optimus)");
 }
 
 }  // namespace tangram

@@ -426,7 +426,7 @@ TEST_P(RandomBursts, SameEventsGiveIdenticalDecisions) {
 
 INSTANTIATE_TEST_SUITE_P(Policies, RandomBursts,
                          ::testing::Values(PolicyKind::kTangram, PolicyKind::kFifo, PolicyKind::kTrajectory,
-                                           PolicyKind::kIsolated),
+                                           PolicyKind::kIsolated, PolicyKind::kOptimus),
                          [](const ::testing::TestParamInfo<PolicyKind>& info) {
                            return std::string(tangram::policy_name(info.param));
                          });
@@ -641,7 +641,8 @@ TEST_P(GpuServices, SameEventsGiveIdenticalDecisions) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Policies, GpuServices,
-                         ::testing::Values(PolicyKind::kTangram, PolicyKind::kFifo, PolicyKind::kIsolated),
+                         ::testing::Values(PolicyKind::kTangram, PolicyKind::kFifo, PolicyKind::kIsolated,
+                                           PolicyKind::kOptimus),
                          [](const ::testing::TestParamInfo<PolicyKind>& info) {
                            return std::string(tangram::policy_name(info.param));
                          });
@@ -1037,6 +1038,21 @@ TEST(Elastic, NoSpareUnitsWhileSomeoneWaits) {
   const auto& out2 = h2.submit({waiter, el}, 1);
   ASSERT_EQ(started(out2), std::vector<ActionId>{12});
   EXPECT_EQ(out2[0].grant, U(4));
+}
+
+// The Optimus-style policy hands out spare units even while others wait (the difference
+// from kTangram), in arrival order, by the same largest-marginal-gain rule.
+TEST(Elastic, OptimusGrantsSpareUnitsWhileOthersWait) {
+  Harness h(cpu_inventory(1, 4), policy_of(PolicyKind::kOptimus));
+  // Arrival order: the elastic action first; the 4-core one waits for the whole node.
+  const auto& out = h.submit({amdahl(1, {U(1)}, 0, U(4), 10, 0.9), action(2, {U(4)}, 100)}, 0);
+  ASSERT_EQ(started(out), std::vector<ActionId>{1});
+  EXPECT_EQ(out[0].grant, U(4));  // tangram would keep it at 1 (NoSpareUnitsWhileSomeoneWaits)
+  EXPECT_EQ(h.s.free(0, 0), 0);
+  // Once it ends, the waiter gets the node.
+  EXPECT_EQ(started(h.complete({1}, 5)), std::vector<ActionId>{2});
+  EXPECT_EQ(std::string(tangram::policy_name(PolicyKind::kOptimus)), "optimus");
+  EXPECT_EQ(tangram::policy_from_name("optimus"), PolicyKind::kOptimus);
 }
 
 // Fixed-point: grants and releases of elastic units return the pool to exactly full.

@@ -171,7 +171,7 @@ class Harness {
     }
 
     tangram::PolicyConfig policy;
-    policy.kind = static_cast<tangram::PolicyKind>(in_.ConsumeIntegralInRange<int>(0, 3));
+    policy.kind = static_cast<tangram::PolicyKind>(in_.ConsumeIntegralInRange<int>(0, 4));
     policy.aging = in_.ConsumeIntegralInRange<int>(0, 4) / 4.0;
     policy.candidates = in_.ConsumeIntegralInRange<std::int32_t>(1, 8);
     policy.min_relative_gain = in_.ConsumeIntegralInRange<int>(0, 20) / 100.0;
