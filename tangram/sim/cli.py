@@ -11,25 +11,17 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .engine import POLICY_NAMES, simulate
+from .engine import POLICY_NAMES
+from .experiments import RESOURCES, Progress, run_many
 from .workloads import Workload
 
 
-def run_many(workload: Workload, policies: Sequence[str], seeds: Sequence[int]) -> list[dict[str, Any]]:
-    """One row per (policy, seed); every policy sees the same sampled step for a seed."""
-    rows = []
-    for seed in seeds:
-        step = workload.sample(seed)
-        for p in policies:
-            rows.append(simulate(workload, p, seed, step=step).row())
-    return rows
-
-
-SWEEP_KEYS = ("batch",)
+SWEEP_KEYS = ("batch", "gpus", "cores")
 
 
 def parse_sweep(text: str) -> tuple[str, list[int]]:
-    """`batch=256,512,1024` -> ("batch", [256, 512, 1024])."""
+    """`batch=256,512,1024` -> ("batch", [256, 512, 1024]). `gpus`: GPUs per GPU node (the
+    built-ins have one GPU node, so their total); `cores`: cores per CPU (sandbox) node."""
     key, sep, values = text.partition("=")
     key = key.strip()
     if not sep or key not in SWEEP_KEYS:
@@ -65,50 +57,187 @@ def table(rows: list[dict[str, Any]], policies: Sequence[str]) -> str:
     return "\n".join(out)
 
 
+def _write_json(path: str, obj: Any) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1)
+        f.write("\n")
+
+
 def cli_main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tangram sim", description=__doc__)
     parser.add_argument("--workload", default="coding", help="built-in name (coding, deepsearch, multireward) or a JSON file")
     parser.add_argument("--policies", default=",".join(POLICY_NAMES),
                         help=f"comma-separated, of {', '.join(POLICY_NAMES)}")
-    parser.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 (default 1)")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 1; 3 for --report)")
     parser.add_argument("--batch", type=int, default=None, help="trajectories per step (the load)")
     parser.add_argument("--sweep", default=None,
-                        help="load sweep, e.g. batch=256,512,1024: one table and one set of rows per value")
-    parser.add_argument("--json", default=None, help="write one JSON row per (workload, policy, seed, load)")
+                        help="a sweep, one table and one set of rows per value: batch=256,512,1024 (the load), "
+                             "gpus=1,2,4 (GPUs per GPU node; the built-ins have one GPU node) or "
+                             "cores=16,32,64 (cores per CPU sandbox node; the node count stays)")
+    parser.add_argument("--json", default=None, help="write one JSON row per (workload, policy, seed, load); "
+                                                     "with --savings, one row per policy")
+    parser.add_argument("--savings", action="store_true",
+                        help="resource-savings search: per policy, the smallest --resource inventory whose "
+                             "average ACT is at most the --baseline policy's at the workload's inventory")
+    parser.add_argument("--baseline", default="isolated", help="--savings: the baseline policy (default isolated)")
+    parser.add_argument("--resource", default=None, choices=RESOURCES,
+                        help="--savings: gpus (per GPU node) or cores (per CPU node)")
+    parser.add_argument("--baseline-value", type=int, default=None,
+                        help="--savings: the baseline's inventory of --resource (default: the workload's)")
+    parser.add_argument("--cap", type=int, default=None,
+                        help="--savings: largest inventory tried (default 4x the larger of default and baseline)")
+    parser.add_argument("--figures", default=None, metavar="DIR", help="write PNG figures (needs matplotlib)")
+    parser.add_argument("--report", default=None, metavar="DIR",
+                        help="regenerate DIR/results.md, the figures and JSON rows: every built-in workload x "
+                             "policy x seed, and the savings searches")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     args = parser.parse_args(list(argv) if argv is not None else None)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     for p in policies:
         if p not in POLICY_NAMES:
             parser.error(f"unknown policy {p!r} (one of {', '.join(POLICY_NAMES)})")
-    if args.seeds < 1:
+    if args.seeds is not None and args.seeds < 1:
         parser.error("--seeds must be positive")
+    progress = not args.no_progress
+
+    if args.report is not None:
+        from .report import write_report
+
+        seeds = args.seeds if args.seeds is not None else 3
+        path = write_report(args.report, seeds=seeds, progress=progress)
+        print(path.read_text(encoding="utf-8"))
+        return 0
+
+    seeds = args.seeds if args.seeds is not None else 1
     w = Workload.load(args.workload)
     if args.batch is not None:
         if args.batch < 1:
             parser.error("--batch must be positive")
         w = w.with_batch(args.batch)
-    loads = [w.batch]
+
+    if args.savings:
+        from .experiments import savings_search
+
+        if args.resource is None:
+            parser.error("--savings needs --resource gpus|cores")
+        if args.baseline not in POLICY_NAMES:
+            parser.error(f"unknown --baseline {args.baseline!r}")
+        if args.sweep is not None:
+            parser.error("--savings and --sweep do not combine")
+        try:
+            w.with_value(args.resource, max(1, w.value(args.resource)))
+        except ValueError as e:  # ValidationError, e.g. no GPU node
+            parser.error(f"--resource: {e}")
+        t0 = time.perf_counter()
+        with Progress(None, f"savings {w.name}/{args.resource}", progress) as bar:
+            rows = savings_search(w, policies, args.baseline, args.resource, range(seeds),
+                                  baseline_value=args.baseline_value, cap=args.cap, progress=bar)
+        print(savings_table(rows))
+        print(f"searched in {time.perf_counter() - t0:.1f} s of wall time")
+        if args.json:
+            _write_json(args.json, rows)
+        if args.figures:
+            from pathlib import Path
+
+            from .figures import savings_figure
+
+            d = Path(args.figures)
+            d.mkdir(parents=True, exist_ok=True)
+            print(f"wrote {savings_figure(rows, d / f'savings_{w.name}_{args.resource}.png')}")
+        return 0
+
+    key, values = "batch", [w.batch]
     if args.sweep is not None:
         try:
-            _, loads = parse_sweep(args.sweep)
-        except ValueError as e:
+            key, values = parse_sweep(args.sweep)
+            for v in values:
+                w.with_value(key, v)
+        except ValueError as e:  # ValidationError too
             parser.error(f"--sweep: {e}")
     rows: list[dict[str, Any]] = []
-    for load in loads:
-        wl = w.with_batch(load)
-        t0 = time.perf_counter()
-        part = run_many(wl, policies, range(args.seeds))
-        elapsed = time.perf_counter() - t0
-        print(f"tangram sim: workload {wl.name}, {wl.batch} trajectories per step (load), {args.seeds} seed(s); "
-              f"seconds of virtual time (mean±sd over seeds)")
-        print(table(part, policies))
-        print(f"simulated {len(part)} step(s) in {elapsed:.1f} s of wall time")
-        rows += part
+    first: dict[str, Any] = {}  # SimResults of seed 0 at the first value, for figures
+    with Progress(len(values) * seeds * len(policies), f"sim {w.name}", progress) as bar:
+        for v in values:
+            wl = w.with_value(key, v)
+
+            def keep(r, v=v):  # type: ignore[no-untyped-def]
+                if args.figures and v == values[0] and r.seed == 0:
+                    first[r.policy] = r
+
+            t0 = time.perf_counter()
+            part = run_many(wl, policies, range(seeds), progress=bar, on_result=keep)
+            elapsed = time.perf_counter() - t0
+            if args.sweep is not None:
+                for r in part:
+                    r["sweep"] = key
+            what = {"batch": f"{wl.batch} trajectories per step (load)",
+                    "gpus": f"{wl.value('gpus')} GPUs per GPU node, load {wl.batch}",
+                    "cores": f"{wl.value('cores')} cores per CPU node ({wl.total('cores')} in all), load {wl.batch}"}[key]
+            print(f"tangram sim: workload {wl.name}, {what}, {seeds} seed(s); "
+                  f"seconds of virtual time (mean±sd over seeds)")
+            print(table(part, policies))
+            print(f"simulated {len(part)} step(s) in {elapsed:.1f} s of wall time")
+            rows += part
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(rows, f, indent=1)
-            f.write("\n")
+        _write_json(args.json, rows)
+    if args.figures:
+        for p in write_run_figures(args.figures, w, rows, first, policies, key if args.sweep else None):
+            print(f"wrote {p}")
     return 0
+
+
+def savings_table(rows: list[dict[str, Any]]) -> str:
+    from .experiments import RESOURCE_WORDS
+
+    r0 = rows[0]
+    word = RESOURCE_WORDS[r0["resource"]]
+    out = [f"tangram sim --savings: workload {r0['workload']} (load {r0['load']}), {word} needed to match "
+           f"{r0['baseline']} at {r0['baseline_total']} {word}: average ACT {r0['baseline_avg_act']:.3f} s "
+           f"(mean over {len(r0['seeds'])} seed(s))",
+           f"{'policy':<12}{word + ' needed':>14}{'of baseline':>13}{'ACT there':>11}{'probes':>8}  search"]
+    for r in rows:
+        need = str(r["needed_total"]) if r["reached"] else f">{r['cap'] * r['baseline_total'] // r['baseline_value']}"
+        frac = f"{100 * r['fraction_of_baseline']:.0f}%" if r["reached"] else "-"
+        act = f"{r['avg_act_at_needed']:.3f}" if r["reached"] else "-"
+        out.append(f"{r['policy']:<12}{need:>14}{frac:>13}{act:>11}{len(r['probes']):>8}  {r['method']}")
+    out += [r["statement"] for r in rows if r["policy"] == "tangram"]
+    return "\n".join(out)
+
+
+def write_run_figures(directory: str, w: Workload, rows: list[dict[str, Any]], first: dict[str, Any],
+                      policies: Sequence[str], sweep_key: str | None, bin_seconds: float = 5.0) -> list[Any]:
+    """ACT over time (seed 0, first sweep value), ACT by kind (mean over seeds, first
+    value) and, for a gpus/cores sweep, ACT against the inventory."""
+    from pathlib import Path
+
+    from . import figures
+    from .experiments import RESOURCE_WORDS, act_timeline, mean_act_by_kind
+
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    out = []
+    tl = {p: act_timeline(first[p], bin_seconds)[:2] for p in policies if p in first}
+    if tl:
+        out.append(figures.act_over_time(tl, d / f"act_over_time_{w.name}.png",
+                                         f"{w.name}: ACT over time (seed 0)", bin_seconds))
+    v0 = rows[0]["load"], rows[0]["cores"], rows[0]["gpus"]
+    at0 = [r for r in rows if (r["load"], r["cores"], r["gpus"]) == v0]
+    out.append(figures.act_by_kind(mean_act_by_kind(at0, policies), d / f"act_by_kind_{w.name}.png",
+                                   f"{w.name}: ACT by action kind"))
+    if sweep_key in ("gpus", "cores"):
+        nodes = w.total(sweep_key) // max(1, w.value(sweep_key))
+        curves = {}
+        for p in policies:
+            pts = {}
+            for r in rows:
+                if r["policy"] == p:
+                    pts.setdefault(r[sweep_key] * nodes, []).append(r["avg_act"])
+            curves[p] = [(x, float(np.mean(a)), float(np.std(a, ddof=1)) if len(a) > 1 else 0.0)
+                         for x, a in pts.items()]
+        word = RESOURCE_WORDS[sweep_key]
+        out.append(figures.resources_vs_act(curves, d / f"sweep_{w.name}_{sweep_key}.png",
+                                            f"{w.name}: ACT against {word}", f"{word} (total)"))
+    return out
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from .._model import Action, Amdahl, Constant, Gpu, Inventory, Node, Quota, Serv
 from ..scheduler import Policy, Scheduler
 from .workloads import Step, Workload
 
-POLICY_NAMES = ("tangram", "fifo", "trajectory", "isolated")
+POLICY_NAMES = ("tangram", "fifo", "trajectory", "isolated", "optimus")
 ENV, REWARD = 0, 1
 KIND_LABELS = ("env", "reward")
 
@@ -120,6 +120,8 @@ class SimResult:
     # (time, 1 restore / 2 evict, service index, node, device), in decision order
     service_log: list[tuple[float, int, int, int, int]] = field(default_factory=list, repr=False)
     scheduler: Scheduler | None = field(default=None, repr=False, compare=False)
+    cores: int = 0  # cores per CPU (sandbox) node of the inventory it ran on
+    gpus: int = 0  # GPUs per GPU node (the built-ins have one GPU node: the total)
 
     @property
     def wait(self) -> np.ndarray:
@@ -148,6 +150,8 @@ class SimResult:
             "policy": self.policy,
             "seed": self.seed,
             "load": self.load,
+            "cores": self.cores,
+            "gpus": self.gpus,
             "actions": int(ok.sum()),
             "rejected": int(self.rejected.sum()),
             "avg_act": avg,
@@ -405,4 +409,5 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
         resource_seconds=resource_seconds, cpu_held_seconds=cpu_held, restores=restores,
         evictions=evictions, action_kind=action_kind, service=service_of,
         kind_names=tuple(k.name for k in w.actions), service_log=service_log, scheduler=sched,
+        cores=w.value("cores"), gpus=w.value("gpus"),
     )

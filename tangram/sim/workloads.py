@@ -327,6 +327,55 @@ class Workload:
             raise ValidationError("batch", "must be positive")
         return replace(self, batch=int(batch))
 
+    def with_gpus(self, gpus: int) -> "Workload":
+        """The same workload with `gpus` devices on each GPU node (every device the size of
+        the node's first one). The built-in workloads have one GPU node, so this is their
+        total GPU count."""
+        g = self.inventory.gpu_node
+        if gpus < 1 or int(gpus) != gpus:
+            raise ValidationError("gpus", "must be a positive integer")
+        if not self.inventory.gpu_nodes or g is None or not g.gpus:
+            raise ValidationError("gpus", f"workload {self.name!r} has no GPU node to scale")
+        return replace(self, inventory=replace(self.inventory, gpu_node=replace(g, gpus=(g.gpus[0],) * int(gpus))))
+
+    def with_cores(self, cores: int) -> "Workload":
+        """The same workload with `cores` cores on each CPU (sandbox) node; the number of
+        nodes, their memory and the trajectories' placement on them stay the same."""
+        if cores < 1 or int(cores) != cores:
+            raise ValidationError("cores", "must be a positive integer")
+        inv = self.inventory
+        return replace(self, inventory=replace(inv, cpu_node=replace(inv.cpu_node, cpu=float(cores))))
+
+    def with_value(self, key: str, value: int) -> "Workload":
+        """`batch`, `gpus` (per GPU node) or `cores` (per CPU node) set to `value`."""
+        if key == "batch":
+            return self.with_batch(value)
+        if key == "gpus":
+            return self.with_gpus(value)
+        if key == "cores":
+            return self.with_cores(value)
+        raise ValidationError("key", f"expected batch, gpus or cores, got {key!r}")
+
+    def value(self, key: str) -> int:
+        """The current `batch`, `gpus` (per GPU node) or `cores` (per CPU node)."""
+        inv = self.inventory
+        if key == "batch":
+            return self.batch
+        if key == "gpus":
+            return len(inv.gpu_node.gpus) if inv.gpu_nodes and inv.gpu_node is not None else 0
+        if key == "cores":
+            return int(inv.cpu_node.cpu)
+        raise ValidationError("key", f"expected batch, gpus or cores, got {key!r}")
+
+    def total(self, key: str) -> int:
+        """Total GPUs (`gpus`) or sandbox cores (`cores`) over all nodes; `batch` as is."""
+        inv = self.inventory
+        if key == "gpus":
+            return inv.gpu_nodes * self.value("gpus")
+        if key == "cores":
+            return inv.cpu_nodes * self.value("cores")
+        return self.value(key)
+
     # ---------------------------------------------------------------- sampling
     def sample(self, seed: int) -> "Step":
         """One RL step drawn from `seed` alone (the same for every policy)."""
