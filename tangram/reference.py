@@ -46,8 +46,8 @@ Rules, in words:
      `((free - demand) * 1024) // capacity`, first on ties; a non-service GPU action takes
      the node's device with the least memory left over (first on ties). The grant is the
      elastic minimum (0 in the record of a non-elastic action).
-  Every blocked class (and a halt) makes its scope node (or, without one, every node)
-  "contended".
+  Every class blocked for resources (and a halt) makes its scope node (or, without one,
+  every node) "contended"; one waiting for its quota or its service does not.
 * Spare units (tangram only). After the walk, on each node in index order that is not
   contended, elastic actions started in this pass get one more unit (min(1000, max -
   grant)) at a time: each round to the one with the largest gain = t(g) - t(g + step)
@@ -99,7 +99,7 @@ MAX_MILLI = 10**15  # 1e12 base units
 MAX_SECONDS = 1e9
 ELASTIC_STEP = 1000
 NS_PER_MINUTE = 60_000_000_000
-STARTED, BLOCKED, HALT = "started", "blocked", "halt"
+STARTED, BLOCKED, WAITS, HALT = "started", "blocked", "waits", "halt"  # WAITS: for a quota or a service
 
 
 def to_milli(x: float) -> int:
@@ -545,6 +545,8 @@ class ReferenceScheduler:
                 p.contended_all = True
                 break
             p.blocked_classes.add(a.cls)
+            if outcome == WAITS:  # for a quota or a service: no claim on spare units
+                continue
             scope = self._scope_node(a)
             if scope < 0:
                 p.contended_all = True
@@ -581,18 +583,18 @@ class ReferenceScheduler:
     def _try(self, a: _Action, p: _Pass, out: list) -> str:
         now = self.now_ns
         if a.quota >= 0 and a.quota in p.blocked_quotas:
-            return BLOCKED
+            return WAITS
         device = -1
         if a.service >= 0:
             svc = self.services[a.service]
             if svc.device >= 0 and svc.ready_ns <= now and self.dev_total[svc.device] < svc.memory + a.gpu_memory:
                 if self._running(service=a.service) > 0:  # move it once its batch is done
-                    return BLOCKED
+                    return WAITS
                 self._evict(a.service, out)
             if svc.device < 0 and not self._restore(a, out):
-                return BLOCKED
+                return WAITS
             if svc.ready_ns > now or self._running(service=a.service) >= svc.max_batch:
-                return BLOCKED
+                return WAITS
             device = svc.device
         scope = self._scope_node(a)
         cands = []
@@ -618,7 +620,7 @@ class ReferenceScheduler:
             q = self.quotas[a.quota]
             if not q.admits(now, a.tokens, self._running(quota=a.quota)):
                 p.blocked_quotas.add(a.quota)
-                return BLOCKED
+                return WAITS
             q.take(now, a.tokens)
 
         def score(n: int) -> int:

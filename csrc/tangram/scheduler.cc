@@ -282,7 +282,9 @@ struct Scheduler::Impl {
   void unqueue(std::int32_t slot);  // waiting -> gone
 
   // ---- the pass
-  enum class Try { kStarted, kBlocked, kParked, kHalt };
+  // kBlocked: short of resources; kWaits: for its quota or its GPU service, which do not
+  // hold back spare elastic units.
+  enum class Try { kStarted, kBlocked, kWaits, kParked, kHalt };
   void pass(std::vector<Decision>& out);
   Try try_head(std::int32_t c, std::vector<Decision>& out);
   std::int32_t scope_node(const Class& c) const;
@@ -983,7 +985,7 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
                : quotas[cl.quota].last_block == QuotaState::Blocked::kTokens ? Block::kQuotaTokens
                                                                              : Block::kQuotaConcurrency;
     cl.block_until = quotas[cl.quota].last_until;
-    return Try::kBlocked;
+    return Try::kWaits;
   }
   std::int32_t device = kNone;
   if (cl.service != kNone) {
@@ -993,7 +995,7 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
       // its running batch is done.
       if (svc.running > 0) {
         cl.block = Block::kServiceNoRoom;
-        return Try::kBlocked;
+        return Try::kWaits;
       }
       const std::int32_t node = dev_node[svc.device];
       evict(cl.service, out);
@@ -1002,17 +1004,17 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
     }
     if (svc.device == kNone && !restore(cl.service, cl, out)) {
       cl.block = Block::kServiceNoRoom;
-      return Try::kBlocked;
+      return Try::kWaits;
     }
     if (svc.ready_ns > now) {
       cl.block = Block::kServiceRestoring;
       cl.block_until = svc.ready_ns;
       wakeup = std::min(wakeup, svc.ready_ns);
-      return Try::kBlocked;
+      return Try::kWaits;
     }
     if (svc.running >= inv.services[cl.service].max_batch) {
       cl.block = Block::kServiceBatchFull;
-      return Try::kBlocked;
+      return Try::kWaits;
     }
     device = svc.device;
   }
@@ -1089,7 +1091,7 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
                                                                 : Block::kQuotaConcurrency;
       cl.block_until = q.last_until;
       if (q.last_until != kNever) wakeup = std::min(wakeup, q.last_until);
-      return Try::kBlocked;
+      return Try::kWaits;
     }
     q.take(now, cl.tokens);
   }
@@ -1430,10 +1432,13 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
       break;
     }
     if (r == Try::kStarted) continue;  // try_head pushed the class's next head, if any
-    // Whoever still waits has a claim on the bins it could use: no spare units there.
+    // Whoever still waits for resources has a claim on the bins it could use: no spare
+    // units there. (Waiting for a quota or a service is waiting for something else.)
     std::int32_t node = scope_node(classes[c]);
-    if (node == kNone) partition_contended[classes[c].partition] = pass_epoch;
-    else node_contended[node] = pass_epoch;
+    if (r != Try::kWaits) {
+      if (node == kNone) partition_contended[classes[c].partition] = pass_epoch;
+      else node_contended[node] = pass_epoch;
+    }
     if (r == Try::kParked) park(c, node);
     else active_deferred.push_back(e);
   }

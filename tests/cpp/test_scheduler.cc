@@ -1040,6 +1040,23 @@ TEST(Elastic, NoSpareUnitsWhileSomeoneWaits) {
   EXPECT_EQ(out2[0].grant, U(4));
 }
 
+// An action waiting for its quota (or its GPU service) waits for something other than cores:
+// it does not keep spare units from an elastic action on its node.
+TEST(Elastic, QuotaWaitersDoNotHoldBackSpareUnits) {
+  Inventory inv = cpu_inventory(1, 4);
+  inv.quotas = {tangram::QuotaSpec{"api", 1.0, 1, 0, 0}};
+  Harness h(inv, policy_of(PolicyKind::kTangram));
+  ActionSpec first = action(1, {U(1)}, 1);
+  first.quota = 0;
+  ASSERT_EQ(started(h.submit({first}, 0)), std::vector<ActionId>{1});  // the burst of one
+  ActionSpec second = action(2, {U(1)}, 1);
+  second.quota = 0;
+  const auto& out = h.submit({second, amdahl(3, {U(1)}, 0, U(4), 100, 0.9)}, 0);
+  ASSERT_EQ(started(out), std::vector<ActionId>{3});
+  EXPECT_TRUE(contains(h.s.explain(2), "rate limit")) << h.s.explain(2);
+  EXPECT_EQ(find_start(out, 3)->grant, U(3));  // all the free cores: 4 - 1 held by action 1
+}
+
 // The Optimus-style policy hands out spare units even while others wait (the difference
 // from kTangram), in arrival order, by the same largest-marginal-gain rule.
 TEST(Elastic, OptimusGrantsSpareUnitsWhileOthersWait) {
