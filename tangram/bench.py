@@ -598,18 +598,15 @@ def run(config: Config, log: Callable[[str], None] = lambda s: None) -> tuple[di
         inventory = make_inventory(nodes, config.seed)
         records = make_actions(config.burst, nodes, config.seed)
         log(f"{nodes} nodes")
-        if "core" in impls:
-            add(_repeat(lambda chk: run_burst("core", nodes, config.burst, batch=config.batch, seed=config.seed,
-                                              check=chk, inventory=inventory, records=records), config.repeats))
-            add(_repeat(lambda chk: run_churn("core", nodes, config.burst // 2, config.churn_steps,
-                                              step=config.churn_step, seed=config.seed, check=chk,
-                                              inventory=inventory), config.repeats))
-        if "numpy" in impls:
-            add(_repeat(lambda chk: run_burst("numpy", nodes, config.burst, batch=config.batch, seed=config.seed,
-                                              check=chk, inventory=inventory, records=records), config.numpy_repeats))
-            add(_repeat(lambda chk: run_churn("numpy", nodes, config.burst // 2, config.churn_steps,
-                                              step=config.churn_step, seed=config.seed, check=chk,
-                                              inventory=inventory), config.numpy_repeats))
+        for impl, repeats in (("core", config.repeats), ("numpy", config.numpy_repeats)):
+            if impl not in impls:
+                continue
+            add(_repeat(lambda chk, impl=impl: run_burst(impl, nodes, config.burst, batch=config.batch,
+                                                         seed=config.seed, check=chk, inventory=inventory,
+                                                         records=records), repeats))
+            add(_repeat(lambda chk, impl=impl: run_churn(impl, nodes, config.burst // 2, config.churn_steps,
+                                                         step=config.churn_step, seed=config.seed, check=chk,
+                                                         inventory=inventory), repeats))
         if "reference" in impls:
             def ref_burst(size: int) -> Result:
                 return run_burst("reference", nodes, size, batch=config.batch, seed=config.seed, inventory=inventory)

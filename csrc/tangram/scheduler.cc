@@ -276,7 +276,7 @@ struct Scheduler::Impl {
   std::string infeasible_reason(const Class& c) const;
   void validate_now(TimeNs t) const;
   template <class Field>
-  void validate_spec(const ActionSpec& s, std::size_t i, const Field& field) const;
+  void validate_spec(const ActionSpec& s, const Field& field) const;
   void submit(const ActionSpec* a, std::size_t n, TimeNs t, std::vector<Decision>& out);
   void finish(std::int32_t slot);  // running -> gone, resources back
   void unqueue(std::int32_t slot);  // waiting -> gone
@@ -668,7 +668,7 @@ void Scheduler::Impl::validate_now(TimeNs t) const {
 
 // `field()` names the action ("actions[3]"); it is only called to build an error.
 template <class Field>
-void Scheduler::Impl::validate_spec(const ActionSpec& s, std::size_t, const Field& field) const {
+void Scheduler::Impl::validate_spec(const ActionSpec& s, const Field& field) const {
   auto bad = [&](const std::string& name, const std::string& why) { throw Error(ErrorCode::kInvalidArgument, field() + "." + name, why); };
   if (static_cast<std::int32_t>(s.demand.size()) != K)
     bad("demand", "has " + std::to_string(s.demand.size()) + " entries for " + std::to_string(K) + " kinds");
@@ -822,7 +822,7 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
   for (std::size_t i = 0; i < n; ++i) {
     auto field = [i] { return "actions[" + std::to_string(i) + "]"; };
     if (by_id.count(a[i].id)) throw Error(ErrorCode::kDuplicateId, field() + ".id", "action " + std::to_string(a[i].id) + " is already live");
-    validate_spec(a[i], i, field);
+    validate_spec(a[i], field);
   }
   if (n > 1) {
     // Duplicates within the batch: sort (id, position) pairs; report the later position.
