@@ -23,11 +23,47 @@ from ._model import (
 )
 from ._records import DECISION_DTYPE, action_dtype
 from .scheduler import POLICIES, Decision, Decisions, Policy, Scheduler
+from .runtime import (
+    ActionCancelled,
+    ActionCrashed,
+    ActionError,
+    ActionFailed,
+    ActionInfeasible,
+    ActionRecord,
+    ActionTimeout,
+    Call,
+    CommandResult,
+    ManagerError,
+    MockManager,
+    Orchestrator,
+    ResourceLimitExceeded,
+    ResourceManager,
+    RuntimeConfig,
+    SyncOrchestrator,
+    register_manager,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Action",
+    "ActionCancelled",
+    "ActionCrashed",
+    "ActionError",
+    "ActionFailed",
+    "ActionInfeasible",
+    "ActionRecord",
+    "ActionTimeout",
+    "Call",
+    "CommandResult",
+    "ManagerError",
+    "MockManager",
+    "Orchestrator",
+    "ResourceLimitExceeded",
+    "ResourceManager",
+    "RuntimeConfig",
+    "SyncOrchestrator",
+    "register_manager",
     "Amdahl",
     "Constant",
     "DECISION_DTYPE",

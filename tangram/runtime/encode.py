@@ -1,0 +1,79 @@
+"""Calls to the core's bulk action records, fast enough for tens of thousands per second.
+
+Calls of one shape (same resources, elasticity, model, service, quota...) share one
+encoded template record; a batch is built with one fancy-indexing copy of the templates
+plus one assignment per varying column (id, trajectory). Validation happens once per
+shape, when the template is made, through the same RecordEncoder the Scheduler uses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .._errors import TangramError
+from .._model import Action
+from ..scheduler import RecordEncoder, _action_field_names
+from .call import Call
+
+_MAX_TEMPLATES = 4096  # a workload with more shapes than this re-encodes; memory stays bounded
+
+
+def shape_of(call: Call) -> tuple[Any, ...]:
+    """The fields of a call that its record depends on, except its id and trajectory."""
+    return (tuple(call.resources.items()), call.elastic, call.max_units, call.runtime, call.priority,
+            call.gpu_memory, call.service, call.quota, call.tokens)
+
+
+class CallEncoder:
+    def __init__(self, encoder: RecordEncoder) -> None:
+        self._encoder = encoder
+        self._index: dict[tuple[Any, ...], int] = {}
+        self._templates = np.zeros(16, dtype=encoder.dtype)
+
+    def template(self, call: Call) -> int:
+        """The template index of the call's shape; raises a typed error naming the call's
+        field when the shape is invalid."""
+        key = shape_of(call)
+        try:
+            return self._index[key]
+        except KeyError:
+            pass
+        except TypeError:  # an unhashable model: encode it every time
+            key = None  # type: ignore[assignment]
+        action = Action(0, dict(call.resources), call.runtime, elastic=call.elastic, max_units=call.max_units,
+                        priority=call.priority, gpu_memory=call.gpu_memory, service=call.service,
+                        quota=call.quota, tokens=call.tokens)
+        try:
+            record = self._encoder.encode([action])
+        except TangramError as e:
+            raise _call_field_names(e) from None
+        if len(self._index) >= _MAX_TEMPLATES:
+            self._index.clear()
+        slot = len(self._index)
+        if slot >= len(self._templates):
+            grown = np.zeros(2 * len(self._templates), dtype=self._templates.dtype)
+            grown[: len(self._templates)] = self._templates
+            self._templates = grown
+        self._templates[slot] = record[0]
+        if key is not None:
+            self._index[key] = slot
+        return slot
+
+    def records(self, templates: list[int], ids: list[int], trajectories: list[int]) -> np.ndarray:
+        rec = self._templates[np.asarray(templates, dtype=np.intp)]
+        rec["id"] = ids
+        rec["trajectory"] = trajectories
+        return rec
+
+
+_ACTION_TO_CALL_FIELD = {".demand": ".resources", ".max_units": ".max_units", ".runtime": ".runtime"}
+
+
+def _call_field_names(error: TangramError) -> TangramError:
+    error = _action_field_names(error)
+    field = error.field.replace("actions[0]", "call", 1)
+    for action_name, call_name in _ACTION_TO_CALL_FIELD.items():
+        field = field.replace(action_name, call_name)
+    return type(error)(field, error.reason)

@@ -1,0 +1,172 @@
+"""Resource managers: plugins that carry the core's decisions out on real resources.
+
+The orchestrator owns the scheduler core and the event loop; a manager owns one family of
+resources (CPU sandboxes, GPU services, API clients) and runs actions on them. Managers
+are registered by name: the built-ins here, third-party ones through the entry-point group
+"tangram.managers" (name = "module:Class"). The three built-ins use exactly this API.
+
+Contract, for every hook: it runs on the orchestrator's event loop, in one thread; a hook
+that has blocking work to do moves it to a thread or a process and awaits it.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any, ClassVar, Mapping
+
+from .._model import Inventory
+from .call import Call, Placement
+from .errors import ManagerError
+
+ENTRY_POINT_GROUP = "tangram.managers"
+
+
+@dataclass(frozen=True)
+class LiveAction:
+    """An action as managers see it: the orchestrator's id and the caller's description."""
+
+    id: int
+    call: Call
+
+
+class ResourceManager(abc.ABC):
+    """Base of every resource manager. Subclasses set `name` and implement `execute`.
+
+    Lifecycle: constructed with keyword options (from the config's `managers.<name>`
+    table), then `attach` once, `start` once, any number of `execute`/`restore`/`evict`/
+    `end_trajectory` calls, `close` once.
+    """
+
+    name: ClassVar[str]
+
+    def attach(self, inventory: Inventory) -> None:
+        """Called before `start` with the inventory the core schedules (node names and
+        order, GPUs, services, quotas). Raise ManagerError for a setting that cannot work
+        with it. Default: keep it as `self.inventory`."""
+        self.inventory = inventory
+
+    async def start(self) -> None:
+        """Acquire what the manager needs before the first action (pools, connections)."""
+
+    @abc.abstractmethod
+    async def execute(self, action: LiveAction, placement: Placement) -> Any:
+        """Run one action where the core placed it, with what it was granted, and return its
+        result (a function's return value, a CommandResult...).
+
+        - Errors: raise ActionFailed, ActionCrashed or ResourceLimitExceeded (from
+          tangram.runtime.errors); any other exception is reported as ActionFailed.
+        - Cancellation (a caller's cancel, a timeout, shutdown) arrives as
+          asyncio.CancelledError at the await point: stop the work (kill the whole process
+          group), release what it held, then let the CancelledError propagate. The
+          orchestrator turns it into ActionCancelled or ActionTimeout.
+        - The resources in `placement` are the action's only while this call runs.
+        """
+
+    async def restore(self, service: str, node: int, device: int) -> None:
+        """Make a GPU service resident on (node, device). Only managers of services get it."""
+        raise ManagerError(f"managers.{self.name}", "this manager has no services to restore")
+
+    async def evict(self, service: str, node: int, device: int) -> None:
+        """Offload a resident GPU service from (node, device); none of its actions run."""
+        raise ManagerError(f"managers.{self.name}", "this manager has no services to evict")
+
+    async def end_trajectory(self, trajectory: int) -> None:
+        """The trajectory is over: release its per-trajectory state (sandbox, files)."""
+
+    async def close(self) -> None:
+        """Release everything. No action of this manager is running when it is called."""
+
+    def describe(self) -> Mapping[str, Any]:
+        """What this manager enforces, in words and numbers, for logs and the README."""
+        return {}
+
+
+class MockManager(ResourceManager):
+    """For tests and benchmarks: runs a call's `fn` inline on the event loop (awaited when
+    it is a coroutine function), or sleeps the call's estimated `runtime` seconds when it
+    has none. Records every hook call in `events`."""
+
+    name = "mock"
+
+    def __init__(self, sleep: bool = True) -> None:
+        self.sleep = sleep
+        self.events: list[tuple[Any, ...]] = []
+        self.running = 0
+        self.max_running = 0
+
+    async def execute(self, action: LiveAction, placement: Placement) -> Any:
+        self.events.append(("execute", action.id, placement))
+        self.running += 1
+        self.max_running = max(self.max_running, self.running)
+        try:
+            fn = action.call.fn
+            if fn is None:
+                seconds = action.call.runtime if isinstance(action.call.runtime, (int, float)) else 0.0
+                if self.sleep and seconds > 0:
+                    await asyncio.sleep(float(seconds))
+                return None
+            result = fn(*action.call.args, **action.call.kwargs)
+            if asyncio.iscoroutine(result):
+                result = await result
+            return result
+        finally:
+            self.running -= 1
+
+    async def restore(self, service: str, node: int, device: int) -> None:
+        self.events.append(("restore", service, node, device))
+
+    async def evict(self, service: str, node: int, device: int) -> None:
+        self.events.append(("evict", service, node, device))
+
+    async def end_trajectory(self, trajectory: int) -> None:
+        self.events.append(("end_trajectory", trajectory))
+
+
+_BUILTIN: dict[str, str] = {
+    "mock": "tangram.runtime.manager:MockManager",
+    "cpu": "tangram.runtime.cpu:CpuManager",
+    "gpu": "tangram.runtime.gpu:GpuManager",
+    "api": "tangram.runtime.api:ApiManager",
+}
+_REGISTERED: dict[str, type[ResourceManager]] = {}
+
+
+def register_manager(cls: type[ResourceManager]) -> type[ResourceManager]:
+    """Registers a manager class under `cls.name` (usable as a class decorator)."""
+    if not (isinstance(cls, type) and issubclass(cls, ResourceManager)):
+        raise ManagerError("manager", f"{cls!r} is not a ResourceManager subclass")
+    _REGISTERED[cls.name] = cls
+    return cls
+
+
+def _load(target: str, name: str) -> type[ResourceManager]:
+    import importlib
+
+    module, _, attr = target.partition(":")
+    cls = getattr(importlib.import_module(module), attr)
+    if not (isinstance(cls, type) and issubclass(cls, ResourceManager)):
+        raise ManagerError(f"managers.{name}", f"{target} is not a ResourceManager subclass")
+    return cls
+
+
+def manager_class(name: str) -> type[ResourceManager]:
+    """The manager class registered as `name`: registered in this process, built in, or
+    declared by an installed package under the entry-point group "tangram.managers"."""
+    if name in _REGISTERED:
+        return _REGISTERED[name]
+    if name in _BUILTIN:
+        return _load(_BUILTIN[name], name)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name == name:
+            cls = ep.load()
+            if not (isinstance(cls, type) and issubclass(cls, ResourceManager)):
+                raise ManagerError(f"managers.{name}", f"entry point {ep.value} is not a ResourceManager subclass")
+            return cls
+    known = sorted(set(_REGISTERED) | set(_BUILTIN) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
+    raise ManagerError(f"managers.{name}", f"no resource manager named {name!r}; known: {', '.join(known)}")
+
+
+__all__ = ["ENTRY_POINT_GROUP", "LiveAction", "ResourceManager", "MockManager", "register_manager", "manager_class"]

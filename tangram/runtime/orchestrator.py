@@ -1,0 +1,556 @@
+"""The orchestrator: the scheduler core on the wall clock, carried out by resource managers.
+
+One tool call is one awaited call:
+
+    async with tangram.Orchestrator() as orch:          # this machine, no configuration
+        result = await orch.run(Call(command="pytest -q", resources={"cpu": 1},
+                                     elastic="cpu", max_units=8, runtime=Amdahl(20, 0.9),
+                                     trajectory=7, timeout=120))
+
+How it works. Every event (a submit, an action ending, a cancel, a timer) is queued and
+the queue is flushed once per event-loop iteration, so a burst of submits is one batched
+call into the core. The core answers with decisions: `start` creates one task that awaits
+the action's manager (`execute`), `restore`/`evict` go to the GPU manager in order per
+device, `reject` ends the action as infeasible. When `execute` returns or raises, the
+action's result or typed error is set on its future and its completion is queued for the
+core. Timeouts and cancels are one mechanism: the task is cancelled, the manager kills
+the work and releases it, and the action ends as ActionTimeout or ActionCancelled.
+Every submitted action ends in exactly one terminal state; `close` ends the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import re
+import traceback
+from typing import Any, Iterable, Mapping, Sequence
+
+from .._errors import TangramError, ValidationError
+from .._model import Inventory
+from .._records import EVICT, REJECT, RESTORE, START
+from ..scheduler import Scheduler
+from .call import Call, Placement, manager_for
+from .config import RuntimeConfig
+from .encode import CallEncoder
+from .errors import (
+    ActionCancelled,
+    ActionError,
+    ActionFailed,
+    ActionInfeasible,
+    ActionTimeout,
+    ManagerError,
+)
+from .manager import LiveAction, ResourceManager, manager_class
+from .records import ActionRecord, Metrics, RecordLog
+
+DEFAULT_MANAGERS = ("cpu", "gpu", "api")
+_BEHIND = re.compile(r"^waiting behind \d+ earlier actions? of the same shape;")
+
+
+class OrchestratorClosed(TangramError, RuntimeError):
+    """The orchestrator is not running (not started yet, or closed)."""
+
+
+class ActionHandle:
+    """A submitted action: its id, and a future with its result. Awaitable."""
+
+    __slots__ = ("id", "future", "_orch")
+
+    def __init__(self, action_id: int, future: asyncio.Future[Any], orch: "Orchestrator") -> None:
+        self.id = action_id
+        self.future = future
+        self._orch = orch
+
+    def cancel(self) -> bool:
+        """Cancels the action wherever it is; False when it had already ended."""
+        return self._orch.cancel(self.id)
+
+    def __await__(self):  # type: ignore[no-untyped-def]
+        return self.future.__await__()
+
+
+class _Live:
+    """Book-keeping of one live action (the orchestrator's, not the caller's)."""
+
+    __slots__ = ("id", "call", "future", "manager", "template", "record", "in_core", "running", "task",
+                 "timer", "cancel_reason")
+
+    def __init__(self, action_id: int, call: Call, future: asyncio.Future[Any], manager: ResourceManager,
+                 template: int, record: ActionRecord) -> None:
+        self.id = action_id
+        self.call = call
+        self.future = future
+        self.manager = manager
+        self.template = template
+        self.record = record
+        self.in_core = False  # submitted to the core (else still in the pending batch)
+        self.running = False
+        self.task: asyncio.Task[None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.cancel_reason: str | None = None  # "timeout", "cancelled" or "closed"
+
+
+class Orchestrator:
+    """Schedules live actions with the core and runs them through resource managers.
+
+    Construct with a RuntimeConfig (or nothing: this machine, policy `tangram`), then
+    `await start()` or use `async with`. Managers: the built-ins "cpu", "gpu" and "api"
+    are made from the config's `managers` options; instances passed in `managers`
+    replace or add to them (a MockManager for tests, a third-party plugin); with
+    `default_managers=False` only those and the config's are made.
+
+    All methods run on the event loop that started it (use SyncOrchestrator from other
+    threads).
+    """
+
+    def __init__(self, config: RuntimeConfig | None = None, *, inventory: Inventory | None = None,
+                 policy: str | None = None, managers: Sequence[ResourceManager] | Mapping[str, ResourceManager] = (),
+                 default_managers: bool = True, metrics: bool = True) -> None:
+        self.config = config if config is not None else RuntimeConfig()
+        self.inventory = inventory if inventory is not None else self.config.resolved_inventory()
+        self.policy = policy if policy is not None else self.config.policy
+        self.managers: dict[str, ResourceManager] = {}
+        given = dict(managers) if isinstance(managers, Mapping) else {m.name: m for m in managers}
+        for name in dict.fromkeys([*(DEFAULT_MANAGERS if default_managers else ()), *self.config.managers]):
+            if name not in given:
+                self.managers[name] = self._make_manager(name)
+        self.managers.update(given)
+        self.records = RecordLog(self.config.max_records)
+        self.metrics = Metrics(self) if metrics else None
+        if self.metrics is not None:
+            self.records.add_listener(self.metrics.observe)
+        self.scheduler: Scheduler | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ids = itertools.count(1)
+        self._live: dict[int, _Live] = {}
+        self._pending_submit: list[_Live] = []
+        self._pending_complete: list[int] = []
+        self._pending_cancel: list[int] = []
+        self._flush_scheduled = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = float("inf")
+        self._device_ops: dict[tuple[int, int], asyncio.Task[None]] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+        self._counts: dict[str, list[int]] = {}  # kind -> [waiting, running]
+        self._state = "new"
+        self._metrics_server: Any = None
+
+    def _make_manager(self, name: str) -> ResourceManager:
+        options = dict(self.config.managers.get(name, {}))
+        if name == "gpu" and self.config.service_hooks and "services" not in options:
+            options["services"] = self.config.service_hooks
+        cls = manager_class(name)
+        try:
+            return cls(**options)
+        except TypeError as e:
+            raise ManagerError(f"managers.{name}", f"bad options for {cls.__name__}: {e}") from None
+
+    # ---------------------------------------------------------------- lifecycle
+    async def start(self) -> "Orchestrator":
+        if self._state != "new":
+            raise OrchestratorClosed("orchestrator", f"cannot start: it is {self._state}")
+        self._loop = asyncio.get_running_loop()
+        self._t0 = self._loop.time()
+        self.scheduler = Scheduler(self.inventory, self.policy, **dict(self.config.policy_options))
+        self._core = self.scheduler._core
+        self._encoder = CallEncoder(self.scheduler._encoder)
+        self._node_names = [n.name for n in self.inventory.nodes]
+        self._kind_index = self.scheduler._encoder.kind_index
+        self._service_names = [s.name for s in self.inventory.services]
+        self._cpu = self._kind_index.get("cpu", -1)
+        self._memory = self._kind_index.get("memory", -1)
+        for m in self.managers.values():
+            m.attach(self.inventory)
+        started: list[ResourceManager] = []
+        try:
+            for m in self.managers.values():
+                await m.start()
+                started.append(m)
+        except BaseException:
+            for m in reversed(started):
+                await m.close()
+            self._state = "closed"
+            raise
+        if self.config.metrics_port is not None and self.metrics is not None:
+            self._metrics_server = self.metrics.serve(self.config.metrics_port)
+        self._state = "running"
+        return self
+
+    async def __aenter__(self) -> "Orchestrator":
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self, drain: bool = False) -> None:
+        """Stops accepting actions and ends every live one: with `drain`, running and
+        waiting actions finish first; otherwise waiting actions end as ActionCancelled and
+        running ones are killed (ActionCancelled, "orchestrator closed"). Then closes the
+        managers. Idempotent."""
+        if self._state in ("closing", "closed"):
+            return
+        if self._state == "new":
+            self._state = "closed"
+            return
+        self._state = "closing"
+        if drain:
+            while self._live:
+                await asyncio.gather(*[asyncio.shield(lv.future) for lv in list(self._live.values())],
+                                     return_exceptions=True)
+        for lv in list(self._live.values()):
+            self._cancel(lv, "closed")
+        tasks = [lv.task for lv in self._live.values() if lv.task is not None]
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._flush()
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+        if self._timer is not None:
+            self._timer.cancel()
+        for m in self.managers.values():
+            try:
+                await m.close()
+            except Exception:  # one manager failing to close must not leak the others
+                traceback.print_exc()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+        self._state = "closed"
+
+    # ---------------------------------------------------------------- API
+    def submit(self, call: Call, action_id: int | None = None) -> ActionHandle:
+        """Queues one action; returns at once with its handle. Raises a typed error naming
+        the field for a bad call (unknown kind, service, quota or manager, a bound below the
+        minimum...). The core validates the rest when the batch is flushed; such an error
+        ends the action with that error."""
+        if self._state != "running":
+            raise OrchestratorClosed("orchestrator", f"cannot submit: it is {self._state}")
+        if not isinstance(call, Call):
+            raise ValidationError("call", f"expected a tangram.Call, got {type(call).__name__}")
+        if call.fn is not None and call.command is not None:
+            raise ValidationError("call.command", "give either fn or command, not both")
+        if call.timeout is not None and not (isinstance(call.timeout, (int, float)) and 0 < call.timeout < 1e9):
+            raise ValidationError("call.timeout", f"must be a positive number of seconds, got {call.timeout!r}")
+        if not isinstance(call.trajectory, int) or call.trajectory < 0:
+            raise ValidationError("call.trajectory", f"must be a non-negative integer, got {call.trajectory!r}")
+        name = manager_for(call)
+        manager = self.managers.get(name)
+        if manager is None:
+            raise ManagerError("call.manager", f"no manager {name!r} in this orchestrator (have: {', '.join(self.managers)})")
+        template = self._encoder.template(call)
+        if action_id is None:
+            action_id = next(self._ids)
+        elif action_id in self._live:
+            raise ValidationError("action_id", f"action {action_id} is live")
+        future = self._loop.create_future()  # type: ignore[union-attr]
+        record = ActionRecord(action_id, call.kind, call.trajectory, name, self._now())
+        lv = _Live(action_id, call, future, manager, template, record)
+        self._live[action_id] = lv
+        future.add_done_callback(lambda f, i=action_id: self._on_future_done(f, i))
+        self._pending_submit.append(lv)
+        self._count(call.kind, 0, +1)
+        self._kick()
+        return ActionHandle(action_id, future, self)
+
+    async def run(self, call: Call) -> Any:
+        """Submits `call` and awaits its result (or its typed error). Cancelling the
+        awaiting task cancels the action."""
+        return await self.submit(call).future
+
+    async def map(self, calls: Iterable[Call]) -> list[Any]:
+        """Runs many calls at once (one batch into the core); results in order. Errors are
+        returned in place, as exception objects, not raised."""
+        handles = [self.submit(c) for c in calls]
+        return await asyncio.gather(*(h.future for h in handles), return_exceptions=True)
+
+    def reserve_id(self) -> int:
+        """An action id no other action of this orchestrator gets (thread-safe)."""
+        return next(self._ids)
+
+    def cancel(self, action_id: int) -> bool:
+        """Ends a live action as ActionCancelled (killing it if it runs). False if it is
+        not live."""
+        lv = self._live.get(action_id)
+        if lv is None:
+            return False
+        self._cancel(lv, "cancelled")
+        return True
+
+    async def end_trajectory(self, trajectory: int) -> None:
+        """The trajectory's last action is done: releases its slot in the core and its
+        per-trajectory state in every manager (its sandbox)."""
+        self._flush()  # its completions first
+        self._handle(self._core.end_trajectories(_ids([trajectory]), self._now()))
+        await asyncio.gather(*(m.end_trajectory(trajectory) for m in self.managers.values()))
+
+    def explain(self, action_id: int) -> str:
+        """Why a live action waits (or where it runs), from the core."""
+        lv = self._live.get(action_id)
+        if lv is None:
+            return f"action {action_id} is not live"
+        if not lv.in_core:
+            return "submitted; the core sees it at the next flush"
+        return self._core.explain(action_id)
+
+    def queue_lengths(self) -> dict[str, tuple[int, int]]:
+        """kind -> (waiting, running)."""
+        return {k: (v[0], v[1]) for k, v in self._counts.items()}
+
+    def utilisation(self) -> dict[tuple[str, str], float]:
+        """(node, resource) -> share of its capacity held by running actions."""
+        out: dict[tuple[str, str], float] = {}
+        if self.scheduler is None:
+            return out
+        for n, node in enumerate(self.inventory.nodes):
+            for kind, cap in node.resources.items():
+                if cap > 0:
+                    out[(node.name, kind)] = 1.0 - self.scheduler.free(n, kind) / cap
+        return out
+
+    def now(self) -> float:
+        """The orchestrator's clock: seconds since start (the core's time)."""
+        return self._now()
+
+    # ---------------------------------------------------------------- events
+    def _now(self) -> float:
+        return self._loop.time() - self._t0  # type: ignore[union-attr]
+
+    def _kick(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)  # type: ignore[union-attr]
+
+    def _flush(self) -> None:
+        """Hands every queued event to the core in batches and acts on its decisions."""
+        self._flush_scheduled = False
+        now = self._now()
+        if self._pending_complete:
+            ids, self._pending_complete = self._pending_complete, []
+            self._handle(self._core.complete(_ids(ids), now))
+        if self._pending_cancel:
+            ids, self._pending_cancel = self._pending_cancel, []
+            self._handle(self._core.cancel(_ids(ids), now))
+        if self._pending_submit:
+            batch, self._pending_submit = self._pending_submit, []
+            self._submit_batch(batch, now)
+        self._arm_timer()
+
+    def _submit_batch(self, batch: list[_Live], now: float) -> None:
+        records = self._encoder.records([lv.template for lv in batch], [lv.id for lv in batch],
+                                        [lv.call.trajectory for lv in batch])
+        try:
+            decisions = self._core.submit(records, now)
+        except TangramError:
+            if len(batch) == 1:
+                raise
+            # One bad action fails the core's whole batch: resubmit one by one, so only
+            # the bad ones end with their error.
+            for i, lv in enumerate(batch):
+                try:
+                    decisions = self._core.submit(records[i:i + 1], now)
+                except TangramError as e:
+                    field = e.field.replace("actions[0]", "call", 1)
+                    self._finish(lv, "failed", error=type(e)(field, e.reason))
+                    continue
+                lv.in_core = True
+                self._handle(decisions)
+            self._note_wait_reasons(batch)
+            return
+        for lv in batch:
+            lv.in_core = True
+        self._handle(decisions)
+        self._note_wait_reasons(batch)
+
+    def _note_wait_reasons(self, batch: list[_Live]) -> None:
+        # Actions of one shape in one batch wait for the same reason: ask the core once
+        # per shape (an explanation costs microseconds; a burst has thousands of actions).
+        reasons: dict[int, str] = {}
+        for lv in batch:
+            if lv.in_core and not lv.running and lv.record.outcome is None:
+                reason = reasons.get(lv.template)
+                if reason is None:
+                    reason = reasons[lv.template] = _BEHIND.sub("waiting", self._core.explain(lv.id))
+                lv.record.wait_reason = reason
+
+    def _handle(self, decisions: Any) -> None:
+        if not len(decisions):
+            return
+        for action, _gm, grant, _t, kind, node, device, service, elastic_kind, reason in decisions.tolist():
+            if kind == START:
+                self._start(self._live[action], node, device, grant, elastic_kind)
+            elif kind == REJECT:
+                lv = self._live[action]
+                lv.in_core = False  # the core forgot it
+                self._finish(lv, "infeasible", error=ActionInfeasible(action, self._core.message(reason)))
+            elif kind == RESTORE:
+                self._device_op("restore", self._service_names[service], node, device)
+            elif kind == EVICT:
+                self._device_op("evict", self._service_names[service], node, device)
+
+    def _start(self, lv: _Live, node: int, device: int, grant: float, elastic_kind: int) -> None:
+        call = lv.call
+        resources = call.resources
+        cores = float(resources.get("cpu", 0.0))
+        memory = float(resources.get("memory", 0.0))
+        if elastic_kind >= 0:
+            if elastic_kind == self._cpu:
+                cores = grant
+            elif elastic_kind == self._memory:
+                memory = grant
+        else:
+            grant = float(resources.get(call.elastic, 0.0)) if call.elastic else 0.0
+        placement = Placement(lv.id, node, self._node_names[node], device if device >= 0 else None,
+                              grant, cores, memory, float(call.gpu_memory),
+                              self._gpu_env(lv, node, device) if device >= 0 else {})
+        record = lv.record
+        record.start = self._now()
+        record.node = placement.node_name
+        record.device = placement.device
+        record.grant = grant
+        lv.running = True
+        self._count(call.kind, 0, -1)
+        self._count(call.kind, 1, +1)
+        lv.task = self._loop.create_task(self._execute(lv, placement))  # type: ignore[union-attr]
+        if call.timeout is not None:
+            lv.timer = self._loop.call_later(call.timeout, self._cancel, lv, "timeout")  # type: ignore[union-attr]
+
+    def _gpu_env(self, lv: _Live, node: int, device: int) -> Mapping[str, str]:
+        gpu = self.managers.get("gpu")
+        if gpu is None or lv.manager is gpu or not hasattr(gpu, "device_environment"):
+            return {}
+        return gpu.device_environment(node, device, float(lv.call.gpu_memory))  # type: ignore[attr-defined]
+
+    async def _execute(self, lv: _Live, placement: Placement) -> None:
+        try:
+            result = await lv.manager.execute(LiveAction(lv.id, lv.call), placement)
+        except asyncio.CancelledError:
+            reason = lv.cancel_reason
+            if reason is None:
+                self._finish(lv, "cancelled", error=ActionCancelled(lv.id, "the runtime was shut down"))
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            if reason == "timeout":
+                self._finish(lv, "timeout", error=ActionTimeout(lv.id, f"ran past its timeout of {lv.call.timeout:g} s; killed"))
+            else:
+                self._finish(lv, "cancelled", error=ActionCancelled(lv.id, "cancelled while running" if reason == "cancelled"
+                                                                     else "the orchestrator closed while it ran"))
+        except ActionError as e:
+            self._finish(lv, _outcome_of(e), error=e)
+        except Exception as e:  # a manager's own bug or a function's error it did not wrap
+            self._finish(lv, "failed", error=ActionFailed(lv.id, f"{type(e).__name__}: {e}", type(e).__name__,
+                                                           traceback.format_exc()))
+        else:
+            self._finish(lv, "ok", result=result)
+
+    def _cancel(self, lv: _Live, reason: str) -> None:
+        if lv.record.outcome is not None:
+            return
+        if lv.running:
+            if lv.cancel_reason is None:
+                lv.cancel_reason = reason
+                lv.task.cancel()  # type: ignore[union-attr]
+            return
+        error = ActionCancelled(lv.id, "cancelled while waiting" if reason == "cancelled" else "the orchestrator closed")
+        if lv.in_core:
+            self._pending_cancel.append(lv.id)
+            lv.in_core = False
+            self._kick()
+        else:
+            self._pending_submit.remove(lv)
+        self._finish(lv, "cancelled", error=error)
+
+    def _on_future_done(self, future: asyncio.Future[Any], action_id: int) -> None:
+        # The caller cancelled the future (e.g. its awaiting task was cancelled): cancel
+        # the action itself.
+        if future.cancelled():
+            lv = self._live.get(action_id)
+            if lv is not None:
+                self._cancel(lv, "cancelled")
+
+    def _finish(self, lv: _Live, outcome: str, result: Any = None, error: BaseException | None = None) -> None:
+        """The action's one terminal state."""
+        record = lv.record
+        if record.outcome is not None:
+            return
+        record.outcome = outcome
+        record.end = self._now()
+        if error is not None:
+            record.error = str(error)
+        if lv.timer is not None:
+            lv.timer.cancel()
+        kind = lv.call.kind
+        if lv.running:
+            self._count(kind, 1, -1)
+            self._pending_complete.append(lv.id)
+            self._kick()
+        else:
+            self._count(kind, 0, -1)
+        del self._live[lv.id]
+        if not lv.future.done():
+            if error is None:
+                lv.future.set_result(result)
+            else:
+                lv.future.set_exception(error)
+        self.records.finish(record)
+
+    def _count(self, kind: str, column: int, delta: int) -> None:
+        counts = self._counts.get(kind)
+        if counts is None:
+            counts = self._counts[kind] = [0, 0]
+        counts[column] += delta
+
+    def _device_op(self, op: str, service: str, node: int, device: int) -> None:
+        """Restores and evictions on one device run in the order the core decided them."""
+        manager = self.managers.get("gpu")
+        if manager is None:
+            raise ManagerError("managers.gpu", f"the core decided to {op} service {service!r} and no gpu manager is configured")
+        previous = self._device_ops.get((node, device))
+
+        async def run() -> None:
+            if previous is not None:
+                await asyncio.gather(previous, return_exceptions=True)
+            await getattr(manager, op)(service, node, device)
+
+        task = self._loop.create_task(run())  # type: ignore[union-attr]
+        self._device_ops[(node, device)] = task
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _arm_timer(self) -> None:
+        wakeup = self._core.next_wakeup
+        if wakeup is None or wakeup >= self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = wakeup
+        self._timer = self._loop.call_at(self._t0 + wakeup, self._on_timer)  # type: ignore[union-attr]
+
+    def _on_timer(self) -> None:
+        self._timer, self._timer_at = None, float("inf")
+        self._handle(self._core.tick(max(self._now(), self._core.now)))
+        self._flush()
+
+
+def _outcome_of(error: ActionError) -> str:
+    from .errors import ActionCrashed, ResourceLimitExceeded
+
+    if isinstance(error, ActionCrashed):
+        return "crashed"
+    if isinstance(error, ResourceLimitExceeded):
+        return "limit"
+    if isinstance(error, ActionTimeout):
+        return "timeout"
+    if isinstance(error, ActionCancelled):
+        return "cancelled"
+    if isinstance(error, ActionInfeasible):
+        return "infeasible"
+    return "failed"
+
+
+def _ids(ids: list[int]) -> Any:
+    import numpy as np
+
+    return np.asarray(ids, dtype=np.uint64)

@@ -1,0 +1,119 @@
+"""A thread-safe synchronous facade over the asyncio orchestrator.
+
+The orchestrator runs on its own event loop in a background thread; every method here
+hops onto that loop, so any number of threads (a rollout server's workers) can share one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from typing import Any, Iterable
+
+from .call import Call
+from .orchestrator import Orchestrator
+
+
+class SyncHandle:
+    """A submitted action, seen from another thread."""
+
+    def __init__(self, action_id: int, future: concurrent.futures.Future[Any], owner: "SyncOrchestrator") -> None:
+        self.id = action_id
+        self.future = future
+        self._owner = owner
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Blocks until the action ends; returns its result or raises its typed error."""
+        return self.future.result(timeout)
+
+    def cancel(self) -> bool:
+        return self._owner.cancel(self.id)
+
+
+def _copy_outcome(source: asyncio.Future[Any], target: concurrent.futures.Future[Any]) -> None:
+    if target.done():
+        return
+    if source.cancelled():
+        target.cancel()
+    elif source.exception() is not None:
+        target.set_exception(source.exception())
+    else:
+        target.set_result(source.result())
+
+
+class SyncOrchestrator:
+    """`SyncOrchestrator(...)` takes the Orchestrator's arguments and starts at once."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="tangram-orchestrator", daemon=True)
+        self._thread.start()
+        self.orchestrator = Orchestrator(*args, **kwargs)
+        try:
+            self._call(self.orchestrator.start())
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    def _call(self, coro: Any, timeout: float | None = None) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def submit(self, call: Call) -> SyncHandle:
+        """Queues the action; a bad call raises here, with the field named."""
+        action_id = self.orchestrator.reserve_id()
+        out: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        ready = concurrent.futures.Future()  # type: ignore[var-annotated]
+
+        def on_loop() -> None:
+            try:
+                handle = self.orchestrator.submit(call, action_id)
+            except BaseException as e:
+                ready.set_exception(e)
+                return
+            ready.set_result(None)
+            handle.future.add_done_callback(lambda f: _copy_outcome(f, out))
+
+        self._loop.call_soon_threadsafe(on_loop)
+        ready.result()
+        return SyncHandle(action_id, out, self)
+
+    def run(self, call: Call, timeout: float | None = None) -> Any:
+        """Runs one action and returns its result (raises its typed error)."""
+        return self.submit(call).result(timeout)
+
+    def map(self, calls: Iterable[Call]) -> list[Any]:
+        """Runs many actions in one batch; results (or error objects) in order."""
+        return self._call(self.orchestrator.map(list(calls)))
+
+    def cancel(self, action_id: int) -> bool:
+        async def cancel() -> bool:
+            return self.orchestrator.cancel(action_id)
+
+        return self._call(cancel())
+
+    def end_trajectory(self, trajectory: int) -> None:
+        self._call(self.orchestrator.end_trajectory(trajectory))
+
+    @property
+    def records(self) -> Any:
+        return self.orchestrator.records
+
+    def close(self, drain: bool = False) -> None:
+        if self._loop.is_closed():
+            return
+        try:
+            self._call(self.orchestrator.close(drain))
+        finally:
+            self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def __enter__(self) -> "SyncOrchestrator":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

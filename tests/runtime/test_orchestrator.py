@@ -1,0 +1,294 @@
+"""The orchestrator's own contract, through the mock manager: one terminal state per
+action, batching, timeouts and cancels, quotas and records, the sync facade, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+import tangram
+from tangram import Call, Inventory, MockManager, Orchestrator, Quota, SyncOrchestrator
+from tangram.runtime import ActionCancelled, ActionFailed, ActionInfeasible, ActionTimeout, OrchestratorClosed
+from tangram.runtime.errors import ManagerError
+
+
+def inventory(cpu: float = 4, quotas=()):  # type: ignore[no-untyped-def]
+    return Inventory.uniform(1, {"cpu": cpu, "memory": 8192}, quotas=quotas)
+
+
+def orchestrator(cpu: float = 4, quotas=(), policy: str = "tangram", **kw) -> Orchestrator:  # type: ignore[no-untyped-def]
+    mock = MockManager()
+    return Orchestrator(inventory=inventory(cpu, quotas), policy=policy, default_managers=False,
+                        managers={"cpu": mock, "api": mock}, **kw)
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(coro)
+
+
+def assert_idle(orch: Orchestrator) -> None:
+    """Every action ended, the core is empty and its pools are exactly full."""
+    assert not orch._live
+    assert orch.scheduler is not None
+    assert orch.scheduler.waiting == 0 and orch.scheduler.running == 0
+    for n, node in enumerate(orch.inventory.nodes):
+        for kind, cap in node.resources.items():
+            assert orch.scheduler.free(n, kind) == pytest.approx(cap)
+    orch.scheduler.check_invariants()
+    assert all(w == 0 and r == 0 for w, r in orch.queue_lengths().values())
+
+
+def test_run_returns_the_function_result_and_keeps_a_record() -> None:
+    async def main() -> None:
+        async with orchestrator() as orch:
+            assert await orch.run(Call(fn=lambda a, b: a + b, args=(2, 3), kind="env")) == 5
+            await asyncio.sleep(0)
+            assert_idle(orch)
+            (rec,) = list(orch.records)
+            assert rec.outcome == "ok" and rec.kind == "env" and rec.node == "node0"
+            assert rec.submit <= rec.start <= rec.end and rec.act is not None and rec.act >= 0
+
+    run(main())
+
+
+def test_a_burst_is_one_batch_and_queues_beyond_capacity() -> None:
+    async def main() -> None:
+        async with orchestrator(cpu=2) as orch:
+            calls = [Call(runtime=0.05, resources={"cpu": 1}) for _ in range(6)]
+            started = time.perf_counter()
+            results = await orch.map(calls)
+            elapsed = time.perf_counter() - started
+            assert results == [None] * 6
+            mock = orch.managers["cpu"]
+            assert isinstance(mock, MockManager)
+            assert mock.max_running == 2  # capacity 2 cores, 1 core each
+            assert elapsed >= 0.15 - 0.01  # three waves of 0.05 s
+            waited = [r for r in orch.records if r.wait_reason]
+            assert len(waited) == 4 and all("resources" in r.wait_reason or "cpu" in r.wait_reason for r in waited)
+            await asyncio.sleep(0)
+            assert_idle(orch)
+
+    run(main())
+
+
+def test_elastic_grant_reaches_the_manager() -> None:
+    async def main() -> None:
+        async with orchestrator(cpu=4) as orch:
+            await orch.run(Call(resources={"cpu": 1}, elastic="cpu", max_units=4, runtime=tangram.Amdahl(1.0, 0.9)))
+            _, _, placement = orch.managers["cpu"].events[0]  # type: ignore[attr-defined]
+            assert placement.cores == 4 and placement.grant == 4
+
+    run(main())
+
+
+def test_every_error_is_typed_and_terminal() -> None:
+    def boom() -> None:
+        raise KeyError("missing")
+
+    async def main() -> None:
+        async with orchestrator() as orch:
+            with pytest.raises(ActionFailed, match="KeyError"):
+                await orch.run(Call(fn=boom))
+            with pytest.raises(ActionInfeasible, match="can never run"):
+                await orch.run(Call(resources={"cpu": 64}))
+            with pytest.raises(ActionTimeout):
+                await orch.run(Call(runtime=10.0, timeout=0.05))
+            await asyncio.sleep(0)
+            assert_idle(orch)
+            outcomes = sorted(r.outcome for r in orch.records)  # type: ignore[type-var]
+            assert outcomes == ["failed", "infeasible", "timeout"]
+
+    run(main())
+
+
+def test_bad_calls_raise_at_submit_naming_the_field() -> None:
+    async def main() -> None:
+        async with orchestrator() as orch:
+            with pytest.raises(tangram.UnknownNameError, match=r"call\.resources"):
+                orch.submit(Call(resources={"gpu_hours": 1}))
+            with pytest.raises(tangram.ValidationError, match=r"call\.max_units"):
+                orch.submit(Call(resources={"cpu": 1}, elastic="cpu"))
+            with pytest.raises(tangram.ValidationError, match=r"call\.timeout"):
+                orch.submit(Call(timeout=-1))
+            with pytest.raises(ManagerError, match=r"call\.manager"):
+                orch.submit(Call(manager="nope"))
+            with pytest.raises(tangram.UnknownNameError, match=r"call\.quota"):
+                orch.submit(Call(quota="nope"))
+            # Caught by the core when the batch is flushed: only the bad action fails.
+            good = orch.submit(Call(runtime=0.0))
+            bad = orch.submit(Call(resources={"cpu": float("nan")}))
+            assert await good is None
+            with pytest.raises(tangram.ValidationError, match=r"call\.demand|cpu"):
+                await bad
+            await asyncio.sleep(0)
+            assert_idle(orch)
+
+    run(main())
+
+
+def test_cancel_waiting_and_running_actions() -> None:
+    async def main() -> None:
+        async with orchestrator(cpu=1) as orch:
+            running = orch.submit(Call(runtime=10.0))
+            waiting = orch.submit(Call(runtime=10.0))
+            await asyncio.sleep(0.01)
+            assert "cpu" in orch.explain(waiting.id) or "resources" in orch.explain(waiting.id)
+            assert waiting.cancel() and running.cancel()
+            for h in (running, waiting):
+                with pytest.raises(ActionCancelled):
+                    await h
+            assert not running.cancel()  # already ended
+            # Cancelling the task that awaits an action cancels the action too.
+            task = asyncio.ensure_future(orch.run(Call(runtime=10.0)))
+            await asyncio.sleep(0.01)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await asyncio.sleep(0.01)
+            assert_idle(orch)
+            assert [r.outcome for r in orch.records] == ["cancelled"] * 3
+
+    run(main())
+
+
+def test_quota_admission_is_part_of_act_and_visible_in_records() -> None:
+    async def main() -> None:
+        quota = Quota("search", rate=20, burst=2, max_concurrency=4)
+        async with orchestrator(quotas=[quota]) as orch:
+            calls = [Call(fn=lambda: "hit", quota="search", resources={"cpu": 0.01}, kind="search", runtime=0.0)
+                     for _ in range(6)]
+            started = time.perf_counter()
+            assert await orch.map(calls) == ["hit"] * 6
+            elapsed = time.perf_counter() - started
+            # burst 2, then 20/s: the 6th is admitted 4 intervals of 50 ms later.
+            assert elapsed >= 0.2 - 0.02
+            starts = sorted(r.start for r in orch.records)  # type: ignore[type-var]
+            assert starts[-1] - starts[0] == pytest.approx(0.2, abs=0.05)
+            assert sum("quota" in r.wait_reason for r in orch.records) == 4
+            await asyncio.sleep(0)
+            assert_idle(orch)
+
+    run(main())
+
+
+def test_close_ends_everything_explicitly() -> None:
+    async def main() -> None:
+        orch = await orchestrator(cpu=1).start()
+        handles = [orch.submit(Call(runtime=10.0)) for _ in range(3)]
+        await asyncio.sleep(0.01)
+        await orch.close()
+        for h in handles:
+            with pytest.raises(ActionCancelled):
+                await h
+        with pytest.raises(OrchestratorClosed):
+            orch.submit(Call())
+        assert sorted(r.outcome for r in orch.records) == ["cancelled"] * 3  # type: ignore[type-var]
+
+    run(main())
+
+
+def test_close_with_drain_lets_actions_finish() -> None:
+    async def main() -> None:
+        orch = await orchestrator(cpu=1).start()
+        handles = [orch.submit(Call(runtime=0.02)) for _ in range(3)]
+        await orch.close(drain=True)
+        assert [await h for h in handles] == [None] * 3
+
+    run(main())
+
+
+def test_sync_facade_is_shared_by_threads() -> None:
+    mock = MockManager()
+    with SyncOrchestrator(inventory=inventory(cpu=4), default_managers=False, managers={"cpu": mock}) as orch:
+        results: dict[int, object] = {}
+
+        def worker(i: int) -> None:
+            results[i] = orch.run(Call(fn=lambda x: x * x, args=(i,)))
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert results == {i: i * i for i in range(16)}
+        assert orch.map([Call(fn=lambda: 1), Call(resources={"cpu": 99})])[0] == 1
+        with pytest.raises(tangram.UnknownNameError):
+            orch.submit(Call(resources={"bogus": 1}))
+        h = orch.submit(Call(runtime=30.0))
+        assert orch.cancel(h.id)
+        with pytest.raises(ActionCancelled):
+            h.result(5)
+    assert len(orch.records) == 19
+
+
+def test_metrics_export_act_histograms_queues_and_utilisation() -> None:
+    async def main() -> None:
+        async with orchestrator(cpu=2) as orch:
+            await orch.map([Call(runtime=0.0, kind="reward") for _ in range(3)])
+            blocker = orch.submit(Call(runtime=10.0, resources={"cpu": 2}, kind="env"))
+            await asyncio.sleep(0.01)
+            queued = orch.submit(Call(runtime=0.0, kind="env"))
+            await asyncio.sleep(0.01)
+            assert orch.metrics is not None
+            text = orch.metrics.text().decode()
+            assert 'tangram_action_completion_seconds_count{kind="reward"} 3.0' in text
+            assert 'tangram_actions_total{kind="reward",outcome="ok"} 3.0' in text
+            assert 'tangram_actions_waiting{kind="env"} 1.0' in text
+            assert 'tangram_actions_running{kind="env"} 1.0' in text
+            assert 'tangram_resource_utilisation{node="node0",resource="cpu"} 1.0' in text
+            blocker.cancel()
+            await queued
+            with pytest.raises(ActionCancelled):
+                await blocker
+
+    run(main())
+
+
+def test_metrics_served_over_http() -> None:
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    async def main() -> None:
+        config = tangram.RuntimeConfig(metrics_port=port)
+        async with Orchestrator(config, inventory=inventory(), default_managers=False,
+                                managers={"cpu": MockManager()}) as orch:
+            await orch.run(Call(runtime=0.0))
+            def scrape() -> bytes:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as response:
+                    return response.read()
+
+            body = await asyncio.to_thread(scrape)
+            assert b"tangram_action_completion_seconds_bucket" in body
+
+    run(main())
+
+
+def test_config_file_round_trip(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "tangram.toml"
+    path.write_text("""
+policy = "fifo"
+[[quotas]]
+name = "search"
+rate = 5
+burst = 1
+[managers.api]
+max_threads = 4
+[inventory]
+nodes = [{ name = "n0", resources = { cpu = 2, memory = 1024 } }]
+""")
+    config = tangram.RuntimeConfig.from_file(path)
+    assert config.policy == "fifo" and config.inventory is not None
+    assert config.inventory.quotas[0].name == "search"
+    orch = Orchestrator(config, default_managers=False)
+    assert set(orch.managers) == {"api"} and orch.managers["api"].max_threads == 4  # type: ignore[attr-defined]
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[quotas]]\nname = "q"\nrpm = 3\n')
+    with pytest.raises(tangram.ValidationError, match=r"quotas\[0\]\.rpm"):
+        tangram.RuntimeConfig.from_file(bad)
