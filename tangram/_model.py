@@ -11,8 +11,6 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence, Union
 
-from ._errors import ValidationError
-
 # ------------------------------------------------------------------ inventory
 
 
@@ -102,28 +100,12 @@ class Inventory:
 
 
 def discover_gpus() -> list[Gpu]:
-    """GPUs of this machine: TANGRAM_FAKE_GPUS when set, else NVML, else none."""
-    fake = os.environ.get("TANGRAM_FAKE_GPUS", "").strip()
-    if fake:
-        try:
-            return [Gpu(float(m)) for m in fake.split(",")]
-        except ValueError:
-            raise ValidationError("TANGRAM_FAKE_GPUS", f"expected comma-separated MiB values, got {fake!r}") from None
-    try:
-        import pynvml  # nvidia-ml-py
-    except ImportError:
-        return []
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return []  # no driver: no GPUs
-    try:
-        return [
-            Gpu(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total / 2**20)
-            for i in range(pynvml.nvmlDeviceGetCount())
-        ]
-    finally:
-        pynvml.nvmlShutdown()
+    """GPUs of this machine: TANGRAM_FAKE_GPUS when set, else NVML, else none. One Gpu per
+    schedulable device (a MIG instance counts as one); see `tangram.runtime.gpu.discover`
+    for the TANGRAM_FAKE_GPUS syntax (MIG instances included)."""
+    from .runtime.gpu import discover  # lazy: the runtime imports this module
+
+    return [Gpu(d.memory_mib) for d in discover()]
 
 
 # ------------------------------------------------------------------ elasticity

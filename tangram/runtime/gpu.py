@@ -1,0 +1,739 @@
+"""The GPU manager: CUDA devices and slices of them, and GPU services (reward models).
+
+Discovery (`discover`)
+    Devices come from NVML (nvidia-ml-py, imported as `pynvml`): every GPU, its UUID, name
+    and memory. A GPU in MIG mode is not schedulable itself: each of its MIG instances is
+    one schedulable device, with its own memory and its `MIG-...` UUID. Without a driver
+    (NVML fails to initialise, or nvidia-ml-py is missing) there are no devices.
+
+    A fake inventory is selected explicitly with the environment variable
+    TANGRAM_FAKE_GPUS, which then wins over NVML, so that every GPU path runs on a machine
+    without one. Its syntax is a comma-separated list of physical GPUs, each either
+
+        <MiB>                  a whole GPU with that much memory, e.g. 81920
+        mig:<MiB>+<MiB>+...    a GPU in MIG mode with one MIG instance per <MiB>
+
+    "81920,81920" is two 80 GiB GPUs; "81920,mig:40960+20480+20480" is one whole GPU
+    (uuid GPU-fake-0) and three MIG instances of a second one (MIG-fake-1-0, -1, -2).
+    `Inventory.local()` uses the same discovery, so its GPU list is this device list.
+
+Grants (`grant_environment`)
+    A placement on a device is carried to the action's process by its environment:
+    CUDA_VISIBLE_DEVICES is the device's UUID (GPU-... for a whole GPU, MIG-... for a MIG
+    instance), which stays right whatever the process's device numbering. A memory slice
+    of a shared (non-MIG) GPU is enforced only where an MPS control daemon runs
+    (`mps_active`): CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (the slice's share of the GPU) and
+    CUDA_MPS_PINNED_DEVICE_MEM_LIMIT cap it. Without MPS a slice is a scheduling share: the
+    core never over-commits the device, but nothing stops a process from using more.
+
+Services (`ServiceHooks`, `GpuManager`)
+    A service (a reward model) is user code behind five blocking hooks: load (once, on its
+    first residency), offload (device -> host memory), restore (host -> device), batch
+    (one output per input) and close. The core decides residency and eviction; the manager
+    runs the hooks (in one worker thread per service, so the hooks of one service never
+    overlap) and batches the service's concurrent actions onto its resident instance.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import collections
+import concurrent.futures
+import functools
+import logging
+import math
+import os
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Mapping, Sequence
+
+from .._errors import ValidationError
+from .._model import Inventory
+from .call import Placement
+from .errors import ActionFailed, ManagerError
+from .manager import LiveAction, ResourceManager
+
+log = logging.getLogger("tangram.gpu")
+
+FAKE_ENV = "TANGRAM_FAKE_GPUS"
+MPS_DEFAULT_PIPE_DIRECTORY = "/tmp/nvidia-mps"
+
+
+# ------------------------------------------------------------------ devices
+
+
+@dataclass(frozen=True)
+class GpuDevice:
+    """One schedulable GPU: a whole GPU, or one MIG instance of a GPU in MIG mode.
+
+    index: its position in the schedulable list (the inventory's GPU index on the node).
+    uuid: "GPU-..." for a whole GPU, "MIG-..." for a MIG instance ("GPU-fake-0" and
+      "MIG-fake-1-0" for fake ones). memory_mib: its memory. nvml_index: the NVML index of
+      the physical GPU holding it (for a MIG instance, its parent's). mig_index: the MIG
+      device index under that parent, None for a whole GPU. parent_uuid: the parent GPU's
+      UUID for a MIG instance. source: "nvml", "fake" or "given".
+    """
+
+    index: int
+    uuid: str
+    name: str
+    memory_mib: float
+    nvml_index: int
+    mig_index: int | None = None
+    parent_uuid: str | None = None
+    source: str = "given"
+
+    @property
+    def mig(self) -> bool:
+        """Whether this device is a MIG instance."""
+        return self.mig_index is not None
+
+    @property
+    def parent_index(self) -> int | None:
+        """The NVML index of the parent GPU of a MIG instance; None for a whole GPU."""
+        return self.nvml_index if self.mig else None
+
+    def describe(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"index": self.index, "uuid": self.uuid, "name": self.name,
+                             "memory_mib": self.memory_mib, "mig": self.mig}
+        if self.mig:
+            d["parent_index"] = self.parent_index
+            d["parent_uuid"] = self.parent_uuid
+        return d
+
+
+def parse_fake(spec: str, where: str = FAKE_ENV) -> list[GpuDevice]:
+    """Fake devices from a TANGRAM_FAKE_GPUS spec (syntax in the module docstring).
+    A malformed spec raises ValidationError naming `where`."""
+    spec = spec.strip()
+    if not spec:
+        return []
+    devices: list[GpuDevice] = []
+
+    def mib(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValidationError(where, f"expected comma-separated MiB values (or mig:<MiB>+<MiB>...), "
+                                         f"got {spec!r}") from None
+        if not math.isfinite(value) or value <= 0:
+            raise ValidationError(where, f"GPU memory must be a positive number of MiB, got {text.strip()!r}")
+        return value
+
+    for physical, item in enumerate(spec.split(",")):
+        item = item.strip()
+        if item.lower().startswith("mig:"):
+            parent = f"GPU-fake-{physical}"
+            parts = item[4:].split("+")
+            for j, part in enumerate(parts):
+                memory = mib(part)
+                devices.append(GpuDevice(len(devices), f"MIG-fake-{physical}-{j}", f"Fake GPU MIG {memory:g}MiB",
+                                         memory, physical, j, parent, "fake"))
+        else:
+            devices.append(GpuDevice(len(devices), f"GPU-fake-{physical}", "Fake GPU", mib(item), physical,
+                                     source="fake"))
+    return devices
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, (bytes, bytearray)) else str(value)
+
+
+def _discover_nvml() -> list[GpuDevice]:
+    try:
+        import pynvml  # nvidia-ml-py
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return []  # no driver: no GPUs
+    mig_enabled = getattr(pynvml, "NVML_DEVICE_MIG_ENABLE", 1)
+    devices: list[GpuDevice] = []
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+                name = _text(pynvml.nvmlDeviceGetName(handle))
+                try:
+                    mig = pynvml.nvmlDeviceGetMigMode(handle)[0] == mig_enabled
+                except pynvml.NVMLError:
+                    mig = False  # MIG not supported by this GPU
+                if not mig:
+                    memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**20
+                    devices.append(GpuDevice(len(devices), uuid, name, memory, i, source="nvml"))
+                    continue
+                found: list[GpuDevice] = []
+                for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+                    try:
+                        mh = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, j)
+                    except pynvml.NVMLError:
+                        continue  # no MIG instance in this slot
+                    found.append(GpuDevice(len(devices) + len(found), _text(pynvml.nvmlDeviceGetUUID(mh)),
+                                           _text(pynvml.nvmlDeviceGetName(mh)),
+                                           pynvml.nvmlDeviceGetMemoryInfo(mh).total / 2**20, i, j, uuid, "nvml"))
+                if not found:
+                    log.warning("GPU %d (%s) is in MIG mode with no MIG instance: not schedulable", i, uuid)
+                devices.extend(found)
+            except pynvml.NVMLError as e:
+                log.warning("GPU %d skipped: NVML error %s", i, e)
+    finally:
+        pynvml.nvmlShutdown()
+    return devices
+
+
+def discover(source: str = "auto") -> list[GpuDevice]:
+    """The schedulable GPUs of this machine, in index order.
+
+    source "auto": the fake inventory of TANGRAM_FAKE_GPUS when that variable is set (it is
+    an explicit choice and wins over real GPUs), else NVML, else none. "fake": only
+    TANGRAM_FAKE_GPUS (none when unset). "nvml": only NVML (none without a driver).
+
+    TANGRAM_FAKE_GPUS is a comma-separated list of physical GPUs, each "<MiB>" (a whole
+    GPU) or "mig:<MiB>+<MiB>+..." (a GPU in MIG mode, one MIG instance per <MiB>); e.g.
+    "81920,mig:40960+40960" is three devices: GPU-fake-0, MIG-fake-1-0, MIG-fake-1-1. A
+    malformed value raises ValidationError naming TANGRAM_FAKE_GPUS.
+
+    NVML: every GPU; a GPU in MIG mode contributes its MIG instances instead of itself.
+    NVML is always shut down again; a GPU whose queries fail is skipped with a warning.
+    """
+    if source not in ("auto", "fake", "nvml"):
+        raise ValidationError("source", f"expected 'auto', 'fake' or 'nvml', got {source!r}")
+    fake = os.environ.get(FAKE_ENV, "").strip()
+    if source == "fake" or (source == "auto" and fake):
+        return parse_fake(fake)
+    return _discover_nvml()
+
+
+def mps_active(pipe_directory: str | None = None) -> bool:
+    """Whether an MPS control daemon is reachable: its control pipe exists in
+    `pipe_directory`, else CUDA_MPS_PIPE_DIRECTORY, else the default /tmp/nvidia-mps."""
+    directory = pipe_directory or os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_DEFAULT_PIPE_DIRECTORY
+    return os.path.exists(os.path.join(directory, "control"))
+
+
+def _mib_text(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def grant_environment(device: GpuDevice, gpu_memory_mib: float, mps: bool) -> dict[str, str]:
+    """The environment that carries a grant of `gpu_memory_mib` MiB on `device` to a process.
+
+    - CUDA_VISIBLE_DEVICES: the device's UUID, GPU-... for a whole GPU or MIG-... for a MIG
+      instance (UUIDs stay right whatever the numbering of the process and of an MPS
+      server).
+    - TANGRAM_GPU_MEMORY_MIB: the MiB granted (the device's memory when the grant covers
+      it; 0 when nothing was asked for).
+    - A memory slice (0 < gpu_memory_mib < the device's memory) of a shared, non-MIG GPU
+      under MPS (`mps` true) is also capped: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE is the
+      slice's proportional share of the GPU's threads (an integer, at least 1), and
+      CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=<MiB>M" its memory (ordinal 0: the one device
+      CUDA_VISIBLE_DEVICES leaves visible). Without MPS a slice is only a scheduling
+      share: the core never over-commits the device, but nothing enforces the limit. A
+      MIG instance is isolated by the hardware; a slice of it is a scheduling share too.
+    """
+    gpu_memory_mib = float(gpu_memory_mib)
+    if math.isnan(gpu_memory_mib) or gpu_memory_mib < 0:
+        raise ValidationError("gpu_memory", f"must be a non-negative number of MiB, got {gpu_memory_mib!r}")
+    granted = min(gpu_memory_mib, device.memory_mib)
+    env = {"CUDA_VISIBLE_DEVICES": device.uuid, "TANGRAM_GPU_MEMORY_MIB": _mib_text(granted)}
+    if mps and not device.mig and 0 < gpu_memory_mib < device.memory_mib:
+        share = gpu_memory_mib / device.memory_mib
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(min(100, max(1, math.floor(100 * share + 0.5))))
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={max(1, math.floor(gpu_memory_mib))}M"
+    return env
+
+
+# ------------------------------------------------------------------ services
+
+
+class ServiceHooks(abc.ABC):
+    """What a GPU service (a reward model) does, as blocking user code. Subclass it.
+
+    The manager calls the hooks of one service in one worker thread, one at a time, in the
+    order the core decided: `load` once on its first residency, then `offload` and
+    `restore` as the core evicts and restores it, `batch` while it is resident, `close`
+    when the runtime closes. A hook that raises fails what it was called for: a restore
+    (the waiting actions fail with ActionFailed), or every action of a batch.
+
+    `device` is the GpuDevice to use (`device.uuid`, `device.nvml_index`; a hook that
+    starts a worker process can give it `grant_environment(device, device.memory_mib,
+    False)`). In-process CUDA code should select the device by UUID or PCI order
+    (CUDA_DEVICE_ORDER=PCI_BUS_ID makes CUDA ordinals match `nvml_index`).
+    """
+
+    @abc.abstractmethod
+    def load(self, device: GpuDevice | None) -> Any:
+        """Load the model onto `device` (first residency) and return its handle."""
+
+    @abc.abstractmethod
+    def offload(self, handle: Any) -> None:
+        """Move the model from its device to host memory, freeing the device memory."""
+
+    @abc.abstractmethod
+    def restore(self, handle: Any, device: GpuDevice | None) -> None:
+        """Move the model from host memory onto `device` (possibly another one than before)."""
+
+    @abc.abstractmethod
+    def batch(self, handle: Any, inputs: list[Any]) -> list[Any]:
+        """Run the model on `inputs`: one output per input, in the same order."""
+
+    def close(self, handle: Any) -> None:
+        """Release the model (called once at shutdown, only if it was loaded)."""
+
+
+class FunctionService(ServiceHooks):
+    """A service that needs no device: a CPU-only scorer. `fn(input) -> output`, or
+    `batch_fn(inputs) -> outputs` for a whole batch at once; load, offload, restore and
+    close do nothing."""
+
+    def __init__(self, fn: Callable[[Any], Any] | None = None,
+                 batch_fn: Callable[[list[Any]], list[Any]] | None = None) -> None:
+        if fn is None and batch_fn is None:
+            raise ValidationError("fn", "FunctionService needs fn or batch_fn")
+        self.fn = fn
+        self.batch_fn = batch_fn
+
+    def load(self, device: GpuDevice | None) -> Any:
+        return None
+
+    def offload(self, handle: Any) -> None:
+        pass
+
+    def restore(self, handle: Any, device: GpuDevice | None) -> None:
+        pass
+
+    def batch(self, handle: Any, inputs: list[Any]) -> list[Any]:
+        if self.batch_fn is not None:
+            return self.batch_fn(inputs)
+        assert self.fn is not None
+        return [self.fn(x) for x in inputs]
+
+
+_UNLOADED = object()
+
+
+@dataclass(eq=False)
+class _Request:
+    action_id: int
+    input: Any
+    future: asyncio.Future[Any]
+
+
+@dataclass(eq=False)
+class _Residency:
+    device: int
+    ready: asyncio.Future[BaseException | None]  # None: resident; an exception: it failed
+
+
+@dataclass(eq=False)
+class _ServiceState:
+    name: str
+    hooks: ServiceHooks
+    max_batch: int = 1
+    handle: Any = _UNLOADED
+    residency: _Residency | None = None
+    awaiting: dict[int, asyncio.Future[BaseException | None]] = field(default_factory=dict)
+    released: asyncio.Event | None = None  # set whenever the residency ends
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    active: collections.Counter[int] = field(default_factory=collections.Counter)  # device -> executes
+    queue: collections.deque[_Request] = field(default_factory=collections.deque)
+    flusher: asyncio.Task[None] | None = None
+    executor: concurrent.futures.ThreadPoolExecutor | None = None
+    batches: int = 0
+
+
+def _resolve_hooks(name: str, hooks: Any) -> ServiceHooks:
+    if isinstance(hooks, str):
+        import importlib
+
+        module, _, attr = hooks.partition(":")
+        try:
+            hooks = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError, ValueError) as e:
+            raise ManagerError(f"services.{name}", f"cannot import {hooks!r}: {e}") from None
+        if isinstance(hooks, type) and issubclass(hooks, ServiceHooks):
+            try:
+                hooks = hooks()
+            except Exception as e:
+                raise ManagerError(f"services.{name}", f"cannot construct {hooks.__name__}(): {e}") from e
+    if not isinstance(hooks, ServiceHooks):
+        raise ManagerError(f"services.{name}", f"expected a ServiceHooks instance (or 'module:attr' naming one), "
+                                               f"got {hooks!r}")
+    return hooks
+
+
+class GpuManager(ResourceManager):
+    """Runs GPU services' actions on their resident instances, and gives GPU grants.
+
+    Options: `services` maps each service of the inventory to its ServiceHooks (or a
+    "module:attr" string naming one). `devices`: the device table of the node this manager
+    runs on, index i being the inventory's GPU i there; by default `discover()`. It may
+    also be a list of MiB (fake devices), a TANGRAM_FAKE_GPUS-style spec string, or
+    "inventory" (fake devices mirroring the inventory's GPUs: an explicit choice for
+    machines without a GPU). `batch_window`: seconds a batch waits for more requests
+    after the first (0: only the requests issued in the same event-loop iteration join).
+    `node`: the inventory node (index or name) that is this machine. `mps`: whether MPS
+    enforces memory slices; by default whether its control daemon is reachable.
+
+    A service action (`call.service`) takes its input as its one positional argument and
+    returns the output its service's `batch` hook gave for it. GPU actions without a
+    service run in the CPU manager; `device_environment` gives the environment that
+    carries their grant.
+    """
+
+    name: ClassVar[str] = "gpu"
+
+    def __init__(self, services: Mapping[str, Any] | None = None,
+                 devices: Sequence[GpuDevice | float] | str | None = None,
+                 batch_window: float = 0.0, node: int | str = 0, mps: bool | None = None) -> None:
+        services = dict(services or {})
+        self.hooks: dict[str, ServiceHooks] = {str(k): _resolve_hooks(str(k), v) for k, v in services.items()}
+        try:
+            batch_window = float(batch_window)
+        except (TypeError, ValueError):
+            batch_window = math.nan
+        if not math.isfinite(batch_window) or batch_window < 0:
+            raise ManagerError("batch_window", f"must be a non-negative number of seconds, got {batch_window!r}")
+        self.batch_window = batch_window
+        self._devices_option = devices
+        self._node_option = node
+        self._mps_option = mps
+        self.devices: list[GpuDevice] = []
+        self.node = 0
+        self.mps = False
+        self._services: dict[str, _ServiceState] = {}
+        self._offloading: dict[int, set[asyncio.Future[None]]] = {}
+        self._attached = False
+
+    # ---------------------------------------------------------------- setup
+    def attach(self, inventory: Inventory) -> None:
+        self.inventory = inventory
+        self.node = self._resolve_node(inventory)
+        declared = [s.name for s in inventory.services]
+        for name in declared:
+            if name not in self.hooks:
+                raise ManagerError(f"services.{name}", f"the inventory declares service {name!r} but no hooks "
+                                                       f"were given for it (GpuManager(services={{...}}))")
+        for name in self.hooks:
+            if name not in declared:
+                raise ManagerError(f"services.{name}", f"hooks were given for service {name!r}, which the "
+                                                       f"inventory does not declare")
+        gpus = list(inventory.nodes[self.node].gpus) if inventory.nodes else []
+        self.devices = self._resolve_devices(gpus, inventory.nodes[self.node].name if inventory.nodes else "")
+        self.mps = mps_active() if self._mps_option is None else bool(self._mps_option)
+        self._services = {s.name: _ServiceState(s.name, self.hooks[s.name], max(1, int(s.max_batch)))
+                          for s in inventory.services}
+        self._attached = True
+
+    def _resolve_node(self, inventory: Inventory) -> int:
+        node = self._node_option
+        names = [n.name for n in inventory.nodes]
+        if isinstance(node, str):
+            if node not in names:
+                raise ManagerError("node", f"no node named {node!r} in the inventory (nodes: {', '.join(names)})")
+            return names.index(node)
+        if isinstance(node, bool) or not isinstance(node, int) or not (0 <= node < max(1, len(names))):
+            raise ManagerError("node", f"expected a node index below {len(names)} or a node name, got {node!r}")
+        return node
+
+    def _resolve_devices(self, gpus: list[Any], node_name: str) -> list[GpuDevice]:
+        option = self._devices_option
+        if option is None:
+            if not gpus:
+                return []  # the inventory schedules no GPU here: nothing to discover
+            devices = discover()
+            hint = (f" (set {FAKE_ENV}, e.g. {FAKE_ENV}={','.join(_mib_text(g.memory) for g in gpus)}, "
+                    f"or pass devices= to the gpu manager, for a machine without GPUs)")
+        elif isinstance(option, str):
+            if option == "inventory":
+                devices = [GpuDevice(i, f"GPU-fake-{i}", "Fake GPU", float(g.memory), i, source="fake")
+                           for i, g in enumerate(gpus)]
+            else:
+                devices = parse_fake(option, "devices")
+            hint = ""
+        else:
+            devices = []
+            for i, d in enumerate(option):
+                if isinstance(d, GpuDevice):
+                    if d.index != i:
+                        raise ManagerError(f"devices[{i}].index", f"device {d.uuid} has index {d.index}, expected {i}")
+                    devices.append(d)
+                elif isinstance(d, (int, float)) and not isinstance(d, bool) and math.isfinite(d) and d > 0:
+                    devices.append(GpuDevice(i, f"GPU-fake-{i}", "Fake GPU", float(d), i, source="fake"))
+                else:
+                    raise ManagerError(f"devices[{i}]", f"expected a GpuDevice or a positive MiB value, got {d!r}")
+            hint = ""
+        if len(devices) != len(gpus):
+            found = ", ".join(f"{d.uuid} ({_mib_text(d.memory_mib)} MiB)" for d in devices) or "none"
+            raise ManagerError("devices", f"the inventory declares {len(gpus)} GPU(s) on node {node_name!r}, but "
+                                          f"the gpu manager has {len(devices)}: {found}{hint}")
+        for g, d in zip(gpus, devices):
+            if float(g.memory) > d.memory_mib * (1 + 1e-9):
+                raise ManagerError(f"devices[{d.index}]", f"the inventory declares {_mib_text(g.memory)} MiB on GPU "
+                                                          f"{d.index} of node {node_name!r}, but {d.uuid} has "
+                                                          f"{_mib_text(d.memory_mib)} MiB")
+        return devices
+
+    def _state(self, service: str) -> _ServiceState:
+        if not self._attached:
+            raise ManagerError("managers.gpu", "attach() was not called")
+        st = self._services.get(service)
+        if st is None:
+            raise ManagerError(f"services.{service}", f"no service named {service!r} "
+                                                      f"(known: {', '.join(self._services) or 'none'})")
+        return st
+
+    def _check_device(self, node: int, device: int, what: str) -> GpuDevice:
+        if node != self.node:
+            raise ManagerError("node", f"{what} on node {node}, but this gpu manager runs node {self.node}")
+        if not (0 <= device < len(self.devices)):
+            raise ManagerError("devices", f"{what} on device {device}; node {self.node} has {len(self.devices)}")
+        return self.devices[device]
+
+    async def _call(self, st: _ServiceState, fn: Callable[..., Any], *args: Any) -> Any:
+        if st.executor is None:
+            st.executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"tangram-gpu-{st.name}")
+        return await asyncio.get_running_loop().run_in_executor(st.executor, functools.partial(fn, *args))
+
+    # ---------------------------------------------------------------- residency
+    async def restore(self, service: str, node: int, device: int) -> None:
+        """Make `service` resident on `device`: its `load` hook the first time, else its
+        `restore` hook. Actions placed there wait until the hook returns. A restore while
+        the service is still resident elsewhere waits for that residency to be evicted
+        (the orchestrator orders operations per device, not across devices)."""
+        st = self._state(service)
+        dev = self._check_device(node, device, f"restore of {service!r}")
+        loop = asyncio.get_running_loop()
+        while st.residency is not None and st.residency.device != device:
+            if st.released is None:
+                st.released = asyncio.Event()
+            st.released.clear()
+            await st.released.wait()
+        r = st.residency
+        if r is not None:  # already resident (or restoring) here
+            if not r.ready.done():
+                await asyncio.shield(r.ready)
+            if r.ready.result() is None:
+                return
+            st.residency = None  # it failed: try again
+        ready = st.awaiting.pop(device, None) or loop.create_future()
+        if ready.done():
+            ready = loop.create_future()
+        st.residency = _Residency(device, ready)
+        offloads = list(self._offloading.get(device, ()))
+        first = st.handle is _UNLOADED
+        try:
+            async with st.lock:
+                if offloads:  # another service's memory on this device is still being freed
+                    await asyncio.gather(*(asyncio.shield(f) for f in offloads))
+                if first:
+                    st.handle = await self._call(st, st.hooks.load, dev)
+                else:
+                    await self._call(st, st.hooks.restore, st.handle, dev)
+        except asyncio.CancelledError:
+            if not ready.done():
+                ready.set_result(RuntimeError("the restore was cancelled"))
+            raise
+        except Exception as e:
+            if not ready.done():
+                ready.set_result(e)
+            raise ManagerError(f"services.{service}", f"{'load' if first else 'restore'} hook failed on device "
+                                                      f"{device} ({dev.uuid}): {type(e).__name__}: {e}") from e
+        ready.set_result(None)
+
+    async def evict(self, service: str, node: int, device: int) -> None:
+        """Offload `service` from `device` (its `offload` hook). The core never evicts a
+        service with running actions there: that is a ManagerError."""
+        st = self._state(service)
+        self._check_device(node, device, f"eviction of {service!r}")
+        if st.active[device]:
+            raise ManagerError(f"services.{service}", f"evict from device {device} while {st.active[device]} of its "
+                                                      f"actions run there")
+        r = st.residency
+        if r is None or r.device != device:
+            where = "offloaded" if r is None else f"resident on device {r.device}"
+            raise ManagerError(f"services.{service}", f"evict from device {device}, but it is {where}")
+        st.residency = None
+        if st.released is not None:
+            st.released.set()
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._offloading.setdefault(device, set()).add(done)
+        try:
+            async with st.lock:  # after an in-flight restore of it
+                if not r.ready.done():  # defensive: the restore always settles before releasing the lock
+                    await asyncio.shield(r.ready)
+                if r.ready.result() is not None:
+                    return  # its restore failed: nothing is resident
+                try:
+                    await self._call(st, st.hooks.offload, st.handle)
+                except Exception as e:
+                    raise ManagerError(f"services.{service}", f"offload hook failed on device {device}: "
+                                                              f"{type(e).__name__}: {e}") from e
+        finally:
+            if not done.done():
+                done.set_result(None)
+            self._offloading[device].discard(done)
+
+    def resident(self, service: str) -> int | None:
+        """The device `service` is resident on (its hook has returned), or None."""
+        r = self._state(service).residency
+        return r.device if r is not None and r.ready.done() and r.ready.result() is None else None
+
+    # ---------------------------------------------------------------- actions
+    async def execute(self, action: LiveAction, placement: Placement) -> Any:
+        call = action.call
+        aid = action.id
+        if call.service is None:
+            raise ActionFailed(aid, "the gpu manager runs GPU service actions only; GPU actions without a service "
+                                    "run in the CPU manager, with Placement.env carrying the grant "
+                                    "(CUDA_VISIBLE_DEVICES and MPS limits, from GpuManager.device_environment)")
+        st = self._services.get(call.service)
+        if st is None:
+            raise ActionFailed(aid, f"service: no service named {call.service!r} in the gpu manager")
+        if call.fn is not None or call.command is not None:
+            raise ActionFailed(aid, f"fn: a call to service {call.service!r} runs the service's batch hook; give its "
+                                    f"input as the one positional argument, without fn or command")
+        if len(call.args) != 1 or call.kwargs:
+            raise ActionFailed(aid, f"args: a call to service {call.service!r} takes exactly one positional argument "
+                                    f"(its input) and no keyword arguments; got {len(call.args)} and "
+                                    f"{len(call.kwargs)}")
+        device = placement.device
+        if placement.node != self.node or device is None or not (0 <= device < len(self.devices)):
+            raise ActionFailed(aid, f"placement: service {call.service!r} placed on node {placement.node} device "
+                                    f"{device}; this gpu manager runs the {len(self.devices)} device(s) of node "
+                                    f"{self.node}")
+        loop = asyncio.get_running_loop()
+        st.active[device] += 1
+        try:
+            r = st.residency
+            if r is not None and r.device == device:
+                ready = r.ready
+            else:  # its restore here is still to come
+                ready = st.awaiting.get(device)
+                if ready is None or ready.done():
+                    ready = st.awaiting[device] = loop.create_future()
+            if not ready.done():
+                await asyncio.shield(ready)
+            error = ready.result()
+            if error is not None:
+                raise ActionFailed(aid, f"service {call.service!r} could not be made resident on device {device}: "
+                                        f"{type(error).__name__}: {error}", type(error).__name__)
+            request = _Request(aid, call.args[0], loop.create_future())
+            st.queue.append(request)
+            if st.flusher is None or st.flusher.done():
+                st.flusher = loop.create_task(self._flush(st))
+            try:
+                return await request.future
+            except asyncio.CancelledError:
+                try:
+                    st.queue.remove(request)
+                except ValueError:
+                    pass  # its batch is in flight: its output is dropped
+                raise
+        finally:
+            st.active[device] -= 1
+
+    async def _flush(self, st: _ServiceState) -> None:
+        """Runs the service's queued requests, a batch at a time."""
+        while st.queue:
+            await asyncio.sleep(0)  # let the requests started in this iteration join
+            if self.batch_window > 0:
+                await asyncio.sleep(self.batch_window)
+            batch: list[_Request] = []
+            while st.queue and len(batch) < st.max_batch:
+                request = st.queue.popleft()
+                if not request.future.done():
+                    batch.append(request)
+            if batch:
+                await self._run_batch(st, batch)
+
+    async def _run_batch(self, st: _ServiceState, batch: list[_Request]) -> None:
+        st.batches += 1
+        n = len(batch)
+        try:
+            outputs = await self._call(st, st.hooks.batch, st.handle, [r.input for r in batch])
+            if not isinstance(outputs, (list, tuple)):
+                raise TypeError(f"it returned {type(outputs).__name__}, not a list of outputs")
+        except asyncio.CancelledError:
+            for r in batch:
+                r.future.cancel()
+            raise
+        except Exception as e:
+            tb = traceback.format_exc()
+            for r in batch:
+                if not r.future.done():
+                    r.future.set_exception(ActionFailed(r.action_id, f"service {st.name!r}: its batch hook raised on a "
+                                                                     f"batch of {n}: {type(e).__name__}: {e}",
+                                                        type(e).__name__, tb))
+            return
+        if len(outputs) != n:
+            for r in batch:
+                if not r.future.done():
+                    r.future.set_exception(ActionFailed(r.action_id, f"service {st.name!r}: its batch hook returned "
+                                                                     f"{len(outputs)} outputs for {n} inputs "
+                                                                     f"(expected one per input)", "ValueError"))
+            return
+        for r, out in zip(batch, outputs):
+            if not r.future.done():
+                r.future.set_result(out)
+
+    # ---------------------------------------------------------------- grants
+    def device_environment(self, node: int | Placement, device: int | None = None,
+                           gpu_memory: float | None = None) -> dict[str, str]:
+        """The environment carrying a GPU grant: `device_environment(node, device,
+        gpu_memory_mib)` or `device_environment(placement)`. Empty when no device."""
+        if isinstance(node, Placement):
+            node, device, gpu_memory = node.node, node.device, node.gpu_memory
+        if device is None or device < 0:
+            return {}
+        dev = self._check_device(node, device, "a GPU grant")
+        return grant_environment(dev, float(gpu_memory or 0.0), self.mps)
+
+    # ---------------------------------------------------------------- lifecycle
+    async def close(self) -> None:
+        """Runs every loaded service's `close` hook, then stops the worker threads."""
+        errors: list[tuple[str, BaseException]] = []
+        for st in self._services.values():
+            if st.flusher is not None and not st.flusher.done():
+                st.flusher.cancel()
+                await asyncio.gather(st.flusher, return_exceptions=True)
+            for fut in st.awaiting.values():
+                if not fut.done():
+                    fut.set_result(RuntimeError("the gpu manager closed"))
+            async with st.lock:
+                if st.handle is not _UNLOADED:
+                    try:
+                        await self._call(st, st.hooks.close, st.handle)
+                    except Exception as e:
+                        errors.append((st.name, e))
+                    st.handle = _UNLOADED
+                st.residency = None
+            if st.executor is not None:
+                st.executor.shutdown(wait=False)
+                st.executor = None
+        if errors:
+            name, e = errors[0]
+            raise ManagerError(f"services.{name}", f"close hook failed: {type(e).__name__}: {e}"
+                                                   + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")) from e
+
+    def describe(self) -> Mapping[str, Any]:
+        sources = sorted({d.source for d in self.devices})
+        return {
+            "node": self.node,
+            "source": "none" if not sources else sources[0] if len(sources) == 1 else "mixed",
+            "devices": [d.describe() for d in self.devices],
+            "mig": any(d.mig for d in self.devices),
+            "mps": self.mps,
+            "slices": "enforced by MPS (thread percentage and pinned memory limit)" if self.mps
+                      else "scheduling shares only (no MPS daemon)",
+            "batch_window": self.batch_window,
+            "services": {name: {"max_batch": st.max_batch, "resident_on": self.resident(name), "batches": st.batches}
+                         for name, st in self._services.items()},
+        }
+
+
+__all__ = ["FAKE_ENV", "FunctionService", "GpuDevice", "GpuManager", "ServiceHooks", "discover", "grant_environment",
+           "mps_active", "parse_fake"]
