@@ -1,0 +1,292 @@
+"""The sandbox worker: one long-lived process per trajectory, started by the CPU manager.
+
+Run as `python -I tangram/runtime/_sandbox_worker.py FD` (or `python -m
+tangram.runtime._sandbox_worker FD`) with a connected socket on FD. It imports nothing of
+tangram (only the standard library and cloudpickle), so it starts fast and the sandbox's
+files (the working directory may hold a generated `json.py`) can never shadow its imports.
+
+Protocol: frames of an 8-byte big-endian length and a pickle, one request and one reply per
+action, strictly in turn.
+
+  first frame   ("hello", sys_path, output_limit, home, affinity_mode)
+  requests      ("fn", fn, args, kwargs, env, cpus, memory_bytes)
+                ("cmd", command, env, cpus, memory_bytes)
+                cpus (a tuple) and memory_bytes (> 0) are only sent in affinity mode: the
+                worker then pins itself (all its threads) with sched_setaffinity and applies
+                RLIMIT_AS; with cgroups the manager sets the cgroup and sends None and 0.
+  replies       ("ok", value) | ("result", returncode, stdout, stderr, truncated)
+                ("error", type_name, message, traceback) | ("memory", message)
+
+Functions run in this process, so module state persists across a trajectory's actions;
+`env` is set in os.environ for the duration of the call. Commands run as children (a
+string through /bin/sh, a sequence as an argv) in the sandbox's directory, with os.environ
+plus `env`; their stdout/stderr are kept up to output_limit bytes each and drained past it.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import pickle
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import traceback
+
+import cloudpickle
+
+_HEADER = struct.Struct(">Q")
+_PR_SET_CHILD_SUBREAPER = 36
+_DRAIN_AFTER_EXIT = 0.1  # seconds to keep reading output that background processes still write
+
+
+class Worker:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.rfile = sock.makefile("rb", buffering=1 << 16)
+        self.output_limit = 1 << 20
+        self.home = os.getcwd()
+        self.cpus: tuple[int, ...] | None = None
+
+    # --------------------------------------------------------------- framing
+    def recv(self) -> object | None:
+        header = self.rfile.read(_HEADER.size)
+        if len(header) < _HEADER.size:
+            return None
+        (n,) = _HEADER.unpack(header)
+        payload = self.rfile.read(n)
+        if len(payload) < n:
+            return None
+        return pickle.loads(payload)
+
+    def send(self, msg: tuple) -> None:
+        try:
+            payload = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:
+            try:
+                payload = cloudpickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as e:
+                payload = pickle.dumps(("error", type(e).__name__, f"the result cannot be pickled: {e}",
+                                        traceback.format_exc()), protocol=pickle.HIGHEST_PROTOCOL)
+        self.sock.sendall(_HEADER.pack(len(payload)) + payload)
+
+    # --------------------------------------------------------------- main loop
+    def serve(self) -> None:
+        while True:
+            try:
+                req = self.recv()
+            except Exception as e:  # a request that does not unpickle here (a missing module...)
+                self.send(("error", type(e).__name__, f"cannot load the call in the sandbox: {e}", traceback.format_exc()))
+                continue
+            if req is None:
+                return
+            kind = req[0]
+            if kind == "fn":
+                self.send(self.run_fn(*req[1:]))
+            elif kind == "cmd":
+                self.send(self.run_cmd(*req[1:]))
+            elif kind == "hello":
+                _, path, self.output_limit, self.home, affinity = req
+                sys.path[:] = list(path)
+                if affinity:
+                    _set_subreaper()
+            else:
+                self.send(("error", "ProtocolError", f"unknown request {kind!r}", ""))
+
+    def pin(self, cpus: tuple[int, ...] | None) -> None:
+        """Affinity mode: this thread always (an earlier action may have changed it), every
+        thread of the worker when the CPUs change. Children inherit it."""
+        if cpus is None:
+            return
+        if cpus == self.cpus:
+            try:
+                os.sched_setaffinity(0, cpus)
+            except OSError:
+                pass
+            return
+        try:
+            tids = [int(t) for t in os.listdir("/proc/self/task")]
+        except OSError:
+            tids = [0]
+        for tid in tids:
+            try:
+                os.sched_setaffinity(tid, cpus)
+            except OSError:
+                pass
+        self.cpus = cpus
+
+    def run_fn(self, fn, args, kwargs, env, cpus, memory) -> tuple:  # type: ignore[no-untyped-def]
+        self.pin(cpus)
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        old_limit = None
+        if memory > 0:
+            old_limit = _limit_address_space(memory)
+        try:
+            result = fn(*args, **kwargs)
+            if type(result).__name__ == "coroutine":  # an async def: run it to completion here
+                import asyncio
+                result = asyncio.run(result)
+            return ("ok", result)
+        except MemoryError as e:
+            if old_limit is not None:
+                return ("memory", f"MemoryError under a limit of {memory >> 20} MiB (RLIMIT_AS): {e}")
+            return ("error", "MemoryError", f"MemoryError: {e}", traceback.format_exc())
+        except BaseException as e:
+            return ("error", type(e).__name__, f"{type(e).__name__}: {e}", traceback.format_exc())
+        finally:
+            if old_limit is not None:
+                import resource
+                try:
+                    resource.setrlimit(resource.RLIMIT_AS, old_limit)
+                except (OSError, ValueError):
+                    pass
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+    def run_cmd(self, command, env, cpus, memory) -> tuple:  # type: ignore[no-untyped-def]
+        self.pin(cpus)
+        child_env = dict(os.environ)
+        child_env.update(env)
+        preexec = None
+        if memory > 0:
+            def preexec() -> None:
+                import resource
+                resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        try:
+            proc = subprocess.Popen(command, shell=isinstance(command, str), cwd=self.home, env=child_env,
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    preexec_fn=preexec, close_fds=True)
+        except OSError as e:  # like a shell: 127 not found, 126 not executable
+            code = 127 if isinstance(e, FileNotFoundError) else 126
+            return ("result", code, b"", f"{command!r}: {e}\n".encode(), False)
+        except Exception as e:  # a malformed argv
+            return ("error", type(e).__name__, f"{type(e).__name__}: {e}", traceback.format_exc())
+        try:
+            out, err, truncated = self.collect(proc)
+        finally:
+            for f in (proc.stdout, proc.stderr):
+                if f is not None:
+                    f.close()
+            proc.wait()
+        return ("result", proc.returncode, out, err, truncated)
+
+    def collect(self, proc: subprocess.Popen) -> tuple[bytes, bytes, bool]:
+        limit = self.output_limit
+        bufs = [bytearray(), bytearray()]
+        truncated = False
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ, 0)  # type: ignore[arg-type]
+        sel.register(proc.stderr, selectors.EVENT_READ, 1)  # type: ignore[arg-type]
+        pidfd = -1
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+            sel.register(pidfd, selectors.EVENT_READ, 2)
+        except (AttributeError, OSError):
+            pass
+        streams = 2
+        exited_at: float | None = None
+        try:
+            while streams:
+                if exited_at is None:
+                    timeout = None if pidfd >= 0 else 0.05
+                else:
+                    timeout = 0.0
+                events = sel.select(timeout)
+                if pidfd < 0 and exited_at is None and proc.poll() is not None:
+                    exited_at = time.monotonic()
+                if not events and exited_at is not None:
+                    break  # the command exited and nothing more is ready: stop waiting
+                for key, _ in events:
+                    if key.data == 2:
+                        exited_at = time.monotonic()
+                        sel.unregister(pidfd)
+                        continue
+                    data = os.read(key.fd, 1 << 16)
+                    if not data:
+                        sel.unregister(key.fileobj)
+                        streams -= 1
+                        continue
+                    buf = bufs[key.data]
+                    room = limit - len(buf)
+                    if len(data) > room:
+                        truncated = True
+                        if room > 0:
+                            buf += data[:room]
+                    else:
+                        buf += data
+                if exited_at is not None and time.monotonic() - exited_at > _DRAIN_AFTER_EXIT:
+                    break  # background processes keep writing: they do not hold the action
+        finally:
+            sel.close()
+            if pidfd >= 0:
+                os.close(pidfd)
+        return bytes(bufs[0]), bytes(bufs[1]), truncated
+
+
+def _limit_address_space(extra: int) -> tuple[int, int]:
+    """Soft RLIMIT_AS = the address space in use now + `extra` bytes; returns the old limits."""
+    import resource
+    old = resource.getrlimit(resource.RLIMIT_AS)
+    try:
+        with open("/proc/self/statm") as f:
+            size = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        size = 0
+    soft = size + extra
+    if old[1] != resource.RLIM_INFINITY:
+        soft = min(soft, old[1])
+    resource.setrlimit(resource.RLIMIT_AS, (soft, old[1]))
+    return old
+
+
+def _set_subreaper() -> None:
+    """Orphaned descendants (a daemon that double-forked, a background job of a finished
+    shell) are re-parented to this worker instead of init, so the manager finds and kills
+    every one of them through /proc/<worker>/task/*/children."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except Exception:
+        pass
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    fd = int(argv[0])
+    os.set_inheritable(fd, False)  # commands never inherit the channel
+    sock = socket.socket(fileno=fd)
+    # a function that forks (multiprocessing) must not keep the channel open in its child
+    os.register_at_fork(after_in_child=lambda: _close_quietly(fd))
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    faulthandler.enable()  # a fatal signal leaves the Python stack in the worker's log
+    try:  # no core files: a crashing action must not fill the sandbox's disk
+        import resource
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    except (ImportError, OSError, ValueError):
+        pass
+    worker = Worker(sock)
+    try:
+        worker.serve()
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    os._exit(0)  # do not wait for threads a function left behind
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,377 @@
+"""The CPU manager: stateful sandboxes per trajectory, compute granted per action.
+
+Each trajectory gets a sandbox (tangram.runtime.sandbox): a worker process with its own
+directory that keeps files and Python state across the trajectory's actions. Each action
+gets CPUs only while it runs: the manager picks concrete CPU ids for the cores the core
+granted (exclusive whole CPUs when it can; a fraction shares one CPU, with a CFS quota
+under cgroups), pins the sandbox to them (cpuset, or sched_setaffinity on the worker;
+children inherit it), applies the memory limit, and tells the action its grant:
+
+    TANGRAM_CORES   whole cores granted, at least 1: use it for `pytest -n`, `make -j`
+    TANGRAM_CPUS    the CPU ids, "0-3,6" style
+    OMP_NUM_THREADS, MKL_NUM_THREADS, OPENBLAS_NUM_THREADS = TANGRAM_CORES
+
+A function runs in the worker (os.environ carries those for the duration of the call); a
+command runs as its child. Errors: a function that raises -> ActionFailed (error_type,
+remote traceback); the worker dying -> ActionCrashed (exit_code or signal); memory past the
+limit -> ResourceLimitExceeded("memory"). Cancellation (and so a timeout) kills everything
+the sandbox runs; a crash or a kill makes the trajectory's next action start a fresh worker
+in the same directory. The CPUs go back to the pool on every exit path.
+
+Isolation: see tangram.runtime.isolation (cgroup v2, cgroup v1, or affinity + rlimits;
+`describe()["isolation"]` says which is in force) and docs/sandbox.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import os
+import pickle
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import cloudpickle
+
+from .call import CommandResult, Placement
+from .errors import ActionCrashed, ActionFailed, ManagerError, ResourceLimitExceeded
+from .isolation import Isolation, ManagerCgroups, cpu_list, detect
+from .manager import LiveAction, ResourceManager
+from .sandbox import Sandbox, WorkerDied, kill_marked, marked_processes
+
+_MILLI = 1000
+_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+_ids = itertools.count(1)
+
+
+class CpuPool:
+    """Per-CPU usage in milli-cores. `take` prefers exclusive whole CPUs and packs fractions
+    onto CPUs already shared; when the free capacity is fragmented (or the inventory
+    declares more cores than there are CPUs) it shares the least used ones. `release`
+    gives back exactly what `take` charged."""
+
+    def __init__(self, cpus: Sequence[int]) -> None:
+        self.cpus = list(cpus)
+        self.used = dict.fromkeys(self.cpus, 0)
+
+    def take(self, cores: float) -> dict[int, int]:
+        need = max(0, int(round(cores * _MILLI)))
+        used = self.used
+        whole, frac = divmod(need, _MILLI)
+        charge: dict[int, int] = {}
+        idle = [c for c in self.cpus if used[c] == 0]
+        if need == 0:  # no cores asked: run on the least used CPU, charging nothing
+            charge[min(self.cpus, key=lambda c: used[c])] = 0
+            return charge
+        if len(idle) >= whole:
+            for c in idle[:whole]:
+                charge[c] = _MILLI
+            if frac:
+                fits = [c for c in self.cpus if c not in charge and _MILLI - used[c] >= frac]
+                if fits:  # best fit: the fullest CPU it fits on, keeping idle CPUs whole
+                    c = min(fits, key=lambda c: (_MILLI - used[c], c))
+                    charge[c] = frac
+                else:
+                    charge = {}
+        if not charge:  # fragmented or oversubscribed: the most free capacity first
+            left = need
+            for c in sorted(self.cpus, key=lambda c: (used[c], c)):
+                take = min(left, max(0, _MILLI - used[c]))
+                if take > 0:
+                    charge[c] = take
+                    left -= take
+                if left == 0:
+                    break
+            if left > 0:  # more than the pool holds: share the least used CPUs beyond capacity
+                order = sorted(self.cpus, key=lambda c: (used[c] + charge.get(c, 0), c))
+                i = 0
+                while left > 0:
+                    c = order[i % len(order)]
+                    step = min(left, _MILLI)
+                    charge[c] = charge.get(c, 0) + step
+                    left -= step
+                    i += 1
+        for c, m in charge.items():
+            used[c] += m
+        return charge
+
+    def release(self, charge: Mapping[int, int]) -> None:
+        for c, m in charge.items():
+            self.used[c] -= m
+
+    @property
+    def full(self) -> bool:
+        """True when nothing is charged: the pool is exactly as it started."""
+        return all(v == 0 for v in self.used.values())
+
+
+class CpuManager(ResourceManager):
+    """Runs actions in per-trajectory sandboxes on this machine's CPUs.
+
+    Options (the config's `[managers.cpu]` table):
+      root          directory for the sandboxes' directories (a fresh temporary directory
+                    inside it per manager; default: the system's temporary directory)
+      isolation     "auto" (default: cgroup-v2, else cgroup-v1, else affinity), or one of
+                    those to force it; the environment variable TANGRAM_ISOLATION applies
+                    when this is "auto"
+      output_limit  bytes kept of each of a command's stdout and stderr (default 1 MiB)
+      cpus          the CPU ids this manager may use (default: this process's affinity)
+      env           extra environment variables for every sandbox
+      inherit_env   names of variables passed through from the orchestrator's environment
+                    (nothing else is: PATH and LANG only, by default)
+    """
+
+    name = "cpu"
+
+    def __init__(self, root: str | None = None, isolation: str = "auto", output_limit: int = 1 << 20,
+                 cpus: Iterable[int] | None = None, env: Mapping[str, str] | None = None,
+                 inherit_env: Sequence[str] = ()) -> None:
+        f = "managers.cpu."
+        if root is not None and not (isinstance(root, (str, os.PathLike)) and os.path.isdir(root)):
+            raise ManagerError(f + "root", f"{root!r} is not an existing directory")
+        if not isinstance(isolation, str) or isolation not in ("auto", "cgroup-v2", "cgroup-v1", "affinity"):
+            raise ManagerError(f + "isolation", f"{isolation!r} is not one of auto, cgroup-v2, cgroup-v1, affinity")
+        if isinstance(output_limit, bool) or not isinstance(output_limit, int) or output_limit < 0:
+            raise ManagerError(f + "output_limit", f"{output_limit!r} is not a non-negative number of bytes")
+        allowed = sorted(os.sched_getaffinity(0))
+        if cpus is None:
+            chosen = allowed
+        else:
+            try:
+                chosen = sorted({int(c) for c in cpus})
+            except (TypeError, ValueError):
+                raise ManagerError(f + "cpus", f"{cpus!r} is not a list of CPU ids") from None
+            if not chosen:
+                raise ManagerError(f + "cpus", "no CPU given")
+            bad = [c for c in chosen if c not in allowed]
+            if bad:
+                raise ManagerError(f + "cpus", f"CPU {bad} not available to this process (allowed: {cpu_list(allowed)})")
+        env = dict(env or {})
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise ManagerError(f + "env", "keys and values must be strings")
+        if isinstance(inherit_env, str) or not all(isinstance(k, str) for k in inherit_env):
+            raise ManagerError(f + "inherit_env", f"{inherit_env!r} is not a list of variable names")
+        self.root = None if root is None else os.fspath(root)
+        self.isolation_option = isolation
+        self.output_limit = output_limit
+        self.cpus = chosen
+        self.extra_env = env
+        self.inherit_env = list(inherit_env)
+        self.id = f"{os.getpid()}.{next(_ids)}"
+        self.pool = CpuPool(chosen)
+        self.isolation: Isolation | None = None
+        self.inventory_cores: float | None = None
+        self._cgroups: ManagerCgroups | None = None
+        self._dir: str | None = None
+        self._sandboxes: dict[int, Sandbox] = {}
+        self._reaping: set[asyncio.Task[None]] = set()
+        self._state = "new"
+
+    # ------------------------------------------------------------------ lifecycle
+    def attach(self, inventory: Any) -> None:
+        super().attach(inventory)
+        try:
+            self.inventory_cores = sum(float(n.resources.get("cpu", 0.0)) for n in inventory.nodes)
+        except (AttributeError, TypeError, ValueError):
+            self.inventory_cores = None
+
+    async def start(self) -> None:
+        if self._state == "running":
+            return
+        if self._state == "closed":
+            raise ManagerError("managers.cpu", "this manager is closed")
+        self.isolation = detect(self.isolation_option, field="managers.cpu.isolation")
+        self._dir = tempfile.mkdtemp(prefix=f"tangram-{self.id}-", dir=self.root)
+        if self.isolation.cgroup:
+            try:
+                self._cgroups = ManagerCgroups(self.isolation, f"tangram-{self.id.replace('.', '-')}", self.cpus)
+            except BaseException:
+                shutil.rmtree(self._dir, ignore_errors=True)
+                raise
+        path = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
+        self._hello = ("hello", path, self.output_limit, "", not self.isolation.cgroup)
+        base = {"PATH": os.environ.get("PATH", os.defpath), "LANG": os.environ.get("LANG", "C.UTF-8")}
+        base.update({k: os.environ[k] for k in self.inherit_env if k in os.environ})
+        base.update(self.extra_env)
+        self._base_env = base
+        self._state = "running"
+
+    async def close(self) -> None:
+        if self._state == "closed":
+            return
+        self._state = "closed"
+        errors: list[Any] = []
+        try:
+            errors = await asyncio.gather(*(self._end(t) for t in list(self._sandboxes)), return_exceptions=True)
+            if self._reaping:
+                await asyncio.gather(*self._reaping, return_exceptions=True)
+        finally:
+            kill_marked(self.id + "/")  # anything orphaned by a crashed worker that left its session
+            if self._cgroups is not None:
+                self._cgroups.remove()
+                self._cgroups = None
+            if self._dir is not None:
+                await asyncio.to_thread(shutil.rmtree, self._dir, True)
+                self._dir = None
+        for e in errors:
+            if isinstance(e, BaseException):
+                raise e
+
+    async def end_trajectory(self, trajectory: int) -> None:
+        await self._end(trajectory)
+
+    async def _end(self, trajectory: int) -> None:
+        sb = self._sandboxes.pop(trajectory, None)
+        if sb is not None:
+            await sb.close()
+
+    def describe(self) -> Mapping[str, Any]:
+        iso = self.isolation if self.isolation is not None else detect(self.isolation_option, field="managers.cpu.isolation")
+        out: dict[str, Any] = {
+            "isolation": iso.mechanism,
+            "isolation_detail": iso.description,
+            "cpus": cpu_list(self.cpus),
+            "output_limit": self.output_limit,
+            "memory_limit": "cgroup memory limit of the sandbox" if iso.cgroup else "RLIMIT_AS (functions: growth of "
+                            "the worker's address space; commands: each child's address space)",
+            "cpu_quota": "CFS quota for fractional grants" if iso.cgroup else "none (fractions share a pinned CPU)",
+            "environment": sorted(["PATH", "LANG", "HOME", "TMPDIR", "TANGRAM_SANDBOX", *self.inherit_env, *self.extra_env]),
+            "sandboxes": len(self._sandboxes),
+        }
+        if self.inventory_cores is not None and self.inventory_cores > len(self.cpus):
+            out["oversubscribed"] = f"the inventory declares {self.inventory_cores:g} cores for {len(self.cpus)} CPUs"
+        return out
+
+    # ------------------------------------------------------------------ state for tests and logs
+    @property
+    def usage(self) -> dict[int, float]:
+        """Cores in use per CPU id (0.0 everywhere when no action runs)."""
+        return {c: m / _MILLI for c, m in self.pool.used.items()}
+
+    def processes(self) -> list[int]:
+        """Live processes of this manager's sandboxes (a /proc scan by marker)."""
+        return marked_processes(self.id + "/")
+
+    def sandbox_dir(self, trajectory: int) -> str:
+        assert self._dir is not None, "start() first"
+        return os.path.join(self._dir, f"t{trajectory}")
+
+    # ------------------------------------------------------------------ actions
+    def _sandbox(self, trajectory: int) -> Sandbox:
+        sb = self._sandboxes.get(trajectory)
+        if sb is None:
+            if self._state != "running":
+                raise ManagerError("managers.cpu", "start() the manager first" if self._state == "new" else "the manager is closed")
+            cg = None if self._cgroups is None else self._cgroups.sandbox(f"sb-{trajectory}")
+            sb = Sandbox(trajectory, self.sandbox_dir(trajectory), f"{self.id}/{trajectory}", self._base_env, cg,
+                         self._hello[:3] + (self.sandbox_dir(trajectory), self._hello[4]))
+            self._sandboxes[trajectory] = sb
+        return sb
+
+    async def execute(self, action: LiveAction, placement: Placement) -> Any:
+        call = action.call
+        if (call.fn is None) == (call.command is None):
+            raise ActionFailed(action.id, "a CPU call needs exactly one of fn and command", "ValueError")
+        while True:
+            sb = self._sandbox(call.trajectory)
+            async with sb.lock:  # a trajectory's actions are sequential; never interleave two
+                if sb.closed:  # its trajectory ended while this one waited: a fresh sandbox
+                    continue
+                charge = self.pool.take(placement.cores)
+                try:
+                    return await self._run(action, placement, sb, charge)
+                finally:
+                    if sb.cgroup is not None:
+                        sb.cgroup.idle()
+                    self.pool.release(charge)
+
+    async def _run(self, action: LiveAction, placement: Placement, sb: Sandbox, charge: Mapping[int, int]) -> Any:
+        call = action.call
+        ids = sorted(charge)
+        cpus = cpu_list(ids)
+        cores = placement.cores
+        n = str(max(1, math.floor(cores + 1e-9)))
+        env = dict.fromkeys(_THREAD_VARS, n)
+        env.update(placement.env)
+        env.update(call.env)
+        env["TANGRAM_CORES"] = n
+        env["TANGRAM_CPUS"] = cpus
+        memory = int(placement.memory * 2**20) if placement.memory > 0 else 0
+        cg = sb.cgroup
+        if cg is None:
+            pin, rlimit = tuple(ids), memory
+        else:
+            pin, rlimit = None, 0
+        try:
+            if call.fn is not None:
+                payload = cloudpickle.dumps(("fn", call.fn, tuple(call.args), dict(call.kwargs), env, pin, rlimit),
+                                            protocol=pickle.HIGHEST_PROTOCOL)
+            else:
+                command = call.command if isinstance(call.command, str) else [os.fspath(a) for a in call.command]  # type: ignore[union-attr]
+                payload = pickle.dumps(("cmd", command, env, pin, rlimit), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:
+            raise ActionFailed(action.id, f"the call cannot be sent to the sandbox: {type(e).__name__}: {e}",
+                               type(e).__name__) from None
+        oom_before = -1
+        try:
+            if not sb.alive:
+                await sb.start()
+            if cg is not None:
+                cg.set_cpus(cpus)
+                whole = sum(1 for m in charge.values() if m >= _MILLI) == len(charge) and cores == len(charge)
+                cg.set_quota(None if whole or cores <= 0 else cores)
+                try:
+                    cg.set_memory(memory)
+                except OSError as e:
+                    raise ResourceLimitExceeded(action.id, f"cannot limit the sandbox to {placement.memory:g} MiB: it "
+                                                f"already uses more ({e.strerror})", "memory") from None
+            oom_before = cg.oom_kills() if cg is not None and memory > 0 else -1
+            data = await sb.request(payload)
+        except asyncio.CancelledError:
+            self._kill(sb)
+            raise
+        except WorkerDied as e:
+            if cg is None:
+                kill_marked(sb.marker, exact=True)  # orphans of the dead worker that left its session
+            if oom_before >= 0 and cg.oom_kills() > oom_before:  # type: ignore[union-attr]
+                raise ResourceLimitExceeded(action.id, f"the sandbox ran out of its {placement.memory:g} MiB memory "
+                                            "limit and was killed", "memory") from None
+            code = e.returncode
+            tail = f"; worker log: {e.log_tail[-500:]}" if e.log_tail else ""
+            if code is not None and code < 0:
+                raise ActionCrashed(action.id, f"the sandbox worker was killed by signal {-code}{tail}",
+                                    signal=-code) from None
+            raise ActionCrashed(action.id, f"the sandbox worker exited with status {code}{tail}", exit_code=code) from None
+        if oom_before >= 0 and cg.oom_kills() > oom_before:  # type: ignore[union-attr]
+            raise ResourceLimitExceeded(action.id, f"a process of the action exceeded its {placement.memory:g} MiB "
+                                        "memory limit and was killed", "memory")
+        try:
+            reply = pickle.loads(data)
+        except Exception as e:
+            raise ActionFailed(action.id, f"the result cannot be loaded in the orchestrator: {type(e).__name__}: {e}",
+                               type(e).__name__) from None
+        kind = reply[0]
+        if kind == "ok":
+            return reply[1]
+        if kind == "result":
+            return CommandResult(reply[1], reply[2], reply[3], reply[4])
+        if kind == "memory":
+            raise ResourceLimitExceeded(action.id, reply[1], "memory")
+        if kind == "error":
+            raise ActionFailed(action.id, reply[2], reply[1], reply[3])
+        raise ActionFailed(action.id, f"unexpected reply from the sandbox: {kind!r}", "ProtocolError")
+
+    def _kill(self, sb: Sandbox) -> None:
+        """A cancel or timeout: kill the sandbox now, reap it in the background (close()
+        waits for that); the next action of the trajectory starts a new worker."""
+        sb.kill()
+        task = asyncio.get_running_loop().create_task(sb.reap())
+        self._reaping.add(task)
+        task.add_done_callback(self._reaping.discard)
+
+
+__all__ = ["CpuManager", "CpuPool"]

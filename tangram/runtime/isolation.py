@@ -1,0 +1,533 @@
+"""How the CPU manager confines a sandbox: detection of the mechanism, and the cgroups.
+
+Three mechanisms, detected in this order (the first that works here wins):
+
+  cgroup-v2  a writable cgroup2 hierarchy where the cpuset, cpu and memory controllers can
+             be enabled for a subtree of this process's cgroup. Per sandbox: cpuset.cpus,
+             cpu.max (fractional grants), memory.max (+ memory.swap.max = 0), cgroup.kill.
+  cgroup-v1  writable v1 hierarchies for cpuset, cpu and memory (each may be co-mounted with
+             others). Per sandbox: cpuset.cpus, cpu.cfs_quota_us, memory.limit_in_bytes
+             (+ memory.memsw.limit_in_bytes when swap accounting exists).
+  affinity   no writable cgroup: the sandbox worker pins itself with sched_setaffinity
+             (children inherit it) and memory is an RLIMIT_AS soft limit. Fractional grants
+             share a CPU without a quota.
+
+`TANGRAM_ISOLATION` (or the CPU manager's `isolation` option) forces one of the three;
+forcing a cgroup mechanism that is not usable here is an error, not a silent fallback.
+`python -m tangram.runtime.isolation` prints what is in force on this machine.
+
+Cgroups are made inside this process's own cgroup of each hierarchy (read from
+/proc/self/cgroup and /proc/self/mountinfo), as `<that>/tangram-<pid>-<n>/sb-<trajectory>`,
+so they stay under whatever limits the orchestrator itself runs in.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from .errors import ManagerError
+
+MECHANISMS = ("cgroup-v2", "cgroup-v1", "affinity")
+ENV_VAR = "TANGRAM_ISOLATION"
+_CONTROLLERS = ("cpuset", "cpu", "memory")
+CFS_PERIOD_US = 100_000
+_MIN_QUOTA_US = 1_000  # the kernel refuses less than 1 ms per period
+IDLE_CORES = 0.01  # CPU quota of a sandbox's leftover processes between actions
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """The mechanism in force. `dirs`: the base cgroup directory per controller (v1: one
+    per hierarchy; v2: the same directory for all three); `reasons`: why the mechanisms
+    ahead of it in the detection order were not used."""
+
+    mechanism: str
+    description: str
+    dirs: Mapping[str, str] = field(default_factory=dict)
+    reasons: Sequence[str] = ()
+
+    @property
+    def cgroup(self) -> bool:
+        return self.mechanism != "affinity"
+
+
+# ---------------------------------------------------------------------------- detection
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def _write(path: str, value: str) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def _mounts() -> list[tuple[str, str, str, set[str]]]:
+    """(fstype, mount root, mount point, super options) of every cgroup mount."""
+    out = []
+    try:
+        text = _read("/proc/self/mountinfo")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        fields_l, fields_r = left.split(), right.split()
+        if len(fields_l) < 5 or len(fields_r) < 3:
+            continue
+        fstype = fields_r[0]
+        if fstype not in ("cgroup", "cgroup2"):
+            continue
+        root, point = _unescape(fields_l[3]), _unescape(fields_l[4])
+        out.append((fstype, root, point, set(fields_r[2].split(","))))
+    return out
+
+
+def _unescape(s: str) -> str:
+    return s.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+
+
+def _own_cgroups() -> tuple[str | None, dict[str, str]]:
+    """This process's cgroup path in the v2 hierarchy and per v1 controller."""
+    v2: str | None = None
+    v1: dict[str, str] = {}
+    try:
+        text = _read("/proc/self/cgroup")
+    except OSError:
+        return None, v1
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, ctrls, path = parts
+        if ctrls == "":
+            v2 = path
+        else:
+            for c in ctrls.split(","):
+                v1[c] = path
+    return v2, v1
+
+
+def _join(point: str, root: str, own: str) -> str:
+    if root not in ("/", "") and own.startswith(root):
+        own = own[len(root):]
+    elif root not in ("/", ""):
+        own = "/"  # not visible from this mount: use its top
+    own = own.replace(" (deleted)", "")
+    return os.path.normpath(point + "/" + own.lstrip("/"))
+
+
+def _probe(base: str, setup: Iterable[tuple[str, str]] = ()) -> str | None:
+    """Makes and removes a child cgroup under `base`; None when that works, else why not."""
+    if not os.path.isdir(base):
+        return f"{base} does not exist"
+    probe = os.path.join(base, f"tangram-probe-{os.getpid()}")
+    try:
+        os.mkdir(probe)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        return f"cannot create a cgroup under {base}: {e.strerror}"
+    try:
+        for name, value in setup:
+            _write(os.path.join(probe, name), value)
+        return None
+    except OSError as e:
+        return f"cannot configure a cgroup under {base}: {e.strerror}"
+    finally:
+        try:
+            os.rmdir(probe)
+        except OSError:
+            pass
+
+
+def _detect_v2(mounts: list[tuple[str, str, str, set[str]]], own: str | None) -> tuple[dict[str, str] | None, str]:
+    """The directory to make the manager's cgroup in: this process's own cgroup when the
+    three controllers can be enabled for its subtree (the root, or a cgroup that holds no
+    process itself), else its parent (a sibling of ours gets them when ours has them and
+    the parent is writable, as under systemd delegation)."""
+    v2 = [m for m in mounts if m[0] == "cgroup2"]
+    if not v2 or own is None:
+        return None, "cgroup-v2: no cgroup2 hierarchy for this process"
+    _, root, point, _ = v2[0]
+    base = _join(point, root, own)
+    try:
+        available = set(_read(os.path.join(base, "cgroup.controllers")).split())
+        enabled = set(_read(os.path.join(base, "cgroup.subtree_control")).split())
+    except OSError as e:
+        return None, f"cgroup-v2: cannot read {base}: {e.strerror}"
+    missing = [c for c in _CONTROLLERS if c not in available]
+    if missing:
+        return None, f"cgroup-v2: controllers {', '.join(missing)} not available in {base}"
+    todo = [c for c in _CONTROLLERS if c not in enabled]
+    why = ""
+    if todo and os.access(base, os.W_OK):
+        try:  # only possible when `base` holds no process of its own (or is the root)
+            _write(os.path.join(base, "cgroup.subtree_control"), " ".join("+" + c for c in todo))
+            todo = []
+        except OSError as e:
+            why = f"cannot enable {', '.join(todo)} for the subtree of {base}: {e.strerror}"
+    if not todo:
+        why = _probe(base, [("cgroup.subtree_control", "+cpuset +cpu +memory")]) or ""
+        if not why:
+            return {c: base for c in _CONTROLLERS}, ""
+    parent = os.path.dirname(base)
+    point = os.path.normpath(point)
+    if parent != base and (parent == point or parent.startswith(point + "/")):
+        why2 = _probe(parent, [("cgroup.subtree_control", "+cpuset +cpu +memory")])
+        if why2 is None:
+            return {c: parent for c in _CONTROLLERS}, ""
+        why = f"{why or 'not writable: ' + base}; {why2}"
+    return None, "cgroup-v2: " + (why or f"{base} is not writable")
+
+
+def _detect_v1(mounts: list[tuple[str, str, str, set[str]]], own: dict[str, str]) -> tuple[dict[str, str] | None, str]:
+    dirs: dict[str, str] = {}
+    for c in _CONTROLLERS:
+        m = next((m for m in mounts if m[0] == "cgroup" and c in m[3]), None)
+        if m is None:
+            return None, f"cgroup-v1: no {c} hierarchy mounted"
+        base = _join(m[2], m[1], own.get(c, "/"))
+        setup: list[tuple[str, str]] = []
+        if c == "cpuset":
+            try:
+                cpus = _read(os.path.join(base, "cpuset.effective_cpus")).strip() or _read(os.path.join(base, "cpuset.cpus")).strip()
+                mems = _read(os.path.join(base, "cpuset.effective_mems")).strip() or _read(os.path.join(base, "cpuset.mems")).strip()
+            except OSError as e:
+                return None, f"cgroup-v1: cannot read the cpuset of {base}: {e.strerror}"
+            setup = [("cpuset.cpus", cpus), ("cpuset.mems", mems)]
+        why = _probe(base, setup)
+        if why is not None:
+            return None, "cgroup-v1: " + why
+        dirs[c] = base
+    return dirs, ""
+
+
+def detect(force: str | None = None, *, field: str = "isolation") -> Isolation:
+    """The isolation mechanism usable here. `force` ("auto" or None: detect; or one of
+    MECHANISMS) takes precedence over the environment variable TANGRAM_ISOLATION."""
+    source = field
+    if force in (None, "", "auto"):
+        env = os.environ.get(ENV_VAR, "").strip()
+        force, source = (env, ENV_VAR) if env and env != "auto" else (None, source)
+    if force is not None and force not in MECHANISMS:
+        raise ManagerError(source, f"unknown isolation {force!r}; expected auto, {', '.join(MECHANISMS)}")
+    mounts = _mounts()
+    own_v2, own_v1 = _own_cgroups()
+    reasons: list[str] = []
+    if force in (None, "cgroup-v2"):
+        dirs, why = _detect_v2(mounts, own_v2)
+        if dirs is not None:
+            return Isolation("cgroup-v2", f"cgroup v2 under {dirs['cpu']}: per-action cpuset.cpus, cpu.max quota for "
+                             "fractional grants, memory.max (no swap); kill through cgroup.kill", dirs, reasons)
+        reasons.append(why)
+        if force is not None:
+            raise ManagerError(source, f"cgroup-v2 forced but not usable: {why}")
+    if force in (None, "cgroup-v1"):
+        dirs, why = _detect_v1(mounts, own_v1)
+        if dirs is not None:
+            where = ", ".join(f"{c} {d}" for c, d in dirs.items())
+            return Isolation("cgroup-v1", f"cgroup v1 ({where}): per-action cpuset.cpus, cpu.cfs_quota_us for fractional "
+                             "grants, memory.limit_in_bytes (+memsw); kill of every task in the cgroup", dirs, reasons)
+        reasons.append(why)
+        if force is not None:
+            raise ManagerError(source, f"cgroup-v1 forced but not usable: {why}")
+    why_not = f" ({'; '.join(reasons)})" if reasons else " (forced)"
+    return Isolation("affinity", "sched_setaffinity on the sandbox worker (children inherit it), RLIMIT_AS soft limit "
+                     "for memory, no CPU quota for fractional grants; kill by process group" + why_not, {}, reasons)
+
+
+# ---------------------------------------------------------------------------- cgroups
+def _mkdir(path: str) -> None:
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        pass
+
+
+def _rmdir(path: str, attempts: int = 50) -> bool:
+    for i in range(attempts):
+        try:
+            os.rmdir(path)
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError as e:
+            if e.errno != errno.EBUSY:
+                return False
+            time.sleep(0.002 * (i + 1))  # its last tasks are still exiting
+    return False
+
+
+def _procs(path: str) -> list[int]:
+    """The live (not zombie) processes of a cgroup."""
+    try:
+        pids = [int(x) for x in _read(os.path.join(path, "cgroup.procs")).split()]
+    except (OSError, ValueError):
+        return []
+    return [p for p in pids if alive(p)]
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    i = stat.rfind(b")")
+    return stat[i + 2:i + 3] not in (b"Z", b"X", b"")
+
+
+def cpu_list(cpus: Iterable[int]) -> str:
+    """"0-3,6" style list."""
+    ids = sorted(set(cpus))
+    out: list[str] = []
+    i = 0
+    while i < len(ids):
+        j = i
+        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
+            j += 1
+        out.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+class ManagerCgroups:
+    """The manager's own cgroup(s): `<base>/tangram-<pid>-<n>` in each hierarchy."""
+
+    def __init__(self, iso: Isolation, name: str, cpus: Sequence[int]) -> None:
+        self.iso = iso
+        self.v2 = iso.mechanism == "cgroup-v2"
+        for d in dict.fromkeys(iso.dirs.values()):
+            remove_stale(d)
+        self.dirs: dict[str, str] = {c: os.path.join(d, name) for c, d in iso.dirs.items()}
+        made: list[str] = []
+        try:
+            for c in _CONTROLLERS:
+                d = self.dirs[c]
+                if d in made:
+                    continue
+                _mkdir(d)
+                made.append(d)
+                if c == "cpuset":
+                    parent = iso.dirs[c]
+                    mems = _read(os.path.join(parent, "cpuset.effective_mems")).strip() if not self.v2 else ""
+                    _write(os.path.join(d, "cpuset.cpus"), cpu_list(cpus))
+                    if not self.v2:
+                        _write(os.path.join(d, "cpuset.mems"), mems)
+                    self.mems = mems
+            if self.v2:
+                _write(os.path.join(self.dirs["cpu"], "cgroup.subtree_control"), "+cpuset +cpu +memory")
+        except OSError as e:
+            for d in reversed(made):
+                _rmdir(d, 1)
+            raise ManagerError("managers.cpu.isolation", f"cannot set up the manager's cgroup {made[-1] if made else name}: {e.strerror}") from None
+        self.made = made
+
+    def sandbox(self, name: str) -> SandboxCgroup:
+        return SandboxCgroup(self, name)
+
+    def remove(self) -> None:
+        for d in reversed(self.made):
+            for p in _procs(d):  # nothing should be left; never leave it running
+                _kill(p)
+            _rmdir(d)
+
+
+def remove_stale(base: str) -> list[str]:
+    """Removes the cgroups `tangram-<pid>-<n>` under `base` left by managers whose process
+    died without closing them (their sandboxes are killed). Returns what it removed."""
+    removed: list[str] = []
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return removed
+    for name in names:
+        parts = name.split("-")
+        if len(parts) != 3 or parts[0] != "tangram" or not parts[1].isdigit():
+            continue
+        pid = int(parts[1])
+        if pid == os.getpid() or alive(pid):
+            continue
+        d = os.path.join(base, name)
+        try:
+            subs = [os.path.join(d, e) for e in os.listdir(d) if os.path.isdir(os.path.join(d, e))]
+        except OSError:
+            continue
+        for sub in subs + [d]:
+            for _ in range(20):
+                pids = _procs(sub)
+                if not pids:
+                    break
+                for p in pids:
+                    _kill(p)
+                time.sleep(0.002)
+            _rmdir(sub, 5)
+        if not os.path.exists(d):
+            removed.append(d)
+    return removed
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        pass
+
+
+class SandboxCgroup:
+    """One sandbox's cgroup(s). Writes are cached: a setting equal to the last one written
+    costs nothing (the hot path of repeated whole-core grants writes only cpuset.cpus when
+    the CPU ids change)."""
+
+    def __init__(self, mgr: ManagerCgroups, name: str) -> None:
+        self.v2 = mgr.v2
+        self.dirs = {c: os.path.join(d, name) for c, d in mgr.dirs.items()}
+        self.unique = list(dict.fromkeys(self.dirs.values()))
+        try:
+            for d in self.unique:
+                _mkdir(d)
+            if not self.v2:
+                _write(os.path.join(self.dirs["cpuset"], "cpuset.cpus"), _read(os.path.join(mgr.dirs["cpuset"], "cpuset.cpus")).strip())
+                _write(os.path.join(self.dirs["cpuset"], "cpuset.mems"), mgr.mems)
+        except OSError as e:
+            self.remove()
+            raise ManagerError("managers.cpu.isolation", f"cannot create the sandbox cgroup {self.dirs['cpuset']}: {e.strerror}") from None
+        mem = self.dirs["memory"]
+        self._oom_file = os.path.join(mem, "memory.events" if self.v2 else "memory.oom_control")
+        self._memsw = None if self.v2 else os.path.join(mem, "memory.memsw.limit_in_bytes")
+        if self._memsw is not None and not os.path.exists(self._memsw):
+            self._memsw = None
+        self._swap_max = os.path.join(mem, "memory.swap.max") if self.v2 else None
+        if self._swap_max is not None and not os.path.exists(self._swap_max):
+            self._swap_max = None
+        self._cpus: str | None = None
+        self._procs_file = os.path.join(self.dirs["cpu"], "cgroup.procs")
+        self._quota: int | None = -1  # unlimited when created
+        self._memory: int = 0  # bytes; 0: unlimited
+
+    def add(self, pid: int) -> None:
+        for d in self.unique:
+            _write(os.path.join(d, "cgroup.procs"), str(pid))
+
+    def set_cpus(self, cpus: str) -> None:
+        if cpus != self._cpus:
+            _write(os.path.join(self.dirs["cpuset"], "cpuset.cpus"), cpus)
+            self._cpus = cpus
+
+    def set_quota(self, cores: float | None) -> None:
+        """A CFS quota of `cores` CPUs (None: unlimited)."""
+        quota = -1 if cores is None else max(_MIN_QUOTA_US, int(round(cores * CFS_PERIOD_US)))
+        if quota == self._quota:
+            return
+        if self.v2:
+            _write(os.path.join(self.dirs["cpu"], "cpu.max"), f"{'max' if quota < 0 else quota} {CFS_PERIOD_US}")
+        else:
+            _write(os.path.join(self.dirs["cpu"], "cpu.cfs_quota_us"), str(quota))
+        self._quota = quota
+
+    def set_memory(self, limit: int) -> None:
+        """Memory limit in bytes (0: unlimited). Raises OSError(EBUSY) when the sandbox
+        already uses more than `limit` and the kernel cannot reclaim it."""
+        if limit == self._memory:
+            return
+        d = self.dirs["memory"]
+        if self.v2:
+            _write(os.path.join(d, "memory.max"), str(limit) if limit > 0 else "max")
+            if self._swap_max is not None:
+                _write(self._swap_max, "0" if limit > 0 else "max")
+        else:
+            value = str(limit) if limit > 0 else "-1"
+            mem = os.path.join(d, "memory.limit_in_bytes")
+            # memory.memsw.limit_in_bytes must stay >= memory.limit_in_bytes at every step
+            order = [mem] if self._memsw is None else (
+                [self._memsw, mem] if limit == 0 or 0 < self._memory < limit else [mem, self._memsw])
+            for path in order:
+                _write(path, value)
+        self._memory = limit
+
+    def idle(self) -> None:
+        """Between actions: when processes other than the worker outlive the action
+        (background jobs, servers), throttle them to IDLE_CORES until the next action sets
+        its grant. One read of cgroup.procs when there are none."""
+        try:
+            fd = os.open(self._procs_file, os.O_RDONLY)
+            try:
+                data = os.read(fd, 64)
+            finally:
+                os.close(fd)
+            if data.count(b"\n") > 1:
+                self.set_quota(IDLE_CORES)
+        except OSError:  # removed meanwhile (its trajectory ended)
+            pass
+
+    @property
+    def memory(self) -> int:
+        return self._memory
+
+    def oom_kills(self) -> int:
+        """Tasks of this cgroup killed by the OOM killer so far (the kernel's count)."""
+        try:
+            text = _read(self._oom_file)
+        except OSError:
+            return 0
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+        try:  # old v1 kernels without the oom_kill count: fall back to the limit's hit count
+            return int(_read(os.path.join(self.dirs["memory"], "memory.failcnt")))
+        except (OSError, ValueError):
+            return 0
+
+    def procs(self) -> list[int]:
+        out: list[int] = []
+        for d in self.unique:
+            out.extend(p for p in _procs(d) if p not in out)
+        return out
+
+    def kill_all(self, rounds: int = 100) -> bool:
+        """SIGKILL every process in the cgroup, including those that left the sandbox's
+        session or process group. True when it is empty afterwards."""
+        if self.v2:
+            try:
+                _write(os.path.join(self.dirs["cpu"], "cgroup.kill"), "1")
+            except OSError:
+                pass
+        for i in range(rounds):
+            pids = self.procs()
+            if not pids:
+                return True
+            for p in pids:
+                _kill(p)
+            if i:
+                time.sleep(0.001 * min(i, 10))
+        return not self.procs()
+
+    def remove(self) -> None:
+        self.kill_all()
+        for d in reversed(self.unique):
+            _rmdir(d)
+
+
+__all__ = ["ENV_VAR", "MECHANISMS", "Isolation", "ManagerCgroups", "SandboxCgroup", "cpu_list", "detect", "remove_stale"]
+
+
+if __name__ == "__main__":  # python -m tangram.runtime.isolation
+    iso = detect()
+    print(iso.mechanism)
+    print(iso.description)
+    for c, d in iso.dirs.items():
+        print(f"  {c}: {d}")

@@ -1,0 +1,521 @@
+"""The CPU manager with real subprocesses: per-action pinning and grants, sandbox state,
+kills of whole process trees, crash recovery, memory and output limits, a clean
+environment, cancellation. Every test runs under the cgroup mechanism when this machine
+has a writable one, and under forced affinity; after each, no process of any manager is
+left and the CPU pool is exactly full."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from tangram.runtime.call import Call, CommandResult, Placement
+from tangram.runtime.cpu import CpuManager, CpuPool
+from tangram.runtime.errors import (
+    ActionCrashed,
+    ActionFailed,
+    ManagerError,
+    ResourceLimitExceeded,
+)
+from tangram.runtime.isolation import detect
+from tangram.runtime.manager import LiveAction, manager_class
+from tangram.runtime.sandbox import marked_processes
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sandboxes need Linux")
+
+DETECTED = detect("auto") if sys.platform.startswith("linux") else None
+CGROUP = DETECTED is not None and DETECTED.cgroup
+CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
+MECHANISMS = [pytest.param("auto", id=DETECTED.mechanism if DETECTED else "auto",
+                           marks=pytest.mark.skipif(not CGROUP, reason="no writable cgroup on this machine")),
+              pytest.param("affinity", id="affinity")]
+_ids = itertools.count(1)
+
+
+@pytest.fixture(params=MECHANISMS)
+def mechanism(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_process() -> Any:
+    yield
+    leaked = marked_processes(f"{os.getpid()}.")  # every manager of this process
+    assert leaked == [], f"processes left behind: {leaked}"
+
+
+def placement(cores: float = 1.0, memory: float = 0.0, env: dict[str, str] | None = None) -> Placement:
+    return Placement(action_id=0, node=0, node_name="local", device=None, grant=cores, cores=cores,
+                     memory=memory, gpu_memory=0.0, env=env or {})
+
+
+async def run(mgr: CpuManager, call: Call, cores: float = 1.0, memory: float = 0.0, **kw: Any) -> Any:
+    return await mgr.execute(LiveAction(next(_ids), call), placement(cores, memory, **kw))
+
+
+def with_manager(mechanism: str, body: Callable[[CpuManager], Awaitable[None]], **options: Any) -> CpuManager:
+    """Runs `body` with a started manager, then closes it and checks that nothing is left:
+    no process, no cgroup, no directory, and the pool exactly full."""
+    mgr = CpuManager(isolation=mechanism, **options)
+
+    async def main() -> None:
+        await mgr.start()
+        cgroups = list(mgr._cgroups.made) if mgr._cgroups is not None else []
+        base = mgr._dir
+        try:
+            await body(mgr)
+            assert mgr.pool.full, mgr.usage
+        finally:
+            await mgr.close()
+        assert mgr.pool.full and all(v == 0 for v in mgr.usage.values())
+        assert mgr.processes() == []
+        assert not any(os.path.exists(d) for d in cgroups), cgroups
+        assert base is not None and not os.path.exists(base)
+
+    asyncio.run(main())
+    return mgr
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def wait_gone(pids: list[int], timeout: float = 2.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = [p for p in pids if pid_alive(p)]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.01)
+
+
+# ---------------------------------------------------------------------------- options
+def test_bad_options_name_the_option(tmp_path: Any) -> None:
+    cases = [
+        (dict(isolation="docker"), "managers.cpu.isolation"),
+        (dict(output_limit=-1), "managers.cpu.output_limit"),
+        (dict(output_limit="big"), "managers.cpu.output_limit"),
+        (dict(cpus=[]), "managers.cpu.cpus"),
+        (dict(cpus=[max(CPUS) + 1000]), "managers.cpu.cpus"),
+        (dict(cpus="zero"), "managers.cpu.cpus"),
+        (dict(root=str(tmp_path / "missing")), "managers.cpu.root"),
+        (dict(env={"A": 1}), "managers.cpu.env"),
+        (dict(inherit_env="HOME"), "managers.cpu.inherit_env"),
+    ]
+    for options, field in cases:
+        with pytest.raises(ManagerError) as e:
+            CpuManager(**options)
+        assert e.value.field == field, options
+    assert manager_class("cpu") is CpuManager
+
+
+def test_detect_and_forcing(monkeypatch: pytest.MonkeyPatch) -> None:
+    iso = detect()
+    assert iso.mechanism in ("cgroup-v2", "cgroup-v1", "affinity") and iso.description
+    assert detect("affinity").mechanism == "affinity"
+    monkeypatch.setenv("TANGRAM_ISOLATION", "affinity")
+    assert detect().mechanism == "affinity"
+    assert detect("auto").mechanism == "affinity"
+    monkeypatch.setenv("TANGRAM_ISOLATION", "chroot")
+    with pytest.raises(ManagerError) as e:
+        detect()
+    assert e.value.field == "TANGRAM_ISOLATION"
+    monkeypatch.delenv("TANGRAM_ISOLATION")
+    for forced in ("cgroup-v2", "cgroup-v1"):
+        try:
+            assert detect(forced).mechanism == forced
+        except ManagerError as err:  # not usable here: an error naming the option, no fallback
+            assert err.field == "isolation" and forced in err.reason
+
+
+def test_pool_prefers_exclusive_cpus_and_releases_exactly() -> None:
+    pool = CpuPool([0, 1, 2, 3])
+    a = pool.take(2)
+    assert a == {0: 1000, 1: 1000}
+    b = pool.take(0.5)
+    c = pool.take(0.25)
+    assert len(b) == 1 and len(c) == 1 and set(b) == set(c) and not set(b) & set(a)  # fractions packed
+    d = pool.take(1)
+    assert d and set(d).isdisjoint(b) and set(d).isdisjoint(a) and list(d.values()) == [1000]  # whole CPU kept whole
+    e = pool.take(0.25)
+    assert set(e) == set(b)
+    assert pool.used[next(iter(b))] == 1000
+    for g in (a, b, c, d, e):
+        pool.release(g)
+    assert pool.full
+    # fragmented: 0.4 free on each of two CPUs, 0.8 asked: it spans both
+    pool2 = CpuPool([0, 1])
+    x, y = pool2.take(0.6), pool2.take(0.6)
+    assert set(x) != set(y)
+    z = pool2.take(0.8)
+    assert sum(z.values()) == 800 and len(z) == 2
+    over = pool2.take(3)  # oversubscribed inventory: shares, and still releases exactly
+    assert sum(over.values()) == 3000
+    for g in (x, y, z, over):
+        pool2.release(g)
+    assert pool2.full
+
+
+# ---------------------------------------------------------------------------- grants
+def test_pinning_is_observed_from_inside_the_action(mechanism: str) -> None:
+    async def body(mgr: CpuManager) -> None:
+        aff = await run(mgr, Call(fn=lambda: sorted(os.sched_getaffinity(0))), cores=1)
+        assert len(aff) == 1 and aff[0] in CPUS
+        r = await run(mgr, Call(command="grep Cpus_allowed_list /proc/self/status; echo $TANGRAM_CPUS"), cores=1)
+        listed, env = r.stdout.decode().split("\n")[:2]
+        assert listed.split()[-1] == env and len(env.split(",")) == 1
+        if len(CPUS) >= 2:
+            aff = await run(mgr, Call(fn=lambda: sorted(os.sched_getaffinity(0))), cores=2)
+            assert len(aff) == 2
+            r = await run(mgr, Call(command=["grep", "Cpus_allowed_list", "/proc/self/status"]), cores=2)
+            assert r.stdout.decode().split()[-1] in (f"{aff[0]}-{aff[1]}", f"{aff[0]},{aff[1]}")
+
+            # two trajectories at once, one core each: disjoint CPUs, exclusively theirs
+            def probe() -> list[int]:
+                time.sleep(0.3)
+                return sorted(os.sched_getaffinity(0))
+            a, b = await asyncio.gather(run(mgr, Call(fn=probe, trajectory=1), cores=1),
+                                        run(mgr, Call(fn=probe, trajectory=2), cores=1))
+            assert len(a) == 1 and len(b) == 1 and a != b
+
+    with_manager(mechanism, body)
+
+
+def test_the_grant_is_passed_to_the_action(mechanism: str) -> None:
+    async def body(mgr: CpuManager) -> None:
+        cores = min(2, len(CPUS))
+        names = ("TANGRAM_CORES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+        got = await run(mgr, Call(fn=lambda: {k: os.environ.get(k) for k in names}), cores=cores)
+        assert got == dict.fromkeys(names, str(cores))
+        r = await run(mgr, Call(command='echo "$TANGRAM_CORES $OMP_NUM_THREADS"'), cores=cores)
+        assert r.stdout == f"{cores} {cores}\n".encode()
+        half = await run(mgr, Call(fn=lambda: os.environ["TANGRAM_CORES"]), cores=0.5)
+        assert half == "1"  # whole cores, at least 1
+        # the grant is the action's only while it runs
+        assert await run(mgr, Call(fn=lambda: os.environ.get("TANGRAM_FOO", "unset"))) == "unset"
+        r = await run(mgr, Call(command="echo $TANGRAM_FOO $CUDA_VISIBLE_DEVICES", env={"TANGRAM_FOO": "bar"}),
+                      env={"CUDA_VISIBLE_DEVICES": "3"})
+        assert r.stdout == b"bar 3\n"
+
+    with_manager(mechanism, body)
+
+
+def test_fractional_grants_share_a_cpu(mechanism: str) -> None:
+    async def body(mgr: CpuManager) -> None:
+        def probe(quota_file: str | None) -> tuple[list[int], str]:
+            quota = ""
+            if quota_file is not None:
+                with open(quota_file) as f:
+                    quota = f.read().split()[0]
+            time.sleep(0.3)
+            return sorted(os.sched_getaffinity(0)), quota
+
+        v2 = mgr.isolation.mechanism == "cgroup-v2"  # type: ignore[union-attr]
+        results = []
+        for t in (1, 2):
+            cg = mgr._sandbox(t).cgroup
+            quota_file = os.path.join(cg.dirs["cpu"], "cpu.max" if v2 else "cpu.cfs_quota_us") if cg else None
+            results.append(run(mgr, Call(fn=probe, args=(quota_file,), trajectory=t), cores=0.5))
+        (a, qa), (b, qb) = await asyncio.gather(*results)
+        assert a == b and len(a) == 1  # both halves on one CPU, the other CPUs kept whole
+        if mgr.isolation.cgroup:  # type: ignore[union-attr]
+            assert qa == qb == "50000"  # 0.5 of a 100 ms period
+        else:
+            assert qa == qb == ""
+        assert mgr.usage == dict.fromkeys(CPUS, 0.0)
+
+    with_manager(mechanism, body)
+
+
+@pytest.mark.skipif(not CGROUP, reason="no writable cgroup on this machine")
+def test_leftover_processes_are_throttled_between_actions() -> None:
+    async def body(mgr: CpuManager) -> None:
+        cg = mgr._sandbox(0).cgroup
+        assert cg is not None
+        v2 = mgr.isolation.mechanism == "cgroup-v2"  # type: ignore[union-attr]
+        quota_file = os.path.join(cg.dirs["cpu"], "cpu.max" if v2 else "cpu.cfs_quota_us")
+
+        def quota() -> str:
+            with open(quota_file) as f:
+                return f.read().split()[0]
+
+        await run(mgr, Call(command="true"))
+        assert quota() in ("-1", "max")  # nothing left running: untouched
+        await run(mgr, Call(command="sleep 60 &"))
+        assert quota() == "1000"  # a background job gets 1% of a CPU until the next action
+        r = await run(mgr, Call(command=["cat", quota_file]))
+        assert r.stdout.split()[0] in (b"-1", b"max")  # the action has its whole grant
+
+    with_manager("auto", body)
+
+
+@pytest.mark.skipif(not CGROUP, reason="no writable cgroup on this machine")
+def test_cgroups_of_a_dead_manager_are_removed_at_start() -> None:
+    import subprocess
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    assert DETECTED is not None
+    stale = [os.path.join(d, f"tangram-{dead.pid}-1") for d in dict.fromkeys(DETECTED.dirs.values())]
+    for d in stale:
+        os.makedirs(os.path.join(d, "sb-0"), exist_ok=True)
+
+    async def body(mgr: CpuManager) -> None:
+        assert not any(os.path.exists(d) for d in stale)
+
+    with_manager("auto", body)
+
+
+# ---------------------------------------------------------------------------- state
+counter = 0
+
+
+def bump() -> int:
+    global counter
+    counter += 1
+    return counter
+
+
+def test_state_persists_across_a_trajectorys_actions(mechanism: str) -> None:
+    async def body(mgr: CpuManager) -> None:
+        home = mgr.sandbox_dir(7)
+        assert await run(mgr, Call(fn=lambda: (os.getcwd(), os.environ["HOME"], os.environ["TMPDIR"]), trajectory=7)) \
+            == (home, home, os.path.join(home, ".tmp"))
+        r = await run(mgr, Call(command="echo hello > notes.txt; pwd", trajectory=7))
+        assert r.returncode == 0 and r.stdout.decode().strip() == home
+        assert await run(mgr, Call(fn=read, args=("notes.txt",), trajectory=7)) == "hello\n"
+        assert [await run(mgr, Call(fn=bump, trajectory=7)) for _ in range(3)] == [1, 2, 3]  # module state
+        assert await run(mgr, Call(fn=bump, trajectory=8)) == 1  # another trajectory: its own worker
+        r = await run(mgr, Call(command="cat notes.txt", trajectory=8))
+        assert r.returncode != 0  # and its own directory
+        await mgr.end_trajectory(7)
+        assert not os.path.exists(home)
+        assert await run(mgr, Call(fn=bump, trajectory=7)) == 1  # a new trajectory 7 starts fresh
+
+    with_manager(mechanism, body)
+
+
+def test_concurrent_actions_of_one_trajectory_are_serialised(mechanism: str) -> None:
+    async def body(mgr: CpuManager) -> None:
+        def step(i: int) -> tuple[float, float]:
+            t0 = time.monotonic()
+            time.sleep(0.1)
+            return t0, time.monotonic()
+
+        spans = sorted(await asyncio.gather(*(run(mgr, Call(fn=step, args=(i,), trajectory=3)) for i in range(3))))
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
+
+    with_manager(mechanism, body)
+
+
+# ---------------------------------------------------------------------------- failures
+def test_a_function_that_raises_is_action_failed(mechanism: str) -> None:
+    async def body(mgr: CpuManager) -> None:
+        def broken() -> None:
+            raise ValueError("no such file")
+
+        with pytest.raises(ActionFailed) as e:
+            await run(mgr, Call(fn=broken))
+        assert e.value.error_type == "ValueError" and "broken" in e.value.remote_traceback
+        import threading
+        with pytest.raises(ActionFailed) as e:  # a result that cannot come back
+            await run(mgr, Call(fn=threading.Lock))
+        assert "pickle" in str(e.value).lower()
+        with pytest.raises(ActionFailed) as e:  # an argument that cannot go there
+            await run(mgr, Call(fn=len, args=(threading.Lock(),)))
+        assert await run(mgr, Call(fn=lambda: 42)) == 42  # the sandbox is fine
+
+        def sandbox_only_object() -> object:
+            with open("sandboxonly.py", "w") as f:
+                f.write("class Thing:\n    pass\n")
+            sys.path.insert(0, os.getcwd())
+            import sandboxonly  # type: ignore[import-not-found]
+            return sandboxonly.Thing()
+
+        with pytest.raises(ActionFailed) as e:  # its class does not exist in the orchestrator
+            await run(mgr, Call(fn=sandbox_only_object))
+        assert e.value.error_type == "ModuleNotFoundError"
+
+        async def coroutine() -> str:
+            await asyncio.sleep(0)
+            return os.environ["TANGRAM_CORES"]
+
+        assert await run(mgr, Call(fn=coroutine)) == "1"  # an async def runs to completion in the sandbox
+
+    with_manager(mechanism, body)
+
+
+def test_commands_exit_codes_and_signals_are_results(mechanism: str) -> None:
+    async def body(mgr: CpuManager) -> None:
+        r = await run(mgr, Call(command="echo out; echo err >&2; exit 3"))
+        assert r == CommandResult(3, b"out\n", b"err\n", False)
+        r = await run(mgr, Call(command="kill -SEGV $$"))
+        assert r.returncode == -signal.SIGSEGV
+        r = await run(mgr, Call(command=["/nonexistent/tool", "-x"]))
+        assert r.returncode == 127 and b"nonexistent" in r.stderr
+        r = await run(mgr, Call(command="sleep 30 & echo detached"))  # a background job does not hold the action
+        assert r.stdout == b"detached\n"
+
+    with_manager(mechanism, body)
+
+
+def test_crash_recovery(mechanism: str) -> None:
+    async def body(mgr: CpuManager) -> None:
+        await run(mgr, Call(command="echo kept > file.txt; (setsid sleep 60 & echo $! > daemon.pid)"))
+        pid0 = await run(mgr, Call(fn=os.getpid))
+        daemon = int(await run(mgr, Call(fn=read, args=("daemon.pid",))))
+        assert pid_alive(daemon)
+        with pytest.raises(ActionCrashed) as e:
+            await run(mgr, Call(fn=os._exit, args=(3,)))
+        assert e.value.exit_code == 3 and e.value.signal is None
+        assert mgr.pool.full
+        assert wait_gone([pid0, daemon]) == []  # the escaped daemon too
+        pid1 = await run(mgr, Call(fn=os.getpid))
+        assert pid1 != pid0
+        with pytest.raises(ActionCrashed) as e:
+            await run(mgr, Call(fn=lambda: os.kill(os.getpid(), signal.SIGSEGV)))
+        assert e.value.signal == signal.SIGSEGV and e.value.exit_code is None
+        assert await run(mgr, Call(fn=read, args=("file.txt",))) == "kept\n"  # files survive
+        assert await run(mgr, Call(fn=bump)) == 1  # memory state does not
+
+    with_manager(mechanism, body)
+
+
+def test_timeout_kills_the_whole_process_tree(mechanism: str) -> None:
+    async def body(mgr: CpuManager) -> None:
+        tree = ("sleep 60 & echo $! >> pids; sleep 60 & echo $! >> pids; "
+                "(setsid sleep 60 & echo $! >> pids); sh -c 'sleep 60 & echo $! >> pids; wait' & "
+                "echo $$ >> pids; sleep 60")
+        worker = None
+        t0 = time.monotonic()
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(run(mgr, Call(command=tree, trajectory=4)), 1.0)
+        assert time.monotonic() - t0 < 5
+        assert mgr.pool.full
+        pids = [int(p) for p in read(os.path.join(mgr.sandbox_dir(4), "pids")).split()]
+        assert len(pids) == 5
+        assert wait_gone(pids) == []
+        assert mgr._sandboxes[4].proc is None  # recreated at the next action
+        r = await run(mgr, Call(command="wc -l < pids", trajectory=4))
+        assert r.stdout.strip() == b"5"
+        worker = await run(mgr, Call(fn=os.getpid, trajectory=4))
+        assert pid_alive(worker)
+
+    with_manager(mechanism, body)
+
+
+def test_cancellation(mechanism: str) -> None:
+    async def body(mgr: CpuManager) -> None:
+        pid0 = await run(mgr, Call(fn=os.getpid))
+        task = asyncio.ensure_future(run(mgr, Call(fn=time.sleep, args=(30,)), cores=len(CPUS)))
+        await asyncio.sleep(0.3)
+        assert not mgr.pool.full
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert mgr.pool.full
+        assert wait_gone([pid0]) == []
+        # cancelling an action that waits for its trajectory's sandbox leaves the running one alone
+        first = asyncio.ensure_future(run(mgr, Call(fn=lambda: time.sleep(0.4) or os.getpid())))
+        await asyncio.sleep(0.1)
+        second = asyncio.ensure_future(run(mgr, Call(fn=os.getpid)))
+        await asyncio.sleep(0.05)
+        second.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await second
+        pid1 = await first
+        assert pid1 != pid0 and await run(mgr, Call(fn=os.getpid)) == pid1
+
+    with_manager(mechanism, body)
+
+
+# ---------------------------------------------------------------------------- limits
+def allocate(mib: int) -> int:
+    block = b"\1" * (mib << 20)  # written, so resident
+    return len(block)
+
+
+def test_memory_limit(mechanism: str) -> None:
+    async def body(mgr: CpuManager) -> None:
+        assert await run(mgr, Call(fn=allocate, args=(20,)), memory=200) == 20 << 20
+        with pytest.raises(ResourceLimitExceeded) as e:
+            await run(mgr, Call(fn=allocate, args=(400,)), memory=100)
+        assert e.value.limit == "memory"
+        assert mgr.pool.full
+        assert await run(mgr, Call(fn=allocate, args=(400,))) == 400 << 20  # no limit asked: none applied
+        script = [sys.executable, "-c", "b = b'1' * (400 << 20)"]
+        if mgr.isolation.cgroup:  # type: ignore[union-attr]
+            with pytest.raises(ResourceLimitExceeded) as e:
+                await run(mgr, Call(command=script), memory=100)
+            assert e.value.limit == "memory"
+        else:  # RLIMIT_AS: the command's allocation fails, and its result says so
+            r = await run(mgr, Call(command=script), memory=100)
+            assert r.returncode != 0 and b"MemoryError" in r.stderr
+        assert (await run(mgr, Call(command=script), memory=1000)).returncode == 0
+
+    with_manager(mechanism, body)
+
+
+def test_output_is_capped_and_drained(mechanism: str) -> None:
+    async def body(mgr: CpuManager) -> None:
+        r = await run(mgr, Call(command="head -c 3000000 /dev/zero; head -c 5000 /dev/zero >&2; echo done >&2"))
+        assert r.returncode == 0 and r.truncated
+        assert r.stdout == bytes(1000) and r.stderr == bytes(1000)
+        r = await run(mgr, Call(command="echo small"))
+        assert r == CommandResult(0, b"small\n", b"", False)
+
+    with_manager(mechanism, body, output_limit=1000)
+
+
+def test_environment_has_no_parent_secrets(mechanism: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TANGRAM_TEST_API_TOKEN", "s3cret-token")
+    monkeypatch.setenv("TANGRAM_TEST_PASSED", "yes")
+
+    async def body(mgr: CpuManager) -> None:
+        env = await run(mgr, Call(fn=lambda: dict(os.environ)))
+        assert "TANGRAM_TEST_API_TOKEN" not in env and env["TANGRAM_TEST_PASSED"] == "yes"
+        assert env["EXTRA"] == "1" and env["HOME"] == mgr.sandbox_dir(0)
+        r = await run(mgr, Call(command="env"))
+        assert b"s3cret" not in r.stdout and b"TANGRAM_TEST_PASSED=yes" in r.stdout
+        names = {line.split("=", 1)[0] for line in r.stdout.decode().splitlines()}
+        allowed = {"PATH", "LANG", "HOME", "TMPDIR", "PWD", "SHLVL", "_", "OLDPWD", "EXTRA", "TANGRAM_TEST_PASSED",
+                   "TANGRAM_SANDBOX", "TANGRAM_CORES", "TANGRAM_CPUS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                   "OPENBLAS_NUM_THREADS"}
+        assert names <= allowed, names - allowed
+        sid, pgid = await run(mgr, Call(fn=lambda: (os.getsid(0), os.getpgid(0))))
+        pid = await run(mgr, Call(fn=os.getpid))
+        assert sid == pgid == pid != os.getsid(0)  # its own session and process group
+
+    with_manager(mechanism, body, env={"EXTRA": "1"}, inherit_env=["TANGRAM_TEST_PASSED"])
+
+
+def test_close_kills_every_sandbox_and_describe(mechanism: str) -> None:
+    pids: list[int] = []
+
+    async def body(mgr: CpuManager) -> None:
+        for t in range(3):
+            await run(mgr, Call(command="(setsid sleep 60 &); sleep 60 & echo $!", trajectory=t))
+            pids.append(await run(mgr, Call(fn=os.getpid, trajectory=t)))
+        assert len(mgr.processes()) >= 9
+        d = mgr.describe()
+        assert d["isolation"] == mgr.isolation.mechanism and d["output_limit"] == 1 << 20  # type: ignore[union-attr]
+        assert d["sandboxes"] == 3
+
+    with_manager(mechanism, body)
+    assert wait_gone(pids) == []
