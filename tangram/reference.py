@@ -25,6 +25,10 @@ Rules, in words:
   has one; including the node's largest GPU >= gpu_memory when the inventory has GPUs), or
   when its tokens exceed its quota's tokens_per_minute; a service action when no device
   has memory >= service memory + gpu_memory on a node whose capacity covers the demand.
+* Restore order (tangram only). Before the walk, offloaded services with waiting
+  actions are restored (Restore, below, for the service's first waiting action in
+  order): starving first (that action has waited >= starvation_ns), then most waiting
+  actions per (restore_ns + queued est_ns // max_batch), cross-multiplied, then index.
 * A pass walks the waiting actions once in order. For each (skipping blocked classes):
   1. its quota already blocked in this pass: blocked.
   2. a service action: a ready service whose device is smaller than service memory +
@@ -535,6 +539,8 @@ class ReferenceScheduler:
     # ------------------------------------------------------------ the pass
     def _pass(self, out: list) -> np.ndarray:
         p = _Pass()
+        if self.policy == "tangram":
+            self._restore_queues(out)
         for a in sorted((a for a in self.actions.values() if not a.running), key=lambda a: a.order):
             if a.cls in p.blocked_classes:
                 continue
@@ -641,6 +647,36 @@ class ReferenceScheduler:
         out.append(self._decision(START, action=a.id, node=node, device=self.dev_local[device] if device >= 0 else -1,
                                   service=a.service, elastic_kind=a.elastic_kind, grant=a.grant, time=now))
         return STARTED
+
+    def _restore_queues(self, out: list) -> None:
+        """tangram: offloaded services with waiting actions are restored before the walk, in
+        queue order: starving first (their first waiting action in policy order has waited
+        starvation_ns), then most waiting actions per (restore_ns + queued est_ns //
+        max_batch) (cross-multiplied integers), then index; each with its first waiting
+        action in policy order as the one it is restored for."""
+        waiting = sorted((a for a in self.actions.values() if not a.running), key=lambda a: a.order)
+        heads: dict[int, _Action] = {}
+        for a in waiting:
+            if a.service >= 0 and self.services[a.service].device < 0 and a.service not in heads:
+                heads[a.service] = a
+        if not heads:
+            return
+        n = {s: sum(1 for a in waiting if a.service == s) for s in heads}
+        span = {s: self.services[s].restore_ns
+                + sum(a.est_ns for a in waiting if a.service == s) // self.services[s].max_batch for s in heads}
+        starving = {s: self.now_ns - heads[s].submit_ns >= self.starvation_ns for s in heads}
+
+        def rank(x: int, y: int) -> int:
+            if starving[x] != starving[y]:
+                return -1 if starving[x] else 1
+            lhs, rhs = n[x] * span[y], n[y] * span[x]
+            if lhs != rhs:
+                return -1 if lhs > rhs else 1
+            return -1 if x < y else (1 if x > y else 0)
+
+        for s in sorted(heads, key=functools.cmp_to_key(rank)):
+            if self.services[s].device < 0:
+                self._restore(heads[s], out)
 
     def _plan_room(self, d: int, need: int, keep: int) -> tuple[bool, int, int, list[int]]:
         """Greedy victims on device d for `need`: (enough, busy victims, their queued ns, victims)."""

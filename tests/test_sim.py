@@ -606,4 +606,8 @@ def test_report_small(tmp_path) -> None:  # type: ignore[no-untyped-def]
     assert len(json.loads((tmp_path / "savings.json").read_text())) == len(sim.POLICY_NAMES)
     if have_mpl:
         assert (tmp_path / "savings_multireward_gpus_isolated4.png").exists()
-        assert len(list(tmp_path.glob("*.png"))) == 7
+        assert len(list(tmp_path.glob("*.png"))) == 8  # load_sweep.png included
+    assert "## Load sweep" in text and "## Why the lower bound is out of reach" in text
+    sweep = json.loads((tmp_path / "sweep.json").read_text())
+    assert sorted({r["load"] for r in sweep}) == [4, 8, 16]
+    assert all("bound_peak_cpu" in r for r in rows)

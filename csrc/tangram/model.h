@@ -51,6 +51,9 @@ struct Inventory {
 enum class PolicyKind : std::uint8_t {
   // Minimise average ACT: shortest-estimated-first with aging, best-fit of minimum grants,
   // spare elastic units by largest marginal gain once nobody waits, greedy eviction.
+  // Restores serve whole queues: before each pass walks the actions, offloaded services
+  // with waiting actions are restored starving first, then by most waiting actions per
+  // second of (restore + queued work / max_batch) (Smith's rule), then service order.
   kTangram = 0,
   // One shared pool, first-come first-served (with backfill), fixed minimum grants.
   kFifo = 1,

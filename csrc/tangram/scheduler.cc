@@ -290,6 +290,7 @@ struct Scheduler::Impl {
   std::int32_t scope_node(const Class& c) const;
   bool eligible_range(const Class& c, std::int32_t& lo, std::int32_t& hi, std::int32_t& fixed_leaf) const;
   bool restore(std::int32_t svc_id, const Class& head_class, std::vector<Decision>& out);
+  void restore_queues(std::vector<Decision>& out);
   struct RoomPlan {
     bool ok = false;
     std::int64_t busy = 0;    // victims with waiting actions
@@ -1295,6 +1296,42 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
   return true;
 }
 
+// kTangram: a restore serves a service's whole queue, so offloaded services with waiting
+// actions are restored before the walk, in queue order rather than action order: starving
+// ones first (the first of their waiting actions in policy order has waited
+// starvation_seconds), then the most waiting actions per second the restore and the queue
+// occupy the GPU memory (Smith's rule: waiting / (restore + queued work / max_batch), cross
+// multiplied in integers), then service order. Each is restored by restore() (the usual
+// device choice and greedy eviction) with its first waiting action in policy order as the
+// head; one that finds no room now is left to the walk.
+void Scheduler::Impl::restore_queues(std::vector<Decision>& out) {
+  std::vector<std::int32_t> order;
+  for (std::int32_t s = 0; s < static_cast<std::int32_t>(services.size()); ++s)
+    if (services[s].device == kNone && services[s].waiting > 0) order.push_back(s);
+  if (order.empty()) return;
+  std::vector<std::int32_t> head(services.size(), kNone);  // class holding the service's first waiting action
+  for (std::int32_t c = 0; c < static_cast<std::int32_t>(classes.size()); ++c) {
+    const Class& cl = classes[c];
+    if (cl.service == kNone || cl.waiting.empty() || services[cl.service].device != kNone) continue;
+    std::int32_t& h = head[cl.service];
+    if (h == kNone || *cl.waiting.begin() < *classes[h].waiting.begin()) h = c;
+  }
+  auto starving = [&](std::int32_t s) { return now - slots[classes[head[s]].waiting.begin()->slot].submit_ns >= starvation_ns; };
+  auto span = [&](std::int32_t s) {
+    return services[s].restore_ns + services[s].queued_ns / inv.services[s].max_batch;
+  };
+  std::sort(order.begin(), order.end(), [&](std::int32_t x, std::int32_t y) {
+    bool sx = starving(x), sy = starving(y);
+    if (sx != sy) return sx;
+    __int128 lhs = static_cast<__int128>(services[x].waiting) * span(y);
+    __int128 rhs = static_cast<__int128>(services[y].waiting) * span(x);
+    if (lhs != rhs) return lhs > rhs;
+    return x < y;
+  });
+  for (std::int32_t s : order)
+    if (services[s].device == kNone) restore(s, classes[head[s]], out);
+}
+
 // An action needs GPU memory that resident services hold: evict by the same greedy plan,
 // on its service's device, or else on the device with the cheapest plan among the nodes
 // (in its range) where the rest of its demand fits now. False when no plan exists.
@@ -1403,6 +1440,7 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
     if (cl.parked && cl.park_generation == due.generation) unpark(due.cls);
   }
   in_pass = true;
+  if (policy.kind == PolicyKind::kTangram && !services.empty()) restore_queues(out);
   // Walk the heads in policy order. A head pushed behind the cursor (a class woken by an
   // eviction) waits for the next pass, like any head this pass has already passed by.
   active_deferred.clear();

@@ -90,6 +90,92 @@ def make_policy(w: Workload, name: str) -> Policy:
     return Policy(name=name)
 
 
+# ------------------------------------------------------------------ the bound's own schedule
+
+
+def _peak(events: list[tuple[float, int, int, float]], scopes: int, capacity: list[float]) -> tuple[float, float]:
+    """Events (time, +1 start / -1 end, scope, amount); ends before starts at one instant.
+    Returns (peak of the largest demand / capacity over scopes, share of starts made while
+    their scope's demand exceeds its capacity)."""
+    events.sort(key=lambda e: (e[0], e[1]))
+    level = [0.0] * scopes
+    peak, over, starts = 0.0, 0, 0
+    for _, sign, scope, amount in events:
+        level[scope] += sign * amount
+        if sign > 0:
+            starts += 1
+            r = level[scope] / capacity[scope] if capacity[scope] > 0 else math.inf
+            peak = max(peak, r)
+            over += r > 1 + 1e-9
+    return peak, (over / starts if starts else 0.0)
+
+
+def bound_schedule(w: Workload, st: Step) -> dict[str, float]:
+    """What the lower bound asks of the inventory. The bound runs every action at its best
+    grant with zero wait, so its schedule does not depend on any policy: each trajectory
+    thinks, runs its actions back to back at their best grants (times the same noise), then
+    its reward. Over that schedule: `bound_peak_cpu` is the largest best-grant core demand
+    of the actions running at once on one sandbox node, over that node's cores;
+    `bound_cpu_over` the share of environment actions that start while their node is over
+    its cores; `bound_peak_gpu` the largest GPU memory the reward services would need at
+    once (each service with actions running needs ceil(running / max_batch) resident copies)
+    over the inventory's GPU memory; `bound_gpu_over` the share of reward actions that start
+    while that need is over the inventory; `bound_peak_quota` and `bound_quota_over` the same
+    for the in-flight requests of API quotas against their max_concurrency (their rate
+    limit is not counted). A value above 1 means the bound cannot be met on
+    this inventory by any policy."""
+    inv = w.inventory
+    offsets = st.offsets
+    n = w.batch
+    cpu_ev: list[tuple[float, int, int, float]] = []
+    quota_ev: list[tuple[float, int, int, float]] = []
+    quota_index = {q.name: i for i, q in enumerate(w.quotas)}
+    rew: list[tuple[float, float, int]] = []
+    for t in range(n):
+        now = 0.0
+        for j in range(int(st.turns[t])):
+            aid = int(offsets[t]) + j
+            k = w.actions[int(st.kind[aid])]
+            noise = float(st.noise[aid + t])
+            secs = float(st.seconds[aid])
+            if k.elastic:
+                run, cores = secs * ((1 - k.parallel_fraction) + k.parallel_fraction * k.cpu / k.max_units), k.max_units
+            else:
+                run, cores = secs, k.cpu
+            now += float(st.think[aid + t])
+            cpu_ev += [(now, 1, t % inv.cpu_nodes, cores), (now + run * noise, -1, t % inv.cpu_nodes, cores)]
+            if k.quota:
+                q = quota_index[k.quota]
+                quota_ev += [(now, 1, q, 1.0), (now + run * noise, -1, q, 1.0)]
+            now += run * noise
+        if w.reward is not None:
+            i = int(offsets[t + 1]) + t
+            now += float(st.think[i])
+            rew.append((now, now + float(st.reward_seconds[t]) * float(st.noise[i]), int(st.reward_service[t])))
+    peak_cpu, cpu_over = _peak(cpu_ev, inv.cpu_nodes, [inv.cpu_node.cpu] * inv.cpu_nodes)
+    out = {"bound_peak_cpu": peak_cpu, "bound_cpu_over": cpu_over}
+    if quota_ev and any(q.max_concurrency > 0 for q in w.quotas):
+        caps = [float(q.max_concurrency) if q.max_concurrency > 0 else math.inf for q in w.quotas]
+        out["bound_peak_quota"], out["bound_quota_over"] = _peak(quota_ev, len(caps), caps)
+    if w.reward is not None and inv.gpu_node is not None and inv.gpu_nodes:
+        svcs = w.reward.services
+        total = float(sum(inv.gpu_node.gpus)) * inv.gpu_nodes
+        ev = sorted([(a, 1, s) for a, _, s in rew] + [(b, -1, s) for _, b, s in rew], key=lambda e: (e[0], e[1]))
+        running = [0] * len(svcs)
+        need, peak, over, starts = 0.0, 0.0, 0, 0
+        for _, sign, s in ev:
+            before = math.ceil(running[s] / svcs[s].max_batch)
+            running[s] += sign
+            need += (math.ceil(running[s] / svcs[s].max_batch) - before) * svcs[s].gpu_memory
+            if sign > 0:
+                starts += 1
+                peak = max(peak, need / total)
+                over += need > total
+        out["bound_peak_gpu"] = peak
+        out["bound_gpu_over"] = over / starts if starts else 0.0
+    return out
+
+
 # ------------------------------------------------------------------ result
 
 
@@ -120,6 +206,7 @@ class SimResult:
     # (time, 1 restore / 2 evict, service index, node, device), in decision order
     service_log: list[tuple[float, int, int, int, int]] = field(default_factory=list, repr=False)
     scheduler: Scheduler | None = field(default=None, repr=False, compare=False)
+    bound: dict[str, float] = field(default_factory=dict)  # bound_schedule(): what the bound asks
     cores: int = 0  # cores per CPU (sandbox) node of the inventory it ran on
     gpus: int = 0  # GPUs per GPU node (the built-ins have one GPU node: the total)
 
@@ -158,6 +245,7 @@ class SimResult:
             "p99_act": float(np.percentile(act, 99)) if len(act) else float("nan"),
             "lower_bound_act": lb,
             "act_ratio_to_bound": avg / lb if lb > 0 else float("nan"),
+            **self.bound,
             "act_env": mean(act[lab == ENV]),
             "act_reward": mean(act[lab == REWARD]),
             "act_by_kind": by_kind,
@@ -409,5 +497,5 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
         resource_seconds=resource_seconds, cpu_held_seconds=cpu_held, restores=restores,
         evictions=evictions, action_kind=action_kind, service=service_of,
         kind_names=tuple(k.name for k in w.actions), service_log=service_log, scheduler=sched,
-        cores=w.value("cores"), gpus=w.value("gpus"),
+        cores=w.value("cores"), gpus=w.value("gpus"), bound=bound_schedule(w, st),
     )

@@ -117,3 +117,28 @@ def savings_figure(savings: Sequence[dict[str, Any]], path: str | Path) -> Path:
         title=f"{first['workload']}: {word} needed for the {first['baseline']} baseline's ACT",
         xlabel=f"{word} (total)", target=first["baseline_avg_act"],
         target_label=f"{first['baseline']} at {first['baseline_total']} {word}", needed=needed)
+
+
+def load_sweep(curves: Mapping[str, Sequence[tuple[float, float, float]]], path: str | Path,
+               workloads: Sequence[str], policies: Sequence[str]) -> Path:
+    """One panel per workload: average ACT against trajectories per step, one line per
+    policy, error bars one sd over seeds. `curves` is keyed "workload policy"."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(workloads), figsize=(4.2 * len(workloads), 3.6), squeeze=False)
+    for ax, w in zip(axes[0], workloads):
+        for i, p in enumerate(policies):
+            pts = sorted(curves.get(f"{w} {p}", []))
+            if not pts:
+                continue
+            xs, ys, sd = (np.array([q[j] for q in pts], dtype=float) for j in range(3))
+            ax.errorbar(xs, ys, yerr=sd, label=p, ms=3.5, lw=1.2, capsize=2, **_style(i))
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("trajectories per step")
+        ax.set_ylabel("average ACT (s)")
+        ax.set_title(w)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)

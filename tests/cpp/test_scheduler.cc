@@ -689,6 +689,45 @@ TEST(GpuServicesSmall, AlternatingServicesEvictTheIdleOne) {
   EXPECT_EQ(h.s.placement(2).device, 0);
 }
 
+// tangram restores whole queues, not single actions: when room frees for one of several
+// offloaded services, the one with the most waiting actions per second of (restore + queued
+// work / max_batch) gets it, even though another's single action is first in the action
+// order; fifo restores for the first action in arrival order. A service whose first waiting
+// action has waited starvation_seconds goes before any ratio.
+TEST(GpuServicesSmall, TangramRestoresTheLargestQueueFirst) {
+  Inventory inv = cpu_inventory(1, 8);
+  inv.nodes[0].gpus = {{U(10000)}};
+  inv.services = {{"rm0", U(6000), 2.0, 4}, {"rm1", U(6000), 2.0, 4}, {"rm2", U(6000), 2.0, 4}};
+  auto run = [&](PolicyConfig policy) {
+    Harness h(inv, policy);
+    ActionSpec a0 = action(1, {U(1)}, 10);
+    a0.service = 0;
+    h.submit({a0}, 0);
+    EXPECT_EQ(started(h.tick(2)), std::vector<ActionId>{1});
+    ActionSpec b = action(2, {U(1)}, 0.5);  // rm1: one short action, first to arrive
+    b.service = 1;
+    EXPECT_TRUE(h.submit({b}, 3).empty());  // rm0 is busy: no room
+    std::vector<ActionSpec> cs;
+    for (ActionId id = 3; id <= 5; ++id) {  // rm2: three longer ones, later
+      cs.push_back(action(id, {U(1)}, 2));
+      cs.back().service = 2;
+    }
+    EXPECT_TRUE(h.submit(cs, 8).empty());
+    auto out = h.complete({1}, 12);  // rm0 idle: room for one of rm1, rm2
+    std::vector<std::pair<DecisionKind, std::int32_t>> got;
+    for (const Decision& d : out) got.emplace_back(d.kind, d.service);
+    return got;
+  };
+  using V = std::vector<std::pair<DecisionKind, std::int32_t>>;
+  // rm2: 3 waiting / (2 s + 6 s / 4) beats rm1: 1 waiting / (2 s + 0.5 s / 4).
+  EXPECT_EQ(run(policy_of(PolicyKind::kTangram)), (V{{DecisionKind::kEvict, 0}, {DecisionKind::kRestore, 2}}));
+  EXPECT_EQ(run(policy_of(PolicyKind::kFifo)), (V{{DecisionKind::kEvict, 0}, {DecisionKind::kRestore, 1}}));
+  // rm1's action has waited 9 s >= 5 s (starving), rm2's 4 s: rm1 first.
+  PolicyConfig starving = policy_of(PolicyKind::kTangram);
+  starving.starvation_seconds = 5;
+  EXPECT_EQ(run(starving), (V{{DecisionKind::kEvict, 0}, {DecisionKind::kRestore, 1}}));
+}
+
 // A service's batch is full while max_batch of its actions run; the next starts when one
 // of them completes.
 TEST(GpuServicesSmall, BatchFullWaits) {
