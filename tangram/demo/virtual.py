@@ -1,4 +1,4 @@
-"""`tangram demo`: the core deciding a burst of agentic-RL actions on this machine's
+"""`tangram demo --virtual`: the core deciding a burst of agentic-RL actions on this machine's
 inventory, in virtual time, under each policy. A sketch of what the simulator issue turns
 into a full evaluation; the numbers are modelled seconds, not measurements of real work."""
 
@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._model import Inventory
-from .scheduler import Policy, Scheduler
+from .._model import Inventory
+from ..scheduler import Policy, Scheduler
 
 
 @dataclass

@@ -1,0 +1,189 @@
+"""The orchestrator with its real managers: sandbox processes, the local search server's
+own rate limit, the reward service, and the demo end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tangram import Amdahl, Call, Inventory, Orchestrator, Quota, RuntimeConfig, Service
+from tangram.demo import search, server_stats, start_search_server, stop_search_server
+from tangram.runtime import ActionCancelled, ActionTimeout, CommandResult
+from tangram.runtime.cpu import CpuManager
+from tangram.runtime.gpu import FunctionService, GpuManager
+
+CORES = len(os.sched_getaffinity(0))
+
+
+def local_inventory(quotas=(), services=(), gpus=()):  # type: ignore[no-untyped-def]
+    return Inventory.uniform(1, {"cpu": CORES, "memory": 4096}, gpus=gpus, quotas=quotas, services=services)
+
+
+def assert_idle(orch: Orchestrator) -> None:
+    assert not orch._live
+    assert orch.scheduler is not None and orch.scheduler.waiting == 0 and orch.scheduler.running == 0
+    assert orch.scheduler.free(0, "cpu") == pytest.approx(CORES)
+    cpu = orch.managers.get("cpu")
+    if isinstance(cpu, CpuManager):
+        assert all(v == 0 for v in cpu.usage.values())
+
+
+def test_elastic_grant_and_pinning_seen_inside_the_action() -> None:
+    async def main() -> None:
+        async with Orchestrator(inventory=local_inventory(), default_managers=False,
+                                config=RuntimeConfig(managers={"cpu": {}})) as orch:
+            call = Call(command=["/bin/sh", "-c", "echo $TANGRAM_CORES; grep Cpus_allowed_list /proc/self/status"],
+                        resources={"cpu": 1}, elastic="cpu", max_units=CORES, runtime=Amdahl(2.0, 0.9),
+                        trajectory=1)
+            result = await orch.run(call)
+            assert isinstance(result, CommandResult) and result.returncode == 0
+            cores, allowed = result.stdout.decode().split("\n")[:2]
+            assert int(cores) == CORES  # nobody else waits: the whole elastic bound
+            assert allowed.split(":")[1].strip() == (f"0-{CORES - 1}" if CORES > 1 else "0")
+            # Then a non-elastic action of the same trajectory: pinned to one core.
+            one = await orch.run(Call(fn=lambda: sorted(os.sched_getaffinity(0)), resources={"cpu": 1}, trajectory=1))
+            assert len(one) == 1
+            record = list(orch.records)[0]
+            assert record.grant == CORES and record.node == "node0"
+            await asyncio.sleep(0)
+            assert_idle(orch)
+
+    asyncio.run(main())
+
+
+def test_timeout_kills_the_process_tree_and_the_next_action_runs() -> None:
+    async def main() -> None:
+        async with Orchestrator(inventory=local_inventory(), default_managers=False,
+                                config=RuntimeConfig(managers={"cpu": {}})) as orch:
+            cpu = orch.managers["cpu"]
+            assert isinstance(cpu, CpuManager)
+            started = time.perf_counter()
+            with pytest.raises(ActionTimeout):
+                await orch.run(Call(command="sleep 30 & sleep 30 & echo started > marker; wait", timeout=0.5,
+                                    trajectory=2))
+            assert time.perf_counter() - started < 5
+            for _ in range(100):
+                if not [p for p in cpu.processes() if p]:
+                    break
+                await asyncio.sleep(0.05)
+            assert cpu.processes() == []  # the sleeps died with the sandbox
+            # The trajectory goes on in a fresh sandbox over the same files.
+            assert await orch.run(Call(fn=lambda: open("marker").read().strip(), trajectory=2)) == "started"
+            await asyncio.sleep(0)
+            assert_idle(orch)
+            assert [r.outcome for r in orch.records] == ["timeout", "ok"]
+
+    asyncio.run(main())
+
+
+def test_cancelling_a_running_command() -> None:
+    async def main() -> None:
+        async with Orchestrator(inventory=local_inventory(), default_managers=False,
+                                config=RuntimeConfig(managers={"cpu": {}})) as orch:
+            handle = orch.submit(Call(command=["sleep", "30"], trajectory=3))
+            await asyncio.sleep(0.5)
+            assert "running" in orch.explain(handle.id)
+            handle.cancel()
+            with pytest.raises(ActionCancelled):
+                await handle
+            await asyncio.sleep(0)
+            assert_idle(orch)
+            cpu = orch.managers["cpu"]
+            await orch.end_trajectory(3)
+            assert cpu.processes() == []  # type: ignore[attr-defined]
+
+    asyncio.run(main())
+
+
+def test_quota_rate_observed_at_the_server() -> None:
+    """The search server enforces its own token bucket (rate 20/s, burst 3) and answers
+    429 beyond it. The core's quota has the same rate and one request less of burst: the
+    headroom a client-side limiter needs for the jitter between admission and arrival."""
+    rate, burst, calls = 20.0, 2, 24
+    server = subprocess.Popen([sys.executable, "-m", "tangram.demo.search_server", "--rate", str(rate), "--burst",
+                               str(burst + 1)], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(server.stdout.readline().split()[1])  # type: ignore[union-attr]
+
+        async def main() -> float:
+            quota = Quota("search", rate=rate, burst=burst, max_concurrency=4)
+            async with Orchestrator(inventory=local_inventory(quotas=[quota]), default_managers=False,
+                                    config=RuntimeConfig(managers={"api": {}})) as orch:
+                started = time.perf_counter()
+                results = await orch.map([Call(fn=search, args=(port, f"prime {i}"), quota="search",
+                                               resources={"cpu": 0.01}, runtime=0.02, kind="search")
+                                          for i in range(calls)])
+                elapsed = time.perf_counter() - started
+                assert all(isinstance(r, list) and r for r in results), [r for r in results if not isinstance(r, list)]
+                waited = [r for r in orch.records if "quota" in r.wait_reason]
+                assert len(waited) >= calls - burst - 4  # most of them waited for the quota, visibly
+                return elapsed
+
+        elapsed = asyncio.run(main())
+        stats = server_stats(port)
+        assert stats["requests"] == calls and stats["rejected"] == 0
+        assert stats["max_in_window"] <= rate * stats["window"] + burst
+        assert elapsed >= (calls - burst) / rate * 0.9
+    finally:
+        stop_search_server(server)
+
+
+def test_reward_service_batches_on_its_device() -> None:
+    batches: list[int] = []
+
+    def score_batch(inputs: list[str]) -> list[float]:
+        batches.append(len(inputs))
+        return [json.loads(x)["passed"] / json.loads(x)["total"] for x in inputs]
+
+    async def main() -> None:
+        service = Service("reward", memory=1024, restore_seconds=0.05, max_batch=4)
+        inventory = local_inventory(services=[service], gpus=[8192])
+        gpu = GpuManager(services={"reward": FunctionService(batch_fn=score_batch)}, devices="inventory")
+        async with Orchestrator(inventory=inventory, default_managers=False, managers={"gpu": gpu}) as orch:
+            reports = [json.dumps({"passed": i, "total": 10}) for i in range(10)]
+            scores = await orch.map([Call(args=(r,), service="reward", resources={}, gpu_memory=64, kind="reward")
+                                     for r in reports])
+            assert scores == [i / 10 for i in range(10)]
+            assert sum(batches) == 10 and max(batches) <= 4 and len(batches) < 10
+
+    asyncio.run(main())
+
+
+def test_demo_runs_end_to_end() -> None:
+    """The README's main job, small: both policies, every action ok, the search server
+    never over its limit."""
+    proc = subprocess.run([sys.executable, "-m", "tangram", "demo", "--trajectories", "2"], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "average ACT trajectory/tangram" in out
+    assert ", 0 rejected" in out
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("policy"))
+    rows = [line.split() for line in lines[header + 1:header + 3]]
+    assert [r[0] for r in rows] == ["trajectory", "tangram"]
+    assert all(float(r[1]) > 0 for r in rows)  # average ACT, seconds
+
+
+def test_search_server_rejects_beyond_its_limit() -> None:
+    server, port = start_search_server()
+    try:
+        import urllib.error
+
+        codes = []
+        for _ in range(6):
+            try:
+                search(port, "x")
+                codes.append(200)
+            except urllib.error.HTTPError as e:
+                codes.append(e.code)
+        assert 429 in codes  # back to back, past the burst: the server itself refuses
+        assert server_stats(port)["rejected"] == codes.count(429)
+    finally:
+        stop_search_server(server)
