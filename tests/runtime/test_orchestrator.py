@@ -4,6 +4,7 @@ action, batching, timeouts and cancels, quotas and records, the sync facade, met
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 
@@ -292,3 +293,35 @@ nodes = [{ name = "n0", resources = { cpu = 2, memory = 1024 } }]
     bad.write_text('[[quotas]]\nname = "q"\nrpm = 3\n')
     with pytest.raises(tangram.ValidationError, match=r"quotas\[0\]\.rpm"):
         tangram.RuntimeConfig.from_file(bad)
+
+
+def test_managers_are_plugins_by_name_and_entry_point(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from importlib.metadata import EntryPoint
+
+    from tangram.runtime import manager as registry
+
+    class Echo(tangram.ResourceManager):
+        name = "echo"
+
+        async def execute(self, action, placement):  # type: ignore[no-untyped-def]
+            return ("echo", action.call.args)
+
+    # An installed package declares it under the entry-point group "tangram.managers".
+    module = type(sys)("echo_plugin")
+    module.Echo = Echo  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "echo_plugin", module)
+    ep = EntryPoint("echo", "echo_plugin:Echo", registry.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(registry, "entry_points", lambda group: [ep] if group == registry.ENTRY_POINT_GROUP else [])
+    assert registry.manager_class("echo") is Echo
+    with pytest.raises(ManagerError, match="no resource manager named 'nope'.*echo"):
+        registry.manager_class("nope")
+
+    async def main() -> None:
+        config = tangram.RuntimeConfig(managers={"echo": {}})
+        async with Orchestrator(config, inventory=inventory(), default_managers=False) as orch:
+            assert await orch.run(Call(args=(1, 2), manager="echo")) == ("echo", (1, 2))
+
+    run(main())
+    with pytest.raises(ManagerError, match=r"managers\.echo"):
+        Orchestrator(tangram.RuntimeConfig(managers={"echo": {"bogus": 1}}), inventory=inventory(),
+                     default_managers=False)
