@@ -23,6 +23,7 @@ from ._model import (
 )
 from ._records import DECISION_DTYPE, action_dtype
 from .scheduler import POLICIES, Decision, Decisions, Policy, Scheduler
+from .server import Client
 from .runtime import (
     ActionCancelled,
     ActionCrashed,
@@ -55,6 +56,7 @@ __all__ = [
     "ActionRecord",
     "ActionTimeout",
     "Call",
+    "Client",
     "CommandResult",
     "ManagerError",
     "MockManager",

@@ -1,4 +1,4 @@
-"""The `tangram` command: `tangram demo`, `tangram sim`, `tangram bench`."""
+"""The `tangram` command: `tangram demo`, `tangram sim`, `tangram bench`, `tangram serve`."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ def main(argv: list[str] | None = None) -> int:
                       help="instead: the core alone deciding a 2,000-action burst in virtual time")
     sub.add_parser("sim", help="simulate RL steps under each policy (tangram sim --help)", add_help=False)
     sub.add_parser("bench", help="decision-latency benchmarks (tangram bench --help)", add_help=False)
+    sub.add_parser("serve", help="one scheduler for many rollout processes, over TCP (tangram serve --help)",
+                   add_help=False)
     args, rest = parser.parse_known_args(argv)
     if args.version:
         from . import __version__
@@ -29,6 +31,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import bench
 
         return bench.main(rest)
+    if args.command == "serve":
+        from .server import server
+
+        return server.cli_main(rest)
     if args.command == "sim":
         from . import sim
 

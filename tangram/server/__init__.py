@@ -1,0 +1,19 @@
+"""Scale-out: `tangram serve` (one orchestrator for many rollout processes) and
+`tangram.Client` (the orchestrator's API over TCP). See docs/server.md."""
+
+from .client import Client, ClientHandle, SyncClient, SyncClientHandle
+from .protocol import (
+    DEFAULT_MAX_FRAME,
+    DEFAULT_PORT,
+    AuthenticationError,
+    ConnectionLost,
+    FrameTooLarge,
+    ProtocolError,
+    RemoteError,
+)
+from .server import Server, cli_main
+
+__all__ = [
+    "AuthenticationError", "Client", "ClientHandle", "ConnectionLost", "DEFAULT_MAX_FRAME", "DEFAULT_PORT",
+    "FrameTooLarge", "ProtocolError", "RemoteError", "Server", "SyncClient", "SyncClientHandle", "cli_main",
+]

@@ -1,0 +1,571 @@
+"""`tangram.Client`: the orchestrator's API, served by `tangram serve`.
+
+    async with tangram.Orchestrator() as orch:                    # in process
+    async with tangram.Client("127.0.0.1:7450") as orch:          # one scheduler for many processes
+        result = await orch.run(Call(command="pytest -q", resources={"cpu": 1}, trajectory=7))
+
+Same methods, same results, same typed errors (an ActionTimeout on the server is an
+ActionTimeout here, with the handle's id as `action_id`). Differences that a network
+brings, all explicit:
+
+- `submit` returns at once, as in process, and checks what it can locally (a Call; fn or
+  command; timeout; trajectory). Errors the in-process orchestrator raises at submit for
+  names it alone knows (an unknown resource kind, quota or manager) end the action's
+  future with the same typed error instead.
+- `explain`, `queue_lengths` and `utilisation` are coroutines (they ask the server).
+- `cancel(id)` returns True when the action is still pending here; the server is
+  authoritative, so an action that ended at the same moment may still deliver its result.
+- The connection dropping (server killed, network gone) ends every pending action with
+  ConnectionLost, and later calls raise it. The server cancels the actions of a client
+  whose connection drops, and ends its trajectories.
+- Trajectory ids are this client's own: trajectory 3 here is not trajectory 3 of another
+  client (pass `shared_trajectories=True` to share ids with every client that does).
+
+Submits made in one event-loop iteration go out in one frame; results come back
+coalesced the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import itertools
+import os
+import pickle
+import threading
+from typing import Any, Iterable
+
+import cloudpickle
+
+from .._errors import TangramError, ValidationError
+from ..runtime.call import Call
+from ..runtime.errors import ActionCancelled
+from ..runtime.orchestrator import OrchestratorClosed
+from . import protocol as P
+from .protocol import ConnectionLost, FrameTooLarge, ProtocolError
+
+_ID_LIMIT = 1 << P.ID_BITS
+
+
+class ClientHandle:
+    """A submitted action: its id and a future with its result. Awaitable."""
+
+    __slots__ = ("id", "future", "_client")
+
+    def __init__(self, action_id: int, future: asyncio.Future[Any], client: "Client") -> None:
+        self.id = action_id
+        self.future = future
+        self._client = client
+
+    def cancel(self) -> bool:
+        """Cancels the action on the server; False when it has already ended."""
+        return self._client.cancel(self.id)
+
+    def __await__(self):  # type: ignore[no-untyped-def]
+        return self.future.__await__()
+
+
+def check_call(call: Any) -> None:
+    """What the in-process orchestrator checks at submit without its inventory."""
+    if not isinstance(call, Call):
+        raise ValidationError("call", f"expected a tangram.Call, got {type(call).__name__}")
+    if call.fn is not None and call.command is not None:
+        raise ValidationError("call.command", "give either fn or command, not both")
+    if call.timeout is not None and not (isinstance(call.timeout, (int, float)) and 0 < call.timeout < 1e9):
+        raise ValidationError("call.timeout", f"must be a positive number of seconds, got {call.timeout!r}")
+    if not isinstance(call.trajectory, int) or call.trajectory < 0:
+        raise ValidationError("call.trajectory", f"must be a non-negative integer, got {call.trajectory!r}")
+
+
+class _Wire(asyncio.Protocol):
+    """The client's asyncio protocol: hands the transport's events to the client."""
+
+    def __init__(self, client: "Client") -> None:
+        self.client = client
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.client._connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.client._data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return None  # close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.client._connection_lost(exc)
+
+
+class Client:
+    """A connection to `tangram serve`, with the Orchestrator's API.
+
+    address   "host:port" (default: $TANGRAM_ADDRESS, else 127.0.0.1:7450)
+    token     the server's token (default: $TANGRAM_TOKEN)
+    shared_trajectories  use the server's shared trajectory ids instead of this client's own
+    connect_timeout      seconds to connect and authenticate
+
+    `await start()` (or `async with`) connects; a wrong token raises AuthenticationError.
+    All methods run on the event loop that connected it (SyncClient for other threads).
+    """
+
+    def __init__(self, address: str | tuple[str, int] | None = None, *, token: str | None = None,
+                 shared_trajectories: bool = False, connect_timeout: float = 10.0) -> None:
+        if address is None:
+            address = os.environ.get("TANGRAM_ADDRESS") or None
+        self.host, self.port = P.parse_address(address)
+        self.token = token if token is not None else os.environ.get("TANGRAM_TOKEN") or None
+        self.shared_trajectories = shared_trajectories
+        self.connect_timeout = connect_timeout
+        self.server_info: dict[str, Any] = {}
+        self._state = "new"  # -> "connecting" -> "running" -> "closing" -> "closed"
+        self._lost: str | None = None  # why the connection ended
+        self._server_error: TangramError | None = None
+        self._transport: asyncio.Transport | None = None
+        self._reader = P.FrameReader(P.PREAUTH_MAX_FRAME)
+        self._welcome: asyncio.Future[dict[str, Any]] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._base = 0
+        self._seq = itertools.count(1)
+        self._requests = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._replies: dict[int, asyncio.Future[Any]] = {}
+        self._out_ids: list[int] = []
+        self._out_calls: list[Call] = []
+        self._out_frames: list[bytes] = []  # cancels and requests, after the submits
+        self._out_cancel: list[int] = []
+        self._flush_scheduled = False
+        self._disconnected: asyncio.Future[None] | None = None
+        self._max_frame = P.DEFAULT_MAX_FRAME
+
+    # ---------------------------------------------------------------- lifecycle
+    async def start(self) -> "Client":
+        if self._state != "new":
+            raise ConnectionLost(f"cannot connect: the client is {self._state}")
+        self._state = "connecting"
+        loop = self._loop = asyncio.get_running_loop()
+        self._welcome = loop.create_future()
+        self._disconnected = loop.create_future()
+        try:
+            await asyncio.wait_for(loop.create_connection(lambda: _Wire(self), self.host, self.port), self.connect_timeout)
+            hello = {"protocol": P.PROTOCOL, "token": self.token, "shared_trajectories": self.shared_trajectories}
+            self._transport.write(P.json_frame(P.HELLO, hello))  # type: ignore[union-attr]
+            welcome = await asyncio.wait_for(asyncio.shield(self._welcome), self.connect_timeout)
+        except TangramError:
+            self._abort()
+            raise
+        except (OSError, asyncio.TimeoutError) as e:
+            self._abort()
+            raise ConnectionLost(f"cannot connect to {P.format_address(self.host, self.port)}: "
+                                 f"{type(e).__name__}: {e}") from None
+        except BaseException:
+            self._abort()
+            raise
+        self.server_info = welcome
+        self._base = int(welcome["connection"]) << P.ID_BITS
+        self._max_frame = int(welcome["max_frame"])
+        self._state = "running"
+        return self
+
+    def _abort(self) -> None:
+        self._state = "closed"
+        if self._transport is not None:
+            self._transport.abort()
+
+    async def __aenter__(self) -> "Client":
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self, drain: bool = False, timeout: float = 10.0) -> None:
+        """Stops accepting actions and ends every pending one: with `drain`, they finish
+        first; otherwise they are cancelled on the server (ActionCancelled) and their
+        results awaited for up to `timeout` seconds. Then disconnects. Idempotent."""
+        if self._state in ("closing", "closed"):
+            if self._disconnected is not None:
+                await asyncio.shield(self._disconnected)
+            return
+        if self._state != "running":
+            self._abort()
+            return
+        self._state = "closing"
+        if drain:
+            while self._pending:
+                await asyncio.gather(*(asyncio.shield(f) for f in list(self._pending.values())), return_exceptions=True)
+        if self._pending and self._lost is None:
+            ids = list(self._pending)
+            self._out_cancel.extend(ids)
+            self._kick()
+            await asyncio.wait(list(self._pending.values()), timeout=timeout)
+        for aid, f in list(self._pending.items()):
+            if not f.done():
+                f.set_exception(ActionCancelled(aid, "the client closed"))
+        self._pending.clear()
+        self._flush()
+        if self._transport is not None:
+            self._transport.close()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._disconnected), timeout)  # type: ignore[arg-type]
+            except asyncio.TimeoutError:
+                self._transport.abort()
+        self._state = "closed"
+
+    @property
+    def connected(self) -> bool:
+        return self._state == "running" and self._lost is None
+
+    # ---------------------------------------------------------------- API
+    def submit(self, call: Call, action_id: int | None = None) -> ClientHandle:
+        """Queues one action for the server; returns at once with its handle (see the
+        module docstring for which errors are raised here and which end the future).
+        `action_id`, when given, comes from `reserve_id`."""
+        self._check_running("submit")
+        check_call(call)
+        if action_id is None:
+            action_id = self.reserve_id()
+        elif not isinstance(action_id, int) or action_id >> P.ID_BITS != self._base >> P.ID_BITS:
+            raise ValidationError("action_id", f"{action_id!r} was not reserved by this client (use reserve_id)")
+        elif action_id in self._pending:
+            raise ValidationError("action_id", f"action {action_id} is live")
+        return self._submit(call, action_id)
+
+    def reserve_id(self) -> int:
+        """The id the next action of this client gets (thread-safe)."""
+        seq = next(self._seq)
+        if seq >= _ID_LIMIT:
+            raise ValidationError("action_id", f"this connection has used all its {_ID_LIMIT - 1} ids; reconnect")
+        return self._base | seq
+
+    def _submit(self, call: Call, action_id: int) -> ClientHandle:
+        future = self._loop.create_future()  # type: ignore[union-attr]
+        if self._lost is not None:
+            future.set_exception(self._lost_error(action_id))
+            return ClientHandle(action_id, future, self)
+        self._pending[action_id] = future
+        future.add_done_callback(functools.partial(self._on_future_done, action_id))
+        self._out_ids.append(action_id)
+        self._out_calls.append(call)
+        self._kick()
+        return ClientHandle(action_id, future, self)
+
+    async def run(self, call: Call) -> Any:
+        """Submits `call` and awaits its result (or its typed error). Cancelling the
+        awaiting task cancels the action."""
+        return await self.submit(call).future
+
+    async def map(self, calls: Iterable[Call]) -> list[Any]:
+        """Runs many calls at once (one frame, one batch into the core); results in order.
+        Errors are returned in place, as exception objects, not raised."""
+        handles = [self.submit(c) for c in calls]
+        return await asyncio.gather(*(h.future for h in handles), return_exceptions=True)
+
+    def cancel(self, action_id: int) -> bool:
+        """Cancels a pending action on the server (it ends with ActionCancelled unless it
+        ended at the same moment). False if it is not pending here."""
+        future = self._pending.get(action_id)
+        if future is None or future.done():
+            return False
+        if self._lost is None:
+            self._out_cancel.append(action_id)
+            self._kick()
+        return True
+
+    async def end_trajectory(self, trajectory: int) -> None:
+        """The trajectory's last action is done: the server releases its slot in the core
+        and its sandbox."""
+        await self._request("end_trajectory", [trajectory])
+
+    async def explain(self, action_id: int) -> str:
+        """Why a pending action waits (or where it runs), from the server's core."""
+        return await self._request("explain", [action_id])
+
+    async def queue_lengths(self) -> dict[str, tuple[int, int]]:
+        """The server's kind -> (waiting, running), over every client."""
+        return await self._request("queue_lengths", [])
+
+    async def utilisation(self) -> dict[tuple[str, str], float]:
+        """The server's (node, resource) -> share held by running actions."""
+        return await self._request("utilisation", [])
+
+    async def ping(self) -> float:
+        """Seconds for one request to the server and back."""
+        t0 = self._loop.time()  # type: ignore[union-attr]
+        await self._request("ping", [])
+        return self._loop.time() - t0  # type: ignore[union-attr]
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    # ---------------------------------------------------------------- internals
+    def _check_running(self, what: str) -> None:
+        if self._state != "running":
+            raise OrchestratorClosed("client", f"cannot {what}: it is {self._state}")
+        if self._lost is not None:
+            raise self._lost_error(None)
+
+    def _lost_error(self, action_id: int | None) -> ConnectionLost:
+        error = ConnectionLost(self._lost or "the connection is closed", action_id)
+        if self._server_error is not None:
+            error.__cause__ = self._server_error
+        return error
+
+    async def _request(self, op: str, args: list[Any]) -> Any:
+        self._check_running(op)
+        rid = next(self._requests)
+        future = self._loop.create_future()  # type: ignore[union-attr]
+        self._replies[rid] = future
+        self._out_frames.append(P.json_frame(P.REQUEST, [rid, op, args]))
+        self._kick()
+        return await future
+
+    def _on_future_done(self, action_id: int, future: asyncio.Future[Any]) -> None:
+        # The caller cancelled the future (its awaiting task was cancelled): cancel the
+        # action on the server too.
+        if future.cancelled() and self._pending.pop(action_id, None) is not None and self._lost is None:
+            self._out_cancel.append(action_id)
+            self._kick()
+
+    def _kick(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)  # type: ignore[union-attr]
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        transport = self._transport
+        if transport is None or self._lost is not None:
+            return
+        chunks: list[bytes] = []
+        if self._out_ids:
+            ids, calls = self._out_ids, self._out_calls
+            self._out_ids, self._out_calls = [], []
+            self._encode_submits(ids, calls, chunks)
+        if self._out_cancel:
+            cancel, self._out_cancel = self._out_cancel, []
+            chunks.append(P.json_frame(P.CANCEL, cancel))
+        if self._out_frames:
+            chunks.extend(self._out_frames)
+            self._out_frames = []
+        if chunks:
+            transport.write(b"".join(chunks) if len(chunks) > 1 else chunks[0])
+
+    def _encode_submits(self, ids: list[int], calls: list[Call], out: list[bytes]) -> None:
+        try:
+            data = cloudpickle.dumps(calls, protocol=5)
+        except Exception as e:
+            if len(ids) == 1:
+                self._fail_local(ids[0], ValidationError("call", f"cannot be pickled to go to the server: "
+                                                                 f"{type(e).__name__}: {e}"))
+                return
+            data = None
+        if data is not None and len(data) + 12 + 8 * len(ids) <= self._max_frame:
+            out.append(P.submit_frame(ids, data))
+            return
+        if len(ids) == 1:
+            assert data is not None
+            self._fail_local(ids[0], FrameTooLarge("call", f"{len(data)} bytes pickled; the server's frame limit is "
+                                                           f"{self._max_frame}", action_id=ids[0]))
+            return
+        half = len(ids) // 2
+        self._encode_submits(ids[:half], calls[:half], out)
+        self._encode_submits(ids[half:], calls[half:], out)
+
+    def _fail_local(self, aid: int, error: BaseException) -> None:
+        future = self._pending.pop(aid, None)
+        if future is not None and not future.done():
+            future.set_exception(error)
+
+    # ---------------------------------------------------------------- protocol events
+    def _connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+        P.keepalive(transport.get_extra_info("socket"))
+
+    def _data_received(self, data: bytes) -> None:
+        reader = self._reader
+        reader.feed(data)
+        try:
+            while True:
+                item = reader.next()
+                if item is None:
+                    return
+                self._frame(*item)
+        except TangramError as e:
+            self._protocol_failure(e)
+        except Exception as e:
+            self._protocol_failure(ProtocolError("frame", f"cannot read the server's frame: {type(e).__name__}: {e}"))
+
+    def _protocol_failure(self, error: TangramError) -> None:
+        self._server_error = error
+        self._lost = f"the client could not read the server's frames ({error})"
+        if self._welcome is not None and not self._welcome.done():
+            self._welcome.set_exception(error)
+        if self._transport is not None:
+            self._transport.abort()
+
+    def _frame(self, kind: int, payload: bytes) -> None:
+        if kind == P.RESULTS:
+            pending = self._pending
+            for aid, ok, value in pickle.loads(payload):
+                future = pending.pop(aid, None)
+                if future is None or future.done():
+                    continue
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(P.decode_error(value))
+        elif kind == P.REPLY:
+            for rid, ok, value in pickle.loads(payload):
+                future = self._replies.pop(rid, None)
+                if future is None or future.done():
+                    continue
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(P.decode_error(value))
+        elif kind == P.WELCOME:
+            welcome = P.load_json(payload, "WELCOME")
+            if not isinstance(welcome, dict) or welcome.get("protocol") != P.PROTOCOL or "connection" not in welcome:
+                raise ProtocolError("protocol", f"unexpected WELCOME {welcome!r:.200}")
+            self._reader.limit = max(int(welcome.get("max_frame", 0)), P.DEFAULT_MAX_FRAME)
+            if self._welcome is not None and not self._welcome.done():
+                self._welcome.set_result(welcome)
+        elif kind == P.ERROR:
+            error = P.decode_error(P.load_json(payload, "ERROR"))
+            self._server_error = error
+            self._lost = f"the server closed the connection: {type(error).__name__}: {error}"
+            if self._welcome is not None and not self._welcome.done():
+                self._welcome.set_exception(error)
+        elif kind == P.GOODBYE:
+            message = P.load_json(payload, "GOODBYE")
+            reason = message.get("reason") if isinstance(message, dict) else None
+            self._lost = f"the server shut down ({reason or 'goodbye'})"
+        else:
+            raise ProtocolError("frame", f"unexpected {P.FRAME_NAMES.get(kind, f'type {kind}')} frame from the server")
+
+    def _connection_lost(self, exc: Exception | None) -> None:
+        if self._lost is None:
+            self._lost = ("the connection to the server was lost" +
+                          (f" ({type(exc).__name__}: {exc})" if exc is not None else
+                           " (closed by the server)" if self._state != "closing" else " (the client closed it)"))
+        if self._welcome is not None and not self._welcome.done():
+            self._welcome.set_exception(self._lost_error(None))
+        pending, self._pending = self._pending, {}
+        for aid, future in pending.items():
+            if not future.done():
+                future.set_exception(self._lost_error(aid))
+        replies, self._replies = self._replies, {}
+        for future in replies.values():
+            if not future.done():
+                future.set_exception(self._lost_error(None))
+        self._out_ids.clear()
+        self._out_calls.clear()
+        if self._disconnected is not None and not self._disconnected.done():
+            self._disconnected.set_result(None)
+
+
+# ---------------------------------------------------------------- synchronous flavour
+class SyncClientHandle:
+    """A submitted action, seen from another thread."""
+
+    def __init__(self, action_id: int, future: concurrent.futures.Future[Any], owner: "SyncClient") -> None:
+        self.id = action_id
+        self.future = future
+        self._owner = owner
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Blocks until the action ends; returns its result or raises its typed error."""
+        return self.future.result(timeout)
+
+    def cancel(self) -> bool:
+        return self._owner.cancel(self.id)
+
+
+class SyncClient:
+    """`SyncClient(...)` takes the Client's arguments and connects at once; the connection
+    lives on an event loop in a background thread, so any number of threads can share it
+    (SyncOrchestrator's API)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="tangram-client", daemon=True)
+        self._thread.start()
+        self.client = Client(*args, **kwargs)
+        try:
+            self._call(self.client.start())
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    def _call(self, coro: Any, timeout: float | None = None) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def submit(self, call: Call) -> SyncClientHandle:
+        client = self.client
+        client._check_running("submit")
+        check_call(call)
+        action_id = client.reserve_id()
+        out: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def on_loop() -> None:
+            try:
+                handle = client._submit(call, action_id)
+            except BaseException as e:
+                out.set_exception(e)
+                return
+            handle.future.add_done_callback(lambda f: _copy_outcome(f, out))
+
+        self._loop.call_soon_threadsafe(on_loop)
+        return SyncClientHandle(action_id, out, self)
+
+    def run(self, call: Call, timeout: float | None = None) -> Any:
+        return self.submit(call).result(timeout)
+
+    def map(self, calls: Iterable[Call]) -> list[Any]:
+        return self._call(self.client.map(list(calls)))
+
+    def cancel(self, action_id: int) -> bool:
+        async def cancel() -> bool:
+            return self.client.cancel(action_id)
+
+        return self._call(cancel())
+
+    def end_trajectory(self, trajectory: int) -> None:
+        self._call(self.client.end_trajectory(trajectory))
+
+    def explain(self, action_id: int) -> str:
+        return self._call(self.client.explain(action_id))
+
+    def queue_lengths(self) -> dict[str, tuple[int, int]]:
+        return self._call(self.client.queue_lengths())
+
+    def close(self, drain: bool = False) -> None:
+        if self._loop.is_closed():
+            return
+        try:
+            self._call(self.client.close(drain))
+        finally:
+            self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def __enter__(self) -> "SyncClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _copy_outcome(source: asyncio.Future[Any], target: concurrent.futures.Future[Any]) -> None:
+    if target.done():
+        return
+    if source.cancelled():
+        target.cancel()
+    elif source.exception() is not None:
+        target.set_exception(source.exception())
+    else:
+        target.set_result(source.result())

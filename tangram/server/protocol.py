@@ -1,0 +1,262 @@
+"""The wire protocol of `tangram serve` and `tangram.Client` (see docs/server.md).
+
+One TCP connection per client; both directions carry frames:
+
+    +----------------+------------+-------------------+
+    | length: uint32 | type: uint8| payload (length)  |
+    +----------------+------------+-------------------+    big-endian
+
+Before the server has accepted the client's HELLO, only JSON frames of at most
+PREAUTH_MAX_FRAME bytes are read; nothing is unpickled. After it, a frame of up to the
+server's `max_frame` bytes is accepted; calls travel as one cloudpickle per SUBMIT frame
+(their functions run on the server, which is why the token is mandatory off loopback).
+
+    client -> server
+      HELLO     JSON  {"protocol": 1, "token": str|null, "shared_trajectories": bool}
+      SUBMIT    uint32 n, n x uint64 action ids, then cloudpickle([Call] * n)
+      CANCEL    JSON  [action id, ...]
+      REQUEST   JSON  [request id, op, args]   ops: end_trajectory, explain, queue_lengths,
+                                                    utilisation, ping
+    server -> client
+      WELCOME   JSON  {"protocol": 1, "connection": int, "max_frame": int, "policy": str,
+                       "managers": [str], "server": str}
+      RESULTS   pickle [(action id, ok, result | error), ...]
+      REPLY     pickle [(request id, ok, value | error), ...]
+      ERROR     JSON  error; the connection is closed after it
+      GOODBYE   JSON  {"reason": str}; the server is shutting down, every action of this
+                      connection has had its result
+
+Action ids are chosen by the client, in its own range: connection << 32 | sequence, so a
+handle's id is known at submit and is the same id in the server's records and errors.
+Errors travel as {"type": "module:Class", "field", "reason", "attrs"} and are rebuilt as the
+same TangramError subclass on the other side (see encode_error/decode_error).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+from typing import Any
+
+from .._errors import TangramError, ValidationError
+
+PROTOCOL = 1
+DEFAULT_PORT = 7450
+DEFAULT_MAX_FRAME = 64 * 1024 * 1024
+PREAUTH_MAX_FRAME = 64 * 1024
+ID_BITS = 32
+
+HEADER = struct.Struct("!IB")
+COUNT = struct.Struct("!I")
+
+HELLO, WELCOME, SUBMIT, CANCEL, REQUEST, RESULTS, REPLY, ERROR, GOODBYE = range(1, 10)
+FRAME_NAMES = {HELLO: "HELLO", WELCOME: "WELCOME", SUBMIT: "SUBMIT", CANCEL: "CANCEL", REQUEST: "REQUEST",
+               RESULTS: "RESULTS", REPLY: "REPLY", ERROR: "ERROR", GOODBYE: "GOODBYE"}
+
+
+# ---------------------------------------------------------------- errors
+class ConnectionLost(TangramError, ConnectionError):
+    """The connection to the server is gone (the server died, was shut down, or closed
+    the connection after an error). Every action still pending on the client ends with
+    it; `action_id` is the action's id, or None for a request or a new call. The server
+    cancels the actions of a client whose connection drops."""
+
+    def __init__(self, reason: str, action_id: int | None = None) -> None:
+        super().__init__("connection" if action_id is None else f"action {action_id}", reason)
+        self.action_id = action_id
+
+
+class AuthenticationError(TangramError, PermissionError):
+    """The server refused the client's token (field "token")."""
+
+
+class ProtocolError(TangramError):
+    """A frame the other side cannot accept: unknown type, bad JSON, bad structure, out of
+    order. The server sends it back and closes the connection."""
+
+
+class FrameTooLarge(ProtocolError):
+    """A frame longer than the receiver's limit (`max_frame`; before authentication,
+    PREAUTH_MAX_FRAME). From the server: the connection is closed. From the client (a call
+    too large to send, or a result too large to return): that action ends with it."""
+
+    def __init__(self, field: str, reason: str, action_id: int | None = None) -> None:
+        super().__init__(field, reason)
+        self.action_id = action_id
+
+
+class RemoteError(TangramError):
+    """An error of a type the receiving side does not know; `error_type` names it."""
+
+    def __init__(self, field: str, reason: str, error_type: str = "") -> None:
+        super().__init__(field, reason)
+        self.error_type = error_type
+
+
+def _known_errors() -> dict[str, type[TangramError]]:
+    out: dict[str, type[TangramError]] = {}
+    todo: list[type[TangramError]] = [TangramError]
+    while todo:
+        cls = todo.pop()
+        if cls.__module__.split(".")[0] == "tangram":
+            out[f"{cls.__module__}:{cls.__qualname__}"] = cls
+        todo.extend(cls.__subclasses__())
+    return out
+
+
+_ERRORS: dict[str, type[TangramError]] = {}
+
+
+def encode_error(error: BaseException) -> dict[str, Any]:
+    """A typed error as plain data (JSON-able when its attributes are)."""
+    if isinstance(error, TangramError):
+        attrs = {k: v for k, v in vars(error).items()
+                 if k not in ("field", "reason") and isinstance(v, (str, int, float, bool, type(None)))}
+        cls = type(error)
+        return {"type": f"{cls.__module__}:{cls.__qualname__}", "field": error.field, "reason": error.reason,
+                "attrs": attrs}
+    return {"type": f"{type(error).__module__}:{type(error).__qualname__}", "field": "server",
+            "reason": f"{type(error).__name__}: {error}", "attrs": {}}
+
+
+def decode_error(data: Any) -> TangramError:
+    """The same TangramError subclass, with its field, reason and attributes. Only classes
+    of tangram (and its plugins' TangramError subclasses living in tangram.*) are built;
+    anything else becomes a RemoteError naming the type."""
+    if not isinstance(data, dict):
+        return ProtocolError("error", f"malformed error: {data!r:.200}")
+    name = str(data.get("type", ""))
+    field = str(data.get("field", "server"))
+    reason = str(data.get("reason", ""))
+    attrs = data.get("attrs") or {}
+    cls = _ERRORS.get(name)
+    if cls is None:
+        _ERRORS.update(_known_errors())
+        cls = _ERRORS.get(name)
+    if cls is None:
+        return RemoteError(field, reason, error_type=name)
+    error = cls.__new__(cls)
+    Exception.__init__(error, f"{field}: {reason}")
+    error.field = field
+    error.reason = reason
+    if isinstance(attrs, dict):
+        for k, v in attrs.items():
+            if isinstance(k, str) and not k.startswith("__"):
+                setattr(error, k, v)
+    return error
+
+
+# ---------------------------------------------------------------- frames
+def frame(kind: int, payload: bytes) -> bytes:
+    return HEADER.pack(len(payload), kind) + payload
+
+
+def json_frame(kind: int, obj: Any) -> bytes:
+    return frame(kind, json.dumps(obj, separators=(",", ":")).encode())
+
+
+def error_frame(error: BaseException) -> bytes:
+    return json_frame(ERROR, encode_error(error))
+
+
+def load_json(payload: bytes, what: str) -> Any:
+    try:
+        return json.loads(payload)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ProtocolError("frame", f"{what}: not valid JSON ({e})") from None
+
+
+def submit_frame(ids: list[int], calls_pickle: bytes) -> bytes:
+    head = COUNT.pack(len(ids)) + struct.pack(f"!{len(ids)}Q", *ids)
+    return HEADER.pack(len(head) + len(calls_pickle), SUBMIT) + head + calls_pickle
+
+
+def parse_submit(payload: bytes) -> tuple[tuple[int, ...], memoryview]:
+    """The ids of a SUBMIT frame (checked before anything is unpickled) and the pickle."""
+    if len(payload) < COUNT.size:
+        raise ProtocolError("frame", "SUBMIT: shorter than its count")
+    (n,) = COUNT.unpack_from(payload, 0)
+    end = COUNT.size + 8 * n
+    if n == 0 or len(payload) < end:
+        raise ProtocolError("frame", f"SUBMIT: {n} ids announced, {max(0, len(payload) - COUNT.size) // 8} present")
+    ids = struct.unpack_from(f"!{n}Q", payload, COUNT.size)
+    return ids, memoryview(payload)[end:]
+
+
+class FrameReader:
+    """Splits a byte stream into frames, checking each length against `limit` (which the
+    caller may change between frames) before buffering its payload."""
+
+    __slots__ = ("buffer", "pos", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.buffer = bytearray()
+        self.pos = 0
+        self.limit = limit
+
+    def feed(self, data: bytes) -> None:
+        if self.pos:
+            del self.buffer[:self.pos]
+            self.pos = 0
+        self.buffer += data
+
+    def next(self) -> tuple[int, bytes] | None:
+        """The next complete frame, or None. Raises ProtocolError for an unknown type and
+        FrameTooLarge as soon as a header announces more than `limit` bytes (the caller
+        closes the connection)."""
+        buf, pos = self.buffer, self.pos
+        if len(buf) - pos < HEADER.size:
+            return None
+        length, kind = HEADER.unpack_from(buf, pos)
+        if kind not in FRAME_NAMES:
+            self.buffer, self.pos = bytearray(), 0
+            raise ProtocolError("frame", f"unknown frame type {kind} (not the tangram protocol {PROTOCOL}?)")
+        if length > self.limit:
+            self.buffer, self.pos = bytearray(), 0
+            raise FrameTooLarge("frame", f"{FRAME_NAMES.get(kind, f'type {kind}')} frame of {length} bytes; "
+                                         f"the limit is {self.limit}")
+        end = pos + HEADER.size + length
+        if end > len(buf):
+            return None
+        self.pos = end
+        return kind, bytes(buf[pos + HEADER.size:end])
+
+
+def keepalive(sock: socket.socket | None) -> None:
+    """TCP keepalive, so a peer that vanished without a FIN is noticed in about a minute."""
+    if sock is None:
+        return
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3)):
+            if hasattr(socket, name):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+    except OSError:
+        pass
+
+
+def parse_address(address: str | tuple[str, int] | None, default_host: str = "127.0.0.1") -> tuple[str, int]:
+    """"host:port", "tcp://host:port", "[::1]:port", ":port" or (host, port)."""
+    if address is None:
+        return default_host, DEFAULT_PORT
+    if isinstance(address, tuple):
+        return str(address[0]), int(address[1])
+    text = str(address)
+    if text.startswith("tcp://"):
+        text = text[len("tcp://"):]
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port = rest.lstrip(":")
+    elif text.count(":") == 1:
+        host, _, port = text.partition(":")
+    else:
+        host, port = text, ""
+    try:
+        return host or default_host, int(port) if port else DEFAULT_PORT
+    except ValueError:
+        raise ValidationError("address", f"{address!r}: expected host:port") from None
+
+
+def format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

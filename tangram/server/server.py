@@ -1,0 +1,629 @@
+"""`tangram serve`: one orchestrator serving many client processes over TCP.
+
+    tangram serve [--config FILE] [--host 127.0.0.1] [--port 7450] [--token T]
+                  [--policy P] [--max-frame BYTES] [--grace SECONDS] [--manager KIND=NAME]
+
+The server is an Orchestrator plus a listener. Each connection submits actions with ids in
+its own range; the server submits them to the orchestrator as they arrive (a SUBMIT frame
+is one batch into the core, like one event-loop iteration of an in-process caller) and
+sends results back coalesced: every result that completes in one event-loop iteration of
+the server goes out in one RESULTS frame per connection.
+
+Safety: binds to 127.0.0.1 unless told otherwise, and refuses to bind anywhere else
+without a token; nothing from a connection is unpickled before its HELLO carried the
+token; frames longer than `max_frame` (before authentication: 64 KiB), unknown or
+malformed frames end that connection with a typed error, never the server. A connection
+that drops has its live actions cancelled and its trajectories ended. Shutdown (SIGTERM,
+SIGINT or `Server.close`) stops accepting work, lets running actions finish for `grace`
+seconds, cancels the rest, sends every result and a GOODBYE, then closes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import gc
+import hmac
+import ipaddress
+import itertools
+import os
+import pickle
+import signal
+import sys
+from typing import Any, Mapping, Sequence
+
+import cloudpickle
+
+from .._errors import TangramError, ValidationError
+from .._model import Inventory
+from ..runtime.call import Call
+from ..runtime.config import RuntimeConfig
+from ..runtime.errors import ActionCancelled, ActionFailed
+from ..runtime.manager import ResourceManager, manager_class
+from ..runtime.orchestrator import ActionHandle, Orchestrator, OrchestratorClosed
+from . import protocol as P
+from .protocol import AuthenticationError, FrameTooLarge, ProtocolError
+
+_TRAJECTORY_LIMIT = 1 << P.ID_BITS
+_ID_MASK = (1 << P.ID_BITS) - 1
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost, or "" (every interface)
+
+
+class Server:
+    """An orchestrator behind a TCP listener. Takes the Orchestrator's arguments, plus:
+
+    host, port    where to listen (default 127.0.0.1:7450; port 0 picks a free one)
+    token         a shared secret every client must present (TANGRAM_TOKEN); required
+                  unless `host` is a loopback address
+    max_frame     the largest frame accepted from an authenticated client, in bytes
+    hello_timeout seconds a new connection has to authenticate
+
+    `await start()` (or `async with`), then `address`; `await close(grace)` to stop.
+    """
+
+    def __init__(self, config: RuntimeConfig | None = None, *, host: str = "127.0.0.1", port: int = P.DEFAULT_PORT,
+                 token: str | None = None, policy: str | None = None, inventory: Inventory | None = None,
+                 managers: Sequence[ResourceManager] | Mapping[str, ResourceManager] = (),
+                 default_managers: bool = True, max_frame: int = P.DEFAULT_MAX_FRAME,
+                 hello_timeout: float = 10.0) -> None:
+        if not isinstance(max_frame, int) or max_frame < 1024:
+            raise ValidationError("max_frame", f"must be an integer of at least 1024 bytes, got {max_frame!r}")
+        if token is not None and not isinstance(token, str):
+            raise ValidationError("token", "must be a string")
+        self.host = host
+        self.port = port
+        self.token = token or None
+        self.max_frame = max_frame
+        self.hello_timeout = hello_timeout
+        self.orchestrator = Orchestrator(config, inventory=inventory, policy=policy, managers=managers,
+                                         default_managers=default_managers)
+        self.address: tuple[str, int] | None = None
+        self._listener: asyncio.AbstractServer | None = None
+        self._connections: set[_Connection] = set()
+        self._numbers = itertools.count(1)
+        self._background: set[asyncio.Task[Any]] = set()
+        self._closing = False
+        self._closed: asyncio.Event | None = None
+        self._force: asyncio.Event | None = None
+
+    async def start(self) -> "Server":
+        if not is_loopback(self.host) and self.token is None:
+            raise ValidationError("token", f"refusing to listen on {self.host or 'every interface'!r} without a token: "
+                                           "clients' calls are unpickled and run here, so any host that can reach "
+                                           "the port could run code; pass --token or set TANGRAM_TOKEN")
+        self._closed = asyncio.Event()
+        self._force = asyncio.Event()
+        await self.orchestrator.start()
+        loop = asyncio.get_running_loop()
+        try:
+            self._listener = await loop.create_server(lambda: _Connection(self), self.host, self.port,
+                                                      reuse_address=True)
+        except BaseException:
+            await self.orchestrator.close()
+            raise
+        sockname = self._listener.sockets[0].getsockname()
+        self.address = (sockname[0], sockname[1])
+        return self
+
+    async def __aenter__(self) -> "Server":
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def connections(self) -> int:
+        return len(self._connections)
+
+    def force_close(self) -> None:
+        """Cuts a running `close(grace)` short: the remaining actions are cancelled now."""
+        if self._force is not None:
+            self._force.set()
+
+    async def close(self, grace: float = 0.0) -> None:
+        """Stops accepting connections and actions (new submits end with OrchestratorClosed),
+        waits up to `grace` seconds for live actions to finish, cancels the rest
+        (ActionCancelled), sends every connection its results and a GOODBYE, and closes.
+        Idempotent; a second call waits for the first."""
+        if self._closed is None or self._force is None:  # never started
+            self._closing = True
+            return
+        if self._closing:
+            await self._closed.wait()
+            return
+        self._closing = True
+        if self._listener is not None:
+            self._listener.close()
+        live = [h.future for c in list(self._connections) for h in c.live.values()]
+        if grace > 0 and live:
+            everything = asyncio.ensure_future(asyncio.gather(*(asyncio.shield(f) for f in live),
+                                                              return_exceptions=True))
+            forced = asyncio.ensure_future(self._force.wait())
+            await asyncio.wait({everything, forced}, timeout=grace, return_when=asyncio.FIRST_COMPLETED)
+            for t in (everything, forced):
+                t.cancel()
+            await asyncio.gather(everything, forced, return_exceptions=True)
+        requests = [t for c in self._connections for t in c.requests]
+        if requests:
+            await asyncio.wait(requests, timeout=max(grace, 1.0))
+        await self.orchestrator.close()
+        for _ in range(3):  # the futures' done callbacks queue the last results
+            await asyncio.sleep(0)
+        for task in list(self._background):
+            task.cancel()
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+        for conn in list(self._connections):
+            conn.goodbye("the server is shutting down")
+        waiting = [c.closed for c in self._connections]
+        if waiting:
+            await asyncio.wait(waiting, timeout=5.0)
+            for conn in list(self._connections):
+                if conn.transport is not None:
+                    conn.transport.abort()
+        if self._listener is not None:
+            await self._listener.wait_closed()
+        self._closed.set()
+
+    def _track(self, task: asyncio.Task[Any]) -> None:
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+
+class _Connection(asyncio.Protocol):
+    """One client: its frames in, its results out."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.orch = server.orchestrator
+        self.loop = asyncio.get_running_loop()
+        self.reader = P.FrameReader(P.PREAUTH_MAX_FRAME)
+        self.transport: asyncio.Transport | None = None
+        self.state = "hello"  # -> "ready" -> "closed"
+        self.number = 0
+        self.shared = False
+        self.live: dict[int, ActionHandle] = {}
+        self.trajectories: set[int] = set()
+        self.results: list[tuple[int, bool, Any]] = []
+        self.replies: list[tuple[int, bool, Any]] = []
+        self.requests: set[asyncio.Task[Any]] = set()
+        self.flush_scheduled = False
+        self.closed: asyncio.Future[None] = self.loop.create_future()
+        self.hello_timer: asyncio.TimerHandle | None = None
+
+    # ---------------------------------------------------------------- transport events
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        P.keepalive(transport.get_extra_info("socket"))
+        self.server._connections.add(self)
+        if self.server._closing:
+            self.fail(OrchestratorClosed("server", "the server is shutting down"))
+            return
+        self.hello_timer = self.loop.call_later(self.server.hello_timeout, self._hello_expired)
+
+    def data_received(self, data: bytes) -> None:
+        if self.state == "closed":
+            return
+        reader = self.reader
+        reader.feed(data)
+        try:
+            while self.state != "closed":
+                item = reader.next()
+                if item is None:
+                    break
+                self._frame(*item)
+        except TangramError as e:
+            self.fail(e)
+        except Exception as e:  # a bug here must cost this connection, not the server
+            self.fail(ProtocolError("frame", f"the server could not handle a frame: {type(e).__name__}: {e}"))
+
+    def eof_received(self) -> bool | None:
+        return None  # close our side too
+
+    def pause_writing(self) -> None:
+        # A client that does not read its results may not submit more either: the
+        # server's buffer for it stays bounded by its live actions.
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None and self.state != "closed":
+            self.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._drop()
+        self.server._connections.discard(self)
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def _drop(self) -> None:
+        """The client is gone (or is being sent away): cancel its actions, end its
+        trajectories once they have ended. Idempotent."""
+        self.state = "closed"
+        if self.hello_timer is not None:
+            self.hello_timer.cancel()
+        self.results.clear()
+        self.replies.clear()
+        for t in self.requests:
+            t.cancel()
+        handles = list(self.live.values())
+        for h in handles:
+            self.orch.cancel(h.id)
+        if self.trajectories and not self.server._closing:
+            self.server._track(self.loop.create_task(self._end_trajectories(handles, sorted(self.trajectories))))
+        self.live.clear()
+        self.trajectories.clear()
+
+    async def _end_trajectories(self, handles: list[ActionHandle], trajectories: list[int]) -> None:
+        """A dropped client's sandboxes go once its cancelled actions have ended."""
+        await asyncio.gather(*(h.future for h in handles), return_exceptions=True)
+        for t in trajectories:
+            if self.server._closing:
+                return
+            try:
+                await self.orch.end_trajectory(t)
+            except Exception:
+                pass
+
+    def _hello_expired(self) -> None:
+        if self.state == "hello":
+            self.fail(AuthenticationError("token", f"no HELLO within {self.server.hello_timeout:g} s"))
+
+    def fail(self, error: BaseException) -> None:
+        """Sends a typed error and closes the connection: our side at once (FIN after the
+        error frame), reading and discarding whatever the client still sends until it
+        closes too, or for at most a second; closing with unread data would send a reset
+        that can destroy the error frame before the client reads it."""
+        transport = self.transport
+        if self.state == "closed" or transport is None:
+            return
+        self._drop()
+        try:
+            transport.write(P.error_frame(error))
+            if transport.can_write_eof():
+                transport.write_eof()
+                transport.resume_reading()
+                self.loop.call_later(1.0, transport.close)
+                return
+        except Exception:
+            pass
+        transport.close()
+
+    def goodbye(self, reason: str) -> None:
+        if self.state == "closed" or self.transport is None:
+            return
+        self._flush()
+        self.state = "closed"
+        try:
+            self.transport.write(P.json_frame(P.GOODBYE, {"reason": reason}))
+        finally:
+            self.transport.close()
+
+    # ---------------------------------------------------------------- frames
+    def _frame(self, kind: int, payload: bytes) -> None:
+        if self.state == "hello":
+            if kind != P.HELLO:
+                raise ProtocolError("frame", f"expected HELLO first, got {P.FRAME_NAMES.get(kind, f'type {kind}')}")
+            self._hello(P.load_json(payload, "HELLO"))
+        elif kind == P.SUBMIT:
+            self._submit(payload)
+        elif kind == P.CANCEL:
+            ids = P.load_json(payload, "CANCEL")
+            if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+                raise ProtocolError("frame", "CANCEL: expected a list of action ids")
+            for i in ids:
+                if i in self.live:
+                    self.orch.cancel(i)
+        elif kind == P.REQUEST:
+            request = P.load_json(payload, "REQUEST")
+            if (not isinstance(request, list) or len(request) != 3 or not isinstance(request[0], int)
+                    or not isinstance(request[1], str) or not isinstance(request[2], list)):
+                raise ProtocolError("frame", "REQUEST: expected [request id, op, args]")
+            self._request(*request)
+        else:
+            raise ProtocolError("frame", f"unexpected {P.FRAME_NAMES.get(kind, f'type {kind}')} frame from a client")
+
+    def _hello(self, hello: Any) -> None:
+        if not isinstance(hello, dict):
+            raise ProtocolError("frame", "HELLO: expected a JSON object")
+        if hello.get("protocol") != P.PROTOCOL:
+            raise ProtocolError("protocol", f"this server speaks protocol {P.PROTOCOL}, the client "
+                                            f"{hello.get('protocol')!r}")
+        expected = self.server.token
+        if expected is not None:
+            given = hello.get("token")
+            if not isinstance(given, str) or not hmac.compare_digest(given.encode(), expected.encode()):
+                raise AuthenticationError("token", "missing or wrong token" if given else "this server requires a token "
+                                                   "(Client(token=...) or TANGRAM_TOKEN)")
+        if self.hello_timer is not None:
+            self.hello_timer.cancel()
+        self.number = next(self.server._numbers)
+        self.shared = bool(hello.get("shared_trajectories", False))
+        self.state = "ready"
+        self.reader.limit = self.server.max_frame
+        orch = self.orch
+        self.transport.write(P.json_frame(P.WELCOME, {  # type: ignore[union-attr]
+            "protocol": P.PROTOCOL, "connection": self.number, "max_frame": self.server.max_frame,
+            "policy": orch.policy, "managers": list(orch.managers), "server": f"tangram {_version()}",
+        }))
+
+    def _submit(self, payload: bytes) -> None:
+        ids, pickled = P.parse_submit(payload)
+        number = self.number
+        for i in ids:
+            if i >> P.ID_BITS != number or not i & _ID_MASK:
+                raise ProtocolError("frame", f"SUBMIT: action id {i} is not in this connection's range")
+        try:
+            calls = pickle.loads(pickled)
+        except Exception as e:
+            error = ValidationError("call", f"the server cannot unpickle this batch of {len(ids)} call(s): "
+                                            f"{type(e).__name__}: {e}")
+            for i in ids:
+                self._result(i, False, error)
+            return
+        if not isinstance(calls, list) or len(calls) != len(ids):
+            raise ProtocolError("frame", f"SUBMIT: {len(ids)} ids but {len(calls) if isinstance(calls, list) else 'no list of'} calls")
+        closing = self.server._closing
+        submit = self.orch.submit
+        live = self.live
+        for i, call in zip(ids, calls):
+            if closing:
+                self._result(i, False, OrchestratorClosed("server", "the server is shutting down"))
+                continue
+            try:
+                if isinstance(call, Call):
+                    self._map_trajectory(call)
+                handle = submit(call, i)
+            except TangramError as e:
+                self._result(i, False, e)
+                continue
+            except Exception as e:
+                self._result(i, False, ValidationError("call", f"{type(e).__name__}: {e}"))
+                continue
+            live[i] = handle
+            handle.future.add_done_callback(functools.partial(self._done, i))
+
+    def _map_trajectory(self, call: Call) -> None:
+        """Trajectory ids are the client's own unless it asked for the shared space: the
+        server's id is connection << 32 | trajectory."""
+        t = call.trajectory
+        if self.shared or not isinstance(t, int) or isinstance(t, bool) or t < 0:
+            return  # invalid ones are the orchestrator's to reject, with its message
+        if t >= _TRAJECTORY_LIMIT:
+            raise ValidationError("call.trajectory", f"must be below 2**{P.ID_BITS} through the server, got {t}")
+        call.trajectory = mapped = self.number << P.ID_BITS | t
+        self.trajectories.add(mapped)
+
+    def _request(self, rid: int, op: str, args: list[Any]) -> None:
+        try:
+            if op == "ping":
+                self._reply(rid, True, "pong")
+            elif op == "explain":
+                (aid,) = args
+                self._reply(rid, True, self.orch.explain(aid) if aid in self.live else f"action {aid} is not live")
+            elif op == "queue_lengths":
+                self._reply(rid, True, self.orch.queue_lengths())
+            elif op == "utilisation":
+                self._reply(rid, True, self.orch.utilisation())
+            elif op == "end_trajectory":
+                (t,) = args
+                if not isinstance(t, int) or t < 0:
+                    raise ValidationError("trajectory", f"must be a non-negative integer, got {t!r}")
+                if not self.shared:
+                    if t >= _TRAJECTORY_LIMIT:
+                        raise ValidationError("trajectory", f"must be below 2**{P.ID_BITS} through the server")
+                    t = self.number << P.ID_BITS | t
+                task = self.loop.create_task(self._end_trajectory(rid, t))
+                self.requests.add(task)
+                task.add_done_callback(self.requests.discard)
+            else:
+                raise ValidationError("op", f"unknown request {op!r}")
+        except TangramError as e:
+            self._reply(rid, False, e)
+        except Exception as e:
+            self._reply(rid, False, ValidationError("args", f"{op}: {type(e).__name__}: {e}"))
+
+    async def _end_trajectory(self, rid: int, trajectory: int) -> None:
+        try:
+            if self.server._closing:
+                raise OrchestratorClosed("server", "the server is shutting down")
+            await self.orch.end_trajectory(trajectory)
+        except TangramError as e:
+            self._reply(rid, False, e)
+        except Exception as e:
+            self._reply(rid, False, ValidationError("trajectory", f"{type(e).__name__}: {e}"))
+        else:
+            self.trajectories.discard(trajectory)
+            self._reply(rid, True, None)
+
+    # ---------------------------------------------------------------- results
+    def _done(self, aid: int, future: asyncio.Future[Any]) -> None:
+        self.live.pop(aid, None)
+        if future.cancelled():
+            self._result(aid, False, ActionCancelled(aid, "cancelled on the server"))
+            return
+        error = future.exception()
+        if error is None:
+            self._result(aid, True, future.result())
+        else:
+            self._result(aid, False, error)
+
+    def _result(self, aid: int, ok: bool, value: Any) -> None:
+        if self.state == "closed":
+            return
+        self.results.append((aid, True, value) if ok else (aid, False, P.encode_error(value)))
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _reply(self, rid: int, ok: bool, value: Any) -> None:
+        if self.state == "closed":
+            return
+        self.replies.append((rid, True, value) if ok else (rid, False, P.encode_error(value)))
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self.flush_scheduled = False
+        if self.state == "closed" or self.transport is None or self.transport.is_closing():
+            self.results.clear()
+            self.replies.clear()
+            return
+        chunks: list[bytes] = []
+        if self.results:
+            items, self.results = self.results, []
+            self._encode(P.RESULTS, items, chunks)
+        if self.replies:
+            items, self.replies = self.replies, []
+            self._encode(P.REPLY, items, chunks)
+        if chunks:
+            self.transport.write(b"".join(chunks) if len(chunks) > 1 else chunks[0])
+
+    def _encode(self, kind: int, items: list[tuple[int, bool, Any]], out: list[bytes]) -> None:
+        """Pickles a batch into frames within the limit; a value that cannot be pickled or
+        does not fit ends its action with a typed error instead."""
+        limit = self.server.max_frame - P.HEADER.size
+        data, problem = _dumps(items)
+        if data is not None and len(data) <= limit:
+            out.append(P.frame(kind, data))
+            return
+        if len(items) > 1:
+            half = len(items) // 2
+            self._encode(kind, items[:half], out)
+            self._encode(kind, items[half:], out)
+            return
+        ((key, _, _),) = items
+        if data is None:
+            error: TangramError = ActionFailed(key, f"its result cannot be pickled to go back to the client: {problem}",
+                                               "PicklingError")
+        else:
+            error = FrameTooLarge("result", f"its result is {len(data)} bytes pickled; the frame limit is {limit}",
+                                  action_id=key)
+        if kind == P.REPLY:
+            error = ProtocolError("reply", error.reason)
+        data, _ = _dumps([(key, False, P.encode_error(error))])
+        out.append(P.frame(kind, data))  # type: ignore[arg-type]
+
+
+def _dumps(items: Any) -> tuple[bytes | None, str]:
+    try:
+        return pickle.dumps(items, protocol=5), ""
+    except Exception:
+        pass
+    try:
+        return cloudpickle.dumps(items, protocol=5), ""
+    except Exception as e:
+        return None, f"{type(e).__name__}: {e}"
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+# ---------------------------------------------------------------- the command
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tangram serve", description="Serve one orchestrator to many client processes (tangram.Client).",
+        epilog="Prints 'tangram serve: listening on HOST:PORT ...' once ready. SIGTERM/SIGINT shut it down: "
+               "running actions get --grace seconds to finish, the rest are cancelled; a second signal cancels at once.")
+    parser.add_argument("--config", help="runtime configuration file (.toml or .json; see tangram.RuntimeConfig)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; anything other "
+                                                            "than loopback requires a token)")
+    parser.add_argument("--port", type=int, default=P.DEFAULT_PORT,
+                        help=f"TCP port (default {P.DEFAULT_PORT}; 0 picks a free one)")
+    parser.add_argument("--token", default=None, help="shared secret clients must present (default: $TANGRAM_TOKEN; "
+                                                      "prefer the variable: arguments are visible in ps)")
+    parser.add_argument("--policy", default=None, help="scheduling policy (default: the config's, else tangram)")
+    parser.add_argument("--max-frame", type=int, default=P.DEFAULT_MAX_FRAME,
+                        help=f"largest frame accepted from a client, bytes (default {P.DEFAULT_MAX_FRAME})")
+    parser.add_argument("--grace", type=float, default=10.0,
+                        help="seconds running actions get to finish at shutdown (default 10)")
+    parser.add_argument("--manager", action="append", default=[], metavar="KIND=NAME",
+                        help="serve KIND's actions with manager NAME (a registered name, or module:Class), e.g. "
+                             "cpu=mock to measure the protocol alone (options from the config's [managers.NAME]); "
+                             "repeatable")
+    return parser
+
+
+def cli_main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    token = args.token if args.token is not None else os.environ.get("TANGRAM_TOKEN") or None
+    try:
+        config = RuntimeConfig.from_file(args.config) if args.config else RuntimeConfig()
+        managers: dict[str, ResourceManager] = {}
+        for item in args.manager:
+            kind, sep, name = item.partition("=")
+            if not sep or not kind or not name:
+                raise ValidationError("--manager", f"expected KIND=NAME, got {item!r}")
+            cls = _import_manager(name) if ":" in name else manager_class(name)
+            managers[kind] = cls(**dict(config.managers.get(name, {})))
+        server = Server(config, host=args.host, port=args.port, token=token, policy=args.policy,
+                        managers=managers, max_frame=args.max_frame)
+        gc.set_threshold(*GC_THRESHOLDS)
+        return asyncio.run(_serve(server, args.grace))
+    except (TangramError, OSError) as e:
+        print(f"tangram serve: {e}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _import_manager(target: str) -> type[ResourceManager]:
+    import importlib
+
+    module, _, attr = target.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValidationError("--manager", f"cannot import {target!r}: {e}") from None
+    if not (isinstance(cls, type) and issubclass(cls, ResourceManager)):
+        raise ValidationError("--manager", f"{target} is not a ResourceManager subclass")
+    return cls
+
+
+# The server is a long-lived process whose orchestrator keeps up to `max_records` action
+# records (100,000 by default): with CPython's default thresholds (700, 10, 10) the cyclic
+# garbage collector rescans that growing population so often that throughput halves by
+# the time the record log is full. Fewer, larger young collections keep it steady
+# (docs/server.md, Measurements); startup objects are frozen out of collections.
+GC_THRESHOLDS = (10_000, 20, 20)
+
+
+async def _serve(server: Server, grace: float) -> int:
+    await server.start()
+    gc.freeze()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def on_signal(signum: int) -> None:
+        if stop.is_set():
+            server.force_close()
+        else:
+            print(f"tangram serve: {signal.Signals(signum).name}: shutting down "
+                  f"(running actions get {grace:g} s)", file=sys.stderr, flush=True)
+            stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    assert server.address is not None
+    orch = server.orchestrator
+    print(f"tangram serve: listening on {P.format_address(*server.address)} (policy {orch.policy}; managers "
+          f"{', '.join(f'{k}={type(m).__name__}' for k, m in orch.managers.items())}; "
+          f"token {'required' if server.token else 'not required'})", flush=True)
+    await stop.wait()
+    await server.close(grace)
+    print("tangram serve: stopped", file=sys.stderr, flush=True)
+    return 0

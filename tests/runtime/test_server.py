@@ -1,0 +1,574 @@
+"""`tangram serve` and `tangram.Client` end to end: real server subprocesses on loopback,
+real sockets, several client processes; the same results and typed errors as the
+in-process orchestrator; the token off loopback; malformed and oversized frames; graceful
+shutdown and a killed server ending every pending action explicitly; cancels and
+disconnects reaching the server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pickle
+import random
+import re
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import cloudpickle
+import pytest
+
+import tangram
+from tangram import Call, CommandResult, Orchestrator, RuntimeConfig
+from tangram.runtime import ActionCancelled, ActionFailed, ActionInfeasible, ActionTimeout, OrchestratorClosed
+from tangram.server import (
+    AuthenticationError,
+    Client,
+    ConnectionLost,
+    FrameTooLarge,
+    ProtocolError,
+    Server,
+    SyncClient,
+)
+from tangram.server import protocol as P
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="servers and sandboxes need Linux")
+
+INVENTORY = """
+[inventory]
+nodes = [{ name = "n0", resources = { cpu = 2, memory = 4096 } }]
+"""
+
+
+class Served:
+    """A `tangram serve` subprocess; `address` is parsed from its first line."""
+
+    def __init__(self, config: Path | None, *args: str, env: dict[str, str] | None = None) -> None:
+        argv = [sys.executable, "-m", "tangram", "serve", "--port", "0", *args]
+        if config is not None:
+            argv += ["--config", str(config)]
+        environ = {k: v for k, v in os.environ.items() if k != "TANGRAM_TOKEN"}
+        environ.update(env or {})
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ)
+        self.line = _readline(self.proc, 20.0)
+        match = re.search(r"listening on (\S+)", self.line)
+        if match is None:
+            self.stop(signal.SIGKILL)
+            raise AssertionError(f"no address from tangram serve: {self.line!r}; stderr: {self.stderr}")
+        self.address = match.group(1)
+        self.stderr = ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            _, self.stderr = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, self.stderr = self.proc.communicate()
+        return self.proc.returncode
+
+
+def _readline(proc: subprocess.Popen[str], timeout: float) -> str:
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    return proc.stdout.readline() if ready else ""
+
+
+def write_config(tmp_path: Path, extra: str = "") -> Path:
+    path = tmp_path / "server.toml"
+    path.write_text(INVENTORY + extra)
+    return path
+
+
+@pytest.fixture(scope="module")
+def mock_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """The scheduling path alone: the mock manager runs fns inline and sleeps `runtime`."""
+    served = Served(write_config(tmp_path_factory.mktemp("mock")), "--manager", "cpu=mock", "--grace", "0",
+                    "--max-frame", "65536")
+    yield served
+    assert served.stop() == 0, served.stderr
+
+
+@pytest.fixture(scope="module")
+def cpu_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, Path]]:
+    """Real sandboxes: the CPU manager runs fns and commands in worker processes."""
+    config = write_config(tmp_path_factory.mktemp("cpu"), "\n[managers.cpu]\nisolation = \"affinity\"\n")
+    served = Served(config, "--grace", "0")
+    yield served, config
+    assert served.stop() == 0, served.stderr
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def outcome(value: Any) -> Any:
+    """A result or an error, comparable across processes (ids differ)."""
+    if isinstance(value, tangram.TangramError):
+        field = "action" if isinstance(value, tangram.ActionError) else value.field
+        return (type(value).__name__, field, getattr(value, "error_type", None))
+    return ("ok", value)
+
+
+def calls() -> list[Call]:
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    def cores() -> str:
+        return os.environ["TANGRAM_CORES"]
+
+    def boom() -> None:
+        raise KeyError("missing")
+
+    def remember(text: str) -> str:
+        Path("memo").write_text(text)
+        return text.upper()
+
+    def recall() -> str:
+        return Path("memo").read_text()
+
+    return [
+        Call(fn=add, args=(2, 3)),
+        Call(fn=cores, trajectory=1),
+        Call(command="echo out; echo err >&2; exit 3"),
+        Call(fn=boom),
+        Call(command="sleep 5", timeout=0.3),
+        Call(resources={"cpu": 64}),
+        Call(resources={"gpu_hours": 1}),
+        Call(resources={"cpu": 1}, elastic="cpu"),
+        Call(fn=remember, args=("kept",), trajectory=2),
+        Call(fn=recall, trajectory=2),
+    ]
+
+
+async def run_all(orch: Any) -> list[Any]:
+    """Each call in order (state persists within a trajectory), errors as values; an
+    error raised at submit (in process) counts like one ending the future (the client)."""
+    out = []
+    for call in calls():
+        try:
+            handle = orch.submit(call)
+        except tangram.TangramError as e:
+            out.append(e)
+            continue
+        try:
+            value = await handle
+        except tangram.TangramError as e:
+            if isinstance(e, tangram.ActionError):
+                assert e.action_id == handle.id
+            value = e
+        out.append(value)
+    return out
+
+
+def test_results_and_typed_errors_equal_the_in_process_orchestrator(cpu_server: tuple[Served, Path]) -> None:
+    served, config = cpu_server
+
+    async def in_process() -> list[Any]:
+        async with Orchestrator(RuntimeConfig.from_file(config)) as orch:
+            return await run_all(orch)
+
+    async def remote() -> list[Any]:
+        async with tangram.Client(served.address) as client:
+            results = await run_all(client)
+            await client.end_trajectory(2)
+            return results
+
+    local, far = run(in_process()), run(remote())
+    assert [outcome(v) for v in far] == [outcome(v) for v in local]
+    assert far[0] == 5 and far[1] == "1"
+    assert far[2] == CommandResult(3, b"out\n", b"err\n")
+    assert isinstance(far[3], ActionFailed) and far[3].error_type == "KeyError" and "KeyError" in far[3].remote_traceback
+    assert isinstance(far[4], ActionTimeout)
+    assert isinstance(far[5], ActionInfeasible)
+    assert isinstance(far[6], tangram.UnknownNameError) and far[6].field == "call.resources"
+    assert isinstance(far[7], tangram.ValidationError) and far[7].field == "call.max_units"
+    assert far[9] == "kept"
+
+
+CLIENT_SCRIPT = textwrap.dedent("""
+    import asyncio, json, sys
+    from pathlib import Path
+    import tangram
+
+    def remember(name):
+        Path("who").write_text(name)
+
+    def recall():
+        return Path("who").read_text()
+
+    async def main(address, name):
+        async with tangram.Client(address) as client:
+            await client.run(tangram.Call(fn=remember, args=(name,), trajectory=0))
+            squares = await client.map([tangram.Call(fn=lambda i=i: i * i, trajectory=0, resources={"cpu": 0.5})
+                                        for i in range(6)])
+            who = await client.run(tangram.Call(fn=recall, trajectory=0))
+            await client.end_trajectory(0)
+        print(json.dumps({"name": name, "who": who, "squares": squares}))
+
+    asyncio.run(main(sys.argv[1], sys.argv[2]))
+""")
+
+
+def test_several_client_processes_share_one_server(cpu_server: tuple[Served, Path]) -> None:
+    served, _ = cpu_server
+    names = ["alpha", "beta", "gamma"]
+    procs = [subprocess.Popen([sys.executable, "-c", CLIENT_SCRIPT, served.address, name], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for name in names]
+    outputs = [p.communicate(timeout=60) for p in procs]
+    for p, (out, err) in zip(procs, outputs):
+        assert p.returncode == 0, err
+    results = [json.loads(out) for out, _ in outputs]
+    # Each client's trajectory 0 is its own sandbox: nobody sees another's file.
+    assert [r["who"] for r in results] == names
+    assert all(r["squares"] == [i * i for i in range(6)] for r in results)
+
+
+def test_cancel_explain_and_a_cancelled_awaiting_task(mock_server: Served) -> None:
+    async def main() -> None:
+        async with Client(mock_server.address) as client:
+            running = client.submit(Call(runtime=30.0, resources={"cpu": 2}))
+            waiting = client.submit(Call(runtime=30.0, resources={"cpu": 2}))
+            await asyncio.sleep(0.05)
+            assert "running" in await client.explain(running.id)
+            reason = await client.explain(waiting.id)
+            assert "cpu" in reason or "resources" in reason
+            assert await client.queue_lengths() == {"env": (1, 1)}
+            assert waiting.cancel() and running.cancel()
+            with pytest.raises(ActionCancelled, match="while waiting"):
+                await waiting
+            with pytest.raises(ActionCancelled, match="while running") as info:
+                await running
+            assert info.value.action_id == running.id
+            assert not running.cancel() and not client.cancel(12345)
+            # Cancelling the task that awaits an action cancels it on the server: the
+            # whole node is free again at once.
+            task = asyncio.ensure_future(client.run(Call(runtime=30.0, resources={"cpu": 2})))
+            await asyncio.sleep(0.05)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            started = time.perf_counter()
+            assert await client.run(Call(fn=lambda: "free", resources={"cpu": 2})) == "free"
+            assert time.perf_counter() - started < 2.0
+            assert await client.queue_lengths() == {"env": (0, 0)}
+
+    run(main())
+
+
+def test_sync_client_mirrors_the_sync_orchestrator(mock_server: Served) -> None:
+    with SyncClient(mock_server.address) as client:
+        assert client.run(Call(fn=lambda: 7)) == 7
+        results = client.map([Call(fn=lambda: 1), Call(resources={"cpu": 64})])
+        assert results[0] == 1 and isinstance(results[1], ActionInfeasible)
+        handle = client.submit(Call(runtime=30.0, resources={"cpu": 2}))
+        time.sleep(0.05)
+        assert "running" in client.explain(handle.id)
+        assert handle.cancel()
+        with pytest.raises(ActionCancelled):
+            handle.result(5)
+        with pytest.raises(tangram.ValidationError, match=r"call\.timeout"):
+            client.submit(Call(timeout=-1))  # checked locally, raised at submit as in process
+        client.end_trajectory(0)
+
+
+def test_token_required_off_loopback(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "TANGRAM_TOKEN"}
+    refused = subprocess.run([sys.executable, "-m", "tangram", "serve", "--host", "0.0.0.0", "--port", "0",
+                              "--config", str(config), "--manager", "cpu=mock"],
+                             capture_output=True, text=True, timeout=30, env=env)
+    assert refused.returncode == 2 and "token" in refused.stderr and "listening" not in refused.stdout
+
+    served = Served(config, "--host", "0.0.0.0", "--manager", "cpu=mock", env={"TANGRAM_TOKEN": "s3cret"})
+    try:
+        port = served.address.rsplit(":", 1)[1]
+        address = f"127.0.0.1:{port}"
+
+        async def main() -> None:
+            for token in ("wrong", None):
+                client = Client(address, token=token)
+                client.token = token  # no fallback to $TANGRAM_TOKEN for the None case
+                with pytest.raises(AuthenticationError) as info:
+                    await client.start()
+                assert info.value.field == "token"
+            async with Client(address, token="s3cret") as client:
+                assert await client.run(Call(fn=lambda: "in")) == "in"
+
+        run(main())
+
+        # Nothing is unpickled before the token: a SUBMIT first is refused unread.
+        marker = tmp_path / "unpickled"
+        evil = cloudpickle.dumps([Call(fn=None, args=(_Touch(str(marker)),))])
+        with socket.create_connection(("127.0.0.1", int(port)), timeout=5) as sock:
+            sock.sendall(P.submit_frame([1 << 32 | 1], evil))
+            _, error = recv_error(sock)
+            assert isinstance(error, ProtocolError) and "HELLO" in str(error)
+            assert recv_frame(sock) is None  # closed
+        assert not marker.exists()
+    finally:
+        assert served.stop() == 0, served.stderr
+
+
+class _Touch:
+    """Creates a file when unpickled."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> Any:
+        return (Path(self.path).touch, ())
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes | None:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def recv_frame(sock: socket.socket) -> tuple[int, bytes] | None:
+    header = recv_exact(sock, P.HEADER.size)
+    if header is None:
+        return None
+    length, kind = P.HEADER.unpack(header)
+    payload = recv_exact(sock, length)
+    assert payload is not None
+    return kind, payload
+
+
+def recv_error(sock: socket.socket) -> tuple[int, Exception]:
+    item = recv_frame(sock)
+    assert item is not None, "closed without an error"
+    kind, payload = item
+    assert kind == P.ERROR, (kind, payload[:200])
+    return kind, P.decode_error(json.loads(payload))
+
+
+def hello(sock: socket.socket) -> int:
+    sock.sendall(P.json_frame(P.HELLO, {"protocol": P.PROTOCOL, "token": None}))
+    item = recv_frame(sock)
+    assert item is not None and item[0] == P.WELCOME
+    return json.loads(item[1])["connection"]
+
+
+def test_malformed_and_oversized_frames_get_a_typed_error_and_spare_the_server(mock_server: Served) -> None:
+    host, port = P.parse_address(mock_server.address)
+
+    def connect() -> socket.socket:
+        return socket.create_connection((host, port), timeout=5)
+
+    async def main() -> None:
+        async with Client(mock_server.address) as bystander:
+            assert await bystander.run(Call(fn=lambda: "before")) == "before"
+            cases: list[tuple[bool, bytes, type[Exception], str]] = [
+                (False, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", ProtocolError, "unknown frame type"),
+                (False, P.json_frame(P.CANCEL, [1]), ProtocolError, "HELLO"),
+                (False, struct.pack("!IB", 1 << 30, P.HELLO), FrameTooLarge, "limit"),
+                (False, P.frame(P.HELLO, b"{not json"), ProtocolError, "JSON"),
+                (False, P.json_frame(P.HELLO, {"protocol": 99}), ProtocolError, "protocol"),
+                (True, struct.pack("!IB", 100_000, P.SUBMIT) + b"x" * 1000, FrameTooLarge, "65536"),
+                (True, P.frame(P.CANCEL, b"[1, 2"), ProtocolError, "JSON"),
+                (True, P.frame(P.SUBMIT, b"\x00\x00"), ProtocolError, "SUBMIT"),
+                (True, P.submit_frame([7], pickle.dumps([Call()])), ProtocolError, "range"),
+                (True, P.frame(77, b""), ProtocolError, "type 77"),
+                (True, P.json_frame(P.WELCOME, {}), ProtocolError, "unexpected WELCOME"),
+                (True, P.json_frame(P.REQUEST, {"op": "explain"}), ProtocolError, "REQUEST"),
+            ]
+            for authenticate, data, error_type, text in cases:
+                with connect() as sock:
+                    if authenticate:
+                        hello(sock)
+                    sock.sendall(data)
+                    _, error = recv_error(sock)
+                    assert isinstance(error, error_type) and text in str(error), (data[:40], error)
+                    assert recv_frame(sock) is None  # the server closed the connection
+                assert await bystander.run(Call(fn=lambda: "still")) == "still"
+
+            # Random bytes, authenticated or not: an error or a close, never a crash.
+            rng = random.Random(5)
+            for i in range(30):
+                with connect() as sock:
+                    if i % 2:
+                        hello(sock)
+                    sock.sendall(rng.randbytes(rng.randrange(1, 300)))
+                    sock.shutdown(socket.SHUT_WR)
+                    while recv_frame(sock) is not None:
+                        pass
+            assert await bystander.run(Call(fn=lambda: "alive")) == "alive"
+
+            # A batch the server cannot unpickle ends its actions, not the connection.
+            with connect() as sock:
+                number = hello(sock)
+                ids = [number << 32 | 1, number << 32 | 2]
+                sock.sendall(P.submit_frame(ids, b"\x80\x05garbage"))
+                item = recv_frame(sock)
+                assert item is not None and item[0] == P.RESULTS
+                results = pickle.loads(item[1])
+                assert [r[0] for r in results] == ids and not any(r[1] for r in results)
+                assert all(isinstance(P.decode_error(r[2]), tangram.ValidationError) for r in results)
+                sock.sendall(P.json_frame(P.REQUEST, [1, "ping", []]))
+                item = recv_frame(sock)
+                assert item is not None and item[0] == P.REPLY and pickle.loads(item[1]) == [(1, True, "pong")]
+
+            # The client refuses to send a call larger than the server's frame limit.
+            big = bystander.submit(Call(fn=len, args=(b"x" * 100_000,)))
+            small = bystander.submit(Call(fn=lambda: "small"))
+            with pytest.raises(FrameTooLarge) as info:
+                await big
+            assert info.value.action_id == big.id
+            assert await small == "small"
+            # A result larger than the frame limit ends its action with a typed error.
+            with pytest.raises(FrameTooLarge, match="result"):
+                await bystander.run(Call(fn=lambda: b"y" * 100_000))
+            assert await bystander.run(Call(fn=lambda: "after")) == "after"
+
+    run(main())
+
+
+def test_a_dropped_client_has_its_actions_cancelled_on_the_server(mock_server: Served) -> None:
+    script = textwrap.dedent("""
+        import asyncio, sys, tangram
+        async def main():
+            client = await tangram.Client(sys.argv[1]).start()
+            handle = client.submit(tangram.Call(runtime=60.0, resources={"cpu": 2}))
+            while "running" not in await client.explain(handle.id):
+                await asyncio.sleep(0.01)
+            print("running", flush=True)
+            await asyncio.sleep(60)
+        asyncio.run(main())
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script, mock_server.address], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert _readline(proc, 20.0) == "running\n", proc.stderr
+    finally:
+        proc.kill()
+        proc.communicate()
+
+    async def main() -> None:
+        async with Client(mock_server.address) as client:
+            started = time.perf_counter()
+            assert await client.run(Call(fn=lambda: "mine", resources={"cpu": 2})) == "mine"
+            assert time.perf_counter() - started < 5.0
+            assert await client.queue_lengths() == {"env": (0, 0)}
+
+    run(main())
+
+
+def test_sigterm_finishes_or_fails_every_in_flight_action(tmp_path: Path) -> None:
+    served = Served(write_config(tmp_path), "--manager", "cpu=mock", "--grace", "1")
+
+    async def main() -> None:
+        async with Client(served.address) as client:
+            quick = client.submit(Call(runtime=0.3, resources={"cpu": 1}))
+            long = client.submit(Call(runtime=60.0, resources={"cpu": 1}))
+            waiting = [client.submit(Call(runtime=60.0, resources={"cpu": 2})) for _ in range(2)]
+            await asyncio.sleep(0.1)
+            served.proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.1)
+            late = client.submit(Call(runtime=0.0))
+            started = time.perf_counter()
+            with pytest.raises(OrchestratorClosed):
+                await late
+            assert await quick is None  # finished within the grace period
+            for handle in (long, *waiting):
+                with pytest.raises(ActionCancelled) as info:
+                    await handle
+                assert info.value.action_id == handle.id
+            assert time.perf_counter() - started < 5.0
+            await asyncio.sleep(0.1)
+            with pytest.raises(ConnectionLost, match="shut down"):
+                client.submit(Call())
+
+    try:
+        run(main())
+    finally:
+        assert served.stop(timeout=10) == 0, served.stderr
+    assert "stopped" in served.stderr
+
+
+def test_server_close_method_ends_every_action() -> None:
+    async def main() -> None:
+        inventory = tangram.Inventory.uniform(1, {"cpu": 1, "memory": 1024})
+        async with Server(inventory=inventory, port=0, default_managers=False, hello_timeout=0.2,
+                          managers={"cpu": tangram.MockManager()}) as server:
+            assert server.address is not None
+            # A connection that never authenticates is closed with a typed error.
+            reader, writer = await asyncio.open_connection(*server.address)
+            header = await asyncio.wait_for(reader.readexactly(P.HEADER.size), 2.0)
+            length, kind = P.HEADER.unpack(header)
+            error = P.decode_error(json.loads(await reader.readexactly(length)))
+            assert kind == P.ERROR and isinstance(error, AuthenticationError)
+            assert await reader.read() == b""
+            writer.close()
+            await writer.wait_closed()
+            async with Client(server.address) as client:
+                handles = [client.submit(Call(runtime=60.0)) for _ in range(3)]
+                await asyncio.sleep(0.05)
+                await server.close()
+                for h in handles:
+                    with pytest.raises(ActionCancelled):
+                        await h
+
+    run(main())
+
+
+def test_a_killed_server_ends_every_pending_action_with_connection_lost(tmp_path: Path) -> None:
+    served = Served(write_config(tmp_path), "--manager", "cpu=mock")
+
+    async def main() -> None:
+        client = await Client(served.address).start()
+        handles = [client.submit(Call(runtime=60.0, resources={"cpu": 1})) for _ in range(4)]
+        await asyncio.sleep(0.1)
+        explain = asyncio.ensure_future(client.end_trajectory(0))  # a request in flight too
+        served.proc.kill()
+        started = time.perf_counter()
+        for h in handles:
+            with pytest.raises(ConnectionLost) as info:
+                await asyncio.wait_for(h.future, 5.0)
+            assert info.value.action_id == h.id
+        assert time.perf_counter() - started < 2.0
+        with pytest.raises((ConnectionLost, tangram.TangramError)):
+            await asyncio.wait_for(explain, 5.0)
+        with pytest.raises(ConnectionLost):
+            client.submit(Call())
+        await asyncio.wait_for(client.close(), 5.0)
+        with pytest.raises(OrchestratorClosed):
+            client.submit(Call())
+
+    try:
+        run(main())
+    finally:
+        served.stop(signal.SIGKILL)
+    with pytest.raises(ConnectionLost, match="cannot connect"):
+        run(Client(served.address, connect_timeout=2.0).start())
+
+
+def test_typed_errors_round_trip_through_the_codec() -> None:
+    errors: list[tangram.TangramError] = [
+        ActionTimeout(5, "ran past its timeout"),
+        tangram.ActionCrashed(6, "died", exit_code=None, signal=9),
+        ActionFailed(7, "KeyError: 'x'", "KeyError", "Traceback ..."),
+        tangram.ResourceLimitExceeded(8, "memory", "memory"),
+        tangram.UnknownNameError("call.resources", "unknown kind"),
+        AuthenticationError("token", "wrong"),
+        ConnectionLost("gone", 9),
+    ]
+    for error in errors:
+        back = P.decode_error(json.loads(json.dumps(P.encode_error(error))))
+        assert type(back) is type(error) and str(back) == str(error) and vars(back) == vars(error)
+    unknown = P.decode_error({"type": "os:system", "field": "x", "reason": "y", "attrs": {}})
+    assert isinstance(unknown, P.RemoteError) and unknown.error_type == "os:system"
