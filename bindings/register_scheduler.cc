@@ -88,6 +88,20 @@ class PyScheduler {
     sched_.tick(time_field(now), out_);
     return decisions();
   }
+  py::array set_node_online(std::int32_t node, bool online, double now) {
+    sched_.set_node_online(node, online, time_field(now), out_);
+    return decisions();
+  }
+  // capacity: one milli-unit entry per kind; gpus: milli-MiB per GPU.
+  py::tuple add_node(const std::string& name, std::vector<std::int64_t> capacity, std::vector<std::int64_t> gpus,
+                     double now) {
+    NodeSpec node;
+    node.name = name;
+    node.capacity = std::move(capacity);
+    for (std::int64_t mem : gpus) node.gpus.push_back(GpuSpec{mem});
+    std::int32_t index = sched_.add_node(std::move(node), time_field(now), out_);
+    return py::make_tuple(index, decisions());
+  }
 
   Scheduler& core() { return sched_; }
 
@@ -205,6 +219,9 @@ void register_scheduler(py::module_& m) {
       .def("cancel", &PyScheduler::cancel, py::arg("ids"), py::arg("now"))
       .def("end_trajectories", &PyScheduler::end_trajectories, py::arg("ids"), py::arg("now"))
       .def("tick", &PyScheduler::tick, py::arg("now"))
+      .def("set_node_online", &PyScheduler::set_node_online, py::arg("node"), py::arg("online"), py::arg("now"))
+      .def("add_node", &PyScheduler::add_node, py::arg("name"), py::arg("capacity"), py::arg("gpus"), py::arg("now"))
+      .def("node_online", [](PyScheduler& s, std::int32_t node) { return s.core().node_online(node); }, py::arg("node"))
       .def_property_readonly("next_wakeup", [](PyScheduler& s) -> py::object {
         TimeNs t = s.core().next_wakeup();
         if (t == kNever) return py::none();

@@ -11,7 +11,7 @@ import numpy as np
 
 from . import _core
 from ._errors import TangramError, UnknownNameError, ValidationError
-from ._model import Action, Amdahl, Constant, Inventory, Native, Table
+from ._model import Action, Amdahl, Constant, Inventory, Native, Node, Table
 from ._records import (
     ACTION_HEADER_SIZE,
     DECISION_DTYPE,
@@ -313,6 +313,44 @@ class Scheduler:
 
     def tick(self, now: float) -> Decisions:
         return self._wrap(self._core.tick(now))
+
+    # ---------------------------------------------------------------- node membership
+    def set_node_online(self, node: int | str, online: bool, now: float) -> Decisions:
+        """Takes a node out of placement (False) or brings it back (True). An offline node
+        gets no new placements; actions still running there keep their resources until
+        they are completed or cancelled (the core never ends them itself). Actions that fit
+        only there wait for it. Returns the decisions of the pass that follows."""
+        return self._wrap(self._core.set_node_online(self._node(node), bool(online), now))
+
+    def add_node(self, node: Node, now: float) -> tuple[int, Decisions]:
+        """Appends a node (online) to the inventory and returns (its index, the decisions
+        of the pass that follows: waiting work may start there). Its resources must use the
+        inventory's kinds (a kind it lacks is 0); existing indices do not change."""
+        if not isinstance(node, Node):
+            raise ValidationError("node", f"expected a tangram.Node, got {type(node).__name__}")
+        if not isinstance(node.name, str) or not node.name:
+            raise ValidationError("node.name", f"must be a non-empty string, got {node.name!r}")
+        unknown = [k for k in node.resources if k not in self._encoder.kind_index]
+        if unknown:
+            raise UnknownNameError("node.resources", f"kinds {unknown} are not in the inventory "
+                                   f"({', '.join(self.kinds)}); a joining node cannot add a kind")
+        capacity = [_milli(node.resources.get(k, 0), f"node.resources.{k}") for k in self.kinds]
+        gpus = [_milli(g.memory, f"node.gpus[{i}].memory") for i, g in enumerate(node.gpus)]
+        index, array = self._core.add_node(node.name, capacity, gpus, now)
+        self.inventory = Inventory(nodes=[*self.inventory.nodes, node], quotas=self.inventory.quotas,
+                                   services=self.inventory.services)
+        self._encoder.node_index[node.name] = index
+        return index, self._wrap(array)
+
+    def node_online(self, node: int | str) -> bool:
+        return self._core.node_online(self._node(node))
+
+    def _node(self, node: int | str) -> int:
+        if isinstance(node, str):
+            if node not in self._encoder.node_index:
+                raise UnknownNameError("node", f"no node named {node!r}")
+            return self._encoder.node_index[node]
+        return node
 
     def table(self, points: Sequence[tuple[float, float]]) -> int:
         """Registers a (units, seconds) table for bulk records; returns its id."""

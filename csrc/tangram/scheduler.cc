@@ -235,6 +235,12 @@ struct Scheduler::Impl {
   std::uint64_t release_epoch = 1;
   bool in_pass = false;
 
+  // Node membership (set_node_online / add_node). An offline node's bins are hidden from
+  // the free trees (all -1, like a bound trajectory slot), so nothing is placed there; its
+  // running actions keep their resources until the caller completes or cancels them.
+  std::vector<std::uint8_t> node_online;  // per node
+  std::int32_t n_offline = 0;
+
   Impl(Inventory inventory, PolicyConfig cfg);
 
   // ---- helpers
@@ -248,6 +254,12 @@ struct Scheduler::Impl {
 
   void refresh_leaf(std::int32_t bin);
   void refresh_node_devices(std::int32_t node);
+  void build_trees();
+  void hide_leaf(Partition& part, std::int32_t leaf);
+  void set_node_online(std::int32_t node, bool online);
+  std::int32_t add_node(NodeSpec spec);
+  bool fits_online_capacity(const Class& cl, std::int32_t lo, std::int32_t hi, std::int32_t device) const;
+  void evict_offline_services(std::vector<Decision>& out);
   void release_on_node(std::int32_t node, std::int32_t partition);
   bool fits_some_bin(const Class& cl, std::int32_t node) const;
   template <class Fits>
@@ -468,26 +480,13 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg) : inv(std::move(inv
     for (std::size_t s = 0; s < services.size(); ++s)
       services[s].home_device = static_cast<std::int32_t>(s % dev_node.size());
   }
-  // trees
+  node_online.assign(N, 1);
   for (auto& part : partitions) {
-    std::int32_t leaves = static_cast<std::int32_t>(part.bins.size());
-    part.free_tree = BinTree(leaves, D);
-    part.cap_tree = BinTree(leaves, D);
     part.node_lo.assign(N, -1);
     part.node_hi.assign(N, -1);
-    std::vector<Quantity> v(D);
-    for (std::int32_t leaf = 0; leaf < leaves; ++leaf) {
-      std::int32_t b = part.bins[leaf];
-      std::int32_t n = bin_node[b];
-      if (part.node_lo[n] < 0) part.node_lo[n] = leaf;
-      part.node_hi[n] = leaf + 1;
-      std::copy(cap_of(b), cap_of(b) + K, v.begin());
-      if (has_gpus) v[K] = node_max_dev_total[n];
-      part.cap_tree.set(leaf, v.data());
-      part.free_tree.set(leaf, v.data());
-    }
   }
   bin_bound.assign(bin_node.size(), 0);
+  build_trees();
   node_parked.resize(N);
   node_parked_count.assign(N, 0);
   node_released.assign(N, 0);
@@ -504,6 +503,7 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg) : inv(std::move(inv
 void Scheduler::Impl::refresh_leaf(std::int32_t bin) {
   Partition& part = partitions[bin_partition[bin]];
   std::int32_t leaf = bin_leaf[bin];
+  if (!node_online[bin_node[bin]]) return hide_leaf(part, leaf);
   std::copy(free_of(bin), free_of(bin) + K, scratch.begin());
   if (has_gpus) scratch[K] = node_max_dev_free[bin_node[bin]];
   part.free_tree.set(leaf, scratch.data());
@@ -514,6 +514,7 @@ void Scheduler::Impl::refresh_node_devices(std::int32_t node) {
   for (std::int32_t d = node_first_dev[node]; d < node_first_dev[node + 1]; ++d) best = std::max(best, dev_free[d]);
   if (best == node_max_dev_free[node]) return;
   node_max_dev_free[node] = best;
+  if (!node_online[node]) return;  // its leaves stay hidden
   for (auto& part : partitions) {
     if (part.node_lo[node] < 0) continue;
     for (std::int32_t leaf = part.node_lo[node]; leaf < part.node_hi[node]; ++leaf) {
@@ -522,6 +523,173 @@ void Scheduler::Impl::refresh_node_devices(std::int32_t node) {
       scratch[K] = best;
       part.free_tree.set(leaf, scratch.data());
     }
+  }
+}
+
+// (Re)builds every partition's trees and node ranges from the bins' current state: at
+// construction, and when add_node appends bins (and maybe the GPU dimension).
+void Scheduler::Impl::build_trees() {
+  const std::int32_t N = static_cast<std::int32_t>(inv.nodes.size());
+  std::vector<Quantity> v(D), hidden(D, -1);
+  for (auto& part : partitions) {
+    std::int32_t leaves = static_cast<std::int32_t>(part.bins.size());
+    part.free_tree = BinTree(leaves, D);
+    part.cap_tree = BinTree(leaves, D);
+    part.node_lo.assign(N, -1);
+    part.node_hi.assign(N, -1);
+    for (std::int32_t leaf = 0; leaf < leaves; ++leaf) {
+      std::int32_t b = part.bins[leaf];
+      std::int32_t n = bin_node[b];
+      if (part.node_lo[n] < 0) part.node_lo[n] = leaf;
+      part.node_hi[n] = leaf + 1;
+      std::copy(cap_of(b), cap_of(b) + K, v.begin());
+      if (has_gpus) v[K] = node_max_dev_total[n];
+      part.cap_tree.set(leaf, v.data());
+      if (bin_bound[b] || !node_online[n]) {
+        part.free_tree.set(leaf, hidden.data());
+        continue;
+      }
+      std::copy(free_of(b), free_of(b) + K, v.begin());
+      if (has_gpus) v[K] = node_max_dev_free[n];
+      part.free_tree.set(leaf, v.data());
+    }
+  }
+}
+
+void Scheduler::Impl::hide_leaf(Partition& part, std::int32_t leaf) {
+  std::fill(scratch.begin(), scratch.end(), -1);
+  part.free_tree.set(leaf, scratch.data());
+}
+
+// Offline: the node's leaves leave the free trees; nothing more is placed there. Online:
+// its unbound leaves come back with their exact free vectors, and classes parked for room
+// are woken as by a release on the node.
+void Scheduler::Impl::set_node_online(std::int32_t node, bool online) {
+  if (static_cast<bool>(node_online[node]) == online) return;
+  node_online[node] = online ? 1 : 0;
+  n_offline += online ? -1 : 1;
+  for (auto& part : partitions) {
+    if (part.node_lo[node] < 0) continue;
+    for (std::int32_t leaf = part.node_lo[node]; leaf < part.node_hi[node]; ++leaf) {
+      const std::int32_t b = part.bins[leaf];
+      if (!online) hide_leaf(part, leaf);
+      else if (!bin_bound[b]) refresh_leaf(b);
+    }
+  }
+  if (online) release_on_node(node, kNone);
+}
+
+// Appends a node: its bins (as the constructor makes them for the policy), its GPUs, and
+// every per-node index; then rebuilds the trees. Class feasibility is recomputed (new
+// capacity can only make more classes feasible).
+std::int32_t Scheduler::Impl::add_node(NodeSpec spec) {
+  const std::int32_t n = static_cast<std::int32_t>(inv.nodes.size());
+  std::int32_t cpu = kNone;
+  for (std::int32_t k = 0; k < K; ++k)
+    if (inv.kinds[k] == "cpu") cpu = k;
+  auto add_bin = [&](std::int32_t part, const std::vector<Quantity>& cap) {
+    std::int32_t b = static_cast<std::int32_t>(bin_node.size());
+    bin_node.push_back(n);
+    bin_partition.push_back(part);
+    bin_leaf.push_back(static_cast<std::int32_t>(partitions[part].bins.size()));
+    partitions[part].bins.push_back(b);
+    bin_cap.insert(bin_cap.end(), cap.begin(), cap.end());
+    bin_free.insert(bin_free.end(), cap.begin(), cap.end());
+    bin_bound.push_back(0);
+  };
+  switch (policy.kind) {
+    case PolicyKind::kTangram:
+    case PolicyKind::kFifo:
+    case PolicyKind::kOptimus:
+      add_bin(0, spec.capacity);
+      break;
+    case PolicyKind::kTrajectory: {
+      Quantity slots = spec.capacity[cpu] / policy.trajectory_slot_cpu;
+      std::vector<Quantity> cap(K);
+      for (std::int32_t k = 0; k < K; ++k)
+        cap[k] = k == cpu ? policy.trajectory_slot_cpu : (slots > 0 ? spec.capacity[k] / slots : 0);
+      for (Quantity s = 0; s < slots; ++s) add_bin(0, cap);
+      break;
+    }
+    case PolicyKind::kIsolated: {
+      // The constructor's exact split, for this one node.
+      double total = 0;
+      for (const auto& pw : policy.pools) total += pw.second;
+      const std::size_t P = policy.pools.size();
+      std::vector<std::vector<Quantity>> share(P, std::vector<Quantity>(K));
+      for (std::int32_t k = 0; k < K; ++k) {
+        Quantity cap = spec.capacity[k], given = 0;
+        for (std::size_t p = 0; p < P; ++p) {
+          Quantity ppm = static_cast<Quantity>(std::floor(policy.pools[p].second / total * 1e6));
+          Quantity q = static_cast<Quantity>((static_cast<__int128>(cap) * ppm) / 1000000);
+          share[p][k] = q;
+          given += q;
+        }
+        const Quantity left = cap - given, each = left / static_cast<Quantity>(P);
+        const std::size_t extra = static_cast<std::size_t>(left % static_cast<Quantity>(P));
+        for (std::size_t p = 0; p < P; ++p) share[p][k] += each + (p < extra ? 1 : 0);
+      }
+      for (std::size_t p = 0; p < P; ++p) add_bin(static_cast<std::int32_t>(p), share[p]);
+      break;
+    }
+  }
+  // devices: appended after every existing one, so global device indices stay valid
+  node_first_dev[n] = static_cast<std::int32_t>(dev_node.size());
+  Quantity most = 0;
+  for (std::size_t g = 0; g < spec.gpus.size(); ++g) {
+    dev_node.push_back(n);
+    dev_local.push_back(static_cast<std::int32_t>(g));
+    dev_total.push_back(spec.gpus[g].memory);
+    dev_free.push_back(spec.gpus[g].memory);
+    most = std::max(most, spec.gpus[g].memory);
+  }
+  node_first_dev.push_back(static_cast<std::int32_t>(dev_node.size()));
+  node_max_dev_free.push_back(most);
+  node_max_dev_total.push_back(most);
+  has_gpus = !dev_node.empty();
+  D = K + (has_gpus ? 1 : 0);
+  scratch.assign(D, 0);
+  inv.nodes.push_back(std::move(spec));
+  node_online.push_back(1);
+  node_parked.emplace_back();
+  node_parked_count.push_back(0);
+  node_released.push_back(0);
+  node_contended.push_back(0);
+  node_masked.push_back(0);
+  for (auto& leaves : released_leaves) leaves.clear();  // they point into bin_free
+  build_trees();
+  for (auto& cl : classes) cl.infeasible = infeasible_reason(cl);
+  release_on_node(n, kNone);
+  return n;
+}
+
+// Whether some online bin in [lo, hi) could ever hold the class (by capacity). Only asked
+// while a node is offline: a starving action that fits nowhere online must not hold the
+// online bins back for a node that may never return.
+bool Scheduler::Impl::fits_online_capacity(const Class& cl, std::int32_t lo, std::int32_t hi, std::int32_t device) const {
+  const Partition& part = partitions[cl.partition];
+  for (std::int32_t leaf = lo; leaf < hi; ++leaf) {
+    const std::int32_t b = part.bins[leaf];
+    const std::int32_t n = bin_node[b];
+    if (!node_online[n]) continue;
+    const Quantity* cap = cap_of(b);
+    bool fits = true;
+    for (std::int32_t k = 0; k < K && fits; ++k) fits = cap[k] >= cl.demand[k];
+    if (fits && device == kNone && cl.gpu_memory > 0) fits = node_max_dev_total[n] >= cl.gpu_memory;
+    if (fits) return true;
+  }
+  return false;
+}
+
+// A service resident on an offline node is offloaded once none of its actions runs there
+// (the caller ends those); until then its actions wait (try_head).
+void Scheduler::Impl::evict_offline_services(std::vector<Decision>& out) {
+  for (std::int32_t s = 0; s < static_cast<std::int32_t>(services.size()); ++s) {
+    const ServiceRec& svc = services[s];
+    if (svc.device == kNone || svc.running > 0 || node_online[dev_node[svc.device]]) continue;
+    const std::int32_t node = dev_node[svc.device];
+    evict(s, out);
+    refresh_node_devices(node);
   }
 }
 
@@ -556,6 +724,7 @@ void Scheduler::Impl::wake(std::vector<std::int32_t>& list, std::int32_t scope, 
 // confined to the node are woken at once; those free to use any node are woken once per
 // event, at the next pass (flush_releases), unless a pass is running.
 void Scheduler::Impl::release_on_node(std::int32_t node, std::int32_t partition) {
+  if (!node_online[node]) return;  // nothing starts there; set_node_online(true) wakes
   wake(node_parked[node], node, [&](const Class& cl) { return fits_some_bin(cl, node); });
   for (std::size_t p = 0; p < partitions.size(); ++p) {
     if (partition != kNone && static_cast<std::int32_t>(p) != partition) continue;
@@ -991,6 +1160,11 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
   std::int32_t device = kNone;
   if (cl.service != kNone) {
     ServiceRec& svc = services[cl.service];
+    if (svc.device != kNone && !node_online[dev_node[svc.device]]) {
+      // Resident on an offline node: evicted once its running actions there have ended.
+      cl.block = Block::kServiceNoRoom;
+      return Try::kWaits;
+    }
     if (svc.device != kNone && svc.ready_ns <= now && dev_total[svc.device] < inv.services[cl.service].memory + cl.gpu_memory) {
       // Its device can never hold this action beside the service: move the service once
       // its running batch is done.
@@ -1035,6 +1209,7 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
       bool fits = true;
       for (std::int32_t k = 0; k < K && fits; ++k) fits = f[k] >= cl.demand[k];
       if (fits && cl.gpu_memory > 0 && device == kNone) fits = node_max_dev_free[bin_node[b]] >= cl.gpu_memory;
+      if (fits) fits = node_online[bin_node[b]] != 0;
       if (fits) cand.push_back(fixed_leaf);
     } else {
       std::copy(cl.demand.begin(), cl.demand.end(), scratch.begin());
@@ -1049,7 +1224,7 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
         cl.fit_from = first < 0 ? static_cast<std::int32_t>(leaves.size()) : first;
         for (std::int32_t i = first; i >= 0; i = first_released_fit(leaves, i + 1, cl.demand.data())) {
           const std::int32_t leaf = leaves[i].leaf;
-          if (bin_bound[part.bins[leaf]] || skip(leaf)) continue;
+          if (bin_bound[part.bins[leaf]] || !node_online[bin_node[part.bins[leaf]]] || skip(leaf)) continue;
           if (has_gpus && node_max_dev_free[bin_node[part.bins[leaf]]] < scratch[K]) continue;
           cand.push_back(leaf);
           if (static_cast<std::int32_t>(cand.size()) == policy.candidates) break;
@@ -1066,7 +1241,10 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
   if (cand.empty()) {
     bool held = masked || (!own_slot && node_scope != kNone && node_masked[node_scope] == pass_epoch);
     cl.block = held ? Block::kHeldBack : Block::kResources;
-    if (!own_slot && now - a.submit_ns >= starvation_ns) {
+    // While a node is offline, an action that fits no online node's capacity holds nothing
+    // back (it waits for the node, or for a new one, parked like any other).
+    if (!own_slot && now - a.submit_ns >= starvation_ns &&
+        (n_offline == 0 || (has_range && fits_online_capacity(cl, lo, hi, device)))) {
       // A starving action keeps everything behind it off the bins it could use. Under
       // kTrajectory those are the free slots only, so the pass goes on for bound ones.
       if (node_scope == kNone) {
@@ -1240,6 +1418,7 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
   auto usable = [&](std::int32_t d) {
     if (dev_total[d] < need + head.gpu_memory) return false;
     std::int32_t n = dev_node[d];
+    if (!node_online[n]) return false;
     if (part.node_lo[n] < 0) return false;
     found.clear();
     part.cap_tree.find(part.node_lo[n], part.node_hi[n], demand.data(), 1, no_skip, found);
@@ -1352,6 +1531,7 @@ bool Scheduler::Impl::make_gpu_room(const Class& c, std::int32_t lo, std::int32_
       const std::int32_t b = part.bins[leaf];
       const std::int32_t n = bin_node[b];
       if (fixed_leaf == kNone && bin_bound[b]) continue;
+      if (!node_online[n]) continue;
       if (any_mask && node_masked[n] == pass_epoch) continue;
       const Quantity* f = free_of(b);
       bool fits = true;
@@ -1440,6 +1620,7 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
     if (cl.parked && cl.park_generation == due.generation) unpark(due.cls);
   }
   in_pass = true;
+  if (n_offline > 0 && !services.empty()) evict_offline_services(out);
   if (policy.kind == PolicyKind::kTangram && !services.empty()) restore_queues(out);
   // Walk the heads in policy order. A head pushed behind the cursor (a class woken by an
   // eviction) waits for the next pass, like any head this pass has already passed by.
@@ -1645,6 +1826,9 @@ void Scheduler::Impl::check() const {
     if (cl.parked && cl.park_generation == d.generation && d.at != cl.park_deadline) fail("park deadline out of sync");
   }
   if (deadlines > park_deadlines.size()) fail("parked class without a deadline");
+  std::int32_t offline = 0;
+  for (std::uint8_t on : node_online) offline += on ? 0 : 1;
+  if (offline != n_offline || node_online.size() != inv.nodes.size()) fail("offline node count");
   for (std::size_t n = 0; n < node_count.size(); ++n)
     if (node_count[n] != node_parked_count[n]) fail("node parked count");
   for (std::size_t p = 0; p < part_count.size(); ++p)
@@ -1653,8 +1837,9 @@ void Scheduler::Impl::check() const {
     for (std::size_t leaf = 0; leaf < part.bins.size(); ++leaf) {
       std::int32_t b = part.bins[leaf];
       const Quantity* v = part.free_tree.leaf(static_cast<std::int32_t>(leaf));
-      if (bin_bound[b]) {
-        if (v[0] != -1) fail("bound trajectory slot visible in the free tree");
+      if (bin_bound[b] || !node_online[bin_node[b]]) {
+        for (std::int32_t d = 0; d < D; ++d)
+          if (v[d] != -1) fail(bin_bound[b] ? "bound trajectory slot visible in the free tree" : "offline node's bin visible in the free tree");
         continue;
       }
       for (std::int32_t k = 0; k < K; ++k)
@@ -1769,6 +1954,48 @@ void Scheduler::tick(TimeNs now, std::vector<Decision>& out) {
   impl_->messages.clear();
   impl_->now = now;
   impl_->pass(out);
+}
+
+void Scheduler::set_node_online(std::int32_t node, bool online, TimeNs now, std::vector<Decision>& out) {
+  out.clear();
+  Impl& m = *impl_;
+  m.validate_now(now);
+  if (node < 0 || node >= static_cast<std::int32_t>(m.inv.nodes.size()))
+    throw Error(ErrorCode::kUnknownName, "node", "no node with index " + std::to_string(node));
+  m.messages.clear();
+  m.now = now;
+  m.set_node_online(node, online);
+  m.pass(out);
+}
+
+std::int32_t Scheduler::add_node(NodeSpec node, TimeNs now, std::vector<Decision>& out) {
+  out.clear();
+  Impl& m = *impl_;
+  m.validate_now(now);
+  const std::string f = "node";
+  if (node.name.empty()) throw Error(ErrorCode::kInvalidArgument, f + ".name", "a node needs a name");
+  for (const NodeSpec& o : m.inv.nodes)
+    if (o.name == node.name) throw Error(ErrorCode::kInvalidArgument, f + ".name", "duplicate node '" + node.name + "'");
+  if (static_cast<std::int32_t>(node.capacity.size()) != m.K)
+    throw Error(ErrorCode::kInvalidArgument, f + ".capacity", "has " + std::to_string(node.capacity.size()) + " entries for " + std::to_string(m.K) + " kinds");
+  for (std::int32_t k = 0; k < m.K; ++k)
+    if (node.capacity[k] < 0 || node.capacity[k] > kMaxMilli)
+      throw Error(ErrorCode::kInvalidArgument, f + ".capacity." + m.inv.kinds[k], "must be in [0, 1e12] units");
+  for (std::size_t g = 0; g < node.gpus.size(); ++g)
+    if (node.gpus[g].memory <= 0 || node.gpus[g].memory > kMaxMilli)
+      throw Error(ErrorCode::kInvalidArgument, f + ".gpus[" + std::to_string(g) + "].memory", "must be in (0, 1e12] MiB");
+  m.messages.clear();
+  m.now = now;
+  std::int32_t index = m.add_node(std::move(node));
+  m.pass(out);
+  return index;
+}
+
+bool Scheduler::node_online(std::int32_t node) const {
+  const Impl& m = *impl_;
+  if (node < 0 || node >= static_cast<std::int32_t>(m.inv.nodes.size()))
+    throw Error(ErrorCode::kUnknownName, "node", "no node with index " + std::to_string(node));
+  return m.node_online[node] != 0;
 }
 
 TimeNs Scheduler::next_wakeup() const { return impl_->wakeup; }

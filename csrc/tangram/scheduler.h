@@ -46,6 +46,24 @@ class Scheduler {
   // Time passed: restores finish, quotas refill.
   void tick(TimeNs now, std::vector<Decision>& out);
 
+  // ---- node membership (a cluster whose nodes come and go)
+  // Takes a node out of placement (online=false) or brings it back. An offline node gets
+  // no new placements: its bins are hidden from placement, services resident there are
+  // evicted once none of their actions runs there, and restores skip its GPUs. Actions
+  // already running there keep their resources until the caller ends each through
+  // complete() or cancel() (the core never ends an action on its own). When the node
+  // comes back, its pools are exactly what those calls left: capacity minus whatever still
+  // runs there. Capacity of an offline node still counts for feasibility: an action that
+  // fits only there waits (it is not rejected) and, even when starving, holds no online
+  // bins back. Idempotent; runs a pass like every event.
+  void set_node_online(std::int32_t node, bool online, TimeNs now, std::vector<Decision>& out);
+  // Appends a node (online) with its capacity per kind (the inventory's kinds; a new kind
+  // cannot be added) and GPUs; returns its index. Bins are made as the policy makes them
+  // at construction (kTrajectory slots, kIsolated shares). Indices of existing nodes, bins
+  // and devices do not change. Throws Error for a bad or duplicate node; runs a pass.
+  std::int32_t add_node(NodeSpec node, TimeNs now, std::vector<Decision>& out);
+  bool node_online(std::int32_t node) const;
+
   // ---- queries
   // The earliest future time at which a tick could start something (a restore finishing,
   // a quota refilling), or kNever.

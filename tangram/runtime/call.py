@@ -31,7 +31,9 @@ class Call:
     trajectory's actions). `service` runs the call on a GPU service's resident instance;
     `quota` draws one request (and `tokens`) from a named API quota. `kind` labels the
     action in records and metrics ("env", "reward", "search", ...). `manager` overrides
-    the resource manager chosen by default (see `manager_for`).
+    the resource manager chosen by default (see `manager_for`). `affinity` names the node
+    the action must run on (a multi-node inventory: where its trajectory's sandbox lives);
+    None lets the core choose.
     """
 
     fn: Callable[..., Any] | None = None
@@ -52,6 +54,7 @@ class Call:
     kind: str = "env"
     manager: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)  # extra environment for commands and sandboxes
+    affinity: str | None = None  # node name the action must run on (its trajectory's sandbox node)
 
 
 def manager_for(call: Call) -> str:

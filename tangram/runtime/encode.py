@@ -23,7 +23,7 @@ _MAX_TEMPLATES = 4096  # a workload with more shapes than this re-encodes; memor
 def shape_of(call: Call) -> tuple[Any, ...]:
     """The fields of a call that its record depends on, except its id and trajectory."""
     return (tuple(call.resources.items()), call.elastic, call.max_units, call.runtime, call.priority,
-            call.gpu_memory, call.service, call.quota, call.tokens)
+            call.gpu_memory, call.service, call.quota, call.tokens, call.affinity)
 
 
 class CallEncoder:
@@ -44,7 +44,7 @@ class CallEncoder:
             key = None  # type: ignore[assignment]
         action = Action(0, dict(call.resources), call.runtime, elastic=call.elastic, max_units=call.max_units,
                         priority=call.priority, gpu_memory=call.gpu_memory, service=call.service,
-                        quota=call.quota, tokens=call.tokens)
+                        quota=call.quota, tokens=call.tokens, affinity=call.affinity)
         try:
             record = self._encoder.encode([action])
         except TangramError as e:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+from collections import deque
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, ClassVar, Mapping
@@ -87,13 +88,13 @@ class ResourceManager(abc.ABC):
 class MockManager(ResourceManager):
     """For tests and benchmarks: runs a call's `fn` inline on the event loop (awaited when
     it is a coroutine function), or sleeps the call's estimated `runtime` seconds when it
-    has none. Records every hook call in `events`."""
+    has none. Records its last `keep_events` hook calls in `events`."""
 
     name = "mock"
 
-    def __init__(self, sleep: bool = True) -> None:
+    def __init__(self, sleep: bool = True, keep_events: int = 10_000) -> None:
         self.sleep = sleep
-        self.events: list[tuple[Any, ...]] = []
+        self.events: deque[tuple[Any, ...]] = deque(maxlen=keep_events)
         self.running = 0
         self.max_running = 0
 
@@ -130,6 +131,7 @@ _BUILTIN: dict[str, str] = {
     "cpu": "tangram.runtime.cpu:CpuManager",
     "gpu": "tangram.runtime.gpu:GpuManager",
     "api": "tangram.runtime.api:ApiManager",
+    "ray": "tangram.ray:RayManager",
 }
 _REGISTERED: dict[str, type[ResourceManager]] = {}
 

@@ -27,7 +27,7 @@ import traceback
 from typing import Any, Iterable, Mapping, Sequence
 
 from .._errors import TangramError, ValidationError
-from .._model import Inventory
+from .._model import Inventory, Node
 from .._records import EVICT, REJECT, RESTORE, START
 from ..scheduler import Scheduler
 from .call import Call, Placement, manager_for
@@ -312,6 +312,67 @@ class Orchestrator:
         """The orchestrator's clock: seconds since start (the core's time)."""
         return self._now()
 
+    # ---------------------------------------------------------------- node changes
+    # For managers of clusters whose nodes come and go (tangram.ray). Nothing calls these
+    # on a fixed inventory.
+    def set_node_online(self, node: str | int, online: bool) -> None:
+        """Takes a node out of placement (False) or back in (True). Actions running there
+        are not ended by this: whoever took the node offline ends each of them (its
+        manager fails them, or `requeue`s them)."""
+        self._flush()  # queued completions and cancels first
+        self._handle(self.scheduler.set_node_online(node, online, self._now()).array)  # type: ignore[union-attr]
+        self._arm_timer()
+
+    def add_node(self, node: Node) -> int:
+        """Adds a node (online) to the core's inventory; returns its index. Waiting work
+        may start there at once. Managers are not told: the one that found the node
+        calls this."""
+        self._flush()
+        index, decisions = self.scheduler.add_node(node, self._now())  # type: ignore[union-attr]
+        self.inventory = self.scheduler.inventory  # type: ignore[union-attr]
+        self._node_names.append(node.name)
+        self._handle(decisions.array)
+        self._arm_timer()
+        return index
+
+    def requeue(self, action_id: int, call: Call | None = None) -> bool:
+        """A live action goes back to the queue instead of ending: when running, its
+        manager task is cancelled (the manager stops the work) and its resources return to
+        the core; it is then submitted again with the same id and future (with `call`, when
+        given, replacing its call: e.g. without the affinity to a lost node). False if it
+        is not live (or already being cancelled)."""
+        lv = self._live.get(action_id)
+        if lv is None or lv.cancel_reason is not None or lv.record.outcome is not None:
+            return False
+        if call is not None:
+            lv.template = self._encoder.template(call)
+            lv.call = call
+        if not lv.running:  # waiting: in the core's queue, or in the next batch
+            if lv.in_core:
+                self._pending_cancel.append(lv.id)
+                lv.in_core = False
+                self._pending_submit.append(lv)
+                self._kick()
+            return True
+        lv.cancel_reason = "requeue"
+        lv.task.cancel()  # type: ignore[union-attr]
+        return True
+
+    def abort(self, action_id: int, error: ActionError) -> bool:
+        """Ends a waiting action now with `error` (a manager's verdict: e.g. the node its
+        affinity names is gone). False if it is not waiting."""
+        lv = self._live.get(action_id)
+        if lv is None or lv.running or lv.record.outcome is not None:
+            return False
+        if lv.in_core:
+            self._pending_cancel.append(lv.id)
+            lv.in_core = False
+            self._kick()
+        else:
+            self._pending_submit.remove(lv)
+        self._finish(lv, _outcome_of(error), error=error)
+        return True
+
     # ---------------------------------------------------------------- events
     def _now(self) -> float:
         return self._loop.time() - self._t0  # type: ignore[union-attr]
@@ -419,6 +480,8 @@ class Orchestrator:
         gpu = self.managers.get("gpu")
         if gpu is None or lv.manager is gpu or not hasattr(gpu, "device_environment"):
             return {}
+        if getattr(lv.manager, "gpu_env_on_node", False):  # e.g. a Ray node agent computes it on its node
+            return {}
         return gpu.device_environment(node, device, float(lv.call.gpu_memory))  # type: ignore[attr-defined]
 
     async def _execute(self, lv: _Live, placement: Placement) -> None:
@@ -432,6 +495,9 @@ class Orchestrator:
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
+            if reason == "requeue":
+                self._requeue(lv)
+                return
             if reason == "timeout":
                 self._finish(lv, "timeout", error=ActionTimeout(lv.id, f"ran past its timeout of {lv.call.timeout:g} s; killed"))
             else:
@@ -444,6 +510,23 @@ class Orchestrator:
                                                            traceback.format_exc()))
         else:
             self._finish(lv, "ok", result=result)
+
+    def _requeue(self, lv: _Live) -> None:
+        """The end of `requeue`: the core completes the run, then gets the action again."""
+        if lv.timer is not None:
+            lv.timer.cancel()
+            lv.timer = None
+        lv.running = False
+        lv.task = None
+        lv.cancel_reason = None
+        lv.in_core = False
+        record = lv.record
+        record.start = record.node = record.device = record.grant = None
+        self._count(lv.call.kind, 1, -1)
+        self._count(lv.call.kind, 0, +1)
+        self._pending_complete.append(lv.id)
+        self._pending_submit.append(lv)
+        self._kick()
 
     def _cancel(self, lv: _Live, reason: str) -> None:
         if lv.record.outcome is not None:

@@ -1417,3 +1417,250 @@ TEST(Regressions, ExplainAfterStarvationStopsThePass) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------- node membership
+
+namespace {
+
+// Nodes with a start decision in `out`.
+std::set<std::int32_t> start_nodes(const std::vector<Decision>& out) {
+  std::set<std::int32_t> nodes;
+  for (const Decision& d : out)
+    if (d.kind == DecisionKind::kStart) nodes.insert(d.node);
+  return nodes;
+}
+
+struct NodeHarness : Harness {
+  using Harness::Harness;
+  const std::vector<Decision>& online(std::int32_t node, bool on, double now) {
+    s.set_node_online(node, on, S(now), out);
+    s.check_invariants();
+    return out;
+  }
+  std::int32_t add(NodeSpec node, double now) {
+    std::int32_t n = s.add_node(std::move(node), S(now), out);
+    s.check_invariants();
+    return n;
+  }
+};
+
+}  // namespace
+
+// Nothing is placed on an offline node: its running actions keep their resources until
+// they are completed, freed room there starts nothing, new submits go elsewhere or wait.
+// When it comes back, its pools are exact (capacity minus what still runs) and waiting
+// work starts there; after everything ends every pool is exactly full.
+TEST(NodeMembership, OfflineNodeGetsNoPlacementsAndPoolsAreExactWhenItReturns) {
+  NodeHarness h(cpu_inventory(2, 4), policy_of(PolicyKind::kTangram));
+  auto out = h.submit({action(1, {U(2)}), action(2, {U(2)}), action(3, {U(2)}), action(4, {U(2)})}, 0);
+  ASSERT_EQ(started(out).size(), 4u);
+  std::vector<ActionId> on1;
+  for (ActionId id = 1; id <= 4; ++id)
+    if (h.s.placement(id).node == 1) on1.push_back(id);
+  ASSERT_EQ(on1.size(), 2u);
+  EXPECT_TRUE(h.s.node_online(1));
+  EXPECT_TRUE(h.online(1, false, 1).empty());
+  EXPECT_FALSE(h.s.node_online(1));
+  EXPECT_EQ(h.s.free(1, 0), 0);
+  // Room frees on the offline node: the waiting action does not go there.
+  h.submit({action(5, {U(2)})}, 2);
+  EXPECT_TRUE(started(h.out).empty());
+  h.complete({on1[0]}, 3);
+  EXPECT_TRUE(started(h.out).empty()) << "placed on an offline node";
+  EXPECT_EQ(h.s.free(1, 0), U(2));
+  EXPECT_EQ(h.s.running_count(), 3u);
+  // Room on the online node: it goes there.
+  std::vector<ActionId> on0;
+  for (ActionId id = 1; id <= 4; ++id)
+    if (h.s.state(id) == ActionState::kRunning && h.s.placement(id).node == 0) on0.push_back(id);
+  h.complete({on0[0]}, 4);
+  EXPECT_EQ(start_nodes(h.out), std::set<std::int32_t>{0});
+  // Idempotent, then back: exactly the freed 2 cores there, and new work lands on it.
+  EXPECT_TRUE(h.online(1, false, 5).empty());
+  EXPECT_TRUE(h.online(1, true, 6).empty());
+  EXPECT_EQ(h.s.free(1, 0), U(2));
+  h.submit({action(6, {U(2)})}, 7);
+  EXPECT_EQ(start_nodes(h.out), std::set<std::int32_t>{1});
+  std::vector<ActionId> rest;
+  for (ActionId id = 1; id <= 6; ++id)
+    if (h.s.state(id) == ActionState::kRunning) rest.push_back(id);
+  h.complete(rest, 8);
+  EXPECT_EQ(h.s.free(0, 0), U(4));
+  EXPECT_EQ(h.s.free(1, 0), U(4));
+}
+
+// Waiting work is started when its node comes back online: an action with affinity to an
+// offline node waits (it is not rejected) and starts there as soon as the node is back;
+// an action whose shape fits only the offline node's capacity waits too, and even when it
+// starves it holds nothing back on the online nodes.
+TEST(NodeMembership, WaitersForAnOfflineNodeStartWhenItReturnsAndHoldNothingBack) {
+  Inventory inv = cpu_inventory(2, 2);
+  inv.nodes[1].capacity = {U(8)};
+  PolicyConfig p = policy_of(PolicyKind::kTangram);
+  p.starvation_seconds = 10;
+  NodeHarness h(inv, p);
+  h.online(1, false, 0);
+  ActionSpec pinned = action(1, {U(1)});
+  pinned.affinity_node = 1;
+  auto out = h.submit({pinned, action(2, {U(6)}, 5)}, 0);
+  EXPECT_TRUE(started(out).empty());
+  EXPECT_EQ(h.s.state(1), ActionState::kWaiting);
+  EXPECT_EQ(h.s.state(2), ActionState::kWaiting);
+  // Long past starvation: small actions still run on node 0.
+  out = h.submit({action(3, {U(1)}), action(4, {U(1)})}, 100);
+  EXPECT_EQ(started(out).size(), 2u);
+  EXPECT_EQ(start_nodes(out), std::set<std::int32_t>{0});
+  out = h.online(1, true, 101);
+  EXPECT_EQ(start_nodes(out), std::set<std::int32_t>{1});
+  EXPECT_EQ(started(out).size(), 2u);
+  EXPECT_EQ(h.s.free(1, 0), U(1));
+}
+
+// add_node adds capacity: waiting work starts on the new node; a shape that fitted no node
+// (rejected before) is feasible once a node that holds it joins; indices of existing nodes
+// are unchanged; duplicate or malformed nodes are refused with nothing applied.
+TEST(NodeMembership, AddedNodeReceivesWorkAndMakesBigShapesFeasible) {
+  NodeHarness h(cpu_mem_inventory(1, 2, 1024), policy_of(PolicyKind::kTangram));
+  auto out = h.submit({action(1, {U(1), 0}), action(2, {U(1), 0}), action(3, {U(1), 0}), action(4, {U(1), 0})}, 0);
+  EXPECT_EQ(started(out).size(), 2u);
+  out = h.submit({action(5, {U(6), 0})}, 1);
+  ASSERT_EQ(ids_of(out, DecisionKind::kReject), std::vector<ActionId>{5});
+  expect_error([&] { h.s.add_node(NodeSpec{"node0", {U(8), U(1024)}, {}}, S(2), h.out); }, ErrorCode::kInvalidArgument,
+               "node.name");
+  expect_error([&] { h.s.add_node(NodeSpec{"big", {U(8)}, {}}, S(2), h.out); }, ErrorCode::kInvalidArgument,
+               "node.capacity");
+  expect_error([&] { h.s.add_node(NodeSpec{"big", {U(8), U(1024)}, {{0}}}, S(2), h.out); },
+               ErrorCode::kInvalidArgument, "node.gpus[0].memory");
+  expect_error([&] { h.s.set_node_online(7, false, S(2), h.out); }, ErrorCode::kUnknownName, "node");
+  EXPECT_EQ(h.s.inventory().nodes.size(), 1u);
+  std::int32_t n = h.add(NodeSpec{"big", {U(8), U(1024)}, {}}, 2);
+  EXPECT_EQ(n, 1);
+  EXPECT_EQ(start_nodes(h.out), std::set<std::int32_t>{1});
+  EXPECT_EQ(started(h.out).size(), 2u);
+  out = h.submit({action(6, {U(6), 0})}, 3);
+  EXPECT_EQ(start_nodes(out), std::set<std::int32_t>{1}) << "the shape fits the new node";
+  std::vector<ActionId> all = {1, 2, 3, 4, 6};
+  h.complete(all, 4);
+  EXPECT_EQ(h.s.free(0, 0), U(2));
+  EXPECT_EQ(h.s.free(1, 0), U(8));
+  EXPECT_EQ(h.s.free(1, 1), U(1024));
+}
+
+// A GPU service resident on a node that goes offline: its waiting actions do not start
+// beside it there; once its running action there has ended it is evicted and restored on
+// an online node, where they run. A GPU node added to an inventory without GPUs gains the
+// GPU dimension: gpu_memory actions placed there get a device on it.
+TEST(NodeMembership, ServicesLeaveAnOfflineNodeAndGpuNodesCanJoin) {
+  Inventory inv = cpu_inventory(2, 4);
+  inv.nodes[0].gpus = {{U(10000)}};
+  inv.nodes[1].gpus = {{U(10000)}};
+  inv.services = {{"rm", U(6000), 1.0, 1}};
+  NodeHarness h(inv, policy_of(PolicyKind::kTangram));
+  ActionSpec a = action(1, {U(1)});
+  a.service = 0;
+  h.submit({a}, 0);
+  h.tick(1);
+  ASSERT_EQ(h.s.state(1), ActionState::kRunning);
+  const std::int32_t home = h.s.service_location(0).first;
+  ActionSpec b = action(2, {U(1)});
+  b.service = 0;
+  h.submit({b}, 1.5);
+  EXPECT_EQ(h.s.state(2), ActionState::kWaiting);  // batch of one is full
+  h.online(home, false, 2);
+  EXPECT_EQ(h.s.service_location(0).first, home);  // still running there: not evicted
+  auto out = h.complete({1}, 3);
+  EXPECT_TRUE(started(out).empty()) << "started beside a service on an offline node";
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].kind, DecisionKind::kEvict);
+  EXPECT_EQ(out[1].kind, DecisionKind::kRestore);
+  EXPECT_EQ(out[1].node, 1 - home);
+  out = h.tick(4);
+  ASSERT_EQ(started(out), std::vector<ActionId>{2});
+  EXPECT_EQ(out[0].node, 1 - home);
+  h.complete({2}, 5);
+
+  NodeHarness g(cpu_inventory(1, 4), policy_of(PolicyKind::kTangram));
+  ActionSpec c = action(1, {U(1)});
+  g.submit({c}, 0);
+  std::int32_t n = g.add(NodeSpec{"gpu", {U(4)}, {{U(8000)}}}, 1);
+  ActionSpec d = action(2, {U(1)});
+  d.gpu_memory = U(3000);
+  out = g.submit({d}, 2);
+  ASSERT_EQ(started(out), std::vector<ActionId>{2});
+  EXPECT_EQ(out[0].node, n);
+  EXPECT_EQ(out[0].device, 0);
+  EXPECT_EQ(g.s.gpu_free(n, 0), U(5000));
+  g.complete({1, 2}, 3);
+  EXPECT_EQ(g.s.gpu_free(n, 0), U(8000));
+}
+
+class NodeChurn : public ::testing::TestWithParam<PolicyKind> {};
+
+// Random workloads while nodes go offline, come back and join, under every policy:
+// capacity is never exceeded (check_invariants after every event: free + used == capacity,
+// offline bins hidden from placement); no start decision ever names an offline node; every
+// action ends exactly once; after everything ends with all nodes online, every pool is
+// exactly full.
+TEST_P(NodeChurn, NothingPlacedOfflineAndPoolsExactAfterReturn) {
+  RandomRun run(GetParam(), 31);
+  Harness& h = run.h;
+  std::vector<std::uint8_t> online(4, 1);
+  std::int32_t nodes = 4, toggles = 0, on_joined = 0;
+  auto check_starts = [&] {
+    for (const Decision& d : h.out)
+      if (d.kind == DecisionKind::kStart) {
+        ASSERT_TRUE(online[d.node]) << "start on offline node " << d.node;
+        on_joined += d.node >= 4 ? 1 : 0;
+      }
+  };
+  for (int i = 0; i < 400; ++i) {
+    if (run.pick(8) == 0) {
+      run.now += 1;
+      if (nodes < 6 && run.pick(6) == 0) {
+        NodeSpec spec{"joined" + std::to_string(nodes), {U(8), U(16384)}, {}};
+        h.s.add_node(std::move(spec), S(run.now), h.out);
+        h.s.check_invariants();
+        online.push_back(1);
+        ++nodes;
+        run.inv.nodes.push_back(h.s.inventory().nodes.back());
+      } else {
+        std::int32_t n = static_cast<std::int32_t>(run.pick(static_cast<std::uint32_t>(nodes)));
+        online[n] = !online[n];
+        ++toggles;
+        h.s.set_node_online(n, online[n], S(run.now), h.out);
+        h.s.check_invariants();
+      }
+      run.ledger.apply(h.out);
+    } else {
+      run.step();
+    }
+    check_starts();
+    if (HasFatalFailure()) return;
+  }
+  EXPECT_GE(toggles, 20);
+  EXPECT_GT(nodes, 4) << "no node joined";
+  // (Under kTrajectory the 12 trajectories rarely need more than the first nodes' slots.)
+  if (GetParam() != PolicyKind::kTrajectory) {
+    EXPECT_GT(on_joined, 0) << "joined nodes got no work";
+  }
+  for (std::int32_t n = 0; n < nodes; ++n) {
+    if (online[n]) continue;
+    h.s.set_node_online(n, true, S(run.now), h.out);
+    h.s.check_invariants();
+    online[n] = 1;
+    run.ledger.apply(h.out);
+  }
+  run.drain();
+  if (HasFatalFailure()) return;
+  for (const auto& [id, n] : run.ledger.starts) ASSERT_LE(n, 1) << "action " << id << " started twice";
+  for (const auto& [id, n] : run.ledger.ends) ASSERT_EQ(n, 1) << "action " << id << " ended " << n << " times";
+  for (std::int32_t n = 0; n < nodes; ++n)
+    for (std::int32_t k = 0; k < 2; ++k) EXPECT_EQ(h.s.free(n, k), h.s.inventory().nodes[n].capacity[k]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, NodeChurn,
+                         ::testing::Values(PolicyKind::kTangram, PolicyKind::kFifo, PolicyKind::kTrajectory,
+                                           PolicyKind::kIsolated, PolicyKind::kOptimus),
+                         [](const ::testing::TestParamInfo<PolicyKind>& info) {
+                           return std::string(tangram::policy_name(info.param));
+                         });
