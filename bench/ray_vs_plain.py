@@ -146,8 +146,11 @@ def run_tangram(plan: list[list[Step]], max_cores: float, noops: int) -> dict[st
 
     async def main() -> dict[str, float]:
         async with RayOrchestrator(monitor_interval=0, metrics=False) as orch:
-            await orch.map([Call(fn=noop, trajectory=10_000 + i, resources={"cpu": 0.1}, runtime=0.001)
-                            for i in range(8)])  # warm: agents, sandboxes
+            # Warm, as plain Ray's worker pool is warmed: the agents, and the sandbox of every
+            # trajectory of the workload (a sandbox is a process started at a trajectory's
+            # first action; plain Ray's stateless tasks have none to start).
+            await orch.map([Call(fn=noop, trajectory=t, resources={"cpu": 0.1}, runtime=0.001)
+                            for t in [10_000, *range(1, len(plan) + 1)]])
             rtts = []
             for _ in range(noops):
                 t = time.perf_counter()
@@ -190,7 +193,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     ap.add_argument("--plain-suite-cpus", type=float, default=2.0, help="num_cpus plain Ray requests per test suite")
     ap.add_argument("--max-cores", type=float, default=None, help="tangram's elastic bound (default: --cpus)")
     ap.add_argument("--noops", type=int, default=50, help="no-op round trips timed per side")
-    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--seeds", type=int, default=3, help="workload seeds 1..N, run on one cluster (default 3)")
     ap.add_argument("--json", metavar="PATH", help="write the results as JSON")
     args = ap.parse_args(argv)
     import ray
@@ -204,22 +207,29 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
             cluster.add_node(num_cpus=args.cpus, object_store_memory=store)
         ray.init(address=cluster.address, log_to_driver=False)
         cluster.wait_for_nodes()
-        plan = workload(args.trajectories, args.steps, args.seed)
-        tangram = run_tangram(plan, args.max_cores or float(args.cpus), args.noops)
-        plain = run_plain(plan, args.plain_suite_cpus, args.noops)
+        per_seed = []
+        for seed in range(1, args.seeds + 1):
+            plan = workload(args.trajectories, args.steps, seed)
+            per_seed.append({"seed": seed, "tangram": run_tangram(plan, args.max_cores or float(args.cpus), args.noops),
+                             "plain_ray": run_plain(plan, args.plain_suite_cpus, args.noops)})
     finally:
         ray.shutdown()
         cluster.shutdown()
-    result: dict[str, object] = {"config": vars(args), "tangram": tangram, "plain_ray": plain}
     keys = ["avg_act_s", "p50_act_s", "p95_act_s", "throughput_per_s", "makespan_s", "noop_rtt_ms_p50",
             "noop_rtt_ms_mean", "mean_wait_and_dispatch_ms"]
+    mean = {side: {k: statistics.fmean(r[side][k] for r in per_seed) for k in keys} for side in ("tangram", "plain_ray")}
+    result: dict[str, object] = {"config": vars(args), "seeds": per_seed, "mean": mean}
     print(f"{args.nodes} nodes x {args.cpus} CPUs, {args.trajectories} trajectories x {args.steps} steps "
-          f"({len(plan) * args.steps} actions); plain Ray suites request {args.plain_suite_cpus:g} CPUs")
-    print(f"{'metric':28s} {'tangram':>12s} {'plain Ray':>12s}")
+          f"({args.trajectories * args.steps} actions) per seed, seeds 1..{args.seeds}; plain Ray suites request "
+          f"{args.plain_suite_cpus:g} CPUs")
+    print(f"{'metric (mean over seeds)':28s} {'tangram':>12s} {'plain Ray':>12s}")
     for k in keys:
-        print(f"{k:28s} {tangram[k]:12.4f} {plain[k]:12.4f}")
-    print(f"tangram: {tangram['actor_calls']} batched actor calls for {tangram['actions']} actions "
-          f"(+ warm-up and no-ops), largest batch {tangram['largest_batch']}")
+        print(f"{k:28s} {mean['tangram'][k]:12.4f} {mean['plain_ray'][k]:12.4f}")
+    print("average ACT per seed (tangram / plain Ray): " + ", ".join(
+        f"{r['seed']}: {r['tangram']['avg_act_s']:.3f} / {r['plain_ray']['avg_act_s']:.3f}" for r in per_seed))
+    last = per_seed[-1]["tangram"]
+    print(f"tangram: {last['actor_calls']} batched actor calls for {last['actions']} actions in the last seed "
+          f"(+ warm-up and no-ops), largest batch {last['largest_batch']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
