@@ -191,6 +191,9 @@ def main(trajectories: int | None = None, policies: tuple[str, ...] = ("trajecto
     trajectories = trajectories or max(4, min(32, 2 * cores))
     print(f"tangram demo: {trajectories} trajectories on this machine ({cores} cores), "
           f"search API limited to {SEARCH_RATE:g}/s (burst {SEARCH_BURST}), policies: {', '.join(policies)}")
+    from ..runtime.isolation import detect
+
+    print(f"sandboxes: {detect().description}")
     server, port = start_search_server()
     runs = []
     try:
