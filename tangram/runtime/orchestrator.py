@@ -403,8 +403,6 @@ class Orchestrator:
         try:
             decisions = self._core.submit(records, now)
         except TangramError:
-            if len(batch) == 1:
-                raise
             # One bad action fails the core's whole batch: resubmit one by one, so only
             # the bad ones end with their error.
             for i, lv in enumerate(batch):
@@ -589,7 +587,9 @@ class Orchestrator:
         """Restores and evictions on one device run in the order the core decided them."""
         manager = self.managers.get("gpu")
         if manager is None:
-            raise ManagerError("managers.gpu", f"the core decided to {op} service {service!r} and no gpu manager is configured")
+            # Service calls routed to another manager (Call.manager): residency is then the
+            # core's bookkeeping only, and nothing is there to carry it out.
+            return
         previous = self._device_ops.get((node, device))
 
         async def run() -> None:

@@ -124,6 +124,9 @@ def test_bad_calls_raise_at_submit_naming_the_field() -> None:
             assert await good is None
             with pytest.raises(tangram.ValidationError, match=r"call\.demand|cpu"):
                 await bad
+            # Alone in its batch, too.
+            with pytest.raises(tangram.ValidationError, match=r"cpu"):
+                await orch.run(Call(resources={"cpu": float("inf")}))
             await asyncio.sleep(0)
             assert_idle(orch)
 
