@@ -5,9 +5,14 @@ It is an async actor: every method runs on the actor's own event loop, where a C
 (and optionally a GpuManager) runs exactly as it does under a local orchestrator. The
 driver's RayManager talks to it in batches only:
 
-  run(batch)        starts [(action id, pickled Call, Placement), ...]; returns at once
+  run(batch, wait)  starts [(action id, pickled Call, Placement), ...] and returns the
+                    completions of the batch's actions that end within `wait` s (it
+                    returns at the first such completion, or after `wait` s with none):
+                    a quick action costs one actor round trip, like a Ray task
   poll(timeout)     long poll: waits until something finished (or `timeout` s) and returns
-                    every completion since the last poll, as (id, kind, payload) tuples
+                    every completion since the last poll, as (id, kind, payload) tuples;
+                    it carries every completion that run() did not return (each action's
+                    completion travels exactly once, by one of the two)
   cancel(ids)       cancels those actions (the sandbox's process group is killed); each
                     still reports one completion, of kind "cancelled"
   end_trajectories(ids), restore/evict (GPU services), close()
@@ -21,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import pickle
 import traceback
 from typing import Any, Mapping, Sequence
 
@@ -57,6 +63,54 @@ def rebuild_error(action_id: int, t: Sequence[Any]) -> ActionError:
     return ActionFailed(action_id, t[1], t[2], t[3])
 
 
+@dataclasses.dataclass(eq=False)
+class _Reply:
+    """What one waiting run() returns: the completions of its batch that ended so far."""
+
+    wake: asyncio.Future[None]
+    done: list[Completion] = dataclasses.field(default_factory=list)
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def pack_batch(batch: Sequence[tuple[int, bytes, Placement]], wait: float) -> bytes:
+    """run()'s argument. Ray's own serialization of a list of tuples costs a few hundred
+    microseconds more per call than one plain pickle passed as bytes."""
+    return pickle.dumps((batch, wait), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def pack_completions(done: Sequence[Completion]) -> bytes:
+    """Completions as one pickle of (action id, pickled completion) pairs: each completion
+    pickled on its own (plain pickle, cloudpickle if it must), so a result that cannot be
+    sent back, or loaded on the driver, fails its own action, never the others."""
+    out = []
+    for c in done:
+        try:
+            blob = pickle.dumps(c, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:
+            try:
+                blob = cloudpickle.dumps(c, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as e:
+                blob = pickle.dumps((c[0], "error", ("ActionFailed", f"the result cannot be sent back from the "
+                                    f"node: {type(e).__name__}: {e}", type(e).__name__, "")))
+        out.append((c[0], blob))
+    return pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def unpack_completions(data: bytes) -> list[Completion]:
+    out: list[Completion] = []
+    for action_id, blob in pickle.loads(data):
+        try:
+            out.append(pickle.loads(blob))
+        except Exception as e:
+            out.append((action_id, "error", ("ActionFailed", f"the result cannot be loaded on the driver: "
+                        f"{type(e).__name__}: {e}", type(e).__name__, "")))
+    return out
+
+
 class NodeAgent:
     """The actor class (wrapped with ray.remote by the RayManager)."""
 
@@ -71,6 +125,9 @@ class NodeAgent:
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._cancelled_early: set[int] = set()
         self._done: list[Completion] = []
+        # Actions whose run() is still waiting to return their completion itself (id ->
+        # that run's reply): their completions go there, not to the poll.
+        self._held: dict[int, _Reply] = {}
         self._wake: asyncio.Event | None = None
         self.batches = 0
 
@@ -101,24 +158,54 @@ class NodeAgent:
                 "isolation": self.cpu.describe()["isolation"]}
 
     # ------------------------------------------------------------------ actions
-    async def run(self, batch: Sequence[tuple[int, bytes, Placement]]) -> int:
-        """Starts a batch. Each call comes pickled on its own (cloudpickle), so one that
-        cannot be loaded here fails alone."""
+    async def run(self, message: bytes) -> bytes:
+        """Starts a batch: `message` is pack_batch(batch, wait). Each call comes pickled on
+        its own (cloudpickle), so one that cannot be loaded here fails alone. Then waits up
+        to `wait` s for the first of the batch's actions to end, and returns (packed) the
+        completions of those that have ended by then (a cancelled one included); the
+        others come by poll."""
+        batch, wait = pickle.loads(message)
+        return pack_completions(await self._run(batch, wait))
+
+    async def _run(self, batch: Sequence[tuple[int, bytes, Placement]], wait: float) -> list[Completion]:
         self.batches += 1
         loop = asyncio.get_running_loop()
-        for action_id, blob, placement in batch:
-            if action_id in self._cancelled_early:
-                self._cancelled_early.discard(action_id)
-                self._finish((action_id, "cancelled", None))
-                continue
-            try:
-                call = cloudpickle.loads(blob)
-            except Exception as e:
-                self._finish((action_id, "error", ("ActionFailed", f"the call cannot be loaded on node "
-                              f"{self.node_name}: {type(e).__name__}: {e}", type(e).__name__, "")))
-                continue
-            self._tasks[action_id] = loop.create_task(self._execute(action_id, call, placement))
-        return len(batch)
+        if not batch:
+            return []
+        held = self._held
+        reply = _Reply(loop.create_future())
+        ids = [b[0] for b in batch]
+        for action_id in ids:
+            held[action_id] = reply
+        timer = None
+        try:
+            for action_id, blob, placement in batch:
+                if action_id in self._cancelled_early:
+                    self._cancelled_early.discard(action_id)
+                    self._finish((action_id, "cancelled", None))
+                    continue
+                try:
+                    call = cloudpickle.loads(blob)
+                except Exception as e:
+                    self._finish((action_id, "error", ("ActionFailed", f"the call cannot be loaded on node "
+                                  f"{self.node_name}: {type(e).__name__}: {e}", type(e).__name__, "")))
+                    continue
+                self._tasks[action_id] = loop.create_task(self._execute(action_id, call, placement))
+            if wait > 0 and not reply.done:
+                timer = loop.call_later(wait, _wake, reply.wake)
+                await reply.wake
+        except BaseException:
+            # Interrupted (the agent is closing): what ended goes by poll after all.
+            for completion in reply.done:
+                self._finish_by_poll(completion)
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+            for action_id in ids:  # whatever did not end by now comes by poll
+                if held.get(action_id) is reply:
+                    del held[action_id]
+        return reply.done
 
     async def _execute(self, action_id: int, call: Call, placement: Placement) -> None:
         try:
@@ -143,12 +230,21 @@ class NodeAgent:
             self._tasks.pop(action_id, None)
 
     def _finish(self, completion: Completion) -> None:
+        reply = self._held.pop(completion[0], None)
+        if reply is not None:  # its run() is still waiting: it returns it
+            reply.done.append(completion)
+            _wake(reply.wake)
+            return
+        self._finish_by_poll(completion)
+
+    def _finish_by_poll(self, completion: Completion) -> None:
         self._done.append(completion)
         assert self._wake is not None
         self._wake.set()
 
-    async def poll(self, timeout: float = 1.0) -> list[Completion]:
-        """Every completion since the last poll; waits up to `timeout` s for the first."""
+    async def poll(self, timeout: float = 1.0) -> bytes:
+        """Every completion since the last poll (packed); waits up to `timeout` s for the
+        first."""
         assert self._wake is not None
         if not self._done:
             try:
@@ -157,7 +253,7 @@ class NodeAgent:
                 pass
         done, self._done = self._done, []
         self._wake.clear()
-        return done
+        return pack_completions(done)
 
     async def cancel(self, ids: Sequence[int]) -> None:
         for action_id in ids:

@@ -4,6 +4,7 @@ per node runs them. See docs/ray.md."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import logging
 import pickle
@@ -19,7 +20,7 @@ from ..runtime.config import RuntimeConfig
 from ..runtime.errors import ActionCrashed, ActionFailed, ManagerError
 from ..runtime.manager import LiveAction, ResourceManager
 from ..runtime.orchestrator import ActionHandle, Orchestrator
-from .agent import NodeAgent, rebuild_error
+from .agent import NodeAgent, pack_batch, rebuild_error, unpack_completions
 
 log = logging.getLogger("tangram.ray")
 
@@ -90,6 +91,9 @@ class _NodeState:
     dispatched: int = 0
     batches: int = 0
     largest: int = 0  # most actions in one batch
+    by_reply: int = 0  # completions that came back in their batch's reply
+    by_poll: int = 0  # ... by the long poll
+    stray: int = 0  # completions for no action waiting here (e.g. after cancel_grace)
     cpu: float = 0.0  # its cores in the inventory
     info: dict[str, Any] = field(default_factory=dict)  # what the agent reported at start
 
@@ -111,6 +115,9 @@ class RayManager(ResourceManager):
       monitor_interval seconds between looks at ray.nodes() for lost and joining nodes
                        (0 disables the monitor; an agent's death is noticed regardless)
       poll_timeout     seconds an agent holds a completion long-poll open
+      reply_wait       seconds a batch's actor call waits on the agent for the first of its
+                       actions to end: those ended by then come back in its reply (a quick
+                       action costs one actor round trip), the rest by the long poll
       cancel_grace     seconds a cancel waits for the agent to confirm the kill
       gpu_memory       MiB per GPU of joining nodes (Ray does not report it)
     """
@@ -120,11 +127,11 @@ class RayManager(ResourceManager):
 
     def __init__(self, on_node_loss: str = "fail", sticky: bool = True, cpu: Mapping[str, Any] | None = None,
                  gpu: Mapping[str, Any] | None = None, monitor_interval: float = 1.0, poll_timeout: float = 1.0,
-                 cancel_grace: float = 5.0, gpu_memory: float = 16384.0) -> None:
+                 cancel_grace: float = 5.0, gpu_memory: float = 16384.0, reply_wait: float = 0.005) -> None:
         if on_node_loss not in ON_NODE_LOSS:
             raise ManagerError("managers.ray.on_node_loss", f"{on_node_loss!r} is not one of {', '.join(ON_NODE_LOSS)}")
         for name, v in (("monitor_interval", monitor_interval), ("poll_timeout", poll_timeout),
-                        ("cancel_grace", cancel_grace)):
+                        ("cancel_grace", cancel_grace), ("reply_wait", reply_wait)):
             if not isinstance(v, (int, float)) or v < 0:
                 raise ManagerError(f"managers.ray.{name}", f"must be a non-negative number of seconds, got {v!r}")
         self.on_node_loss = on_node_loss
@@ -134,6 +141,7 @@ class RayManager(ResourceManager):
         self.monitor_interval = float(monitor_interval)
         self.poll_timeout = float(poll_timeout)
         self.cancel_grace = float(cancel_grace)
+        self.reply_wait = float(reply_wait)
         self.gpu_memory = float(gpu_memory)
         self.orchestrator: Orchestrator | None = None
         self.nodes: dict[str, _NodeState] = {}  # by name, lost ones included
@@ -183,7 +191,7 @@ class RayManager(ResourceManager):
 
         name = node_name(info)
         agent = self._actor_class.options(
-            num_cpus=0, max_concurrency=10_000, max_restarts=0, name=None,
+            num_cpus=0, max_concurrency=10_000, max_restarts=0, name=None, enable_task_events=False,
             scheduling_strategy=NodeAffinitySchedulingStrategy(info["NodeID"], soft=False),
         ).remote(name, info["NodeID"], self.cpu_options, self.gpu_options)
         return _NodeState(name, info["NodeID"], index, agent)
@@ -273,50 +281,53 @@ class RayManager(ResourceManager):
                 continue
             if st.pending:
                 batch, st.pending = st.pending, []
-                ref = st.agent.run.remote(batch)
+                ref = st.agent.run.remote(pack_batch(batch, self.reply_wait))
                 st.dispatched += len(batch)
                 st.batches += 1
                 st.largest = max(st.largest, len(batch))
-                task = self._loop.create_task(self._delivered(st, ref, [b[0] for b in batch]))
-                self._joining.add(task)
-                task.add_done_callback(self._joining.discard)
+                ids = [b[0] for b in batch]
+                loop = self._loop
+                # The reply is handled by a callback on the loop, not a task awaiting the
+                # ref: one event-loop step less between the reply and the action's end.
+                # (The callback holds the ref: the reply stays alive until it is read.)
+                ref.future().add_done_callback(
+                    lambda f, st=st, ids=ids, ref=ref, loop=loop: _call_soon_threadsafe(loop, self._delivered, st, f, ids))
             if st.cancels:
                 ids, st.cancels = st.cancels, []
                 st.agent.cancel.remote(ids)
 
-    async def _delivered(self, st: _NodeState, ref: Any, ids: list[int]) -> None:
-        """A batch that did not reach its agent fails its actions (an agent that died is
-        a lost node; the poller notices that too)."""
+    def _delivered(self, st: _NodeState, reply: concurrent.futures.Future[bytes], ids: list[int]) -> None:
+        """The batch's reply: the completions of its actions that ended quickly (the rest
+        come by poll). A batch that did not reach its agent fails its actions (an agent
+        that died is a lost node; the poller notices that too)."""
+        if self._state == "closed" or st.lost:
+            return
         try:
-            await ref
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:
+            data = reply.result()
+        except BaseException as e:  # noqa: BLE001 - whatever it is, the batch's actions end
             if _actor_gone(e):
-                if self._state != "closed":
-                    self._lose(st, f"its node agent died ({type(e).__name__})")
+                self._lose(st, f"its node agent died ({type(e).__name__})")
                 return
             for action_id in ids:
                 future = st.inflight.get(action_id)
                 if future is not None and not future.done():
                     future.set_result(("error", ("ActionFailed", f"the batch did not reach node {st.name}: "
                                                  f"{type(e).__name__}: {e}", type(e).__name__, "")))
+            return
+        st.by_reply += _complete(st, unpack_completions(data))
 
     async def _poll(self, st: _NodeState) -> None:
         """Completions come back in batches: one long poll in flight per agent."""
         while not st.lost and self._state != "closed":
             try:
-                done = await st.agent.poll.remote(self.poll_timeout)
+                reply = await st.agent.poll.remote(self.poll_timeout)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # the actor died (RayActorError, ActorDiedError...)
                 if self._state != "closed":
                     self._lose(st, f"its node agent died ({type(e).__name__})")
                 return
-            for action_id, kind, payload in done:
-                future = st.inflight.get(action_id)
-                if future is not None and not future.done():
-                    future.set_result((kind, payload))
+            st.by_poll += _complete(st, unpack_completions(reply))
 
     async def restore(self, service: str, node: int, device: int) -> None:
         st = self._by_index.get(node)
@@ -457,9 +468,24 @@ class RayManager(ResourceManager):
 
     def describe(self) -> Mapping[str, Any]:
         return {"nodes": {n: {"lost": st.lost, "dispatched": st.dispatched, "batches": st.batches,
-                              "largest_batch": st.largest}
+                              "largest_batch": st.largest, "by_reply": st.by_reply, "by_poll": st.by_poll,
+                              "stray": st.stray}
                           for n, st in self.nodes.items()},
                 "on_node_loss": self.on_node_loss, "sticky": self.sticky}
+
+
+def _complete(st: _NodeState, done: Sequence[tuple[int, str, Any]]) -> int:
+    """Ends the futures of completions that came back (by a batch's reply or a poll; the
+    agent sends each completion once, by one of them). Returns how many ended one."""
+    n = 0
+    for action_id, kind, payload in done:
+        future = st.inflight.get(action_id)
+        if future is not None and not future.done():
+            future.set_result((kind, payload))
+            n += 1
+        else:
+            st.stray += 1
+    return n
 
 
 def _without_affinity(orch: Orchestrator, action_id: int, node: str) -> Call | None:
@@ -467,6 +493,13 @@ def _without_affinity(orch: Orchestrator, action_id: int, node: str) -> Call | N
     if lv is None or lv.call.affinity != node:
         return None
     return dataclasses.replace(lv.call, affinity=None)
+
+
+def _call_soon_threadsafe(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # the loop is closed: nobody waits for this any more
+        pass
 
 
 def _actor_gone(error: BaseException) -> bool:

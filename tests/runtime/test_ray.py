@@ -18,7 +18,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="the Ray backend needs ray (pip install 'tangram[ray]')")
 cluster_utils = pytest.importorskip("ray.cluster_utils", reason="ray.cluster_utils is missing from this ray")
 
-from tangram import Call  # noqa: E402
+from tangram import ActionCancelled, Call  # noqa: E402
 from tangram.ray import NodeLost, RayOrchestrator, cluster_inventory, node_name  # noqa: E402
 from tangram.runtime import ActionRecord  # noqa: E402
 
@@ -94,6 +94,61 @@ def test_placement_across_nodes_with_pinning_inside_the_action(cluster) -> None:
             batches = sum(s["batches"] for s in stats.values())
             assert dispatched == 44 and batches < dispatched, stats
             assert max(s["largest_batch"] for s in stats.values()) >= 8, stats
+
+    asyncio.run(main())
+
+
+def delivery(orch: RayOrchestrator) -> dict[str, int]:
+    stats = orch.ray.describe()["nodes"].values()
+    return {k: sum(s[k] for s in stats) for k in ("dispatched", "by_reply", "by_poll", "stray")}
+
+
+def test_quick_actions_end_in_their_batch_reply_slow_ones_by_poll_each_exactly_once(cluster) -> None:  # type: ignore[no-untyped-def]
+    async def main() -> None:
+        async with RayOrchestrator(monitor_interval=0, reply_wait=0.5) as orch:
+            # Sandboxes first (starting one can take longer than reply_wait on a busy machine).
+            await orch.map([Call(fn=nap, args=(0,), trajectory=t, runtime=0.001) for t in range(1, 13)])
+            before = delivery(orch)
+            for _ in range(5):  # one at a time: each comes back in its own batch's reply
+                assert await orch.run(Call(fn=nap, args=(0,), trajectory=1, resources={"cpu": 0.1}, runtime=0.001))
+            d = delivery(orch)
+            assert d["by_reply"] == before["by_reply"] + 5 and d["by_poll"] == before["by_poll"], (before, d)
+            # A burst mixing quick actions with slow ones (longer than reply_wait), in the
+            # same batches: the quick ones that end by the batch's reply come with it, the
+            # rest by poll; every action ends once, with its own result.
+            calls = [Call(fn=lambda i=i: (i, nap(1.0 if i % 2 else 0)), trajectory=i + 1, resources={"cpu": 0.25},
+                          runtime=1.0 if i % 2 else 0.001) for i in range(12)]
+            handles = [orch.submit(c) for c in calls]
+            results = await asyncio.gather(*(h.future for h in handles))
+            assert [r[0] for r in results] == list(range(12))
+            ended_once(list(orch.records), {h.id for h in handles})
+            b, d = d, delivery(orch)
+            assert d["dispatched"] == 29 and d["by_reply"] + d["by_poll"] == 29 and d["stray"] == 0, d
+            assert d["by_poll"] - b["by_poll"] >= 6 and d["by_reply"] - b["by_reply"] >= 1, (b, d)
+            assert all(r.outcome == "ok" for r in orch.records)
+            # A cancel of an action whose batch reply has already gone: it ends by poll.
+            h = orch.submit(Call(fn=nap, args=(30,), trajectory=1, runtime=30))
+            await asyncio.sleep(1.5)  # past reply_wait
+            t = time.perf_counter()
+            assert h.cancel()
+            with pytest.raises(ActionCancelled):
+                await h
+            assert time.perf_counter() - t < 3
+            assert delivery(orch)["by_poll"] == d["by_poll"] + 1
+        async with RayOrchestrator(monitor_interval=0, reply_wait=60) as orch:
+            # A cancel while the batch's run() still waits on the agent: the "cancelled"
+            # completion comes back in that reply, once; the sandbox is usable again.
+            h = orch.submit(Call(fn=nap, args=(30,), trajectory=2, runtime=30))
+            await asyncio.sleep(0.5)
+            t = time.perf_counter()
+            assert h.cancel()
+            with pytest.raises(ActionCancelled):
+                await h
+            assert time.perf_counter() - t < 3
+            assert await orch.run(Call(fn=nap, args=(0,), trajectory=2, runtime=0.001))
+            assert delivery(orch) == {"dispatched": 2, "by_reply": 2, "by_poll": 0, "stray": 0}
+            ended_once(list(orch.records), {r.id for r in orch.records})
+            assert sorted(r.outcome for r in orch.records) == ["cancelled", "ok"]
 
     asyncio.run(main())
 
