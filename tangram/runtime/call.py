@@ -57,6 +57,21 @@ class Call:
     affinity: str | None = None  # node name the action must run on (its trajectory's sandbox node)
 
 
+def validate_call(call: Any) -> None:
+    """The checks a call passes before any inventory is consulted (the orchestrator and the
+    server's client both run them at submit); raises ValidationError naming the field."""
+    from .._errors import ValidationError
+
+    if not isinstance(call, Call):
+        raise ValidationError("call", f"expected a tangram.Call, got {type(call).__name__}")
+    if call.fn is not None and call.command is not None:
+        raise ValidationError("call.command", "give either fn or command, not both")
+    if call.timeout is not None and not (isinstance(call.timeout, (int, float)) and 0 < call.timeout < 1e9):
+        raise ValidationError("call.timeout", f"must be a positive number of seconds, got {call.timeout!r}")
+    if not isinstance(call.trajectory, int) or call.trajectory < 0:
+        raise ValidationError("call.trajectory", f"must be a non-negative integer, got {call.trajectory!r}")
+
+
 def manager_for(call: Call) -> str:
     """The default manager of a call: "gpu" for a service, "api" for a quota, else "cpu"."""
     if call.manager is not None:

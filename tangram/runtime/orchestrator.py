@@ -30,7 +30,7 @@ from .._errors import TangramError, ValidationError
 from .._model import Inventory, Node
 from .._records import EVICT, REJECT, RESTORE, START
 from ..scheduler import Scheduler
-from .call import Call, Placement, manager_for
+from .call import Call, Placement, manager_for, validate_call
 from .config import RuntimeConfig
 from .encode import CallEncoder
 from .errors import (
@@ -226,14 +226,7 @@ class Orchestrator:
         ends the action with that error."""
         if self._state != "running":
             raise OrchestratorClosed("orchestrator", f"cannot submit: it is {self._state}")
-        if not isinstance(call, Call):
-            raise ValidationError("call", f"expected a tangram.Call, got {type(call).__name__}")
-        if call.fn is not None and call.command is not None:
-            raise ValidationError("call.command", "give either fn or command, not both")
-        if call.timeout is not None and not (isinstance(call.timeout, (int, float)) and 0 < call.timeout < 1e9):
-            raise ValidationError("call.timeout", f"must be a positive number of seconds, got {call.timeout!r}")
-        if not isinstance(call.trajectory, int) or call.trajectory < 0:
-            raise ValidationError("call.trajectory", f"must be a non-negative integer, got {call.trajectory!r}")
+        validate_call(call)
         name = manager_for(call)
         manager = self.managers.get(name)
         if manager is None:
@@ -348,11 +341,8 @@ class Orchestrator:
             lv.template = self._encoder.template(call)
             lv.call = call
         if not lv.running:  # waiting: in the core's queue, or in the next batch
-            if lv.in_core:
-                self._pending_cancel.append(lv.id)
-                lv.in_core = False
-                self._pending_submit.append(lv)
-                self._kick()
+            self._withdraw(lv)
+            self._pending_submit.append(lv)
             return True
         lv.cancel_reason = "requeue"
         lv.task.cancel()  # type: ignore[union-attr]
@@ -364,12 +354,7 @@ class Orchestrator:
         lv = self._live.get(action_id)
         if lv is None or lv.running or lv.record.outcome is not None:
             return False
-        if lv.in_core:
-            self._pending_cancel.append(lv.id)
-            lv.in_core = False
-            self._kick()
-        else:
-            self._pending_submit.remove(lv)
+        self._withdraw(lv)
         self._finish(lv, _outcome_of(error), error=error)
         return True
 
@@ -535,13 +520,18 @@ class Orchestrator:
                 lv.task.cancel()  # type: ignore[union-attr]
             return
         error = ActionCancelled(lv.id, "cancelled while waiting" if reason == "cancelled" else "the orchestrator closed")
+        self._withdraw(lv)
+        self._finish(lv, "cancelled", error=error)
+
+    def _withdraw(self, lv: _Live) -> None:
+        """Takes a waiting action out of the core's queue (by a cancel at the next flush)
+        or out of the batch not yet flushed."""
         if lv.in_core:
             self._pending_cancel.append(lv.id)
             lv.in_core = False
             self._kick()
         else:
             self._pending_submit.remove(lv)
-        self._finish(lv, "cancelled", error=error)
 
     def _on_future_done(self, future: asyncio.Future[Any], action_id: int) -> None:
         # The caller cancelled the future (e.g. its awaiting task was cancelled): cancel

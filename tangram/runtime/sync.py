@@ -31,7 +31,8 @@ class SyncHandle:
         return self._owner.cancel(self.id)
 
 
-def _copy_outcome(source: asyncio.Future[Any], target: concurrent.futures.Future[Any]) -> None:
+def copy_outcome(source: asyncio.Future[Any], target: concurrent.futures.Future[Any]) -> None:
+    """Hands an event-loop future's outcome to a thread's future (used as a done callback)."""
     if target.done():
         return
     if source.cancelled():
@@ -72,7 +73,7 @@ class SyncOrchestrator:
                 ready.set_exception(e)
                 return
             ready.set_result(None)
-            handle.future.add_done_callback(lambda f: _copy_outcome(f, out))
+            handle.future.add_done_callback(lambda f: copy_outcome(f, out))
 
         self._loop.call_soon_threadsafe(on_loop)
         ready.result()

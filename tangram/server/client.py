@@ -39,9 +39,10 @@ from typing import Any, Iterable
 import cloudpickle
 
 from .._errors import TangramError, ValidationError
-from ..runtime.call import Call
+from ..runtime.call import Call, validate_call
 from ..runtime.errors import ActionCancelled
 from ..runtime.orchestrator import OrchestratorClosed
+from ..runtime.sync import copy_outcome
 from . import protocol as P
 from .protocol import ConnectionLost, FrameTooLarge, ProtocolError
 
@@ -64,18 +65,6 @@ class ClientHandle:
 
     def __await__(self):  # type: ignore[no-untyped-def]
         return self.future.__await__()
-
-
-def check_call(call: Any) -> None:
-    """What the in-process orchestrator checks at submit without its inventory."""
-    if not isinstance(call, Call):
-        raise ValidationError("call", f"expected a tangram.Call, got {type(call).__name__}")
-    if call.fn is not None and call.command is not None:
-        raise ValidationError("call.command", "give either fn or command, not both")
-    if call.timeout is not None and not (isinstance(call.timeout, (int, float)) and 0 < call.timeout < 1e9):
-        raise ValidationError("call.timeout", f"must be a positive number of seconds, got {call.timeout!r}")
-    if not isinstance(call.trajectory, int) or call.trajectory < 0:
-        raise ValidationError("call.trajectory", f"must be a non-negative integer, got {call.trajectory!r}")
 
 
 class _Wire(asyncio.Protocol):
@@ -221,7 +210,7 @@ class Client:
         module docstring for which errors are raised here and which end the future).
         `action_id`, when given, comes from `reserve_id`."""
         self._check_running("submit")
-        check_call(call)
+        validate_call(call)
         if action_id is None:
             action_id = self.reserve_id()
         elif not isinstance(action_id, int) or action_id >> P.ID_BITS != self._base >> P.ID_BITS:
@@ -504,7 +493,7 @@ class SyncClient:
     def submit(self, call: Call) -> SyncClientHandle:
         client = self.client
         client._check_running("submit")
-        check_call(call)
+        validate_call(call)
         action_id = client.reserve_id()
         out: concurrent.futures.Future[Any] = concurrent.futures.Future()
 
@@ -514,7 +503,7 @@ class SyncClient:
             except BaseException as e:
                 out.set_exception(e)
                 return
-            handle.future.add_done_callback(lambda f: _copy_outcome(f, out))
+            handle.future.add_done_callback(lambda f: copy_outcome(f, out))
 
         self._loop.call_soon_threadsafe(on_loop)
         return SyncClientHandle(action_id, out, self)
@@ -558,14 +547,3 @@ class SyncClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _copy_outcome(source: asyncio.Future[Any], target: concurrent.futures.Future[Any]) -> None:
-    if target.done():
-        return
-    if source.cancelled():
-        target.cancel()
-    elif source.exception() is not None:
-        target.set_exception(source.exception())
-    else:
-        target.set_result(source.result())
