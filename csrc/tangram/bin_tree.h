@@ -26,29 +26,38 @@ class BinTree {
   void find(std::int32_t lo, std::int32_t hi, const Quantity* demand, std::int32_t limit,
             Skip&& skip, std::vector<std::int32_t>& out) const {
     if (lo >= hi || limit <= 0) return;
-    std::size_t start = out.size();
-    find_rec(1, 0, size_, lo, hi, demand, start + limit, skip, out);
+    const std::size_t stop = out.size() + static_cast<std::size_t>(limit);
+    // Depth-first, left child first, with an explicit stack (at most one pending right
+    // sibling per level).
+    struct Span {
+      std::int32_t node, nlo, nhi;
+    };
+    Span stack[2 * kMaxDepth];
+    std::int32_t top = 0;
+    stack[top++] = Span{1, 0, size_};
+    while (top > 0) {
+      const Span s = stack[--top];
+      if (s.nhi <= lo || hi <= s.nlo || !covers(s.node, demand)) continue;
+      if (s.nhi - s.nlo == 1) {
+        if (!skip(s.nlo)) {
+          out.push_back(s.nlo);
+          if (out.size() >= stop) return;
+        }
+        continue;
+      }
+      const std::int32_t mid = s.nlo + (s.nhi - s.nlo) / 2;
+      stack[top++] = Span{2 * s.node + 1, mid, s.nhi};
+      stack[top++] = Span{2 * s.node, s.nlo, mid};
+    }
   }
 
  private:
+  static constexpr std::int32_t kMaxDepth = 32;  // leaves < 2^31
   bool covers(std::int32_t node, const Quantity* demand) const {
     const Quantity* v = &max_[static_cast<std::size_t>(node) * dims_];
     for (std::int32_t d = 0; d < dims_; ++d)
       if (v[d] < demand[d]) return false;
     return true;
-  }
-  template <class Skip>
-  void find_rec(std::int32_t node, std::int32_t nlo, std::int32_t nhi, std::int32_t lo,
-                std::int32_t hi, const Quantity* demand, std::size_t stop, Skip& skip,
-                std::vector<std::int32_t>& out) const {
-    if (out.size() >= stop || nhi <= lo || hi <= nlo || !covers(node, demand)) return;
-    if (nhi - nlo == 1) {
-      if (!skip(nlo)) out.push_back(nlo);
-      return;
-    }
-    std::int32_t mid = nlo + (nhi - nlo) / 2;
-    find_rec(2 * node, nlo, mid, lo, hi, demand, stop, skip, out);
-    find_rec(2 * node + 1, mid, nhi, lo, hi, demand, stop, skip, out);
   }
 
   std::int32_t leaves_ = 0;

@@ -14,6 +14,8 @@
 //               class woken by released room looks only at the released bins.
 #include "tangram/scheduler.h"
 
+#include "tangram/id_map.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -34,7 +36,8 @@ namespace tangram {
 namespace {
 
 constexpr Quantity kMaxMilli = static_cast<Quantity>(kMaxBaseUnits) * kMilli;
-constexpr Quantity kElasticStep = kMilli;  // elastic grants grow one base unit at a time
+constexpr Quantity kElasticStep = kMilli;
+constexpr std::int32_t kBatchSlot = -2;  // by_id: an id of the batch being validated  // elastic grants grow one base unit at a time
 
 // Why a class could not start its head in the last pass that looked at it.
 enum class Block : std::uint8_t {
@@ -102,12 +105,14 @@ struct Class {
   std::int32_t park_node = kNone;  // while parked: the node it waits on, or kNone (partition)
   TimeNs park_deadline = 0;        // when its head starts starving
   std::uint64_t park_generation = 0;  // counts parkings, to spot stale deadline entries
-  // Woken by flush_releases at the start of pass `fit_pass`: it fitted nowhere when parked
-  // and only released bins have grown since, so in that pass its only possible bins are
-  // the partition's released leaves from position `fit_from` on (the first it fitted).
-  // Free room only shrinks within a pass, so placement needs to look at nothing else.
+  // A pending wake of pass `fit_pass` (flush_releases): it fitted nowhere when parked and
+  // only released bins have grown since, so in that pass its only possible bins are the
+  // partition's released leaves from position `fit_from` on (the first it fitted). Free
+  // room only shrinks within a pass, so placement needs to look at nothing else.
   std::uint64_t fit_pass = 0;
   std::int32_t fit_from = 0;
+  std::uint64_t pending_pass = 0;  // a pending wake of this pass (partition-wide or node)
+  std::uint64_t seen_flush = 0;    // release epoch of the last flush that listed it
 
   Block block = Block::kNotConsidered;
   TimeNs block_until = 0;
@@ -167,7 +172,7 @@ struct Scheduler::Impl {
   // actions and classes
   std::vector<ActionRec> slots;
   std::vector<std::int32_t> free_slots;
-  std::pmr::unordered_map<ActionId, std::int32_t> by_id{&pool};
+  IdMap by_id;  // live action id -> slot
   std::vector<Class> classes;
   // Classes by hash of their constraints; equal hashes chain through Class::next_same_hash.
   std::unordered_map<std::uint64_t, std::int32_t> class_index;
@@ -201,7 +206,7 @@ struct Scheduler::Impl {
     bool operator>(const ParkDeadline& o) const { return std::tie(at, cls) > std::tie(o.at, o.cls); }
   };
   std::vector<ParkDeadline> park_deadlines;
-  std::pmr::unordered_map<TrajectoryId, std::int32_t> trajectory_live{&pool};
+  IdMap trajectory_live;  // trajectory -> its live actions
   std::unordered_map<TrajectoryId, std::int32_t> trajectory_bin;  // kTrajectory bindings
   std::vector<std::uint8_t> bin_bound;  // kTrajectory: slot held by a trajectory (hidden from the free tree)
   std::uint64_t next_seq = 0;
@@ -222,7 +227,8 @@ struct Scheduler::Impl {
   std::vector<std::size_t> started_decision;
   std::vector<std::int32_t> cand;
   std::vector<Quantity> scratch;
-  std::vector<std::pair<ActionId, std::size_t>> id_scratch;
+  std::vector<std::uint64_t> slot_mark;  // validate_ids: == mark when seen in this batch
+  std::uint64_t mark = 0;
   // Nodes released since the last pass (partition-wide wakes are done once per event).
   std::vector<std::int32_t> released_nodes;
   std::vector<std::uint64_t> node_released;  // == release_epoch when in released_nodes
@@ -232,6 +238,15 @@ struct Scheduler::Impl {
     const Quantity* free;  // into bin_free, which never grows after construction
   };
   std::vector<std::vector<Released>> released_leaves;  // per partition, in leaf order
+  // Partition-wide parked classes that fit a released leaf at the start of this pass, in
+  // policy order of their heads. They stay parked until their turn in the pass: most lose
+  // the room to an earlier head, and a look at the released leaves then is far cheaper
+  // than a trip through the active heap and back into the park (see pass()).
+  struct PendingWake {
+    OrderKey key;
+    std::int32_t cls;
+  };
+  std::vector<PendingWake> pending_wakes;
   std::uint64_t release_epoch = 1;
   bool in_pass = false;
 
@@ -265,6 +280,8 @@ struct Scheduler::Impl {
   template <class Fits>
   void wake(std::vector<std::int32_t>& list, std::int32_t scope, Fits&& fits);
   void flush_releases();
+  bool may_start_now(Class& cl);
+  bool fits_released_leaf(Class& cl);
   std::int32_t first_released_fit(const std::vector<Released>& leaves, std::int32_t from, const Quantity* demand) const {
     for (std::int32_t i = from; i < static_cast<std::int32_t>(leaves.size()); ++i) {
       const Quantity* f = leaves[i].free;
@@ -720,30 +737,47 @@ void Scheduler::Impl::wake(std::vector<std::int32_t>& list, std::int32_t scope, 
 }
 
 // Resources came back on `node` (in `partition`, or every partition when kNone). Only bins
-// on that node changed, so a parked class that fits none of them still fits nowhere. Classes
-// confined to the node are woken at once; those free to use any node are woken once per
-// event, at the next pass (flush_releases), unless a pass is running.
+// on that node changed, so a parked class that fits none of them still fits nowhere. Outside
+// a pass the node is noted and its parked classes are looked at once per event, at the next
+// pass (flush_releases); during a pass (an eviction) they are woken at once.
 void Scheduler::Impl::release_on_node(std::int32_t node, std::int32_t partition) {
   if (!node_online[node]) return;  // nothing starts there; set_node_online(true) wakes
-  wake(node_parked[node], node, [&](const Class& cl) { return fits_some_bin(cl, node); });
+  bool noted = node_parked_count[node] > 0;
+  if (in_pass) wake(node_parked[node], node, [&](const Class& cl) { return fits_some_bin(cl, node); });
   for (std::size_t p = 0; p < partitions.size(); ++p) {
     if (partition != kNone && static_cast<std::int32_t>(p) != partition) continue;
     if (partitions[p].parked_count == 0) continue;
-    if (in_pass) {
-      wake(partitions[p].parked, kNone, [&](const Class& cl) { return fits_some_bin(cl, node); });
-    } else if (node_released[node] != release_epoch) {
-      node_released[node] = release_epoch;
-      released_nodes.push_back(node);
-    }
+    if (in_pass) wake(partitions[p].parked, kNone, [&](const Class& cl) { return fits_some_bin(cl, node); });
+    noted = true;
+  }
+  if (!in_pass && noted && node_released[node] != release_epoch) {
+    node_released[node] = release_epoch;
+    released_nodes.push_back(node);
   }
 }
 
-// Wakes the partition-wide parked classes that fit a bin of one of the nodes released
-// since the last pass. Checking exactly costs a few comparisons per class and node, far
-// less than a retry that fails.
+// Lists as pending wakes the parked classes that fit a bin of one of the nodes released
+// since the last pass: those parked on such a node, and the partition-wide ones. Checking
+// exactly costs a few comparisons per class and node, far less than a retry that fails.
 void Scheduler::Impl::flush_releases() {
   if (released_nodes.empty()) return;
   std::sort(released_nodes.begin(), released_nodes.end());  // leaves lie in node order
+  for (std::int32_t n : released_nodes) {
+    if (node_parked_count[n] == 0) continue;
+    std::vector<std::int32_t>& list = node_parked[n];
+    std::size_t kept = 0;
+    for (std::int32_t c : list) {
+      Class& cl = classes[c];
+      // Stale entries go; so do repeats (a class parked again after a wake elsewhere).
+      if (!cl.parked || cl.park_node != n || cl.seen_flush == release_epoch) continue;
+      cl.seen_flush = release_epoch;
+      list[kept++] = c;
+      if (!fits_some_bin(cl, n)) continue;
+      cl.pending_pass = pass_epoch;
+      pending_wakes.push_back(PendingWake{*cl.waiting.begin(), c});
+    }
+    list.resize(kept);
+  }
   for (std::size_t p = 0; p < partitions.size(); ++p) {
     Partition& part = partitions[p];
     if (part.parked_count == 0) continue;
@@ -757,18 +791,57 @@ void Scheduler::Impl::flush_releases() {
         leaves.push_back(Released{leaf, f});
         for (std::int32_t k = 0; k < K; ++k) most_released[k] = std::max(most_released[k], f[k]);
       }
-    wake(part.parked, kNone, [&](Class& cl) {
-      for (std::int32_t k = 0; k < K; ++k)
-        if (cl.demand[k] > most_released[k]) return false;
-      std::int32_t at = first_released_fit(leaves, 0, cl.demand.data());
-      if (at < 0) return false;
+    std::size_t kept = 0;
+    for (std::int32_t c : part.parked) {
+      Class& cl = classes[c];
+      if (!cl.parked || cl.park_node != kNone || cl.seen_flush == release_epoch) continue;
+      cl.seen_flush = release_epoch;
+      part.parked[kept++] = c;
+      bool may_fit = true;
+      for (std::int32_t k = 0; k < K && may_fit; ++k) may_fit = cl.demand[k] <= most_released[k];
+      const std::int32_t at = may_fit ? first_released_fit(leaves, 0, cl.demand.data()) : -1;
+      if (at < 0) continue;
       cl.fit_pass = pass_epoch;  // flush runs at the start of the pass
       cl.fit_from = at;
-      return true;
-    });
+      cl.pending_pass = pass_epoch;
+      pending_wakes.push_back(PendingWake{*cl.waiting.begin(), c});
+    }
+    part.parked.resize(kept);
   }
+  std::sort(pending_wakes.begin(), pending_wakes.end(),
+            [](const PendingWake& x, const PendingWake& y) { return x.key < y.key; });
   released_nodes.clear();
   ++release_epoch;
+}
+
+// Whether try_head could start the head of a parkable class (no service, no GPU memory,
+// not starving) at this point of the pass; false only when it surely could not. With no
+// mask set, that is: some bin it may use covers its demand. Released leaves are all a
+// class woken by this pass's releases can use; a class confined to a node checks the
+// node's bins. Under a mask or a blocked quota the full try decides.
+bool Scheduler::Impl::may_start_now(Class& cl) {
+  if (any_mask || (cl.quota != kNone && quota_blocked[cl.quota])) return true;
+  const std::int32_t node = cl.parked ? cl.park_node : scope_node(cl);
+  if (node != kNone) return fits_some_bin(cl, node);
+  return cl.fit_pass == pass_epoch ? fits_released_leaf(cl) : true;
+}
+
+// Does a released leaf from the class's `fit_from` on still hold its head? The same test as
+// try_head's placement for a class woken by this pass's releases, with no masks set.
+bool Scheduler::Impl::fits_released_leaf(Class& cl) {
+  const Partition& part = partitions[cl.partition];
+  const std::vector<Released>& leaves = released_leaves[cl.partition];
+  const Quantity* demand = cl.demand.data();
+  for (std::int32_t i = first_released_fit(leaves, cl.fit_from, demand); i >= 0;
+       i = first_released_fit(leaves, i + 1, demand)) {
+    const std::int32_t bin = part.bins[leaves[i].leaf];
+    if (bin_bound[bin] || !node_online[bin_node[bin]]) continue;
+    if (has_gpus && node_max_dev_free[bin_node[bin]] < cl.gpu_memory) continue;
+    cl.fit_from = i;
+    return true;
+  }
+  cl.fit_from = static_cast<std::int32_t>(leaves.size());
+  return false;
 }
 
 
@@ -778,6 +851,7 @@ void Scheduler::Impl::park(std::int32_t c, std::int32_t node) {
   cl.parked = true;
   cl.park_node = node;
   cl.fit_pass = 0;
+  cl.pending_pass = 0;
   cl.park_deadline = slots[cl.waiting.begin()->slot].submit_ns + starvation_ns;
   park_deadlines.push_back(ParkDeadline{cl.park_deadline, c, ++cl.park_generation});
   std::push_heap(park_deadlines.begin(), park_deadlines.end(), std::greater<>());
@@ -988,23 +1062,32 @@ std::string Scheduler::Impl::infeasible_reason(const Class& c) const {
 }
 
 void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::vector<Decision>& out) {
-  // Validate the whole batch before touching anything (the clock included).
-  for (std::size_t i = 0; i < n; ++i) {
-    auto field = [i] { return "actions[" + std::to_string(i) + "]"; };
-    if (by_id.count(a[i].id)) throw Error(ErrorCode::kDuplicateId, field() + ".id", "action " + std::to_string(a[i].id) + " is already live");
-    validate_spec(a[i], field);
-  }
-  if (n > 1) {
-    // Duplicates within the batch: sort (id, position) pairs; report the later position.
-    id_scratch.clear();
-    for (std::size_t i = 0; i < n; ++i) id_scratch.emplace_back(a[i].id, i);
-    std::sort(id_scratch.begin(), id_scratch.end());
-    std::size_t worst = SIZE_MAX;
-    for (std::size_t i = 1; i < n; ++i)
-      if (id_scratch[i].first == id_scratch[i - 1].first) worst = std::min(worst, id_scratch[i].second);
-    if (worst != SIZE_MAX)
-      throw Error(ErrorCode::kDuplicateId, "actions[" + std::to_string(worst) + "].id",
-                  "action " + std::to_string(a[worst].id) + " appears twice in the batch");
+  // Validate the whole batch before touching anything (the clock included). Each id goes
+  // into the index as it is checked, marked kBatchSlot, so one probe finds both a live
+  // duplicate and a repeat within the batch; on any error the batch's ids come out again.
+  std::size_t repeat = SIZE_MAX;  // the first position whose id came earlier in the batch
+  std::size_t i = 0;
+  try {
+    for (; i < n; ++i) {
+      auto field = [i] { return "actions[" + std::to_string(i) + "]"; };
+      auto [slot, inserted] = by_id.insert(a[i].id, kBatchSlot);
+      if (!inserted && *slot != kBatchSlot) {
+        throw Error(ErrorCode::kDuplicateId, field() + ".id", "action " + std::to_string(a[i].id) + " is already live");
+      }
+      if (!inserted) repeat = std::min(repeat, i);
+      validate_spec(a[i], field);
+    }
+    if (repeat != SIZE_MAX)
+      throw Error(ErrorCode::kDuplicateId, "actions[" + std::to_string(repeat) + "].id",
+                  "action " + std::to_string(a[repeat].id) + " appears twice in the batch");
+  } catch (...) {
+    // Positions before i hold batch ids only (a live duplicate throws at once); position
+    // i's id is the batch's too unless it was the live duplicate.
+    for (std::size_t j = 0; j <= i && j < n; ++j) {
+      const std::int32_t* slot = by_id.find(a[j].id);
+      if (slot != nullptr && *slot == kBatchSlot) by_id.erase(a[j].id);
+    }
+    throw;
   }
   messages.clear();
   now = t;
@@ -1013,6 +1096,7 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
     std::int32_t c = class_for(s);
     const std::string& why = classes[c].infeasible;
     if (!why.empty()) {
+      by_id.erase(s.id);
       Decision d;
       d.kind = DecisionKind::kReject;
       d.action = s.id;
@@ -1045,8 +1129,8 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
     if (policy.kind == PolicyKind::kTangram)
       key = r.est_ns + static_cast<std::int64_t>((static_cast<__int128>(now) * aging_permille) / 1000);
     r.order = OrderKey{-s.priority, key, next_seq++, slot};
-    by_id.emplace(s.id, slot);
-    ++trajectory_live[s.trajectory];
+    *by_id.find(s.id) = slot;
+    ++*trajectory_live.insert(s.trajectory, 0).first;
     ++n_waiting;
     Class& cl = classes[c];
     if (cl.service != kNone) {
@@ -1076,7 +1160,7 @@ void Scheduler::Impl::finish(std::int32_t slot) {
   if (cl.quota != kNone) quotas[cl.quota].release();
   if (cl.service != kNone) services[cl.service].running -= 1;
   --n_running;
-  if (--trajectory_live[r.trajectory] == 0) trajectory_live.erase(r.trajectory);
+  if (--*trajectory_live.find(r.trajectory) == 0) trajectory_live.erase(r.trajectory);
   by_id.erase(r.id);
   r.state = ActionState::kUnknown;
   free_slots.push_back(slot);
@@ -1097,7 +1181,7 @@ void Scheduler::Impl::unqueue(std::int32_t slot) {
     services[cl.service].queued_ns -= r.est_ns;
   }
   --n_waiting;
-  if (--trajectory_live[r.trajectory] == 0) trajectory_live.erase(r.trajectory);
+  if (--*trajectory_live.find(r.trajectory) == 0) trajectory_live.erase(r.trajectory);
   by_id.erase(r.id);
   r.state = ActionState::kUnknown;
   free_slots.push_back(slot);
@@ -1330,7 +1414,18 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
   }
   deactivate(c);
   cl.waiting.erase(cl.waiting.begin());
-  activate(c);
+  // The class's next head would be tried later in this pass, where room only shrinks: if
+  // it surely cannot start now, it parks now, as that try would park it.
+  if (!cl.waiting.empty() && cl.service == kNone && cl.gpu_memory == 0 &&
+      now - slots[cl.waiting.begin()->slot].submit_ns < starvation_ns && !may_start_now(cl)) {
+    cl.block = Block::kResources;
+    const std::int32_t next_scope = scope_node(cl);  // its trajectory's slot may be bound now
+    if (next_scope == kNone) partition_contended[cl.partition] = pass_epoch;
+    else node_contended[next_scope] = pass_epoch;
+    park(c, next_scope);
+  } else {
+    activate(c);
+  }
   a.state = ActionState::kRunning;
   a.bin = bin;
   a.device = device;
@@ -1611,6 +1706,7 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
   std::fill(quota_blocked.begin(), quota_blocked.end(), 0);
   started.clear();
   started_decision.clear();
+  pending_wakes.clear();
   flush_releases();
   while (!park_deadlines.empty() && park_deadlines.front().at <= now) {
     ParkDeadline due = park_deadlines.front();
@@ -1627,7 +1723,37 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
   active_deferred.clear();
   bool have_cursor = false;
   OrderKey cursor{};
-  while (!active.empty()) {
+  std::size_t next_wake = 0;
+  for (;;) {
+    while (!active.empty() && !live(active.front())) {
+      std::pop_heap(active.begin(), active.end(), std::greater<>());
+      active.pop_back();
+    }
+    // A pending wake still parked (not woken since, nor parked again) whose head comes
+    // before the heap's: at its turn it joins the heap if it may still fit, or else stays
+    // parked, exactly where a failed try would park it.
+    if (next_wake < pending_wakes.size()) {
+      const PendingWake& w = pending_wakes[next_wake];
+      Class& wc = classes[w.cls];
+      if (!wc.parked || wc.pending_pass != pass_epoch) {
+        ++next_wake;
+        continue;
+      }
+      if (active.empty() || w.key < active.front().key) {
+        ++next_wake;
+        if (may_start_now(wc)) {
+          unpark(w.cls);  // its heap entry is the smallest: tried next
+        } else {
+          wc.fit_pass = 0;
+          wc.pending_pass = 0;
+          wc.block = Block::kResources;
+          if (wc.park_node == kNone) partition_contended[wc.partition] = pass_epoch;
+          else node_contended[wc.park_node] = pass_epoch;
+        }
+        continue;
+      }
+    }
+    if (active.empty()) break;
     ActiveEntry e = active.front();
     std::pop_heap(active.begin(), active.end(), std::greater<>());
     active.pop_back();
@@ -1644,6 +1770,11 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
     pass_cursor = nullptr;
     if (r == Try::kHalt) {
       // A starving action that may use any bin stops the pass: the whole partition is its.
+      // Pending wakes not reached join the heap, held back like every head behind it.
+      for (; next_wake < pending_wakes.size(); ++next_wake) {
+        const Class& wc = classes[pending_wakes[next_wake].cls];
+        if (wc.parked && wc.pending_pass == pass_epoch) unpark(pending_wakes[next_wake].cls);
+      }
       partition_contended[classes[c].partition] = pass_epoch;
       active_deferred.push_back(e);
       for (const ActiveEntry& rest : active)
@@ -1676,9 +1807,9 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
 // ============================================================ explain
 
 std::string Scheduler::Impl::explain(ActionId id) const {
-  auto it = by_id.find(id);
-  if (it == by_id.end()) return "action " + std::to_string(id) + " is not live (never submitted, or already ended)";
-  const ActionRec& a = slots[it->second];
+  const std::int32_t* slot = by_id.find(id);
+  if (slot == nullptr) return "action " + std::to_string(id) + " is not live (never submitted, or already ended)";
+  const ActionRec& a = slots[*slot];
   std::ostringstream os;
   if (a.state == ActionState::kRunning) {
     os << "running on node " << bin_node[a.bin] << " (" << inv.nodes[bin_node[a.bin]].name << ")";
@@ -1689,7 +1820,7 @@ std::string Scheduler::Impl::explain(ActionId id) const {
   const Class& cl = classes[a.cls];
   std::size_t ahead = 0;
   for (const OrderKey& k : cl.waiting) {
-    if (k.slot == it->second) break;
+    if (k.slot == *slot) break;
     ++ahead;
   }
   os << "waiting";
@@ -1749,7 +1880,7 @@ void Scheduler::Impl::check() const {
   std::vector<Quantity> dev_used(dev_node.size(), 0);
   std::vector<std::int32_t> svc_running(services.size(), 0), quota_running(quotas.size(), 0);
   std::size_t waiting = 0, running = 0;
-  for (const auto& [id, slot] : by_id) {
+  by_id.for_each([&](ActionId id, std::int32_t slot) {
     const ActionRec& a = slots[slot];
     if (a.id != id) fail("id index out of sync");
     const Class& cl = classes[a.cls];
@@ -1773,7 +1904,7 @@ void Scheduler::Impl::check() const {
     } else {
       fail("live action in a terminal state");
     }
-  }
+  });
   if (waiting != n_waiting || running != n_running) fail("waiting/running counts");
   for (std::size_t b = 0; b < B; ++b)
     for (std::int32_t k = 0; k < K; ++k) {
@@ -1870,27 +2001,26 @@ void Scheduler::submit(const ActionSpec* actions, std::size_t count, TimeNs now,
 }
 
 namespace {
-template <class Index, class F>
-void validate_ids(const Index& by_id, const ActionId* ids, std::size_t n, F&& state_ok) {
+// Every id is live and passes state_ok; then no id repeats (reported at its later position).
+// Repeats are found by marking slots, so the check is one probe per id.
+template <class F>
+void validate_ids(const IdMap& by_id, std::vector<std::uint64_t>& slot_mark, std::uint64_t& mark,
+                  const ActionId* ids, std::size_t n, F&& state_ok) {
+  ++mark;
+  std::size_t repeat = SIZE_MAX;
   for (std::size_t i = 0; i < n; ++i) {
-    auto it = by_id.find(ids[i]);
-    if (it == by_id.end())
+    const std::int32_t* slot = by_id.find(ids[i]);
+    if (slot == nullptr)
       throw Error(ErrorCode::kUnknownAction, "ids[" + std::to_string(i) + "]",
                   "action " + std::to_string(ids[i]) + " is not live (never submitted, or already ended)");
-    state_ok(it->second, i);
+    state_ok(*slot, i);
+    if (static_cast<std::size_t>(*slot) >= slot_mark.size()) slot_mark.resize(*slot + 1, 0);
+    if (slot_mark[*slot] == mark) repeat = std::min(repeat, i);
+    slot_mark[*slot] = mark;
   }
-  if (n > 1) {
-    // Duplicates: sort a copy; report the later position of the first repeated id.
-    std::vector<std::pair<ActionId, std::size_t>> sorted(n);
-    for (std::size_t i = 0; i < n; ++i) sorted[i] = {ids[i], i};
-    std::sort(sorted.begin(), sorted.end());
-    std::size_t worst = SIZE_MAX;
-    for (std::size_t i = 1; i < n; ++i)
-      if (sorted[i].first == sorted[i - 1].first) worst = std::min(worst, sorted[i].second);
-    if (worst != SIZE_MAX)
-      throw Error(ErrorCode::kDuplicateId, "ids[" + std::to_string(worst) + "]",
-                  "action " + std::to_string(ids[worst]) + " appears twice in the batch");
-  }
+  if (repeat != SIZE_MAX)
+    throw Error(ErrorCode::kDuplicateId, "ids[" + std::to_string(repeat) + "]",
+                "action " + std::to_string(ids[repeat]) + " appears twice in the batch");
 }
 }  // namespace
 
@@ -1898,14 +2028,14 @@ void Scheduler::complete(const ActionId* ids, std::size_t count, TimeNs now, std
   out.clear();
   Impl& m = *impl_;
   m.validate_now(now);
-  validate_ids(m.by_id, ids, count, [&](std::int32_t slot, std::size_t i) {
+  validate_ids(m.by_id, m.slot_mark, m.mark, ids, count, [&](std::int32_t slot, std::size_t i) {
     if (m.slots[slot].state != ActionState::kRunning)
       throw Error(ErrorCode::kInvalidState, "ids[" + std::to_string(i) + "]",
                   "action " + std::to_string(m.slots[slot].id) + " has not started");
   });
   m.messages.clear();
   m.now = now;
-  for (std::size_t i = 0; i < count; ++i) m.finish(m.by_id.at(ids[i]));
+  for (std::size_t i = 0; i < count; ++i) m.finish(*m.by_id.find(ids[i]));
   m.pass(out);
 }
 
@@ -1913,11 +2043,11 @@ void Scheduler::cancel(const ActionId* ids, std::size_t count, TimeNs now, std::
   out.clear();
   Impl& m = *impl_;
   m.validate_now(now);
-  validate_ids(m.by_id, ids, count, [](std::int32_t, std::size_t) {});
+  validate_ids(m.by_id, m.slot_mark, m.mark, ids, count, [](std::int32_t, std::size_t) {});
   m.messages.clear();
   m.now = now;
   for (std::size_t i = 0; i < count; ++i) {
-    std::int32_t slot = m.by_id.at(ids[i]);
+    std::int32_t slot = *m.by_id.find(ids[i]);
     if (m.slots[slot].state == ActionState::kRunning) m.finish(slot);
     else m.unqueue(slot);
   }
@@ -1929,10 +2059,10 @@ void Scheduler::end_trajectories(const TrajectoryId* ids, std::size_t count, Tim
   Impl& m = *impl_;
   m.validate_now(now);
   for (std::size_t i = 0; i < count; ++i) {
-    auto it = m.trajectory_live.find(ids[i]);
-    if (it != m.trajectory_live.end())
+    const std::int32_t* live = m.trajectory_live.find(ids[i]);
+    if (live != nullptr)
       throw Error(ErrorCode::kInvalidState, "trajectories[" + std::to_string(i) + "]",
-                  "trajectory " + std::to_string(ids[i]) + " still has " + std::to_string(it->second) + " live action(s)");
+                  "trajectory " + std::to_string(ids[i]) + " still has " + std::to_string(*live) + " live action(s)");
   }
   m.messages.clear();
   m.now = now;
@@ -2012,15 +2142,15 @@ std::size_t Scheduler::message_count() const { return impl_->messages.size(); }
 std::string Scheduler::explain(ActionId id) const { return impl_->explain(id); }
 
 ActionState Scheduler::state(ActionId id) const {
-  auto it = impl_->by_id.find(id);
-  return it == impl_->by_id.end() ? ActionState::kUnknown : impl_->slots[it->second].state;
+  const std::int32_t* slot = impl_->by_id.find(id);
+  return slot == nullptr ? ActionState::kUnknown : impl_->slots[*slot].state;
 }
 
 Decision Scheduler::placement(ActionId id) const {
-  auto it = impl_->by_id.find(id);
-  if (it == impl_->by_id.end() || impl_->slots[it->second].state != ActionState::kRunning)
+  const std::int32_t* slot = impl_->by_id.find(id);
+  if (slot == nullptr || impl_->slots[*slot].state != ActionState::kRunning)
     throw Error(ErrorCode::kInvalidState, "id", "action " + std::to_string(id) + " is not running");
-  const ActionRec& a = impl_->slots[it->second];
+  const ActionRec& a = impl_->slots[*slot];
   Decision d;
   d.kind = DecisionKind::kStart;
   d.action = id;
@@ -2071,9 +2201,9 @@ bool Scheduler::service_ready(std::int32_t service) const {
 }
 
 double Scheduler::runtime(ActionId id, Quantity units) const {
-  auto it = impl_->by_id.find(id);
-  if (it == impl_->by_id.end()) throw Error(ErrorCode::kUnknownAction, "id", "action " + std::to_string(id) + " is not live");
-  const ActionRec& a = impl_->slots[it->second];
+  const std::int32_t* slot = impl_->by_id.find(id);
+  if (slot == nullptr) throw Error(ErrorCode::kUnknownAction, "id", "action " + std::to_string(id) + " is not live");
+  const ActionRec& a = impl_->slots[*slot];
   if (a.elastic_kind != kNone && units <= 0) throw Error(ErrorCode::kInvalidArgument, "units", "must be positive");
   return impl_->seconds(a, units);
 }
