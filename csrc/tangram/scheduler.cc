@@ -82,40 +82,41 @@ struct ActionRec {
 };
 
 struct Class {
-  // admission constraints (the class key)
-  std::vector<Quantity> demand;  // K kinds
-  Quantity gpu_memory = 0;
-  std::int32_t partition = 0;
-  std::int32_t affinity_node = kNone;
-  std::int32_t service = kNone;
-  std::int32_t quota = kNone;
-  std::int64_t tokens = 0;
-  TrajectoryId trajectory = 0;
-  std::int32_t next_same_hash = kNone;
-  // kTrajectory, non-service actions: the class runs in its trajectory's own slot. Service
-  // actions run beside their service, in any slot no trajectory holds, and bind nothing.
-  bool in_trajectory_slot = false;
-  // state
-  std::string infeasible;  // why no action of this class can ever run; empty if one can
+  // Laid out by use: what a flush and a pass look at for every parked or active class
+  // comes first, in the first two cache lines; the class key and the rest follow.
   explicit Class(std::pmr::memory_resource* pool) : waiting(pool) {}
-  std::pmr::set<OrderKey> waiting;
-  bool in_active = false;
-  std::uint64_t active_gen = 0;  // counts activations; older heap entries are stale
   bool parked = false;
+  bool in_active = false;
   std::int32_t park_node = kNone;  // while parked: the node it waits on, or kNone (partition)
-  TimeNs park_deadline = 0;        // when its head starts starving
-  std::uint64_t park_generation = 0;  // counts parkings, to spot stale deadline entries
+  std::uint64_t seen_flush = 0;    // release epoch of the last flush that listed it
+  std::uint64_t pending_pass = 0;  // a pending wake of this pass (partition-wide or node)
   // A pending wake of pass `fit_pass` (flush_releases): it fitted nowhere when parked and
   // only released bins have grown since, so in that pass its only possible bins are the
   // partition's released leaves from position `fit_from` on (the first it fitted). Free
   // room only shrinks within a pass, so placement needs to look at nothing else.
   std::uint64_t fit_pass = 0;
   std::int32_t fit_from = 0;
-  std::uint64_t pending_pass = 0;  // a pending wake of this pass (partition-wide or node)
-  std::uint64_t seen_flush = 0;    // release epoch of the last flush that listed it
-
+  std::int32_t partition = 0;
+  std::vector<Quantity> demand;  // K kinds
+  std::pmr::set<OrderKey> waiting;
+  std::uint64_t active_gen = 0;  // counts activations; older heap entries are stale
+  // admission constraints (the class key, with demand and partition)
+  Quantity gpu_memory = 0;
+  std::int32_t affinity_node = kNone;
+  std::int32_t service = kNone;
+  std::int32_t quota = kNone;
+  std::int32_t next_same_hash = kNone;
+  std::int64_t tokens = 0;
+  TrajectoryId trajectory = 0;
+  // kTrajectory, non-service actions: the class runs in its trajectory's own slot. Service
+  // actions run beside their service, in any slot no trajectory holds, and bind nothing.
+  bool in_trajectory_slot = false;
+  // state
+  TimeNs park_deadline = 0;        // when its head starts starving
+  std::uint64_t park_generation = 0;  // counts parkings, to spot stale deadline entries
   Block block = Block::kNotConsidered;
   TimeNs block_until = 0;
+  std::string infeasible;  // why no action of this class can ever run; empty if one can
 };
 
 
@@ -1009,6 +1010,17 @@ std::int32_t Scheduler::Impl::class_for(const ActionSpec& s) {
 // Why no action of this class can ever run, or "" if one could.
 std::string Scheduler::Impl::infeasible_reason(const Class& c) const {
   const Partition& part = partitions[c.partition];
+  if (c.service == kNone && c.quota == kNone && c.affinity_node != kNone && part.node_lo[c.affinity_node] >= 0) {
+    // The common case, an action pinned to its trajectory's node: a new class per
+    // trajectory, so look at the node's few bins directly (the search below gives the
+    // same answer, and the words when none fits).
+    for (std::int32_t leaf = part.node_lo[c.affinity_node]; leaf < part.node_hi[c.affinity_node]; ++leaf) {
+      const Quantity* cap = part.cap_tree.leaf(leaf);
+      bool fits = !has_gpus || cap[K] >= c.gpu_memory;
+      for (std::int32_t k = 0; k < K && fits; ++k) fits = cap[k] >= c.demand[k];
+      if (fits) return "";
+    }
+  }
   std::vector<Quantity> need(c.demand.begin(), c.demand.end());
   if (has_gpus) need.push_back(c.service == kNone ? c.gpu_memory : 0);
   auto describe_shortfall = [&](std::int32_t lo, std::int32_t hi, const char* where) {
