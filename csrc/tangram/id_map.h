@@ -62,6 +62,11 @@ class IdMap {
     return true;
   }
 
+  // Makes room for n entries in all, so that the inserts up to there do not rehash.
+  void reserve(std::size_t n) {
+    while (2 * n > table_.size()) grow();
+  }
+
   template <class F>
   void for_each(F&& f) const {
     for (const Entry& e : table_)

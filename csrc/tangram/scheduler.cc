@@ -1079,6 +1079,7 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
   // duplicate and a repeat within the batch; on any error the batch's ids come out again.
   std::size_t repeat = SIZE_MAX;  // the first position whose id came earlier in the batch
   std::size_t i = 0;
+  by_id.reserve(by_id.size() + n);  // one rehash for a burst, not one per doubling
   try {
     for (; i < n; ++i) {
       auto field = [i] { return "actions[" + std::to_string(i) + "]"; };
