@@ -74,7 +74,7 @@ class _Live:
     """Book-keeping of one live action (the orchestrator's, not the caller's)."""
 
     __slots__ = ("id", "call", "future", "manager", "template", "record", "in_core", "running", "task",
-                 "timer", "cancel_reason")
+                 "timer", "cancel_reason", "watch")
 
     def __init__(self, action_id: int, call: Call, future: asyncio.Future[Any], manager: ResourceManager,
                  template: int, record: ActionRecord) -> None:
@@ -89,6 +89,7 @@ class _Live:
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.cancel_reason: str | None = None  # "timeout", "cancelled" or "closed"
+        self.watch: Any = None  # the future's done callback that turns a caller's cancel into ours
 
 
 class Orchestrator:
@@ -127,7 +128,7 @@ class Orchestrator:
         self._pending_submit: list[_Live] = []
         self._pending_complete: list[int] = []
         self._pending_cancel: list[int] = []
-        self._flush_scheduled = False
+        self._flush_handle: asyncio.Handle | None = None  # the flush queued for the next iteration
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
         self._device_ops: dict[tuple[int, int], asyncio.Task[None]] = {}
@@ -240,7 +241,8 @@ class Orchestrator:
         record = ActionRecord(action_id, call.kind, call.trajectory, name, self._now())
         lv = _Live(action_id, call, future, manager, template, record)
         self._live[action_id] = lv
-        future.add_done_callback(lambda f, i=action_id: self._on_future_done(f, i))
+        lv.watch = lambda f, i=action_id: self._on_future_done(f, i)
+        future.add_done_callback(lv.watch)
         self._pending_submit.append(lv)
         self._count(call.kind, 0, +1)
         self._kick()
@@ -260,6 +262,14 @@ class Orchestrator:
     def reserve_id(self) -> int:
         """An action id no other action of this orchestrator gets (thread-safe)."""
         return next(self._ids)
+
+    def flush(self) -> None:
+        """Hands queued submits, completions and cancels to the core now rather than at
+        the next event-loop iteration (a no-op when nothing is queued). For a caller that
+        must know its submits have had their start decisions (the server, before it
+        queues its writes); others need not call it."""
+        if self._flush_handle is not None or self._pending_submit or self._pending_complete or self._pending_cancel:
+            self._flush()
 
     def cancel(self, action_id: int) -> bool:
         """Ends a live action as ActionCancelled (killing it if it runs). False if it is
@@ -363,13 +373,18 @@ class Orchestrator:
         return self._loop.time() - self._t0  # type: ignore[union-attr]
 
     def _kick(self) -> None:
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)  # type: ignore[union-attr]
+        if self._flush_handle is None:
+            self._flush_handle = self._loop.call_soon(self._queued_flush)  # type: ignore[union-attr]
+
+    def _queued_flush(self) -> None:
+        self._flush_handle = None
+        self._flush()
 
     def _flush(self) -> None:
         """Hands every queued event to the core in batches and acts on its decisions."""
-        self._flush_scheduled = False
+        if self._flush_handle is not None:  # called directly: the queued one has nothing left to do
+            self._flush_handle.cancel()
+            self._flush_handle = None
         now = self._now()
         if self._pending_complete:
             ids, self._pending_complete = self._pending_complete, []
@@ -561,6 +576,9 @@ class Orchestrator:
             self._count(kind, 0, -1)
         del self._live[lv.id]
         if not lv.future.done():
+            # Ended here, so the caller-cancel watch has nothing left to do: removing it
+            # spares a callback (an event-loop handle) per action.
+            lv.future.remove_done_callback(lv.watch)
             if error is None:
                 lv.future.set_result(result)
             else:

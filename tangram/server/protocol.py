@@ -8,12 +8,12 @@ One TCP connection per client; both directions carry frames:
 
 Before the server has accepted the client's HELLO, only JSON frames of at most
 PREAUTH_MAX_FRAME bytes are read; nothing is unpickled. After it, a frame of up to the
-server's `max_frame` bytes is accepted; calls travel as one cloudpickle per SUBMIT frame
+server's `max_frame` bytes is accepted; calls travel as one (cloud)pickle per SUBMIT frame
 (their functions run on the server, which is why the token is mandatory off loopback).
 
     client -> server
       HELLO     JSON  {"protocol": 1, "token": str|null, "shared_trajectories": bool}
-      SUBMIT    uint32 n, n x uint64 action ids, then cloudpickle([Call] * n)
+      SUBMIT    uint32 n, n x uint64 action ids, then pickle([Call] * n), as cloudpickle makes it
       CANCEL    JSON  [action id, ...]
       REQUEST   JSON  [request id, op, args]   ops: end_trajectory, explain, queue_lengths,
                                                     utilisation, ping

@@ -4,10 +4,14 @@
                   [--policy P] [--max-frame BYTES] [--grace SECONDS] [--manager KIND=NAME]
 
 The server is an Orchestrator plus a listener. Each connection submits actions with ids in
-its own range; the server submits them to the orchestrator as they arrive (a SUBMIT frame
-is one batch into the core, like one event-loop iteration of an in-process caller) and
-sends results back coalesced: every result that completes in one event-loop iteration of
-the server goes out in one RESULTS frame per connection.
+its own range; the server submits them to the orchestrator as they arrive (the frames read
+in one event-loop iteration, from every connection, are one batch into the core, like one
+iteration of an in-process caller) and sends results back coalesced: every result that
+completes in one event-loop iteration of the server goes out in one RESULTS frame per
+connection. A round trip costs few iterations: the write of a connection that submitted
+is queued behind the first steps of the tasks its actions started, so an action that ends
+at once (a no-op, a cached answer) is answered in the same iteration it ran in, and
+results reach their connection from the orchestrator's record log, with no callback hop.
 
 Safety: binds to 127.0.0.1 unless told otherwise, and refuses to bind anywhere else
 without a token; nothing from a connection is unpickled before its HELLO carried the
@@ -22,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import gc
 import hmac
 import ipaddress
@@ -42,6 +45,7 @@ from ..runtime.config import RuntimeConfig
 from ..runtime.errors import ActionCancelled, ActionFailed
 from ..runtime.manager import ResourceManager, manager_class
 from ..runtime.orchestrator import ActionHandle, Orchestrator, OrchestratorClosed
+from ..runtime.records import ActionRecord
 from . import protocol as P
 from .protocol import AuthenticationError, FrameTooLarge, ProtocolError
 
@@ -89,7 +93,13 @@ class Server:
         self.address: tuple[str, int] | None = None
         self._listener: asyncio.AbstractServer | None = None
         self._connections: set[_Connection] = set()
+        self._by_number: dict[int, _Connection] = {}  # authenticated connections, by number
         self._numbers = itertools.count(1)
+        self._submitters: set[_Connection] = set()  # connections that submitted in this iteration
+        self._writes_handle: asyncio.Handle | None = None
+        # Every action's end reaches its connection synchronously, through the record log,
+        # instead of through a done callback per future (one more event-loop hop each).
+        self.orchestrator.records.add_listener(self._finished)
         self._background: set[asyncio.Task[Any]] = set()
         self._closing = False
         self._closed: asyncio.Event | None = None
@@ -178,6 +188,31 @@ class Server:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    def _submitted(self, conn: _Connection) -> None:
+        """`conn` submitted actions in this event-loop iteration."""
+        self._submitters.add(conn)
+        if self._writes_handle is None:
+            self._writes_handle = conn.loop.call_soon(self._queue_writes)
+
+    def _queue_writes(self) -> None:
+        """The iteration after the reads. Every connection's submits of the last iteration
+        went to the core as one batch (the orchestrator's flush, queued before this; the
+        flush() here only makes sure); each of those connections now queues its write
+        behind the first steps of the tasks that batch started, so the results of quick
+        actions leave in the next iteration, in one frame per connection."""
+        self._writes_handle = None
+        self.orchestrator.flush()
+        submitters, self._submitters = self._submitters, set()
+        for conn in submitters:
+            conn._queue_flush(after_starts=True)
+
+    def _finished(self, record: ActionRecord) -> None:
+        """An action ended (the orchestrator calls this in its terminal state, once per
+        action): its outcome joins its connection's next RESULTS frame."""
+        conn = self._by_number.get(record.id >> P.ID_BITS)
+        if conn is not None:
+            conn._done(record.id)
+
 
 class _Connection(asyncio.Protocol):
     """One client: its frames in, its results out."""
@@ -196,7 +231,7 @@ class _Connection(asyncio.Protocol):
         self.results: list[tuple[int, bool, Any]] = []
         self.replies: list[tuple[int, bool, Any]] = []
         self.requests: set[asyncio.Task[Any]] = set()
-        self.flush_scheduled = False
+        self.flush_handle: asyncio.Handle | None = None  # the write queued for the next iteration
         self.closed: asyncio.Future[None] = self.loop.create_future()
         self.hello_timer: asyncio.TimerHandle | None = None
 
@@ -242,6 +277,8 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._drop()
         self.server._connections.discard(self)
+        if self.server._by_number.get(self.number) is self:
+            del self.server._by_number[self.number]
         if not self.closed.done():
             self.closed.set_result(None)
 
@@ -347,6 +384,7 @@ class _Connection(asyncio.Protocol):
         if self.hello_timer is not None:
             self.hello_timer.cancel()
         self.number = next(self.server._numbers)
+        self.server._by_number[self.number] = self
         self.shared = bool(hello.get("shared_trajectories", False))
         self.state = "ready"
         self.reader.limit = self.server.max_frame
@@ -375,6 +413,7 @@ class _Connection(asyncio.Protocol):
         closing = self.server._closing
         submit = self.orch.submit
         live = self.live
+        started = False
         for i, call in zip(ids, calls):
             if closing:
                 self._result(i, False, OrchestratorClosed("server", "the server is shutting down"))
@@ -390,7 +429,9 @@ class _Connection(asyncio.Protocol):
                 self._result(i, False, ValidationError("call", f"{type(e).__name__}: {e}"))
                 continue
             live[i] = handle
-            handle.future.add_done_callback(functools.partial(self._done, i))
+            started = True
+        if started:
+            self.server._submitted(self)
 
     def _map_trajectory(self, call: Call) -> None:
         """Trajectory ids are the client's own unless it asked for the shared space: the
@@ -446,8 +487,11 @@ class _Connection(asyncio.Protocol):
             self._reply(rid, True, None)
 
     # ---------------------------------------------------------------- results
-    def _done(self, aid: int, future: asyncio.Future[Any]) -> None:
-        self.live.pop(aid, None)
+    def _done(self, aid: int) -> None:
+        handle = self.live.pop(aid, None)
+        if handle is None:  # not this connection's, or dropped with it
+            return
+        future = handle.future
         if future.cancelled():
             self._result(aid, False, ActionCancelled(aid, "cancelled on the server"))
             return
@@ -461,20 +505,36 @@ class _Connection(asyncio.Protocol):
         if self.state == "closed":
             return
         self.results.append((aid, True, value) if ok else (aid, False, P.encode_error(value)))
-        if not self.flush_scheduled:
-            self.flush_scheduled = True
-            self.loop.call_soon(self._flush)
+        if self.flush_handle is None:
+            self._queue_flush()
 
     def _reply(self, rid: int, ok: bool, value: Any) -> None:
         if self.state == "closed":
             return
         self.replies.append((rid, True, value) if ok else (rid, False, P.encode_error(value)))
-        if not self.flush_scheduled:
-            self.flush_scheduled = True
-            self.loop.call_soon(self._flush)
+        if self.flush_handle is None:
+            self._queue_flush()
+
+    def _queue_flush(self, after_starts: bool = False) -> None:
+        """Queues the write for the next iteration: every result and reply of this one go
+        in one frame each. `after_starts` moves a write already queued behind the tasks
+        started since (see Server._queue_writes)."""
+        if self.state == "closed":
+            return
+        if self.flush_handle is not None:
+            if not after_starts:
+                return
+            self.flush_handle.cancel()
+        self.flush_handle = self.loop.call_soon(self._queued_flush)
+
+    def _queued_flush(self) -> None:
+        self.flush_handle = None
+        self._flush()
 
     def _flush(self) -> None:
-        self.flush_scheduled = False
+        if self.flush_handle is not None:  # called directly (goodbye): this write replaces the queued one
+            self.flush_handle.cancel()
+            self.flush_handle = None
         if self.state == "closed" or self.transport is None or self.transport.is_closing():
             self.results.clear()
             self.replies.clear()

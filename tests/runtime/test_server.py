@@ -206,14 +206,22 @@ CLIENT_SCRIPT = textwrap.dedent("""
     def recall():
         return Path("who").read_text()
 
+    class Tag:  # of __main__: travels by value, even as the argument of a builtin
+        def __init__(self, name):
+            self.name = name
+
+        def __str__(self):
+            return "tag " + self.name
+
     async def main(address, name):
         async with tangram.Client(address) as client:
             await client.run(tangram.Call(fn=remember, args=(name,), trajectory=0))
             squares = await client.map([tangram.Call(fn=lambda i=i: i * i, trajectory=0, resources={"cpu": 0.5})
                                         for i in range(6)])
             who = await client.run(tangram.Call(fn=recall, trajectory=0))
+            tag = await client.run(tangram.Call(fn=str, args=(Tag(name),), trajectory=0))
             await client.end_trajectory(0)
-        print(json.dumps({"name": name, "who": who, "squares": squares}))
+        print(json.dumps({"name": name, "who": who, "squares": squares, "tag": tag}))
 
     asyncio.run(main(sys.argv[1], sys.argv[2]))
 """)
@@ -231,6 +239,34 @@ def test_several_client_processes_share_one_server(cpu_server: tuple[Served, Pat
     # Each client's trajectory 0 is its own sandbox: nobody sees another's file.
     assert [r["who"] for r in results] == names
     assert all(r["squares"] == [i * i for i in range(6)] for r in results)
+    assert [r["tag"] for r in results] == [f"tag {n}" for n in names]
+
+
+def _module_level(x: int) -> int:
+    return x + 1
+
+
+def test_calls_take_the_c_pickler_only_where_it_means_what_cloudpickle_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tangram.server.client import _pickle_calls
+
+    real_dumps = cloudpickle.dumps
+    # Commands and importable functions: the C pickler alone (cloudpickle sends the same).
+    plain = [Call(command="true"), Call(fn=_module_level, args=(1,), resources={"cpu": 0.5})]
+    with monkeypatch.context() as m:
+        m.setattr(cloudpickle, "dumps", lambda *a, **k: pytest.fail("cloudpickle used for plain calls"))
+        assert _pickle_calls(plain) == pickle.dumps(plain, protocol=5)
+    # What cloudpickle sends by value stays by value.
+    assert pickle.loads(_pickle_calls([Call(fn=lambda: 7)]))[0].fn() == 7
+    Tagged = type("Tagged", (), {"__module__": "__main__"})
+    monkeypatch.setattr(sys.modules["__main__"], "Tagged", Tagged, raising=False)  # resolvable: pickle would refer to it
+    by_value = [Call(fn=str, args=(Tagged(),))]
+    assert _pickle_calls(by_value) == real_dumps(by_value, protocol=5) != pickle.dumps(by_value, protocol=5)
+    registered = [Call(fn=_module_level, args=(1,))]
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        assert _pickle_calls(registered) == real_dumps(registered, protocol=5) != pickle.dumps(registered, protocol=5)
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
 def test_cancel_explain_and_a_cancelled_awaiting_task(mock_server: Served) -> None:
