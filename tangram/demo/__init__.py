@@ -35,6 +35,7 @@ from typing import Any
 
 from .._model import Amdahl, Gpu, Inventory, Node, Quota, Service
 from ..runtime import Call, CommandResult, Orchestrator, RuntimeConfig
+from ..runtime.errors import ActionError
 from . import programs
 
 # The search API's limit: requests per second and burst. The quota in the core has one
@@ -82,7 +83,9 @@ def server_stats(port: int) -> dict[str, Any]:
 
 
 def score(report: str) -> float:
-    """The reward model: the share of tests passed."""
+    """The reward model: the share of tests passed (none without a test report)."""
+    if not report:
+        return 0.0
     result = json.loads(report)
     return result["passed"] / result["total"]
 
@@ -115,8 +118,13 @@ async def rollout(policy: str, trajectories: int, port: int, seed: int, progress
     python = sys.executable
 
     async def act(call: Call) -> Any:
+        # A tool call that fails is an observation for the agent, not the end of its
+        # rollout: the error comes back as the result, the records keep its outcome (the
+        # summary lists every action that did not end ok) and the trajectory goes on.
         try:
             return await orch.run(call)
+        except ActionError as error:
+            return error
         finally:
             progress.update(1)
 
@@ -147,7 +155,8 @@ async def rollout(policy: str, trajectories: int, port: int, seed: int, progress
                            runtime=0.15 / slot, **common))
             await think(t, next(turn))
             result = await act(Call(command=[python, "run_tests.py"], runtime=Amdahl(1.9 / slot, 0.9), **code))
-            assert isinstance(result, CommandResult)
+            if not isinstance(result, CommandResult) or not result.stdout.strip():
+                continue  # no test report this time: the next iteration builds and tests again
             report = result.stdout.decode().strip().splitlines()[-1]
             if result.returncode != 0 and fixable:
                 await act(Call(fn=programs.fix_solution, resources={"cpu": slot / 4, "memory": 64}, runtime=0.02,
@@ -158,7 +167,7 @@ async def rollout(policy: str, trajectories: int, port: int, seed: int, progress
         await orch.end_trajectory(t)
         reward = await act(Call(args=(report,), service="reward", resources={}, gpu_memory=256, runtime=0.05,
                                 kind="reward", trajectory=t))
-        run.rewards.append(reward)
+        run.rewards.append(reward if isinstance(reward, float) else 0.0)
 
     async with Orchestrator(config, inventory=inventory, managers={"gpu": gpu}) as orch:
         started = time.perf_counter()

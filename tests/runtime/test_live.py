@@ -171,6 +171,32 @@ def test_demo_runs_end_to_end() -> None:
     assert all(float(r[1]) > 0 for r in rows)  # average ACT, seconds
 
 
+def test_demo_rollout_goes_on_after_a_failed_tool_call() -> None:
+    """A tool call that fails (here: the search API is down) is an observation for the
+    agent: the trajectory goes on to build, test and be scored, and the failure is in the
+    records, not a crash of the rollout."""
+    import socket
+
+    from tangram.demo import rollout
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+
+    class Progress:
+        n = 0
+
+        def update(self, k: int) -> None:
+            self.n += k
+
+    progress = Progress()
+    run = asyncio.run(rollout("tangram", 1, closed_port, 0, progress))
+    assert run.outcomes.get("failed", 0) == 1  # the search call, with the connection refused
+    assert run.outcomes.get("ok", 0) >= 5  # write, build, run, test, reward
+    assert run.rewards == [1.0]  # trajectory 0's solution is correct
+    assert progress.n == sum(run.outcomes.values())
+
+
 def test_search_server_rejects_beyond_its_limit() -> None:
     server, port = start_search_server()
     try:
