@@ -15,6 +15,7 @@
 #include "tangram/scheduler.h"
 
 #include "tangram/id_map.h"
+#include "tangram/wait_queue.h"
 
 #include <algorithm>
 #include <cmath>
@@ -22,8 +23,6 @@
 #include <functional>
 #include <tuple>
 #include <map>
-#include <memory_resource>
-#include <set>
 #include <sstream>
 #include <unordered_map>
 
@@ -84,7 +83,6 @@ struct ActionRec {
 struct Class {
   // Laid out by use: what a flush and a pass look at for every parked or active class
   // comes first, in the first two cache lines; the class key and the rest follow.
-  explicit Class(std::pmr::memory_resource* pool) : waiting(pool) {}
   bool parked = false;
   bool in_active = false;
   std::int32_t park_node = kNone;  // while parked: the node it waits on, or kNone (partition)
@@ -98,7 +96,7 @@ struct Class {
   std::int32_t fit_from = 0;
   std::int32_t partition = 0;
   std::vector<Quantity> demand;  // K kinds
-  std::pmr::set<OrderKey> waiting;
+  WaitQueue<OrderKey> waiting;  // its waiting actions, head first
   std::uint64_t active_gen = 0;  // counts activations; older heap entries are stale
   // admission constraints (the class key, with demand and partition)
   Quantity gpu_memory = 0;
@@ -143,9 +141,6 @@ struct ServiceRec {
 }  // namespace
 
 struct Scheduler::Impl {
-  // Node-based containers churn on every submit, start and park: a pool keeps that off
-  // malloc. Declared first so it outlives every container that uses it.
-  std::pmr::unsynchronized_pool_resource pool;
   Inventory inv;
   PolicyConfig policy;
   std::int32_t K = 0;  // kinds
@@ -174,6 +169,7 @@ struct Scheduler::Impl {
   std::vector<ActionRec> slots;
   std::vector<std::int32_t> free_slots;
   IdMap by_id;  // live action id -> slot
+  std::vector<std::int32_t> queue_pos;  // per slot: position in its class's WaitQueue while waiting
   std::vector<Class> classes;
   // Classes by hash of their constraints; equal hashes chain through Class::next_same_hash.
   std::unordered_map<std::uint64_t, std::int32_t> class_index;
@@ -775,7 +771,7 @@ void Scheduler::Impl::flush_releases() {
       list[kept++] = c;
       if (!fits_some_bin(cl, n)) continue;
       cl.pending_pass = pass_epoch;
-      pending_wakes.push_back(PendingWake{*cl.waiting.begin(), c});
+      pending_wakes.push_back(PendingWake{cl.waiting.head(), c});
     }
     list.resize(kept);
   }
@@ -805,7 +801,7 @@ void Scheduler::Impl::flush_releases() {
       cl.fit_pass = pass_epoch;  // flush runs at the start of the pass
       cl.fit_from = at;
       cl.pending_pass = pass_epoch;
-      pending_wakes.push_back(PendingWake{*cl.waiting.begin(), c});
+      pending_wakes.push_back(PendingWake{cl.waiting.head(), c});
     }
     part.parked.resize(kept);
   }
@@ -853,7 +849,7 @@ void Scheduler::Impl::park(std::int32_t c, std::int32_t node) {
   cl.park_node = node;
   cl.fit_pass = 0;
   cl.pending_pass = 0;
-  cl.park_deadline = slots[cl.waiting.begin()->slot].submit_ns + starvation_ns;
+  cl.park_deadline = slots[cl.waiting.head().slot].submit_ns + starvation_ns;
   park_deadlines.push_back(ParkDeadline{cl.park_deadline, c, ++cl.park_generation});
   std::push_heap(park_deadlines.begin(), park_deadlines.end(), std::greater<>());
   if (node == kNone) {
@@ -873,7 +869,7 @@ void Scheduler::Impl::unpark(std::int32_t c) {
   activate(c);
   // Woken mid-pass behind the cursor: this pass has passed it by, as it would have passed
   // by a failed head, so it still waits there.
-  if (pass_cursor != nullptr && *cl.waiting.begin() < *pass_cursor) {
+  if (pass_cursor != nullptr && cl.waiting.head() < *pass_cursor) {
     if (cl.park_node == kNone) partition_contended[cl.partition] = pass_epoch;
     else node_contended[cl.park_node] = pass_epoch;
   }
@@ -884,7 +880,7 @@ void Scheduler::Impl::activate(std::int32_t c) {
   if (cl.in_active || cl.parked || cl.waiting.empty()) return;
   cl.in_active = true;
   ++active_count;
-  push_active(ActiveEntry{*cl.waiting.begin(), c, ++cl.active_gen});
+  push_active(ActiveEntry{cl.waiting.head(), c, ++cl.active_gen});
 }
 
 void Scheduler::Impl::deactivate(std::int32_t c) {
@@ -988,7 +984,7 @@ std::int32_t Scheduler::Impl::class_for(const ActionSpec& s) {
         o.tokens == s.tokens && o.trajectory == traj && o.in_trajectory_slot == in_slot)
       return c;
   }
-  Class c(&pool);
+  Class c;
   c.next_same_hash = chain;
   c.demand = s.demand;
   c.gpu_memory = s.gpu_memory;
@@ -1126,6 +1122,7 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
     } else {
       slot = static_cast<std::int32_t>(slots.size());
       slots.emplace_back();
+      queue_pos.push_back(-1);
     }
     ActionRec& r = slots[slot];
     r = ActionRec{};
@@ -1150,9 +1147,9 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
       services[cl.service].waiting += 1;
       services[cl.service].queued_ns += r.est_ns;
     }
-    bool new_head = cl.waiting.empty() || r.order < *cl.waiting.begin();
+    bool new_head = cl.waiting.empty() || r.order < cl.waiting.head();
     if (new_head) deactivate(c);
-    cl.waiting.insert(r.order);
+    cl.waiting.push(r.order, queue_pos);
     if (new_head && !cl.parked) activate(c);
   }
 }
@@ -1184,9 +1181,9 @@ void Scheduler::Impl::finish(std::int32_t slot) {
 void Scheduler::Impl::unqueue(std::int32_t slot) {
   ActionRec& r = slots[slot];
   Class& cl = classes[r.cls];
-  bool was_head = cl.waiting.begin()->seq == r.order.seq;
+  bool was_head = cl.waiting.head().seq == r.order.seq;
   if (was_head) deactivate(r.cls);
-  cl.waiting.erase(r.order);
+  cl.waiting.erase(slot, queue_pos);
   if (was_head && cl.parked) unpark(r.cls);  // its new head may starve sooner
   else if (was_head) activate(r.cls);
   if (cl.service != kNone) {
@@ -1245,7 +1242,7 @@ std::int32_t Scheduler::Impl::scope_node(const Class& c) const {
 
 Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decision>& out) {
   Class& cl = classes[c];
-  const std::int32_t slot = cl.waiting.begin()->slot;
+  const std::int32_t slot = cl.waiting.head().slot;
   ActionRec& a = slots[slot];
   if (cl.quota != kNone && quota_blocked[cl.quota]) {
     cl.block = quotas[cl.quota].last_block == QuotaState::Blocked::kRate ? Block::kQuotaRate
@@ -1426,11 +1423,11 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
     services[cl.service].queued_ns -= a.est_ns;
   }
   deactivate(c);
-  cl.waiting.erase(cl.waiting.begin());
+  cl.waiting.pop(queue_pos);
   // The class's next head would be tried later in this pass, where room only shrinks: if
   // it surely cannot start now, it parks now, as that try would park it.
   if (!cl.waiting.empty() && cl.service == kNone && cl.gpu_memory == 0 &&
-      now - slots[cl.waiting.begin()->slot].submit_ns < starvation_ns && !may_start_now(cl)) {
+      now - slots[cl.waiting.head().slot].submit_ns < starvation_ns && !may_start_now(cl)) {
     cl.block = Block::kResources;
     const std::int32_t next_scope = scope_node(cl);  // its trajectory's slot may be bound now
     if (next_scope == kNone) partition_contended[cl.partition] = pass_epoch;
@@ -1601,9 +1598,9 @@ void Scheduler::Impl::restore_queues(std::vector<Decision>& out) {
     const Class& cl = classes[c];
     if (cl.service == kNone || cl.waiting.empty() || services[cl.service].device != kNone) continue;
     std::int32_t& h = head[cl.service];
-    if (h == kNone || *cl.waiting.begin() < *classes[h].waiting.begin()) h = c;
+    if (h == kNone || cl.waiting.head() < classes[h].waiting.head()) h = c;
   }
-  auto starving = [&](std::int32_t s) { return now - slots[classes[head[s]].waiting.begin()->slot].submit_ns >= starvation_ns; };
+  auto starving = [&](std::int32_t s) { return now - slots[classes[head[s]].waiting.head().slot].submit_ns >= starvation_ns; };
   auto span = [&](std::int32_t s) {
     return services[s].restore_ns + services[s].queued_ns / inv.services[s].max_batch;
   };
@@ -1832,7 +1829,7 @@ std::string Scheduler::Impl::explain(ActionId id) const {
   }
   const Class& cl = classes[a.cls];
   std::size_t ahead = 0;
-  for (const OrderKey& k : cl.waiting) {
+  for (const OrderKey& k : cl.waiting.sorted()) {
     if (k.slot == *slot) break;
     ++ahead;
   }
@@ -1913,7 +1910,7 @@ void Scheduler::Impl::check() const {
       if (cl.quota != kNone) ++quota_running[cl.quota];
     } else if (a.state == ActionState::kWaiting) {
       ++waiting;
-      if (!cl.waiting.count(a.order)) fail("waiting action missing from its class");
+      if (!cl.waiting.contains(a.order, queue_pos)) fail("waiting action missing from its class");
     } else {
       fail("live action in a terminal state");
     }
@@ -1948,7 +1945,7 @@ void Scheduler::Impl::check() const {
         }
       if (cl.waiting.empty() || entries != 1) fail("active class head missing or duplicated");
       for (const ActiveEntry& e : active)
-        if (live(e) && e.cls == static_cast<std::int32_t>(c) && e.key.seq != cl.waiting.begin()->seq)
+        if (live(e) && e.cls == static_cast<std::int32_t>(c) && e.key.seq != cl.waiting.head().seq)
           fail("active entry is not the class head");
       if (cl.parked) fail("class both parked and active");
     } else if (!cl.waiting.empty() && !cl.parked) {
