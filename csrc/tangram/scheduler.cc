@@ -235,6 +235,11 @@ struct Scheduler::Impl {
     const Quantity* free;  // into bin_free, which never grows after construction
   };
   std::vector<std::vector<Released>> released_leaves;  // per partition, in leaf order
+  // Per partition: the released leaves' free vectors by kind (K columns of the leaves'
+  // count), kept exact through the pass's starts; bins map to their position.
+  std::vector<std::vector<Quantity>> released_free;
+  std::vector<std::int32_t> bin_released_at;
+  std::vector<std::uint64_t> bin_released_pass;  // == pass_epoch when released this pass
   // Partition-wide parked classes that fit a released leaf at the start of this pass, in
   // policy order of their heads. They stay parked until their turn in the pass: most lose
   // the room to an earlier head, and a look at the released leaves then is far cheaper
@@ -279,11 +284,16 @@ struct Scheduler::Impl {
   void flush_releases();
   bool may_start_now(Class& cl);
   bool fits_released_leaf(Class& cl);
-  std::int32_t first_released_fit(const std::vector<Released>& leaves, std::int32_t from, const Quantity* demand) const {
-    for (std::int32_t i = from; i < static_cast<std::int32_t>(leaves.size()); ++i) {
-      const Quantity* f = leaves[i].free;
+  // The first released leaf of `partition` from position `from` on whose free vector covers
+  // `demand`, or -1. The scan runs down the first kind's column, which rules most out.
+  std::int32_t first_released_fit(std::size_t partition, std::int32_t from, const Quantity* demand) const {
+    const std::vector<Quantity>& cols = released_free[partition];
+    const std::int32_t n = static_cast<std::int32_t>(released_leaves[partition].size());
+    const Quantity* first = cols.data();
+    for (std::int32_t i = from; i < n; ++i) {
+      if (first[i] < demand[0]) continue;
       bool fits = true;
-      for (std::int32_t k = 0; k < K && fits; ++k) fits = f[k] >= demand[k];
+      for (std::int32_t k = 1; k < K && fits; ++k) fits = cols[static_cast<std::size_t>(k) * n + i] >= demand[k];
       if (fits) return i;
     }
     return -1;
@@ -505,6 +515,9 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg) : inv(std::move(inv
   node_parked_count.assign(N, 0);
   node_released.assign(N, 0);
   released_leaves.resize(partitions.size());
+  released_free.resize(partitions.size());
+  bin_released_at.assign(bin_node.size(), 0);
+  bin_released_pass.assign(bin_node.size(), 0);
   node_contended.assign(N, 0);
   node_masked.assign(N, 0);
   partition_contended.assign(partitions.size(), 0);
@@ -671,6 +684,8 @@ std::int32_t Scheduler::Impl::add_node(NodeSpec spec) {
   node_contended.push_back(0);
   node_masked.push_back(0);
   for (auto& leaves : released_leaves) leaves.clear();  // they point into bin_free
+  bin_released_at.assign(bin_node.size(), 0);
+  bin_released_pass.assign(bin_node.size(), 0);
   build_trees();
   for (auto& cl : classes) cl.infeasible = infeasible_reason(cl);
   release_on_node(n, kNone);
@@ -785,9 +800,16 @@ void Scheduler::Impl::flush_releases() {
     for (std::int32_t n : released_nodes)
       for (std::int32_t leaf = part.node_lo[n]; leaf >= 0 && leaf < part.node_hi[n]; ++leaf) {
         const Quantity* f = free_of(part.bins[leaf]);
+        bin_released_at[part.bins[leaf]] = static_cast<std::int32_t>(leaves.size());
+        bin_released_pass[part.bins[leaf]] = pass_epoch;
         leaves.push_back(Released{leaf, f});
         for (std::int32_t k = 0; k < K; ++k) most_released[k] = std::max(most_released[k], f[k]);
       }
+    const std::size_t n_leaves = leaves.size();
+    std::vector<Quantity>& cols = released_free[p];
+    cols.resize(n_leaves * static_cast<std::size_t>(K));
+    for (std::size_t i = 0; i < n_leaves; ++i)
+      for (std::int32_t k = 0; k < K; ++k) cols[static_cast<std::size_t>(k) * n_leaves + i] = leaves[i].free[k];
     std::size_t kept = 0;
     for (std::int32_t c : part.parked) {
       Class& cl = classes[c];
@@ -796,7 +818,7 @@ void Scheduler::Impl::flush_releases() {
       part.parked[kept++] = c;
       bool may_fit = true;
       for (std::int32_t k = 0; k < K && may_fit; ++k) may_fit = cl.demand[k] <= most_released[k];
-      const std::int32_t at = may_fit ? first_released_fit(leaves, 0, cl.demand.data()) : -1;
+      const std::int32_t at = may_fit ? first_released_fit(p, 0, cl.demand.data()) : -1;
       if (at < 0) continue;
       cl.fit_pass = pass_epoch;  // flush runs at the start of the pass
       cl.fit_from = at;
@@ -829,8 +851,8 @@ bool Scheduler::Impl::fits_released_leaf(Class& cl) {
   const Partition& part = partitions[cl.partition];
   const std::vector<Released>& leaves = released_leaves[cl.partition];
   const Quantity* demand = cl.demand.data();
-  for (std::int32_t i = first_released_fit(leaves, cl.fit_from, demand); i >= 0;
-       i = first_released_fit(leaves, i + 1, demand)) {
+  for (std::int32_t i = first_released_fit(cl.partition, cl.fit_from, demand); i >= 0;
+       i = first_released_fit(cl.partition, i + 1, demand)) {
     const std::int32_t bin = part.bins[leaves[i].leaf];
     if (bin_bound[bin] || !node_online[bin_node[bin]]) continue;
     if (has_gpus && node_max_dev_free[bin_node[bin]] < cl.gpu_memory) continue;
@@ -1312,11 +1334,11 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
       if (cl.fit_pass == pass_epoch && lo == 0 && hi == part.free_tree.leaves()) {
         // Woken by this pass's releases: only released leaves can hold it (see Class).
         const std::vector<Released>& leaves = released_leaves[cl.partition];
-        const std::int32_t first = first_released_fit(leaves, cl.fit_from, cl.demand.data());
+        const std::int32_t first = first_released_fit(cl.partition, cl.fit_from, cl.demand.data());
         // Leaves before `first` do not fit now, and room only shrinks in a pass: later
         // heads of this class start their scan there.
         cl.fit_from = first < 0 ? static_cast<std::int32_t>(leaves.size()) : first;
-        for (std::int32_t i = first; i >= 0; i = first_released_fit(leaves, i + 1, cl.demand.data())) {
+        for (std::int32_t i = first; i >= 0; i = first_released_fit(cl.partition, i + 1, cl.demand.data())) {
           const std::int32_t leaf = leaves[i].leaf;
           if (bin_bound[part.bins[leaf]] || !node_online[bin_node[part.bins[leaf]]] || skip(leaf)) continue;
           if (has_gpus && node_max_dev_free[bin_node[part.bins[leaf]]] < scratch[K]) continue;
@@ -1404,6 +1426,11 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
     Quantity extra = std::min(f[a.elastic_kind], a.elastic_max - a.grant);
     a.grant += extra;
     f[a.elastic_kind] -= extra;
+  }
+  if (bin_released_pass[bin] == pass_epoch) {  // keep the released columns exact
+    std::vector<Quantity>& cols = released_free[bin_partition[bin]];
+    const std::size_t n_leaves = released_leaves[bin_partition[bin]].size();
+    for (std::int32_t k = 0; k < K; ++k) cols[static_cast<std::size_t>(k) * n_leaves + bin_released_at[bin]] = f[k];
   }
   if (cl.gpu_memory > 0) {
     dev_free[device] -= cl.gpu_memory;
