@@ -51,10 +51,12 @@ enum class Block : std::uint8_t {
   kServiceBatchFull,
 };
 
+// Policy order: (neg_priority, key, seq). Fields laid out so the struct packs into 24 bytes:
+// heaps and sorts move many of these.
 struct OrderKey {
-  std::int32_t neg_priority;
   std::int64_t key;
   std::uint64_t seq;
+  std::int32_t neg_priority;
   std::int32_t slot;  // the action's slot; not part of the order
   bool operator<(const OrderKey& o) const {
     if (neg_priority != o.neg_priority) return neg_priority < o.neg_priority;
@@ -1160,7 +1162,7 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
     std::int64_t key = 0;
     if (policy.kind == PolicyKind::kTangram)
       key = r.est_ns + static_cast<std::int64_t>((static_cast<__int128>(now) * aging_permille) / 1000);
-    r.order = OrderKey{-s.priority, key, next_seq++, slot};
+    r.order = OrderKey{key, next_seq++, -s.priority, slot};
     *by_id.find(s.id) = slot;
     ++*trajectory_live.insert(s.trajectory, 0).first;
     ++n_waiting;
