@@ -1124,6 +1124,13 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
   }
   messages.clear();
   now = t;
+  if (free_slots.size() < n) {
+    // Grow once for a burst rather than once per doubling (and still geometrically, so a
+    // stream of single submits does not reallocate each time).
+    const std::size_t need = slots.size() + (n - free_slots.size());
+    if (need > slots.capacity()) slots.reserve(std::max(need, 2 * slots.capacity()));
+    if (need > queue_pos.capacity()) queue_pos.reserve(slots.capacity());
+  }
   for (std::size_t i = 0; i < n; ++i) {
     const ActionSpec& s = a[i];
     std::int32_t c = class_for(s);
