@@ -35,8 +35,8 @@ namespace tangram {
 namespace {
 
 constexpr Quantity kMaxMilli = static_cast<Quantity>(kMaxBaseUnits) * kMilli;
-constexpr Quantity kElasticStep = kMilli;
-constexpr std::int32_t kBatchSlot = -2;  // by_id: an id of the batch being validated  // elastic grants grow one base unit at a time
+constexpr Quantity kElasticStep = kMilli;  // elastic grants grow one base unit at a time
+constexpr std::int32_t kBatchSlot = -2;  // by_id: an id of the batch being validated
 
 // Why a class could not start its head in the last pass that looked at it.
 enum class Block : std::uint8_t {
@@ -242,8 +242,8 @@ struct Scheduler::Impl {
   std::vector<std::vector<Quantity>> released_free;
   std::vector<std::int32_t> bin_released_at;
   std::vector<std::uint64_t> bin_released_pass;  // == pass_epoch when released this pass
-  // Partition-wide parked classes that fit a released leaf at the start of this pass, in
-  // policy order of their heads. They stay parked until their turn in the pass: most lose
+  // Parked classes that fit a bin released since the last pass (flush_releases), in policy
+  // order of their heads. They stay parked until their turn in the pass: most lose
   // the room to an earlier head, and a look at the released leaves then is far cheaper
   // than a trip through the active heap and back into the park (see pass()).
   struct PendingWake {
@@ -291,6 +291,7 @@ struct Scheduler::Impl {
   std::int32_t first_released_fit(std::size_t partition, std::int32_t from, const Quantity* demand) const {
     const std::vector<Quantity>& cols = released_free[partition];
     const std::int32_t n = static_cast<std::int32_t>(released_leaves[partition].size());
+    if (K == 0) return from < n ? from : -1;
     const Quantity* first = cols.data();
     for (std::int32_t i = from; i < n; ++i) {
       if (first[i] < demand[0]) continue;
