@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from typing import Any, Iterable
+from typing import Any, Awaitable, Iterable
 
 from .call import Call
 from .orchestrator import Orchestrator
@@ -18,7 +18,7 @@ from .orchestrator import Orchestrator
 class SyncHandle:
     """A submitted action, seen from another thread."""
 
-    def __init__(self, action_id: int, future: concurrent.futures.Future[Any], owner: "SyncOrchestrator") -> None:
+    def __init__(self, action_id: int, future: concurrent.futures.Future[Any], owner: "LoopThread") -> None:
         self.id = action_id
         self.future = future
         self._owner = owner
@@ -29,6 +29,66 @@ class SyncHandle:
 
     def cancel(self) -> bool:
         return self._owner.cancel(self.id)
+
+
+class LoopThread:
+    """The thread-safe half of a synchronous facade: an asyncio object (the orchestrator,
+    or a server's client) lives on an event loop in a background thread, and every call
+    hops onto that loop. Subclasses add the object's API on top of `_call`."""
+
+    def _start_loop(self, name: str, target: Any) -> None:
+        """Starts the loop's thread, then `await target.start()` on it."""
+        self._target = target
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+        try:
+            self._call(target.start())
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    def _call(self, coro: Awaitable[Any], timeout: float | None = None) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)  # type: ignore[arg-type]
+
+    def submit(self, call: Call) -> SyncHandle:
+        raise NotImplementedError
+
+    def run(self, call: Call, timeout: float | None = None) -> Any:
+        """Runs one action and returns its result (raises its typed error)."""
+        return self.submit(call).result(timeout)
+
+    def map(self, calls: Iterable[Call]) -> list[Any]:
+        """Runs many actions in one batch; results (or error objects) in order."""
+        return self._call(self._target.map(list(calls)))
+
+    def cancel(self, action_id: int) -> bool:
+        async def cancel() -> bool:
+            return self._target.cancel(action_id)
+
+        return self._call(cancel())
+
+    def end_trajectory(self, trajectory: int) -> None:
+        self._call(self._target.end_trajectory(trajectory))
+
+    def close(self, drain: bool = False) -> None:
+        if self._loop.is_closed():
+            return
+        try:
+            self._call(self._target.close(drain))
+        finally:
+            self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def copy_outcome(source: asyncio.Future[Any], target: concurrent.futures.Future[Any]) -> None:
@@ -43,22 +103,12 @@ def copy_outcome(source: asyncio.Future[Any], target: concurrent.futures.Future[
         target.set_result(source.result())
 
 
-class SyncOrchestrator:
+class SyncOrchestrator(LoopThread):
     """`SyncOrchestrator(...)` takes the Orchestrator's arguments and starts at once."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="tangram-orchestrator", daemon=True)
-        self._thread.start()
         self.orchestrator = Orchestrator(*args, **kwargs)
-        try:
-            self._call(self.orchestrator.start())
-        except BaseException:
-            self._stop_loop()
-            raise
-
-    def _call(self, coro: Any, timeout: float | None = None) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+        self._start_loop("tangram-orchestrator", self.orchestrator)
 
     def submit(self, call: Call) -> SyncHandle:
         """Queues the action; a bad call raises here, with the field named."""
@@ -79,42 +129,6 @@ class SyncOrchestrator:
         ready.result()
         return SyncHandle(action_id, out, self)
 
-    def run(self, call: Call, timeout: float | None = None) -> Any:
-        """Runs one action and returns its result (raises its typed error)."""
-        return self.submit(call).result(timeout)
-
-    def map(self, calls: Iterable[Call]) -> list[Any]:
-        """Runs many actions in one batch; results (or error objects) in order."""
-        return self._call(self.orchestrator.map(list(calls)))
-
-    def cancel(self, action_id: int) -> bool:
-        async def cancel() -> bool:
-            return self.orchestrator.cancel(action_id)
-
-        return self._call(cancel())
-
-    def end_trajectory(self, trajectory: int) -> None:
-        self._call(self.orchestrator.end_trajectory(trajectory))
-
     @property
     def records(self) -> Any:
         return self.orchestrator.records
-
-    def close(self, drain: bool = False) -> None:
-        if self._loop.is_closed():
-            return
-        try:
-            self._call(self.orchestrator.close(drain))
-        finally:
-            self._stop_loop()
-
-    def _stop_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
-
-    def __enter__(self) -> "SyncOrchestrator":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

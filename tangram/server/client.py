@@ -34,7 +34,6 @@ import concurrent.futures
 import itertools
 import os
 import pickle
-import threading
 from typing import Any, Iterable
 
 import cloudpickle
@@ -43,7 +42,7 @@ from .._errors import TangramError, ValidationError
 from ..runtime.call import Call, validate_call
 from ..runtime.errors import ActionCancelled
 from ..runtime.orchestrator import OrchestratorClosed
-from ..runtime.sync import copy_outcome
+from ..runtime.sync import LoopThread, SyncHandle, copy_outcome
 from . import protocol as P
 from .protocol import ConnectionLost, FrameTooLarge, ProtocolError
 
@@ -500,40 +499,18 @@ def _pickle_calls(calls: list[Call]) -> bytes:
 
 
 # ---------------------------------------------------------------- synchronous flavour
-class SyncClientHandle:
-    """A submitted action, seen from another thread."""
-
-    def __init__(self, action_id: int, future: concurrent.futures.Future[Any], owner: "SyncClient") -> None:
-        self.id = action_id
-        self.future = future
-        self._owner = owner
-
-    def result(self, timeout: float | None = None) -> Any:
-        """Blocks until the action ends; returns its result or raises its typed error."""
-        return self.future.result(timeout)
-
-    def cancel(self) -> bool:
-        return self._owner.cancel(self.id)
+# A submitted action seen from another thread: the same handle as SyncOrchestrator's.
+SyncClientHandle = SyncHandle
 
 
-class SyncClient:
+class SyncClient(LoopThread):
     """`SyncClient(...)` takes the Client's arguments and connects at once; the connection
     lives on an event loop in a background thread, so any number of threads can share it
     (SyncOrchestrator's API)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="tangram-client", daemon=True)
-        self._thread.start()
         self.client = Client(*args, **kwargs)
-        try:
-            self._call(self.client.start())
-        except BaseException:
-            self._stop_loop()
-            raise
-
-    def _call(self, coro: Any, timeout: float | None = None) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+        self._start_loop("tangram-client", self.client)
 
     def submit(self, call: Call) -> SyncClientHandle:
         client = self.client
@@ -553,42 +530,8 @@ class SyncClient:
         self._loop.call_soon_threadsafe(on_loop)
         return SyncClientHandle(action_id, out, self)
 
-    def run(self, call: Call, timeout: float | None = None) -> Any:
-        return self.submit(call).result(timeout)
-
-    def map(self, calls: Iterable[Call]) -> list[Any]:
-        return self._call(self.client.map(list(calls)))
-
-    def cancel(self, action_id: int) -> bool:
-        async def cancel() -> bool:
-            return self.client.cancel(action_id)
-
-        return self._call(cancel())
-
-    def end_trajectory(self, trajectory: int) -> None:
-        self._call(self.client.end_trajectory(trajectory))
-
     def explain(self, action_id: int) -> str:
         return self._call(self.client.explain(action_id))
 
     def queue_lengths(self) -> dict[str, tuple[int, int]]:
         return self._call(self.client.queue_lengths())
-
-    def close(self, drain: bool = False) -> None:
-        if self._loop.is_closed():
-            return
-        try:
-            self._call(self.client.close(drain))
-        finally:
-            self._stop_loop()
-
-    def _stop_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
-
-    def __enter__(self) -> "SyncClient":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
