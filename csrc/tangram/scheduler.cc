@@ -232,11 +232,7 @@ struct Scheduler::Impl {
   std::vector<std::int32_t> released_nodes;
   std::vector<std::uint64_t> node_released;  // == release_epoch when in released_nodes
   std::vector<Quantity> most_released;
-  struct Released {
-    std::int32_t leaf;
-    const Quantity* free;  // into bin_free, which never grows after construction
-  };
-  std::vector<std::vector<Released>> released_leaves;  // per partition, in leaf order
+  std::vector<std::vector<std::int32_t>> released_leaves;  // per partition, in leaf order
   // Per partition: the released leaves' free vectors by kind (K columns of the leaves'
   // count), kept exact through the pass's starts; bins map to their position.
   std::vector<std::vector<Quantity>> released_free;
@@ -287,11 +283,11 @@ struct Scheduler::Impl {
   bool may_start_now(Class& cl);
   bool fits_released_leaf(Class& cl);
   // The first released leaf of `partition` from position `from` on whose free vector covers
-  // `demand`, or -1. The scan runs down the first kind's column, which rules most out.
+  // `demand`, or -1. The scan runs down the first kind's column, which rules most out (the
+  // constructor makes sure there is at least one kind).
   std::int32_t first_released_fit(std::size_t partition, std::int32_t from, const Quantity* demand) const {
     const std::vector<Quantity>& cols = released_free[partition];
     const std::int32_t n = static_cast<std::int32_t>(released_leaves[partition].size());
-    if (K == 0) return from < n ? from : -1;
     const Quantity* first = cols.data();
     for (std::int32_t i = from; i < n; ++i) {
       if (first[i] < demand[0]) continue;
@@ -686,7 +682,7 @@ std::int32_t Scheduler::Impl::add_node(NodeSpec spec) {
   node_released.push_back(0);
   node_contended.push_back(0);
   node_masked.push_back(0);
-  for (auto& leaves : released_leaves) leaves.clear();  // they point into bin_free
+  for (auto& leaves : released_leaves) leaves.clear();  // leaf positions change below
   bin_released_at.assign(bin_node.size(), 0);
   bin_released_pass.assign(bin_node.size(), 0);
   build_trees();
@@ -796,23 +792,27 @@ void Scheduler::Impl::flush_releases() {
   for (std::size_t p = 0; p < partitions.size(); ++p) {
     Partition& part = partitions[p];
     if (part.parked_count == 0) continue;
-    std::vector<Released>& leaves = released_leaves[p];
+    std::vector<std::int32_t>& leaves = released_leaves[p];
     leaves.clear();
-    // The per-kind maximum over the released bins rules most classes out in K comparisons.
-    most_released.assign(K, -1);
     for (std::int32_t n : released_nodes)
       for (std::int32_t leaf = part.node_lo[n]; leaf >= 0 && leaf < part.node_hi[n]; ++leaf) {
-        const Quantity* f = free_of(part.bins[leaf]);
         bin_released_at[part.bins[leaf]] = static_cast<std::int32_t>(leaves.size());
         bin_released_pass[part.bins[leaf]] = pass_epoch;
-        leaves.push_back(Released{leaf, f});
-        for (std::int32_t k = 0; k < K; ++k) most_released[k] = std::max(most_released[k], f[k]);
+        leaves.push_back(leaf);
       }
+    // Their free vectors as columns, and the per-kind maximum over them, which rules most
+    // classes out in K comparisons.
     const std::size_t n_leaves = leaves.size();
     std::vector<Quantity>& cols = released_free[p];
     cols.resize(n_leaves * static_cast<std::size_t>(K));
-    for (std::size_t i = 0; i < n_leaves; ++i)
-      for (std::int32_t k = 0; k < K; ++k) cols[static_cast<std::size_t>(k) * n_leaves + i] = leaves[i].free[k];
+    most_released.assign(K, -1);
+    for (std::size_t i = 0; i < n_leaves; ++i) {
+      const Quantity* f = free_of(part.bins[leaves[i]]);
+      for (std::int32_t k = 0; k < K; ++k) {
+        cols[static_cast<std::size_t>(k) * n_leaves + i] = f[k];
+        most_released[k] = std::max(most_released[k], f[k]);
+      }
+    }
     std::size_t kept = 0;
     for (std::int32_t c : part.parked) {
       Class& cl = classes[c];
@@ -852,11 +852,11 @@ bool Scheduler::Impl::may_start_now(Class& cl) {
 // try_head's placement for a class woken by this pass's releases, with no masks set.
 bool Scheduler::Impl::fits_released_leaf(Class& cl) {
   const Partition& part = partitions[cl.partition];
-  const std::vector<Released>& leaves = released_leaves[cl.partition];
+  const std::vector<std::int32_t>& leaves = released_leaves[cl.partition];
   const Quantity* demand = cl.demand.data();
   for (std::int32_t i = first_released_fit(cl.partition, cl.fit_from, demand); i >= 0;
        i = first_released_fit(cl.partition, i + 1, demand)) {
-    const std::int32_t bin = part.bins[leaves[i].leaf];
+    const std::int32_t bin = part.bins[leaves[i]];
     if (bin_bound[bin] || !node_online[bin_node[bin]]) continue;
     if (has_gpus && node_max_dev_free[bin_node[bin]] < cl.gpu_memory) continue;
     cl.fit_from = i;
@@ -1343,13 +1343,13 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
       auto skip = [&](std::int32_t leaf) { return any_mask && node_masked[bin_node[part.bins[leaf]]] == pass_epoch; };
       if (cl.fit_pass == pass_epoch && lo == 0 && hi == part.free_tree.leaves()) {
         // Woken by this pass's releases: only released leaves can hold it (see Class).
-        const std::vector<Released>& leaves = released_leaves[cl.partition];
+        const std::vector<std::int32_t>& leaves = released_leaves[cl.partition];
         const std::int32_t first = first_released_fit(cl.partition, cl.fit_from, cl.demand.data());
         // Leaves before `first` do not fit now, and room only shrinks in a pass: later
         // heads of this class start their scan there.
         cl.fit_from = first < 0 ? static_cast<std::int32_t>(leaves.size()) : first;
         for (std::int32_t i = first; i >= 0; i = first_released_fit(cl.partition, i + 1, cl.demand.data())) {
-          const std::int32_t leaf = leaves[i].leaf;
+          const std::int32_t leaf = leaves[i];
           if (bin_bound[part.bins[leaf]] || !node_online[bin_node[part.bins[leaf]]] || skip(leaf)) continue;
           if (has_gpus && node_max_dev_free[bin_node[part.bins[leaf]]] < scratch[K]) continue;
           cand.push_back(leaf);
