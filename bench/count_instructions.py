@@ -1,7 +1,11 @@
 """Instructions per decision of the core on the 1,024-node burst, counted by callgrind.
 
 Wall-clock figures on a shared 2-core VM move by 2x from run to run; instruction counts do
-not. Run:  python bench/count_instructions.py [NODES]   (needs valgrind; takes ~1 minute)
+not. Run:  python bench/count_instructions.py [NODES] [--cache]   (needs valgrind; takes
+~1 minute, a few with --cache)
+
+--cache adds callgrind's cache and branch simulation: L1 data misses and mispredicted
+branches per decision, what the instruction count leaves out of the time.
 
 It records the burst's event sequence once, replays it under callgrind with collection on
 only inside Scheduler::submit and Scheduler::complete (the C++ core, binding excluded), and
@@ -28,7 +32,9 @@ print(b.replay(b.make_scheduler("core", inv), events))
 
 
 def main() -> int:
-    nodes = sys.argv[1] if len(sys.argv) > 1 else "1024"
+    args = [a for a in sys.argv[1:] if a != "--cache"]
+    cache = "--cache" in sys.argv[1:]
+    nodes = args[0] if args else "1024"
     python = os.path.realpath(sys.executable)  # not a shim script: valgrind must see python
     with tempfile.TemporaryDirectory() as tmp:
         script, out = os.path.join(tmp, "replay.py"), os.path.join(tmp, "callgrind.out")
@@ -36,14 +42,21 @@ def main() -> int:
             f.write(REPLAY)
         run = subprocess.run(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--collect-atstart=no",
+             *(["--cache-sim=yes", "--branch-sim=yes"] if cache else []),
              "--toggle-collect=tangram::Scheduler::submit*", "--toggle-collect=tangram::Scheduler::complete*",
              python, script, nodes],
             capture_output=True, text=True, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"}, check=True)
         decisions = int(run.stdout.split()[-1])
-        total = int(re.search(r"^summary:\s+(\d+)", open(out).read(), re.M).group(1))
+        text = open(out).read()
+    events = re.search(r"^events:\s+(.+)$", text, re.M).group(1).split()
+    totals = dict(zip(events, map(int, re.search(r"^summary:\s+(.+)$", text, re.M).group(1).split())))
     # The recording run and the replay run are both counted: two bursts.
-    print(f"{nodes} nodes: {total / (2 * decisions):,.0f} instructions per decision "
+    per = lambda event: totals[event] / (2 * decisions)  # noqa: E731
+    print(f"{nodes} nodes: {per('Ir'):,.0f} instructions per decision "
           f"({decisions} decisions per burst, core only)")
+    if cache:
+        print(f"  per decision: {per('D1mr') + per('D1mw'):,.0f} L1 data misses, "
+              f"{per('Bcm') + per('Bim'):,.0f} mispredicted branches (simulated)")
     return 0
 
 
