@@ -1,6 +1,6 @@
-// A hash map from 64-bit ids to int32 values for the scheduler's per-action indexes (action
-// id -> slot, trajectory -> live actions). Every submit inserts and every completion
-// erases, so a node-based map spends more on its allocator than on hashing; this one is a
+// A hash map from 64-bit ids to int32 values for the scheduler's indexes (action id -> slot,
+// trajectory -> live actions, class key hash -> class). Every submit inserts and every
+// completion erases, so a node-based map spends more on its allocator than on hashing; this one is a
 // flat table: linear probing, at most half full, erase by backward shift (no tombstones).
 // Pointers from find/insert stay valid until the next insert or erase.
 #pragma once
@@ -27,6 +27,19 @@ class IdMap {
     }
   }
   bool contains(std::uint64_t key) const { return find(key) != nullptr; }
+  // Starts fetching the cache line where a probe for key begins (batches of random ids
+  // overlap their misses this way instead of taking them one after another).
+  void prefetch(std::uint64_t key) const {
+    if (table_.empty()) return;
+    const Entry* entry = &table_[home(key)];
+#if defined(__GNUC__) && defined(__x86_64__)
+    // GCC 12's dead-code elimination drops __builtin_prefetch here (its address comes
+    // through the inlined hash); an asm statement it must keep.
+    asm volatile("prefetcht0 %0" : : "m"(*entry));
+#else
+    __builtin_prefetch(entry);
+#endif
+  }
 
   // Inserts (key, value) unless key is present; returns the entry's value and whether it
   // was inserted.

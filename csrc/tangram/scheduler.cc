@@ -51,11 +51,14 @@ enum class Block : std::uint8_t {
   kServiceBatchFull,
 };
 
-// Policy order: (neg_priority, key, seq). Fields laid out so the struct packs into 24 bytes:
-// heaps and sorts move many of these.
+// Policy order: (neg_priority, key, seq). Fields laid out so the struct packs into 32 bytes
+// (two to a cache line): heaps and sorts move many of these. `slot` and `submit_ns` ride
+// along so that a class's next head can be judged (starving or not) without a trip to its
+// action record, a likely cache miss.
 struct OrderKey {
   std::int64_t key;
   std::uint64_t seq;
+  TimeNs submit_ns;   // when the action was submitted; not part of the order
   std::int32_t neg_priority;
   std::int32_t slot;  // the action's slot; not part of the order
   bool operator<(const OrderKey& o) const {
@@ -65,21 +68,27 @@ struct OrderKey {
   }
 };
 
-struct ActionRec {
+// What an event touches of a live action, in one cache line: completions look up ids at
+// random, and a start commits to the head's record, so each costs one line, not three.
+struct alignas(64) ActionRec {
   ActionId id = 0;
   TrajectoryId trajectory = 0;
-  std::int32_t cls = kNone;
-  ActionState state = ActionState::kUnknown;
-  std::int32_t elastic_kind = kNone;
   Quantity elastic_max = 0;
   Quantity grant = 0;  // elastic grant while running
-  ElasticityModel model;
-  TimeNs est_ns = 0;
-  TimeNs submit_ns = 0;
-  OrderKey order{};
+  TimeNs start_ns = 0;
+  std::int32_t cls = kNone;
+  std::int32_t elastic_kind = kNone;
   std::int32_t bin = kNone;
   std::int32_t device = kNone;  // global device index
-  TimeNs start_ns = 0;
+  ActionState state = ActionState::kUnknown;
+};
+static_assert(sizeof(ActionRec) == 64, "an action's hot record is one cache line");
+
+// The rest of a live action's record: read at submit, for spare units and for queries.
+struct ActionDetail {
+  ElasticityModel model;
+  TimeNs est_ns = 0;
+  OrderKey order{};  // with its submit time
 };
 
 struct Class {
@@ -169,12 +178,13 @@ struct Scheduler::Impl {
 
   // actions and classes
   std::vector<ActionRec> slots;
+  std::vector<ActionDetail> details;  // by slot, like `slots`
   std::vector<std::int32_t> free_slots;
   IdMap by_id;  // live action id -> slot
   std::vector<std::int32_t> queue_pos;  // per slot: position in its class's WaitQueue while waiting
   std::vector<Class> classes;
   // Classes by hash of their constraints; equal hashes chain through Class::next_same_hash.
-  std::unordered_map<std::uint64_t, std::int32_t> class_index;
+  IdMap class_index;
   // The head of every class that may start, as a min-heap in policy order. Deactivating
   // only clears Class::in_active: entries whose generation is not the class's current one
   // are stale and dropped when they surface (each pass drains the heap).
@@ -303,7 +313,7 @@ struct Scheduler::Impl {
   void activate(std::int32_t c);
   void deactivate(std::int32_t c);
   void set_head(std::int32_t c);
-  double seconds(const ActionRec& a, Quantity units) const;
+  double seconds(std::int32_t slot, Quantity units) const;
   Quantity minimum(const ActionRec& a) const;
 
   // ---- events
@@ -874,7 +884,7 @@ void Scheduler::Impl::park(std::int32_t c, std::int32_t node) {
   cl.park_node = node;
   cl.fit_pass = 0;
   cl.pending_pass = 0;
-  cl.park_deadline = slots[cl.waiting.head().slot].submit_ns + starvation_ns;
+  cl.park_deadline = cl.waiting.head().submit_ns + starvation_ns;
   park_deadlines.push_back(ParkDeadline{cl.park_deadline, c, ++cl.park_generation});
   std::push_heap(park_deadlines.begin(), park_deadlines.end(), std::greater<>());
   if (node == kNone) {
@@ -919,9 +929,11 @@ Quantity Scheduler::Impl::minimum(const ActionRec& a) const {
   return a.elastic_kind == kNone ? kMilli : classes[a.cls].demand[a.elastic_kind];
 }
 
-double Scheduler::Impl::seconds(const ActionRec& a, Quantity units) const {
-  if (a.elastic_kind == kNone) return model_seconds(a.model, kMilli, kMilli, tables);
-  return model_seconds(a.model, units, classes[a.cls].demand[a.elastic_kind], tables);
+double Scheduler::Impl::seconds(std::int32_t slot, Quantity units) const {
+  const ActionRec& a = slots[slot];
+  const ElasticityModel& model = details[slot].model;
+  if (a.elastic_kind == kNone) return model_seconds(model, kMilli, kMilli, tables);
+  return model_seconds(model, units, classes[a.cls].demand[a.elastic_kind], tables);
 }
 
 // ============================================================ submit
@@ -1000,8 +1012,8 @@ std::int32_t Scheduler::Impl::class_for(const ActionSpec& s) {
   mix(s.tokens);
   mix(static_cast<std::int64_t>(traj));
   mix(in_slot ? 1 : 0);
-  auto it = class_index.find(h);
-  std::int32_t chain = it == class_index.end() ? kNone : it->second;
+  const std::int32_t* found = class_index.find(h);
+  const std::int32_t chain = found == nullptr ? kNone : *found;
   for (std::int32_t c = chain; c != kNone; c = classes[c].next_same_hash) {
     const Class& o = classes[c];
     if (o.demand == s.demand && o.gpu_memory == s.gpu_memory && o.partition == partition &&
@@ -1022,7 +1034,7 @@ std::int32_t Scheduler::Impl::class_for(const ActionSpec& s) {
   c.in_trajectory_slot = in_slot;
   std::int32_t id = static_cast<std::int32_t>(classes.size());
   classes.push_back(std::move(c));
-  class_index[h] = id;
+  *class_index.insert(h, id).first = id;  // the chain's new head
   // Feasibility depends only on capacities and the class: decided once, here.
   classes[id].infeasible = infeasible_reason(classes[id]);
   return id;
@@ -1130,6 +1142,7 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
     // stream of single submits does not reallocate each time).
     const std::size_t need = slots.size() + (n - free_slots.size());
     if (need > slots.capacity()) slots.reserve(std::max(need, 2 * slots.capacity()));
+    if (need > details.capacity()) details.reserve(slots.capacity());
     if (need > queue_pos.capacity()) queue_pos.reserve(slots.capacity());
   }
   for (std::size_t i = 0; i < n; ++i) {
@@ -1154,9 +1167,11 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
     } else {
       slot = static_cast<std::int32_t>(slots.size());
       slots.emplace_back();
+      details.emplace_back();
       queue_pos.push_back(-1);
     }
     ActionRec& r = slots[slot];
+    ActionDetail& detail = details[slot];
     r = ActionRec{};
     r.id = s.id;
     r.trajectory = s.trajectory;
@@ -1164,24 +1179,24 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
     r.state = ActionState::kWaiting;
     r.elastic_kind = s.elastic_kind;
     r.elastic_max = s.elastic_max;
-    r.model = s.model;
-    r.submit_ns = now;
-    r.est_ns = to_ns(seconds(r, minimum(r)));
+    detail = ActionDetail{};
+    detail.model = s.model;
+    detail.est_ns = to_ns(seconds(slot, minimum(r)));
     std::int64_t key = 0;
     if (policy.kind == PolicyKind::kTangram)
-      key = r.est_ns + static_cast<std::int64_t>((static_cast<__int128>(now) * aging_permille) / 1000);
-    r.order = OrderKey{key, next_seq++, -s.priority, slot};
+      key = detail.est_ns + static_cast<std::int64_t>((static_cast<__int128>(now) * aging_permille) / 1000);
+    detail.order = OrderKey{key, next_seq++, now, -s.priority, slot};
     *by_id.find(s.id) = slot;
     ++*trajectory_live.insert(s.trajectory, 0).first;
     ++n_waiting;
     Class& cl = classes[c];
     if (cl.service != kNone) {
       services[cl.service].waiting += 1;
-      services[cl.service].queued_ns += r.est_ns;
+      services[cl.service].queued_ns += detail.est_ns;
     }
-    bool new_head = cl.waiting.empty() || r.order < cl.waiting.head();
+    bool new_head = cl.waiting.empty() || detail.order < cl.waiting.head();
     if (new_head) deactivate(c);
-    cl.waiting.push(r.order, queue_pos);
+    cl.waiting.push(detail.order, queue_pos);
     if (new_head && !cl.parked) activate(c);
   }
 }
@@ -1213,14 +1228,14 @@ void Scheduler::Impl::finish(std::int32_t slot) {
 void Scheduler::Impl::unqueue(std::int32_t slot) {
   ActionRec& r = slots[slot];
   Class& cl = classes[r.cls];
-  bool was_head = cl.waiting.head().seq == r.order.seq;
+  bool was_head = cl.waiting.head().slot == slot;
   if (was_head) deactivate(r.cls);
   cl.waiting.erase(slot, queue_pos);
   if (was_head && cl.parked) unpark(r.cls);  // its new head may starve sooner
   else if (was_head) activate(r.cls);
   if (cl.service != kNone) {
     services[cl.service].waiting -= 1;
-    services[cl.service].queued_ns -= r.est_ns;
+    services[cl.service].queued_ns -= details[slot].est_ns;
   }
   --n_waiting;
   if (--*trajectory_live.find(r.trajectory) == 0) trajectory_live.erase(r.trajectory);
@@ -1276,6 +1291,9 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
   Class& cl = classes[c];
   const std::int32_t slot = cl.waiting.head().slot;
   ActionRec& a = slots[slot];
+  // A start commits to the head's record, most likely a cache miss: fetch it while the
+  // placement search runs.
+  __builtin_prefetch(&a, 1);
   if (cl.quota != kNone && quota_blocked[cl.quota]) {
     cl.block = quotas[cl.quota].last_block == QuotaState::Blocked::kRate ? Block::kQuotaRate
                : quotas[cl.quota].last_block == QuotaState::Blocked::kTokens ? Block::kQuotaTokens
@@ -1369,7 +1387,7 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
     cl.block = held ? Block::kHeldBack : Block::kResources;
     // While a node is offline, an action that fits no online node's capacity holds nothing
     // back (it waits for the node, or for a new one, parked like any other).
-    if (!own_slot && now - a.submit_ns >= starvation_ns &&
+    if (!own_slot && now - cl.waiting.head().submit_ns >= starvation_ns &&
         (n_offline == 0 || (has_range && fits_online_capacity(cl, lo, hi, device)))) {
       // A starving action keeps everything behind it off the bins it could use. Under
       // kTrajectory those are the free slots only, so the pass goes on for bound ones.
@@ -1457,14 +1475,14 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
   if (cl.service != kNone) {
     services[cl.service].running += 1;
     services[cl.service].waiting -= 1;
-    services[cl.service].queued_ns -= a.est_ns;
+    services[cl.service].queued_ns -= details[slot].est_ns;
   }
   deactivate(c);
   cl.waiting.pop(queue_pos);
   // The class's next head would be tried later in this pass, where room only shrinks: if
   // it surely cannot start now, it parks now, as that try would park it.
   if (!cl.waiting.empty() && cl.service == kNone && cl.gpu_memory == 0 &&
-      now - slots[cl.waiting.head().slot].submit_ns < starvation_ns && !may_start_now(cl)) {
+      now - cl.waiting.head().submit_ns < starvation_ns && !may_start_now(cl)) {
     cl.block = Block::kResources;
     const std::int32_t next_scope = scope_node(cl);  // its trajectory's slot may be bound now
     if (next_scope == kNone) partition_contended[cl.partition] = pass_epoch;
@@ -1637,7 +1655,7 @@ void Scheduler::Impl::restore_queues(std::vector<Decision>& out) {
     std::int32_t& h = head[cl.service];
     if (h == kNone || cl.waiting.head() < classes[h].waiting.head()) h = c;
   }
-  auto starving = [&](std::int32_t s) { return now - slots[classes[head[s]].waiting.head().slot].submit_ns >= starvation_ns; };
+  auto starving = [&](std::int32_t s) { return now - classes[head[s]].waiting.head().submit_ns >= starvation_ns; };
   auto span = [&](std::int32_t s) {
     return services[s].restore_ns + services[s].queued_ns / inv.services[s].max_batch;
   };
@@ -1726,8 +1744,8 @@ void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
         ActionRec& a = slots[started[i]];
         Quantity step = std::min(kElasticStep, a.elastic_max - a.grant);
         if (step <= 0 || f[a.elastic_kind] < step) continue;
-        double now_s = seconds(a, a.grant);
-        double next_s = seconds(a, a.grant + step);
+        double now_s = seconds(started[i], a.grant);
+        double next_s = seconds(started[i], a.grant + step);
         double gain = now_s - next_s;
         if (!(now_s > 0) || !(gain >= policy.min_relative_gain * now_s) || !(gain > 0)) continue;
         if (best == SIZE_MAX || gain > best_gain) {
@@ -1812,6 +1830,10 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
     cursor = e.key;
     have_cursor = true;
     const std::int32_t c = e.cls;
+    // The heads tried after this one start by committing to their action's record, most
+    // likely a cache miss: fetch them while this one is tried.
+    if (!active.empty()) __builtin_prefetch(&slots[active.front().key.slot], 1);
+    if (next_wake < pending_wakes.size()) __builtin_prefetch(&slots[pending_wakes[next_wake].key.slot], 1);
     pass_cursor = &cursor;
     Try r = try_head(c, out);
     pass_cursor = nullptr;
@@ -1947,7 +1969,7 @@ void Scheduler::Impl::check() const {
       if (cl.quota != kNone) ++quota_running[cl.quota];
     } else if (a.state == ActionState::kWaiting) {
       ++waiting;
-      if (!cl.waiting.contains(a.order, queue_pos)) fail("waiting action missing from its class");
+      if (!cl.waiting.contains(details[slot].order, queue_pos)) fail("waiting action missing from its class");
     } else {
       fail("live action in a terminal state");
     }
@@ -2055,7 +2077,10 @@ void validate_ids(const IdMap& by_id, std::vector<std::uint64_t>& slot_mark, std
                   const ActionId* ids, std::size_t n, F&& state_ok) {
   ++mark;
   std::size_t repeat = SIZE_MAX;
+  constexpr std::size_t kAhead = 8;  // ids whose index lines are fetched ahead of their probe
+  for (std::size_t i = 0; i < std::min(n, kAhead); ++i) by_id.prefetch(ids[i]);
   for (std::size_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) by_id.prefetch(ids[i + kAhead]);
     const std::int32_t* slot = by_id.find(ids[i]);
     if (slot == nullptr)
       throw Error(ErrorCode::kUnknownAction, "ids[" + std::to_string(i) + "]",
@@ -2079,6 +2104,7 @@ void Scheduler::complete(const ActionId* ids, std::size_t count, TimeNs now, std
     if (m.slots[slot].state != ActionState::kRunning)
       throw Error(ErrorCode::kInvalidState, "ids[" + std::to_string(i) + "]",
                   "action " + std::to_string(m.slots[slot].id) + " has not started");
+    m.trajectory_live.prefetch(m.slots[slot].trajectory);  // finish() counts it down
   });
   m.messages.clear();
   m.now = now;
@@ -2252,7 +2278,7 @@ double Scheduler::runtime(ActionId id, Quantity units) const {
   if (slot == nullptr) throw Error(ErrorCode::kUnknownAction, "id", "action " + std::to_string(id) + " is not live");
   const ActionRec& a = impl_->slots[*slot];
   if (a.elastic_kind != kNone && units <= 0) throw Error(ErrorCode::kInvalidArgument, "units", "must be positive");
-  return impl_->seconds(a, units);
+  return impl_->seconds(*slot, units);
 }
 
 void Scheduler::check_invariants() const { impl_->check(); }

@@ -1,7 +1,8 @@
-// The waiting actions of one class in policy order: a binary min-heap in one vector. The
+// The waiting actions of one class in policy order: a 4-ary min-heap in one vector. The
 // head (what the class offers next) is O(1); inserting, taking the head and removing any
 // action are O(log n), with no allocation per action (an ordered tree allocated a node for
-// each, scattered over the heap). Every action's position is kept in `pos[key.slot]`, an
+// each, scattered over the heap). Four children per node halve the levels a sift walks
+// against a binary heap, and siblings share cache lines: most of a sift's cost is misses. Every action's position is kept in `pos[key.slot]`, an
 // array shared by all queues (slots are unique), so removal by slot needs no search.
 #pragma once
 
@@ -44,10 +45,12 @@ class WaitQueue {
     heap_[i] = key;
     pos[key.slot] = static_cast<std::int32_t>(i);
   }
+  static constexpr std::size_t kArity = 4;
+
   void sift_up(std::size_t i, Positions& pos) {
     const Key key = heap_[i];
     while (i > 0) {
-      const std::size_t parent = (i - 1) / 2;
+      const std::size_t parent = (i - 1) / kArity;
       if (!(key < heap_[parent])) break;
       place(i, heap_[parent], pos);
       i = parent;
@@ -58,9 +61,12 @@ class WaitQueue {
     const Key key = heap_[i];
     const std::size_t n = heap_.size();
     for (;;) {
-      std::size_t child = 2 * i + 1;
-      if (child >= n) break;
-      if (child + 1 < n && heap_[child + 1] < heap_[child]) ++child;
+      const std::size_t first = kArity * i + 1;
+      if (first >= n) break;
+      std::size_t child = first;
+      const std::size_t last = std::min(first + kArity, n);
+      for (std::size_t c = first + 1; c < last; ++c)
+        if (heap_[c] < heap_[child]) child = c;
       if (!(heap_[child] < key)) break;
       place(i, heap_[child], pos);
       i = child;
@@ -74,7 +80,7 @@ class WaitQueue {
     if (i == heap_.size()) return;
     heap_[i] = last;
     // The moved key may belong above or below its new place.
-    if (i > 0 && last < heap_[(i - 1) / 2]) sift_up(i, pos);
+    if (i > 0 && last < heap_[(i - 1) / kArity]) sift_up(i, pos);
     else sift_down(i, pos);
   }
 
