@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "tangram/types.h"
+
 namespace tangram {
 
 class IdMap {
@@ -30,15 +32,7 @@ class IdMap {
   // Starts fetching the cache line where a probe for key begins (batches of random ids
   // overlap their misses this way instead of taking them one after another).
   void prefetch(std::uint64_t key) const {
-    if (table_.empty()) return;
-    const Entry* entry = &table_[home(key)];
-#if defined(__GNUC__) && defined(__x86_64__)
-    // GCC 12's dead-code elimination drops __builtin_prefetch here (its address comes
-    // through the inlined hash); an asm statement it must keep.
-    asm volatile("prefetcht0 %0" : : "m"(*entry));
-#else
-    __builtin_prefetch(entry);
-#endif
+    if (!table_.empty()) tangram::prefetch(&table_[home(key)]);
   }
 
   // Inserts (key, value) unless key is present; returns the entry's value and whether it

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <functional>
 #include <tuple>
@@ -91,11 +92,16 @@ struct ActionDetail {
   OrderKey order{};  // with its submit time
 };
 
-struct Class {
-  // Laid out by use: what a flush and a pass look at for every parked or active class
-  // comes first, in the first two cache lines; the class key and the rest follow.
+struct alignas(64) Class {
+  // Laid out by use. The first cache line holds what a flush, a pass and a completion look
+  // at for every class they meet; the second its queue (head inline) and affinity; the
+  // class key's other fields and the rest follow.
   bool parked = false;
   bool in_active = false;
+  // kTrajectory, non-service actions: the class runs in its trajectory's own slot. Service
+  // actions run beside their service, in any slot no trajectory holds, and bind nothing.
+  bool in_trajectory_slot = false;
+  Block block = Block::kNotConsidered;
   std::int32_t park_node = kNone;  // while parked: the node it waits on, or kNone (partition)
   std::uint64_t seen_flush = 0;    // release epoch of the last flush that listed it
   std::uint64_t pending_pass = 0;  // a pending wake of this pass (partition-wide or node)
@@ -106,27 +112,26 @@ struct Class {
   std::uint64_t fit_pass = 0;
   std::int32_t fit_from = 0;
   std::int32_t partition = 0;
-  std::vector<Quantity> demand;  // K kinds
-  WaitQueue<OrderKey> waiting;  // its waiting actions, head first
-  std::uint64_t active_gen = 0;  // counts activations; older heap entries are stale
-  // admission constraints (the class key, with demand and partition)
-  Quantity gpu_memory = 0;
-  std::int32_t affinity_node = kNone;
-  std::int32_t service = kNone;
+  const Quantity* demand = nullptr;  // K kinds: a row of Impl::demand_rows, never moved
   std::int32_t quota = kNone;
+  std::int32_t service = kNone;
+  std::uint64_t active_gen = 0;  // counts activations; older heap entries are stale
+
+  WaitQueue<OrderKey> waiting;  // its waiting actions, head first
+  std::int32_t affinity_node = kNone;
   std::int32_t next_same_hash = kNone;
+
+  // the rest of the class key (with demand, partition, affinity, service and quota)
+  Quantity gpu_memory = 0;
   std::int64_t tokens = 0;
   TrajectoryId trajectory = 0;
-  // kTrajectory, non-service actions: the class runs in its trajectory's own slot. Service
-  // actions run beside their service, in any slot no trajectory holds, and bind nothing.
-  bool in_trajectory_slot = false;
   // state
   TimeNs park_deadline = 0;        // when its head starts starving
   std::uint64_t park_generation = 0;  // counts parkings, to spot stale deadline entries
-  Block block = Block::kNotConsidered;
   TimeNs block_until = 0;
   std::string infeasible;  // why no action of this class can ever run; empty if one can
 };
+static_assert(offsetof(Class, waiting) == 64, "a class's hot fields fill its first cache line");
 
 
 struct Partition {
@@ -183,6 +188,20 @@ struct Scheduler::Impl {
   IdMap by_id;  // live action id -> slot
   std::vector<std::int32_t> queue_pos;  // per slot: position in its class's WaitQueue while waiting
   std::vector<Class> classes;
+  // Class demand vectors, K per row, in chunks that never move (Class::demand points
+  // here): classes made one after another lie side by side, unlike one vector each.
+  static constexpr std::size_t kDemandRowsPerChunk = 256;
+  std::vector<std::unique_ptr<Quantity[]>> demand_rows;
+  std::size_t demand_rows_used = kDemandRowsPerChunk;  // in the last chunk
+  const Quantity* store_demand(const std::vector<Quantity>& demand) {
+    if (demand_rows_used == kDemandRowsPerChunk) {
+      demand_rows.emplace_back(new Quantity[kDemandRowsPerChunk * static_cast<std::size_t>(K)]);
+      demand_rows_used = 0;
+    }
+    Quantity* row = demand_rows.back().get() + demand_rows_used++ * static_cast<std::size_t>(K);
+    std::copy(demand.begin(), demand.end(), row);
+    return row;
+  }
   // Classes by hash of their constraints; equal hashes chain through Class::next_same_hash.
   IdMap class_index;
   // The head of every class that may start, as a min-heap in policy order. Deactivating
@@ -831,7 +850,7 @@ void Scheduler::Impl::flush_releases() {
       part.parked[kept++] = c;
       bool may_fit = true;
       for (std::int32_t k = 0; k < K && may_fit; ++k) may_fit = cl.demand[k] <= most_released[k];
-      const std::int32_t at = may_fit ? first_released_fit(p, 0, cl.demand.data()) : -1;
+      const std::int32_t at = may_fit ? first_released_fit(p, 0, cl.demand) : -1;
       if (at < 0) continue;
       cl.fit_pass = pass_epoch;  // flush runs at the start of the pass
       cl.fit_from = at;
@@ -863,7 +882,7 @@ bool Scheduler::Impl::may_start_now(Class& cl) {
 bool Scheduler::Impl::fits_released_leaf(Class& cl) {
   const Partition& part = partitions[cl.partition];
   const std::vector<std::int32_t>& leaves = released_leaves[cl.partition];
-  const Quantity* demand = cl.demand.data();
+  const Quantity* demand = cl.demand;
   for (std::int32_t i = first_released_fit(cl.partition, cl.fit_from, demand); i >= 0;
        i = first_released_fit(cl.partition, i + 1, demand)) {
     const std::int32_t bin = part.bins[leaves[i]];
@@ -1016,14 +1035,14 @@ std::int32_t Scheduler::Impl::class_for(const ActionSpec& s) {
   const std::int32_t chain = found == nullptr ? kNone : *found;
   for (std::int32_t c = chain; c != kNone; c = classes[c].next_same_hash) {
     const Class& o = classes[c];
-    if (o.demand == s.demand && o.gpu_memory == s.gpu_memory && o.partition == partition &&
+    if (std::equal(s.demand.begin(), s.demand.end(), o.demand) && o.gpu_memory == s.gpu_memory && o.partition == partition &&
         o.affinity_node == s.affinity_node && o.service == s.service && o.quota == s.quota &&
         o.tokens == s.tokens && o.trajectory == traj && o.in_trajectory_slot == in_slot)
       return c;
   }
   Class c;
   c.next_same_hash = chain;
-  c.demand = s.demand;
+  c.demand = store_demand(s.demand);
   c.gpu_memory = s.gpu_memory;
   c.partition = partition;
   c.affinity_node = s.affinity_node;
@@ -1054,7 +1073,7 @@ std::string Scheduler::Impl::infeasible_reason(const Class& c) const {
       if (fits) return "";
     }
   }
-  std::vector<Quantity> need(c.demand.begin(), c.demand.end());
+  std::vector<Quantity> need(c.demand, c.demand + K);
   if (has_gpus) need.push_back(c.service == kNone ? c.gpu_memory : 0);
   auto describe_shortfall = [&](std::int32_t lo, std::int32_t hi, const char* where) {
     std::ostringstream os;
@@ -1208,7 +1227,9 @@ void Scheduler::Impl::finish(std::int32_t slot) {
   for (std::int32_t k = 0; k < K; ++k) f[k] += cl.demand[k];
   if (r.elastic_kind != kNone) f[r.elastic_kind] += r.grant - cl.demand[r.elastic_kind];
   std::int32_t node = bin_node[r.bin];
-  if (r.device != kNone && cl.gpu_memory > 0) {
+  // (An action with no device holds no GPU memory: its class's third line stays unread.)
+  const bool frees_gpu_memory = r.device != kNone && cl.gpu_memory > 0;
+  if (frees_gpu_memory) {
     dev_free[r.device] += cl.gpu_memory;
     refresh_node_devices(node);
   }
@@ -1222,7 +1243,7 @@ void Scheduler::Impl::finish(std::int32_t slot) {
   r.state = ActionState::kUnknown;
   free_slots.push_back(slot);
   // Freed GPU memory is shared by every partition on the node.
-  release_on_node(node, cl.gpu_memory > 0 ? kNone : bin_partition[r.bin]);
+  release_on_node(node, frees_gpu_memory ? kNone : bin_partition[r.bin]);
 }
 
 void Scheduler::Impl::unqueue(std::int32_t slot) {
@@ -1291,9 +1312,10 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
   Class& cl = classes[c];
   const std::int32_t slot = cl.waiting.head().slot;
   ActionRec& a = slots[slot];
-  // A start commits to the head's record, most likely a cache miss: fetch it while the
-  // placement search runs.
-  __builtin_prefetch(&a, 1);
+  // A start commits to the head's record and takes the head off the queue, most likely
+  // cache misses: fetch them while the placement search runs.
+  prefetch(&a);
+  cl.waiting.prefetch_pop();
   if (cl.quota != kNone && quota_blocked[cl.quota]) {
     cl.block = quotas[cl.quota].last_block == QuotaState::Blocked::kRate ? Block::kQuotaRate
                : quotas[cl.quota].last_block == QuotaState::Blocked::kTokens ? Block::kQuotaTokens
@@ -1356,17 +1378,17 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
       if (fits) fits = node_online[bin_node[b]] != 0;
       if (fits) cand.push_back(fixed_leaf);
     } else {
-      std::copy(cl.demand.begin(), cl.demand.end(), scratch.begin());
+      std::copy(cl.demand, cl.demand + K, scratch.begin());
       if (has_gpus) scratch[K] = device == kNone ? cl.gpu_memory : 0;
       auto skip = [&](std::int32_t leaf) { return any_mask && node_masked[bin_node[part.bins[leaf]]] == pass_epoch; };
       if (cl.fit_pass == pass_epoch && lo == 0 && hi == part.free_tree.leaves()) {
         // Woken by this pass's releases: only released leaves can hold it (see Class).
         const std::vector<std::int32_t>& leaves = released_leaves[cl.partition];
-        const std::int32_t first = first_released_fit(cl.partition, cl.fit_from, cl.demand.data());
+        const std::int32_t first = first_released_fit(cl.partition, cl.fit_from, cl.demand);
         // Leaves before `first` do not fit now, and room only shrinks in a pass: later
         // heads of this class start their scan there.
         cl.fit_from = first < 0 ? static_cast<std::int32_t>(leaves.size()) : first;
-        for (std::int32_t i = first; i >= 0; i = first_released_fit(cl.partition, i + 1, cl.demand.data())) {
+        for (std::int32_t i = first; i >= 0; i = first_released_fit(cl.partition, i + 1, cl.demand)) {
           const std::int32_t leaf = leaves[i];
           if (bin_bound[part.bins[leaf]] || !node_online[bin_node[part.bins[leaf]]] || skip(leaf)) continue;
           if (has_gpus && node_max_dev_free[bin_node[part.bins[leaf]]] < scratch[K]) continue;
@@ -1573,7 +1595,7 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
   std::int32_t dhi = svc.home_device != kNone ? svc.home_device + 1 : static_cast<std::int32_t>(dev_node.size());
   std::vector<std::int32_t> found;
   auto no_skip = [](std::int32_t) { return false; };
-  std::vector<Quantity> demand(head.demand.begin(), head.demand.end());
+  std::vector<Quantity> demand(head.demand, head.demand + K);
   if (has_gpus) demand.push_back(0);
   auto usable = [&](std::int32_t d) {
     if (dev_total[d] < need + head.gpu_memory) return false;
@@ -1832,8 +1854,8 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
     const std::int32_t c = e.cls;
     // The heads tried after this one start by committing to their action's record, most
     // likely a cache miss: fetch them while this one is tried.
-    if (!active.empty()) __builtin_prefetch(&slots[active.front().key.slot], 1);
-    if (next_wake < pending_wakes.size()) __builtin_prefetch(&slots[pending_wakes[next_wake].key.slot], 1);
+    if (!active.empty()) prefetch(&slots[active.front().key.slot]);
+    if (next_wake < pending_wakes.size()) prefetch(&slots[pending_wakes[next_wake].key.slot]);
     pass_cursor = &cursor;
     Try r = try_head(c, out);
     pass_cursor = nullptr;

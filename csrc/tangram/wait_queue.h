@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "tangram/types.h"
+
 namespace tangram {
 
 template <class Key>  // ordered by operator<, with an int32 `slot` unique per live action
@@ -20,13 +22,22 @@ class WaitQueue {
 
   bool empty() const { return heap_.empty(); }
   std::size_t size() const { return heap_.size(); }
-  const Key& head() const { return heap_.front(); }
+  // A copy kept beside the queue: whoever holds the queue reads its head without a trip
+  // to the heap's storage. Valid while the queue is not empty.
+  const Key& head() const { return head_; }
 
   void push(const Key& key, Positions& pos) {
     heap_.push_back(key);
     sift_up(heap_.size() - 1, pos);
+    head_ = heap_.front();
   }
   void pop(Positions& pos) { erase_at(0, pos); }
+  // Starts fetching what pop() reads first: the root's children and the last key.
+  void prefetch_pop() const {
+    const std::size_t n = std::min(heap_.size(), kArity + 1);
+    for (std::size_t i = 0; i < n; i += 2) tangram::prefetch(heap_.data() + i);  // 2 keys a line
+    if (!heap_.empty()) tangram::prefetch(&heap_.back());
+  }
   void erase(std::int32_t slot, Positions& pos) { erase_at(static_cast<std::size_t>(pos[slot]), pos); }
   bool contains(const Key& key, const Positions& pos) const {
     const std::int32_t at = key.slot < static_cast<std::int32_t>(pos.size()) ? pos[key.slot] : -1;
@@ -74,16 +85,19 @@ class WaitQueue {
     place(i, key, pos);
   }
   void erase_at(std::size_t i, Positions& pos) {
-    pos[heap_[i].slot] = -1;
+    pos[(i == 0 ? head_ : heap_[i]).slot] = -1;
     const Key last = heap_.back();
     heap_.pop_back();
-    if (i == heap_.size()) return;
-    heap_[i] = last;
-    // The moved key may belong above or below its new place.
-    if (i > 0 && last < heap_[(i - 1) / kArity]) sift_up(i, pos);
-    else sift_down(i, pos);
+    if (i < heap_.size()) {
+      heap_[i] = last;
+      // The moved key may belong above or below its new place.
+      if (i > 0 && last < heap_[(i - 1) / kArity]) sift_up(i, pos);
+      else sift_down(i, pos);
+    }
+    if (!heap_.empty()) head_ = heap_.front();
   }
 
+  Key head_{};
   std::vector<Key> heap_;
 };
 
