@@ -71,7 +71,9 @@ class IdMap {
 
   // Makes room for n entries in all, so that the inserts up to there do not rehash.
   void reserve(std::size_t n) {
-    while (2 * n > table_.size()) grow();
+    std::size_t size = table_.empty() ? 16 : table_.size();
+    while (2 * n > size) size *= 2;
+    if (size > table_.size()) rehash(size);
   }
 
   template <class F>
@@ -95,8 +97,9 @@ class IdMap {
     return static_cast<std::size_t>(key) & mask_;
   }
 
-  void grow() {
-    std::vector<Entry> old(table_.empty() ? 16 : 2 * table_.size());
+  void grow() { rehash(table_.empty() ? 16 : 2 * table_.size()); }
+  void rehash(std::size_t size) {  // size: a power of two
+    std::vector<Entry> old(size);
     old.swap(table_);
     mask_ = table_.size() - 1;
     size_ = 0;

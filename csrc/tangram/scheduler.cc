@@ -56,17 +56,20 @@ enum class Block : std::uint8_t {
 // (two to a cache line): heaps and sorts move many of these. `slot` and `submit_ns` ride
 // along so that a class's next head can be judged (starving or not) without a trip to its
 // action record, a likely cache miss.
+template <class A, class B>
+bool policy_before(const A& x, const B& y) {
+  if (x.neg_priority != y.neg_priority) return x.neg_priority < y.neg_priority;
+  if (x.key != y.key) return x.key < y.key;
+  return x.seq < y.seq;
+}
+
 struct OrderKey {
   std::int64_t key;
   std::uint64_t seq;
   TimeNs submit_ns;   // when the action was submitted; not part of the order
   std::int32_t neg_priority;
   std::int32_t slot;  // the action's slot; not part of the order
-  bool operator<(const OrderKey& o) const {
-    if (neg_priority != o.neg_priority) return neg_priority < o.neg_priority;
-    if (key != o.key) return key < o.key;
-    return seq < o.seq;
-  }
+  bool operator<(const OrderKey& o) const { return policy_before(*this, o); }
 };
 
 // What an event touches of a live action, in one cache line: completions look up ids at
@@ -94,8 +97,8 @@ struct ActionDetail {
 
 struct alignas(64) Class {
   // Laid out by use. The first cache line holds what a flush, a pass and a completion look
-  // at for every class they meet; the second its queue (head inline) and affinity; the
-  // class key's other fields and the rest follow.
+  // at for every class they meet; the second its queue (head inline), affinity and GPU
+  // memory (what a try reads besides); the class key's other fields and the rest follow.
   bool parked = false;
   bool in_active = false;
   // kTrajectory, non-service actions: the class runs in its trajectory's own slot. Service
@@ -120,9 +123,9 @@ struct alignas(64) Class {
   WaitQueue<OrderKey> waiting;  // its waiting actions, head first
   std::int32_t affinity_node = kNone;
   std::int32_t next_same_hash = kNone;
-
-  // the rest of the class key (with demand, partition, affinity, service and quota)
   Quantity gpu_memory = 0;
+
+  // the rest of the class key (with demand, partition, affinity, service, quota, gpu memory)
   std::int64_t tokens = 0;
   TrajectoryId trajectory = 0;
   // state
@@ -131,7 +134,8 @@ struct alignas(64) Class {
   TimeNs block_until = 0;
   std::string infeasible;  // why no action of this class can ever run; empty if one can
 };
-static_assert(offsetof(Class, waiting) == 64, "a class's hot fields fill its first cache line");
+static_assert(offsetof(Class, waiting) == 64 && offsetof(Class, tokens) == 128,
+              "a class's hot fields fill its first two cache lines");
 
 
 struct Partition {
@@ -271,9 +275,14 @@ struct Scheduler::Impl {
   // order of their heads. They stay parked until their turn in the pass: most lose
   // the room to an earlier head, and a look at the released leaves then is far cheaper
   // than a trip through the active heap and back into the park (see pass()).
-  struct PendingWake {
-    OrderKey key;
+  struct PendingWake {  // the head's order fields only: 24 bytes to sort, not 40
+    PendingWake(const OrderKey& head, std::int32_t c)
+        : key(head.key), seq(head.seq), neg_priority(head.neg_priority), cls(c) {}
+    std::int64_t key;
+    std::uint64_t seq;
+    std::int32_t neg_priority;
     std::int32_t cls;
+    bool operator<(const PendingWake& o) const { return policy_before(*this, o); }
   };
   std::vector<PendingWake> pending_wakes;
   std::uint64_t release_epoch = 1;
@@ -814,7 +823,7 @@ void Scheduler::Impl::flush_releases() {
       list[kept++] = c;
       if (!fits_some_bin(cl, n)) continue;
       cl.pending_pass = pass_epoch;
-      pending_wakes.push_back(PendingWake{cl.waiting.head(), c});
+      pending_wakes.emplace_back(cl.waiting.head(), c);
     }
     list.resize(kept);
   }
@@ -855,12 +864,11 @@ void Scheduler::Impl::flush_releases() {
       cl.fit_pass = pass_epoch;  // flush runs at the start of the pass
       cl.fit_from = at;
       cl.pending_pass = pass_epoch;
-      pending_wakes.push_back(PendingWake{cl.waiting.head(), c});
+      pending_wakes.emplace_back(cl.waiting.head(), c);
     }
     part.parked.resize(kept);
   }
-  std::sort(pending_wakes.begin(), pending_wakes.end(),
-            [](const PendingWake& x, const PendingWake& y) { return x.key < y.key; });
+  std::sort(pending_wakes.begin(), pending_wakes.end());
   released_nodes.clear();
   ++release_epoch;
 }
@@ -1227,7 +1235,6 @@ void Scheduler::Impl::finish(std::int32_t slot) {
   for (std::int32_t k = 0; k < K; ++k) f[k] += cl.demand[k];
   if (r.elastic_kind != kNone) f[r.elastic_kind] += r.grant - cl.demand[r.elastic_kind];
   std::int32_t node = bin_node[r.bin];
-  // (An action with no device holds no GPU memory: its class's third line stays unread.)
   const bool frees_gpu_memory = r.device != kNone && cl.gpu_memory > 0;
   if (frees_gpu_memory) {
     dev_free[r.device] += cl.gpu_memory;
@@ -1826,7 +1833,7 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
         ++next_wake;
         continue;
       }
-      if (active.empty() || w.key < active.front().key) {
+      if (active.empty() || policy_before(w, active.front().key)) {
         ++next_wake;
         if (may_start_now(wc)) {
           unpark(w.cls);  // its heap entry is the smallest: tried next
@@ -1855,7 +1862,10 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
     // The heads tried after this one start by committing to their action's record, most
     // likely a cache miss: fetch them while this one is tried.
     if (!active.empty()) prefetch(&slots[active.front().key.slot]);
-    if (next_wake < pending_wakes.size()) prefetch(&slots[pending_wakes[next_wake].key.slot]);
+    if (next_wake < pending_wakes.size()) {
+      const WaitQueue<OrderKey>& next = classes[pending_wakes[next_wake].cls].waiting;
+      if (!next.empty()) prefetch(&slots[next.head().slot]);
+    }
     pass_cursor = &cursor;
     Try r = try_head(c, out);
     pass_cursor = nullptr;
