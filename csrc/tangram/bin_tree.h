@@ -27,6 +27,16 @@ class BinTree {
             Skip&& skip, std::vector<std::int32_t>& out) const {
     if (lo >= hi || limit <= 0) return;
     const std::size_t stop = out.size() + static_cast<std::size_t>(limit);
+    if (hi - lo <= kScanLeaves) {
+      // A short range (one node's bins): its leaves directly, in the same order and with the
+      // same answer as the descent from the root, without the descent.
+      for (std::int32_t leaf = lo; leaf < hi; ++leaf)
+        if (covers(size_ + leaf, demand) && !skip(leaf)) {
+          out.push_back(leaf);
+          if (out.size() >= stop) return;
+        }
+      return;
+    }
     // Depth-first, left child first, with an explicit stack (at most one pending right
     // sibling per level).
     struct Span {
@@ -53,6 +63,7 @@ class BinTree {
 
  private:
   static constexpr std::int32_t kMaxDepth = 32;  // leaves < 2^31
+  static constexpr std::int32_t kScanLeaves = 8;  // ranges this short are scanned, not searched
   bool covers(std::int32_t node, const Quantity* demand) const {
     const Quantity* v = &max_[static_cast<std::size_t>(node) * dims_];
     for (std::int32_t d = 0; d < dims_; ++d)

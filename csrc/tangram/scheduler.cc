@@ -269,6 +269,10 @@ struct Scheduler::Impl {
   // Per partition: the released leaves' free vectors by kind (K columns of the leaves'
   // count), kept exact through the pass's starts; bins map to their position.
   std::vector<std::vector<Quantity>> released_free;
+  // Per partition: the largest free amount of the first kind over its released leaves, now.
+  // A class asking more fits none of them: most looks at a pass's pending wakes end here
+  // once the pass's starts have used the room up.
+  std::vector<Quantity> released_first_max;
   std::vector<std::int32_t> bin_released_at;
   std::vector<std::uint64_t> bin_released_pass;  // == pass_epoch when released this pass
   // Parked classes that fit a bin released since the last pass (flush_releases), in policy
@@ -324,6 +328,7 @@ struct Scheduler::Impl {
   // `demand`, or -1. The scan runs down the first kind's column, which rules most out (the
   // constructor makes sure there is at least one kind).
   std::int32_t first_released_fit(std::size_t partition, std::int32_t from, const Quantity* demand) const {
+    if (demand[0] > released_first_max[partition]) return -1;
     const std::vector<Quantity>& cols = released_free[partition];
     const std::int32_t n = static_cast<std::int32_t>(released_leaves[partition].size());
     const Quantity* first = cols.data();
@@ -553,6 +558,7 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg) : inv(std::move(inv
   node_released.assign(N, 0);
   released_leaves.resize(partitions.size());
   released_free.resize(partitions.size());
+  released_first_max.assign(partitions.size(), -1);
   bin_released_at.assign(bin_node.size(), 0);
   bin_released_pass.assign(bin_node.size(), 0);
   node_contended.assign(N, 0);
@@ -851,6 +857,7 @@ void Scheduler::Impl::flush_releases() {
         most_released[k] = std::max(most_released[k], f[k]);
       }
     }
+    released_first_max[p] = most_released[0];
     std::size_t kept = 0;
     for (std::int32_t c : part.parked) {
       Class& cl = classes[c];
@@ -1485,9 +1492,13 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
     f[a.elastic_kind] -= extra;
   }
   if (bin_released_pass[bin] == pass_epoch) {  // keep the released columns exact
-    std::vector<Quantity>& cols = released_free[bin_partition[bin]];
-    const std::size_t n_leaves = released_leaves[bin_partition[bin]].size();
+    const std::int32_t p = bin_partition[bin];
+    std::vector<Quantity>& cols = released_free[p];
+    const std::size_t n_leaves = released_leaves[p].size();
+    const Quantity was = cols[bin_released_at[bin]];
     for (std::int32_t k = 0; k < K; ++k) cols[static_cast<std::size_t>(k) * n_leaves + bin_released_at[bin]] = f[k];
+    if (was == released_first_max[p] && f[0] < was)  // it held the maximum: find the new one
+      released_first_max[p] = *std::max_element(cols.begin(), cols.begin() + static_cast<std::ptrdiff_t>(n_leaves));
   }
   if (cl.gpu_memory > 0) {
     dev_free[device] -= cl.gpu_memory;
