@@ -1179,6 +1179,11 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
     if (need > details.capacity()) details.reserve(slots.capacity());
     if (need > queue_pos.capacity()) queue_pos.reserve(slots.capacity());
   }
+  // The tangram policy's aging term is the same for the whole batch.
+  const std::int64_t aging_offset =
+      policy.kind == PolicyKind::kTangram
+          ? static_cast<std::int64_t>((static_cast<__int128>(now) * aging_permille) / 1000)
+          : 0;
   for (std::size_t i = 0; i < n; ++i) {
     const ActionSpec& s = a[i];
     std::int32_t c = class_for(s);
@@ -1216,9 +1221,7 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
     detail = ActionDetail{};
     detail.model = s.model;
     detail.est_ns = to_ns(seconds(slot, minimum(r)));
-    std::int64_t key = 0;
-    if (policy.kind == PolicyKind::kTangram)
-      key = detail.est_ns + static_cast<std::int64_t>((static_cast<__int128>(now) * aging_permille) / 1000);
+    const std::int64_t key = policy.kind == PolicyKind::kTangram ? detail.est_ns + aging_offset : 0;
     detail.order = OrderKey{key, next_seq++, now, -s.priority, slot};
     *by_id.find(s.id) = slot;
     ++*trajectory_live.insert(s.trajectory, 0).first;
