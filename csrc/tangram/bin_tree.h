@@ -1,6 +1,12 @@
 // A segment tree over bins that answers "the first bins, in index order, whose free
 // vector covers a demand" in about O(log n) per hit, pruning any subtree whose per-kind
 // maximum falls short. A leaf value of -1 marks a bin as never matching.
+//
+// Leaves are written at once; the maxima above them are brought up to date only when a
+// search needs them (settle), for all leaves written since in one sweep. Most starts and
+// completions touch a few bins and no search follows before many more do: each ancestor
+// is then recomputed once per sweep rather than once per write. A search is const but
+// sweeps: a tree shared between threads must be settled before they search it.
 #pragma once
 
 #include <cstdint>
@@ -18,8 +24,12 @@ class BinTree {
   std::int32_t leaves() const { return leaves_; }
   std::int32_t dims() const { return dims_; }
   const Quantity* leaf(std::int32_t i) const { return &max_[static_cast<std::size_t>(size_ + i) * dims_]; }
-  // Sets leaf i to `values` (dims() entries) and refreshes its ancestors.
+  // Sets leaf i to `values` (dims() entries); its ancestors follow at the next settle().
   void set(std::int32_t i, const Quantity* values);
+  // Brings every maximum above the leaves written since the last sweep up to date.
+  void settle() const {
+    if (!dirty_.empty()) sweep();
+  }
   // Appends to `out` up to `limit` leaves in [lo, hi) that cover `demand`, in index order,
   // skipping leaves for which skip(leaf) is true.
   template <class Skip>
@@ -37,6 +47,7 @@ class BinTree {
         }
       return;
     }
+    settle();
     // Depth-first, left child first, with an explicit stack (at most one pending right
     // sibling per level).
     struct Span {
@@ -71,10 +82,16 @@ class BinTree {
     return true;
   }
 
+  void sweep() const;
+
   std::int32_t leaves_ = 0;
   std::int32_t dims_ = 0;
   std::int32_t size_ = 1;
-  std::vector<Quantity> max_;  // (2 * size_) x dims_, node 1 is the root
+  // (2 * size_) x dims_, node 1 is the root. The maxima above the leaves are a cache the
+  // const searches bring up to date, hence mutable.
+  mutable std::vector<Quantity> max_;
+  mutable std::vector<std::int32_t> dirty_;  // nodes written since the last sweep
+  mutable std::vector<std::uint8_t> is_dirty_;  // per node: listed in dirty_
 };
 
 }  // namespace tangram

@@ -129,6 +129,11 @@ struct alignas(64) Class {
   std::int64_t tokens = 0;
   TrajectoryId trajectory = 0;
   // state
+  // A search hint for its placements across all bins (try_head): while `tree_epoch` is the
+  // scheduler's search_epoch, no leaf before `tree_from` holds its demand (free room only
+  // shrinks until the epoch moves on: at each pass, and when an eviction frees GPU memory).
+  std::uint64_t tree_epoch = 0;
+  std::int32_t tree_from = 0;
   TimeNs park_deadline = 0;        // when its head starts starving
   std::uint64_t park_generation = 0;  // counts parkings, to spot stale deadline entries
   TimeNs block_until = 0;
@@ -250,6 +255,7 @@ struct Scheduler::Impl {
 
   // per-pass scratch
   std::uint64_t pass_epoch = 0;
+  std::uint64_t search_epoch = 0;  // moves on at each pass and whenever room grows in one
   const OrderKey* pass_cursor = nullptr;  // the head being looked at, while a pass runs
   std::vector<std::uint64_t> node_contended, partition_contended;  // == pass_epoch when set
   std::vector<std::uint64_t> node_masked, partition_masked;
@@ -583,6 +589,7 @@ void Scheduler::Impl::refresh_node_devices(std::int32_t node) {
   Quantity best = 0;
   for (std::int32_t d = node_first_dev[node]; d < node_first_dev[node + 1]; ++d) best = std::max(best, dev_free[d]);
   if (best == node_max_dev_free[node]) return;
+  if (best > node_max_dev_free[node]) ++search_epoch;  // room grew: search hints are void
   node_max_dev_free[node] = best;
   if (!node_online[node]) return;  // its leaves stay hidden
   for (auto& part : partitions) {
@@ -623,6 +630,7 @@ void Scheduler::Impl::build_trees() {
       if (has_gpus) v[K] = node_max_dev_free[n];
       part.free_tree.set(leaf, v.data());
     }
+    part.cap_tree.settle();  // capacities change only here: const searches never write
   }
 }
 
@@ -1412,6 +1420,13 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
           cand.push_back(leaf);
           if (static_cast<std::int32_t>(cand.size()) == policy.candidates) break;
         }
+      } else if (lo == 0 && hi == part.free_tree.leaves()) {
+        // Its heads are tried again and again in one pass: each search starts where the
+        // last one found its first fit, past the leaves filled up since the pass began.
+        const std::int32_t from = cl.tree_epoch == search_epoch ? cl.tree_from : 0;
+        part.free_tree.find(from, hi, scratch.data(), policy.candidates, skip, cand);
+        cl.tree_epoch = search_epoch;
+        cl.tree_from = cand.empty() ? hi : cand[0];
       } else {
         part.free_tree.find(lo, hi, scratch.data(), policy.candidates, skip, cand);
       }
@@ -1809,6 +1824,7 @@ void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
 
 void Scheduler::Impl::pass(std::vector<Decision>& out) {
   ++pass_epoch;
+  ++search_epoch;
   any_mask = false;
   wakeup = kNever;
   std::fill(quota_blocked.begin(), quota_blocked.end(), 0);
