@@ -62,10 +62,25 @@ class PyScheduler {
       throw Error(ErrorCode::kInvalidArgument, "actions",
                   "expected a contiguous 1-d array of the scheduler's action dtype (itemsize " + std::to_string(item) + ")");
     const std::size_t n = static_cast<std::size_t>(records.size());
-    specs_.resize(n);
+    // Decoded into scratch that every scheduler on this thread shares and that never
+    // shrinks: each spec keeps its demand vector, so a burst on a new scheduler (a
+    // simulator run, say) does not allocate one per action again. Nothing re-enters
+    // submit while it runs (elasticity callbacks are native functions).
+    // (It keeps at most kKeptSpecs after a larger batch: about 11 MB.)
+    constexpr std::size_t kKeptSpecs = std::size_t{1} << 16;
+    thread_local std::vector<ActionSpec> specs;
+    if (specs.size() < n) specs.resize(n);
+    struct Trim {
+      ~Trim() {
+        if (specs.size() > kKeptSpecs) {
+          specs.resize(kKeptSpecs);
+          specs.shrink_to_fit();
+        }
+      }
+    } trim;
     const char* base = static_cast<const char*>(records.data());
-    for (std::size_t i = 0; i < n; ++i) decode(base + i * item, i, specs_[i]);
-    sched_.submit(specs_.data(), n, t, out_);
+    for (std::size_t i = 0; i < n; ++i) decode(base + i * item, i, specs[i]);
+    sched_.submit(specs.data(), n, t, out_);
     return decisions();
   }
 
@@ -193,7 +208,6 @@ class PyScheduler {
   Scheduler sched_;
   py::dtype decision_dtype_;
   std::int32_t kinds_;
-  std::vector<ActionSpec> specs_;
   std::vector<Decision> out_;
 };
 
