@@ -84,6 +84,7 @@ struct alignas(64) ActionRec {
   std::int32_t elastic_kind = kNone;
   std::int32_t bin = kNone;
   std::int32_t device = kNone;  // global device index
+  std::uint32_t mark = 0;  // validate_ids: the batch mark when its id was last seen
   ActionState state = ActionState::kUnknown;
 };
 static_assert(sizeof(ActionRec) == 64, "an action's hot record is one cache line");
@@ -175,7 +176,9 @@ struct Scheduler::Impl {
   TimeNs starvation_ns = 0;
 
   // bins
-  std::vector<Quantity> bin_cap, bin_free;  // B x K
+  // Per bin: its free vector then its capacity (2K entries), side by side because the
+  // best-fit score of a candidate reads both.
+  std::vector<Quantity> bin_room;
   std::vector<std::int32_t> bin_node, bin_partition, bin_leaf;
   std::vector<Partition> partitions;
   std::unordered_map<std::uint32_t, std::int32_t> pool_partition;  // kIsolated
@@ -265,8 +268,7 @@ struct Scheduler::Impl {
   std::vector<std::size_t> started_decision;
   std::vector<std::int32_t> cand;
   std::vector<Quantity> scratch;
-  std::vector<std::uint64_t> slot_mark;  // validate_ids: == mark when seen in this batch
-  std::uint64_t mark = 0;
+  std::uint32_t mark = 0;  // validate_ids: the current batch's mark (ActionRec::mark)
   // Nodes released since the last pass (partition-wide wakes are done once per event).
   std::vector<std::int32_t> released_nodes;
   std::vector<std::uint64_t> node_released;  // == release_epoch when in released_nodes
@@ -307,9 +309,9 @@ struct Scheduler::Impl {
   Impl(Inventory inventory, PolicyConfig cfg);
 
   // ---- helpers
-  Quantity* free_of(std::int32_t bin) { return &bin_free[static_cast<std::size_t>(bin) * K]; }
-  const Quantity* free_of(std::int32_t bin) const { return &bin_free[static_cast<std::size_t>(bin) * K]; }
-  const Quantity* cap_of(std::int32_t bin) const { return &bin_cap[static_cast<std::size_t>(bin) * K]; }
+  Quantity* free_of(std::int32_t bin) { return &bin_room[static_cast<std::size_t>(bin) * 2 * K]; }
+  const Quantity* free_of(std::int32_t bin) const { return &bin_room[static_cast<std::size_t>(bin) * 2 * K]; }
+  const Quantity* cap_of(std::int32_t bin) const { return &bin_room[(static_cast<std::size_t>(bin) * 2 + 1) * K]; }
   bool service_is_ready(const ServiceRec& s) const { return s.device != kNone && s.ready_ns <= now; }
   bool uses_service_home() const {
     return policy.kind == PolicyKind::kIsolated || policy.kind == PolicyKind::kTrajectory;
@@ -479,8 +481,8 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg) : inv(std::move(inv
     bin_partition.push_back(part);
     bin_leaf.push_back(static_cast<std::int32_t>(partitions[part].bins.size()));
     partitions[part].bins.push_back(b);
-    bin_cap.insert(bin_cap.end(), cap.begin(), cap.end());
-    bin_free.insert(bin_free.end(), cap.begin(), cap.end());
+    bin_room.insert(bin_room.end(), cap.begin(), cap.end());  // free: all of it
+    bin_room.insert(bin_room.end(), cap.begin(), cap.end());
   };
   switch (policy.kind) {
     case PolicyKind::kTangram:
@@ -671,8 +673,8 @@ std::int32_t Scheduler::Impl::add_node(NodeSpec spec) {
     bin_partition.push_back(part);
     bin_leaf.push_back(static_cast<std::int32_t>(partitions[part].bins.size()));
     partitions[part].bins.push_back(b);
-    bin_cap.insert(bin_cap.end(), cap.begin(), cap.end());
-    bin_free.insert(bin_free.end(), cap.begin(), cap.end());
+    bin_room.insert(bin_room.end(), cap.begin(), cap.end());  // free: all of it
+    bin_room.insert(bin_room.end(), cap.begin(), cap.end());
     bin_bound.push_back(0);
   };
   switch (policy.kind) {
@@ -2039,7 +2041,7 @@ void Scheduler::Impl::check() const {
   if (waiting != n_waiting || running != n_running) fail("waiting/running counts");
   for (std::size_t b = 0; b < B; ++b)
     for (std::int32_t k = 0; k < K; ++k) {
-      Quantity cap = bin_cap[b * K + k], f = bin_free[b * K + k];
+      Quantity cap = cap_of(static_cast<std::int32_t>(b))[k], f = free_of(static_cast<std::int32_t>(b))[k];
       if (f < 0) fail("capacity exceeded on bin " + std::to_string(b));
       if (f + used[b * K + k] != cap) fail("free + used != capacity on bin " + std::to_string(b));
     }
@@ -2105,7 +2107,7 @@ void Scheduler::Impl::check() const {
         continue;
       }
       for (std::int32_t k = 0; k < K; ++k)
-        if (v[k] != bin_free[b * K + k]) fail("free tree out of sync");
+        if (v[k] != free_of(static_cast<std::int32_t>(b))[k]) fail("free tree out of sync");
       if (has_gpus && v[K] != node_max_dev_free[bin_node[b]]) fail("free tree GPU entry out of sync");
     }
 }
@@ -2135,9 +2137,12 @@ namespace {
 // Every id is live and passes state_ok; then no id repeats (reported at its later position).
 // Repeats are found by marking slots, so the check is one probe per id.
 template <class F>
-void validate_ids(const IdMap& by_id, std::vector<std::uint64_t>& slot_mark, std::uint64_t& mark,
-                  const ActionId* ids, std::size_t n, F&& state_ok) {
-  ++mark;
+void validate_ids(const IdMap& by_id, std::vector<ActionRec>& slots, std::uint32_t& mark, const ActionId* ids,
+                  std::size_t n, F&& state_ok) {
+  if (++mark == 0) {  // wrapped round: old marks could pass for this batch's
+    for (ActionRec& r : slots) r.mark = 0;
+    mark = 1;
+  }
   std::size_t repeat = SIZE_MAX;
   constexpr std::size_t kAhead = 8;  // ids whose index lines are fetched ahead of their probe
   for (std::size_t i = 0; i < std::min(n, kAhead); ++i) by_id.prefetch(ids[i]);
@@ -2148,9 +2153,9 @@ void validate_ids(const IdMap& by_id, std::vector<std::uint64_t>& slot_mark, std
       throw Error(ErrorCode::kUnknownAction, "ids[" + std::to_string(i) + "]",
                   "action " + std::to_string(ids[i]) + " is not live (never submitted, or already ended)");
     state_ok(*slot, i);
-    if (static_cast<std::size_t>(*slot) >= slot_mark.size()) slot_mark.resize(*slot + 1, 0);
-    if (slot_mark[*slot] == mark) repeat = std::min(repeat, i);
-    slot_mark[*slot] = mark;
+    ActionRec& r = slots[*slot];
+    if (r.mark == mark) repeat = std::min(repeat, i);
+    r.mark = mark;
   }
   if (repeat != SIZE_MAX)
     throw Error(ErrorCode::kDuplicateId, "ids[" + std::to_string(repeat) + "]",
@@ -2162,7 +2167,7 @@ void Scheduler::complete(const ActionId* ids, std::size_t count, TimeNs now, std
   out.clear();
   Impl& m = *impl_;
   m.validate_now(now);
-  validate_ids(m.by_id, m.slot_mark, m.mark, ids, count, [&](std::int32_t slot, std::size_t i) {
+  validate_ids(m.by_id, m.slots, m.mark, ids, count, [&](std::int32_t slot, std::size_t i) {
     if (m.slots[slot].state != ActionState::kRunning)
       throw Error(ErrorCode::kInvalidState, "ids[" + std::to_string(i) + "]",
                   "action " + std::to_string(m.slots[slot].id) + " has not started");
@@ -2178,7 +2183,7 @@ void Scheduler::cancel(const ActionId* ids, std::size_t count, TimeNs now, std::
   out.clear();
   Impl& m = *impl_;
   m.validate_now(now);
-  validate_ids(m.by_id, m.slot_mark, m.mark, ids, count, [](std::int32_t, std::size_t) {});
+  validate_ids(m.by_id, m.slots, m.mark, ids, count, [](std::int32_t, std::size_t) {});
   m.messages.clear();
   m.now = now;
   for (std::size_t i = 0; i < count; ++i) {
