@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <tuple>
 #include <map>
 #include <sstream>
@@ -96,6 +97,19 @@ struct ActionDetail {
   OrderKey order{};  // with its submit time
 };
 
+// A class with its head's order fields (24 bytes, cheap to sort and merge): the entries of
+// the partition-parked lists and of a pass's pending wakes.
+struct ClassHead {
+  ClassHead() = default;
+  ClassHead(const OrderKey& head, std::int32_t c)
+      : key(head.key), seq(head.seq), neg_priority(head.neg_priority), cls(c) {}
+  std::int64_t key = 0;
+  std::uint64_t seq = 0;
+  std::int32_t neg_priority = 0;
+  std::int32_t cls = kNone;
+  bool operator<(const ClassHead& o) const { return policy_before(*this, o); }
+};
+
 struct alignas(64) Class {
   // Laid out by use. The first cache line holds what a flush, a pass and a completion look
   // at for every class they meet; the second its queue (head inline), affinity and GPU
@@ -150,7 +164,11 @@ struct Partition {
   std::vector<std::int32_t> node_hi;
   BinTree free_tree;  // free vector (+ node's largest free device memory); -1 = unusable
   BinTree cap_tree;   // capacity vector (+ node's largest device) for feasibility
-  std::vector<std::int32_t> parked;  // classes parked on any bin of this partition (may hold stale ids)
+  // Classes parked on any bin of this partition, with their heads: `parked` in policy
+  // order as of the last flush, `parked_new` added since (unsorted). A flush sorts the few
+  // new ones and merges, instead of sorting them all. Entries of classes since unparked,
+  // parked elsewhere or with another head are stale and dropped at the next flush.
+  std::vector<ClassHead> parked, parked_new;
   std::int64_t parked_count = 0;     // classes parked here now
 };
 
@@ -287,16 +305,8 @@ struct Scheduler::Impl {
   // order of their heads. They stay parked until their turn in the pass: most lose
   // the room to an earlier head, and a look at the released leaves then is far cheaper
   // than a trip through the active heap and back into the park (see pass()).
-  struct PendingWake {  // the head's order fields only: 24 bytes to sort, not 40
-    PendingWake(const OrderKey& head, std::int32_t c)
-        : key(head.key), seq(head.seq), neg_priority(head.neg_priority), cls(c) {}
-    std::int64_t key;
-    std::uint64_t seq;
-    std::int32_t neg_priority;
-    std::int32_t cls;
-    bool operator<(const PendingWake& o) const { return policy_before(*this, o); }
-  };
-  std::vector<PendingWake> pending_wakes;
+  std::vector<ClassHead> pending_wakes;
+  std::vector<ClassHead> heads_scratch;  // flush_releases: merges
   std::uint64_t release_epoch = 1;
   bool in_pass = false;
 
@@ -327,8 +337,10 @@ struct Scheduler::Impl {
   void evict_offline_services(std::vector<Decision>& out);
   void release_on_node(std::int32_t node, std::int32_t partition);
   bool fits_some_bin(const Class& cl, std::int32_t node) const;
-  template <class Fits>
-  void wake(std::vector<std::int32_t>& list, std::int32_t scope, Fits&& fits);
+  static std::int32_t class_of(std::int32_t c) { return c; }
+  static std::int32_t class_of(const ClassHead& entry) { return entry.cls; }
+  template <class Entry, class Fits>
+  void wake(std::vector<Entry>& list, std::int32_t scope, Fits&& fits);
   void flush_releases();
   bool may_start_now(Class& cl);
   bool fits_released_leaf(Class& cl);
@@ -789,14 +801,15 @@ bool Scheduler::Impl::fits_some_bin(const Class& cl, std::int32_t node) const {
 }
 
 // Wakes the parked classes of `list` that `fits` says may fit now; the rest stay parked.
-template <class Fits>
-void Scheduler::Impl::wake(std::vector<std::int32_t>& list, std::int32_t scope, Fits&& fits) {
+template <class Entry, class Fits>
+void Scheduler::Impl::wake(std::vector<Entry>& list, std::int32_t scope, Fits&& fits) {
   std::size_t kept = 0;
-  for (std::int32_t c : list) {
+  for (const Entry& entry : list) {
+    const std::int32_t c = class_of(entry);
     Class& cl = classes[c];
     if (!cl.parked || cl.park_node != scope) continue;  // stale entry
     if (fits(cl)) unpark(c);
-    else list[kept++] = c;
+    else list[kept++] = entry;
   }
   list.resize(kept);
 }
@@ -812,7 +825,11 @@ void Scheduler::Impl::release_on_node(std::int32_t node, std::int32_t partition)
   for (std::size_t p = 0; p < partitions.size(); ++p) {
     if (partition != kNone && static_cast<std::int32_t>(p) != partition) continue;
     if (partitions[p].parked_count == 0) continue;
-    if (in_pass) wake(partitions[p].parked, kNone, [&](const Class& cl) { return fits_some_bin(cl, node); });
+    if (in_pass) {
+      auto fits = [&](const Class& cl) { return fits_some_bin(cl, node); };
+      wake(partitions[p].parked, kNone, fits);
+      wake(partitions[p].parked_new, kNone, fits);
+    }
     noted = true;
   }
   if (!in_pass && noted && node_released[node] != release_epoch) {
@@ -828,7 +845,10 @@ void Scheduler::Impl::flush_releases() {
   if (released_nodes.empty()) return;
   std::sort(released_nodes.begin(), released_nodes.end());  // leaves lie in node order
   for (std::int32_t n : released_nodes) {
-    if (node_parked_count[n] == 0) continue;
+    if (node_parked_count[n] == 0) {  // whatever is listed is stale
+      node_parked[n].clear();
+      continue;
+    }
     std::vector<std::int32_t>& list = node_parked[n];
     std::size_t kept = 0;
     for (std::int32_t c : list) {
@@ -843,9 +863,14 @@ void Scheduler::Impl::flush_releases() {
     }
     list.resize(kept);
   }
+  std::sort(pending_wakes.begin(), pending_wakes.end());  // the few node-parked ones
   for (std::size_t p = 0; p < partitions.size(); ++p) {
     Partition& part = partitions[p];
-    if (part.parked_count == 0) continue;
+    if (part.parked_count == 0) {  // whatever is listed is stale
+      part.parked.clear();
+      part.parked_new.clear();
+      continue;
+    }
     std::vector<std::int32_t>& leaves = released_leaves[p];
     leaves.clear();
     for (std::int32_t n : released_nodes)
@@ -868,12 +893,23 @@ void Scheduler::Impl::flush_releases() {
       }
     }
     released_first_max[p] = most_released[0];
+    // The list in policy order: the few parked since the last flush sorted, then merged.
+    std::sort(part.parked_new.begin(), part.parked_new.end());
+    heads_scratch.clear();
+    std::merge(part.parked.begin(), part.parked.end(), part.parked_new.begin(), part.parked_new.end(),
+               std::back_inserter(heads_scratch));
+    part.parked_new.clear();
+    part.parked.swap(heads_scratch);
+    const std::size_t node_wakes = pending_wakes.size();
     std::size_t kept = 0;
-    for (std::int32_t c : part.parked) {
-      Class& cl = classes[c];
-      if (!cl.parked || cl.park_node != kNone || cl.seen_flush == release_epoch) continue;
+    for (const ClassHead entry : part.parked) {
+      Class& cl = classes[entry.cls];
+      // Stale entries go; so do repeats (parked again under the same head since).
+      if (!cl.parked || cl.park_node != kNone || cl.waiting.head().seq != entry.seq ||
+          cl.seen_flush == release_epoch)
+        continue;
       cl.seen_flush = release_epoch;
-      part.parked[kept++] = c;
+      part.parked[kept++] = entry;
       bool may_fit = true;
       for (std::int32_t k = 0; k < K && may_fit; ++k) may_fit = cl.demand[k] <= most_released[k];
       const std::int32_t at = may_fit ? first_released_fit(p, 0, cl.demand) : -1;
@@ -881,11 +917,18 @@ void Scheduler::Impl::flush_releases() {
       cl.fit_pass = pass_epoch;  // flush runs at the start of the pass
       cl.fit_from = at;
       cl.pending_pass = pass_epoch;
-      pending_wakes.emplace_back(cl.waiting.head(), c);
+      pending_wakes.push_back(entry);  // in policy order, like the list
     }
     part.parked.resize(kept);
+    // Merge this partition's wakes (in order) into those before them (in order).
+    if (node_wakes > 0 && node_wakes < pending_wakes.size()) {
+      heads_scratch.clear();
+      std::merge(pending_wakes.begin(), pending_wakes.begin() + static_cast<std::ptrdiff_t>(node_wakes),
+                 pending_wakes.begin() + static_cast<std::ptrdiff_t>(node_wakes), pending_wakes.end(),
+                 std::back_inserter(heads_scratch));
+      pending_wakes.swap(heads_scratch);
+    }
   }
-  std::sort(pending_wakes.begin(), pending_wakes.end());
   released_nodes.clear();
   ++release_epoch;
 }
@@ -932,7 +975,7 @@ void Scheduler::Impl::park(std::int32_t c, std::int32_t node) {
   park_deadlines.push_back(ParkDeadline{cl.park_deadline, c, ++cl.park_generation});
   std::push_heap(park_deadlines.begin(), park_deadlines.end(), std::greater<>());
   if (node == kNone) {
-    partitions[cl.partition].parked.push_back(c);
+    partitions[cl.partition].parked_new.emplace_back(cl.waiting.head(), c);
     ++partitions[cl.partition].parked_count;
   } else {
     node_parked[node].push_back(c);
@@ -1245,6 +1288,8 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
     if (new_head) deactivate(c);
     cl.waiting.push(detail.order, queue_pos);
     if (new_head && !cl.parked) activate(c);
+    // Parked across the partition: listed again under its new head (the old entry is stale).
+    if (new_head && cl.parked && cl.park_node == kNone) partitions[cl.partition].parked_new.emplace_back(cl.waiting.head(), c);
   }
 }
 
@@ -1859,7 +1904,7 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
     // before the heap's: at its turn it joins the heap if it may still fit, or else stays
     // parked, exactly where a failed try would park it.
     if (next_wake < pending_wakes.size()) {
-      const PendingWake& w = pending_wakes[next_wake];
+      const ClassHead& w = pending_wakes[next_wake];
       Class& wc = classes[w.cls];
       if (!wc.parked || wc.pending_pass != pass_epoch) {
         ++next_wake;
