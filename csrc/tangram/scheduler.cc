@@ -363,6 +363,7 @@ struct Scheduler::Impl {
 
   void park(std::int32_t c, std::int32_t node_or_none);
   void unpark(std::int32_t c);
+  ActiveEntry unpark_for_try(std::int32_t c);
   void activate(std::int32_t c);
   void deactivate(std::int32_t c);
   void set_head(std::int32_t c);
@@ -995,6 +996,18 @@ void Scheduler::Impl::unpark(std::int32_t c) {
     if (cl.park_node == kNone) partition_contended[cl.partition] = pass_epoch;
     else node_contended[cl.park_node] = pass_epoch;
   }
+}
+
+// unpark() and activate() for a class whose head is tried at once: the active entry is
+// returned rather than pushed (the caller takes it as if popped from the heap).
+Scheduler::Impl::ActiveEntry Scheduler::Impl::unpark_for_try(std::int32_t c) {
+  Class& cl = classes[c];
+  cl.parked = false;
+  if (cl.park_node == kNone) --partitions[cl.partition].parked_count;
+  else --node_parked_count[cl.park_node];
+  cl.in_active = true;
+  ++active_count;
+  return ActiveEntry{cl.waiting.head(), c, ++cl.active_gen};
 }
 
 void Scheduler::Impl::activate(std::int32_t c) {
@@ -1900,6 +1913,8 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
       std::pop_heap(active.begin(), active.end(), std::greater<>());
       active.pop_back();
     }
+    ActiveEntry e{};  // the head tried next
+    bool woken = false;
     // A pending wake still parked (not woken since, nor parked again) whose head comes
     // before the heap's: at its turn it joins the heap if it may still fit, or else stays
     // parked, exactly where a failed try would park it.
@@ -1912,23 +1927,27 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
       }
       if (active.empty() || policy_before(w, active.front().key)) {
         ++next_wake;
-        if (may_start_now(wc)) {
-          unpark(w.cls);  // its heap entry is the smallest: tried next
-        } else {
+        if (!may_start_now(wc)) {
           wc.fit_pass = 0;
           wc.pending_pass = 0;
           wc.block = Block::kResources;
           if (wc.park_node == kNone) partition_contended[wc.partition] = pass_epoch;
           else node_contended[wc.park_node] = pass_epoch;
+          continue;
         }
-        continue;
+        // Woken: its head comes before every head in the heap, so it is tried now (what
+        // a trip into the heap and straight out again would come to).
+        e = unpark_for_try(w.cls);
+        woken = true;
       }
     }
-    if (active.empty()) break;
-    ActiveEntry e = active.front();
-    std::pop_heap(active.begin(), active.end(), std::greater<>());
-    active.pop_back();
-    if (!live(e)) continue;
+    if (!woken) {
+      if (active.empty()) break;
+      e = active.front();
+      std::pop_heap(active.begin(), active.end(), std::greater<>());
+      active.pop_back();
+      if (!live(e)) continue;
+    }
     if (have_cursor && e.key < cursor) {
       active_deferred.push_back(e);
       continue;
