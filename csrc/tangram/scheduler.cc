@@ -362,11 +362,21 @@ struct Scheduler::Impl {
   }
 
   void park(std::int32_t c, std::int32_t node_or_none);
+  void leave_park(Class& cl) {  // the park's bookkeeping, nothing else
+    cl.parked = false;
+    if (cl.park_node == kNone) --partitions[cl.partition].parked_count;
+    else --node_parked_count[cl.park_node];
+  }
   void unpark(std::int32_t c);
   ActiveEntry unpark_for_try(std::int32_t c);
+  ActiveEntry make_active(std::int32_t c) {  // marks the class active; its entry for the heap
+    Class& cl = classes[c];
+    cl.in_active = true;
+    ++active_count;
+    return ActiveEntry{cl.waiting.head(), c, ++cl.active_gen};
+  }
   void activate(std::int32_t c);
   void deactivate(std::int32_t c);
-  void set_head(std::int32_t c);
   double seconds(std::int32_t slot, Quantity units) const;
   Quantity minimum(const ActionRec& a) const;
 
@@ -986,9 +996,7 @@ void Scheduler::Impl::park(std::int32_t c, std::int32_t node) {
 
 void Scheduler::Impl::unpark(std::int32_t c) {
   Class& cl = classes[c];
-  cl.parked = false;
-  if (cl.park_node == kNone) --partitions[cl.partition].parked_count;
-  else --node_parked_count[cl.park_node];
+  leave_park(cl);
   activate(c);
   // Woken mid-pass behind the cursor: this pass has passed it by, as it would have passed
   // by a failed head, so it still waits there.
@@ -998,24 +1006,17 @@ void Scheduler::Impl::unpark(std::int32_t c) {
   }
 }
 
-// unpark() and activate() for a class whose head is tried at once: the active entry is
-// returned rather than pushed (the caller takes it as if popped from the heap).
+// unpark() for a class whose head is tried at once: its active entry is returned rather
+// than pushed (the caller takes it as if popped from the heap).
 Scheduler::Impl::ActiveEntry Scheduler::Impl::unpark_for_try(std::int32_t c) {
-  Class& cl = classes[c];
-  cl.parked = false;
-  if (cl.park_node == kNone) --partitions[cl.partition].parked_count;
-  else --node_parked_count[cl.park_node];
-  cl.in_active = true;
-  ++active_count;
-  return ActiveEntry{cl.waiting.head(), c, ++cl.active_gen};
+  leave_park(classes[c]);
+  return make_active(c);
 }
 
 void Scheduler::Impl::activate(std::int32_t c) {
-  Class& cl = classes[c];
+  const Class& cl = classes[c];
   if (cl.in_active || cl.parked || cl.waiting.empty()) return;
-  cl.in_active = true;
-  ++active_count;
-  push_active(ActiveEntry{cl.waiting.head(), c, ++cl.active_gen});
+  push_active(make_active(c));
 }
 
 void Scheduler::Impl::deactivate(std::int32_t c) {
@@ -1916,8 +1917,8 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
     ActiveEntry e{};  // the head tried next
     bool woken = false;
     // A pending wake still parked (not woken since, nor parked again) whose head comes
-    // before the heap's: at its turn it joins the heap if it may still fit, or else stays
-    // parked, exactly where a failed try would park it.
+    // before the heap's: at its turn it is tried if it may still fit, or else stays parked,
+    // exactly where a failed try would park it.
     if (next_wake < pending_wakes.size()) {
       const ClassHead& w = pending_wakes[next_wake];
       Class& wc = classes[w.cls];
