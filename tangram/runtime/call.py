@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import copyreg
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from typing import Any, Callable, Mapping, Sequence
 
+from .._errors import ValidationError
 from .._model import Model
 
 
@@ -56,12 +59,22 @@ class Call:
     env: Mapping[str, str] = field(default_factory=dict)  # extra environment for commands and sandboxes
     affinity: str | None = None  # node name the action must run on (its trajectory's sandbox node)
 
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        # Pickled as the class and its field values in order, not a dict of field names:
+        # 114 bytes instead of 296 for a small call, twice as fast to load and a fifth
+        # faster to dump (every call crosses the wire to `tangram serve` this way).
+        if type(self) is Call and len(self.__dict__) == len(_CALL_FIELDS):
+            return Call, _call_values(self)
+        return copyreg.__newobj__, (type(self),), self.__dict__  # what pickle does by default
+
+
+_CALL_FIELDS = tuple(f.name for f in fields(Call))
+_call_values = attrgetter(*_CALL_FIELDS)
+
 
 def validate_call(call: Any) -> None:
     """The checks a call passes before any inventory is consulted (the orchestrator and the
     server's client both run them at submit); raises ValidationError naming the field."""
-    from .._errors import ValidationError
-
     if not isinstance(call, Call):
         raise ValidationError("call", f"expected a tangram.Call, got {type(call).__name__}")
     if call.fn is not None and call.command is not None:

@@ -21,6 +21,8 @@ Every submitted action ends in exactly one terminal state; `close` ends the rest
 from __future__ import annotations
 
 import asyncio
+import collections.abc
+import contextvars
 import itertools
 import re
 import traceback
@@ -355,7 +357,8 @@ class Orchestrator:
             self._pending_submit.append(lv)
             return True
         lv.cancel_reason = "requeue"
-        lv.task.cancel()  # type: ignore[union-attr]
+        if lv.task is not None:  # else its first step is running now: _start cancels its task
+            lv.task.cancel()
         return True
 
     def abort(self, action_id: int, error: ActionError) -> bool:
@@ -470,8 +473,22 @@ class Orchestrator:
         lv.running = True
         self._count(call.kind, 0, -1)
         self._count(call.kind, 1, +1)
-        lv.task = self._loop.create_task(self._execute(lv, placement))  # type: ignore[union-attr]
-        if call.timeout is not None:
+        # The first step of the manager's execute runs now (an eager start, as in Python
+        # 3.12's eager tasks): an action that ends without suspending (a no-op, a cached
+        # answer, a failed precondition) is finished here, with no task and no event-loop
+        # hop; one that suspends continues in a task from where it stopped.
+        coro = self._execute(lv, placement)
+        context = contextvars.copy_context()
+        try:
+            waiting_on = context.run(coro.send, None)
+        except StopIteration:
+            return  # it ended; _execute has finished it
+        except asyncio.CancelledError:
+            return  # raised by the manager itself: _execute has finished it (cancelled)
+        lv.task = self._loop.create_task(_Resume(coro, waiting_on), context=context)  # type: ignore[union-attr]
+        if lv.cancel_reason is not None:  # cancelled (or requeued) during that first step
+            lv.task.cancel()
+        elif call.timeout is not None:
             lv.timer = self._loop.call_later(call.timeout, self._cancel, lv, "timeout")  # type: ignore[union-attr]
 
     def _gpu_env(self, lv: _Live, node: int, device: int) -> Mapping[str, str]:
@@ -532,7 +549,8 @@ class Orchestrator:
         if lv.running:
             if lv.cancel_reason is None:
                 lv.cancel_reason = reason
-                lv.task.cancel()  # type: ignore[union-attr]
+                if lv.task is not None:  # else its first step is running now: _start cancels its task
+                    lv.task.cancel()
             return
         error = ActionCancelled(lv.id, "cancelled while waiting" if reason == "cancelled" else "the orchestrator closed")
         self._withdraw(lv)
@@ -623,6 +641,43 @@ class Orchestrator:
         self._timer, self._timer_at = None, float("inf")
         self._handle(self._core.tick(max(self._now(), self._core.now)))
         self._flush()
+
+
+_STEPPED = object()
+
+
+class _Resume(collections.abc.Coroutine):  # type: ignore[type-arg]
+    """A task's body that continues `coro`, whose first step already ran (an eager start)
+    and yielded `waiting_on`, what it awaits: the task's first step gets `waiting_on`
+    back; every later send and throw goes through to `coro`. A cancel that arrives
+    before that first step also cancels `waiting_on`, as a task waiting on it would."""
+
+    __slots__ = ("coro", "waiting_on")
+
+    def __init__(self, coro: Any, waiting_on: Any) -> None:
+        self.coro = coro
+        self.waiting_on = waiting_on
+
+    def send(self, value: Any) -> Any:
+        waiting_on = self.waiting_on
+        if waiting_on is not _STEPPED:
+            self.waiting_on = _STEPPED
+            return waiting_on
+        return self.coro.send(value)
+
+    def throw(self, error: Any, *rest: Any) -> Any:
+        waiting_on = self.waiting_on
+        if waiting_on is not _STEPPED:
+            self.waiting_on = _STEPPED
+            if isinstance(error, asyncio.CancelledError) and isinstance(waiting_on, asyncio.Future):
+                waiting_on.cancel()
+        return self.coro.throw(error, *rest)
+
+    def close(self) -> None:
+        self.coro.close()
+
+    def __await__(self) -> Any:
+        raise TypeError("a task's body, not to be awaited")
 
 
 def _outcome_of(error: ActionError) -> str:

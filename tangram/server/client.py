@@ -73,8 +73,9 @@ class ClientHandle:
         return self.future.__await__()
 
 
-class _Wire(asyncio.Protocol):
-    """The client's asyncio protocol: hands the transport's events to the client."""
+class _Wire(asyncio.BufferedProtocol):
+    """The client's asyncio protocol: hands the transport's events to the client. Reads
+    go straight into the frame reader's buffer."""
 
     def __init__(self, client: "Client") -> None:
         self.client = client
@@ -82,8 +83,11 @@ class _Wire(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.client._connection_made(transport)
 
-    def data_received(self, data: bytes) -> None:
-        self.client._data_received(data)
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.client._reader.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.client._data_received(nbytes)
 
     def eof_received(self) -> bool | None:
         return None  # close our side too
@@ -384,9 +388,9 @@ class Client:
         self._transport = transport  # type: ignore[assignment]
         P.keepalive(transport.get_extra_info("socket"))
 
-    def _data_received(self, data: bytes) -> None:
+    def _data_received(self, nbytes: int) -> None:
         reader = self._reader
-        reader.feed(data)
+        reader.buffer_updated(nbytes)
         try:
             while True:
                 item = reader.next()

@@ -186,41 +186,88 @@ def parse_submit(payload: bytes) -> tuple[tuple[int, ...], memoryview]:
 
 class FrameReader:
     """Splits a byte stream into frames, checking each length against `limit` (which the
-    caller may change between frames) before buffering its payload."""
+    caller may change between frames) before buffering its payload.
 
-    __slots__ = ("buffer", "pos", "limit")
+    It owns the receive buffer, for an asyncio.BufferedProtocol: the transport reads
+    straight into `get_buffer()` (recv_into) and reports `buffer_updated(n)`. A plain
+    Protocol's recv allocates 256 KiB per read, which glibc serves with mmap and
+    munmap: about 12 us per read on this machine, a tenth of a round trip's CPU.
+    """
+
+    __slots__ = ("buffer", "start", "end", "limit")
+
+    INITIAL = 64 * 1024  # also what the buffer shrinks back to once a large frame is read
+    MIN_READ = 16 * 1024  # free room offered to a read at least
 
     def __init__(self, limit: int) -> None:
-        self.buffer = bytearray()
-        self.pos = 0
+        self.buffer = bytearray(self.INITIAL)
+        self.start = 0  # the next frame begins here
+        self.end = 0  # bytes received end here
         self.limit = limit
 
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        """Free room at the end of the buffer for the next read, at least MIN_READ bytes,
+        or the whole announced frame when its header is in (within `limit`: a larger one
+        fails in next())."""
+        buf, start, end = self.buffer, self.start, self.end
+        if start == end:
+            start = end = self.start = self.end = 0
+            if len(buf) > self.INITIAL:  # a large frame is done: give its room back
+                buf = self.buffer = bytearray(self.INITIAL)
+        want = self.MIN_READ
+        pending = end - start
+        if pending >= HEADER.size:
+            length = HEADER.unpack_from(buf, start)[0]
+            if length <= self.limit:
+                want = max(want, HEADER.size + length - pending)
+        if len(buf) - end < want:
+            if start:  # move the unread bytes to the front (same length: no resize, so
+                # a view from an earlier read that is still referenced stays valid)
+                buf[:pending] = buf[start:end]
+                start, end = self.start, self.end = 0, pending
+            if len(buf) - end < want:
+                grown = bytearray(max(2 * len(buf), 1 << (end + want - 1).bit_length()))
+                grown[:end] = buf[:end]
+                buf = self.buffer = grown
+        return memoryview(buf)[end:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.end += nbytes
+
     def feed(self, data: bytes) -> None:
-        if self.pos:
-            del self.buffer[:self.pos]
-            self.pos = 0
-        self.buffer += data
+        """Appends bytes received some other way."""
+        rest = memoryview(data)
+        while rest:
+            with self.get_buffer() as room:
+                n = min(len(room), len(rest))
+                room[:n] = rest[:n]
+            self.end += n
+            rest = rest[n:]
 
     def next(self) -> tuple[int, bytes] | None:
         """The next complete frame, or None. Raises ProtocolError for an unknown type and
         FrameTooLarge as soon as a header announces more than `limit` bytes (the caller
         closes the connection)."""
-        buf, pos = self.buffer, self.pos
-        if len(buf) - pos < HEADER.size:
+        buf, pos = self.buffer, self.start
+        if self.end - pos < HEADER.size:
             return None
         length, kind = HEADER.unpack_from(buf, pos)
         if kind not in FRAME_NAMES:
-            self.buffer, self.pos = bytearray(), 0
+            self._reset()
             raise ProtocolError("frame", f"unknown frame type {kind} (not the tangram protocol {PROTOCOL}?)")
         if length > self.limit:
-            self.buffer, self.pos = bytearray(), 0
+            self._reset()
             raise FrameTooLarge("frame", f"{FRAME_NAMES.get(kind, f'type {kind}')} frame of {length} bytes; "
                                          f"the limit is {self.limit}")
         end = pos + HEADER.size + length
-        if end > len(buf):
+        if end > self.end:
             return None
-        self.pos = end
-        return kind, bytes(buf[pos + HEADER.size:end])
+        self.start = end
+        with memoryview(buf) as view:
+            return kind, bytes(view[pos + HEADER.size:end])
+
+    def _reset(self) -> None:
+        self.buffer, self.start, self.end = bytearray(self.INITIAL), 0, 0
 
 
 def keepalive(sock: socket.socket | None) -> None:

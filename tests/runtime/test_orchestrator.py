@@ -158,6 +158,139 @@ def test_cancel_waiting_and_running_actions() -> None:
     run(main())
 
 
+class _FirstStepManager(tangram.runtime.ResourceManager):
+    """Runs `hook(orch, action)` in the first step of execute, then sleeps `seconds`
+    (0: returns at once, without suspending)."""
+
+    name = "first-step"
+
+    def __init__(self, hook=None, seconds: float = 0.0) -> None:  # type: ignore[no-untyped-def]
+        self.hook = hook
+        self.seconds = seconds
+        self.orch: Orchestrator | None = None
+        self.steps: list[str] = []
+
+    async def execute(self, action, placement):  # type: ignore[no-untyped-def]
+        self.steps.append("first")
+        if self.hook is not None:
+            self.hook(self.orch, action)
+        if self.seconds:
+            try:
+                await asyncio.sleep(self.seconds)
+            except asyncio.CancelledError:
+                self.steps.append("cancelled")
+                raise
+        return "done"
+
+
+def _first_step_orchestrator(manager: _FirstStepManager) -> Orchestrator:
+    orch = Orchestrator(inventory=inventory(), default_managers=False, managers={"cpu": manager})
+    manager.orch = orch
+    return orch
+
+
+def test_an_action_that_ends_without_suspending_ends_in_its_start() -> None:
+    # Eager start: the manager's first step runs as the core's start decision is carried
+    # out, so an action that needs no waiting has its result when the flush returns.
+    async def main() -> None:
+        manager = _FirstStepManager()
+        async with _first_step_orchestrator(manager) as orch:
+            handle = orch.submit(Call(runtime=0.0))
+            orch.flush()
+            assert handle.future.done() and handle.future.result() == "done"
+            assert orch._live == {}
+            await asyncio.sleep(0)
+            assert_idle(orch)
+
+    run(main())
+
+
+def test_a_cancel_before_the_task_first_runs_reaches_the_action() -> None:
+    # The action suspended in its first step; its task has not run yet when the cancel
+    # comes: the manager still sees the CancelledError and the action ends cancelled.
+    async def main() -> None:
+        manager = _FirstStepManager(seconds=30.0)
+        async with _first_step_orchestrator(manager) as orch:
+            handle = orch.submit(Call(runtime=1.0))
+            orch.flush()
+            assert manager.steps == ["first"] and orch._live[handle.id].running
+            assert handle.cancel()
+            with pytest.raises(ActionCancelled, match="cancelled while running"):
+                await asyncio.wait_for(handle.future, 5)
+            assert manager.steps == ["first", "cancelled"]
+            await asyncio.sleep(0)
+            assert_idle(orch)
+
+    run(main())
+
+
+@pytest.mark.parametrize("seconds", [0.0, 30.0])
+def test_a_cancel_from_inside_the_first_step_is_kept(seconds: float) -> None:
+    # The manager cancels its own action before it has a task: when it then suspends, its
+    # task is cancelled as soon as it exists; when it ends at once, its result stands.
+    async def main() -> None:
+        manager = _FirstStepManager(hook=lambda orch, action: orch.cancel(action.id), seconds=seconds)
+        async with _first_step_orchestrator(manager) as orch:
+            handle = orch.submit(Call(runtime=1.0))
+            if seconds:
+                with pytest.raises(ActionCancelled):
+                    await asyncio.wait_for(handle.future, 5)
+                assert manager.steps == ["first", "cancelled"]
+            else:
+                assert await handle == "done"
+            await asyncio.sleep(0)
+            assert_idle(orch)
+            assert [r.outcome for r in orch.records] == ["cancelled" if seconds else "ok"]
+
+    run(main())
+
+
+def test_a_requeue_from_inside_the_first_step_runs_the_action_again() -> None:
+    async def main() -> None:
+        requeued: list[int] = []
+
+        def hook(orch, action):  # type: ignore[no-untyped-def]
+            if not requeued:
+                requeued.append(action.id)
+                assert orch.requeue(action.id)
+
+        manager = _FirstStepManager(hook=hook, seconds=0.05)
+        async with _first_step_orchestrator(manager) as orch:
+            assert await asyncio.wait_for(orch.run(Call(runtime=1.0)), 5) == "done"
+            assert manager.steps == ["first", "cancelled", "first"]
+            await asyncio.sleep(0)
+            assert_idle(orch)
+
+    run(main())
+
+
+def test_the_first_step_runs_in_the_action_task_context() -> None:
+    # A context variable set by the manager's first step stays in the action's own
+    # context, as it would in a task, and is still set when the action resumes.
+    import contextvars
+
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="caller")
+    seen: list[str] = []
+
+    class Setter(tangram.runtime.ResourceManager):
+        name = "setter"
+
+        async def execute(self, action, placement):  # type: ignore[no-untyped-def]
+            var.set(f"action {action.id}")
+            await asyncio.sleep(0.001)
+            seen.append(var.get())
+
+    async def main() -> None:
+        async with Orchestrator(inventory=inventory(), default_managers=False, managers={"cpu": Setter()}) as orch:
+            handle = orch.submit(Call(runtime=1.0))
+            orch.flush()
+            assert var.get() == "caller"
+            await handle
+            assert seen == [f"action {handle.id}"] and var.get() == "caller"
+
+    run(main())
+
+
 def test_quota_admission_is_part_of_act_and_visible_in_records() -> None:
     async def main() -> None:
         quota = Quota("search", rate=20, burst=2, max_concurrency=4)
