@@ -8,6 +8,7 @@ shape, when the template is made, through the same RecordEncoder the Scheduler u
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ from ..scheduler import RecordEncoder, _action_field_names
 from .call import Call
 
 _MAX_TEMPLATES = 4096  # a workload with more shapes than this re-encodes; memory stays bounded
+_ID_AND_TRAJECTORY = struct.Struct("<QQ")  # the first two fields of an action record
 
 
 def shape_of(call: Call) -> tuple[Any, ...]:
@@ -31,6 +33,8 @@ class CallEncoder:
         self._encoder = encoder
         self._index: dict[tuple[Any, ...], int] = {}
         self._templates = np.zeros(16, dtype=encoder.dtype)
+        self._template_bytes: list[bytes] = []  # the same records as bytes, for one-action batches
+        assert encoder.dtype.names[:2] == ("id", "trajectory") and encoder.dtype.fields["trajectory"][1] == 8
 
     def template(self, call: Call) -> int:
         """The template index of the call's shape; raises a typed error naming the call's
@@ -57,11 +61,20 @@ class CallEncoder:
             grown[: len(self._templates)] = self._templates
             self._templates = grown
         self._templates[slot] = record[0]
+        if slot == len(self._template_bytes):
+            self._template_bytes.append(b"")
+        self._template_bytes[slot] = record[0].tobytes()
         if key is not None:
             self._index[key] = slot
         return slot
 
     def records(self, templates: list[int], ids: list[int], trajectories: list[int]) -> np.ndarray:
+        if len(templates) == 1:
+            # One action (a caller awaiting one at a time): a copy of its template's bytes
+            # with the id and trajectory written in, a fifth of the fancy-indexed path's cost.
+            record = bytearray(self._template_bytes[templates[0]])
+            _ID_AND_TRAJECTORY.pack_into(record, 0, ids[0], trajectories[0])
+            return np.frombuffer(record, dtype=self._templates.dtype)
         rec = self._templates[np.asarray(templates, dtype=np.intp)]
         rec["id"] = ids
         rec["trajectory"] = trajectories
