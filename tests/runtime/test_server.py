@@ -7,6 +7,7 @@ disconnects reaching the server."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import pickle
@@ -608,3 +609,58 @@ def test_typed_errors_round_trip_through_the_codec() -> None:
         assert type(back) is type(error) and str(back) == str(error) and vars(back) == vars(error)
     unknown = P.decode_error({"type": "os:system", "field": "x", "reason": "y", "attrs": {}})
     assert isinstance(unknown, P.RemoteError) and unknown.error_type == "os:system"
+
+
+def test_the_frame_reader_reassembles_frames_cut_anywhere() -> None:
+    # The connections read into the reader's own buffer (get_buffer / buffer_updated); a
+    # stream of frames cut at random points, fed that way or through feed(), comes out
+    # whole, however large a frame is; the buffer grows to an announced frame and shrinks
+    # back once it is read. A view handed to an earlier read may still be referenced.
+    rng = random.Random(7)
+    sizes = [0, 1, 5, 300, 5000, 70_000, 300_000]
+    for _ in range(200):
+        frames = [(rng.choice([P.SUBMIT, P.RESULTS, P.REPLY]), rng.randbytes(rng.choice(sizes)))
+                  for _ in range(rng.randrange(1, 8))]
+        stream = b"".join(P.frame(kind, payload) for kind, payload in frames)
+        reader = P.FrameReader(1 << 20)
+        got, pos, kept = [], 0, []
+        while pos < len(stream):
+            n = min(rng.randrange(1, 100_000), len(stream) - pos)
+            if rng.random() < 0.5:
+                room = reader.get_buffer(-1)
+                n = min(n, len(room))
+                room[:n] = stream[pos:pos + n]
+                if rng.random() < 0.3:
+                    kept.append(room)  # asyncio holds its view until buffer_updated returns
+                reader.buffer_updated(n)
+            else:
+                reader.feed(stream[pos:pos + n])
+            pos += n
+            while (item := reader.next()) is not None:
+                got.append(item)
+        assert got == frames
+        reader.get_buffer(-1)
+        assert len(reader.buffer) == P.FrameReader.INITIAL
+    # The limit is checked on the header, before any payload is buffered.
+    reader = P.FrameReader(100_000)
+    reader.feed(P.HEADER.pack(1_000_000, P.SUBMIT))
+    reader.get_buffer(-1)
+    assert len(reader.buffer) == P.FrameReader.INITIAL  # no room made for it
+    with pytest.raises(FrameTooLarge):
+        reader.next()
+
+
+def test_a_call_pickles_as_its_field_values() -> None:
+    call = Call(fn=_module_level, args=(1,), resources={"cpu": 2}, elastic="cpu", max_units=4, runtime=3.0,
+                timeout=5, trajectory=3, kind="reward", env={"A": "b"}, affinity="n1")
+    small = Call(runtime=0.0, resources={"cpu": 0.001})
+    assert b"resources" not in pickle.dumps(small, protocol=5)  # no field names on the wire
+    for dumps in (pickle.dumps, cloudpickle.dumps):
+        assert pickle.loads(dumps(call, protocol=5)) == call
+    # A subclass, or a call carrying extra attributes, pickles the default way.
+    Sub = dataclasses.make_dataclass("Sub", [("extra", int, 5)], bases=(Call,))
+    sub = Sub(runtime=2.0, extra=7)
+    assert pickle.loads(cloudpickle.dumps(sub)) == sub
+    call.note = "x"  # type: ignore[attr-defined]
+    back = pickle.loads(pickle.dumps(call))
+    assert back == call and back.note == "x"
