@@ -153,6 +153,7 @@ struct alignas(64) Class {
   std::uint64_t park_generation = 0;  // counts parkings, to spot stale deadline entries
   TimeNs block_until = 0;
   std::string infeasible;  // why no action of this class can ever run; empty if one can
+  std::uint64_t key_hash = 0;  // its entry in Impl::class_index
 };
 static_assert(offsetof(Class, waiting) == 64 && offsetof(Class, tokens) == 128,
               "a class's hot fields fill its first two cache lines");
@@ -234,6 +235,12 @@ struct Scheduler::Impl {
   }
   // Classes by hash of their constraints; equal hashes chain through Class::next_same_hash.
   IdMap class_index;
+  // kTrajectory keys a class by its trajectory: an ended trajectory's classes (all empty)
+  // are freed and their slots reused, so a long run does not grow by one class per
+  // trajectory. Other policies' classes are bounded by their distinct constraints.
+  std::unordered_map<TrajectoryId, std::vector<std::int32_t>> trajectory_classes;
+  std::vector<std::int32_t> free_classes;
+  void free_class(std::int32_t c);
   // The head of every class that may start, as a min-heap in policy order. Deactivating
   // only clears Class::in_active: entries whose generation is not the class's current one
   // are stale and dropped when they surface (each pass drains the heap).
@@ -1124,7 +1131,23 @@ std::int32_t Scheduler::Impl::class_for(const ActionSpec& s) {
   }
   Class c;
   c.next_same_hash = chain;
-  c.demand = store_demand(s.demand);
+  c.key_hash = h;
+  std::int32_t id;
+  if (free_classes.empty()) {
+    id = static_cast<std::int32_t>(classes.size());
+    c.demand = store_demand(s.demand);
+  } else {
+    id = free_classes.back();
+    free_classes.pop_back();
+    const Class& old = classes[id];
+    // Stale heap and deadline entries may still name this slot: its generations go on
+    // from where they were, so those entries stay stale. Its demand row is reused.
+    c.active_gen = old.active_gen;
+    c.park_generation = old.park_generation;
+    Quantity* row = const_cast<Quantity*>(old.demand);  // a row of demand_rows, owned here
+    std::copy(s.demand.begin(), s.demand.end(), row);
+    c.demand = row;
+  }
   c.gpu_memory = s.gpu_memory;
   c.partition = partition;
   c.affinity_node = s.affinity_node;
@@ -1133,12 +1156,30 @@ std::int32_t Scheduler::Impl::class_for(const ActionSpec& s) {
   c.tokens = s.tokens;
   c.trajectory = traj;
   c.in_trajectory_slot = in_slot;
-  std::int32_t id = static_cast<std::int32_t>(classes.size());
-  classes.push_back(std::move(c));
+  if (id == static_cast<std::int32_t>(classes.size())) classes.push_back(std::move(c));
+  else classes[id] = std::move(c);
   *class_index.insert(h, id).first = id;  // the chain's new head
+  if (in_slot) trajectory_classes[traj].push_back(id);
   // Feasibility depends only on capacities and the class: decided once, here.
   classes[id].infeasible = infeasible_reason(classes[id]);
   return id;
+}
+
+// An empty class (neither active nor parked) leaves its hash chain; its slot is reused.
+void Scheduler::Impl::free_class(std::int32_t c) {
+  Class& cl = classes[c];
+  std::int32_t* head = class_index.find(cl.key_hash);
+  if (*head == c) {
+    if (cl.next_same_hash == kNone) class_index.erase(cl.key_hash);
+    else *head = cl.next_same_hash;
+  } else {
+    std::int32_t p = *head;
+    while (classes[p].next_same_hash != c) p = classes[p].next_same_hash;
+    classes[p].next_same_hash = cl.next_same_hash;
+  }
+  cl.next_same_hash = kNone;
+  cl.infeasible.clear();
+  free_classes.push_back(c);
 }
 
 // Why no action of this class can ever run, or "" if one could.
@@ -2141,6 +2182,26 @@ void Scheduler::Impl::check() const {
     }
   }
   if (heads != active_count) fail("active count out of sync");
+  std::vector<std::uint8_t> is_free(classes.size(), 0);
+  for (std::int32_t c : free_classes) {
+    if (is_free[c]) fail("class freed twice");
+    is_free[c] = 1;
+    const Class& cl = classes[c];
+    if (!cl.waiting.empty() || cl.in_active || cl.parked) fail("freed class in use");
+  }
+  for (std::size_t c = 0; c < classes.size(); ++c) {
+    if (is_free[c]) continue;
+    const std::int32_t* head = class_index.find(classes[c].key_hash);
+    std::int32_t p = head == nullptr ? kNone : *head;
+    while (p != kNone && p != static_cast<std::int32_t>(c)) {
+      if (is_free[p]) fail("freed class still indexed");
+      p = classes[p].next_same_hash;
+    }
+    if (p == kNone) fail("class missing from its hash chain");
+  }
+  for (const auto& [traj, list] : trajectory_classes)
+    for (std::int32_t c : list)
+      if (is_free[c] || classes[c].trajectory != traj) fail("trajectory's class list out of sync");
   std::vector<std::int64_t> node_count(node_parked.size(), 0), part_count(partitions.size(), 0);
   std::size_t deadlines = 0;
   for (const Class& cl : classes) {
@@ -2272,6 +2333,12 @@ void Scheduler::end_trajectories(const TrajectoryId* ids, std::size_t count, Tim
   m.messages.clear();
   m.now = now;
   for (std::size_t i = 0; i < count; ++i) {
+    // No live action: its classes are empty, neither active nor parked.
+    auto classes_of = m.trajectory_classes.find(ids[i]);
+    if (classes_of != m.trajectory_classes.end()) {
+      for (std::int32_t c : classes_of->second) m.free_class(c);
+      m.trajectory_classes.erase(classes_of);
+    }
     auto it = m.trajectory_bin.find(ids[i]);
     if (it == m.trajectory_bin.end()) continue;
     std::int32_t bin = it->second;
@@ -2372,6 +2439,7 @@ const Inventory& Scheduler::inventory() const { return impl_->inv; }
 const PolicyConfig& Scheduler::policy() const { return impl_->policy; }
 std::size_t Scheduler::waiting_count() const { return impl_->n_waiting; }
 std::size_t Scheduler::running_count() const { return impl_->n_running; }
+std::size_t Scheduler::class_count() const { return impl_->classes.size() - impl_->free_classes.size(); }
 
 Quantity Scheduler::free(std::int32_t node, std::int32_t kind) const {
   const Impl& m = *impl_;

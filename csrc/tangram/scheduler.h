@@ -82,6 +82,9 @@ class Scheduler {
   const PolicyConfig& policy() const;
   std::size_t waiting_count() const;
   std::size_t running_count() const;
+  // Classes in use (action shapes with distinct constraints; under kTrajectory, per live
+  // trajectory: an ended trajectory's classes are freed for reuse).
+  std::size_t class_count() const;
   // Free amount of `kind` on `node` (summed over the node's bins), milli-units.
   Quantity free(std::int32_t node, std::int32_t kind) const;
   Quantity gpu_free(std::int32_t node, std::int32_t device) const;

@@ -1156,6 +1156,35 @@ TEST(TrajectoryPolicy, OwnSlotUntilEnd) {
   EXPECT_EQ(h.s.free(0, 0), U(4));
 }
 
+// Under kTrajectory a class is per trajectory; an ended trajectory's classes are freed and
+// their slots reused, so a long run of short trajectories does not grow by one class each.
+// Waits, parks and wakes go through reused slots (the harness checks every invariant,
+// including that no stale heap or park entry is taken for a reused class).
+TEST(TrajectoryPolicy, EndedTrajectoriesFreeTheirClasses) {
+  PolicyConfig p = policy_of(PolicyKind::kTrajectory);
+  p.trajectory_slot_cpu = U(2);
+  Harness h(cpu_inventory(1, 4), p);  // two slots
+  auto in = [](ActionSpec a, TrajectoryId t) {
+    a.trajectory = t;
+    return a;
+  };
+  ActionId id = 1;
+  double now = 0;
+  for (TrajectoryId t = 1; t <= 600; t += 3) {
+    // Three trajectories for two slots: the third waits (its class parks), then runs.
+    std::vector<ActionSpec> batch;
+    for (TrajectoryId u = t; u < t + 3; ++u) batch.push_back(in(action(id++, {U(1 + (u % 2))}, 1), u));
+    EXPECT_EQ(started(h.submit(batch, now)).size(), 2u);
+    h.complete({id - 3, id - 2}, now + 1);
+    EXPECT_EQ(started(h.end({t, t + 1}, now + 1)), std::vector<ActionId>{id - 1});
+    h.complete({id - 1}, now + 2);
+    h.end({t + 2}, now + 2);
+    now += 3;
+    EXPECT_EQ(h.s.class_count(), 0u);
+  }
+  EXPECT_EQ(h.s.free(0, 0), U(4));
+}
+
 // The isolated policy keeps task pools apart: a pool whose share is full makes its own
 // actions wait even while another pool's share is idle, and an action larger than its
 // pool's share is rejected although the node could hold it.
