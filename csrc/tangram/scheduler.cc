@@ -241,6 +241,10 @@ struct Scheduler::Impl {
   std::unordered_map<TrajectoryId, std::vector<std::int32_t>> trajectory_classes;
   std::vector<std::int32_t> free_classes;
   void free_class(std::int32_t c);
+  // Per partition, the capacities of one node's bins under the policy.
+  using NodeBins = std::vector<std::vector<std::vector<Quantity>>>;
+  NodeBins node_bins(const std::vector<Quantity>& capacity) const;
+  void append_bin(std::int32_t node, std::int32_t part, const std::vector<Quantity>& cap);
   // The head of every class that may start, as a min-heap in policy order. Deactivating
   // only clears Class::in_active: entries whose generation is not the class's current one
   // are stale and dropped when they surface (each pass drains the heap).
@@ -504,45 +508,24 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg) : inv(std::move(inv
     throw Error(ErrorCode::kInvalidArgument, pf + ".starvation_seconds", "must be a finite number in (0, 1e9]");
   starvation_ns = to_ns(policy.starvation_seconds);
 
-  // bins per policy
-  auto add_bin = [&](std::int32_t node, std::int32_t part, const std::vector<Quantity>& cap) {
-    std::int32_t b = static_cast<std::int32_t>(bin_node.size());
-    bin_node.push_back(node);
-    bin_partition.push_back(part);
-    bin_leaf.push_back(static_cast<std::int32_t>(partitions[part].bins.size()));
-    partitions[part].bins.push_back(b);
-    bin_room.insert(bin_room.end(), cap.begin(), cap.end());  // free: all of it
-    bin_room.insert(bin_room.end(), cap.begin(), cap.end());
-  };
+  // Validate the policy's bin options; then every node's bins, partition by partition.
   switch (policy.kind) {
     case PolicyKind::kTangram:
     case PolicyKind::kFifo:
     case PolicyKind::kOptimus:
       partitions.resize(1);
-      for (std::int32_t n = 0; n < N; ++n) add_bin(n, 0, inv.nodes[n].capacity);
       break;
     case PolicyKind::kTrajectory: {
-      std::int32_t cpu = kNone;
-      for (std::int32_t k = 0; k < K; ++k)
-        if (inv.kinds[k] == "cpu") cpu = k;
-      if (cpu == kNone) throw Error(ErrorCode::kUnknownName, pf, "the trajectory policy needs a 'cpu' kind");
+      bool has_cpu = false;
+      for (std::int32_t k = 0; k < K; ++k) has_cpu = has_cpu || inv.kinds[k] == "cpu";
+      if (!has_cpu) throw Error(ErrorCode::kUnknownName, pf, "the trajectory policy needs a 'cpu' kind");
       if (policy.trajectory_slot_cpu <= 0 || policy.trajectory_slot_cpu > kMaxMilli)
         throw Error(ErrorCode::kInvalidArgument, pf + ".trajectory_slot_cpu", "must be positive");
       partitions.resize(1);
-      for (std::int32_t n = 0; n < N; ++n) {
-        Quantity slots = inv.nodes[n].capacity[cpu] / policy.trajectory_slot_cpu;
-        std::vector<Quantity> cap(K);
-        for (std::int32_t k = 0; k < K; ++k)
-          cap[k] = k == cpu ? policy.trajectory_slot_cpu : (slots > 0 ? inv.nodes[n].capacity[k] / slots : 0);
-        for (Quantity s = 0; s < slots; ++s) add_bin(n, 0, cap);
-      }
-      if (partitions[0].bins.empty())
-        throw Error(ErrorCode::kInvalidArgument, pf + ".trajectory_slot_cpu", "larger than every node's cpu: no slot fits");
       break;
     }
     case PolicyKind::kIsolated: {
       if (policy.pools.empty()) throw Error(ErrorCode::kInvalidArgument, pf + ".pools", "the isolated policy needs at least one task pool");
-      double total = 0;
       for (std::size_t p = 0; p < policy.pools.size(); ++p) {
         double w = policy.pools[p].second;
         if (!std::isfinite(w) || w <= 0 || w > 1e6)
@@ -550,34 +533,18 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg) : inv(std::move(inv
         if (pool_partition.count(policy.pools[p].first))
           throw Error(ErrorCode::kInvalidArgument, pf + ".pools[" + std::to_string(p) + "].task", "duplicate task pool " + std::to_string(policy.pools[p].first));
         pool_partition[policy.pools[p].first] = static_cast<std::int32_t>(p);
-        total += w;
       }
       partitions.resize(policy.pools.size());
-      // Shares in integer parts per million so the split is exact and reproducible.
-      std::vector<Quantity> ppm(policy.pools.size());
-      for (std::size_t p = 0; p < policy.pools.size(); ++p)
-        ppm[p] = static_cast<Quantity>(std::floor(policy.pools[p].second / total * 1e6));
-      // Each node's capacity is split exactly: floor of each share, then the milli-units
-      // left over spread evenly, the first pools taking one more, so shares sum to the node.
-      const std::size_t P = policy.pools.size();
-      std::vector<std::vector<Quantity>> share(P * N, std::vector<Quantity>(K));
-      for (std::int32_t n = 0; n < N; ++n)
-        for (std::int32_t k = 0; k < K; ++k) {
-          Quantity cap = inv.nodes[n].capacity[k], given = 0;
-          for (std::size_t p = 0; p < P; ++p) {
-            Quantity q = static_cast<Quantity>((static_cast<__int128>(cap) * ppm[p]) / 1000000);
-            share[p * N + n][k] = q;
-            given += q;
-          }
-          const Quantity left = cap - given, each = left / static_cast<Quantity>(P);
-          const std::size_t extra = static_cast<std::size_t>(left % static_cast<Quantity>(P));
-          for (std::size_t p = 0; p < P; ++p) share[p * N + n][k] += each + (p < extra ? 1 : 0);
-        }
-      for (std::size_t p = 0; p < P; ++p)
-        for (std::int32_t n = 0; n < N; ++n) add_bin(n, static_cast<std::int32_t>(p), share[p * N + n]);
       break;
     }
   }
+  std::vector<NodeBins> splits(static_cast<std::size_t>(N));
+  for (std::int32_t n = 0; n < N; ++n) splits[n] = node_bins(inv.nodes[n].capacity);
+  for (std::size_t p = 0; p < partitions.size(); ++p)
+    for (std::int32_t n = 0; n < N; ++n)
+      for (const std::vector<Quantity>& cap : splits[n][p]) append_bin(n, static_cast<std::int32_t>(p), cap);
+  if (policy.kind == PolicyKind::kTrajectory && partitions[0].bins.empty())
+    throw Error(ErrorCode::kInvalidArgument, pf + ".trajectory_slot_cpu", "larger than every node's cpu: no slot fits");
   if (uses_service_home() && has_gpus) {
     // Each service is given a home device up front, round robin over all devices, as a
     // dedicated reward pool would be.
@@ -589,7 +556,6 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg) : inv(std::move(inv
     part.node_lo.assign(N, -1);
     part.node_hi.assign(N, -1);
   }
-  bin_bound.assign(bin_node.size(), 0);
   build_trees();
   node_parked.resize(N);
   node_parked_count.assign(N, 0);
@@ -689,60 +655,74 @@ void Scheduler::Impl::set_node_online(std::int32_t node, bool online) {
   if (online) release_on_node(node, kNone);
 }
 
+// A bin at the end of its partition's leaves, all of its capacity free.
+void Scheduler::Impl::append_bin(std::int32_t node, std::int32_t part, const std::vector<Quantity>& cap) {
+  const std::int32_t b = static_cast<std::int32_t>(bin_node.size());
+  bin_node.push_back(node);
+  bin_partition.push_back(part);
+  bin_leaf.push_back(static_cast<std::int32_t>(partitions[part].bins.size()));
+  partitions[part].bins.push_back(b);
+  bin_room.insert(bin_room.end(), cap.begin(), cap.end());  // free: all of it
+  bin_room.insert(bin_room.end(), cap.begin(), cap.end());
+  bin_bound.push_back(0);
+}
+
+// The policy's bins for one node of `capacity` (the options already validated): per
+// partition, each bin's capacity. tangram, fifo, optimus: the whole node. trajectory:
+// whole slots of trajectory_slot_cpu cores, other kinds split evenly among them. isolated:
+// each task pool's share, split exactly: the floor of each share in parts per million,
+// then the milli-units left over spread evenly, the first pools taking one more, so the
+// shares sum to the node.
+Scheduler::Impl::NodeBins Scheduler::Impl::node_bins(const std::vector<Quantity>& capacity) const {
+  NodeBins bins(partitions.size());
+  switch (policy.kind) {
+    case PolicyKind::kTangram:
+    case PolicyKind::kFifo:
+    case PolicyKind::kOptimus:
+      bins[0].push_back(capacity);
+      break;
+    case PolicyKind::kTrajectory: {
+      std::int32_t cpu = kNone;
+      for (std::int32_t k = 0; k < K; ++k)
+        if (inv.kinds[k] == "cpu") cpu = k;
+      const Quantity slots = capacity[cpu] / policy.trajectory_slot_cpu;
+      std::vector<Quantity> cap(K);
+      for (std::int32_t k = 0; k < K; ++k)
+        cap[k] = k == cpu ? policy.trajectory_slot_cpu : (slots > 0 ? capacity[k] / slots : 0);
+      bins[0].assign(static_cast<std::size_t>(slots), cap);
+      break;
+    }
+    case PolicyKind::kIsolated: {
+      double total = 0;
+      for (const auto& pool : policy.pools) total += pool.second;
+      const std::size_t P = policy.pools.size();
+      for (std::size_t p = 0; p < P; ++p) bins[p].assign(1, std::vector<Quantity>(K));
+      for (std::int32_t k = 0; k < K; ++k) {
+        Quantity given = 0;
+        for (std::size_t p = 0; p < P; ++p) {
+          const Quantity ppm = static_cast<Quantity>(std::floor(policy.pools[p].second / total * 1e6));
+          const Quantity q = static_cast<Quantity>((static_cast<__int128>(capacity[k]) * ppm) / 1000000);
+          bins[p][0][k] = q;
+          given += q;
+        }
+        const Quantity left = capacity[k] - given, each = left / static_cast<Quantity>(P);
+        const std::size_t extra = static_cast<std::size_t>(left % static_cast<Quantity>(P));
+        for (std::size_t p = 0; p < P; ++p) bins[p][0][k] += each + (p < extra ? 1 : 0);
+      }
+      break;
+    }
+  }
+  return bins;
+}
+
 // Appends a node: its bins (as the constructor makes them for the policy), its GPUs, and
 // every per-node index; then rebuilds the trees. Class feasibility is recomputed (new
 // capacity can only make more classes feasible).
 std::int32_t Scheduler::Impl::add_node(NodeSpec spec) {
   const std::int32_t n = static_cast<std::int32_t>(inv.nodes.size());
-  std::int32_t cpu = kNone;
-  for (std::int32_t k = 0; k < K; ++k)
-    if (inv.kinds[k] == "cpu") cpu = k;
-  auto add_bin = [&](std::int32_t part, const std::vector<Quantity>& cap) {
-    std::int32_t b = static_cast<std::int32_t>(bin_node.size());
-    bin_node.push_back(n);
-    bin_partition.push_back(part);
-    bin_leaf.push_back(static_cast<std::int32_t>(partitions[part].bins.size()));
-    partitions[part].bins.push_back(b);
-    bin_room.insert(bin_room.end(), cap.begin(), cap.end());  // free: all of it
-    bin_room.insert(bin_room.end(), cap.begin(), cap.end());
-    bin_bound.push_back(0);
-  };
-  switch (policy.kind) {
-    case PolicyKind::kTangram:
-    case PolicyKind::kFifo:
-    case PolicyKind::kOptimus:
-      add_bin(0, spec.capacity);
-      break;
-    case PolicyKind::kTrajectory: {
-      Quantity slots = spec.capacity[cpu] / policy.trajectory_slot_cpu;
-      std::vector<Quantity> cap(K);
-      for (std::int32_t k = 0; k < K; ++k)
-        cap[k] = k == cpu ? policy.trajectory_slot_cpu : (slots > 0 ? spec.capacity[k] / slots : 0);
-      for (Quantity s = 0; s < slots; ++s) add_bin(0, cap);
-      break;
-    }
-    case PolicyKind::kIsolated: {
-      // The constructor's exact split, for this one node.
-      double total = 0;
-      for (const auto& pw : policy.pools) total += pw.second;
-      const std::size_t P = policy.pools.size();
-      std::vector<std::vector<Quantity>> share(P, std::vector<Quantity>(K));
-      for (std::int32_t k = 0; k < K; ++k) {
-        Quantity cap = spec.capacity[k], given = 0;
-        for (std::size_t p = 0; p < P; ++p) {
-          Quantity ppm = static_cast<Quantity>(std::floor(policy.pools[p].second / total * 1e6));
-          Quantity q = static_cast<Quantity>((static_cast<__int128>(cap) * ppm) / 1000000);
-          share[p][k] = q;
-          given += q;
-        }
-        const Quantity left = cap - given, each = left / static_cast<Quantity>(P);
-        const std::size_t extra = static_cast<std::size_t>(left % static_cast<Quantity>(P));
-        for (std::size_t p = 0; p < P; ++p) share[p][k] += each + (p < extra ? 1 : 0);
-      }
-      for (std::size_t p = 0; p < P; ++p) add_bin(static_cast<std::int32_t>(p), share[p]);
-      break;
-    }
-  }
+  const NodeBins split = node_bins(spec.capacity);
+  for (std::size_t p = 0; p < split.size(); ++p)
+    for (const std::vector<Quantity>& cap : split[p]) append_bin(n, static_cast<std::int32_t>(p), cap);
   // devices: appended after every existing one, so global device indices stay valid
   node_first_dev[n] = static_cast<std::int32_t>(dev_node.size());
   Quantity most = 0;
