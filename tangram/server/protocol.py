@@ -196,8 +196,8 @@ class FrameReader:
 
     __slots__ = ("buffer", "start", "end", "limit")
 
-    INITIAL = 64 * 1024  # also what the buffer shrinks back to once a large frame is read
-    MIN_READ = 16 * 1024  # free room offered to a read at least
+    INITIAL = 16 * 1024  # per connection; also what it shrinks back to after a large frame
+    MIN_READ = 4 * 1024  # free room offered to a read at least
 
     def __init__(self, limit: int) -> None:
         self.buffer = bytearray(self.INITIAL)
