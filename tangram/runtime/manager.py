@@ -64,6 +64,11 @@ class ResourceManager(abc.ABC):
           group), release what it held, then let the CancelledError propagate. The
           orchestrator turns it into ActionCancelled or ActionTimeout.
         - The resources in `placement` are the action's only while this call runs.
+        - Its first step (up to the first await that suspends) runs as the orchestrator
+          starts the action, inside the batch of start decisions (an eager start, in the
+          action's own context): keep it short and non-blocking, and do not rely on
+          asyncio.current_task() there. An action that returns without suspending ends
+          then and there, with no task.
         """
 
     async def restore(self, service: str, node: int, device: int) -> None:
