@@ -61,9 +61,10 @@ class CallEncoder:
             grown[: len(self._templates)] = self._templates
             self._templates = grown
         self._templates[slot] = record[0]
-        if slot == len(self._template_bytes):
-            self._template_bytes.append(b"")
-        self._template_bytes[slot] = record[0].tobytes()
+        if slot < len(self._template_bytes):  # slots restart at 0 after a clear
+            self._template_bytes[slot] = record[0].tobytes()
+        else:
+            self._template_bytes.append(record[0].tobytes())
         if key is not None:
             self._index[key] = slot
         return slot

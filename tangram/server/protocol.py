@@ -191,7 +191,7 @@ class FrameReader:
     It owns the receive buffer, for an asyncio.BufferedProtocol: the transport reads
     straight into `get_buffer()` (recv_into) and reports `buffer_updated(n)`. A plain
     Protocol's recv allocates 256 KiB per read, which glibc serves with mmap and
-    munmap: about 12 us per read on this machine, a tenth of a round trip's CPU.
+    munmap: about 13 us more per read on this machine (bench/server_costs.py).
     """
 
     __slots__ = ("buffer", "start", "end", "limit")
