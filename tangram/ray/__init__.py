@@ -11,7 +11,7 @@ The core places every action on a node; one node agent per Ray node (an async ac
 pinned to the node) runs it in that node's sandboxes; starts and completions travel in
 batches, one actor call per node per event-loop iteration. Nodes that die leave the
 core's inventory and their actions fail or are re-queued (`on_node_loss`); nodes that
-join add capacity. docs/ray.md has the details. Needs `pip install 'tangram[ray]'`.
+join add capacity. docs/ray.md has the details. Needs `pip install '.[ray]'`.
 """
 
 from .manager import NodeLost, RayManager, RayOrchestrator, cluster_inventory, cluster_nodes, node_name

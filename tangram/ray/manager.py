@@ -40,7 +40,7 @@ def _require_ray() -> Any:
     try:
         import ray
     except ImportError:  # pragma: no cover - exercised only without ray
-        raise ManagerError("managers.ray", "the Ray backend needs ray: pip install 'tangram[ray]'") from None
+        raise ManagerError("managers.ray", "the Ray backend needs ray: pip install 'ray>=2.9' (from a checkout: pip install '.[ray]')") from None
     if not ray.is_initialized():
         raise ManagerError("managers.ray", "ray is not initialised: call ray.init(...) first")
     return ray

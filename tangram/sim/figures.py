@@ -23,7 +23,7 @@ def _plt():  # type: ignore[no-untyped-def]
         import matplotlib
     except ImportError:
         raise RuntimeError("figures need matplotlib: pip install matplotlib "
-                           "(or pip install 'tangram[sim]')") from None
+                           "(from a checkout: pip install '.[sim]')") from None
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 

@@ -15,7 +15,7 @@ import time
 import cloudpickle
 import pytest
 
-ray = pytest.importorskip("ray", reason="the Ray backend needs ray (pip install 'tangram[ray]')")
+ray = pytest.importorskip("ray", reason="the Ray backend needs ray (pip install '.[ray]')")
 cluster_utils = pytest.importorskip("ray.cluster_utils", reason="ray.cluster_utils is missing from this ray")
 
 from tangram import ActionCancelled, Call  # noqa: E402
