@@ -261,7 +261,7 @@ def start_server(config: str | None) -> tuple[subprocess.Popen[str], str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(os.path.abspath(__file__)),
                                                       env.get("PYTHONPATH")]))
     argv = ([sys.executable, __file__, "--echo-server"] if config is None else
-            [sys.executable, "-m", "tangram", "serve", "--port", "0", "--config", config,
+            [sys.executable, "-P", "-m", "tangram", "serve", "--port", "0", "--config", config,
              "--manager", "cpu=server_roundtrip:NoopManager", "--grace", "0"])
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None

@@ -1,5 +1,12 @@
 """tangram: action-level orchestration of CPUs, GPUs and API quotas for agentic RL."""
 
+__version__ = "0.1.0"  # the one place the version is written (pyproject reads it from here)
+
+from ._compiled import import_core as _import_core
+
+_import_core(__path__, __version__)  # before anything below imports tangram._core
+del _import_core
+
 from ._errors import (
     DuplicateIdError,
     InvalidStateError,
@@ -43,8 +50,6 @@ from .runtime import (
     SyncOrchestrator,
     register_manager,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Action",

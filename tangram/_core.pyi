@@ -3,6 +3,8 @@
 from typing import Sequence
 
 import numpy as np
+
+__version__: str  # the package version this module was built for
 import numpy.typing as npt
 
 ACTION_HEADER_SIZE: int

@@ -54,7 +54,9 @@ class PolicyRun:
 
 
 def start_search_server() -> tuple[subprocess.Popen[str], int]:
-    proc = subprocess.Popen([sys.executable, "-m", "tangram.demo.search_server", "--rate", str(SEARCH_RATE),
+    # -P: the server imports the installed tangram, never a source folder that happens to
+    # be the caller's working directory.
+    proc = subprocess.Popen([sys.executable, "-P", "-m", "tangram.demo.search_server", "--rate", str(SEARCH_RATE),
                              "--burst", str(SEARCH_BURST)], stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline() if proc.stdout else ""
     if not line.startswith("port "):

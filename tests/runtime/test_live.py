@@ -106,7 +106,7 @@ def test_quota_rate_observed_at_the_server() -> None:
     429 beyond it. The core's quota has the same rate and one request less of burst: the
     headroom a client-side limiter needs for the jitter between admission and arrival."""
     rate, burst, calls = 20.0, 2, 24
-    server = subprocess.Popen([sys.executable, "-m", "tangram.demo.search_server", "--rate", str(rate), "--burst",
+    server = subprocess.Popen([sys.executable, "-P", "-m", "tangram.demo.search_server", "--rate", str(rate), "--burst",
                                str(burst + 1)], stdout=subprocess.PIPE, text=True)
     try:
         port = int(server.stdout.readline().split()[1])  # type: ignore[union-attr]
@@ -158,7 +158,7 @@ def test_reward_service_batches_on_its_device() -> None:
 def test_demo_runs_end_to_end() -> None:
     """The README's main job, small: both policies, every action ok, the search server
     never over its limit."""
-    proc = subprocess.run([sys.executable, "-m", "tangram", "demo", "--trajectories", "2"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-P", "-m", "tangram", "demo", "--trajectories", "2"], capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout

@@ -53,7 +53,7 @@ class Served:
     """A `tangram serve` subprocess; `address` is parsed from its first line."""
 
     def __init__(self, config: Path | None, *args: str, env: dict[str, str] | None = None) -> None:
-        argv = [sys.executable, "-m", "tangram", "serve", "--port", "0", *args]
+        argv = [sys.executable, "-P", "-m", "tangram", "serve", "--port", "0", *args]
         if config is not None:
             argv += ["--config", str(config)]
         environ = {k: v for k, v in os.environ.items() if k != "TANGRAM_TOKEN"}
@@ -231,7 +231,7 @@ CLIENT_SCRIPT = textwrap.dedent("""
 def test_several_client_processes_share_one_server(cpu_server: tuple[Served, Path]) -> None:
     served, _ = cpu_server
     names = ["alpha", "beta", "gamma"]
-    procs = [subprocess.Popen([sys.executable, "-c", CLIENT_SCRIPT, served.address, name], stdout=subprocess.PIPE,
+    procs = [subprocess.Popen([sys.executable, "-P", "-c", CLIENT_SCRIPT, served.address, name], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for name in names]
     outputs = [p.communicate(timeout=60) for p in procs]
     for p, (out, err) in zip(procs, outputs):
@@ -321,7 +321,7 @@ def test_sync_client_mirrors_the_sync_orchestrator(mock_server: Served) -> None:
 def test_token_required_off_loopback(tmp_path: Path) -> None:
     config = write_config(tmp_path)
     env = {k: v for k, v in os.environ.items() if k != "TANGRAM_TOKEN"}
-    refused = subprocess.run([sys.executable, "-m", "tangram", "serve", "--host", "0.0.0.0", "--port", "0",
+    refused = subprocess.run([sys.executable, "-P", "-m", "tangram", "serve", "--host", "0.0.0.0", "--port", "0",
                               "--config", str(config), "--manager", "cpu=mock"],
                              capture_output=True, text=True, timeout=30, env=env)
     assert refused.returncode == 2 and "token" in refused.stderr and "listening" not in refused.stdout
@@ -487,7 +487,7 @@ def test_a_dropped_client_has_its_actions_cancelled_on_the_server(mock_server: S
             await asyncio.sleep(60)
         asyncio.run(main())
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script, mock_server.address], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-P", "-c", script, mock_server.address], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         assert _readline(proc, 20.0) == "running\n", proc.stderr
