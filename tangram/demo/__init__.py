@@ -16,7 +16,9 @@ policy model thinking: a sleep, not an external resource) with real tool calls:
 
 Under `trajectory` each trajectory owns an equal share of the cores for the whole step
 (today's frameworks); under `tangram` the cores are one pool and elastic actions grow
-into what the others leave idle. The table compares action completion times (ACT).
+into what the others leave idle. The table compares action completion times (ACT: from
+the tool call to its result, wait plus run) and the step's duration (until the last
+trajectory is scored). The workload is sized to finish both runs in about 20 s on 2 cores.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ from . import programs
 # The search API's limit: requests per second and burst. The quota in the core has one
 # request less of burst: headroom for the jitter between admission and arrival.
 SEARCH_RATE, SEARCH_BURST = 8.0, 3
-TEST_CASES = [100_000, 150_000, 200_000, 120_000, 180_000, 140_000, 160_000, 110_000]
+TEST_CASES = [50_000, 75_000, 100_000, 60_000, 90_000, 70_000, 80_000, 55_000]
+BUILD_ROUNDS = 30_000  # sha256 rounds per build unit
 
 
 @dataclass
@@ -131,19 +134,20 @@ async def rollout(policy: str, trajectories: int, port: int, seed: int, progress
             progress.update(1)
 
     def think(t: int, turn: int) -> asyncio.Future[None]:
-        # The policy model generating the next turn: 0.3-1.5 s, deterministic per (seed, t, turn).
-        return asyncio.sleep(0.3 + ((seed * 7919 + t * 104729 + turn * 1299709) % 1200) / 1000.0)
+        # The policy model generating the next turn: 0.15-0.75 s, deterministic per (seed, t, turn).
+        return asyncio.sleep(0.15 + ((seed * 7919 + t * 104729 + turn * 1299709) % 600) / 1000.0)
 
     async def trajectory(t: int) -> None:
         # Trajectories differ: half of the solutions are buggy (fixed after a failing test
-        # run, except every fourth trajectory's), and they iterate 1 to 3 times.
+        # run, except every fourth trajectory's), and they iterate once or twice.
         buggy, fixable = t % 2 == 1, t % 4 != 3
-        iterations = 1 + t % 3
+        iterations = 1 + t % 2
         common = dict(trajectory=t, kind="env", timeout=120.0)
         code = dict(resources={"cpu": slot, "memory": 256}, elastic="cpu", max_units=float(cores), **common)
         turn = iter(range(100))
         await think(t, next(turn))
-        await act(Call(fn=programs.write_project, args=(TEST_CASES, buggy), resources={"cpu": slot / 4, "memory": 64},
+        await act(Call(fn=programs.write_project, args=(TEST_CASES, buggy, BUILD_ROUNDS),
+                       resources={"cpu": slot / 4, "memory": 64},
                        runtime=0.02, **common))
         await think(t, next(turn))
         await act(Call(fn=search, args=(port, "count primes up to n quickly"), quota="search",
@@ -151,12 +155,12 @@ async def rollout(policy: str, trajectories: int, port: int, seed: int, progress
         report = ""
         for _ in range(iterations):
             await think(t, next(turn))
-            await act(Call(command=[python, "build.py"], runtime=Amdahl(1.0 / slot, 0.85), **code))
+            await act(Call(command=[python, "build.py"], runtime=Amdahl(0.5 / slot, 0.85), **code))
             await think(t, next(turn))
-            await act(Call(command=[python, "solution.py", "50000"], resources={"cpu": slot, "memory": 128},
-                           runtime=0.15 / slot, **common))
+            await act(Call(command=[python, "solution.py", "30000"], resources={"cpu": slot, "memory": 128},
+                           runtime=0.07 / slot, **common))
             await think(t, next(turn))
-            result = await act(Call(command=[python, "run_tests.py"], runtime=Amdahl(1.9 / slot, 0.9), **code))
+            result = await act(Call(command=[python, "run_tests.py"], runtime=Amdahl(0.7 / slot, 0.9), **code))
             if not isinstance(result, CommandResult) or not result.stdout.strip():
                 continue  # no test report this time: the next iteration builds and tests again
             report = result.stdout.decode().strip().splitlines()[-1]
@@ -182,12 +186,16 @@ async def rollout(policy: str, trajectories: int, port: int, seed: int, progress
     return run
 
 
+def _all_acts(run: PolicyRun) -> list[float]:
+    return [a for acts in run.acts.values() for a in acts]
+
+
 def _table(runs: list[PolicyRun]) -> str:
     kinds = ["env", "search", "reward"]
-    lines = [f"{'policy':<12}{'avg ACT s':>10}{'p99 ACT s':>10}" + "".join(f"{k + ' s':>10}" for k in kinds)
-             + f"{'step s':>9}{'reward':>8}"]
+    lines = [f"{'policy':<12}{'mean ACT':>10}{'p99 ACT':>10}" + "".join(f"{k:>10}" for k in kinds)
+             + f"{'step':>9}{'reward':>8}"]
     for r in runs:
-        every = [a for acts in r.acts.values() for a in acts]
+        every = _all_acts(r)
         p99 = sorted(every)[max(0, int(round(0.99 * len(every))) - 1)] if every else 0.0
         cells = "".join(f"{statistics.fmean(r.acts[k]) if r.acts.get(k) else 0.0:>10.2f}" for k in kinds)
         lines.append(f"{r.policy:<12}{statistics.fmean(every):>10.2f}{p99:>10.2f}{cells}{r.step_seconds:>9.1f}"
@@ -195,36 +203,45 @@ def _table(runs: list[PolicyRun]) -> str:
     return "\n".join(lines)
 
 
-def main(trajectories: int | None = None, policies: tuple[str, ...] = ("trajectory", "tangram"), seed: int = 0) -> int:
+def main(trajectories: int | None = None, policies: tuple[str, ...] = ("trajectory", "tangram"), seed: int = 0,
+         verbose: bool = False) -> int:
+    """Runs the rollout under each policy and prints the comparison; 1 if any action failed."""
     from tqdm import tqdm
+
+    from ..runtime.isolation import detect
 
     cores = len(os.sched_getaffinity(0))
     trajectories = trajectories or max(4, min(32, 2 * cores))
-    print(f"tangram demo: {trajectories} trajectories on this machine ({cores} cores), "
-          f"search API limited to {SEARCH_RATE:g}/s (burst {SEARCH_BURST}), policies: {', '.join(policies)}")
-    from ..runtime.isolation import detect
-
-    print(f"sandboxes: {detect().description}")
+    isolation = detect()
+    print(f"tangram demo: one RL rollout step of {trajectories} agentic coding trajectories on this machine "
+          f"({cores} cores), run once per policy: {', '.join(policies)}")
+    print("  each trajectory alternates LLM generation (a sleep) with tool calls in its own sandbox: write code, "
+          f"query a search API limited to {SEARCH_RATE:g}/s, build, run, test (elastic), fix; a reward service "
+          "scores it")
+    print(f"  sandboxes: {isolation.description if verbose else isolation.summary}")
     server, port = start_search_server()
     runs = []
     try:
-        per_run = sum(4 + 4 * (1 + t % 3) for t in range(trajectories))  # at most
+        per_run = sum(4 + 4 * (1 + t % 2) for t in range(trajectories))  # at most
         for policy in policies:
-            with tqdm(total=per_run, desc=f"{policy:<10}", unit="action", leave=True) as bar:
+            with tqdm(total=per_run, desc=f"{policy:<10}", unit="action", leave=False) as bar:
                 runs.append(asyncio.run(rollout(policy, trajectories, port, seed, bar)))
-                bar.total = bar.n
-                bar.refresh()
         stats = server_stats(port)
     finally:
         stop_search_server(server)
+    print()
+    print("ACT (action completion time): seconds from a tool call to its result, waiting plus running.")
+    print("Columns: mean and p99 ACT of all actions; mean ACT of env (sandbox), search and reward actions; "
+          "step: seconds until the last trajectory was scored; reward: mean reward.")
     print(_table(runs))
     base, ours = runs[0], runs[-1]
-    mean = lambda r: statistics.fmean([a for acts in r.acts.values() for a in acts])  # noqa: E731
-    print(f"average ACT {base.policy}/{ours.policy}: {mean(base) / mean(ours):.2f}x; "
-          f"step duration {base.step_seconds / ours.step_seconds:.2f}x")
-    print(f"search server: {stats['requests']} requests, {stats['rejected']} rejected, at most "
-          f"{stats['max_in_window']} admitted in any {stats['window']:g} s (limit {SEARCH_RATE:g}/s, burst {SEARCH_BURST})")
-    failed = {p: {k: v for k, v in r.outcomes.items() if k != "ok"} for p, r in ((r.policy, r) for r in runs)}
+    if base is not ours:
+        act_ratio = statistics.fmean(_all_acts(base)) / statistics.fmean(_all_acts(ours))
+        print(f"{ours.policy} against {base.policy}: mean ACT {act_ratio:.2f}x lower, step "
+              f"{base.step_seconds / ours.step_seconds:.2f}x shorter")
+    print(f"search API: {stats['requests']} requests, {stats['rejected']} rejected, at most {stats['max_in_window']} "
+          f"admitted in any {stats['window']:g} s (limit {SEARCH_RATE:g}/s, burst {SEARCH_BURST})")
+    failed = {r.policy: {k: v for k, v in r.outcomes.items() if k != "ok"} for r in runs}
     if any(failed.values()):
         print(f"actions that did not end ok: {failed}")
         return 1

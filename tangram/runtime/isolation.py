@@ -55,6 +55,14 @@ class Isolation:
     def cgroup(self) -> bool:
         return self.mechanism != "affinity"
 
+    @property
+    def summary(self) -> str:
+        """One line for users, without this machine's paths (`description` has them)."""
+        if self.cgroup:
+            return (f"{self.mechanism.replace('-', ' ')}: each action pinned to its granted cores, "
+                    "with a CPU quota for fractions of a core and a memory limit")
+        return "CPU affinity: each action pinned to its granted cores (no writable cgroups here)"
+
 
 # ---------------------------------------------------------------------------- detection
 def _read(path: str) -> str:
