@@ -77,12 +77,13 @@ struct PolicyConfig {
   double aging = 0.5;
   // Placement: best fit among the first `candidates` feasible bins in index order.
   std::int32_t candidates = 4;
-  // kTangram: an extra elastic unit is granted only if it cuts the run time by at least
-  // this fraction of the current run time.
+  // kTangram, kOptimus: an extra elastic unit is granted only if it cuts the run time by
+  // at least this fraction of the current run time.
   double min_relative_gain = 0.05;
-  // kTangram, kFifo: an action that has waited this long and still does not fit holds
-  // back every later action from the bins it could use, so big actions are not starved
-  // by a stream of small ones.
+  // Every policy: an action that has waited this long and still does not fit holds back
+  // every later action from the bins it could use, so big actions are not starved by a
+  // stream of small ones (under kTrajectory only the free slots: a trajectory's own slot
+  // is never held). Under kTangram, also the wait after which a service's restore goes first.
   double starvation_seconds = 60;
   // kTrajectory: cores (milli) in each trajectory's slot. Each node is cut into
   // floor(cpu / slot) slots; other kinds are divided evenly among a node's slots.
