@@ -1,6 +1,6 @@
 """Instructions per decision of the core on the 1,024-node burst, counted by callgrind.
 
-Wall-clock figures on a shared 2-core VM move by 2x from run to run; instruction counts do
+Wall-clock figures on a shared machine move by up to 2x from run to run; instruction counts do
 not. Run:  python bench/count_instructions.py [NODES] [--cache]   (needs valgrind; takes
 ~1 minute, a few with --cache)
 

@@ -30,8 +30,8 @@ resources. The server keeps its default records and Prometheus metrics.
                once: the floor that asyncio and the kernel set on this machine, measured in
                the same run (figures on a shared machine move with its load).
 
-Targets (issue 5): median round trip under 500 us with several clients at once; over
-10,000 actions/s batched.
+Targets: median round trip under 500 us with several clients at once; over 10,000
+actions/s batched.
 """
 
 from __future__ import annotations
@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'in-process round trip':<26} {'-':>7} {reference['median_us']:>10.0f} {'':>8} "
           f"{reference['p99_us']:>8.0f}")
     print(f"{'in-process throughput':<26} {'-':>7} {'':>10} {'':>8} {'':>8} {reference['actions_per_second']:>10,.0f}")
-    # The targets are for several client processes at once (issue 5); one client alone is shown too.
+    # The targets are for several client processes at once; one client alone is shown too.
     alone = next(r["median_us"] for r in rows if r["measure"] == "round trip" and r["clients"] == 1)
     rt = next(r["median_us"] for r in rows if r["measure"] == "round trip" and r["clients"] == args.clients)
     many = [r for r in rows if r["measure"] == "throughput" and r["clients"] == args.clients][0]

@@ -6,8 +6,7 @@ Runs `--steps` rounds of `--batch` new trajectories through one scheduler (4 nod
 cores): each trajectory submits one action, which completes, then the trajectory ends.
 Reports the growth of the process's resident memory per trajectory after a warm-up of
 40 rounds. Under `trajectory` the core keys a class per trajectory; ending a trajectory
-frees its classes, so the growth should be 0 (before that fix: about 460 bytes per
-trajectory, measured with this script at commit 7a2fa7e).
+frees its classes, so the growth should be 0.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`tangram demo --virtual`: the core deciding a burst of agentic-RL actions on this machine's
-inventory, in virtual time, under each policy. A sketch of what the simulator issue turns
-into a full evaluation; the numbers are modelled seconds, not measurements of real work."""
+inventory, in virtual time, under each policy. `tangram sim` is the full evaluation; the numbers here
+are modelled seconds, not measurements of real work."""
 
 from __future__ import annotations
 
