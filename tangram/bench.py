@@ -63,9 +63,11 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from . import _core
+from ._errors import TangramError
 from ._model import Inventory, Node
 from ._numpy_placement import NumpyPlacement
 from ._records import DECISION_DTYPE, MODEL_AMDAHL, MODEL_CONSTANT, REJECT, START, empty_actions
+from .cli import ArgumentParser, name_list, non_negative_int, non_negative_seconds, positive_int, writable_file
 from .scheduler import Policy, Scheduler, core_arguments
 
 __all__ = ["Config", "KINDS", "make_actions", "make_inventory", "make_scheduler", "record_burst", "replay",
@@ -730,32 +732,41 @@ def format_table(header: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(positive_int(x) for x in text.split(","))
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive node counts, got {text!r}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tangram bench", description="Decision-latency benchmarks of the scheduler.")
+    parser = ArgumentParser(prog="tangram bench", description="Decision-latency benchmarks of the scheduler.")
     parser.add_argument("--json", metavar="PATH", help="write the header and rows as JSON to PATH")
     parser.add_argument("--quick", action="store_true", help="smaller workloads (under a minute)")
-    parser.add_argument("--sizes", type=lambda s: tuple(int(x) for x in s.split(",")),
-                        help="comma-separated node counts (default 64,1024,4096)")
-    parser.add_argument("--impls", type=lambda s: tuple(s.split(",")), help="comma-separated subset of core,reference,numpy")
-    parser.add_argument("--burst", type=int, help="actions in the burst (default 10000; --quick 2000)")
-    parser.add_argument("--repeats", type=int, help="repeats of each core measurement (median reported)")
-    parser.add_argument("--reference-budget", type=float, metavar="SECONDS",
+    parser.add_argument("--sizes", type=_sizes, help="comma-separated node counts (default 64,1024,4096)")
+    parser.add_argument("--impls", type=lambda s: name_list(s, IMPLS, "impl"),
+                        help=f"comma-separated subset of {','.join(IMPLS)}")
+    parser.add_argument("--burst", type=positive_int, help="actions in the burst (default 10000; --quick 2000)")
+    parser.add_argument("--repeats", type=positive_int, help="repeats of each core measurement (median reported)")
+    parser.add_argument("--reference-budget", type=non_negative_seconds, metavar="SECONDS",
                         help="time budget of the reference per scenario and size")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=non_negative_int, default=0)
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     args = parser.parse_args(argv)
+    try:
+        if args.json:
+            writable_file(args.json, "--json")  # before the run, not after it
+    except TangramError as e:
+        parser.error(str(e))
 
     config = Config.quick() if args.quick else Config()
     if args.sizes:
         config.sizes = args.sizes
     if args.impls:
-        unknown = set(args.impls) - set(IMPLS)
-        if unknown:
-            parser.error(f"unknown impl(s) {', '.join(sorted(unknown))} (one of {', '.join(IMPLS)})")
         config.impls = args.impls
-    if args.burst:
+    if args.burst is not None:
         config.burst = args.burst
-    if args.repeats:
+    if args.repeats is not None:
         config.repeats = args.repeats
     if args.reference_budget is not None:
         config.reference_budget_s = args.reference_budget
@@ -769,9 +780,12 @@ def main(argv: list[str] | None = None) -> int:
         header["load_average_1m_end"] = round(os.getloadavg()[0], 2)
     print(format_table(header, rows))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"header": header, "rows": rows}, f, indent=2)
-            f.write("\n")
+        try:
+            with open(args.json, "w") as f:
+                json.dump({"header": header, "rows": rows}, f, indent=2)
+                f.write("\n")
+        except OSError as e:
+            parser.error(f"--json: cannot write {args.json!r}: {e.strerror or e}")
         print(f"\nwrote {args.json}")
     return 0
 

@@ -600,21 +600,28 @@ def _version() -> str:
 
 # ---------------------------------------------------------------- the command
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from ..cli import ArgumentParser, non_negative_seconds
+
+    def port(text: str) -> int:
+        if not text.isdigit() or int(text) > 65535:
+            raise argparse.ArgumentTypeError(f"expected a TCP port, 0 to 65535, got {text!r}")
+        return int(text)
+
+    parser = ArgumentParser(
         prog="tangram serve", description="Serve one orchestrator to many client processes (tangram.Client).",
         epilog="Prints 'tangram serve: listening on HOST:PORT ...' once ready. SIGTERM/SIGINT shut it down: "
                "running actions get --grace seconds to finish, the rest are cancelled; a second signal cancels at once.")
     parser.add_argument("--config", help="runtime configuration file (.toml or .json; see tangram.RuntimeConfig)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; anything other "
                                                             "than loopback requires a token)")
-    parser.add_argument("--port", type=int, default=P.DEFAULT_PORT,
+    parser.add_argument("--port", type=port, default=P.DEFAULT_PORT,
                         help=f"TCP port (default {P.DEFAULT_PORT}; 0 picks a free one)")
     parser.add_argument("--token", default=None, help="shared secret clients must present (default: $TANGRAM_TOKEN; "
                                                       "prefer the variable: arguments are visible in ps)")
     parser.add_argument("--policy", default=None, help="scheduling policy (default: the config's, else tangram)")
     parser.add_argument("--max-frame", type=int, default=P.DEFAULT_MAX_FRAME,
                         help=f"largest frame accepted from a client, bytes (default {P.DEFAULT_MAX_FRAME})")
-    parser.add_argument("--grace", type=float, default=10.0,
+    parser.add_argument("--grace", type=non_negative_seconds, default=10.0,
                         help="seconds running actions get to finish at shutdown (default 10)")
     parser.add_argument("--manager", action="append", default=[], metavar="KIND=NAME",
                         help="serve KIND's actions with manager NAME (a registered name, or module:Class), e.g. "
@@ -628,14 +635,17 @@ def cli_main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     token = args.token if args.token is not None else os.environ.get("TANGRAM_TOKEN") or None
     try:
-        config = RuntimeConfig.from_file(args.config) if args.config else RuntimeConfig()
+        config = _load_config(args.config) if args.config else RuntimeConfig()
         managers: dict[str, ResourceManager] = {}
         for item in args.manager:
             kind, sep, name = item.partition("=")
             if not sep or not kind or not name:
                 raise ValidationError("--manager", f"expected KIND=NAME, got {item!r}")
             cls = _import_manager(name) if ":" in name else manager_class(name)
-            managers[kind] = cls(**dict(config.managers.get(name, {})))
+            try:
+                managers[kind] = cls(**dict(config.managers.get(name, {})))
+            except TypeError as e:  # options the manager does not take
+                raise ValidationError(f"managers.{name}", f"bad options for {cls.__name__}: {e}") from None
         server = Server(config, host=args.host, port=args.port, token=token, policy=args.policy,
                         managers=managers, max_frame=args.max_frame)
         gc.set_threshold(*GC_THRESHOLDS)
@@ -645,6 +655,25 @@ def cli_main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _load_config(path: str) -> RuntimeConfig:
+    """The --config file; one that cannot be read or parsed, or whose shape is wrong, is a
+    ValidationError naming the file."""
+    try:
+        return RuntimeConfig.from_file(path)
+    except TangramError:
+        raise
+    except OSError as e:
+        raise ValidationError("--config", f"cannot read {path!r}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ValidationError("--config", f"{path!r} is not UTF-8 text: {e}") from None
+    except ValueError as e:  # JSONDecodeError and TOMLDecodeError say the line and column
+        raise ValidationError("--config", f"{path!r} is not valid {'JSON' if path.endswith('.json') else 'TOML'}: "
+                                          f"{e}") from None
+    except (TypeError, KeyError, AttributeError) as e:  # a setting of the wrong shape
+        raise ValidationError("--config", f"{path!r}: a setting has the wrong shape "
+                                          f"({type(e).__name__}: {e})") from None
 
 
 def _import_manager(target: str) -> type[ResourceManager]:

@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import time
 from typing import Any, Sequence
 
 import numpy as np
 
+from .._errors import TangramError, ValidationError
+from ..cli import ArgumentParser, name_list, positive_int, writable_dir, writable_file
 from .engine import POLICY_NAMES
 from .experiments import RESOURCES, Progress, run_many
 from .workloads import Workload
@@ -57,62 +60,146 @@ def table(rows: list[dict[str, Any]], policies: Sequence[str]) -> str:
     return "\n".join(out)
 
 
+def parse_seeds(text: str) -> Sequence[int]:
+    """`--seeds`: a count N (seeds 0..N-1), or seeds and inclusive ranges separated by
+    commas (`3,7`, `100-104`, `1,5-7`). Non-negative integers; a seed given twice is an
+    error. Raises argparse.ArgumentTypeError, which argparse reports naming --seeds."""
+    forms = "a count N (seeds 0..N-1), or seeds and inclusive ranges such as 3,7 or 100-104 or 1,5-7"
+    spans: list[tuple[int, int]] = []
+    for entry in (e.strip() for e in text.split(",")):
+        m = _SEED_ENTRY.fullmatch(entry)
+        if m is None:
+            what = "empty entry" if not entry else f"{entry!r} is not a non-negative integer or range"
+            where = "" if entry == text.strip() else f" in {text!r}"
+            raise argparse.ArgumentTypeError(f"{what}{where}; expected {forms}")
+        lo = int(m[1])
+        hi = int(m[2]) if m[2] is not None else lo
+        if hi < lo:
+            raise argparse.ArgumentTypeError(f"range {entry!r} is empty; write the smaller seed first")
+        spans.append((lo, hi))
+    if len(spans) == 1:
+        ((lo, hi),) = spans
+        if "-" not in text:  # a count
+            if lo < 1:
+                raise argparse.ArgumentTypeError(f"a count of seeds must be positive, got {text!r}; expected {forms}")
+            return range(lo)
+        return range(lo, hi + 1)
+    seeds: list[int] = []
+    for lo, hi in spans:
+        seeds += range(lo, hi + 1)
+    seen: set[int] = set()
+    for s in seeds:
+        if s in seen:
+            raise argparse.ArgumentTypeError(f"seed {s} given twice in {text!r}")
+        seen.add(s)
+    return seeds
+
+
+_SEED_ENTRY = re.compile(r"([0-9]+)(?:\s*-\s*([0-9]+))?")
+
+
+def format_seeds(seeds: Sequence[int]) -> str:
+    """The seeds in `--seeds` list form, runs of consecutive seeds as ranges: `0-2`, `3,7`."""
+    parts: list[str] = []
+    i = 0
+    while i < len(seeds):
+        j = i
+        while j + 1 < len(seeds) and seeds[j + 1] == seeds[j] + 1:
+            j += 1
+        parts.append(str(seeds[i]) if i == j else f"{seeds[i]}-{seeds[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
 def _write_json(path: str, obj: Any) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=1)
         f.write("\n")
 
 
-def cli_main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tangram sim", description=__doc__)
-    parser.add_argument("--workload", default="coding", help="built-in name (coding, deepsearch, multireward) or a JSON file")
-    parser.add_argument("--policies", default=",".join(POLICY_NAMES),
-                        help=f"comma-separated, of {', '.join(POLICY_NAMES)}")
-    parser.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 1; 3 for --report)")
-    parser.add_argument("--batch", type=int, default=None, help="trajectories per step (the load)")
+def _parser() -> argparse.ArgumentParser:
+    parser = ArgumentParser(prog="tangram sim", description=__doc__)
+    parser.add_argument("--workload", default=None,
+                        help="built-in name (coding, deepsearch, multireward) or a JSON file (default coding)")
+    parser.add_argument("--policies", default=None, type=lambda s: name_list(s, POLICY_NAMES, "policy"),
+                        help=f"comma-separated, distinct, of {', '.join(POLICY_NAMES)} (default all)")
+    parser.add_argument("--seeds", type=parse_seeds, default=None,
+                        help="a count N: seeds 0..N-1; or seeds and inclusive ranges, comma-separated: 3,7 or "
+                             "100-104 or 1,5-7 (non-negative integers; one seed S alone: S-S; a seed given twice "
+                             "is an error). Default 1 (seed 0); 3 for --report")
+    parser.add_argument("--batch", type=positive_int, default=None, help="trajectories per step (the load)")
     parser.add_argument("--sweep", default=None,
                         help="a sweep, one table and one set of rows per value: batch=256,512,1024 (the load), "
                              "gpus=1,2,4 (GPUs per GPU node; the built-ins have one GPU node) or "
                              "cores=16,32,64 (cores per CPU sandbox node; the node count stays)")
-    parser.add_argument("--json", default=None, help="write one JSON row per (workload, policy, seed, load); "
-                                                     "with --savings, one row per policy")
+    parser.add_argument("--json", default=None, metavar="PATH",
+                        help="write one JSON row per (workload, policy, seed, load); "
+                             "with --savings, one row per policy")
     parser.add_argument("--savings", action="store_true",
                         help="resource-savings search: per policy, the smallest --resource inventory whose "
                              "average ACT is at most the --baseline policy's at the workload's inventory")
-    parser.add_argument("--baseline", default="isolated", help="--savings: the baseline policy (default isolated)")
+    parser.add_argument("--baseline", default="isolated", choices=POLICY_NAMES,
+                        help="--savings: the baseline policy (default isolated)")
     parser.add_argument("--resource", default=None, choices=RESOURCES,
                         help="--savings: gpus (per GPU node) or cores (per CPU node)")
-    parser.add_argument("--baseline-value", type=int, default=None,
+    parser.add_argument("--baseline-value", type=positive_int, default=None,
                         help="--savings: the baseline's inventory of --resource (default: the workload's)")
-    parser.add_argument("--cap", type=int, default=None,
+    parser.add_argument("--cap", type=positive_int, default=None,
                         help="--savings: largest inventory tried (default 4x the larger of default and baseline)")
     parser.add_argument("--figures", default=None, metavar="DIR", help="write PNG figures (needs matplotlib)")
     parser.add_argument("--report", default=None, metavar="DIR",
                         help="regenerate DIR/results.md, the figures and JSON rows: every built-in workload x "
                              "policy x seed, and the savings searches")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    return parser
+
+
+def _given(args: argparse.Namespace, *names: str) -> list[str]:
+    return [f"--{n.replace('_', '-')}" for n in names if getattr(args, n) not in (None, False)]
+
+
+def cli_main(argv: Sequence[str] | None = None) -> int:
+    """Bad input (arguments, the workload file, an output path) exits with status 2 and one
+    line on stderr, before anything is simulated."""
+    parser = _parser()
     args = parser.parse_args(list(argv) if argv is not None else None)
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    for p in policies:
-        if p not in POLICY_NAMES:
-            parser.error(f"unknown policy {p!r} (one of {', '.join(POLICY_NAMES)})")
-    if args.seeds is not None and args.seeds < 1:
-        parser.error("--seeds must be positive")
+    try:
+        return _run(parser, args)
+    except (TangramError, OSError) as e:
+        parser.error(str(e))
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if not args.savings and (stray := _given(args, "resource", "baseline_value", "cap")):
+        parser.error(f"{', '.join(stray)}: only with --savings")
     progress = not args.no_progress
 
     if args.report is not None:
         from .report import write_report
 
-        seeds = args.seeds if args.seeds is not None else 3
+        stray = _given(args, "workload", "policies", "batch", "sweep", "json", "savings", "figures")
+        if stray:
+            parser.error(f"--report runs every built-in workload and policy; it does not take {', '.join(stray)}")
+        writable_dir(args.report, "--report")
+        seeds = args.seeds if args.seeds is not None else range(3)
         path = write_report(args.report, seeds=seeds, progress=progress)
         print(path.read_text(encoding="utf-8"))
         return 0
 
-    seeds = args.seeds if args.seeds is not None else 1
-    w = Workload.load(args.workload)
+    policies = list(args.policies or POLICY_NAMES)
+    seeds = args.seeds if args.seeds is not None else range(1)
+    if args.json:
+        writable_file(args.json, "--json")
+    if args.figures:
+        from .figures import _plt
+
+        try:
+            _plt()
+        except RuntimeError as e:  # matplotlib missing
+            raise ValidationError("--figures", str(e)) from None
+        writable_dir(args.figures, "--figures")
+    w = Workload.load(args.workload or "coding")
     if args.batch is not None:
-        if args.batch < 1:
-            parser.error("--batch must be positive")
         w = w.with_batch(args.batch)
 
     if args.savings:
@@ -120,17 +207,18 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
 
         if args.resource is None:
             parser.error("--savings needs --resource gpus|cores")
-        if args.baseline not in POLICY_NAMES:
-            parser.error(f"unknown --baseline {args.baseline!r}")
         if args.sweep is not None:
             parser.error("--savings and --sweep do not combine")
         try:
-            w.with_value(args.resource, max(1, w.value(args.resource)))
+            bval = args.baseline_value or w.value(args.resource)
+            w.with_value(args.resource, max(1, bval))
         except ValueError as e:  # ValidationError, e.g. no GPU node
             parser.error(f"--resource: {e}")
+        if args.cap is not None and args.cap < bval:
+            parser.error(f"--cap: {args.cap} is below the baseline's inventory {bval} of {args.resource}")
         t0 = time.perf_counter()
         with Progress(None, f"savings {w.name}/{args.resource}", progress) as bar:
-            rows = savings_search(w, policies, args.baseline, args.resource, range(seeds),
+            rows = savings_search(w, policies, args.baseline, args.resource, seeds,
                                   baseline_value=args.baseline_value, cap=args.cap, progress=bar)
         print(savings_table(rows))
         print(f"searched in {time.perf_counter() - t0:.1f} s of wall time")
@@ -142,7 +230,6 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
             from .figures import savings_figure
 
             d = Path(args.figures)
-            d.mkdir(parents=True, exist_ok=True)
             print(f"wrote {savings_figure(rows, d / f'savings_{w.name}_{args.resource}.png')}")
         return 0
 
@@ -155,17 +242,17 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
         except ValueError as e:  # ValidationError too
             parser.error(f"--sweep: {e}")
     rows: list[dict[str, Any]] = []
-    first: dict[str, Any] = {}  # SimResults of seed 0 at the first value, for figures
-    with Progress(len(values) * seeds * len(policies), f"sim {w.name}", progress) as bar:
+    first: dict[str, Any] = {}  # SimResults of the first seed at the first value, for figures
+    with Progress(len(values) * len(seeds) * len(policies), f"sim {w.name}", progress) as bar:
         for v in values:
             wl = w.with_value(key, v)
 
             def keep(r, v=v):  # type: ignore[no-untyped-def]
-                if args.figures and v == values[0] and r.seed == 0:
+                if args.figures and v == values[0] and r.seed == seeds[0]:
                     first[r.policy] = r
 
             t0 = time.perf_counter()
-            part = run_many(wl, policies, range(seeds), progress=bar, on_result=keep)
+            part = run_many(wl, policies, seeds, progress=bar, on_result=keep)
             elapsed = time.perf_counter() - t0
             if args.sweep is not None:
                 for r in part:
@@ -173,7 +260,7 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
             what = {"batch": f"{wl.batch} trajectories per step (load)",
                     "gpus": f"{wl.value('gpus')} GPUs per GPU node, load {wl.batch}",
                     "cores": f"{wl.value('cores')} cores per CPU node ({wl.total('cores')} in all), load {wl.batch}"}[key]
-            print(f"tangram sim: workload {wl.name}, {what}, {seeds} seed(s); "
+            print(f"tangram sim: workload {wl.name}, {what}, {len(seeds)} seed(s) ({format_seeds(seeds)}); "
                   f"seconds of virtual time (mean±sd over seeds)")
             print(table(part, policies))
             print(f"simulated {len(part)} step(s) in {elapsed:.1f} s of wall time")
@@ -206,8 +293,9 @@ def savings_table(rows: list[dict[str, Any]]) -> str:
 
 def write_run_figures(directory: str, w: Workload, rows: list[dict[str, Any]], first: dict[str, Any],
                       policies: Sequence[str], sweep_key: str | None, bin_seconds: float = 5.0) -> list[Any]:
-    """ACT over time (seed 0, first sweep value), ACT by kind (mean over seeds, first
-    value) and, for a gpus/cores sweep, ACT against the inventory."""
+    """ACT over time (`first`: the first seed's results at the first sweep value), ACT by
+    kind (mean over seeds, first value) and, for a gpus/cores sweep, ACT against the
+    inventory."""
     from pathlib import Path
 
     from . import figures
@@ -218,8 +306,9 @@ def write_run_figures(directory: str, w: Workload, rows: list[dict[str, Any]], f
     out = []
     tl = {p: act_timeline(first[p], bin_seconds)[:2] for p in policies if p in first}
     if tl:
+        seed = next(iter(first.values())).seed
         out.append(figures.act_over_time(tl, d / f"act_over_time_{w.name}.png",
-                                         f"{w.name}: ACT over time (seed 0)", bin_seconds))
+                                         f"{w.name}: ACT over time (seed {seed})", bin_seconds))
     v0 = rows[0]["load"], rows[0]["cores"], rows[0]["gpus"]
     at0 = [r for r in rows if (r["load"], r["cores"], r["gpus"]) == v0]
     out.append(figures.act_by_kind(mean_act_by_kind(at0, policies), d / f"act_by_kind_{w.name}.png",

@@ -167,12 +167,14 @@ def savings_section(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def write_report(directory: str | Path, seeds: int = 3, progress: bool = True,
+def write_report(directory: str | Path, seeds: int | Sequence[int] = 3, progress: bool = True,
                  workloads: Sequence[str] = WORKLOADS, policies: Sequence[str] = POLICY_NAMES,
                  batch: int | None = None, savings: Sequence[tuple[Any, ...]] = SAVINGS,
                  figures: bool = True, load_fractions: Sequence[float] = LOAD_FRACTIONS) -> Path:
     """Writes DIR/results.md (returned), DIR/rows.json, DIR/savings.json and, with
-    matplotlib, the PNG figures. `batch` overrides every workload's load (tests)."""
+    matplotlib, the PNG figures. `seeds`: a count N (seeds 0..N-1) or the seeds themselves.
+    `batch` overrides every workload's load (tests)."""
+    seeds = range(seeds) if isinstance(seeds, int) else list(seeds)
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -182,22 +184,22 @@ def write_report(directory: str | Path, seeds: int = 3, progress: bool = True,
         loaded[name] = w.with_batch(batch) if batch is not None else w
     all_rows: list[dict[str, Any]] = []
     firsts: dict[str, dict[str, SimResult]] = {}
-    with Progress(len(workloads) * len(policies) * seeds, "report runs", progress) as bar:
+    with Progress(len(workloads) * len(policies) * len(seeds), "report runs", progress) as bar:
         for name, w in loaded.items():
             first: dict[str, SimResult] = {}
 
             def keep(r: SimResult, first: dict[str, SimResult] = first) -> None:
-                if r.seed == 0:
+                if r.seed == seeds[0]:
                     first[r.policy] = r
 
-            all_rows += run_many(w, policies, range(seeds), progress=bar, on_result=keep)
+            all_rows += run_many(w, policies, seeds, progress=bar, on_result=keep)
             firsts[name] = first
     sweep_rows: list[dict[str, Any]] = []
-    with Progress(len(workloads) * len(policies) * seeds * len(load_fractions), "load sweep", progress) as bar:
+    with Progress(len(workloads) * len(policies) * len(seeds) * len(load_fractions), "load sweep", progress) as bar:
         for name, w in loaded.items():
             for f in load_fractions:
                 wl = w.with_batch(max(1, int(round(w.batch * f))))
-                sweep_rows += run_many(wl, policies, range(seeds), progress=bar)
+                sweep_rows += run_many(wl, policies, seeds, progress=bar)
     sweep_rows = sorted(sweep_rows + [dict(r) for r in all_rows], key=lambda r: (r["workload"], r["load"]))
     for r in sweep_rows:
         r["sweep"] = "batch"
@@ -208,7 +210,7 @@ def write_report(directory: str | Path, seeds: int = 3, progress: bool = True,
         if batch is not None:
             w = w.with_batch(batch)
         with Progress(None, f"savings {name}/{resource} vs {baseline}", progress) as bar:
-            all_savings.append(savings_search(w, policies, baseline, resource, range(seeds),
+            all_savings.append(savings_search(w, policies, baseline, resource, seeds,
                                               baseline_value=bval, cap=cap, progress=bar))
     elapsed = time.perf_counter() - t0
 
@@ -222,9 +224,9 @@ def write_report(directory: str | Path, seeds: int = 3, progress: bool = True,
                 rows = [r for r in all_rows if r["workload"] == name]
                 tl = {p: act_timeline(firsts[name][p], BIN_SECONDS)[:2] for p in policies}
                 pngs.append(fg.act_over_time(tl, d / f"act_over_time_{name}.png",
-                                             f"{name}: ACT over time (seed 0)", BIN_SECONDS))
+                                             f"{name}: ACT over time (seed {seeds[0]})", BIN_SECONDS))
                 pngs.append(fg.act_by_kind(mean_act_by_kind(rows, policies), d / f"act_by_kind_{name}.png",
-                                           f"{name}: ACT by action kind (mean over {seeds} seeds)"))
+                                           f"{name}: ACT by action kind (mean over {len(seeds)} seeds)"))
             curves: dict[str, list[tuple[float, float, float]]] = {}
             for name in loaded:
                 for p in policies:
@@ -253,15 +255,15 @@ def write_report(directory: str | Path, seeds: int = 3, progress: bool = True,
         f.write("\n")
 
     md = ["# Simulator results", "",
-          f"Regenerate with `tangram sim --report {directory}` (this run: {seeds} seed(s) per workload and "
+          f"Regenerate with `tangram sim --report {directory}` (this run: {len(seeds)} seed(s) per workload and "
           f"policy{', batch ' + str(batch) if batch is not None else ', each workload at its default load'}; "
           f"{elapsed:.0f} s of wall time, {t_runs:.0f} s of it for the runs, the rest for the savings searches). "
           "Seconds are virtual time, mean ± sd over seeds. Every workload parameter is a stated "
           "assumption documented in docs/workloads.md, not a measurement: these numbers say what the "
           "policies do on those assumptions, not what the paper's testbed measured.",
           ""]
-    if seeds < 3:
-        md += [f"Only {seeds} seed(s): the spread is not meaningful.", ""]
+    if len(seeds) < 3:
+        md += [f"Only {len(seeds)} seed(s): the spread is not meaningful.", ""]
     md += ["## ACT per workload", ""]
     for name, w in loaded.items():
         rows = [r for r in all_rows if r["workload"] == name]
@@ -284,7 +286,7 @@ def write_report(directory: str | Path, seeds: int = 3, progress: bool = True,
     md += bound_section(all_rows, list(loaded)) + [""]
     md += ["## Load sweep", "",
            f"Average ACT (s) at {', '.join(str(int(round(100 * f))) + '%' for f in load_fractions)} and "
-           f"100% of each workload's default batch, same inventory: mean [min, max] over {seeds} "
+           f"100% of each workload's default batch, same inventory: mean [min, max] over {len(seeds)} "
            "seed(s). Rows in `sweep.json`.", ""]
     for name in loaded:
         md += [f"### {name}", ""]

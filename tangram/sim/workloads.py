@@ -40,24 +40,19 @@ class Dist:
 
     @staticmethod
     def parse(obj: Any, where: str) -> "Dist":
-        if isinstance(obj, (int, float)) and not isinstance(obj, bool):
+        if obj is None:
+            raise ValidationError(where, "is required")
+        if _is_number(obj):
             obj = {"dist": "fixed", "value": obj}
         if not isinstance(obj, Mapping) or "dist" not in obj:
             raise ValidationError(where, f"expected a number or {{'dist': ...}}, got {obj!r}")
         kind = obj["dist"]
         need = {"fixed": ("value",), "lognormal": ("median", "sigma"), "uniform": ("low", "high"),
                 "uniform_int": ("low", "high"), "exponential": ("mean",)}
-        if kind not in need:
+        if not isinstance(kind, str) or kind not in need:
             raise ValidationError(f"{where}.dist", f"unknown distribution {kind!r} (one of {', '.join(need)})")
-        params: dict[str, float] = {}
-        for p in need[kind]:
-            v = obj.get(p)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
-                raise ValidationError(f"{where}.{p}", f"must be a finite non-negative number, got {v!r}")
-            params[p] = float(v)
-        extra = set(obj) - set(need[kind]) - {"dist"}
-        if extra:
-            raise ValidationError(where, f"unknown fields {sorted(extra)} for {kind}")
+        _fields(obj, where, ("dist", *need[kind]), required=need[kind])
+        params = {p: _number(obj, p, where) for p in need[kind]}
         if kind in ("uniform", "uniform_int") and params["low"] > params["high"]:
             raise ValidationError(where, "low must not exceed high")
         if kind == "lognormal" and params["median"] <= 0:
@@ -78,6 +73,70 @@ class Dist:
 
     def to_json(self) -> dict[str, Any]:
         return {"dist": self.dist, **self.params}
+
+
+# ------------------------------------------------------------------ validation
+# A workload file is user input: every field is checked for its type and range, unknown
+# fields are errors (a misspelt field would otherwise silently take its default), and each
+# error names the field's path, e.g. `workload.actions[2].seconds.median`.
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _type_name(v: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
+            type(None): "null"}.get(type(v), "a number" if _is_number(v) else type(v).__name__)
+
+
+def _fields(o: Any, where: str, known: Sequence[str], required: Sequence[str] = ()) -> Mapping[str, Any]:
+    """`o` as an object with only `known` fields and every `required` one."""
+    if not isinstance(o, Mapping):
+        raise ValidationError(where, f"must be an object, got {_type_name(o)}")
+    for key in o:
+        if key not in known:
+            raise ValidationError(f"{where}.{key}", f"unknown field (known here: {', '.join(known)})")
+    for key in required:
+        if key not in o:
+            raise ValidationError(f"{where}.{key}", "is required")
+    return o
+
+
+def _list(o: Mapping[str, Any], key: str, where: str, required: bool = False) -> list[Any]:
+    v = o.get(key)
+    if v is None and not required:
+        return []
+    if not isinstance(v, (list, tuple)):
+        raise ValidationError(f"{where}.{key}", f"must be a list, got {_type_name(v)}")
+    if required and not v:
+        raise ValidationError(f"{where}.{key}", "must not be empty")
+    return list(v)
+
+
+def _string(o: Mapping[str, Any], key: str, where: str, default: str | None = None) -> str:
+    v = o.get(key, default)
+    if v is None:
+        raise ValidationError(f"{where}.{key}", "is required")
+    if not isinstance(v, str):
+        raise ValidationError(f"{where}.{key}", f"must be a string, got {_type_name(v)}")
+    return v
+
+
+def _number(o: Mapping[str, Any], key: str, where: str, default: float | None = None,
+            integer: bool = False, positive: bool = False) -> float:
+    v = o.get(key, default)
+    if v is None:
+        raise ValidationError(f"{where}.{key}", "is required")
+    if not _is_number(v):
+        raise ValidationError(f"{where}.{key}", f"must be a number, got {_type_name(v)} {v!r}")
+    if not math.isfinite(v) or v < 0:
+        raise ValidationError(f"{where}.{key}", f"must be a finite non-negative number, got {v!r}")
+    if integer and v != int(v):
+        raise ValidationError(f"{where}.{key}", f"must be an integer, got {v!r}")
+    if positive and v <= 0:
+        raise ValidationError(f"{where}.{key}", "must be positive")
+    return float(v)
 
 
 # ------------------------------------------------------------------ workload
@@ -177,57 +236,39 @@ class Workload:
     # ---------------------------------------------------------------- loading
     @staticmethod
     def from_dict(obj: Mapping[str, Any]) -> "Workload":
-        def num(o: Mapping[str, Any], key: str, where: str, default: float | None = None,
-                integer: bool = False, positive: bool = False) -> float:
-            v = o.get(key, default)
-            if v is None:
-                raise ValidationError(f"{where}.{key}", "is required")
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
-                raise ValidationError(f"{where}.{key}", f"must be a finite non-negative number, got {v!r}")
-            if integer and v != int(v):
-                raise ValidationError(f"{where}.{key}", f"must be an integer, got {v!r}")
-            if positive and v <= 0:
-                raise ValidationError(f"{where}.{key}", "must be positive")
-            return float(v)
-
-        if not isinstance(obj, Mapping):
-            raise ValidationError("workload", "must be a JSON object")
+        """Validates a workload (the JSON format of docs/workloads.md); a ValidationError
+        names the offending field's path."""
+        _fields(obj, "workload", ("name", "description", "batch", "turns", "think", "noise_sigma", "actions",
+                                  "quotas", "reward", "inventory"),
+                required=("batch", "turns", "actions", "inventory"))
         quotas: list[QuotaSpec] = []
-        raw_quotas = obj.get("quotas", [])
-        if not isinstance(raw_quotas, Sequence):
-            raise ValidationError("workload.quotas", "must be a list")
-        for i, q in enumerate(raw_quotas):
+        for i, q in enumerate(_list(obj, "quotas", "workload")):
             w = f"workload.quotas[{i}]"
-            if not isinstance(q, Mapping) or not isinstance(q.get("name"), str):
-                raise ValidationError(f"{w}.name", "each quota needs a name")
+            _fields(q, w, ("name", "rate", "burst", "max_concurrency", "tokens_per_minute"), required=("name",))
             quotas.append(QuotaSpec(
-                name=q["name"],
-                rate=num(q, "rate", w, 0.0),
-                burst=int(num(q, "burst", w, 1, integer=True, positive=True)),
-                max_concurrency=int(num(q, "max_concurrency", w, 0, integer=True)),
-                tokens_per_minute=int(num(q, "tokens_per_minute", w, 0, integer=True)),
+                name=_string(q, "name", w),
+                rate=_number(q, "rate", w, 0.0),
+                burst=int(_number(q, "burst", w, 1, integer=True, positive=True)),
+                max_concurrency=int(_number(q, "max_concurrency", w, 0, integer=True)),
+                tokens_per_minute=int(_number(q, "tokens_per_minute", w, 0, integer=True)),
             ))
-            extra = set(q) - {"name", "rate", "burst", "max_concurrency", "tokens_per_minute"}
-            if extra:
-                raise ValidationError(w, f"unknown fields {sorted(extra)}")
         quota_names = [q.name for q in quotas]
         if len(set(quota_names)) != len(quota_names):
             raise ValidationError("workload.quotas", "quota names must be unique")
         kinds = []
-        raw_actions = obj.get("actions")
-        if not isinstance(raw_actions, Sequence) or not raw_actions:
-            raise ValidationError("workload.actions", "must be a non-empty list")
-        for i, a in enumerate(raw_actions):
+        for i, a in enumerate(_list(obj, "actions", "workload", required=True)):
             w = f"workload.actions[{i}]"
+            _fields(a, w, ("name", "weight", "cpu", "memory", "seconds", "parallel_fraction", "max_units", "quota",
+                           "tokens"), required=("seconds",))
             kinds.append(ActionKind(
-                name=str(a.get("name", f"action{i}")),
-                weight=num(a, "weight", w, 1.0),
-                cpu=num(a, "cpu", w, 1.0, positive=True),
-                memory=num(a, "memory", w, 0.0),
-                seconds=Dist.parse(a.get("seconds"), f"{w}.seconds"),
-                parallel_fraction=num(a, "parallel_fraction", w, 0.0),
-                max_units=num(a, "max_units", w, 0.0),
-                quota=a.get("quota"),
+                name=_string(a, "name", w, f"action{i}"),
+                weight=_number(a, "weight", w, 1.0),
+                cpu=_number(a, "cpu", w, 1.0, positive=True),
+                memory=_number(a, "memory", w, 0.0),
+                seconds=Dist.parse(a["seconds"], f"{w}.seconds"),
+                parallel_fraction=_number(a, "parallel_fraction", w, 0.0),
+                max_units=_number(a, "max_units", w, 0.0),
+                quota=_string(a, "quota", w) if "quota" in a else None,
                 tokens=Dist.parse(a["tokens"], f"{w}.tokens") if "tokens" in a else None,
             ))
             if kinds[-1].quota is not None and kinds[-1].quota not in quota_names:
@@ -239,41 +280,46 @@ class Workload:
         if sum(k.weight for k in kinds) <= 0:
             raise ValidationError("workload.actions", "weights must not all be zero")
 
-        inv = obj.get("inventory")
-        if not isinstance(inv, Mapping):
-            raise ValidationError("workload.inventory", "is required")
+        where = "workload.inventory"
+        inv = _fields(obj["inventory"], where, ("cpu_nodes", "cpu_node", "gpu_nodes", "gpu_node"),
+                      required=("cpu_nodes", "cpu_node"))
 
         def shape(o: Any, where: str) -> NodeShape:
-            if not isinstance(o, Mapping):
-                raise ValidationError(where, "is required")
-            gpus = o.get("gpus", [])
-            return NodeShape(num(o, "cpu", where), num(o, "memory", where),
-                             tuple(float(num({"g": g}, "g", f"{where}.gpus")) for g in gpus))
+            _fields(o, where, ("cpu", "memory", "gpus"), required=("cpu", "memory"))
+            gpus = _list(o, "gpus", where)
+            return NodeShape(_number(o, "cpu", where), _number(o, "memory", where),
+                             tuple(_number({f"gpus[{i}]": g}, f"gpus[{i}]", where) for i, g in enumerate(gpus)))
 
-        gpu_nodes = int(num(inv, "gpu_nodes", "workload.inventory", 0, integer=True))
+        gpu_nodes = int(_number(inv, "gpu_nodes", where, 0, integer=True))
+        if gpu_nodes and "gpu_node" not in inv:
+            raise ValidationError(f"{where}.gpu_node", "is required when gpu_nodes is not 0")
         inventory = InventorySpec(
-            cpu_nodes=int(num(inv, "cpu_nodes", "workload.inventory", integer=True, positive=True)),
-            cpu_node=shape(inv.get("cpu_node"), "workload.inventory.cpu_node"),
+            cpu_nodes=int(_number(inv, "cpu_nodes", where, integer=True, positive=True)),
+            cpu_node=shape(inv["cpu_node"], f"{where}.cpu_node"),
             gpu_nodes=gpu_nodes,
-            gpu_node=shape(inv.get("gpu_node"), "workload.inventory.gpu_node") if gpu_nodes else None,
+            gpu_node=shape(inv["gpu_node"], f"{where}.gpu_node") if gpu_nodes else None,
         )
         reward = None
-        r = obj.get("reward")
-        if r is not None:
+        if obj.get("reward") is not None:
             w = "workload.reward"
-            raw_services = r.get("services")
-            if raw_services is not None:
-                if "replicas" in r or not isinstance(raw_services, Sequence) or not raw_services:
-                    raise ValidationError(f"{w}.services", "a non-empty list, instead of replicas")
+            shared = ("cpu", "memory", "seconds")
+            r = _fields(obj["reward"], w, (*shared, "services", "replicas", "gpu_memory", "restore_seconds",
+                                           "max_batch"), required=("seconds",))
+            if "services" in r:
+                for key in ("replicas", "gpu_memory", "restore_seconds", "max_batch"):
+                    if key in r:  # it would be ignored: each service has its own
+                        raise ValidationError(f"{w}.{key}", "not with reward.services: give it per service")
                 services = []
-                for i, sv in enumerate(raw_services):
+                for i, sv in enumerate(_list(r, "services", w, required=True)):
                     ws = f"{w}.services[{i}]"
+                    _fields(sv, ws, ("name", "gpu_memory", "restore_seconds", "max_batch", "weight", "seconds"),
+                            required=("gpu_memory",))
                     services.append(RewardService(
-                        name=str(sv.get("name", f"reward-{i}")),
-                        gpu_memory=num(sv, "gpu_memory", ws),
-                        restore_seconds=num(sv, "restore_seconds", ws, 0.0),
-                        max_batch=int(num(sv, "max_batch", ws, 1, integer=True, positive=True)),
-                        weight=num(sv, "weight", ws, 1.0),
+                        name=_string(sv, "name", ws, f"reward-{i}"),
+                        gpu_memory=_number(sv, "gpu_memory", ws),
+                        restore_seconds=_number(sv, "restore_seconds", ws, 0.0),
+                        max_batch=int(_number(sv, "max_batch", ws, 1, integer=True, positive=True)),
+                        weight=_number(sv, "weight", ws, 1.0),
                         seconds=Dist.parse(sv["seconds"], f"{ws}.seconds") if "seconds" in sv else None,
                     ))
                 if len({sv.name for sv in services}) != len(services):
@@ -282,45 +328,64 @@ class Workload:
                     raise ValidationError(f"{w}.services", "weights must not all be zero")
                 routing = "popularity"
             else:
-                replicas = int(num(r, "replicas", w, 1, integer=True, positive=True))
-                mem, restore = num(r, "gpu_memory", w), num(r, "restore_seconds", w, 0.0)
-                batch = int(num(r, "max_batch", w, 1, integer=True, positive=True))
+                _fields(r, w, (*shared, "replicas", "gpu_memory", "restore_seconds", "max_batch"),
+                        required=("gpu_memory",))
+                replicas = int(_number(r, "replicas", w, 1, integer=True, positive=True))
+                mem, restore = _number(r, "gpu_memory", w), _number(r, "restore_seconds", w, 0.0)
+                batch = int(_number(r, "max_batch", w, 1, integer=True, positive=True))
                 services = [RewardService(f"reward-{i}", mem, restore, batch) for i in range(replicas)]
                 routing = "round_robin"
             reward = Reward(
                 services=tuple(services),
                 routing=routing,
-                cpu=num(r, "cpu", w, 0.0),
-                memory=num(r, "memory", w, 0.0),
-                seconds=Dist.parse(r.get("seconds"), f"{w}.seconds"),
+                cpu=_number(r, "cpu", w, 0.0),
+                memory=_number(r, "memory", w, 0.0),
+                seconds=Dist.parse(r["seconds"], f"{w}.seconds"),
             )
             if not gpu_nodes or not inventory.gpu_node or not inventory.gpu_node.gpus:
                 raise ValidationError("workload.inventory.gpu_nodes", "a reward service needs GPU nodes with GPUs")
         return Workload(
-            name=str(obj.get("name", "custom")),
-            batch=int(num(obj, "batch", "workload", integer=True, positive=True)),
-            turns=Dist.parse(obj.get("turns"), "workload.turns"),
+            name=_string(obj, "name", "workload", "custom"),
+            batch=int(_number(obj, "batch", "workload", integer=True, positive=True)),
+            turns=Dist.parse(obj["turns"], "workload.turns"),
             think=Dist.parse(obj.get("think", 0.0), "workload.think"),
-            noise_sigma=num(obj, "noise_sigma", "workload", 0.0),
+            noise_sigma=_number(obj, "noise_sigma", "workload", 0.0),
             actions=tuple(kinds),
             inventory=inventory,
             reward=reward,
             quotas=tuple(quotas),
-            description=str(obj.get("description", "")),
+            description=_string(obj, "description", "workload", ""),
             source=dict(obj),
         )
 
     @staticmethod
     def load(name_or_path: str | Path) -> "Workload":
-        """A built-in workload by name (`coding`, `deepsearch`, `multireward`), or a JSON file."""
+        """A built-in workload by name (`coding`, `deepsearch`, `multireward`), or a JSON file.
+        Every problem is a ValidationError: an unknown name, a missing or unreadable file,
+        invalid JSON (with its line and column), or a field (its path, and the file)."""
         p = Path(name_or_path)
         if not p.suffix and (BUILTIN_DIR / f"{name_or_path}.json").exists():
             p = BUILTIN_DIR / f"{name_or_path}.json"
         if not p.exists():
-            known = ", ".join(sorted(builtin_names()))
-            raise ValidationError("workload", f"no built-in workload or file {str(name_or_path)!r} (built-in: {known})")
-        with open(p, encoding="utf-8") as f:
-            return Workload.from_dict(json.load(f))
+            if not p.suffix and len(p.parts) == 1:
+                known = ", ".join(builtin_names())
+                raise ValidationError("workload", f"no built-in workload or file {str(name_or_path)!r} "
+                                                  f"(built-in: {known})")
+            raise ValidationError("workload", f"no such file {str(p)!r}")
+        try:
+            text = p.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            raise ValidationError("workload", f"cannot read {str(p)!r}: {reason}") from None
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValidationError("workload", f"{str(p)!r} is not valid JSON: {e.msg} at line {e.lineno}, "
+                                              f"column {e.colno}") from None
+        try:
+            return Workload.from_dict(obj)
+        except ValidationError as e:
+            raise type(e)(e.field, f"{e.reason} (in {str(p)!r})") from None
 
     def with_batch(self, batch: int) -> "Workload":
         if batch < 1:
