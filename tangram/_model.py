@@ -7,9 +7,13 @@ and for tokens; seconds for time. The core stores them as integer milli-units.
 from __future__ import annotations
 
 import math
+import numbers
 import os
+import reprlib
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence, Union
+from typing import Any, Callable, Mapping, Sequence, Union
+
+from ._errors import ValidationError
 
 # ------------------------------------------------------------------ inventory
 
@@ -20,6 +24,9 @@ class Gpu:
 
     memory: float
 
+    def __post_init__(self) -> None:
+        check_number(self.memory, "gpu.memory")
+
 
 @dataclass(frozen=True)
 class Node:
@@ -28,6 +35,14 @@ class Node:
     name: str
     resources: Mapping[str, float]
     gpus: Sequence[Gpu] = ()
+
+    def __post_init__(self) -> None:
+        check_string(self.name, "node.name")
+        check_mapping(self.resources, "node.resources", "resource kind to capacity")
+        for kind, capacity in self.resources.items():
+            check_string(kind, "node.resources", "keyed by resource kind names (strings)")
+            check_number(capacity, f"node.resources.{kind}")
+        check_items(self.gpus, "node.gpus", Gpu)
 
 
 @dataclass(frozen=True)
@@ -40,6 +55,13 @@ class Quota:
     max_concurrency: int = 0  # requests in flight
     tokens_per_minute: int = 0  # token budget, refilled continuously
 
+    def __post_init__(self) -> None:
+        check_string(self.name, "quota.name")
+        check_number(self.rate, "quota.rate")
+        check_integer(self.burst, "quota.burst")
+        check_integer(self.max_concurrency, "quota.max_concurrency")
+        check_integer(self.tokens_per_minute, "quota.tokens_per_minute")
+
 
 @dataclass(frozen=True)
 class Service:
@@ -50,6 +72,12 @@ class Service:
     restore_seconds: float = 0.0
     max_batch: int = 1  # actions it runs at once
 
+    def __post_init__(self) -> None:
+        check_string(self.name, "service.name")
+        check_number(self.memory, "service.memory")
+        check_number(self.restore_seconds, "service.restore_seconds")
+        check_integer(self.max_batch, "service.max_batch", bits=32)
+
 
 @dataclass(frozen=True)
 class Inventory:
@@ -59,6 +87,11 @@ class Inventory:
     nodes: Sequence[Node]
     quotas: Sequence[Quota] = ()
     services: Sequence[Service] = ()
+
+    def __post_init__(self) -> None:
+        check_items(self.nodes, "inventory.nodes", Node)
+        check_items(self.quotas, "inventory.quotas", Quota)
+        check_items(self.services, "inventory.services", Service)
 
     @property
     def kinds(self) -> list[str]:
@@ -133,7 +166,22 @@ class Table:
     points: tuple[tuple[float, float], ...]
 
     def __init__(self, points: Sequence[tuple[float, float]]) -> None:
-        object.__setattr__(self, "points", tuple((float(u), float(s)) for u, s in points))
+        # Any iterable of pairs (a NumPy array of rows too); the core checks the values
+        # under the same field names.
+        try:
+            rows = list(points)
+        except TypeError:
+            raise ValidationError("table", f"must be a list of (units, seconds) pairs, got {given(points)}") from None
+        pairs = []
+        for i, row in enumerate(rows):
+            try:
+                u, s = row
+            except (TypeError, ValueError):
+                raise ValidationError(f"table[{i}]", f"must be a (units, seconds) pair, got {given(row)}") from None
+            check_number(u, f"table[{i}].units")
+            check_number(s, f"table[{i}].seconds")
+            pairs.append((float(u), float(s)))
+        object.__setattr__(self, "points", tuple(pairs))
 
 
 @dataclass(frozen=True)
@@ -182,3 +230,53 @@ class Action:
     service: str | None = None
     quota: str | None = None
     tokens: int = 0
+
+
+# ------------------------------------------------------------------ validation
+# The inventory's objects check their types when built (a wrong one would otherwise
+# crash the core's binding, or be coerced); values and ranges are the core's to check when
+# a scheduler is built from them, under the names the scheduler gives (inventory.nodes[0]
+# ...). A bool is never a number here; an int is a fine float. Actions are checked whole
+# at submit instead (tangram.scheduler.RecordEncoder): they are built per tool call.
+
+
+def given(value: Any) -> str:
+    """A value as an error shows it: its type and a short repr."""
+    if value is None:
+        return "None"
+    try:
+        return f"{type(value).__name__} {reprlib.repr(value)}"
+    except Exception:  # an int of thousands of digits has no repr
+        return f"{type(value).__name__} (too large to show)"
+
+
+def check_string(value: Any, field: str, what: str = "a string") -> None:
+    if not isinstance(value, str):
+        raise ValidationError(field, f"must be {what}, got {given(value)}")
+
+
+def check_number(value: Any, field: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValidationError(field, f"must be a number, got {given(value)}")
+
+
+def check_integer(value: Any, field: str, bits: int = 64) -> None:
+    """An integer the core's `bits`-bit signed field holds."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValidationError(field, f"must be an integer, got {given(value)}")
+    if not -(1 << (bits - 1)) <= value < 1 << (bits - 1):
+        raise ValidationError(field, f"must be a {bits}-bit integer, got {given(value)}")
+
+
+def check_mapping(value: Any, field: str, what: str) -> None:
+    if not isinstance(value, Mapping):
+        raise ValidationError(field, f"must be a mapping of {what}, got {given(value)}")
+
+
+def check_items(value: Any, field: str, cls: type) -> None:
+    """A list or tuple (any sequence but a string) of `cls` instances."""
+    if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
+        raise ValidationError(field, f"must be a list of tangram.{cls.__name__}, got {given(value)}")
+    for i, item in enumerate(value):
+        if not isinstance(item, cls):
+            raise ValidationError(f"{field}[{i}]", f"must be a tangram.{cls.__name__}, got {given(item)}")

@@ -91,7 +91,7 @@ CASES: list[tuple[list[str], list[str]]] = [
     (["serve", "--config", "missing.toml"], ["--config", "missing.toml"]),
     (["serve", "--config", "bad.toml"], ["--config", "bad.toml", "TOML", "line 2"]),
     (["serve", "--config", "bad_config.json"], ["--config", "bad_config.json", "JSON", "line 2"]),
-    (["serve", "--config", "shape.toml"], ["--config", "shape.toml"]),
+    (["serve", "--config", "shape.toml"], ["config.quotas", "shape.toml"]),
     (["serve", "--config", "options.toml", "--manager", "cpu=cpu"], ["managers.cpu", "no_such_option"]),
     (["serve", "--manager", "cpu"], ["--manager", "KIND=NAME"]),
     (["serve", "--manager", "cpu=no_such_manager"], ["no_such_manager"]),

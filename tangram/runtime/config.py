@@ -26,6 +26,11 @@ and GPUs) with the `tangram` policy and the built-in managers. A file, for insta
 
     [inventory]             # optional; default: this machine
     nodes = [{ name = "n0", resources = { cpu = 16, memory = 65536 }, gpus = [81920] }]
+
+A setting of the wrong shape (an unknown key, a missing one, a value of the wrong type)
+is a ValidationError whose field is its path, e.g. `config.quotas[0].rate` or
+`config.inventory.nodes[1].resources`; an unknown key or policy is an UnknownNameError.
+Values are range-checked when the scheduler is built from them.
 """
 
 from __future__ import annotations
@@ -33,11 +38,24 @@ from __future__ import annotations
 import importlib
 import json
 import os
-from dataclasses import dataclass, field, fields
-from typing import Any, Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, Mapping, Sequence
 
-from .._errors import ValidationError
-from .._model import Gpu, Inventory, Node, Quota, Service
+from .._errors import UnknownNameError, ValidationError
+from .._model import (
+    Gpu,
+    Inventory,
+    Node,
+    Quota,
+    Service,
+    check_integer,
+    check_items,
+    check_mapping,
+    check_number,
+    check_string,
+    given,
+)
+from ..scheduler import POLICIES, Policy
 
 
 @dataclass
@@ -52,16 +70,45 @@ class RuntimeConfig:
     max_records: int = 100_000
     metrics_port: int | None = None  # serve Prometheus /metrics on 127.0.0.1:port when set
 
+    def __post_init__(self) -> None:
+        check_string(self.policy, "config.policy", "a policy name (a string)")
+        if self.policy not in POLICIES:
+            raise UnknownNameError("config.policy", f"unknown policy {self.policy!r} (one of {', '.join(POLICIES)})")
+        check_mapping(self.policy_options, "config.policy_options", "policy option to value")
+        for key, value in self.policy_options.items():
+            _check_policy_option(key, value, f"config.policy_options.{key}")
+        if self.inventory is not None and not isinstance(self.inventory, Inventory):
+            raise ValidationError("config.inventory",
+                                  f"must be a tangram.Inventory or None, got {given(self.inventory)}")
+        check_items(self.quotas, "config.quotas", Quota)
+        check_items(self.services, "config.services", Service)
+        check_mapping(self.service_hooks, "config.service_hooks", "service name to hooks")
+        for name in self.service_hooks:
+            check_string(name, "config.service_hooks", "keyed by service names (strings)")
+        check_mapping(self.managers, "config.managers", "manager name to options")
+        for name, options in self.managers.items():
+            check_string(name, "config.managers", "keyed by manager names (strings)")
+            check_mapping(options, f"config.managers.{name}", "option name to value")
+        check_integer(self.max_records, "config.max_records")
+        if self.max_records < 0:
+            raise ValidationError("config.max_records", f"must not be negative, got {self.max_records}")
+        if self.metrics_port is not None:
+            check_integer(self.metrics_port, "config.metrics_port")
+            if not 0 <= self.metrics_port <= 65535:
+                raise ValidationError("config.metrics_port", f"must be a TCP port, 0 to 65535, got {self.metrics_port}")
+
     def resolved_inventory(self) -> Inventory:
         if self.inventory is None:
             return Inventory.local(quotas=self.quotas, services=self.services)
         if self.quotas or self.services:
-            raise ValidationError("quotas", "give quotas and services inside `inventory` when it is set explicitly")
+            raise ValidationError("config.quotas",
+                                  "give quotas and services inside `inventory` when it is set explicitly")
         return self.inventory
 
     @staticmethod
     def from_file(path: str | os.PathLike[str]) -> "RuntimeConfig":
-        """Reads a .toml or .json file (see the module docstring)."""
+        """Reads a .toml or .json file (see the module docstring); a setting of the wrong
+        shape is a ValidationError naming its path, and the file in its reason."""
         path = os.fspath(path)
         with open(path, "rb") as f:
             raw = f.read()
@@ -71,67 +118,131 @@ class RuntimeConfig:
             import tomllib
 
             data = tomllib.loads(raw.decode())
-        return RuntimeConfig.from_mapping(data)
+        try:
+            return RuntimeConfig.from_mapping(data)
+        except ValidationError as e:
+            raise type(e)(e.field, f"{e.reason} (in {path})") from None
 
     @staticmethod
     def from_mapping(data: Mapping[str, Any]) -> "RuntimeConfig":
-        known = {f.name for f in fields(RuntimeConfig)}
-        for key in data:
-            if key not in known:
-                raise ValidationError(key, f"unknown setting (known: {', '.join(sorted(known))})")
-        config = RuntimeConfig()
-        config.policy = _typed(data, "policy", str, config.policy)
-        config.policy_options = dict(_typed(data, "policy_options", dict, {}))
-        config.quotas = [_make(Quota, q, f"quotas[{i}]") for i, q in enumerate(data.get("quotas", []))]
+        """The config a parsed file describes (see the module docstring)."""
+        _check_keys(data, "config", _FILE_SETTINGS)
+        settings = {key: data[key] for key in ("policy", "policy_options", "managers", "max_records", "metrics_port")
+                    if key in data}
+        quotas = [_build(Quota, q, f"config.quotas[{i}]")
+                  for i, q in enumerate(_list(data.get("quotas", []), "config.quotas", "tables ([[quotas]])"))]
+        services: list[Service] = []
         hooks: dict[str, Any] = {}
-        services = []
-        for i, s in enumerate(data.get("services", [])):
-            s = dict(s)
-            target = s.pop("hooks", None)
-            service = _make(Service, s, f"services[{i}]")
+        for i, values in enumerate(_list(data.get("services", []), "config.services", "tables ([[services]])")):
+            where = f"config.services[{i}]"
+            _check_keys(values, where, [*_names(Service), "hooks"], _required(Service))
+            values = dict(values)
+            target = values.pop("hooks", None)
+            service = _build(Service, values, where)
             services.append(service)
             if target is not None:
-                hooks[service.name] = _import(target, f"services[{i}].hooks")
-        config.services = services
-        config.service_hooks = hooks
-        config.managers = {str(k): dict(v) for k, v in _typed(data, "managers", dict, {}).items()}
-        config.max_records = _typed(data, "max_records", int, config.max_records)
-        config.metrics_port = _typed(data, "metrics_port", int, None)
+                hooks[service.name] = _hooks(target, f"{where}.hooks")
         if "inventory" in data:
-            inv = data["inventory"]
-            nodes = [Node(str(n["name"]), dict(n["resources"]), [Gpu(float(m)) for m in n.get("gpus", [])])
-                     for n in inv.get("nodes", [])]
-            config.inventory = Inventory(nodes=nodes, quotas=config.quotas, services=config.services)
-            config.quotas, config.services = [], []
-        return config
+            # Quotas and services are top-level settings; the inventory takes them.
+            inventory = data["inventory"]
+            _check_keys(inventory, "config.inventory", ["nodes"], ["nodes"])
+            nodes = [_node(n, f"config.inventory.nodes[{i}]")
+                     for i, n in enumerate(_list(inventory["nodes"], "config.inventory.nodes", "tables"))]
+            settings["inventory"] = Inventory(nodes=nodes, quotas=quotas, services=services)
+        else:
+            settings.update(quotas=quotas, services=services)
+        return RuntimeConfig(service_hooks=hooks, **settings)
 
 
-def _typed(data: Mapping[str, Any], key: str, kind: type, default: Any) -> Any:
-    if key not in data:
-        return default
-    value = data[key]
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ValidationError(key, f"must be a {kind.__name__}, got {value!r}")
+# A file sets every field but service_hooks, which it gives per service (`hooks`).
+_FILE_SETTINGS = [f.name for f in fields(RuntimeConfig) if f.name != "service_hooks"]
+# Policy options by the type their field declares; the scheduler checks the rest (pools).
+_POLICY_OPTIONS = {f.name: f.type for f in fields(Policy) if f.name != "name"}
+_OPTION_CHECKS = {"float": check_number, "int": check_integer}
+
+
+def _check_policy_option(key: Any, value: Any, where: str) -> None:
+    if key not in _POLICY_OPTIONS:
+        raise UnknownNameError(where, f"no such policy option (options: {', '.join(_POLICY_OPTIONS)})")
+    check = _OPTION_CHECKS.get(_POLICY_OPTIONS[key])
+    if check is not None:
+        check(value, where)
+
+
+def _names(cls: type) -> list[str]:
+    return [f.name for f in fields(cls)]
+
+
+def _required(cls: type) -> list[str]:
+    return [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+
+
+def _check_keys(values: Any, where: str, known: Sequence[str], required: Sequence[str] = ()) -> None:
+    """A table with only `known` keys and all the `required` ones."""
+    if not isinstance(values, Mapping):
+        raise ValidationError(where, f"must be a table of settings (a TOML table, a JSON object), got {given(values)}")
+    for key in values:
+        if key not in known:
+            raise UnknownNameError(f"{where}.{key}", f"unknown setting (known: {', '.join(known)})")
+    for key in required:
+        if key not in values:
+            raise ValidationError(f"{where}.{key}", "is required")
+
+
+def _list(value: Any, where: str, what: str) -> list[Any] | tuple[Any, ...]:
+    if not isinstance(value, (list, tuple)):
+        raise ValidationError(where, f"must be a list of {what}, got {given(value)}")
     return value
 
 
-def _make(cls: type, values: Mapping[str, Any], where: str) -> Any:
-    allowed = {f.name for f in fields(cls)}
-    for key in values:
-        if key not in allowed:
-            raise ValidationError(f"{where}.{key}", f"unknown setting (known: {', '.join(sorted(allowed))})")
+def _build(cls: type, values: Any, where: str) -> Any:
+    """A model object from a table; its own type errors are renamed to the table's path
+    (a Quota's `quota.rate` becomes `config.quotas[0].rate`)."""
+    _check_keys(values, where, _names(cls), _required(cls))
     try:
         return cls(**values)
-    except TypeError as e:
-        raise ValidationError(where, str(e)) from None
+    except ValidationError as e:
+        own = cls.__name__.lower()
+        if not e.field.startswith(own + "."):
+            raise
+        raise type(e)(where + e.field[len(own):], e.reason) from None
 
 
-def _import(target: Any, where: str) -> Any:
-    if not isinstance(target, str):
-        return target
-    module, _, attr = target.partition(":")
-    try:
-        obj = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise ValidationError(where, f"cannot import {target!r}: {e}") from None
-    return obj() if isinstance(obj, type) else obj
+def _node(values: Any, where: str) -> Node:
+    """A node table; its `gpus` are GPU memories in MiB."""
+    _check_keys(values, where, _names(Node), _required(Node))
+    gpus = [_build(Gpu, {"memory": m}, f"{where}.gpus[{i}]")
+            for i, m in enumerate(_list(values.get("gpus", []), f"{where}.gpus", "GPU memories in MiB"))]
+    return _build(Node, {**values, "gpus": gpus}, where)
+
+
+def _hooks(target: Any, where: str) -> Any:
+    """A service's hooks: a ServiceHooks instance, or 'module:attribute' naming a
+    ServiceHooks class (constructed with no arguments) or instance."""
+    from .gpu import ServiceHooks  # lazy: the GPU manager's module is loaded on use
+
+    hooks = target
+    if isinstance(target, str):
+        module, sep, attr = target.partition(":")
+        if not (module and sep and attr):
+            raise ValidationError(where, f"must be 'module:attribute', got {target!r}")
+        # The user's module and constructor may raise anything: still one error (and one
+        # line) naming the setting.
+        try:
+            hooks = getattr(importlib.import_module(module), attr)
+        except Exception as e:
+            raise ValidationError(where, f"cannot import {target!r}: {_one_line(e)}") from None
+        if isinstance(hooks, type) and issubclass(hooks, ServiceHooks):
+            try:
+                hooks = hooks()
+            except Exception as e:
+                raise ValidationError(where, f"{target}() raised {_one_line(e)}") from None
+    if not isinstance(hooks, ServiceHooks):
+        named = f" (it names {given(hooks)})" if hooks is not target else ""
+        raise ValidationError(where, f"must be a ServiceHooks class or instance, or 'module:attribute' naming one; "
+                                     f"got {given(target)}{named}")
+    return hooks
+
+
+def _one_line(error: Exception) -> str:
+    return " ".join(f"{type(error).__name__}: {error}".split())
