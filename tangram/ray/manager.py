@@ -105,9 +105,11 @@ class RayManager(ResourceManager):
       on_node_loss     "fail" (default): actions running on a lost node end with NodeLost
                        (an ActionCrashed), waiting ones whose affinity names it too;
                        "requeue": they go back to the queue (without that affinity) and
-                       run elsewhere, in a fresh sandbox. Either way the node leaves the
-                       core's inventory (offline) when the manager is bound to an
-                       orchestrator (`bind`; RayOrchestrator does it).
+                       run elsewhere, in a fresh sandbox: at least once, since one may have
+                       finished there with only its reply lost; a running call with
+                       `idempotent=False` ends with NodeLost instead. Either way the node
+                       leaves the core's inventory (offline) when the manager is bound to
+                       an orchestrator (`bind`; RayOrchestrator does it).
       sticky           True (default): a trajectory's actions go to the node of its first
                        placement, where its sandbox lives (RayOrchestrator sets Call.affinity)
       cpu, gpu         options of each agent's CpuManager / GpuManager (gpu None: no GPU
@@ -389,7 +391,7 @@ class RayManager(ResourceManager):
         st.lost = True
         self.lost_nodes.append(st.name)
         log.warning("node %s lost: %s; %d running action(s) %s", st.name, why, len(st.inflight),
-                    "re-queued" if self.on_node_loss == "requeue" else "failed")
+                    "re-queued (failed if not idempotent)" if self.on_node_loss == "requeue" else "failed")
         for t in [t for t, n in self._sticky.items() if n == st.name]:
             del self._sticky[t]
         for names in self._trajectory_nodes.values():
@@ -402,10 +404,14 @@ class RayManager(ResourceManager):
             if bound:
                 orch.set_node_online(st.name, False)  # type: ignore[union-attr]
             for action_id, future in list(st.inflight.items()):
-                if requeue and orch.requeue(action_id, _without_affinity(orch, action_id, st.name)):  # type: ignore[union-attr]
+                lost = reason
+                if requeue and not _idempotent(orch, action_id):  # type: ignore[arg-type]
+                    # It may have run there, or even finished with only its reply lost.
+                    lost = f"{reason}; not rerun elsewhere because the call is not idempotent (Call.idempotent=False)"
+                elif requeue and orch.requeue(action_id, _without_affinity(orch, action_id, st.name)):  # type: ignore[union-attr]
                     continue
                 if not future.done():
-                    future.set_result(("lost", reason))
+                    future.set_result(("lost", lost))
             if bound:
                 # Waiting actions whose affinity names the lost node could never start.
                 for lv in [lv for lv in orch._live.values() if lv.call.affinity == st.name and not lv.running]:  # type: ignore[union-attr]
@@ -486,6 +492,11 @@ def _complete(st: _NodeState, done: Sequence[tuple[int, str, Any]]) -> int:
         else:
             st.stray += 1
     return n
+
+
+def _idempotent(orch: Orchestrator, action_id: int) -> bool:
+    lv = orch._live.get(action_id)
+    return lv is None or bool(lv.call.idempotent)
 
 
 def _without_affinity(orch: Orchestrator, action_id: int, node: str) -> Call | None:

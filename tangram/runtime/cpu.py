@@ -16,7 +16,9 @@ command runs as its child. Errors: a function that raises -> ActionFailed (error
 remote traceback); the worker dying -> ActionCrashed (exit_code or signal); memory past the
 limit -> ResourceLimitExceeded("memory"). Cancellation (and so a timeout) kills everything
 the sandbox runs; a crash or a kill makes the trajectory's next action start a fresh worker
-in the same directory. The CPUs go back to the pool on every exit path.
+in the same directory. A worker that dies between actions (killed from outside, out of
+memory) is reaped when it exits and fails no action: the next one starts a fresh worker.
+The CPUs go back to the pool on every exit path.
 
 Isolation: see tangram.runtime.isolation (cgroup v2, cgroup v1, or affinity + rlimits;
 `describe()["isolation"]` says which is in force) and docs/sandbox.md.
@@ -318,8 +320,7 @@ class CpuManager(ResourceManager):
                                type(e).__name__) from None
         oom_before = -1
         try:
-            if not sb.alive:
-                await sb.start()
+            await sb.ready()  # a worker that died since the last action is replaced here
             if cg is not None:
                 cg.set_cpus(cpus)
                 whole = sum(1 for m in charge.values() if m >= _MILLI) == len(charge) and cores == len(charge)
@@ -335,8 +336,6 @@ class CpuManager(ResourceManager):
             self._kill(sb)
             raise
         except WorkerDied as e:
-            if cg is None:
-                kill_marked(sb.marker, exact=True)  # orphans of the dead worker that left its session
             if oom_before >= 0 and cg.oom_kills() > oom_before:  # type: ignore[union-attr]
                 raise ResourceLimitExceeded(action.id, f"the sandbox ran out of its {placement.memory:g} MiB memory "
                                             "limit and was killed", "memory") from None

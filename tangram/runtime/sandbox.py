@@ -13,6 +13,16 @@ process it started: its process group, every task of its cgroup (which catches p
 that made themselves a new session), and in affinity mode every descendant of the worker
 (the worker is a child subreaper, so orphaned daemons stay its descendants). The directory
 survives a kill, so the trajectory's next action finds its files in a fresh worker.
+
+A worker that dies on its own (killed from outside, the OOM killer, a crash) is noticed
+when it exits, through a pidfd the event loop watches: one fd per worker, and unlike the
+channel's EOF it cannot be held back by a process the worker forked that kept the socket.
+Dying between actions costs nothing but the worker: what it left is killed, it is reaped
+and forgotten at once, and the next action starts a new one (lazily: a sandbox killed for
+good does not come back as a process). An action is handed over when its request is
+written; the worker is checked just before (`ready`), so a death that the loop has not yet
+handled is still caught there. A worker that dies after the hand-over, however soon, takes
+that action with it (ActionCrashed).
 """
 
 from __future__ import annotations
@@ -66,6 +76,11 @@ class Sandbox:
         self._dying: list[subprocess.Popen[bytes]] = []
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
+        self._channel: socket.socket | None = None
+        self._pidfd = -1  # watched by the loop while the worker lives
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._talking = False  # start() or request() is using the channel: it sees a death itself
+        self._burial: asyncio.Task[None] | None = None
         self.starts = 0
         self.closed = False
 
@@ -78,9 +93,18 @@ class Sandbox:
         return None if self.proc is None else self.proc.pid
 
     # ------------------------------------------------------------------ lifecycle
+    async def ready(self) -> None:
+        """A live worker for the next action: one that died since the last action is buried
+        and replaced. The check is a waitpid, so it also catches an exit the loop has not
+        handled yet; nothing awaits between it and the request's write (the hand-over)."""
+        proc = self.proc
+        if proc is not None and proc.poll() is not None:
+            self._died(proc)
+        if self.proc is None:
+            await self.start()
+
     async def start(self) -> None:
-        if self._dying:
-            await self.reap()
+        await self._settle()
         os.makedirs(os.path.join(self.directory, ".tmp"), exist_ok=True)
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -95,8 +119,11 @@ class Sandbox:
         finally:
             child.close()
         self.proc = proc
+        self._channel = parent
         self.starts += 1
+        self._talking = True
         try:
+            self._watch(proc)
             if self.cgroup is not None:
                 try:
                     self.cgroup.add(proc.pid)  # before it runs anything of the caller's
@@ -111,36 +138,96 @@ class Sandbox:
             self.kill()
             await self.reap()
             raise
+        finally:
+            self._talking = False
+
+    def _watch(self, proc: subprocess.Popen[bytes]) -> None:
+        try:
+            fd = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):  # no pidfd (Linux < 5.3): `ready` finds the death instead
+            return
+        self._loop = asyncio.get_running_loop()
+        self._pidfd = fd
+        self._loop.add_reader(fd, self._exited, proc)
+
+    def _unwatch(self) -> None:
+        fd, self._pidfd = self._pidfd, -1
+        if fd >= 0:
+            self._loop.remove_reader(fd)  # type: ignore[union-attr]
+            os.close(fd)
+
+    def _exited(self, proc: subprocess.Popen[bytes]) -> None:
+        """The loop saw the worker exit."""
+        self._unwatch()
+        if proc is not self.proc:
+            return
+        if not self._talking:
+            self._died(proc)
+            return
+        # An action (or the start) is using the channel: it reads what the worker sent
+        # before dying, then EOF, even if a process the worker forked still holds the
+        # worker's end, and ends as a crash of that action.
+        try:
+            self._channel.shutdown(socket.SHUT_RD)  # type: ignore[union-attr]
+        except OSError:
+            pass
+
+    def _died(self, proc: subprocess.Popen[bytes]) -> None:
+        """The worker exited on its own: forget it, kill what it left in its process group
+        and cgroup, and bury it in the background (`_bury`); the next start waits for that."""
+        if proc is not self.proc:
+            return
+        self.kill()
+        # No other burial is pending: a worker starts only once the last one is settled.
+        self._burial = asyncio.get_running_loop().create_task(self._bury())
+
+    async def _bury(self) -> None:
+        if self.cgroup is None:  # affinity: its orphans that left its session carry its marker
+            await asyncio.to_thread(kill_marked, self.marker, True)  # a /proc scan: off the loop
+        await self.reap()
+
+    async def _settle(self) -> None:
+        """Waits until no process of an earlier worker is left (buried, reaped): a new
+        worker carries the same marker, which the burial's scan must not find."""
+        burial = self._burial
+        if burial is not None:
+            try:
+                await asyncio.shield(burial)  # a cancelled waiter leaves the burial running
+            finally:
+                if burial.done() and self._burial is burial:
+                    self._burial = None
+        await self.reap()
 
     def _send(self, msg: tuple[Any, ...]) -> None:
         payload = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
         self.writer.write(_HEADER.pack(len(payload)) + payload)  # type: ignore[union-attr]
 
     async def request(self, payload: bytes) -> bytes:
-        """Sends one pickled request and returns the worker's pickled reply; raises
-        WorkerDied when the worker goes away instead (it is reaped and the sandbox marked
-        for restart). Anything else that interrupts the exchange (a cancel) kills the
-        worker: its channel would no longer be in step."""
-        writer, reader = self.writer, self.reader
-        assert writer is not None and reader is not None
+        """Sends one pickled request (call `ready` first) and returns the worker's pickled
+        reply; raises WorkerDied when the worker goes away instead (it is buried and the
+        sandbox marked for restart). Anything else that interrupts the exchange (a cancel)
+        kills the worker: its channel would no longer be in step."""
+        proc, writer, reader = self.proc, self.writer, self.reader
+        assert proc is not None and writer is not None and reader is not None
+        self._talking = True
         try:
             writer.write(_HEADER.pack(len(payload)) + payload)
             if writer.transport.get_write_buffer_size() > _DRAIN_ABOVE:
                 await writer.drain()
             header = await reader.readexactly(_HEADER.size)
-            return await reader.readexactly(_HEADER.unpack(header)[0])
+            data = await reader.readexactly(_HEADER.unpack(header)[0])
         except (asyncio.IncompleteReadError, ConnectionError) as e:
-            raise await self._died() from e
+            self._died(proc)
+            await self._settle()
+            raise WorkerDied(proc.returncode, self.log_tail()) from e
         except BaseException:
             self.kill()
             raise
-
-    async def _died(self) -> WorkerDied:
-        proc = self.proc
-        assert proc is not None
-        self.kill()  # what it left behind (its group is killed before it is reaped), and forget it
-        await self.reap()
-        return WorkerDied(proc.returncode, self.log_tail())
+        finally:
+            self._talking = False
+        if proc.poll() is not None:  # it replied, then died (the loop already saw it exit): bury it now
+            self._died(proc)
+        return data
 
     def log_tail(self, n: int = 2000) -> str:
         try:
@@ -156,9 +243,11 @@ class Sandbox:
         worker: the next action starts a new one. `reap` waits for the killed worker.
         Safe to call more than once."""
         proc = self.proc
+        self._unwatch()
         if self.writer is not None:
             self.writer.close()
             self.writer = self.reader = None
+        self._channel = None
         if proc is None:
             return
         self.proc = None
@@ -187,7 +276,7 @@ class Sandbox:
         hold the event loop."""
         self.closed = True
         self.kill()
-        await self.reap()
+        await self._settle()
         if self.cgroup is not None:
             self.cgroup.remove()
         if remove_files:

@@ -106,6 +106,32 @@ def wait_gone(pids: list[int], timeout: float = 2.0) -> list[int]:
         time.sleep(0.01)
 
 
+async def until(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    """Waits (letting the event loop run) until `condition()` holds; False if it never did."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+
+def children() -> set[int]:
+    """This process's child processes, zombies (exited, not reaped) included."""
+    out: set[int] = set()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/children") as f:
+                out.update(int(x) for x in f.read().split())
+        except OSError:
+            pass
+    return out
+
+
+def open_fds() -> set[int]:
+    return {int(fd) for fd in os.listdir("/proc/self/fd")}
+
+
 # ---------------------------------------------------------------------------- options
 def test_bad_options_name_the_option(tmp_path: Any) -> None:
     cases = [
@@ -395,6 +421,119 @@ def test_crash_recovery(mechanism: str) -> None:
         assert await run(mgr, Call(fn=bump)) == 1  # memory state does not
 
     with_manager(mechanism, body)
+
+
+# A worker killed while idle fails no action: its exit is noticed without any action asking
+# (it is reaped, and what it left running is killed), and the trajectory's next action runs
+# in a new worker that sees the files written before, with fresh interpreter state; also
+# when that action comes before the event loop has handled the exit.
+def test_a_worker_killed_while_idle_is_replaced_at_the_next_action(mechanism: str) -> None:
+    async def body(mgr: CpuManager) -> None:
+        t = 5
+        await run(mgr, Call(command="echo kept > file.txt; (setsid sleep 60 & echo $! > daemon.pid)", trajectory=t))
+        assert await run(mgr, Call(fn=bump, trajectory=t)) == 1
+        pid0 = await run(mgr, Call(fn=os.getpid, trajectory=t))
+        daemon = int(read(os.path.join(mgr.sandbox_dir(t), "daemon.pid")))
+        os.kill(pid0, signal.SIGKILL)
+        assert await until(lambda: pid0 not in children() and not pid_alive(daemon))
+        assert mgr._sandboxes[t].proc is None  # forgotten: no worker until the next action
+        pid1 = await run(mgr, Call(fn=os.getpid, trajectory=t))
+        assert pid1 != pid0 and pid_alive(pid1)
+        assert await run(mgr, Call(fn=read, args=("file.txt",), trajectory=t)) == "kept\n"
+        assert await run(mgr, Call(fn=bump, trajectory=t)) == 1  # interpreter state is lost
+        os.kill(pid1, signal.SIGKILL)
+        assert wait_gone([pid1]) == []  # a blocking wait: the loop has not handled the exit yet
+        pid2 = await run(mgr, Call(fn=os.getpid, trajectory=t))
+        assert pid2 not in (pid0, pid1) and pid1 not in children()
+        assert mgr._sandboxes[t].starts == 3
+
+    with_manager(mechanism, body)
+
+
+# A worker killed while it runs an action takes that action with it (ActionCrashed with the
+# signal, its CPUs back in the pool); the trajectory's next action succeeds in a new worker.
+def test_a_worker_killed_during_an_action_crashes_that_action(mechanism: str) -> None:
+    def start_then_sleep() -> None:
+        open("started", "w").close()
+        time.sleep(60)
+
+    async def body(mgr: CpuManager) -> None:
+        t = 6
+        pid0 = await run(mgr, Call(fn=os.getpid, trajectory=t))
+        task = asyncio.ensure_future(run(mgr, Call(fn=start_then_sleep, trajectory=t)))
+        assert await until(lambda: os.path.exists(os.path.join(mgr.sandbox_dir(t), "started")))
+        os.kill(pid0, signal.SIGKILL)
+        with pytest.raises(ActionCrashed) as e:
+            await task
+        assert e.value.signal == signal.SIGKILL and e.value.exit_code is None
+        assert mgr.pool.full and pid0 not in children()
+        pid1 = await run(mgr, Call(fn=os.getpid, trajectory=t))
+        assert pid1 != pid0
+
+    with_manager(mechanism, body)
+
+
+def exit_while_a_raw_fork_holds_the_channel() -> None:
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.fork() == 0:  # libc's fork runs no Python at-fork hook: the child keeps the channel open
+        libc.sleep(60)
+        libc._exit(0)
+    os._exit(3)
+
+
+# A worker that dies during an action ends that action (ActionCrashed with its exit status)
+# even when a process it forked still holds the worker's end of the channel, so that the
+# channel never reaches EOF: the action never waits on a dead worker, and that process is
+# killed with the sandbox.
+def test_a_worker_death_ends_its_action_even_if_its_channel_stays_open(mechanism: str) -> None:
+    async def body(mgr: CpuManager) -> None:
+        with pytest.raises(ActionCrashed) as e:
+            await asyncio.wait_for(run(mgr, Call(fn=exit_while_a_raw_fork_holds_the_channel)), 30)
+        assert e.value.exit_code == 3
+        assert await until(lambda: mgr.processes() == [])
+        assert await run(mgr, Call(fn=lambda: 42)) == 42
+
+    with_manager(mechanism, body)
+
+
+# Idle workers killed during a burst of other trajectories' actions fail none of them; the
+# killed trajectories carry on in new workers; every dead worker is reaped when it exits,
+# and once the manager is closed this process has exactly the child processes and open
+# file descriptors it had before.
+def test_idle_workers_killed_during_a_burst_fail_no_other_action_and_leak_nothing(mechanism: str) -> None:
+    def work(i: int) -> int:
+        return sum(range(1000 * (i % 7 + 1)))
+
+    async def main() -> None:
+        fds, kids = open_fds(), children()
+        mgr = CpuManager(isolation=mechanism)
+        await mgr.start()
+        try:
+            idle = range(100, 112)
+            victims = await asyncio.gather(*(run(mgr, Call(fn=os.getpid, trajectory=t), cores=0.25) for t in idle))
+            burst = [asyncio.ensure_future(run(mgr, Call(fn=work, args=(i,), trajectory=i % 6), cores=0.25)) if i % 3
+                     else asyncio.ensure_future(run(mgr, Call(command=f"echo {i}", trajectory=i % 6), cores=0.25))
+                     for i in range(90)]
+            pending = set(burst)
+            for pid in victims:  # one kill after each completion in the burst, while the rest runs
+                if pending:
+                    _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                os.kill(pid, signal.SIGKILL)
+            results = await asyncio.gather(*burst, return_exceptions=True)
+            for i, r in enumerate(results):
+                assert r == (work(i) if i % 3 else CommandResult(0, f"{i}\n".encode(), b"", False)), (i, r)
+            assert await until(lambda: not set(victims) & children())
+            assert all(mgr._sandboxes[t].proc is None for t in idle)
+            again = await asyncio.gather(*(run(mgr, Call(fn=os.getpid, trajectory=t), cores=0.25) for t in idle))
+            assert not set(again) & set(victims)
+            assert mgr.pool.full
+        finally:
+            await mgr.close()
+        assert children() == kids
+        assert open_fds() == fds
+
+    asyncio.run(main())
 
 
 def test_timeout_kills_the_whole_process_tree(mechanism: str) -> None:
