@@ -15,7 +15,9 @@ done before, in one process (docs/server.md, "Where a round trip goes").
   metrics       one finished action into the metrics: Metrics.observe against
                 prometheus_client's Counter + two Histograms with cached children
   server        the server's Python per request, through a fake transport: frame in,
-                submit, start, result frame out (no sockets, no kernel)
+                submit, start, result frame out (no sockets, no kernel); with each
+                action's record packed beside its result (what a Client asks for by
+                default) and without (Client(records=False))
 
 Times are the best of several repeats, in microseconds of CPU or wall per operation.
 """
@@ -149,10 +151,10 @@ def metrics_costs() -> tuple[float, float]:
     from prometheus_client import CollectorRegistry, Counter, Histogram
 
     class Idle:
-        def queue_lengths(self) -> dict[str, Any]:
+        def _queue_lengths(self) -> dict[str, Any]:
             return {}
 
-        def utilisation(self) -> dict[str, Any]:
+        def _utilisation(self) -> dict[str, Any]:
             return {}
 
     record = ActionRecord(1, "env", 0, "cpu", 0.0, 0.001, 0.002, "node0", None, 1.0, "ok")
@@ -170,7 +172,7 @@ def metrics_costs() -> tuple[float, float]:
     return best_us(lambda: ours.observe(record)), best_us(prometheus)
 
 
-async def server_python(requests: int = 20_000) -> float:
+async def server_python(requests: int = 20_000, records: bool = True) -> float:
     """CPU per request of the server's Python path, from a SUBMIT frame to the RESULTS
     frame written, through a fake transport (the loop's iterations included)."""
     from tangram.server import protocol as P
@@ -204,7 +206,7 @@ async def server_python(requests: int = 20_000) -> float:
         conn = _Connection(server)
         transport = FakeTransport()
         conn.connection_made(transport)
-        conn.reader.feed(P.json_frame(P.HELLO, {"protocol": P.PROTOCOL, "token": None}))
+        conn.reader.feed(P.json_frame(P.HELLO, {"protocol": P.PROTOCOL, "token": None, "records": records}))
         conn.buffer_updated(0)
         base = conn.number << P.ID_BITS
         frames = [P.submit_frame([base | i], _pickle_calls([Call(runtime=0.0, resources={"cpu": 0.001})]))
@@ -235,6 +237,7 @@ def main() -> int:
     p = pickle_costs()
     observe, prometheus = metrics_costs()
     python = asyncio.run(server_python())
+    bare = asyncio.run(server_python(records=False))
     print(f"read     300 B over loopback: recv of 256 KiB {fresh:.1f} us, recv_into a reused buffer {reused:.1f} us "
           f"(send included in both)")
     print(f"send     CPU of one send to a receiver sleeping in epoll: {send:.1f} us")
@@ -243,7 +246,8 @@ def main() -> int:
           f"loads {p['compact_loads']:.2f} us; dict of fields {p['default_bytes']:.0f} B, dumps "
           f"{p['default_dumps']:.2f} us, loads {p['default_loads']:.2f} us")
     print(f"metrics  one action: Metrics.observe {observe:.2f} us, prometheus_client objects {prometheus:.2f} us")
-    print(f"server   Python per request through a fake transport: {python:.1f} us")
+    print(f"server   Python per request through a fake transport: {python:.1f} us with its record, "
+          f"{bare:.1f} us without")
     return 0
 
 

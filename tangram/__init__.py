@@ -30,7 +30,6 @@ from ._model import (
 )
 from ._records import DECISION_DTYPE, action_dtype
 from .scheduler import POLICIES, Decision, Decisions, Policy, Scheduler
-from .server import Client
 from .runtime import (
     ActionCancelled,
     ActionCrashed,
@@ -44,12 +43,42 @@ from .runtime import (
     ManagerError,
     MockManager,
     Orchestrator,
+    OrchestratorClosed,
     ResourceLimitExceeded,
     ResourceManager,
     RuntimeConfig,
     SyncOrchestrator,
     register_manager,
 )
+from .runtime.interface import OrchestratorAPI
+
+# Imported on first use, so that `import tangram` does not load the server's client
+# (and cloudpickle) or the GPU manager for programs that use neither.
+_LAZY = {
+    "AuthenticationError": "server.protocol",
+    "Client": "server.client",
+    "ConnectionLost": "server.protocol",
+    "FrameTooLarge": "server.protocol",
+    "ProtocolError": "server.protocol",
+    "RemoteError": "server.protocol",
+    "ServiceHooks": "runtime.gpu",
+    "SyncClient": "server.client",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tangram' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
 
 __all__ = [
     "Action",
@@ -60,15 +89,24 @@ __all__ = [
     "ActionInfeasible",
     "ActionRecord",
     "ActionTimeout",
+    "AuthenticationError",
     "Call",
     "Client",
     "CommandResult",
+    "ConnectionLost",
+    "FrameTooLarge",
     "ManagerError",
     "MockManager",
     "Orchestrator",
+    "OrchestratorAPI",
+    "OrchestratorClosed",
+    "ProtocolError",
+    "RemoteError",
     "ResourceLimitExceeded",
     "ResourceManager",
     "RuntimeConfig",
+    "ServiceHooks",
+    "SyncClient",
     "SyncOrchestrator",
     "register_manager",
     "Amdahl",

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import collections.abc
 import math
 import numbers
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Iterable, Iterator, Mapping, Sequence, overload
 
 import numpy as np
 
 from . import _core
 from ._errors import TangramError, UnknownNameError, ValidationError
-from ._model import Action, Amdahl, Constant, Inventory, Native, Node, Table
+from ._model import Action, Amdahl, Constant, Inventory, Native, Node, Table, given
 from ._records import (
     ACTION_HEADER_SIZE,
     DECISION_DTYPE,
@@ -34,15 +35,28 @@ assert _core.DECISION_SIZE == DECISION_DTYPE.itemsize
 
 @dataclass(frozen=True)
 class Policy:
-    """A scheduling policy and its knobs (csrc/tangram/model.h documents each)."""
+    """A scheduling policy and its knobs (csrc/tangram/model.h documents each; every one
+    has a default, so each policy runs by name alone).
+
+    trajectory_slot_cpu  "trajectory": cores in each trajectory's slot (default 1.0: one
+                         core per trajectory, the fixed sandbox the policy stands for).
+                         Each node is cut into floor(cpu / slot) slots; its other kinds are
+                         divided evenly among them. Set it to the sandbox size you compare
+                         against: Scheduler(inv, "trajectory", trajectory_slot_cpu=4).
+    pools                "isolated": task pool -> weight; every node is divided among the
+                         pools in proportion, and an action runs in the pool named by its
+                         `task`. Default {0: 1.0}: one pool of whole nodes for task 0, the
+                         task of every Action by default and of every live Call. Dedicated
+                         shares: Scheduler(inv, "isolated", pools={0: 1.0, 1: 3.0}).
+    """
 
     name: str = "tangram"
     aging: float = 0.5
     candidates: int = 4
     min_relative_gain: float = 0.05
     starvation_seconds: float = 60.0
-    trajectory_slot_cpu: float = 0.0  # cores per trajectory slot ("trajectory")
-    pools: Mapping[int, float] = field(default_factory=dict)  # task -> weight ("isolated")
+    trajectory_slot_cpu: float = 1.0
+    pools: Mapping[int, float] = field(default_factory=lambda: {0: 1.0})
 
 
 @dataclass(frozen=True)
@@ -101,12 +115,43 @@ class Decisions(Sequence[Decision]):
         return f"Decisions({list(self)!r})"
 
 
+_POLICY_OPTIONS = tuple(f.name for f in fields(Policy) if f.name != "name")
+
+
 def resolve_policy(policy: str | Policy, overrides: Mapping[str, object]) -> Policy:
+    """The policy with its options: a Policy, or a name whose options are the defaults,
+    either with `overrides` (Scheduler's keyword arguments, RuntimeConfig.policy_options)."""
     if isinstance(policy, str):
         if policy not in POLICIES:
             raise UnknownNameError("policy", f"unknown policy {policy!r} (one of {', '.join(POLICIES)})")
         policy = Policy(name=policy)
+    elif not isinstance(policy, Policy):
+        raise ValidationError("policy", f"expected a policy name or a tangram.Policy, got {type(policy).__name__}")
+    unknown = [k for k in overrides if k not in _POLICY_OPTIONS]
+    if unknown:
+        raise UnknownNameError(f"policy.{unknown[0]}", f"no such policy option (options: {', '.join(_POLICY_OPTIONS)})")
+    if "pools" in overrides:  # from a config file: keys as integers
+        overrides = {**overrides, "pools": dict(_pools(overrides["pools"]))}
     return replace(policy, **overrides) if overrides else policy
+
+
+def _pools(pools: object) -> list[tuple[int, float]]:
+    """The isolated policy's (task pool, weight) pairs; keys may be digit strings, as TOML
+    and JSON keys arrive. The core checks the weights' range."""
+    if not isinstance(pools, Mapping):
+        raise ValidationError("policy.pools", f"expected a mapping of task pool to weight, e.g. {{0: 1.0, 1: 3.0}}, "
+                                              f"got {type(pools).__name__}")
+    out: list[tuple[int, float]] = []
+    for task, weight in pools.items():
+        key = int(task) if isinstance(task, str) and task.isdigit() else task
+        if not isinstance(key, int) or isinstance(key, bool) or not 0 <= key < 2**32:
+            raise ValidationError(f"policy.pools[{task!r}]", "a task pool is a non-negative 32-bit integer")
+        if not isinstance(weight, numbers.Real) or isinstance(weight, bool):
+            raise ValidationError(f"policy.pools[{task!r}]", f"the weight must be a number, got {weight!r}")
+        if any(key == k for k, _ in out):
+            raise ValidationError(f"policy.pools[{task!r}]", f"task pool {key} is given twice")
+        out.append((key, float(weight)))
+    return out
 
 
 def core_arguments(inventory: Inventory, policy: Policy) -> dict[str, object]:
@@ -134,8 +179,44 @@ def core_arguments(inventory: Inventory, policy: Policy) -> dict[str, object]:
         min_relative_gain=float(policy.min_relative_gain),
         starvation_seconds=float(policy.starvation_seconds),
         trajectory_slot_cpu=_milli(policy.trajectory_slot_cpu, "policy.trajectory_slot_cpu"),
-        pools=[(int(t), float(w)) for t, w in policy.pools.items()],
+        pools=_pools(policy.pools),
     )
+
+
+def record_limits(name: str) -> tuple[int, int]:
+    """The integers an action record's field holds (the core's record layout is the one
+    definition of these ranges; the orchestrator, the server and the client check against
+    it before a value reaches the record)."""
+    info = np.iinfo(_RECORD_HEADER[name])
+    return int(info.min), int(info.max)
+
+
+_RECORD_HEADER = action_dtype(0)
+_COUNTS = {name: (0, record_limits(name)[1]) for name in ("id", "trajectory", "task", "tokens")}
+_PRIORITY = record_limits("priority")
+_INDEX_MAX = record_limits("affinity")[1]
+_ADDRESS_MAX = record_limits("callback")[1]
+
+
+def integer_in(value: object, low: int, high: int) -> bool:
+    """An integer (not a bool) in [low, high]."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and low <= value <= high
+
+
+def _real(value: object, name: str) -> float:
+    """A finite, non-negative number for a float64 field of the record (the core checks
+    the upper bounds, with the same wording)."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise ValidationError(name, f"must be a number, got {given(value)}")
+    try:
+        v = float(value)
+    except OverflowError:  # an int beyond float64
+        v = math.inf
+    if not math.isfinite(v):
+        raise ValidationError(name, f"must be a finite number, got {given(value)}")
+    if v < 0:
+        raise ValidationError(name, f"must not be negative, got {given(value)}")
+    return v
 
 
 def _milli(value: object, name: str) -> int:
@@ -170,10 +251,18 @@ class RecordEncoder:
     def encode(self, actions: Sequence[Action]) -> np.ndarray:
         rec = empty_actions(len(self.kinds), len(actions), self.dtype)
         for i, a in enumerate(actions):
-            self._encode_one(rec[i], a, f"actions[{i}]")
+            try:
+                self._encode_one(rec[i], a, f"actions[{i}]")
+            except TangramError:
+                raise
+            except Exception as e:  # a value no check above foresaw: still a typed error naming the action
+                raise ValidationError(f"actions[{i}]", f"cannot be encoded for the core: "
+                                                       f"{type(e).__name__}: {e}") from None
         return rec
 
     def _lookup(self, table: Mapping[str, int], name: object, what: str, fld: str) -> int:
+        if not isinstance(name, str):
+            raise ValidationError(fld, f"must be the name of a {what}, got {given(name)}")
         if name not in table:
             raise UnknownNameError(fld, f"no {what} named {name!r} (known: {', '.join(map(str, table)) or 'none'})")
         return table[name]  # type: ignore[index]
@@ -181,23 +270,22 @@ class RecordEncoder:
     def _encode_one(self, r: np.void, a: Action, f: str) -> None:
         if not isinstance(a, Action):
             raise ValidationError(f, f"expected a tangram.Action, got {type(a).__name__}")
-        for fld, v in (("id", a.id), ("trajectory", a.trajectory), ("task", a.task), ("tokens", a.tokens)):
-            if not isinstance(v, numbers.Integral) or v < 0:
-                raise ValidationError(f"{f}.{fld}", f"must be a non-negative integer, got {v!r}")
+        for fld, (low, high) in _COUNTS.items():
+            v = getattr(a, fld)
+            if not integer_in(v, low, high):
+                raise ValidationError(f"{f}.{fld}", f"must be an integer in [{low}, {high}], got {given(v)}")
         r["id"], r["trajectory"], r["task"], r["tokens"] = a.id, a.trajectory, a.task, a.tokens
-        if not isinstance(a.priority, numbers.Integral) or not -2**31 <= a.priority < 2**31:
-            raise ValidationError(f"{f}.priority", f"must be a 32-bit integer, got {a.priority!r}")
+        if not integer_in(a.priority, *_PRIORITY):
+            raise ValidationError(f"{f}.priority", f"must be a 32-bit integer, got {given(a.priority)}")
         r["priority"] = a.priority
+        if not isinstance(a.demand, collections.abc.Mapping):
+            raise ValidationError(f"{f}.demand", f"must be a mapping of resource kind to units, got {given(a.demand)}")
         demand = np.zeros(len(self.kinds))
         for kind, v in a.demand.items():
             k = self._lookup(self.kind_index, kind, "resource kind", f"{f}.demand")
-            if not isinstance(v, numbers.Real) or isinstance(v, bool):
-                raise ValidationError(f"{f}.demand.{kind}", f"must be a number, got {v!r}")
-            demand[k] = v
+            demand[k] = _real(v, f"{f}.demand.{kind}")
         r["demand"] = demand
-        if not isinstance(a.gpu_memory, numbers.Real):
-            raise ValidationError(f"{f}.gpu_memory", f"must be a number, got {a.gpu_memory!r}")
-        r["gpu_memory"] = a.gpu_memory
+        r["gpu_memory"] = _real(a.gpu_memory, f"{f}.gpu_memory")
         minimum = 1.0
         if a.elastic is not None:
             k = self._lookup(self.kind_index, a.elastic, "resource kind", f"{f}.elastic")
@@ -205,14 +293,16 @@ class RecordEncoder:
             minimum = float(demand[k])
             if a.max_units is None:
                 raise ValidationError(f"{f}.max_units", "an elastic action needs an upper bound")
-            r["elastic_max"] = a.max_units
+            r["elastic_max"] = _real(a.max_units, f"{f}.max_units")
         elif a.max_units is not None:
             raise ValidationError(f"{f}.max_units", "an upper bound needs an elastic kind")
         if a.affinity is not None:
             if isinstance(a.affinity, str):
                 r["affinity"] = self._lookup(self.node_index, a.affinity, "node", f"{f}.affinity")
-            else:
+            elif integer_in(a.affinity, 0, _INDEX_MAX):
                 r["affinity"] = a.affinity
+            else:
+                raise ValidationError(f"{f}.affinity", f"must be a node name or index, got {given(a.affinity)}")
         if a.service is not None:
             r["service"] = self._lookup(self.service_index, a.service, "service", f"{f}.service")
         if a.quota is not None:
@@ -222,14 +312,18 @@ class RecordEncoder:
     def _encode_model(self, r: np.void, a: Action, f: str, minimum: float) -> None:
         m = a.runtime
         if isinstance(m, numbers.Real) and not isinstance(m, bool):
-            m = Constant(float(m))
-        if isinstance(m, Constant):
-            r["model"], r["seconds"] = MODEL_CONSTANT, m.seconds
+            r["model"], r["seconds"] = MODEL_CONSTANT, _real(m, f"{f}.runtime.seconds")
+        elif isinstance(m, Constant):
+            r["model"], r["seconds"] = MODEL_CONSTANT, _real(m.seconds, f"{f}.runtime.seconds")
         elif isinstance(m, Amdahl):
-            r["model"], r["seconds"], r["parallel_fraction"] = MODEL_AMDAHL, m.seconds, m.parallel_fraction
+            r["model"], r["seconds"] = MODEL_AMDAHL, _real(m.seconds, f"{f}.runtime.seconds")
+            r["parallel_fraction"] = _real(m.parallel_fraction, f"{f}.runtime.parallel_fraction")
         elif isinstance(m, Table):
             r["model"], r["table"] = MODEL_TABLE, self.table_id(m.points)
         elif isinstance(m, Native):
+            if not integer_in(m.address, 0, _ADDRESS_MAX):
+                raise ValidationError(f"{f}.runtime.address",
+                                      f"must be a native function's address, got {given(m.address)}")
             r["model"], r["callback"] = MODEL_CALLBACK, m.address
             self.natives[m.address] = m  # the core holds only the address: keep the code alive
         elif callable(m):
@@ -252,10 +346,15 @@ class RecordEncoder:
                 units.append(top)
             points = []
             for u in units:
-                s = m(u)
-                if not isinstance(s, numbers.Real) or not math.isfinite(s) or s < 0:
-                    raise ValidationError(f"{f}.runtime", f"the callable returned {s!r} for {u} units")
-                points.append((u, float(s)))
+                try:
+                    s = m(u)
+                except Exception as e:
+                    raise ValidationError(f"{f}.runtime", f"the callable raised {type(e).__name__}: {e} for {u} "
+                                                          "units") from None
+                try:
+                    points.append((u, _real(s, f"{f}.runtime")))
+                except ValidationError:
+                    raise ValidationError(f"{f}.runtime", f"the callable returned {given(s)} for {u} units") from None
             r["model"], r["table"] = MODEL_TABLE, self.table_id(tuple(points))
         else:
             raise ValidationError(f"{f}.runtime", f"expected seconds or a model, got {type(m).__name__}")

@@ -371,3 +371,150 @@ def test_trajectory_service_action_runs_where_its_service_is():
     d = s.submit(Action(2, {"cpu": 1}, 10.0, trajectory=7, service="s1"), 0)
     start = [x for x in d if x.kind == "start"]
     assert not start or (start[0].node, start[0].device) == s.service_location("s1")
+
+
+# ------------------------------------------------------------------ every policy by name alone
+
+def readme_inventory() -> Inventory:
+    return Inventory.uniform(4, {"cpu": 16, "memory": 65536}, gpus=[81920],
+                             services=[Service("reward-7b", memory=16000, restore_seconds=4, max_batch=64)],
+                             quotas=[Quota("search", rate=20, burst=5, max_concurrency=8)])
+
+
+# Invariant: each policy the README names runs with its defaults, on the README's
+# inventory and actions: every action starts and ends, and the pools return to full.
+@pytest.mark.parametrize("policy", tangram.POLICIES)
+def test_every_policy_runs_by_name_alone(policy: str) -> None:
+    s = Scheduler(readme_inventory(), policy)
+    actions = [Action(1, {"cpu": 1, "memory": 512}, Amdahl(30, 0.9), elastic="cpu", max_units=8, trajectory=7),
+               Action(2, {"cpu": 0.5}, 3.0, service="reward-7b"), Action(3, {"cpu": 0.1}, 0.4, quota="search")]
+    started = {x.action for x in s.submit(actions, 0.0) if x.kind == "start"}
+    t = 0.0
+    while len(started) < 3:
+        t = s.next_wakeup if s.next_wakeup is not None else t + 1.0
+        started |= {x.action for x in s.tick(t) if x.kind == "start"}
+        assert t < 100, s.explain(min({1, 2, 3} - started))
+    s.complete([1, 2, 3], t + 60)
+    s.end_trajectories([7], t + 60)
+    assert s.waiting == 0 and s.running == 0
+    s.check_invariants()
+
+
+# Invariant: the trajectory policy's default slot is one core: a node of 4 cores holds 4
+# trajectories at once, each action gets its slot (an elastic one all of it, no more), the
+# fifth trajectory waits for a slot, and an action larger than a slot is rejected, not lost.
+def test_trajectory_policy_default_slot_is_one_core() -> None:
+    s = Scheduler(Inventory.uniform(1, {"cpu": 4, "memory": 4096}), "trajectory")
+    assert s.policy.trajectory_slot_cpu == 1.0
+    d = s.submit([Action(t, {"cpu": 1}, Amdahl(10, 0.9), elastic="cpu", max_units=8, trajectory=t)
+                  for t in range(1, 6)], 0)
+    assert [(x.action, x.grant) for x in d] == [(t, 1.0) for t in range(1, 5)]
+    assert s.explain(5).endswith("(no free trajectory slot)")
+    (reject,) = s.submit(Action(6, {"cpu": 2}, 1.0, trajectory=6), 0)
+    assert reject.kind == "reject" and "cpu needs 2, largest is 1" in reject.reason
+
+
+# Invariant: the isolated policy's default is one pool of whole nodes for task 0 (every
+# Action's task by default): all of a node is there for it; another task has no pool and
+# the error names the field.
+def test_isolated_policy_default_is_one_pool_for_task_zero() -> None:
+    s = Scheduler(Inventory.uniform(1, {"cpu": 8}), "isolated")
+    assert s.policy.pools == {0: 1.0} and s.free(0, "cpu") == 8.0
+    assert [x.action for x in s.submit(Action(1, {"cpu": 8}, 1.0), 0)] == [1]
+    with pytest.raises(tangram.UnknownNameError) as e:
+        s.submit(Action(2, {"cpu": 1}, 1.0, task=1), 0)
+    assert e.value.field == "actions[0].task" and "no task pool 1" in e.value.reason
+
+
+# Invariant: a policy option that does not exist, or pools of the wrong shape, is a typed
+# error naming the option, never a TypeError from inside; pool keys given as digit strings
+# (how TOML and JSON keys arrive) are the same pools as integers.
+def test_policy_options_are_checked_and_named() -> None:
+    inv = Inventory.uniform(1, {"cpu": 4})
+    for options, error, field in [
+        (dict(slot=2), tangram.UnknownNameError, "policy.slot"),
+        (dict(pools=[(0, 1.0)]), tangram.ValidationError, "policy.pools"),
+        (dict(pools={"a": 1.0}), tangram.ValidationError, "policy.pools['a']"),
+        (dict(pools={-1: 1.0}), tangram.ValidationError, "policy.pools[-1]"),
+        (dict(pools={0: "heavy"}), tangram.ValidationError, "policy.pools[0]"),
+        (dict(pools={0: 1.0, "0": 2.0}), tangram.ValidationError, "policy.pools['0']"),
+        (dict(pools={}), tangram.ValidationError, "policy(isolated).pools"),
+    ]:
+        with pytest.raises(error) as e:
+            Scheduler(inv, "isolated", **options)
+        assert e.value.field == field, options
+    with pytest.raises(tangram.ValidationError, match="policy: expected a policy name"):
+        Scheduler(inv, 3)  # type: ignore[arg-type]
+    assert Scheduler(inv, "isolated", pools={"0": 1.0, "1": 3.0}).policy.pools == {0: 1.0, 1: 3.0}
+
+
+async def _trajectories(orch, count: int) -> list[object]:  # type: ignore[no-untyped-def]
+    """`count` concurrent trajectories of one action each, each ended once done (under
+    `trajectory` a slot is held until then, so later ones wait for a slot)."""
+    import asyncio
+
+    from tangram import Call
+
+    async def one(t: int) -> object:
+        result = await orch.run(Call(fn=lambda: t, trajectory=t))
+        await orch.end_trajectory(t)
+        return result
+
+    return list(await asyncio.gather(*(one(t) for t in range(count))))
+
+
+# Invariant: the live runtime takes the same defaults and options: an Orchestrator with
+# `RuntimeConfig(policy=...)` alone runs every action under each policy (under
+# `trajectory`, more trajectories than slots), and a config file's [policy_options] reach
+# the core.
+def test_every_policy_runs_live_by_name_alone(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    from tangram import MockManager, Orchestrator, RuntimeConfig
+
+    async def run(config: RuntimeConfig) -> tuple[list[object], tangram.Policy]:
+        async with Orchestrator(config, inventory=Inventory.uniform(1, {"cpu": 4, "memory": 4096}),
+                                default_managers=False, managers={"cpu": MockManager()}) as orch:
+            results = await _trajectories(orch, 6)
+            assert orch.scheduler is not None
+            return results, orch.scheduler.policy
+
+    for policy in tangram.POLICIES:
+        assert asyncio.run(run(RuntimeConfig(policy=policy)))[0] == list(range(6)), policy
+    path = tmp_path / "tangram.toml"
+    path.write_text('policy = "isolated"\n[policy_options]\npools = { "0" = 1.0, "1" = 3.0 }\n')
+    results, policy = asyncio.run(run(RuntimeConfig.from_file(str(path))))
+    assert results == list(range(6)) and policy.pools == {0: 1.0, 1: 3.0}
+
+
+# Invariant: `tangram serve --policy P` starts and serves actions for every policy, with
+# no policy option given.
+def test_every_policy_is_served_by_name_alone() -> None:
+    import asyncio
+    import re
+    import select
+    import signal
+    import subprocess
+    import sys
+
+    from tangram import Client
+
+    async def use(address: str) -> list[object]:
+        async with Client(address) as client:
+            return await _trajectories(client, 3)
+
+    for policy in ("trajectory", "isolated"):
+        proc = subprocess.Popen([sys.executable, "-P", "-m", "tangram", "serve", "--port", "0", "--policy", policy,
+                                 "--manager", "cpu=mock", "--grace", "0"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout is not None
+            ready, _, _ = select.select([proc.stdout], [], [], 60)
+            line = proc.stdout.readline() if ready else ""
+            match = re.search(r"listening on (\S+) \(policy (\w+)", line)
+            assert match is not None and match.group(2) == policy, (line, proc.stderr and proc.stderr.read())
+            assert asyncio.run(use(match.group(1))) == [0, 1, 2]
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 0, stderr

@@ -156,7 +156,7 @@ def test_isolated_task_without_a_pool():
     refused(s, lambda: s.submit([Action(1, {"cpu": 1}, task=0), Action(2, {"cpu": 1}, task=1)], 0),
             UnknownNameError, "actions[1].task")
     with pytest.raises(ValidationError) as e:
-        Scheduler(inventory(), "isolated")
+        Scheduler(inventory(), "isolated", pools={})
     assert e.value.field == "policy(isolated).pools"
 
 
@@ -318,7 +318,7 @@ def test_bad_policy_options(options, field):
 
 def test_bad_trajectory_slot():
     with pytest.raises(ValidationError) as e:
-        Scheduler(inventory(), "trajectory")
+        Scheduler(inventory(), "trajectory", trajectory_slot_cpu=0)
     assert e.value.field == "policy(trajectory).trajectory_slot_cpu"
     with pytest.raises(ValidationError) as e:
         Scheduler(inventory(), "trajectory", trajectory_slot_cpu=-2)

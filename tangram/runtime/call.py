@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import collections.abc
 import copyreg
+import os
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import Any, Callable, Mapping, Sequence
 
 from .._errors import ValidationError
-from .._model import Model
+from .._model import Model, given
+from ..scheduler import record_limits
 
 
 @dataclass
@@ -36,7 +39,8 @@ class Call:
     action in records and metrics ("env", "reward", "search", ...). `manager` overrides
     the resource manager chosen by default (see `manager_for`). `affinity` names the node
     the action must run on (a multi-node inventory: where its trajectory's sandbox lives);
-    None lets the core choose.
+    None lets the core choose. `idempotent` says whether the call may run more than once:
+    False keeps it from being rerun elsewhere when its node is lost (docs/ray.md).
     """
 
     fn: Callable[..., Any] | None = None
@@ -58,6 +62,7 @@ class Call:
     manager: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)  # extra environment for commands and sandboxes
     affinity: str | None = None  # node name the action must run on (its trajectory's sandbox node)
+    idempotent: bool = True  # may run twice: a lost node's requeue reruns it (docs/ray.md)
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
         # Pickled as the class and its field values in order, not a dict of field names:
@@ -72,17 +77,112 @@ _CALL_FIELDS = tuple(f.name for f in fields(Call))
 _call_values = attrgetter(*_CALL_FIELDS)
 
 
+_TRAJECTORY_MAX = record_limits("trajectory")[1]
+
+
 def validate_call(call: Any) -> None:
     """The checks a call passes before any inventory is consulted (the orchestrator and the
-    server's client both run them at submit); raises ValidationError naming the field."""
+    server's client both run them at submit): the types of its fields, and the range of
+    its trajectory in the core's record. Raises ValidationError naming the field. What
+    makes its record for the core (resources, model, bounds, priority, tokens, the names of
+    kinds, services and quotas) is checked as the orchestrator encodes it, at submit too.
+
+    Cheap on purpose (every submit runs it): type tests on the fields, and a walk over
+    kwargs, env and an argv only when they are not empty."""
     if not isinstance(call, Call):
         raise ValidationError("call", f"expected a tangram.Call, got {type(call).__name__}")
-    if call.fn is not None and call.command is not None:
-        raise ValidationError("call.command", "give either fn or command, not both")
-    if call.timeout is not None and not (isinstance(call.timeout, (int, float)) and 0 < call.timeout < 1e9):
-        raise ValidationError("call.timeout", f"must be a positive number of seconds, got {call.timeout!r}")
-    if not isinstance(call.trajectory, int) or call.trajectory < 0:
-        raise ValidationError("call.trajectory", f"must be a non-negative integer, got {call.trajectory!r}")
+    fn, command = call.fn, call.command
+    if fn is not None:
+        if command is not None:
+            raise ValidationError("call.command", "give either fn or command, not both")
+        if not callable(fn):
+            raise ValidationError("call.fn", f"must be callable, got {type(fn).__name__}")
+    elif command is not None:
+        _check_command(command)
+    if type(call.args) is not tuple and not isinstance(call.args, (tuple, list)):
+        raise ValidationError("call.args", f"must be a tuple or list of positional arguments, got "
+                                           f"{type(call.args).__name__}")
+    if type(call.kwargs) is not dict or call.kwargs:  # an empty dict has nothing to check
+        _check_strings("call.kwargs", call.kwargs, keys_only=True)
+    if type(call.env) is not dict or call.env:
+        _check_strings("call.env", call.env, keys_only=False)
+    if type(call.resources) is not dict and not isinstance(call.resources, collections.abc.Mapping):
+        raise ValidationError("call.resources", f"must be a mapping of resource kind to units, got "
+                                                f"{type(call.resources).__name__}")
+    t = call.timeout
+    if t is not None and not (isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < 1e9):
+        raise ValidationError("call.timeout", f"must be a positive number of seconds, got {given(t)}")
+    t = call.trajectory
+    if not (type(t) is int or isinstance(t, int) and not isinstance(t, bool)) or not 0 <= t <= _TRAJECTORY_MAX:
+        raise ValidationError("call.trajectory", f"must be an integer in [0, {_TRAJECTORY_MAX}], got {given(t)}")
+    if not isinstance(call.kind, str):
+        raise ValidationError("call.kind", f"must be a string, got {given(call.kind)}")
+    if call.manager is not None and not isinstance(call.manager, str):
+        raise ValidationError("call.manager", f"must be a manager's name, got {given(call.manager)}")
+
+
+def _check_command(command: Any) -> None:
+    """A command line, or an argv of what exec takes: strings, bytes or paths, without NUL."""
+    if isinstance(command, str):
+        if "\0" in command:
+            raise ValidationError("call.command", "must not contain a NUL character")
+        return
+    if not isinstance(command, (list, tuple)) or not command:
+        raise ValidationError("call.command", f"must be a command line (a string) or a non-empty argv (a list of "
+                                              f"strings), got {given(command)}")
+    for i, arg in enumerate(command):
+        try:
+            arg = os.fspath(arg)
+        except TypeError:
+            raise ValidationError(f"call.command[{i}]",
+                                  f"must be a string or a path, got {type(arg).__name__}") from None
+        if ("\0" if isinstance(arg, str) else b"\0") in arg:
+            raise ValidationError(f"call.command[{i}]", "must not contain a NUL character")
+
+
+def _check_strings(name: str, mapping: Any, keys_only: bool) -> None:
+    """kwargs (string keys) or env (string keys and values that an environment can hold)."""
+    if type(mapping) is not dict and not isinstance(mapping, collections.abc.Mapping):
+        raise ValidationError(name, f"must be a mapping, got {type(mapping).__name__}")
+    if not mapping:
+        return
+    for key, value in mapping.items():
+        if not isinstance(key, str):
+            raise ValidationError(name, f"keys must be strings, got {given(key)}")
+        if keys_only:
+            continue
+        if not key or "=" in key or "\0" in key:
+            raise ValidationError(name, f"{given(key)} is not an environment variable name")
+        if not isinstance(value, str):
+            raise ValidationError(f"{name}.{key}", f"must be a string, got {type(value).__name__}")
+        if "\0" in value:
+            raise ValidationError(f"{name}.{key}", "must not contain a NUL character")
+
+
+def check_runnable(call: Call, family: str) -> None:
+    """What the built-in managers need of a call to have something to run, checked at
+    submit; `family` is the `name` of the manager class that will run it. The cpu manager
+    runs exactly one of fn and command; the api manager runs fn; a call to a GPU service
+    (the gpu manager's, or a Ray cluster's) gives the service's input as its one positional
+    argument, with neither fn nor command. Other managers (the mock manager, plugins)
+    decide at execute what they run."""
+    if call.service is not None and family in ("gpu", "ray"):
+        if call.fn is not None or call.command is not None:
+            raise ValidationError("call.fn" if call.fn is not None else "call.command",
+                                  f"a call to service {call.service!r} runs the service's batch hook: give its input "
+                                  "as the one positional argument, without fn or command")
+        if len(call.args) != 1 or call.kwargs:
+            raise ValidationError("call.args", f"a call to service {call.service!r} takes exactly one positional "
+                                               f"argument (its input) and no keyword arguments; got {len(call.args)} "
+                                               f"and {len(call.kwargs)}")
+    elif family in ("cpu", "ray"):
+        if call.fn is None and call.command is None:
+            raise ValidationError("call.fn", "nothing to run: give fn (a function) or command (a command line)")
+    elif family == "gpu":
+        raise ValidationError("call.service", "the gpu manager runs calls to GPU services only; other GPU work runs "
+                                              "in the cpu manager, with its grant in Placement.env")
+    elif family == "api" and call.fn is None:
+        raise ValidationError("call.fn", "an API call needs fn (the function making the request)")
 
 
 def manager_for(call: Call) -> str:

@@ -44,7 +44,7 @@ class CallEncoder:
             return self._index[key]
         except KeyError:
             pass
-        except TypeError:  # an unhashable model: encode it every time
+        except Exception:  # an unhashable model (or one whose hash fails): encode it every time
             key = None  # type: ignore[assignment]
         action = Action(0, dict(call.resources), call.runtime, elastic=call.elastic, max_units=call.max_units,
                         priority=call.priority, gpu_memory=call.gpu_memory, service=call.service,
@@ -52,7 +52,7 @@ class CallEncoder:
         try:
             record = self._encoder.encode([action])
         except TangramError as e:
-            raise _call_field_names(e) from None
+            raise call_field_names(e) from None
         if len(self._index) >= _MAX_TEMPLATES:
             self._index.clear()
         slot = len(self._index)
@@ -85,7 +85,8 @@ class CallEncoder:
 _ACTION_TO_CALL_FIELD = {".demand": ".resources", ".max_units": ".max_units", ".runtime": ".runtime"}
 
 
-def _call_field_names(error: TangramError) -> TangramError:
+def call_field_names(error: TangramError) -> TangramError:
+    """The core's error about actions[0] (a record), named by the Call's fields."""
     error = _action_field_names(error)
     field = error.field.replace("actions[0]", "call", 1)
     for action_name, call_name in _ACTION_TO_CALL_FIELD.items():

@@ -30,11 +30,12 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from .._errors import TangramError, ValidationError
 from .._model import Inventory, Node
+from .._model import given as _given
 from .._records import EVICT, REJECT, RESTORE, START
-from ..scheduler import Scheduler
-from .call import Call, Placement, manager_for, validate_call
+from ..scheduler import Scheduler, integer_in, record_limits
+from .call import Call, Placement, check_runnable, manager_for, validate_call
 from .config import RuntimeConfig
-from .encode import CallEncoder
+from .encode import CallEncoder, call_field_names
 from .errors import (
     ActionCancelled,
     ActionError,
@@ -48,6 +49,8 @@ from .records import ActionRecord, Metrics, RecordLog
 
 DEFAULT_MANAGERS = ("cpu", "gpu", "api")
 _BEHIND = re.compile(r"^waiting behind \d+ earlier actions? of the same shape;")
+_ID_MAX = record_limits("id")[1]
+_TRAJECTORY_MAX = record_limits("trajectory")[1]
 
 
 class OrchestratorClosed(TangramError, RuntimeError):
@@ -197,36 +200,39 @@ class Orchestrator:
             self._state = "closed"
             return
         self._state = "closing"
-        if drain:
-            while self._live:
-                await asyncio.gather(*[asyncio.shield(lv.future) for lv in list(self._live.values())],
-                                     return_exceptions=True)
-        for lv in list(self._live.values()):
-            self._cancel(lv, "closed")
-        tasks = [lv.task for lv in self._live.values() if lv.task is not None]
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
-        self._flush()
-        if self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
-        if self._timer is not None:
-            self._timer.cancel()
-        for m in self.managers.values():
-            try:
-                await m.close()
-            except Exception:  # one manager failing to close must not leak the others
-                traceback.print_exc()
-        if self._metrics_server is not None:
-            self._metrics_server.shutdown()
-            self._metrics_server.server_close()
-        self._state = "closed"
+        try:
+            if drain:
+                while self._live:
+                    await asyncio.gather(*[asyncio.shield(lv.future) for lv in list(self._live.values())],
+                                         return_exceptions=True)
+            for lv in list(self._live.values()):
+                self._cancel(lv, "closed")
+            tasks = [lv.task for lv in self._live.values() if lv.task is not None]
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+            self._flush()
+            if self._background:
+                await asyncio.gather(*self._background, return_exceptions=True)
+        finally:  # whatever went wrong above, the managers' processes and pools go
+            if self._timer is not None:
+                self._timer.cancel()
+            for m in self.managers.values():
+                try:
+                    await m.close()
+                except Exception:  # one manager failing to close must not leak the others
+                    traceback.print_exc()
+            if self._metrics_server is not None:
+                self._metrics_server.shutdown()
+                self._metrics_server.server_close()
+            self._state = "closed"
 
     # ---------------------------------------------------------------- API
     def submit(self, call: Call, action_id: int | None = None) -> ActionHandle:
         """Queues one action; returns at once with its handle. Raises a typed error naming
-        the field for a bad call (unknown kind, service, quota or manager, a bound below the
-        minimum...). The core validates the rest when the batch is flushed; such an error
-        ends the action with that error."""
+        the field for a bad call (a field of the wrong type or out of range, nothing its
+        manager can run, an unknown kind, service, quota or manager, a bound below the
+        minimum...). The core checks the rest (upper bounds, a service with an affinity...)
+        when the batch is flushed; such an error ends that action alone, with that error."""
         if self._state != "running":
             raise OrchestratorClosed("orchestrator", f"cannot submit: it is {self._state}")
         validate_call(call)
@@ -235,8 +241,11 @@ class Orchestrator:
         if manager is None:
             raise ManagerError("call.manager", f"no manager {name!r} in this orchestrator (have: {', '.join(self.managers)})")
         template = self._encoder.template(call)
+        check_runnable(call, manager.name)
         if action_id is None:
             action_id = next(self._ids)
+        elif not (type(action_id) is int and 0 <= action_id <= _ID_MAX):
+            raise ValidationError("action_id", f"must be an integer in [0, {_ID_MAX}], got {_given(action_id)}")
         elif action_id in self._live:
             raise ValidationError("action_id", f"action {action_id} is live")
         future = self._loop.create_future()  # type: ignore[union-attr]
@@ -285,12 +294,29 @@ class Orchestrator:
     async def end_trajectory(self, trajectory: int) -> None:
         """The trajectory's last action is done: releases its slot in the core and its
         per-trajectory state in every manager (its sandbox)."""
+        if not integer_in(trajectory, 0, _TRAJECTORY_MAX):
+            raise ValidationError("trajectory", f"must be an integer in [0, {_TRAJECTORY_MAX}], "
+                                                f"got {_given(trajectory)}")
         self._flush()  # its completions first
         self._handle(self._core.end_trajectories(_ids([trajectory]), self._now()))
         await asyncio.gather(*(m.end_trajectory(trajectory) for m in self.managers.values()))
 
-    def explain(self, action_id: int) -> str:
+    # explain, queue_lengths and utilisation are coroutines because a Client's must be
+    # (tangram.OrchestratorAPI); here they answer at once, from the synchronous readers
+    # below, which the server and the metrics use directly.
+    async def explain(self, action_id: int) -> str:
         """Why a live action waits (or where it runs), from the core."""
+        return self._explain(action_id)
+
+    async def queue_lengths(self) -> dict[str, tuple[int, int]]:
+        """kind -> (waiting, running)."""
+        return self._queue_lengths()
+
+    async def utilisation(self) -> dict[tuple[str, str], float]:
+        """(node, resource) -> share of its capacity held by running actions."""
+        return self._utilisation()
+
+    def _explain(self, action_id: int) -> str:
         lv = self._live.get(action_id)
         if lv is None:
             return f"action {action_id} is not live"
@@ -298,12 +324,10 @@ class Orchestrator:
             return "submitted; the core sees it at the next flush"
         return self._core.explain(action_id)
 
-    def queue_lengths(self) -> dict[str, tuple[int, int]]:
-        """kind -> (waiting, running)."""
+    def _queue_lengths(self) -> dict[str, tuple[int, int]]:
         return {k: (v[0], v[1]) for k, v in self._counts.items()}
 
-    def utilisation(self) -> dict[tuple[str, str], float]:
-        """(node, resource) -> share of its capacity held by running actions."""
+    def _utilisation(self) -> dict[tuple[str, str], float]:
         out: dict[tuple[str, str], float] = {}
         if self.scheduler is None:
             return out
@@ -350,6 +374,7 @@ class Orchestrator:
         if lv is None or lv.cancel_reason is not None or lv.record.outcome is not None:
             return False
         if call is not None:
+            validate_call(call)
             lv.template = self._encoder.template(call)
             lv.call = call
         if not lv.running:  # waiting: in the core's queue, or in the next batch
@@ -401,19 +426,26 @@ class Orchestrator:
         self._arm_timer()
 
     def _submit_batch(self, batch: list[_Live], now: float) -> None:
-        records = self._encoder.records([lv.template for lv in batch], [lv.id for lv in batch],
-                                        [lv.call.trajectory for lv in batch])
         try:
+            records = self._encoder.records([lv.template for lv in batch], [lv.id for lv in batch],
+                                            [lv.call.trajectory for lv in batch])
             decisions = self._core.submit(records, now)
-        except TangramError:
-            # One bad action fails the core's whole batch: resubmit one by one, so only
-            # the bad ones end with their error.
-            for i, lv in enumerate(batch):
+        except Exception:
+            # One bad action fails the whole batch (the core takes a batch whole; a value
+            # out of the record's range fails the copy): submit one by one, so only the
+            # bad ones end, each with its error, and the rest of the batch proceeds.
+            for lv in batch:
+                if lv.record.outcome is not None:  # ended meanwhile (an action started here cancelled it)
+                    continue
                 try:
-                    decisions = self._core.submit(records[i:i + 1], now)
+                    decisions = self._core.submit(self._encoder.records([lv.template], [lv.id], [lv.call.trajectory]),
+                                                  now)
                 except TangramError as e:
-                    field = e.field.replace("actions[0]", "call", 1)
-                    self._finish(lv, "failed", error=type(e)(field, e.reason))
+                    self._finish(lv, "failed", error=call_field_names(e))
+                    continue
+                except Exception as e:
+                    self._finish(lv, "failed", error=ValidationError("call", f"cannot be encoded for the core: "
+                                                                             f"{type(e).__name__}: {e}"))
                     continue
                 lv.in_core = True
                 self._handle(decisions)
@@ -564,7 +596,10 @@ class Orchestrator:
             lv.in_core = False
             self._kick()
         else:
-            self._pending_submit.remove(lv)
+            try:
+                self._pending_submit.remove(lv)
+            except ValueError:  # in the batch being submitted now, which skips an action that has ended
+                pass
 
     def _on_future_done(self, future: asyncio.Future[Any], action_id: int) -> None:
         # The caller cancelled the future (e.g. its awaiting task was cancelled): cancel

@@ -66,6 +66,15 @@ class RecordLog:
         for fn in self._listeners:
             fn(record)
 
+    def append(self, values: tuple[Any, ...]) -> None:
+        """A finished record given as its field values, in ActionRecord's order (what a
+        Client assembles from its server's answer, without building the object)."""
+        self._finished.append(values)
+        if self._listeners:
+            record = ActionRecord(*values)
+            for fn in self._listeners:
+                fn(record)
+
     def __iter__(self) -> Iterator[ActionRecord]:
         return (ActionRecord(*values) for values in list(self._finished))
 
@@ -155,12 +164,12 @@ class Metrics:
         families.append(counter)
         waiting = GaugeMetricFamily("tangram_actions_waiting", "Actions waiting", labels=["kind"])
         running = GaugeMetricFamily("tangram_actions_running", "Actions running", labels=["kind"])
-        for kind, (w, r) in sorted(orch.queue_lengths().items()):
+        for kind, (w, r) in sorted(orch._queue_lengths().items()):
             waiting.add_metric([kind], w)
             running.add_metric([kind], r)
         util = GaugeMetricFamily("tangram_resource_utilisation", "Share of capacity held by running actions",
                                  labels=["node", "resource"])
-        for (node, resource), share in sorted(orch.utilisation().items()):
+        for (node, resource), share in sorted(orch._utilisation().items()):
             util.add_metric([node, resource], share)
         return [*families, waiting, running, util]
 

@@ -71,6 +71,24 @@ class LoopThread:
     def end_trajectory(self, trajectory: int) -> None:
         self._call(self._target.end_trajectory(trajectory))
 
+    def explain(self, action_id: int) -> str:
+        """Why a live action waits (or where it runs)."""
+        return self._call(self._target.explain(action_id))
+
+    def queue_lengths(self) -> dict[str, tuple[int, int]]:
+        """kind -> (waiting, running)."""
+        return self._call(self._target.queue_lengths())
+
+    def utilisation(self) -> dict[tuple[str, str], float]:
+        """(node, resource) -> share of its capacity held by running actions."""
+        return self._call(self._target.utilisation())
+
+    @property
+    def records(self) -> Any:
+        """The records of finished actions (a RecordLog; iterating it from any thread is
+        safe: it copies the log in one step)."""
+        return self._target.records
+
     def close(self, drain: bool = False) -> None:
         if self._loop.is_closed():
             return
@@ -128,7 +146,3 @@ class SyncOrchestrator(LoopThread):
         self._loop.call_soon_threadsafe(on_loop)
         ready.result()
         return SyncHandle(action_id, out, self)
-
-    @property
-    def records(self) -> Any:
-        return self.orchestrator.records

@@ -8,11 +8,16 @@ Same methods, same results, same typed errors (an ActionTimeout on the server is
 ActionTimeout here, with the handle's id as `action_id`). Differences that a network
 brings, all explicit:
 
-- `submit` returns at once, as in process, and checks what it can locally (a Call; fn or
-  command; timeout; trajectory). Errors the in-process orchestrator raises at submit for
-  names it alone knows (an unknown resource kind, quota or manager) end the action's
+- `submit` returns at once, as in process, and checks what it can locally (a Call, the
+  types of its fields, its trajectory's range). Errors the in-process orchestrator raises
+  at submit from what the server alone knows (an unknown resource kind, quota or manager,
+  a call its manager cannot run, a resource that is not a finite number) end the action's
   future with the same typed error instead.
-- `explain`, `queue_lengths` and `utilisation` are coroutines (they ask the server).
+- `explain`, `queue_lengths` and `utilisation` ask the server (coroutines, as on the
+  Orchestrator). `records` holds this client's own actions: the server sends each one's
+  record with its result (times are the server's clock; `trajectory` is this client's
+  number). An action that ended here without an answer from the server (ConnectionLost,
+  a call that could not be sent) has none.
 - `cancel(id)` returns True when the action is still pending here; the server is
   authoritative, so an action that ended at the same moment may still deliver its result.
 - The connection dropping (server killed, network gone) ends every pending action with
@@ -39,9 +44,10 @@ from typing import Any, Iterable
 import cloudpickle
 
 from .._errors import TangramError, ValidationError
-from ..runtime.call import Call, validate_call
+from ..runtime.call import Call, manager_for, validate_call
 from ..runtime.errors import ActionCancelled
-from ..runtime.orchestrator import OrchestratorClosed
+from ..runtime.orchestrator import OrchestratorClosed, _outcome_of
+from ..runtime.records import RecordLog
 from ..runtime.sync import LoopThread, SyncHandle, copy_outcome
 from . import protocol as P
 from .protocol import ConnectionLost, FrameTooLarge, ProtocolError
@@ -52,12 +58,13 @@ _ID_LIMIT = 1 << P.ID_BITS
 class ClientHandle:
     """A submitted action: its id and a future with its result. Awaitable."""
 
-    __slots__ = ("id", "future", "_client")
+    __slots__ = ("id", "future", "_client", "_call")
 
-    def __init__(self, action_id: int, future: asyncio.Future[Any], client: "Client") -> None:
+    def __init__(self, action_id: int, future: asyncio.Future[Any], client: "Client", call: Call | None = None) -> None:
         self.id = action_id
         self.future = future
         self._client = client
+        self._call = call  # until its result arrives: its record's kind, trajectory and manager
 
     def cancel(self) -> bool:
         """Cancels the action on the server; False when it has already ended."""
@@ -103,19 +110,29 @@ class Client:
     token     the server's token (default: $TANGRAM_TOKEN)
     shared_trajectories  use the server's shared trajectory ids instead of this client's own
     connect_timeout      seconds to connect and authenticate
+    records       keep `records`, the ActionRecord of each of this client's actions that
+                  the server answered (default True; False spares the server packing
+                  them, bench/server_costs.py measures the cost)
+    max_records   how many records `records` keeps, the latest (default 100,000, as the
+                  orchestrator's `RuntimeConfig.max_records`)
 
     `await start()` (or `async with`) connects; a wrong token raises AuthenticationError.
     All methods run on the event loop that connected it (SyncClient for other threads).
     """
 
     def __init__(self, address: str | tuple[str, int] | None = None, *, token: str | None = None,
-                 shared_trajectories: bool = False, connect_timeout: float = 10.0) -> None:
+                 shared_trajectories: bool = False, connect_timeout: float = 10.0, records: bool = True,
+                 max_records: int = 100_000) -> None:
         if address is None:
             address = os.environ.get("TANGRAM_ADDRESS") or None
         self.host, self.port = P.parse_address(address)
         self.token = token if token is not None else os.environ.get("TANGRAM_TOKEN") or None
         self.shared_trajectories = shared_trajectories
         self.connect_timeout = connect_timeout
+        if not isinstance(max_records, int) or isinstance(max_records, bool) or max_records < 0:
+            raise ValidationError("max_records", f"must be a non-negative integer, got {max_records!r}")
+        self.records = RecordLog(max_records if records else 0)
+        self._keep_records = bool(records)
         self.server_info: dict[str, Any] = {}
         self._state = "new"  # -> "connecting" -> "running" -> "closing" -> "closed"
         self._lost: str | None = None  # why the connection ended
@@ -147,7 +164,8 @@ class Client:
         self._disconnected = loop.create_future()
         try:
             await asyncio.wait_for(loop.create_connection(lambda: _Wire(self), self.host, self.port), self.connect_timeout)
-            hello = {"protocol": P.PROTOCOL, "token": self.token, "shared_trajectories": self.shared_trajectories}
+            hello = {"protocol": P.PROTOCOL, "token": self.token, "shared_trajectories": self.shared_trajectories,
+                     "records": self._keep_records}
             self._transport.write(P.json_frame(P.HELLO, hello))  # type: ignore[union-attr]
             welcome = await asyncio.wait_for(asyncio.shield(self._welcome), self.connect_timeout)
         except TangramError:
@@ -221,7 +239,7 @@ class Client:
         module docstring for which errors are raised here and which end the future).
         `action_id`, when given, comes from `reserve_id`."""
         self._check_running("submit")
-        validate_call(call)
+        self._check_call(call)
         if action_id is None:
             action_id = self.reserve_id()
         elif not isinstance(action_id, int) or action_id >> P.ID_BITS != self._base >> P.ID_BITS:
@@ -239,7 +257,7 @@ class Client:
 
     def _submit(self, call: Call, action_id: int) -> ClientHandle:
         future = self._loop.create_future()  # type: ignore[union-attr]
-        handle = ClientHandle(action_id, future, self)
+        handle = ClientHandle(action_id, future, self, call if self._keep_records else None)
         if self._lost is not None:
             future.set_exception(self._lost_error(action_id))
             return handle
@@ -307,6 +325,14 @@ class Client:
         return len(self._pending)
 
     # ---------------------------------------------------------------- internals
+    def _check_call(self, call: Call) -> None:
+        validate_call(call)
+        if not self.shared_trajectories and call.trajectory >= _ID_LIMIT:
+            # The server keeps each client's trajectories apart in the upper bits of its own.
+            raise ValidationError("call.trajectory", f"must be below 2**{P.ID_BITS} (this client's own trajectories; "
+                                                     f"shared_trajectories=True takes the core's full range), got "
+                                                     f"{call.trajectory}")
+
     def _check_running(self, what: str) -> None:
         if self._state != "running":
             raise OrchestratorClosed("client", f"cannot {what}: it is {self._state}")
@@ -413,7 +439,7 @@ class Client:
     def _frame(self, kind: int, payload: bytes) -> None:
         if kind == P.RESULTS:
             pending = self._pending
-            for aid, ok, value in pickle.loads(payload):
+            for aid, ok, value, record in pickle.loads(payload):
                 handle = pending.pop(aid, None)
                 if handle is None:
                     continue
@@ -423,10 +449,14 @@ class Client:
                 # Its watch has nothing left to do: removing it spares a callback (an
                 # event-loop handle) per result.
                 future.remove_done_callback(handle._watch)
+                if not ok:
+                    value = P.decode_error(value)
+                if record is not None:
+                    self._record(handle, ok, value, record)
                 if ok:
                     future.set_result(value)
                 else:
-                    future.set_exception(P.decode_error(value))
+                    future.set_exception(value)
         elif kind == P.REPLY:
             for rid, ok, value in pickle.loads(payload):
                 future = self._replies.pop(rid, None)
@@ -455,6 +485,17 @@ class Client:
             self._lost = f"the server shut down ({reason or 'goodbye'})"
         else:
             raise ProtocolError("frame", f"unexpected {P.FRAME_NAMES.get(kind, f'type {kind}')} frame from the server")
+
+    def _record(self, handle: ClientHandle, ok: bool, value: Any, packed: bytes) -> None:
+        """The action's record: the server's fields, with what this side knows (its call,
+        and the outcome as it arrived here)."""
+        call, handle._call = handle._call, None
+        if call is None:
+            return
+        submit, start, end, node, device, grant, wait_reason = P.unpack_record(packed)
+        self.records.append((handle.id, call.kind, call.trajectory, manager_for(call), submit, start, end, node,
+                             device, grant, "ok" if ok else _outcome_of(value), wait_reason,
+                             "" if ok else str(value)))
 
     def _connection_lost(self, exc: Exception | None) -> None:
         if self._lost is None:
@@ -510,7 +551,8 @@ SyncClientHandle = SyncHandle
 class SyncClient(LoopThread):
     """`SyncClient(...)` takes the Client's arguments and connects at once; the connection
     lives on an event loop in a background thread, so any number of threads can share it
-    (SyncOrchestrator's API)."""
+    (SyncOrchestrator's API: `explain`, `queue_lengths` and `utilisation` block for the
+    server's answer; `records` is the client's)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.client = Client(*args, **kwargs)
@@ -519,7 +561,7 @@ class SyncClient(LoopThread):
     def submit(self, call: Call) -> SyncClientHandle:
         client = self.client
         client._check_running("submit")
-        validate_call(call)
+        client._check_call(call)
         action_id = client.reserve_id()
         out: concurrent.futures.Future[Any] = concurrent.futures.Future()
 
@@ -533,9 +575,3 @@ class SyncClient(LoopThread):
 
         self._loop.call_soon_threadsafe(on_loop)
         return SyncClientHandle(action_id, out, self)
-
-    def explain(self, action_id: int) -> str:
-        return self._call(self.client.explain(action_id))
-
-    def queue_lengths(self) -> dict[str, tuple[int, int]]:
-        return self._call(self.client.queue_lengths())

@@ -12,15 +12,18 @@ server's `max_frame` bytes is accepted; calls travel as one (cloud)pickle per SU
 (their functions run on the server, which is why the token is mandatory off loopback).
 
     client -> server
-      HELLO     JSON  {"protocol": 1, "token": str|null, "shared_trajectories": bool}
+      HELLO     JSON  {"protocol": 2, "token": str|null, "shared_trajectories": bool,
+                       "records": bool}
       SUBMIT    uint32 n, n x uint64 action ids, then pickle([Call] * n), as cloudpickle makes it
       CANCEL    JSON  [action id, ...]
       REQUEST   JSON  [request id, op, args]   ops: end_trajectory, explain, queue_lengths,
                                                     utilisation, ping
     server -> client
-      WELCOME   JSON  {"protocol": 1, "connection": int, "max_frame": int, "policy": str,
+      WELCOME   JSON  {"protocol": 2, "connection": int, "max_frame": int, "policy": str,
                        "managers": [str], "server": str}
-      RESULTS   pickle [(action id, ok, result | error), ...]
+      RESULTS   pickle [(action id, ok, result | error, record | None), ...]: the record
+                (when the HELLO asked for records) is the action's ActionRecord fields
+                that the client cannot know, packed by pack_record
       REPLY     pickle [(request id, ok, value | error), ...]
       ERROR     JSON  error; the connection is closed after it
       GOODBYE   JSON  {"reason": str}; the server is shutting down, every action of this
@@ -41,7 +44,7 @@ from typing import Any
 
 from .._errors import TangramError, ValidationError
 
-PROTOCOL = 1
+PROTOCOL = 2
 DEFAULT_PORT = 7450
 DEFAULT_MAX_FRAME = 64 * 1024 * 1024
 PREAUTH_MAX_FRAME = 64 * 1024
@@ -49,6 +52,11 @@ ID_BITS = 32
 
 HEADER = struct.Struct("!IB")
 COUNT = struct.Struct("!I")
+# An action's record as it travels with its result: submit, start, end, grant (NaN for
+# None), device (-1 for None), the node name's length; then the node name and the wait
+# reason, UTF-8. Times are the server's orchestrator clock.
+RECORD = struct.Struct("!4diI")
+_NAN = float("nan")
 
 HELLO, WELCOME, SUBMIT, CANCEL, REQUEST, RESULTS, REPLY, ERROR, GOODBYE = range(1, 10)
 FRAME_NAMES = {HELLO: "HELLO", WELCOME: "WELCOME", SUBMIT: "SUBMIT", CANCEL: "CANCEL", REQUEST: "REQUEST",
@@ -182,6 +190,23 @@ def parse_submit(payload: bytes) -> tuple[tuple[int, ...], memoryview]:
         raise ProtocolError("frame", f"SUBMIT: {n} ids announced, {max(0, len(payload) - COUNT.size) // 8} present")
     ids = struct.unpack_from(f"!{n}Q", payload, COUNT.size)
     return ids, memoryview(payload)[end:]
+
+
+def pack_record(record: Any) -> bytes:
+    """The fields of an ActionRecord that only the server knows: one struct and two
+    strings (a fraction of a microsecond; bench/server_costs.py), not a pickle."""
+    start, grant, device = record.start, record.grant, record.device
+    node = b"" if record.node is None else record.node.encode()
+    return RECORD.pack(record.submit, _NAN if start is None else start, record.end, _NAN if grant is None else grant,
+                       -1 if device is None else device, len(node)) + node + record.wait_reason.encode()
+
+
+def unpack_record(data: bytes) -> tuple[float, float | None, float, str | None, int | None, float | None, str]:
+    """(submit, start, end, node, device, grant, wait_reason) from pack_record's bytes."""
+    submit, start, end, grant, device, n = RECORD.unpack_from(data)
+    size = RECORD.size
+    return (submit, None if start != start else start, end, data[size:size + n].decode() if n else None,
+            None if device < 0 else device, None if grant != grant else grant, data[size + n:].decode())
 
 
 class FrameReader:

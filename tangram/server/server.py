@@ -217,7 +217,7 @@ class Server:
         action): its outcome joins its connection's next RESULTS frame."""
         conn = self._by_number.get(record.id >> P.ID_BITS)
         if conn is not None:
-            conn._done(record.id)
+            conn._done(record)
 
 
 class _Connection(asyncio.BufferedProtocol):
@@ -233,9 +233,10 @@ class _Connection(asyncio.BufferedProtocol):
         self.state = "hello"  # -> "ready" -> "closed"
         self.number = 0
         self.shared = False
+        self.send_records = False  # the HELLO asked for each action's record with its result
         self.live: dict[int, ActionHandle] = {}
         self.trajectories: set[int] = set()
-        self.results: list[tuple[int, bool, Any]] = []
+        self.results: list[tuple[int, bool, Any, bytes | None]] = []
         self.replies: list[tuple[int, bool, Any]] = []
         self.requests: set[asyncio.Task[Any]] = set()
         self.flush_handle: asyncio.Handle | None = None  # the write queued for the next iteration
@@ -397,6 +398,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.number = next(self.server._numbers)
         self.server._by_number[self.number] = self
         self.shared = bool(hello.get("shared_trajectories", False))
+        self.send_records = bool(hello.get("records", False))
         self.state = "ready"
         self.reader.limit = self.server.max_frame
         orch = self.orch
@@ -461,11 +463,11 @@ class _Connection(asyncio.BufferedProtocol):
                 self._reply(rid, True, "pong")
             elif op == "explain":
                 (aid,) = args
-                self._reply(rid, True, self.orch.explain(aid) if aid in self.live else f"action {aid} is not live")
+                self._reply(rid, True, self.orch._explain(aid) if aid in self.live else f"action {aid} is not live")
             elif op == "queue_lengths":
-                self._reply(rid, True, self.orch.queue_lengths())
+                self._reply(rid, True, self.orch._queue_lengths())
             elif op == "utilisation":
-                self._reply(rid, True, self.orch.utilisation())
+                self._reply(rid, True, self.orch._utilisation())
             elif op == "end_trajectory":
                 (t,) = args
                 if not isinstance(t, int) or t < 0:
@@ -498,24 +500,29 @@ class _Connection(asyncio.BufferedProtocol):
             self._reply(rid, True, None)
 
     # ---------------------------------------------------------------- results
-    def _done(self, aid: int) -> None:
+    def _done(self, record: ActionRecord) -> None:
+        aid = record.id
         handle = self.live.pop(aid, None)
         if handle is None:  # not this connection's, or dropped with it
             return
+        packed = P.pack_record(record) if self.send_records else None
         future = handle.future
         if future.cancelled():
-            self._result(aid, False, ActionCancelled(aid, "cancelled on the server"))
+            self._result(aid, False, ActionCancelled(aid, "cancelled on the server"), packed)
             return
         error = future.exception()
         if error is None:
-            self._result(aid, True, future.result())
+            self._result(aid, True, future.result(), packed)
         else:
-            self._result(aid, False, error)
+            self._result(aid, False, error, packed)
 
-    def _result(self, aid: int, ok: bool, value: Any) -> None:
+    def _result(self, aid: int, ok: bool, value: Any, record: bytes | None = None) -> None:
+        """Queues an action's outcome, with its packed record when it has one (an action
+        refused before the orchestrator took it has none, as a submit that raises in
+        process leaves none)."""
         if self.state == "closed":
             return
-        self.results.append((aid, True, value) if ok else (aid, False, P.encode_error(value)))
+        self.results.append((aid, True, value, record) if ok else (aid, False, P.encode_error(value), record))
         if self.flush_handle is None:
             self._queue_flush()
 
@@ -555,7 +562,7 @@ class _Connection(asyncio.BufferedProtocol):
         if chunks:
             self.transport.write(b"".join(chunks) if len(chunks) > 1 else chunks[0])
 
-    def _encode(self, kind: int, items: list[tuple[int, bool, Any]], out: list[bytes]) -> None:
+    def _encode(self, kind: int, items: list[tuple[Any, ...]], out: list[bytes]) -> None:
         """Pickles a batch into frames within the limit; a value that cannot be pickled or
         does not fit ends its action with a typed error instead."""
         limit = self.server.max_frame - P.HEADER.size
@@ -568,7 +575,7 @@ class _Connection(asyncio.BufferedProtocol):
             self._encode(kind, items[:half], out)
             self._encode(kind, items[half:], out)
             return
-        ((key, _, _),) = items
+        ((key, _, _, *record),) = items  # a result's record stays with it
         if data is None:
             error: TangramError = ActionFailed(key, f"its result cannot be pickled to go back to the client: {problem}",
                                                "PicklingError")
@@ -577,7 +584,7 @@ class _Connection(asyncio.BufferedProtocol):
                                   action_id=key)
         if kind == P.REPLY:
             error = ProtocolError("reply", error.reason)
-        data, _ = _dumps([(key, False, P.encode_error(error))])
+        data, _ = _dumps([(key, False, P.encode_error(error), *record)])
         out.append(P.frame(kind, data))  # type: ignore[arg-type]
 
 
@@ -707,9 +714,8 @@ async def _serve(server: Server, grace: float) -> int:
         if stop.is_set():
             server.force_close()
         else:
-            print(f"tangram serve: {signal.Signals(signum).name}: shutting down "
-                  f"(running actions get {grace:g} s)", file=sys.stderr, flush=True)
-            stop.set()
+            stop.set()  # first: the note below may fail to reach stderr
+            _note(f"tangram serve: {signal.Signals(signum).name}: shutting down (running actions get {grace:g} s)")
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
@@ -720,5 +726,14 @@ async def _serve(server: Server, grace: float) -> int:
           f"token {'required' if server.token else 'not required'})", flush=True)
     await stop.wait()
     await server.close(grace)
-    print("tangram serve: stopped", file=sys.stderr, flush=True)
+    _note("tangram serve: stopped")
     return 0
+
+
+def _note(text: str) -> None:
+    """A line on stderr, which may be closed (a supervisor or a pipe that went away):
+    shutting down must not depend on it, and a signal handler never raises."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except (OSError, ValueError):  # a broken pipe, a closed descriptor or file
+        pass

@@ -88,7 +88,7 @@ def test_cancelling_a_running_command() -> None:
                                 config=RuntimeConfig(managers={"cpu": {}})) as orch:
             handle = orch.submit(Call(command=["sleep", "30"], trajectory=3))
             await asyncio.sleep(0.5)
-            assert "running" in orch.explain(handle.id)
+            assert "running" in await orch.explain(handle.id)
             handle.cancel()
             with pytest.raises(ActionCancelled):
                 await handle

@@ -39,7 +39,7 @@ def assert_idle(orch: Orchestrator) -> None:
         for kind, cap in node.resources.items():
             assert orch.scheduler.free(n, kind) == pytest.approx(cap)
     orch.scheduler.check_invariants()
-    assert all(w == 0 and r == 0 for w, r in orch.queue_lengths().values())
+    assert all(w == 0 and r == 0 for w, r in orch._queue_lengths().values())
 
 
 def test_run_returns_the_function_result_and_keeps_a_record() -> None:
@@ -118,15 +118,15 @@ def test_bad_calls_raise_at_submit_naming_the_field() -> None:
                 orch.submit(Call(manager="nope"))
             with pytest.raises(tangram.UnknownNameError, match=r"call\.quota"):
                 orch.submit(Call(quota="nope"))
-            # Caught by the core when the batch is flushed: only the bad action fails.
+            # Beyond the core's bounds, caught when the batch is flushed: only the bad action fails.
             good = orch.submit(Call(runtime=0.0))
-            bad = orch.submit(Call(resources={"cpu": float("nan")}))
+            bad = orch.submit(Call(resources={"cpu": 1e13}))
             assert await good is None
-            with pytest.raises(tangram.ValidationError, match=r"call\.demand|cpu"):
+            with pytest.raises(tangram.ValidationError, match=r"call\.resources\.cpu"):
                 await bad
             # Alone in its batch, too.
-            with pytest.raises(tangram.ValidationError, match=r"cpu"):
-                await orch.run(Call(resources={"cpu": float("inf")}))
+            with pytest.raises(tangram.ValidationError, match=r"call\.runtime\.seconds"):
+                await orch.run(Call(runtime=2e9))
             await asyncio.sleep(0)
             assert_idle(orch)
 
@@ -139,7 +139,8 @@ def test_cancel_waiting_and_running_actions() -> None:
             running = orch.submit(Call(runtime=10.0))
             waiting = orch.submit(Call(runtime=10.0))
             await asyncio.sleep(0.01)
-            assert "cpu" in orch.explain(waiting.id) or "resources" in orch.explain(waiting.id)
+            reason = await orch.explain(waiting.id)
+            assert "cpu" in reason or "resources" in reason
             assert waiting.cancel() and running.cancel()
             for h in (running, waiting):
                 with pytest.raises(ActionCancelled):

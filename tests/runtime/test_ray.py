@@ -191,7 +191,7 @@ def test_agent_killed_mid_run_fails_its_actions_and_a_joining_node_gets_work(clu
             names = worker_names()
             handles = [orch.submit(Call(fn=nap, args=(3.0,), trajectory=t, runtime=3.0)) for t in range(1, 5)]
             await asyncio.sleep(1.0)  # all four run: two per node
-            assert sum(r for _w, r in orch.queue_lengths().values()) == 4
+            assert sum(r for _w, r in (await orch.queue_lengths()).values()) == 4
             victim = names[0]
             ray.kill(orch.ray.node_of(victim).agent)
             results = await asyncio.gather(*(h.future for h in handles), return_exceptions=True)
@@ -244,5 +244,58 @@ def test_node_removed_mid_run_requeues_its_actions_which_complete_elsewhere(clus
             assert all(r.outcome == "ok" and r.node != victim for r in orch.records)
             assert not orch.scheduler.node_online(victim)
             assert orch.ray.lost_nodes == [victim]
+
+    asyncio.run(main())
+
+
+def note_then_nap(path: str, slow_on: str) -> str:
+    """Appends the node it runs on to `path` (the cluster's nodes share this machine's
+    filesystem: one line per run), then naps: long on `slow_on`, briefly elsewhere."""
+    node = os.environ["TANGRAM_NODE"]
+    with open(path, "a") as f:
+        f.write(node + "\n")
+    return nap(60.0 if node == slow_on else 0.1)
+
+
+def runs(path: str) -> list[str]:
+    try:
+        with open(path) as f:
+            return f.read().split()
+    except FileNotFoundError:
+        return []
+
+
+# Under on_node_loss="requeue", a lost node's running actions are rerun elsewhere only when
+# their call is idempotent: the idempotent one runs again (twice in all) and succeeds on
+# another node; the non-idempotent one ran once and ends NodeLost, saying why it was not
+# rerun. Each ends exactly once.
+def test_requeue_reruns_only_idempotent_calls(cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    c, workers = cluster
+    while len(workers) < 2:  # one to lose, one to rerun on (earlier tests may have removed some)
+        workers.append(c.add_node(num_cpus=2, object_store_memory=STORE))
+    c.wait_for_nodes()
+
+    async def main() -> None:
+        async with RayOrchestrator(monitor_interval=0.3, on_node_loss="requeue") as orch:
+            victim_node = workers[0]
+            victim = next(n for n in worker_names() if orch.ray.node_of(n).node_id == victim_node.node_id)
+            again, once = str(tmp_path / "idempotent"), str(tmp_path / "not-idempotent")
+            handles = [orch.submit(Call(fn=note_then_nap, args=(again, victim), trajectory=1, affinity=victim,
+                                        runtime=60)),
+                       orch.submit(Call(fn=note_then_nap, args=(once, victim), trajectory=2, affinity=victim,
+                                        runtime=60, idempotent=False))]
+            for _ in range(600):  # both have started on the victim
+                if runs(again) and runs(once):
+                    break
+                await asyncio.sleep(0.1)
+            assert runs(again) == [victim] and runs(once) == [victim]
+            c.remove_node(victim_node)
+            workers.remove(victim_node)
+            rerun, lost = await asyncio.gather(*(h.future for h in handles), return_exceptions=True)
+            assert isinstance(lost, NodeLost) and lost.node == victim and "not idempotent" in str(lost), lost
+            assert isinstance(rerun, str) and rerun != victim, rerun
+            assert runs(again) == [victim, rerun] and runs(once) == [victim]
+            ended_once(list(orch.records), {h.id for h in handles})
+            assert sorted(r.outcome for r in orch.records) == ["crashed", "ok"]
 
     asyncio.run(main())

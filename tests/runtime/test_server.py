@@ -143,7 +143,7 @@ def calls() -> list[Call]:
         Call(command="echo out; echo err >&2; exit 3"),
         Call(fn=boom),
         Call(command="sleep 5", timeout=0.3),
-        Call(resources={"cpu": 64}),
+        Call(command="true", resources={"cpu": 64}),
         Call(resources={"gpu_hours": 1}),
         Call(resources={"cpu": 1}, elastic="cpu"),
         Call(fn=remember, args=("kept",), trajectory=2),

@@ -1,0 +1,404 @@
+"""Hostile calls through the core's face and the in-process orchestrator: every bad call
+ends alone, with a typed error naming its field (at submit where it can be seen there,
+else as its own result), and nothing else notices: not the calls submitted in the same
+event-loop iteration, not `close()`, and no process is left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import operator
+import os
+import sys
+import threading
+from typing import Any, Callable
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tangram
+from tangram import Action, Call, Inventory, MockManager, Orchestrator, Quota, Scheduler
+from tangram.runtime import ActionError
+from tangram.runtime.api import ApiManager
+from tangram.runtime.call import check_runnable
+from tangram.runtime.manager import LiveAction, ResourceManager
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sandboxes need Linux")
+NAN, INF = math.nan, math.inf
+BEYOND = {"id": 2**64, "trajectory": 2**64, "task": 2**32, "tokens": 2**63, "priority": 2**31}
+
+
+# ------------------------------------------------------------------ the core's face
+
+def refused(s: Scheduler, submit: Callable[[], Any], field: str) -> tangram.ValidationError:
+    """`submit()` raises a ValidationError naming exactly `field` and changes nothing."""
+    before = (s.waiting, s.running)
+    with pytest.raises(tangram.ValidationError) as info:
+        submit()
+    assert info.value.field == field, str(info.value)
+    assert (s.waiting, s.running) == before
+    s.check_invariants()
+    return info.value
+
+
+# Integers beyond the core's record fields (ids, trajectories, tasks, tokens, priorities)
+# are ValidationErrors naming the action and the field, never a bare OverflowError, and
+# nothing of the batch is applied.
+@pytest.mark.parametrize("field", sorted(BEYOND))
+@pytest.mark.parametrize("sign", [1, -1])
+def test_integers_beyond_the_record_are_refused_naming_the_field(field: str, sign: int) -> None:
+    s = Scheduler(Inventory.uniform(1, {"cpu": 4}))
+    value = sign * BEYOND[field] - (sign < 0)  # 2**64 and -2**64 - 1, ...
+    batch = [Action(i, {"cpu": 1}) for i in range(1, 4)] + [Action(**{"id": 4, "demand": {"cpu": 1}, field: value})]
+    refused(s, lambda: s.submit(batch, 0), f"actions[3].{field}")
+    assert s.state(1) == "unknown"
+
+
+# Values no record field can hold (a number beyond float64, a node index beyond int32, a
+# mapping that is not one, a model whose callable raises) are typed errors too.
+@pytest.mark.parametrize("action, field", [
+    (Action(1, None), "actions[0].demand"),  # type: ignore[arg-type]
+    (Action(1, {"cpu": 2**2000}), "actions[0].demand.cpu"),
+    (Action(1, {"cpu": True}), "actions[0].demand.cpu"),
+    (Action(1, {"cpu": 1}, gpu_memory=2**2000), "actions[0].gpu_memory"),
+    (Action(1, {"cpu": 1}, affinity=2**40), "actions[0].affinity"),
+    (Action(1, {"cpu": 1}, affinity=-1), "actions[0].affinity"),
+    (Action(1, {"cpu": 1}, affinity=0.5), "actions[0].affinity"),  # type: ignore[arg-type]
+    (Action(1, {"cpu": 1}, 2**2000), "actions[0].runtime.seconds"),
+    (Action(1, {"cpu": 1}, tangram.Amdahl("slow", 0.5)), "actions[0].runtime.seconds"),  # type: ignore[arg-type]
+    (Action(1, {"cpu": 1}, lambda u: 1 / 0), "actions[0].runtime"),
+    (Action(1, {"cpu": 1}, lambda u: 2**2000), "actions[0].runtime"),
+    (Action(1, {"cpu": 1}, tangram.Native(-1)), "actions[0].runtime.address"),
+    (Action(1, {"cpu": 1}, elastic=["cpu"], max_units=2), "actions[0].elastic"),  # type: ignore[arg-type]
+    (Action(1, {"cpu": 1}, elastic="cpu", max_units="8"), "actions[0].max_units"),  # type: ignore[arg-type]
+    (Action(1, {"cpu": 1}, quota=["q"]), "actions[0].quota"),  # type: ignore[arg-type]
+])
+def test_values_no_record_holds_are_refused_naming_the_field(action: Action, field: str) -> None:
+    s = Scheduler(Inventory.uniform(2, {"cpu": 4}))
+    refused(s, lambda: s.submit([Action(7, {"cpu": 1}), action], 0), field.replace("actions[0]", "actions[1]"))
+
+
+# ------------------------------------------------------------------ the orchestrator
+
+def inventory() -> Inventory:
+    return Inventory.uniform(1, {"cpu": 2, "memory": 4096}, quotas=[Quota("q")])
+
+
+def mock_orchestrator() -> Orchestrator:
+    mock = MockManager()
+    return Orchestrator(inventory=inventory(), default_managers=False, managers={"cpu": mock, "api": mock})
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, 60))  # a hang fails the test instead of stalling it
+
+
+def assert_idle(orch: Orchestrator) -> None:
+    """Every action ended and the core holds nothing."""
+    assert not orch._live and not orch._pending_submit
+    assert orch.scheduler is not None and orch.scheduler.waiting == 0 and orch.scheduler.running == 0
+    orch.scheduler.check_invariants()
+
+
+def sandbox_processes() -> list[int]:
+    from tangram.runtime.sandbox import marked_processes
+
+    return marked_processes(f"{os.getpid()}.")
+
+
+# The reported case: a trajectory beyond the core's 64 bits raises at submit, and the calls
+# submitted in the same event-loop iteration, before and after it, all get their results;
+# close() then ends cleanly.
+def test_a_trajectory_beyond_the_core_raises_at_submit_and_the_iteration_runs() -> None:
+    async def main() -> None:
+        orch = await mock_orchestrator().start()
+        before = [orch.submit(Call(fn=operator.add, args=(i, 1))) for i in range(10)]
+        with pytest.raises(tangram.ValidationError) as info:
+            orch.submit(Call(fn=operator.add, args=(0, 1), trajectory=2**64))
+        assert info.value.field == "call.trajectory"
+        after = [orch.submit(Call(fn=operator.add, args=(i, 1))) for i in range(10)]
+        assert await asyncio.gather(*before, *after) == [i + 1 for i in range(10)] * 2
+        assert_idle(orch)
+        await orch.close()
+
+    run(main())
+
+
+# Robust anyway: a call whose trajectory is changed after submit (past every check) fails
+# only its own record at the flush; the rest of the batch proceeds, close() is clean.
+def test_a_call_that_fails_to_encode_at_the_flush_ends_alone() -> None:
+    async def main() -> None:
+        orch = await mock_orchestrator().start()
+        good = [orch.submit(Call(fn=operator.add, args=(i, 1))) for i in range(5)]
+        bad_call = Call(fn=operator.add, args=(0, 1))
+        bad = orch.submit(bad_call)
+        bad_call.trajectory = 2**64
+        more = [orch.submit(Call(fn=operator.add, args=(i, 1))) for i in range(5)]
+        assert await asyncio.gather(*good, *more) == [i + 1 for i in range(5)] * 2
+        with pytest.raises(tangram.ValidationError) as info:
+            await bad
+        assert info.value.field == "call"
+        assert [r.outcome for r in orch.records].count("failed") == 1
+        assert_idle(orch)
+        # Alone in its batch, too; then a cancel while waiting and close() still end
+        # every action once.
+        lone_call = Call(fn=operator.add, args=(0, 1))
+        lone = orch.submit(lone_call)
+        lone_call.trajectory = -1
+        with pytest.raises(tangram.ValidationError):
+            await lone
+        running = orch.submit(Call(runtime=60.0, resources={"cpu": 2}))
+        queued = orch.submit(Call(runtime=60.0, resources={"cpu": 2}))
+        await asyncio.sleep(0)
+        assert queued.cancel()
+        await orch.close()
+        for handle in (running, queued):
+            with pytest.raises(tangram.ActionCancelled):
+                await handle
+
+    run(main())
+
+
+# Each field of a Call of the wrong type or out of its range raises at submit, naming it;
+# nothing is queued, and a good call right after runs.
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(resources=None), "call.resources"),
+    (dict(resources={"cpu": NAN}), "call.resources.cpu"),
+    (dict(resources={"cpu": -1}), "call.resources.cpu"),
+    (dict(resources={"cpu": 2**2000}), "call.resources.cpu"),
+    (dict(env={"A": 1}), "call.env.A"),
+    (dict(env={1: "a"}), "call.env"),
+    (dict(env={"A=B": "a"}), "call.env"),
+    (dict(env={"A": "a\0b"}), "call.env.A"),
+    (dict(env=None), "call.env"),
+    (dict(kwargs={1: 2}), "call.kwargs"),
+    (dict(kwargs=None), "call.kwargs"),
+    (dict(args=None), "call.args"),
+    (dict(args="ab"), "call.args"),
+    (dict(fn=5), "call.fn"),
+    (dict(fn=None, command=[]), "call.command"),
+    (dict(fn=None, command=["echo", 1]), "call.command[1]"),
+    (dict(fn=None, command="echo \0"), "call.command"),
+    (dict(trajectory=-1), "call.trajectory"),
+    (dict(trajectory=True), "call.trajectory"),
+    (dict(trajectory=2**20000), "call.trajectory"),  # too long even to show
+    (dict(timeout=True), "call.timeout"),
+    (dict(timeout=NAN), "call.timeout"),
+    (dict(kind=None), "call.kind"),
+    (dict(manager=["cpu"]), "call.manager"),
+    (dict(elastic=["cpu"], max_units=2), "call.elastic"),
+    (dict(priority=2**31), "call.priority"),
+    (dict(tokens=2**64, quota="q"), "call.tokens"),
+    (dict(gpu_memory=INF), "call.gpu_memory"),
+    (dict(runtime=NAN), "call.runtime.seconds"),
+    (dict(runtime=lambda u: 1 / 0), "call.runtime"),
+    (dict(affinity=2**40), "call.affinity"),
+    (dict(quota=5), "call.quota"),
+])
+def test_bad_fields_raise_at_submit_naming_the_field(kwargs: dict[str, Any], field: str) -> None:
+    async def main() -> None:
+        async with mock_orchestrator() as orch:
+            with pytest.raises(tangram.ValidationError) as info:
+                orch.submit(Call(**{"fn": operator.add, "args": (1, 2), **kwargs}))
+            assert info.value.field == field, str(info.value)
+            assert not orch._live and not orch._pending_submit
+            assert await orch.run(Call(fn=operator.add, args=(1, 2))) == 3
+
+    run(main())
+
+
+# An action id given by the caller (the server's) and a trajectory to end are checked
+# against the same record ranges.
+def test_action_ids_and_ended_trajectories_beyond_the_core_are_refused() -> None:
+    async def main() -> None:
+        async with mock_orchestrator() as orch:
+            for aid in (2**64, -1, "7", True):
+                with pytest.raises(tangram.ValidationError) as info:
+                    orch.submit(Call(runtime=0.0), aid)
+                assert info.value.field == "action_id"
+            for t in (2**64, -1, 1.5):
+                with pytest.raises(tangram.ValidationError) as info:
+                    await orch.end_trajectory(t)
+                assert info.value.field == "trajectory"
+            assert await orch.run(Call(runtime=0.0)) is None
+            assert_idle(orch)
+
+    run(main())
+
+
+class Echo(ResourceManager):
+    """A plugin manager that runs nothing: it returns its call's args."""
+
+    name = "echo"
+
+    async def execute(self, action: LiveAction, placement: tangram.runtime.Placement) -> Any:
+        return action.call.args
+
+
+# What "nothing to run" means is the manager's: the cpu manager needs fn or command and
+# the api manager fn (both refused at submit, naming call.fn), the mock manager sleeps the
+# runtime and a plugin runs what it likes; a GPU service call gives its input as its one
+# argument, without fn.
+@linux
+def test_a_call_needs_what_its_manager_runs() -> None:
+    from tangram.runtime.cpu import CpuManager
+
+    async def main() -> None:
+        managers = {"cpu": CpuManager(isolation="affinity"), "api": ApiManager(), "mock": MockManager(),
+                    "echo": Echo()}
+        async with Orchestrator(inventory=inventory(), default_managers=False, managers=managers) as orch:
+            for call in (Call(), Call(args=(1,)), Call(quota="q", resources={}),
+                         Call(command="true", quota="q", resources={})):
+                with pytest.raises(tangram.ValidationError) as info:
+                    orch.submit(call)
+                assert info.value.field == "call.fn", str(info.value)
+            assert await orch.run(Call(manager="mock", runtime=0.0)) is None
+            assert await orch.run(Call(manager="echo", args=(1, 2), resources={})) == (1, 2)
+            assert await orch.run(Call(fn=operator.add, args=(1, 2), quota="q", resources={})) == 3
+            result = await orch.run(Call(command="true", resources={"cpu": 0.1}))
+            assert result.returncode == 0
+        assert sandbox_processes() == []
+
+    run(main())
+    service = Call(service="judge", args=("input",), resources={})
+    for family in ("gpu", "ray"):
+        check_runnable(service, family)
+        for bad, field in ((dict(fn=len), "call.fn"), (dict(command="x"), "call.command"),
+                           (dict(args=(1, 2)), "call.args"), (dict(kwargs={"a": 1}), "call.args")):
+            with pytest.raises(tangram.ValidationError) as info:
+                check_runnable(Call(**{"service": "judge", "args": ("input",), **bad}), family)
+            assert info.value.field == field
+    with pytest.raises(tangram.ValidationError, match="call.service"):
+        check_runnable(Call(fn=len), "gpu")
+
+
+# The reported case: an environment value that is not a string is refused at submit,
+# before any sandbox sees it (it used to end as a worker killed by signal 9); a string one
+# reaches the command.
+@linux
+def test_a_bad_environment_never_reaches_a_sandbox() -> None:
+    from tangram.runtime.cpu import CpuManager
+
+    async def main() -> None:
+        managers = {"cpu": CpuManager(isolation="affinity")}
+        async with Orchestrator(inventory=inventory(), default_managers=False, managers=managers) as orch:
+            with pytest.raises(tangram.ValidationError) as info:
+                orch.submit(Call(command="echo $A", env={"A": 1}, resources={"cpu": 0.1}))
+            assert info.value.field == "call.env.A"
+            result = await orch.run(Call(command="echo $A", env={"A": "1"}, resources={"cpu": 0.1}))
+            assert result.stdout == b"1\n"
+        assert sandbox_processes() == []
+
+    run(main())
+
+
+# ------------------------------------------------------------------ random hostile mixes
+
+def good_call(i: int) -> tuple[Call, Any]:
+    """A call that must succeed, and its result: a sandboxed function, an API call, a
+    mock manager's sleep."""
+    kind = i % 3
+    if kind == 0:
+        return Call(fn=operator.add, args=(i, 1000), resources={"cpu": 0.1}, trajectory=i % 2), i + 1000
+    if kind == 1:
+        return Call(fn=operator.mul, args=(i, 2), quota="q", resources={}), i * 2
+    return Call(manager="mock", runtime=0.0, resources={}, kind="mock"), None
+
+
+# One field (or two) made hostile in a good sandboxed call; each must end with a typed
+# error. Some are refused at submit, some by the core at the flush, some by the manager.
+HOSTILE: list[Any] = [
+    *(dict(trajectory=v) for v in (2**64, 2**64 + 5, -1, True, 1.5, "1", None, 2**20000)),
+    *(dict(resources=v) for v in (None, ["cpu"], "cpu", {"cpu": NAN}, {"cpu": INF}, {"cpu": -1}, {"cpu": 2**2000},
+                                  {"cpu": 1e13}, {"cpu": "1"}, {"cpu": [1]}, {1: 1}, {"tpu": 1},
+                                  {f"kind{i}": 1 for i in range(2000)})),
+    *(dict(env=v) for v in ({"A": 1}, {1: "a"}, {"": "a"}, {"A=B": "a"}, {"A": "\0"}, None, ["A"])),
+    dict(fn=5), dict(fn=None), dict(command="true"), dict(fn=None, command=[]), dict(fn=None, command=[1, 2]),
+    dict(fn=None, command=5), dict(fn=None, command="echo \0"),
+    *(dict(args=v) for v in (None, 5, "ab", {})), dict(args=(threading.Lock(), 1)),
+    *(dict(kwargs=v) for v in (None, {1: 2}, [1])),
+    *(dict(timeout=v) for v in (0, -1, NAN, INF, 1e10, "1", True)),
+    *(dict(runtime=v) for v in (NAN, -1, INF, 2e9, "slow", tangram.Amdahl(1, 2), tangram.Constant(NAN),
+                                lambda u: 1 / 0)),
+    dict(elastic="cpu"), dict(elastic="nope", max_units=2), dict(elastic=5, max_units=2),
+    dict(elastic=["cpu"], max_units=2), *(dict(elastic="cpu", max_units=v) for v in ("x", NAN, 1e13, 0.05)),
+    dict(max_units=4),
+    *(dict(priority=v) for v in (2**31, -2**31 - 1, 1.5, "1")),
+    *(dict(gpu_memory=v) for v in (NAN, -1, 2**2000, 5, "x")),
+    *(dict(tokens=v) for v in (2**63, -1, 1.5, 5)),
+    *(dict(quota=v) for v in ("nope", 5, ["q"])), *(dict(service=v) for v in ("nope", 5)),
+    *(dict(manager=v) for v in ("nope", 5, ["x"])), *(dict(kind=v) for v in (5, None, ["x"])),
+    *(dict(affinity=v) for v in ("nope", 2**40, -1, 1.5, 99)),
+    None, 5, "call", Action(1, {"cpu": 1}),  # not a Call at all
+    "mutate",  # a good call whose trajectory goes beyond the core after submit
+]
+
+
+def hostile_call(spec: Any) -> Any:
+    if isinstance(spec, dict):
+        return Call(**{"fn": operator.add, "args": (1, 2), "resources": {"cpu": 0.1}, **spec})
+    return spec
+
+
+def assert_typed(error: BaseException, spec: Any) -> None:
+    """A bad call's error: a TangramError naming the call's field (or, from a manager, the
+    action)."""
+    assert isinstance(error, tangram.TangramError), (spec, error)
+    assert isinstance(error, ActionError) or error.field.startswith("call"), (spec, error)
+
+
+# Random mixes of good and hostile calls within one event-loop iteration (the real cpu
+# manager, the api manager, the mock manager): every good call gets its result, every bad
+# one a typed error naming its field, nothing hangs, close() is clean and no sandbox
+# process is left.
+@linux
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(st.integers(0, 29), st.sampled_from(range(len(HOSTILE))).map(lambda i: -1 - i)),
+                min_size=1, max_size=30))
+def test_random_hostile_calls_end_alone_in_process(plan: list[int]) -> None:
+    from tangram.runtime.cpu import CpuManager
+
+    async def main() -> None:
+        managers = {"cpu": CpuManager(isolation="affinity"), "api": ApiManager(max_threads=2), "mock": MockManager()}
+        orch = await Orchestrator(inventory=inventory(), default_managers=False, managers=managers).start()
+        try:
+            waits: list[tuple[Any, Any, Any]] = []  # (handle or raised error, expected result, spec)
+            mutated: list[Call] = []
+            for n in [0, *plan]:  # the first is good
+                if n >= 0:
+                    call, expected = good_call(n)
+                    waits.append((orch.submit(call), expected, None))
+                    continue
+                spec = HOSTILE[-1 - n]
+                call = hostile_call(spec if spec != "mutate" else {})
+                try:
+                    handle = orch.submit(call)
+                except Exception as e:
+                    waits.append((e, None, spec))
+                    continue
+                if spec == "mutate":
+                    mutated.append(call)
+                waits.append((handle, None, spec))
+            for call in mutated:
+                call.trajectory = 2**64
+            for handle, expected, spec in waits:
+                if isinstance(handle, BaseException):
+                    assert_typed(handle, spec)
+                    continue
+                try:
+                    value = await handle
+                except Exception as e:
+                    assert spec is not None, f"a good call failed: {e!r}"
+                    assert_typed(e, spec)
+                else:
+                    assert spec is None, f"{spec!r} got a result: {value!r}"
+                    assert value == expected
+            await asyncio.sleep(0)
+            assert_idle(orch)
+        finally:
+            await orch.close()
+        assert orch._state == "closed"
+
+    run(main())
+    assert sandbox_processes() == []
