@@ -21,7 +21,6 @@ import tangram
 from tangram import Action, Call, Inventory, MockManager, Orchestrator, Quota, Scheduler
 from tangram.runtime import ActionError
 from tangram.runtime.api import ApiManager
-from tangram.runtime.call import check_runnable
 from tangram.runtime.manager import LiveAction, ResourceManager
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sandboxes need Linux")
@@ -187,6 +186,8 @@ def test_a_call_that_fails_to_encode_at_the_flush_ends_alone() -> None:
     (dict(timeout=NAN), "call.timeout"),
     (dict(kind=None), "call.kind"),
     (dict(manager=["cpu"]), "call.manager"),
+    (dict(idempotent=0), "call.idempotent"),
+    (dict(idempotent=None), "call.idempotent"),
     (dict(elastic=["cpu"], max_units=2), "call.elastic"),
     (dict(priority=2**31), "call.priority"),
     (dict(tokens=2**64, quota="q"), "call.tokens"),
@@ -261,16 +262,24 @@ def test_a_call_needs_what_its_manager_runs() -> None:
         assert sandbox_processes() == []
 
     run(main())
+    # The managers of GPU services (the gpu manager, a Ray cluster's) take the service's
+    # input as the call's one positional argument; a Ray node runs other calls in a sandbox.
+    from tangram.ray.manager import RayManager
+    from tangram.runtime.gpu import GpuManager
+
     service = Call(service="judge", args=("input",), resources={})
-    for family in ("gpu", "ray"):
-        check_runnable(service, family)
+    for manager in (GpuManager.__new__(GpuManager), RayManager.__new__(RayManager)):
+        manager.check_call(service)
         for bad, field in ((dict(fn=len), "call.fn"), (dict(command="x"), "call.command"),
                            (dict(args=(1, 2)), "call.args"), (dict(kwargs={"a": 1}), "call.args")):
             with pytest.raises(tangram.ValidationError) as info:
-                check_runnable(Call(**{"service": "judge", "args": ("input",), **bad}), family)
+                manager.check_call(Call(**{"service": "judge", "args": ("input",), **bad}))
             assert info.value.field == field
     with pytest.raises(tangram.ValidationError, match="call.service"):
-        check_runnable(Call(fn=len), "gpu")
+        GpuManager.__new__(GpuManager).check_call(Call(fn=len))
+    with pytest.raises(tangram.ValidationError, match="call.fn"):
+        RayManager.__new__(RayManager).check_call(Call())
+    RayManager.__new__(RayManager).check_call(Call(fn=len))
 
 
 # The reported case: an environment value that is not a string is refused at submit,

@@ -15,7 +15,7 @@ import cloudpickle
 
 from .._model import Gpu, Inventory, Node, Quota, Service
 from ..runtime.api import ApiManager
-from ..runtime.call import Call, Placement, manager_for
+from ..runtime.call import Call, Placement, manager_for, require_fn_or_command, require_service_input
 from ..runtime.config import RuntimeConfig
 from ..runtime.errors import ActionCrashed, ActionFailed, ManagerError
 from ..runtime.manager import LiveAction, ResourceManager
@@ -159,6 +159,11 @@ class RayManager(ResourceManager):
         self.joined_nodes: list[str] = []
 
     # ------------------------------------------------------------------ lifecycle
+    def check_call(self, call: Call) -> None:
+        # A node agent runs services as the gpu manager does and everything else in a
+        # sandbox, as the cpu manager does.
+        (require_service_input if call.service is not None else require_fn_or_command)(call)
+
     def attach(self, inventory: Inventory) -> None:
         super().attach(inventory)
         self._attached = inventory
@@ -496,7 +501,7 @@ def _complete(st: _NodeState, done: Sequence[tuple[int, str, Any]]) -> int:
 
 def _idempotent(orch: Orchestrator, action_id: int) -> bool:
     lv = orch._live.get(action_id)
-    return lv is None or bool(lv.call.idempotent)
+    return lv is None or lv.call.idempotent
 
 
 def _without_affinity(orch: Orchestrator, action_id: int, node: str) -> Call | None:

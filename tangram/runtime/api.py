@@ -15,7 +15,8 @@ import inspect
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping
 
-from .call import Placement
+from .._errors import ValidationError
+from .call import Call, Placement
 from .errors import ActionFailed, ManagerError
 from .manager import LiveAction, ResourceManager
 
@@ -29,11 +30,13 @@ class ApiManager(ResourceManager):
         self.max_threads = max_threads
         self._pool: ThreadPoolExecutor | None = None
 
+    def check_call(self, call: Call) -> None:
+        if call.fn is None:
+            raise ValidationError("call.fn", "an API call needs fn (the function making the request)")
+
     async def execute(self, action: LiveAction, placement: Placement) -> Any:
         call = action.call
         fn = call.fn
-        if fn is None:
-            raise ActionFailed(action.id, "an API action needs `fn` (the function making the request)", "ValueError")
         if inspect.iscoroutinefunction(fn):
             return await fn(*call.args, **call.kwargs)
         if self._pool is None:

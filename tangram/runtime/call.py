@@ -119,6 +119,8 @@ def validate_call(call: Any) -> None:
         raise ValidationError("call.kind", f"must be a string, got {given(call.kind)}")
     if call.manager is not None and not isinstance(call.manager, str):
         raise ValidationError("call.manager", f"must be a manager's name, got {given(call.manager)}")
+    if call.idempotent is not True and call.idempotent is not False:
+        raise ValidationError("call.idempotent", f"must be True or False, got {given(call.idempotent)}")
 
 
 def _check_command(command: Any) -> None:
@@ -159,30 +161,26 @@ def _check_strings(name: str, mapping: Any, keys_only: bool) -> None:
             raise ValidationError(f"{name}.{key}", "must not contain a NUL character")
 
 
-def check_runnable(call: Call, family: str) -> None:
-    """What the built-in managers need of a call to have something to run, checked at
-    submit; `family` is the `name` of the manager class that will run it. The cpu manager
-    runs exactly one of fn and command; the api manager runs fn; a call to a GPU service
-    (the gpu manager's, or a Ray cluster's) gives the service's input as its one positional
-    argument, with neither fn nor command. Other managers (the mock manager, plugins)
-    decide at execute what they run."""
-    if call.service is not None and family in ("gpu", "ray"):
-        if call.fn is not None or call.command is not None:
-            raise ValidationError("call.fn" if call.fn is not None else "call.command",
-                                  f"a call to service {call.service!r} runs the service's batch hook: give its input "
-                                  "as the one positional argument, without fn or command")
-        if len(call.args) != 1 or call.kwargs:
-            raise ValidationError("call.args", f"a call to service {call.service!r} takes exactly one positional "
-                                               f"argument (its input) and no keyword arguments; got {len(call.args)} "
-                                               f"and {len(call.kwargs)}")
-    elif family in ("cpu", "ray"):
-        if call.fn is None and call.command is None:
-            raise ValidationError("call.fn", "nothing to run: give fn (a function) or command (a command line)")
-    elif family == "gpu":
-        raise ValidationError("call.service", "the gpu manager runs calls to GPU services only; other GPU work runs "
-                                              "in the cpu manager, with its grant in Placement.env")
-    elif family == "api" and call.fn is None:
-        raise ValidationError("call.fn", "an API call needs fn (the function making the request)")
+def require_fn_or_command(call: Call) -> None:
+    """A call run in a sandbox (the cpu manager, a Ray node's) needs fn or command."""
+    if call.fn is None and call.command is None:
+        raise ValidationError("call.fn", "nothing to run: give fn (a function) or command (a command line)")
+
+
+def require_service_input(call: Call) -> None:
+    """A call to a GPU service runs the service's batch hook: its input is its one
+    positional argument, with neither fn nor command."""
+    if call.service is None:
+        raise ValidationError("call.service", "names no service; other GPU work runs in the cpu manager, with its "
+                                              "grant in Placement.env")
+    if call.fn is not None or call.command is not None:
+        raise ValidationError("call.fn" if call.fn is not None else "call.command",
+                              f"a call to service {call.service!r} runs the service's batch hook: give its input "
+                              "as the one positional argument, without fn or command")
+    if len(call.args) != 1 or call.kwargs:
+        raise ValidationError("call.args", f"a call to service {call.service!r} takes exactly one positional argument "
+                                           f"(its input) and no keyword arguments; got {len(call.args)} and "
+                                           f"{len(call.kwargs)}")
 
 
 def manager_for(call: Call) -> str:

@@ -39,7 +39,7 @@ from typing import Any
 
 import cloudpickle
 
-from .call import CommandResult, Placement
+from .call import Call, CommandResult, Placement, require_fn_or_command
 from .errors import ActionCrashed, ActionFailed, ManagerError, ResourceLimitExceeded
 from .isolation import Isolation, ManagerCgroups, cpu_list, detect
 from .manager import LiveAction, ResourceManager
@@ -174,6 +174,9 @@ class CpuManager(ResourceManager):
         self._state = "new"
 
     # ------------------------------------------------------------------ lifecycle
+    def check_call(self, call: Call) -> None:
+        require_fn_or_command(call)
+
     def attach(self, inventory: Any) -> None:
         super().attach(inventory)
         try:

@@ -50,7 +50,7 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from .._errors import ValidationError
 from .._model import Inventory
-from .call import Placement
+from .call import Call, Placement, require_service_input
 from .errors import ActionFailed, ManagerError
 from .manager import LiveAction, ResourceManager
 
@@ -409,6 +409,9 @@ class GpuManager(ResourceManager):
         self._attached = False
 
     # ---------------------------------------------------------------- setup
+    def check_call(self, call: Call) -> None:
+        require_service_input(call)
+
     def attach(self, inventory: Inventory) -> None:
         self.inventory = inventory
         self.node = self._resolve_node(inventory)

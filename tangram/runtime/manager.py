@@ -52,6 +52,12 @@ class ResourceManager(abc.ABC):
     async def start(self) -> None:
         """Acquire what the manager needs before the first action (pools, connections)."""
 
+    def check_call(self, call: Call) -> None:
+        """Called at submit, before the action is queued: raise a typed error naming the
+        call's field (tangram.ValidationError) for a call this manager could never run
+        (nothing to run, the wrong shape of input). Cheap and non-blocking: it runs for
+        every submit. Default: every call is accepted, and `execute` decides."""
+
     @abc.abstractmethod
     async def execute(self, action: LiveAction, placement: Placement) -> Any:
         """Run one action where the core placed it, with what it was granted, and return its

@@ -33,7 +33,7 @@ from .._model import Inventory, Node
 from .._model import given as _given
 from .._records import EVICT, REJECT, RESTORE, START
 from ..scheduler import Scheduler, integer_in, record_limits
-from .call import Call, Placement, check_runnable, manager_for, validate_call
+from .call import Call, Placement, manager_for, validate_call
 from .config import RuntimeConfig
 from .encode import CallEncoder, call_field_names
 from .errors import (
@@ -241,7 +241,7 @@ class Orchestrator:
         if manager is None:
             raise ManagerError("call.manager", f"no manager {name!r} in this orchestrator (have: {', '.join(self.managers)})")
         template = self._encoder.template(call)
-        check_runnable(call, manager.name)
+        manager.check_call(call)
         if action_id is None:
             action_id = next(self._ids)
         elif not (type(action_id) is int and 0 <= action_id <= _ID_MAX):
@@ -376,6 +376,7 @@ class Orchestrator:
         if call is not None:
             validate_call(call)
             lv.template = self._encoder.template(call)
+            lv.manager.check_call(call)
             lv.call = call
         if not lv.running:  # waiting: in the core's queue, or in the next batch
             self._withdraw(lv)

@@ -54,9 +54,14 @@ class RecordLog:
     strings, where it would rescan 100,000 record objects on every full collection
     (which halved the orchestrator's throughput as the log filled)."""
 
-    def __init__(self, limit: int = 100_000) -> None:
+    def __init__(self, limit: int = 100_000, decode: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None = None
+                 ) -> None:
+        # decode: entries appended in another form (a Client's: the server's packed bytes)
+        # become field values only when read, so an action that nobody's records look at
+        # costs no decoding.
         self._finished: deque[tuple[Any, ...]] = deque(maxlen=limit)
         self._listeners: list[Callable[[ActionRecord], None]] = []
+        self._decode = decode
 
     def add_listener(self, fn: Callable[[ActionRecord], None]) -> None:
         self._listeners.append(fn)
@@ -66,17 +71,20 @@ class RecordLog:
         for fn in self._listeners:
             fn(record)
 
-    def append(self, values: tuple[Any, ...]) -> None:
-        """A finished record given as its field values, in ActionRecord's order (what a
-        Client assembles from its server's answer, without building the object)."""
-        self._finished.append(values)
+    def append(self, entry: tuple[Any, ...]) -> None:
+        """A finished record given as its field values, in ActionRecord's order, or in the
+        form the log's `decode` turns into them."""
+        self._finished.append(entry)
         if self._listeners:
-            record = ActionRecord(*values)
+            record = ActionRecord(*(entry if self._decode is None else self._decode(entry)))
             for fn in self._listeners:
                 fn(record)
 
     def __iter__(self) -> Iterator[ActionRecord]:
-        return (ActionRecord(*values) for values in list(self._finished))
+        decode = self._decode
+        if decode is None:
+            return (ActionRecord(*values) for values in list(self._finished))
+        return (ActionRecord(*decode(entry)) for entry in list(self._finished))
 
     def __len__(self) -> int:
         return len(self._finished)

@@ -131,7 +131,7 @@ class Client:
         self.connect_timeout = connect_timeout
         if not isinstance(max_records, int) or isinstance(max_records, bool) or max_records < 0:
             raise ValidationError("max_records", f"must be a non-negative integer, got {max_records!r}")
-        self.records = RecordLog(max_records if records else 0)
+        self.records = RecordLog(max_records if records else 0, decode=_decode_record)
         self._keep_records = bool(records)
         self.server_info: dict[str, Any] = {}
         self._state = "new"  # -> "connecting" -> "running" -> "closing" -> "closed"
@@ -492,10 +492,8 @@ class Client:
         call, handle._call = handle._call, None
         if call is None:
             return
-        submit, start, end, node, device, grant, wait_reason = P.unpack_record(packed)
-        self.records.append((handle.id, call.kind, call.trajectory, manager_for(call), submit, start, end, node,
-                             device, grant, "ok" if ok else _outcome_of(value), wait_reason,
-                             "" if ok else str(value)))
+        self.records.append((handle.id, call.kind, call.trajectory, manager_for(call), packed,
+                             "ok" if ok else _outcome_of(value), "" if ok else str(value)))
 
     def _connection_lost(self, exc: Exception | None) -> None:
         if self._lost is None:
@@ -516,6 +514,14 @@ class Client:
         self._out_calls.clear()
         if self._disconnected is not None and not self._disconnected.done():
             self._disconnected.set_result(None)
+
+
+def _decode_record(entry: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A record as Client._record keeps it (the server's fields still packed) -> the field
+    values of an ActionRecord."""
+    action_id, kind, trajectory, manager, packed, outcome, error = entry
+    submit, start, end, node, device, grant, wait_reason = P.unpack_record(packed)
+    return action_id, kind, trajectory, manager, submit, start, end, node, device, grant, outcome, wait_reason, error
 
 
 def _pickle_calls(calls: list[Call]) -> bytes:
