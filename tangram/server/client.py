@@ -64,7 +64,7 @@ class ClientHandle:
         self.id = action_id
         self.future = future
         self._client = client
-        self._call = call  # until its result arrives: its record's kind, trajectory and manager
+        self._call = call  # until its result arrives: to send it again, and its record's fields
 
     def cancel(self) -> bool:
         """Cancels the action on the server; False when it has already ended."""
@@ -257,7 +257,7 @@ class Client:
 
     def _submit(self, call: Call, action_id: int) -> ClientHandle:
         future = self._loop.create_future()  # type: ignore[union-attr]
-        handle = ClientHandle(action_id, future, self, call if self._keep_records else None)
+        handle = ClientHandle(action_id, future, self, call)
         if self._lost is not None:
             future.set_exception(self._lost_error(action_id))
             return handle
@@ -451,6 +451,9 @@ class Client:
                 future.remove_done_callback(handle._watch)
                 if not ok:
                     value = P.decode_error(value)
+                    if type(value) is P.SubmitNotLoaded and handle._call is not None:
+                        self._submit_alone(handle)
+                        continue
                 if record is not None:
                     self._record(handle, ok, value, record)
                 if ok:
@@ -486,11 +489,19 @@ class Client:
         else:
             raise ProtocolError("frame", f"unexpected {P.FRAME_NAMES.get(kind, f'type {kind}')} frame from the server")
 
+    def _submit_alone(self, handle: ClientHandle) -> None:
+        """The server could not load the frame this call went in: it goes again in a frame
+        of its own (a failure there is its own, final), after this iteration's submits."""
+        handle.future.add_done_callback(handle._watch)
+        self._pending[handle.id] = handle
+        self._encode_submits([handle.id], [handle._call], self._out_frames)  # type: ignore[list-item]
+        self._kick()
+
     def _record(self, handle: ClientHandle, ok: bool, value: Any, packed: bytes) -> None:
         """The action's record: the server's fields, with what this side knows (its call,
         and the outcome as it arrived here)."""
         call, handle._call = handle._call, None
-        if call is None:
+        if call is None or not self._keep_records:
             return
         self.records.append((handle.id, call.kind, call.trajectory, manager_for(call), packed,
                              "ok" if ok else _outcome_of(value), "" if ok else str(value)))

@@ -416,8 +416,11 @@ class _Connection(asyncio.BufferedProtocol):
         try:
             calls = pickle.loads(pickled)
         except Exception as e:
-            error = ValidationError("call", f"the server cannot unpickle this batch of {len(ids)} call(s): "
-                                            f"{type(e).__name__}: {e}")
+            # One pickle holds the whole frame, so which call broke it is unknown here: a
+            # frame of several calls goes back to the client, which sends each on its own.
+            why = f"{type(e).__name__}: {e}"
+            error = (ValidationError("call", f"the server cannot unpickle it: {why}") if len(ids) == 1 else
+                     P.SubmitNotLoaded("call", f"the server cannot unpickle a batch of {len(ids)} calls: {why}"))
             for i in ids:
                 self._result(i, False, error)
             return

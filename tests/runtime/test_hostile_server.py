@@ -133,6 +133,27 @@ def test_a_call_that_cannot_be_pickled_ends_alone(server: str) -> None:
     run(main())
 
 
+# A call the server cannot unpickle (its function's module exists only on the client)
+# shares a frame with good calls: the frame goes back, each call is sent again on its own,
+# and only that call fails, with a ValidationError saying why; the others get their results.
+def test_a_call_the_server_cannot_load_ends_alone(server: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+                                                  ) -> None:
+    (tmp_path / "client_only_module.py").write_text("def double(x):\n    return 2 * x\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from client_only_module import double  # type: ignore[import-not-found]
+
+    async def main() -> None:
+        async with Client(server) as client:
+            good = [Call(fn=operator.add, args=(i, 1), manager="mock") for i in range(3)]
+            results = await client.map([*good, Call(fn=double, args=(4,), manager="mock"), *good])
+            assert results[:3] == results[4:] == [1, 2, 3]
+            assert isinstance(results[3], tangram.ValidationError) and results[3].field == "call"
+            assert "client_only_module" in str(results[3])
+            assert await client.run(Call(fn=operator.mul, args=(6, 7), manager="mock")) == 42
+
+    run(main())
+
+
 # What the client can check it raises at submit; what only the server knows (its
 # managers, its inventory) ends the call's future with the same typed error.
 def test_bad_calls_end_with_typed_errors_naming_the_field(server: str) -> None:
