@@ -94,7 +94,7 @@ class FrameTooLarge(ProtocolError):
         self.action_id = action_id
 
 
-class SubmitNotLoaded(TangramError):
+class SubmitNotLoaded(ValidationError):
     """The server could not unpickle a SUBMIT frame of several calls (a class or module of
     one of them is missing there). Never reaches a caller: the client sends each of those
     calls again in a frame of its own, so that only the calls that cannot load fail."""
