@@ -110,9 +110,9 @@ class Metrics:
       tangram_resource_utilisation{node,resource}   held / capacity, from the core
 
     The histograms and counters are plain per-kind lists, turned into metric families
-    when scraped: an action's three updates cost 0.9 us here, where prometheus_client's
-    Histogram and Counter objects cost 1.9 us per action (a lock and a Python loop over
-    the buckets per observation; bench/server_costs.py). A lock keeps a scrape
+    when scraped: prometheus_client's Histogram and Counter objects take a lock and loop
+    over the buckets in Python per observation, about twice the cost per action
+    (bench/server_costs.py measures both). A lock keeps a scrape
     (from the HTTP server's thread) consistent with the updates of the event loop.
     """
 

@@ -200,7 +200,7 @@ def parse_submit(payload: bytes) -> tuple[tuple[int, ...], memoryview]:
 
 def pack_record(record: Any) -> bytes:
     """The fields of an ActionRecord that only the server knows: one struct and two
-    strings (a fraction of a microsecond; bench/server_costs.py), not a pickle."""
+    strings, not a pickle (its cost per result: bench/server_costs.py)."""
     start, grant, device = record.start, record.grant, record.device
     node = b"" if record.node is None else record.node.encode()
     return RECORD.pack(record.submit, _NAN if start is None else start, record.end, _NAN if grant is None else grant,
@@ -222,7 +222,7 @@ class FrameReader:
     It owns the receive buffer, for an asyncio.BufferedProtocol: the transport reads
     straight into `get_buffer()` (recv_into) and reports `buffer_updated(n)`. A plain
     Protocol's recv allocates 256 KiB per read, which glibc serves with mmap and
-    munmap: about 13 us more per read on this machine (bench/server_costs.py).
+    munmap, at a cost per read that bench/server_costs.py measures.
     """
 
     __slots__ = ("buffer", "start", "end", "limit")
