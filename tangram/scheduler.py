@@ -12,7 +12,7 @@ import numpy as np
 
 from . import _core
 from ._errors import TangramError, UnknownNameError, ValidationError
-from ._model import Action, Amdahl, Constant, Inventory, Native, Node, Table, given
+from ._model import Action, Amdahl, Constant, Inventory, Native, Node, Table, check_integer, check_number, given
 from ._records import (
     ACTION_HEADER_SIZE,
     DECISION_DTYPE,
@@ -57,6 +57,14 @@ class Policy:
     starvation_seconds: float = 60.0
     trajectory_slot_cpu: float = 1.0
     pools: Mapping[int, float] = field(default_factory=lambda: {0: 1.0})
+
+    def __post_init__(self) -> None:
+        # Types here; the core checks the ranges when a scheduler is built.
+        if self.name not in POLICIES:
+            raise UnknownNameError("policy.name", f"unknown policy {self.name!r} (one of {', '.join(POLICIES)})")
+        for option in ("aging", "min_relative_gain", "starvation_seconds", "trajectory_slot_cpu"):
+            check_number(getattr(self, option), f"policy.{option}")
+        check_integer(self.candidates, "policy.candidates", bits=32)
 
 
 @dataclass(frozen=True)

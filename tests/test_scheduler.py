@@ -439,6 +439,13 @@ def test_policy_options_are_checked_and_named() -> None:
         (dict(pools={0: "heavy"}), tangram.ValidationError, "policy.pools[0]"),
         (dict(pools={0: 1.0, "0": 2.0}), tangram.ValidationError, "policy.pools['0']"),
         (dict(pools={}), tangram.ValidationError, "policy(isolated).pools"),
+        (dict(aging="x"), tangram.ValidationError, "policy.aging"),
+        (dict(aging=True), tangram.ValidationError, "policy.aging"),
+        (dict(starvation_seconds=None), tangram.ValidationError, "policy.starvation_seconds"),
+        (dict(min_relative_gain=[0.1]), tangram.ValidationError, "policy.min_relative_gain"),
+        (dict(trajectory_slot_cpu="2"), tangram.ValidationError, "policy.trajectory_slot_cpu"),
+        (dict(candidates=2.5), tangram.ValidationError, "policy.candidates"),
+        (dict(candidates=2**40), tangram.ValidationError, "policy.candidates"),
     ]:
         with pytest.raises(error) as e:
             Scheduler(inv, "isolated", **options)

@@ -543,7 +543,11 @@ class RayOrchestrator(Orchestrator):
         options = {**dict(config.managers.get("ray", {})), **ray_options}
         self.ray = RayManager(**options)
         if inventory is None:
-            inventory = cluster_inventory(quotas, services, gpu_memory=self.ray.gpu_memory)
+            # The config's quotas and services join the cluster's inventory (an explicit
+            # inventory must carry its own: the Orchestrator refuses to drop them).
+            inventory = cluster_inventory([*config.quotas, *quotas], [*config.services, *services],
+                                          gpu_memory=self.ray.gpu_memory)
+            config = dataclasses.replace(config, quotas=[], services=[])
         given: dict[str, ResourceManager] = {"cpu": self.ray, "gpu": self.ray, "ray": self.ray, "api": ApiManager()}
         given.update(managers or {})
         super().__init__(config, inventory=inventory, policy=policy, managers=given, default_managers=False,

@@ -114,6 +114,10 @@ class Orchestrator:
                  policy: str | None = None, managers: Sequence[ResourceManager] | Mapping[str, ResourceManager] = (),
                  default_managers: bool = True, metrics: bool = True) -> None:
         self.config = config if config is not None else RuntimeConfig()
+        if inventory is not None and (self.config.quotas or self.config.services):
+            raise ValidationError("config.quotas" if self.config.quotas else "config.services",
+                                  "an inventory given as `inventory=` carries its own quotas and services; put "
+                                  "these into it (Inventory(..., quotas=..., services=...)) rather than the config")
         self.inventory = inventory if inventory is not None else self.config.resolved_inventory()
         self.policy = policy if policy is not None else self.config.policy
         self.managers: dict[str, ResourceManager] = {}

@@ -462,3 +462,15 @@ def test_managers_are_plugins_by_name_and_entry_point(monkeypatch) -> None:  # t
     with pytest.raises(ManagerError, match=r"managers\.echo"):
         Orchestrator(tangram.RuntimeConfig(managers={"echo": {"bogus": 1}}), inventory=inventory(),
                      default_managers=False)
+
+
+# A config's quotas and services are never silently dropped: with an explicit inventory
+# (which carries its own) they are refused, naming the config's field.
+def test_config_quotas_beside_an_explicit_inventory_are_refused() -> None:
+    config = tangram.RuntimeConfig(quotas=[tangram.Quota("search", rate=5)])
+    with pytest.raises(tangram.ValidationError) as info:
+        Orchestrator(config, inventory=inventory())
+    assert info.value.field == "config.quotas"
+    with pytest.raises(tangram.ValidationError) as info:
+        Orchestrator(tangram.RuntimeConfig(services=[tangram.Service("rm", memory=1024)]), inventory=inventory())
+    assert info.value.field == "config.services"
