@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 
-import numpy as np
 
 from tangram import Inventory
 from tangram.scheduler import Policy, Scheduler

@@ -13,7 +13,7 @@ import reprlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence, Union
 
-from ._errors import ValidationError
+from ._errors import UnknownNameError, ValidationError
 
 # ------------------------------------------------------------------ inventory
 
@@ -266,6 +266,21 @@ def check_integer(value: Any, field: str, bits: int = 64) -> None:
         raise ValidationError(field, f"must be an integer, got {given(value)}")
     if not -(1 << (bits - 1)) <= value < 1 << (bits - 1):
         raise ValidationError(field, f"must be a {bits}-bit integer, got {given(value)}")
+
+
+def check_keys(values: Any, where: str, known: Sequence[str], required: Sequence[str] = (),
+               what: str = "a table of settings (a TOML table, a JSON object)") -> Mapping[str, Any]:
+    """A mapping read from a file (a config, a workload) with only `known` keys and every
+    `required` one; returned as given."""
+    if not isinstance(values, Mapping):
+        raise ValidationError(where, f"must be {what}, got {given(values)}")
+    for key in values:
+        if key not in known:
+            raise UnknownNameError(f"{where}.{key}", f"unknown field (known here: {', '.join(known)})")
+    for key in required:
+        if key not in values:
+            raise ValidationError(f"{where}.{key}", "is required")
+    return values
 
 
 def check_mapping(value: Any, field: str, what: str) -> None:

@@ -680,7 +680,6 @@ class ReferenceScheduler:
 
     def _plan_room(self, d: int, need: int, keep: int) -> tuple[bool, int, int, list[int]]:
         """Greedy victims on device d for `need`: (enough, busy victims, their queued ns, victims)."""
-        now = self.now_ns
         waiting = [b for b in self.actions.values() if not b.running]
         n_waiting = {o: sum(1 for b in waiting if b.service == o) for o in range(len(self.services))}
         queued = {o: sum(b.est_ns for b in waiting if b.service == o) for o in range(len(self.services))}

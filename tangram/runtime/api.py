@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from .._errors import ValidationError
 from .call import Call, Placement
-from .errors import ActionFailed, ManagerError
+from .errors import ManagerError
 from .manager import LiveAction, ResourceManager
 
 

@@ -39,7 +39,7 @@ import importlib
 import json
 import os
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from .._errors import UnknownNameError, ValidationError
 from .._model import (
@@ -50,6 +50,7 @@ from .._model import (
     Service,
     check_integer,
     check_items,
+    check_keys,
     check_mapping,
     check_number,
     check_string,
@@ -126,7 +127,7 @@ class RuntimeConfig:
     @staticmethod
     def from_mapping(data: Mapping[str, Any]) -> "RuntimeConfig":
         """The config a parsed file describes (see the module docstring)."""
-        _check_keys(data, "config", _FILE_SETTINGS)
+        check_keys(data, "config", _FILE_SETTINGS)
         settings = {key: data[key] for key in ("policy", "policy_options", "managers", "max_records", "metrics_port")
                     if key in data}
         quotas = [_build(Quota, q, f"config.quotas[{i}]")
@@ -135,7 +136,7 @@ class RuntimeConfig:
         hooks: dict[str, Any] = {}
         for i, values in enumerate(_list(data.get("services", []), "config.services", "tables ([[services]])")):
             where = f"config.services[{i}]"
-            _check_keys(values, where, [*_names(Service), "hooks"], _required(Service))
+            check_keys(values, where, [*_names(Service), "hooks"], _required(Service))
             values = dict(values)
             target = values.pop("hooks", None)
             service = _build(Service, values, where)
@@ -145,7 +146,7 @@ class RuntimeConfig:
         if "inventory" in data:
             # Quotas and services are top-level settings; the inventory takes them.
             inventory = data["inventory"]
-            _check_keys(inventory, "config.inventory", ["nodes"], ["nodes"])
+            check_keys(inventory, "config.inventory", ["nodes"], ["nodes"])
             nodes = [_node(n, f"config.inventory.nodes[{i}]")
                      for i, n in enumerate(_list(inventory["nodes"], "config.inventory.nodes", "tables"))]
             settings["inventory"] = Inventory(nodes=nodes, quotas=quotas, services=services)
@@ -177,18 +178,6 @@ def _required(cls: type) -> list[str]:
     return [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
 
 
-def _check_keys(values: Any, where: str, known: Sequence[str], required: Sequence[str] = ()) -> None:
-    """A table with only `known` keys and all the `required` ones."""
-    if not isinstance(values, Mapping):
-        raise ValidationError(where, f"must be a table of settings (a TOML table, a JSON object), got {given(values)}")
-    for key in values:
-        if key not in known:
-            raise UnknownNameError(f"{where}.{key}", f"unknown setting (known: {', '.join(known)})")
-    for key in required:
-        if key not in values:
-            raise ValidationError(f"{where}.{key}", "is required")
-
-
 def _list(value: Any, where: str, what: str) -> list[Any] | tuple[Any, ...]:
     if not isinstance(value, (list, tuple)):
         raise ValidationError(where, f"must be a list of {what}, got {given(value)}")
@@ -198,7 +187,7 @@ def _list(value: Any, where: str, what: str) -> list[Any] | tuple[Any, ...]:
 def _build(cls: type, values: Any, where: str) -> Any:
     """A model object from a table; its own type errors are renamed to the table's path
     (a Quota's `quota.rate` becomes `config.quotas[0].rate`)."""
-    _check_keys(values, where, _names(cls), _required(cls))
+    check_keys(values, where, _names(cls), _required(cls))
     try:
         return cls(**values)
     except ValidationError as e:
@@ -210,7 +199,7 @@ def _build(cls: type, values: Any, where: str) -> Any:
 
 def _node(values: Any, where: str) -> Node:
     """A node table; its `gpus` are GPU memories in MiB."""
-    _check_keys(values, where, _names(Node), _required(Node))
+    check_keys(values, where, _names(Node), _required(Node))
     gpus = [_build(Gpu, {"memory": m}, f"{where}.gpus[{i}]")
             for i, m in enumerate(_list(values.get("gpus", []), f"{where}.gpus", "GPU memories in MiB"))]
     return _build(Node, {**values, "gpus": gpus}, where)

@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .._errors import ValidationError
+from .._model import check_keys
 
 BUILTIN_DIR = Path(__file__).with_name("workloads")
 
@@ -51,7 +52,7 @@ class Dist:
                 "uniform_int": ("low", "high"), "exponential": ("mean",)}
         if not isinstance(kind, str) or kind not in need:
             raise ValidationError(f"{where}.dist", f"unknown distribution {kind!r} (one of {', '.join(need)})")
-        _fields(obj, where, ("dist", *need[kind]), required=need[kind])
+        _object(obj, where, ("dist", *need[kind]), required=need[kind])
         params = {p: _number(obj, p, where) for p in need[kind]}
         if kind in ("uniform", "uniform_int") and params["low"] > params["high"]:
             raise ValidationError(where, "low must not exceed high")
@@ -85,22 +86,14 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _object(o: Any, where: str, known: Sequence[str], required: Sequence[str] = ()) -> Mapping[str, Any]:
+    """`o` as a JSON object with only `known` fields and every `required` one."""
+    return check_keys(o, where, known, required, what="a JSON object")
+
+
 def _type_name(v: Any) -> str:
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
             type(None): "null"}.get(type(v), "a number" if _is_number(v) else type(v).__name__)
-
-
-def _fields(o: Any, where: str, known: Sequence[str], required: Sequence[str] = ()) -> Mapping[str, Any]:
-    """`o` as an object with only `known` fields and every `required` one."""
-    if not isinstance(o, Mapping):
-        raise ValidationError(where, f"must be an object, got {_type_name(o)}")
-    for key in o:
-        if key not in known:
-            raise ValidationError(f"{where}.{key}", f"unknown field (known here: {', '.join(known)})")
-    for key in required:
-        if key not in o:
-            raise ValidationError(f"{where}.{key}", "is required")
-    return o
 
 
 def _list(o: Mapping[str, Any], key: str, where: str, required: bool = False) -> list[Any]:
@@ -238,13 +231,13 @@ class Workload:
     def from_dict(obj: Mapping[str, Any]) -> "Workload":
         """Validates a workload (the JSON format of docs/workloads.md); a ValidationError
         names the offending field's path."""
-        _fields(obj, "workload", ("name", "description", "batch", "turns", "think", "noise_sigma", "actions",
+        _object(obj, "workload", ("name", "description", "batch", "turns", "think", "noise_sigma", "actions",
                                   "quotas", "reward", "inventory"),
                 required=("batch", "turns", "actions", "inventory"))
         quotas: list[QuotaSpec] = []
         for i, q in enumerate(_list(obj, "quotas", "workload")):
             w = f"workload.quotas[{i}]"
-            _fields(q, w, ("name", "rate", "burst", "max_concurrency", "tokens_per_minute"), required=("name",))
+            _object(q, w, ("name", "rate", "burst", "max_concurrency", "tokens_per_minute"), required=("name",))
             quotas.append(QuotaSpec(
                 name=_string(q, "name", w),
                 rate=_number(q, "rate", w, 0.0),
@@ -258,7 +251,7 @@ class Workload:
         kinds = []
         for i, a in enumerate(_list(obj, "actions", "workload", required=True)):
             w = f"workload.actions[{i}]"
-            _fields(a, w, ("name", "weight", "cpu", "memory", "seconds", "parallel_fraction", "max_units", "quota",
+            _object(a, w, ("name", "weight", "cpu", "memory", "seconds", "parallel_fraction", "max_units", "quota",
                            "tokens"), required=("seconds",))
             kinds.append(ActionKind(
                 name=_string(a, "name", w, f"action{i}"),
@@ -281,11 +274,11 @@ class Workload:
             raise ValidationError("workload.actions", "weights must not all be zero")
 
         where = "workload.inventory"
-        inv = _fields(obj["inventory"], where, ("cpu_nodes", "cpu_node", "gpu_nodes", "gpu_node"),
+        inv = _object(obj["inventory"], where, ("cpu_nodes", "cpu_node", "gpu_nodes", "gpu_node"),
                       required=("cpu_nodes", "cpu_node"))
 
         def shape(o: Any, where: str) -> NodeShape:
-            _fields(o, where, ("cpu", "memory", "gpus"), required=("cpu", "memory"))
+            _object(o, where, ("cpu", "memory", "gpus"), required=("cpu", "memory"))
             gpus = _list(o, "gpus", where)
             return NodeShape(_number(o, "cpu", where), _number(o, "memory", where),
                              tuple(_number({f"gpus[{i}]": g}, f"gpus[{i}]", where) for i, g in enumerate(gpus)))
@@ -303,7 +296,7 @@ class Workload:
         if obj.get("reward") is not None:
             w = "workload.reward"
             shared = ("cpu", "memory", "seconds")
-            r = _fields(obj["reward"], w, (*shared, "services", "replicas", "gpu_memory", "restore_seconds",
+            r = _object(obj["reward"], w, (*shared, "services", "replicas", "gpu_memory", "restore_seconds",
                                            "max_batch"), required=("seconds",))
             if "services" in r:
                 for key in ("replicas", "gpu_memory", "restore_seconds", "max_batch"):
@@ -312,7 +305,7 @@ class Workload:
                 services = []
                 for i, sv in enumerate(_list(r, "services", w, required=True)):
                     ws = f"{w}.services[{i}]"
-                    _fields(sv, ws, ("name", "gpu_memory", "restore_seconds", "max_batch", "weight", "seconds"),
+                    _object(sv, ws, ("name", "gpu_memory", "restore_seconds", "max_batch", "weight", "seconds"),
                             required=("gpu_memory",))
                     services.append(RewardService(
                         name=_string(sv, "name", ws, f"reward-{i}"),
@@ -328,7 +321,7 @@ class Workload:
                     raise ValidationError(f"{w}.services", "weights must not all be zero")
                 routing = "popularity"
             else:
-                _fields(r, w, (*shared, "replicas", "gpu_memory", "restore_seconds", "max_batch"),
+                _object(r, w, (*shared, "replicas", "gpu_memory", "restore_seconds", "max_batch"),
                         required=("gpu_memory",))
                 replicas = int(_number(r, "replicas", w, 1, integer=True, positive=True))
                 mem, restore = _number(r, "gpu_memory", w), _number(r, "restore_seconds", w, 0.0)
