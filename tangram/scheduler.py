@@ -152,8 +152,9 @@ def _pools(pools: object) -> list[tuple[int, float]]:
     out: list[tuple[int, float]] = []
     for task, weight in pools.items():
         key = int(task) if isinstance(task, str) and task.isdigit() else task
-        if not isinstance(key, int) or isinstance(key, bool) or not 0 <= key < 2**32:
-            raise ValidationError(f"policy.pools[{task!r}]", "a task pool is a non-negative 32-bit integer")
+        if not integer_in(key, *_COUNTS["task"]):
+            raise ValidationError(f"policy.pools[{task!r}]", f"a task pool is an action's task: an integer in "
+                                                             f"[{_COUNTS['task'][0]}, {_COUNTS['task'][1]}]")
         if not isinstance(weight, numbers.Real) or isinstance(weight, bool):
             raise ValidationError(f"policy.pools[{task!r}]", f"the weight must be a number, got {weight!r}")
         if any(key == k for k, _ in out):

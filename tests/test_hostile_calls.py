@@ -10,18 +10,17 @@ import math
 import operator
 import os
 import sys
-import threading
 from typing import Any, Callable
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 import tangram
 from tangram import Action, Call, Inventory, MockManager, Orchestrator, Quota, Scheduler
-from tangram.runtime import ActionError
 from tangram.runtime.api import ApiManager
 from tangram.runtime.manager import LiveAction, ResourceManager
+
+from hostile import HOSTILE, Mix, plans
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sandboxes need Linux")
 NAN, INF = math.nan, math.inf
@@ -304,67 +303,13 @@ def test_a_bad_environment_never_reaches_a_sandbox() -> None:
 
 # ------------------------------------------------------------------ random hostile mixes
 
-def good_call(i: int) -> tuple[Call, Any]:
-    """A call that must succeed, and its result: a sandboxed function, an API call, a
-    mock manager's sleep."""
-    kind = i % 3
-    if kind == 0:
-        return Call(fn=operator.add, args=(i, 1000), resources={"cpu": 0.1}, trajectory=i % 2), i + 1000
-    if kind == 1:
-        return Call(fn=operator.mul, args=(i, 2), quota="q", resources={}), i * 2
-    return Call(manager="mock", runtime=0.0, resources={}, kind="mock"), None
-
-
-# One field (or two) made hostile in a good sandboxed call; each must end with a typed
-# error. Some are refused at submit, some by the core at the flush, some by the manager.
-HOSTILE: list[Any] = [
-    *(dict(trajectory=v) for v in (2**64, 2**64 + 5, -1, True, 1.5, "1", None, 2**20000)),
-    *(dict(resources=v) for v in (None, ["cpu"], "cpu", {"cpu": NAN}, {"cpu": INF}, {"cpu": -1}, {"cpu": 2**2000},
-                                  {"cpu": 1e13}, {"cpu": "1"}, {"cpu": [1]}, {1: 1}, {"tpu": 1},
-                                  {f"kind{i}": 1 for i in range(2000)})),
-    *(dict(env=v) for v in ({"A": 1}, {1: "a"}, {"": "a"}, {"A=B": "a"}, {"A": "\0"}, None, ["A"])),
-    dict(fn=5), dict(fn=None), dict(command="true"), dict(fn=None, command=[]), dict(fn=None, command=[1, 2]),
-    dict(fn=None, command=5), dict(fn=None, command="echo \0"),
-    *(dict(args=v) for v in (None, 5, "ab", {})), dict(args=(threading.Lock(), 1)),
-    *(dict(kwargs=v) for v in (None, {1: 2}, [1])),
-    *(dict(timeout=v) for v in (0, -1, NAN, INF, 1e10, "1", True)),
-    *(dict(runtime=v) for v in (NAN, -1, INF, 2e9, "slow", tangram.Amdahl(1, 2), tangram.Constant(NAN),
-                                lambda u: 1 / 0)),
-    dict(elastic="cpu"), dict(elastic="nope", max_units=2), dict(elastic=5, max_units=2),
-    dict(elastic=["cpu"], max_units=2), *(dict(elastic="cpu", max_units=v) for v in ("x", NAN, 1e13, 0.05)),
-    dict(max_units=4),
-    *(dict(priority=v) for v in (2**31, -2**31 - 1, 1.5, "1")),
-    *(dict(gpu_memory=v) for v in (NAN, -1, 2**2000, 5, "x")),
-    *(dict(tokens=v) for v in (2**63, -1, 1.5, 5)),
-    *(dict(quota=v) for v in ("nope", 5, ["q"])), *(dict(service=v) for v in ("nope", 5)),
-    *(dict(manager=v) for v in ("nope", 5, ["x"])), *(dict(kind=v) for v in (5, None, ["x"])),
-    *(dict(affinity=v) for v in ("nope", 2**40, -1, 1.5, 99)),
-    None, 5, "call", Action(1, {"cpu": 1}),  # not a Call at all
-    "mutate",  # a good call whose trajectory goes beyond the core after submit
-]
-
-
-def hostile_call(spec: Any) -> Any:
-    if isinstance(spec, dict):
-        return Call(**{"fn": operator.add, "args": (1, 2), "resources": {"cpu": 0.1}, **spec})
-    return spec
-
-
-def assert_typed(error: BaseException, spec: Any) -> None:
-    """A bad call's error: a TangramError naming the call's field (or, from a manager, the
-    action)."""
-    assert isinstance(error, tangram.TangramError), (spec, error)
-    assert isinstance(error, ActionError) or error.field.startswith("call"), (spec, error)
-
-
 # Random mixes of good and hostile calls within one event-loop iteration (the real cpu
 # manager, the api manager, the mock manager): every good call gets its result, every bad
 # one a typed error naming its field, nothing hangs, close() is clean and no sandbox
 # process is left.
 @linux
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.one_of(st.integers(0, 29), st.sampled_from(range(len(HOSTILE))).map(lambda i: -1 - i)),
-                min_size=1, max_size=30))
+@given(plans(HOSTILE, max_size=30))
 def test_random_hostile_calls_end_alone_in_process(plan: list[int]) -> None:
     from tangram.runtime.cpu import CpuManager
 
@@ -372,37 +317,9 @@ def test_random_hostile_calls_end_alone_in_process(plan: list[int]) -> None:
         managers = {"cpu": CpuManager(isolation="affinity"), "api": ApiManager(max_threads=2), "mock": MockManager()}
         orch = await Orchestrator(inventory=inventory(), default_managers=False, managers=managers).start()
         try:
-            waits: list[tuple[Any, Any, Any]] = []  # (handle or raised error, expected result, spec)
-            mutated: list[Call] = []
-            for n in [0, *plan]:  # the first is good
-                if n >= 0:
-                    call, expected = good_call(n)
-                    waits.append((orch.submit(call), expected, None))
-                    continue
-                spec = HOSTILE[-1 - n]
-                call = hostile_call(spec if spec != "mutate" else {})
-                try:
-                    handle = orch.submit(call)
-                except Exception as e:
-                    waits.append((e, None, spec))
-                    continue
-                if spec == "mutate":
-                    mutated.append(call)
-                waits.append((handle, None, spec))
-            for call in mutated:
-                call.trajectory = 2**64
-            for handle, expected, spec in waits:
-                if isinstance(handle, BaseException):
-                    assert_typed(handle, spec)
-                    continue
-                try:
-                    value = await handle
-                except Exception as e:
-                    assert spec is not None, f"a good call failed: {e!r}"
-                    assert_typed(e, spec)
-                else:
-                    assert spec is None, f"{spec!r} got a result: {value!r}"
-                    assert value == expected
+            mix = Mix()
+            mix.submit_plan(orch.submit, plan, HOSTILE)
+            await mix.check_outcomes()
             await asyncio.sleep(0)
             assert_idle(orch)
         finally:

@@ -69,3 +69,18 @@ __all__ = [
     "ResourceLimitExceeded",
     "ManagerError",
 ]
+
+
+def outcome_of(error: ActionError) -> str:
+    """The outcome an action's record gives for this error."""
+    if isinstance(error, ActionCrashed):
+        return "crashed"
+    if isinstance(error, ResourceLimitExceeded):
+        return "limit"
+    if isinstance(error, ActionTimeout):
+        return "timeout"
+    if isinstance(error, ActionCancelled):
+        return "cancelled"
+    if isinstance(error, ActionInfeasible):
+        return "infeasible"
+    return "failed"

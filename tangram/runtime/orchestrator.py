@@ -43,6 +43,7 @@ from .errors import (
     ActionInfeasible,
     ActionTimeout,
     ManagerError,
+    outcome_of,
 )
 from .manager import LiveAction, ResourceManager, manager_class
 from .records import ActionRecord, Metrics, RecordLog
@@ -398,7 +399,7 @@ class Orchestrator:
         if lv is None or lv.running or lv.record.outcome is not None:
             return False
         self._withdraw(lv)
-        self._finish(lv, _outcome_of(error), error=error)
+        self._finish(lv, outcome_of(error), error=error)
         return True
 
     # ---------------------------------------------------------------- events
@@ -556,7 +557,7 @@ class Orchestrator:
                 self._finish(lv, "cancelled", error=ActionCancelled(lv.id, "cancelled while running" if reason == "cancelled"
                                                                      else "the orchestrator closed while it ran"))
         except ActionError as e:
-            self._finish(lv, _outcome_of(e), error=e)
+            self._finish(lv, outcome_of(e), error=e)
         except Exception as e:  # a manager's own bug or a function's error it did not wrap
             self._finish(lv, "failed", error=ActionFailed(lv.id, f"{type(e).__name__}: {e}", type(e).__name__,
                                                            traceback.format_exc()))
@@ -718,22 +719,6 @@ class _Resume(collections.abc.Coroutine):  # type: ignore[type-arg]
 
     def __await__(self) -> Any:
         raise TypeError("a task's body, not to be awaited")
-
-
-def _outcome_of(error: ActionError) -> str:
-    from .errors import ActionCrashed, ResourceLimitExceeded
-
-    if isinstance(error, ActionCrashed):
-        return "crashed"
-    if isinstance(error, ResourceLimitExceeded):
-        return "limit"
-    if isinstance(error, ActionTimeout):
-        return "timeout"
-    if isinstance(error, ActionCancelled):
-        return "cancelled"
-    if isinstance(error, ActionInfeasible):
-        return "infeasible"
-    return "failed"
 
 
 def _ids(ids: list[int]) -> Any:

@@ -45,8 +45,8 @@ import cloudpickle
 
 from .._errors import TangramError, ValidationError
 from ..runtime.call import Call, manager_for, validate_call
-from ..runtime.errors import ActionCancelled
-from ..runtime.orchestrator import OrchestratorClosed, _outcome_of
+from ..runtime.errors import ActionCancelled, outcome_of
+from ..runtime.orchestrator import OrchestratorClosed
 from ..runtime.records import RecordLog
 from ..runtime.sync import LoopThread, SyncHandle, copy_outcome
 from . import protocol as P
@@ -60,11 +60,11 @@ class ClientHandle:
 
     __slots__ = ("id", "future", "_client", "_call")
 
-    def __init__(self, action_id: int, future: asyncio.Future[Any], client: "Client", call: Call | None = None) -> None:
+    def __init__(self, action_id: int, future: asyncio.Future[Any], client: "Client", call: Call) -> None:
         self.id = action_id
         self.future = future
         self._client = client
-        self._call = call  # until its result arrives: to send it again, and its record's fields
+        self._call = call  # until its result arrives: to send it again, and for its record
 
     def cancel(self) -> bool:
         """Cancels the action on the server; False when it has already ended."""
@@ -451,11 +451,13 @@ class Client:
                 future.remove_done_callback(handle._watch)
                 if not ok:
                     value = P.decode_error(value)
-                    if type(value) is P.SubmitNotLoaded and handle._call is not None:
+                    if type(value) is P.SubmitNotLoaded:
                         self._submit_alone(handle)
                         continue
-                if record is not None:
-                    self._record(handle, ok, value, record)
+                call, handle._call = handle._call, None
+                if record is not None:  # sent only when this client keeps records
+                    self.records.append((aid, call.kind, call.trajectory, manager_for(call), record,
+                                         "ok" if ok else outcome_of(value), "" if ok else str(value)))
                 if ok:
                     future.set_result(value)
                 else:
@@ -497,15 +499,6 @@ class Client:
         self._encode_submits([handle.id], [handle._call], self._out_frames)  # type: ignore[list-item]
         self._kick()
 
-    def _record(self, handle: ClientHandle, ok: bool, value: Any, packed: bytes) -> None:
-        """The action's record: the server's fields, with what this side knows (its call,
-        and the outcome as it arrived here)."""
-        call, handle._call = handle._call, None
-        if call is None or not self._keep_records:
-            return
-        self.records.append((handle.id, call.kind, call.trajectory, manager_for(call), packed,
-                             "ok" if ok else _outcome_of(value), "" if ok else str(value)))
-
     def _connection_lost(self, exc: Exception | None) -> None:
         if self._lost is None:
             self._lost = ("the connection to the server was lost" +
@@ -528,7 +521,7 @@ class Client:
 
 
 def _decode_record(entry: tuple[Any, ...]) -> tuple[Any, ...]:
-    """A record as Client._record keeps it (the server's fields still packed) -> the field
+    """A record as Client._frame keeps it (the server's fields still packed) -> the field
     values of an ActionRecord."""
     action_id, kind, trajectory, manager, packed, outcome, error = entry
     submit, start, end, node, device, grant, wait_reason = P.unpack_record(packed)

@@ -14,6 +14,7 @@ import numpy as np
 
 from .._errors import TangramError, ValidationError
 from ..cli import ArgumentParser, name_list, positive_int, writable_dir, writable_file
+from ..runtime.isolation import cpu_list  # "0-2,7": the seeds as --seeds takes them
 from .engine import POLICY_NAMES
 from .experiments import RESOURCES, Progress, run_many
 from .workloads import Workload
@@ -96,19 +97,6 @@ def parse_seeds(text: str) -> Sequence[int]:
 
 
 _SEED_ENTRY = re.compile(r"([0-9]+)(?:\s*-\s*([0-9]+))?")
-
-
-def format_seeds(seeds: Sequence[int]) -> str:
-    """The seeds in `--seeds` list form, runs of consecutive seeds as ranges: `0-2`, `3,7`."""
-    parts: list[str] = []
-    i = 0
-    while i < len(seeds):
-        j = i
-        while j + 1 < len(seeds) and seeds[j + 1] == seeds[j] + 1:
-            j += 1
-        parts.append(str(seeds[i]) if i == j else f"{seeds[i]}-{seeds[j]}")
-        i = j + 1
-    return ",".join(parts)
 
 
 def _write_json(path: str, obj: Any) -> None:
@@ -260,7 +248,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             what = {"batch": f"{wl.batch} trajectories per step (load)",
                     "gpus": f"{wl.value('gpus')} GPUs per GPU node, load {wl.batch}",
                     "cores": f"{wl.value('cores')} cores per CPU node ({wl.total('cores')} in all), load {wl.batch}"}[key]
-            print(f"tangram sim: workload {wl.name}, {what}, {len(seeds)} seed(s) ({format_seeds(seeds)}); "
+            print(f"tangram sim: workload {wl.name}, {what}, {len(seeds)} seed(s) ({cpu_list(seeds)}); "
                   f"seconds of virtual time (mean±sd over seeds)")
             print(table(part, policies))
             print(f"simulated {len(part)} step(s) in {elapsed:.1f} s of wall time")

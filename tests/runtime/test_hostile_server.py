@@ -20,13 +20,13 @@ from typing import Any, Iterator
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 import tangram
-from tangram import Action, Call
-from tangram.runtime import ActionError
+from tangram import Call
 from tangram.runtime.sandbox import marked_processes
 from tangram.server import Client
+
+from hostile import HOSTILE, Mix, plans
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="servers and sandboxes need Linux")
 
@@ -202,57 +202,9 @@ def test_sigterm_stops_a_server_without_stderr(stderr: str) -> None:
 
 # ------------------------------------------------------------------ random hostile mixes
 
-def good_call(i: int) -> tuple[Call, Any]:
-    """A call that must succeed, and its result: a sandboxed function, an API call, a
-    mock manager's sleep."""
-    kind = i % 3
-    if kind == 0:
-        return Call(fn=operator.add, args=(i, 1000), resources={"cpu": 0.1}, trajectory=i % 2), i + 1000
-    if kind == 1:
-        return Call(fn=operator.mul, args=(i, 2), quota="q", resources={}), i * 2
-    return Call(manager="mock", runtime=0.0, resources={}, kind="mock"), None
-
-
-# One field made hostile in a good sandboxed call (what test_hostile_calls.py throws at
-# the orchestrator, as it crosses the wire).
-HOSTILE: list[Any] = [
-    *(dict(trajectory=v) for v in (2**64, -1, True, "1", None, 2**20000)),
-    *(dict(resources=v) for v in (None, ["cpu"], {"cpu": NAN}, {"cpu": INF}, {"cpu": -1}, {"cpu": 2**2000},
-                                  {"cpu": 1e13}, {"cpu": "1"}, {1: 1}, {f"kind{i}": 1 for i in range(2000)})),
-    *(dict(env=v) for v in ({"A": 1}, {1: "a"}, {"A=B": "a"}, {"A": "\0"}, None)),
-    dict(fn=5), dict(fn=None), dict(command="true"), dict(fn=None, command=[]), dict(fn=None, command=[1, 2]),
-    *(dict(args=v) for v in (None, 5, "ab")), dict(args=(threading.Lock(), 1)),
-    *(dict(kwargs=v) for v in (None, {1: 2})),
-    *(dict(timeout=v) for v in (0, NAN, INF, "1", True)),
-    *(dict(runtime=v) for v in (NAN, -1, 2e9, "slow", tangram.Amdahl(1, 2), lambda u: 1 / 0)),
-    dict(elastic="cpu"), dict(elastic=["cpu"], max_units=2),
-    *(dict(elastic="cpu", max_units=v) for v in ("x", NAN, 0.05)),
-    *(dict(priority=v) for v in (2**31, 1.5)), *(dict(gpu_memory=v) for v in (NAN, 2**2000, 5)),
-    *(dict(tokens=v) for v in (2**63, -1, 5)), *(dict(quota=v) for v in ("nope", 5)), dict(service="nope"),
-    *(dict(manager=v) for v in ("nope", 5)), dict(kind=None), *(dict(affinity=v) for v in ("nope", 2**40, 99)),
-    None, "call", Action(1, {"cpu": 1}),  # not a Call at all
-    "mutate",  # a good call whose trajectory goes beyond the core after submit
-    "own range",  # trajectory 2**32: beyond a client's own trajectories, fine in the shared space
-]
-
-
-def hostile_call(spec: Any) -> Any:
-    if spec in ("mutate", "own range"):
-        spec = {} if spec == "mutate" else dict(trajectory=2**32)
-    if isinstance(spec, dict):
-        return Call(**{"fn": operator.add, "args": (1, 2), "resources": {"cpu": 0.1}, **spec})
-    return spec
-
-
-def assert_typed(error: BaseException, spec: Any) -> None:
-    """A bad call's error: a TangramError naming the call's field (or, from a manager, the
-    action)."""
-    assert isinstance(error, tangram.TangramError), (spec, error)
-    assert isinstance(error, ActionError) or error.field.startswith("call"), (spec, error)
-
-
-PLAN = st.lists(st.one_of(st.integers(0, 29), st.sampled_from(range(len(HOSTILE))).map(lambda i: -1 - i)),
-                min_size=1, max_size=20)
+# Through a server also: a trajectory beyond a client's own numbers, fine in the shared space.
+SERVER_HOSTILE = [*HOSTILE, "own range"]
+PLAN = plans(SERVER_HOSTILE, max_size=20)
 
 
 # Two clients (one in the shared trajectory space, one in its own) submit random mixes of
@@ -266,41 +218,10 @@ def test_random_hostile_calls_end_alone_through_the_server(server: str, shared_p
                                                            own_plan: list[int]) -> None:
     async def main() -> None:
         async with Client(server, shared_trajectories=True) as shared, Client(server) as own:
-            waits: list[tuple[Any, Any, Any]] = []  # (handle or raised error, expected result, spec)
-            mutated: list[Call] = []
-            for client, plan in ((shared, shared_plan), (own, own_plan)):
-                for n in [0, *plan]:  # the first, good, goes out at once; the rest at the next iteration
-                    if n >= 0:
-                        call, expected = good_call(n)
-                        waits.append((client.submit(call), expected, None))
-                        continue
-                    spec = HOSTILE[-1 - n]
-                    call = hostile_call(spec)
-                    if spec == "own range" and client is shared:
-                        waits.append((client.submit(call), 3, None))
-                        continue
-                    try:
-                        handle = client.submit(call)
-                    except Exception as e:
-                        waits.append((e, None, spec))
-                        continue
-                    if spec == "mutate":
-                        mutated.append(call)
-                    waits.append((handle, None, spec))
-            for call in mutated:
-                call.trajectory = 2**64
-            for handle, expected, spec in waits:
-                if isinstance(handle, BaseException):
-                    assert_typed(handle, spec)
-                    continue
-                try:
-                    value = await handle
-                except Exception as e:
-                    assert spec is not None, f"a good call failed: {e!r}"
-                    assert_typed(e, spec)
-                else:
-                    assert spec is None, f"{spec!r} got a result: {value!r}"
-                    assert value == expected
+            mix = Mix()
+            mix.submit_plan(shared.submit, shared_plan, SERVER_HOSTILE, fine_here=("own range",))
+            mix.submit_plan(own.submit, own_plan, SERVER_HOSTILE)
+            await mix.check_outcomes()
             assert shared.connected and own.connected
 
     run(main())
