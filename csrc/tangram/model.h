@@ -1,4 +1,4 @@
-// What the core is told: the inventory, the policy, the actions; and what it answers.
+// What the core is told: the inventory, the policy (policy.h), the actions; and what it answers.
 #pragma once
 
 #include <cstdint>
@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "tangram/policy.h"
 #include "tangram/types.h"
 
 namespace tangram {
@@ -46,53 +47,6 @@ struct Inventory {
   std::vector<ServiceSpec> services;
 };
 
-// ---------------------------------------------------------------- policy
-
-enum class PolicyKind : std::uint8_t {
-  // Minimise average ACT: shortest-estimated-first with aging, best-fit of minimum grants,
-  // spare elastic units by largest marginal gain once nobody waits, greedy eviction.
-  // Restores serve whole queues: before each pass walks the actions, offloaded services
-  // with waiting actions are restored starving first, then by most waiting actions per
-  // second of (restore + queued work / max_batch) (Smith's rule), then service order.
-  kTangram = 0,
-  // One shared pool, first-come first-served (with backfill), fixed minimum grants.
-  kFifo = 1,
-  // Each trajectory owns a fixed slot of cores from its first action until it ends; its
-  // actions run in that slot with the whole slot as their grant. Services as kIsolated.
-  kTrajectory = 2,
-  // A dedicated share of every node per task pool; each service has a home device.
-  kIsolated = 3,
-  // Optimus/AFS-style greedy elasticity from the cluster-scheduling literature: arrival
-  // order (with backfill) and minimum grants at admission, then every spare elastic unit
-  // goes to the action started in the pass with the largest marginal cut in run time
-  // (at least min_relative_gain of it), whether or not others still wait.
-  kOptimus = 4,
-};
-
-struct PolicyConfig {
-  PolicyKind kind = PolicyKind::kTangram;
-  // kTangram: ordering key = estimated run time + aging * submit time. Larger favours
-  // arrival order; smaller favours short actions. Waiting can never starve an action in
-  // the order, because later arrivals get ever larger keys.
-  double aging = 0.5;
-  // Placement: best fit among the first `candidates` feasible bins in index order.
-  std::int32_t candidates = 4;
-  // kTangram, kOptimus: an extra elastic unit is granted only if it cuts the run time by
-  // at least this fraction of the current run time.
-  double min_relative_gain = 0.05;
-  // Every policy: an action that has waited this long and still does not fit holds back
-  // every later action from the bins it could use, so big actions are not starved by a
-  // stream of small ones (under kTrajectory only the free slots: a trajectory's own slot
-  // is never held). Under kTangram, also the wait after which a service's restore goes first.
-  double starvation_seconds = 60;
-  // kTrajectory: cores (milli) in each trajectory's slot. Each node is cut into
-  // floor(cpu / slot) slots; other kinds are divided evenly among a node's slots.
-  Quantity trajectory_slot_cpu = 0;
-  // kIsolated: (task pool id, weight). Every node is divided among the pools in
-  // proportion to the weights. Actions name their pool in ActionSpec::task.
-  std::vector<std::pair<std::uint32_t, double>> pools;
-};
-
 // ---------------------------------------------------------------- actions
 
 enum class ModelKind : std::uint8_t {
@@ -117,7 +71,7 @@ inline constexpr std::int32_t kNone = -1;
 struct ActionSpec {
   ActionId id = 0;
   TrajectoryId trajectory = 0;
-  std::uint32_t task = 0;      // task pool (kIsolated); a label otherwise
+  std::uint32_t task = 0;      // task pool (BinLayout::kTaskPools); a label otherwise
   std::int32_t priority = 0;   // higher classes go first
   std::vector<Quantity> demand;  // minimum demand per kind, milli-units
   Quantity gpu_memory = 0;     // device memory on one GPU (or on its service's GPU)

@@ -188,6 +188,14 @@ struct ServiceRec {
 struct Scheduler::Impl {
   Inventory inv;
   PolicyConfig policy;
+  PolicyRow row;  // the policy's rules, resolved once (policy.h): nothing below asks its name
+  // OrderRule as numbers, so the key needs no branch: key = est_ns * estimate_weight +
+  // submit_ns * aging_permille / 1000 (both 0 under kArrival).
+  std::int64_t estimate_weight = 0;
+  // A starving head that may use any bin stops the pass: the whole partition is its. Not
+  // with several partitions (the others go on) nor with trajectory slots (bound slots are
+  // their trajectories' own).
+  bool starving_head_halts = false;
   std::int32_t K = 0;  // kinds
   std::int32_t D = 0;  // tree dims: K (+1 when there are GPUs)
   bool has_gpus = false;
@@ -334,9 +342,7 @@ struct Scheduler::Impl {
   const Quantity* free_of(std::int32_t bin) const { return &bin_room[static_cast<std::size_t>(bin) * 2 * K]; }
   const Quantity* cap_of(std::int32_t bin) const { return &bin_room[(static_cast<std::size_t>(bin) * 2 + 1) * K]; }
   bool service_is_ready(const ServiceRec& s) const { return s.device != kNone && s.ready_ns <= now; }
-  bool uses_service_home() const {
-    return policy.kind == PolicyKind::kIsolated || policy.kind == PolicyKind::kTrajectory;
-  }
+  bool uses_service_home() const { return row.rules.service_devices == ServiceDevices::kHome; }
 
   void refresh_leaf(std::int32_t bin);
   void refresh_node_devices(std::int32_t node);
@@ -428,7 +434,8 @@ struct Scheduler::Impl {
 
 // ============================================================ construction
 
-Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg) : inv(std::move(inventory)), policy(std::move(cfg)) {
+Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
+    : inv(std::move(inventory)), policy(std::move(cfg)), row(resolve_policy(policy)) {
   K = static_cast<std::int32_t>(inv.kinds.size());
   if (K == 0) throw Error(ErrorCode::kInvalidArgument, "inventory.kinds", "at least one resource kind is needed");
   for (std::int32_t k = 0; k < K; ++k) {
@@ -496,10 +503,13 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg) : inv(std::move(inv
   }
 
   // policy
-  std::string pf = std::string("policy(") + policy_name(policy.kind) + ")";
+  std::string pf = "policy(" + row.name + ")";
+  validate_rules(row, pf);
   if (!std::isfinite(policy.aging) || policy.aging < 0 || policy.aging > 4)
     throw Error(ErrorCode::kInvalidArgument, pf + ".aging", "must be a finite number in [0, 4]");
-  aging_permille = to_milli(policy.aging);
+  const bool by_estimate = row.rules.order == OrderRule::kEstimate;
+  estimate_weight = by_estimate ? 1 : 0;
+  aging_permille = by_estimate ? to_milli(policy.aging) : 0;
   if (policy.candidates < 1 || policy.candidates > 1024)
     throw Error(ErrorCode::kInvalidArgument, pf + ".candidates", "must be in [1, 1024]");
   if (!std::isfinite(policy.min_relative_gain) || policy.min_relative_gain < 0 || policy.min_relative_gain > 1)
@@ -509,13 +519,11 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg) : inv(std::move(inv
   starvation_ns = to_ns(policy.starvation_seconds);
 
   // Validate the policy's bin options; then every node's bins, partition by partition.
-  switch (policy.kind) {
-    case PolicyKind::kTangram:
-    case PolicyKind::kFifo:
-    case PolicyKind::kOptimus:
+  switch (row.rules.bins) {
+    case BinLayout::kNodes:
       partitions.resize(1);
       break;
-    case PolicyKind::kTrajectory: {
+    case BinLayout::kTrajectorySlots: {
       bool has_cpu = false;
       for (std::int32_t k = 0; k < K; ++k) has_cpu = has_cpu || inv.kinds[k] == "cpu";
       if (!has_cpu) throw Error(ErrorCode::kUnknownName, pf, "the trajectory policy needs a 'cpu' kind");
@@ -524,7 +532,7 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg) : inv(std::move(inv
       partitions.resize(1);
       break;
     }
-    case PolicyKind::kIsolated: {
+    case BinLayout::kTaskPools: {
       if (policy.pools.empty()) throw Error(ErrorCode::kInvalidArgument, pf + ".pools", "the isolated policy needs at least one task pool");
       for (std::size_t p = 0; p < policy.pools.size(); ++p) {
         double w = policy.pools[p].second;
@@ -543,7 +551,8 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg) : inv(std::move(inv
   for (std::size_t p = 0; p < partitions.size(); ++p)
     for (std::int32_t n = 0; n < N; ++n)
       for (const std::vector<Quantity>& cap : splits[n][p]) append_bin(n, static_cast<std::int32_t>(p), cap);
-  if (policy.kind == PolicyKind::kTrajectory && partitions[0].bins.empty())
+  starving_head_halts = partitions.size() == 1 && row.rules.bins != BinLayout::kTrajectorySlots;
+  if (row.rules.bins == BinLayout::kTrajectorySlots && partitions[0].bins.empty())
     throw Error(ErrorCode::kInvalidArgument, pf + ".trajectory_slot_cpu", "larger than every node's cpu: no slot fits");
   if (uses_service_home() && has_gpus) {
     // Each service is given a home device up front, round robin over all devices, as a
@@ -675,13 +684,11 @@ void Scheduler::Impl::append_bin(std::int32_t node, std::int32_t part, const std
 // shares sum to the node.
 Scheduler::Impl::NodeBins Scheduler::Impl::node_bins(const std::vector<Quantity>& capacity) const {
   NodeBins bins(partitions.size());
-  switch (policy.kind) {
-    case PolicyKind::kTangram:
-    case PolicyKind::kFifo:
-    case PolicyKind::kOptimus:
+  switch (row.rules.bins) {
+    case BinLayout::kNodes:
       bins[0].push_back(capacity);
       break;
-    case PolicyKind::kTrajectory: {
+    case BinLayout::kTrajectorySlots: {
       std::int32_t cpu = kNone;
       for (std::int32_t k = 0; k < K; ++k)
         if (inv.kinds[k] == "cpu") cpu = k;
@@ -692,7 +699,7 @@ Scheduler::Impl::NodeBins Scheduler::Impl::node_bins(const std::vector<Quantity>
       bins[0].assign(static_cast<std::size_t>(slots), cap);
       break;
     }
-    case PolicyKind::kIsolated: {
+    case BinLayout::kTaskPools: {
       double total = 0;
       for (const auto& pool : policy.pools) total += pool.second;
       const std::size_t P = policy.pools.size();
@@ -1077,7 +1084,7 @@ void Scheduler::Impl::validate_spec(const ActionSpec& s, const Field& field) con
     throw Error(ErrorCode::kUnknownName, field() + ".quota", "no quota with index " + std::to_string(s.quota));
   if (s.tokens < 0 || s.tokens > static_cast<std::int64_t>(kMaxBaseUnits)) bad("tokens", "must be in [0, 1e12]");
   if (s.tokens > 0 && s.quota == kNone) bad("tokens", "tokens need a quota to draw from");
-  if (policy.kind == PolicyKind::kIsolated && !pool_partition.count(s.task))
+  if (row.rules.bins == BinLayout::kTaskPools && !pool_partition.count(s.task))
     throw Error(ErrorCode::kUnknownName, field() + ".task", "no task pool " + std::to_string(s.task) + " in the isolated policy");
   // The model must give a usable run time at the minimum grant.
   Quantity lo = s.elastic_kind == kNone ? kMilli : s.demand[s.elastic_kind];
@@ -1086,8 +1093,8 @@ void Scheduler::Impl::validate_spec(const ActionSpec& s, const Field& field) con
 }
 
 std::int32_t Scheduler::Impl::class_for(const ActionSpec& s) {
-  std::int32_t partition = policy.kind == PolicyKind::kIsolated ? pool_partition.at(s.task) : 0;
-  const bool in_slot = policy.kind == PolicyKind::kTrajectory && s.service == kNone;
+  std::int32_t partition = row.rules.bins == BinLayout::kTaskPools ? pool_partition.at(s.task) : 0;
+  const bool in_slot = row.rules.bins == BinLayout::kTrajectorySlots && s.service == kNone;
   TrajectoryId traj = in_slot ? s.trajectory : 0;
   std::uint64_t h = 1469598103934665603ull;
   auto mix = [&h](std::int64_t x) { h ^= static_cast<std::uint64_t>(x) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
@@ -1267,11 +1274,8 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
     if (need > details.capacity()) details.reserve(slots.capacity());
     if (need > queue_pos.capacity()) queue_pos.reserve(slots.capacity());
   }
-  // The tangram policy's aging term is the same for the whole batch.
-  const std::int64_t aging_offset =
-      policy.kind == PolicyKind::kTangram
-          ? static_cast<std::int64_t>((static_cast<__int128>(now) * aging_permille) / 1000)
-          : 0;
+  // The aging term of the order key is the same for the whole batch.
+  const std::int64_t aging_offset = static_cast<std::int64_t>((static_cast<__int128>(now) * aging_permille) / 1000);
   for (std::size_t i = 0; i < n; ++i) {
     const ActionSpec& s = a[i];
     std::int32_t c = class_for(s);
@@ -1309,7 +1313,7 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
     detail = ActionDetail{};
     detail.model = s.model;
     detail.est_ns = to_ns(seconds(slot, minimum(r)));
-    const std::int64_t key = policy.kind == PolicyKind::kTangram ? detail.est_ns + aging_offset : 0;
+    const std::int64_t key = detail.est_ns * estimate_weight + aging_offset;
     detail.order = OrderKey{key, next_seq++, now, -s.priority, slot};
     *by_id.find(s.id) = slot;
     ++*trajectory_live.insert(s.trajectory, 0).first;
@@ -1529,7 +1533,7 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
       // kTrajectory those are the free slots only, so the pass goes on for bound ones.
       if (node_scope == kNone) {
         partition_masked[cl.partition] = pass_epoch;
-        if (partitions.size() == 1 && policy.kind != PolicyKind::kTrajectory) return Try::kHalt;
+        if (starving_head_halts) return Try::kHalt;
       } else {
         node_masked[node_scope] = pass_epoch;
       }
@@ -1869,7 +1873,7 @@ void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
     std::int32_t node = bin_node[a.bin];
     // Parked classes still wait for resources where they are parked.
     std::int32_t part = bin_partition[a.bin];
-    if (policy.kind == PolicyKind::kTangram &&
+    if (row.rules.spare == SpareRule::kUncontended &&
         (partition_contended[part] == pass_epoch || partitions[part].parked_count > 0 ||
          node_contended[node] == pass_epoch || node_parked_count[node] > 0))
       continue;
@@ -1923,7 +1927,7 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
   }
   in_pass = true;
   if (n_offline > 0 && !services.empty()) evict_offline_services(out);
-  if (policy.kind == PolicyKind::kTangram && !services.empty()) restore_queues(out);
+  if (row.rules.restore == RestoreRule::kQueuesFirst && !services.empty()) restore_queues(out);
   // Walk the heads in policy order. A head pushed behind the cursor (a class woken by an
   // eviction) waits for the next pass, like any head this pass has already passed by.
   active_deferred.clear();
@@ -2014,8 +2018,7 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
   for (const ActiveEntry& e : active_deferred)
     if (live(e)) push_active(e);
   in_pass = false;
-  if ((policy.kind == PolicyKind::kTangram || policy.kind == PolicyKind::kOptimus) && !started.empty())
-    grant_spare(out);
+  if (row.rules.spare != SpareRule::kNone && !started.empty()) grant_spare(out);
   for (std::size_t q = 0; q < quotas.size(); ++q)
     if (quota_blocked[q] && quotas[q].last_until != kNever) wakeup = std::min(wakeup, quotas[q].last_until);
   for (const ServiceRec& s : services)
@@ -2462,23 +2465,5 @@ double Scheduler::runtime(ActionId id, Quantity units) const {
 }
 
 void Scheduler::check_invariants() const { impl_->check(); }
-
-const char* policy_name(PolicyKind kind) {
-  switch (kind) {
-    case PolicyKind::kTangram: return "tangram";
-    case PolicyKind::kFifo: return "fifo";
-    case PolicyKind::kOptimus: return "optimus";
-    case PolicyKind::kTrajectory: return "trajectory";
-    case PolicyKind::kIsolated: return "isolated";
-  }
-  return "?";
-}
-
-PolicyKind policy_from_name(const std::string& name) {
-  for (PolicyKind k : {PolicyKind::kTangram, PolicyKind::kFifo, PolicyKind::kTrajectory, PolicyKind::kIsolated,
-                       PolicyKind::kOptimus})
-    if (name == policy_name(k)) return k;
-  throw Error(ErrorCode::kUnknownName, "policy", "unknown policy '" + name + "' (tangram, fifo, trajectory, isolated, optimus)");
-}
 
 }  // namespace tangram

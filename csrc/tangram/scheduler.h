@@ -39,7 +39,7 @@ class Scheduler {
   // Waiting actions leave the queue; running ones are taken as stopped by the caller.
   void cancel(const ActionId* ids, std::size_t count, TimeNs now,
               std::vector<Decision>& out);
-  // The trajectories are over (kTrajectory frees their slots). They must have no live
+  // The trajectories are over (trajectory slots are freed). They must have no live
   // actions left.
   void end_trajectories(const TrajectoryId* ids, std::size_t count, TimeNs now,
                         std::vector<Decision>& out);
@@ -59,7 +59,7 @@ class Scheduler {
   void set_node_online(std::int32_t node, bool online, TimeNs now, std::vector<Decision>& out);
   // Appends a node (online) with its capacity per kind (the inventory's kinds; a new kind
   // cannot be added) and GPUs; returns its index. Bins are made as the policy makes them
-  // at construction (kTrajectory slots, kIsolated shares). Indices of existing nodes, bins
+  // at construction (trajectory slots, task pool shares). Indices of existing nodes, bins
   // and devices do not change. Throws Error for a bad or duplicate node; runs a pass.
   std::int32_t add_node(NodeSpec node, TimeNs now, std::vector<Decision>& out);
   bool node_online(std::int32_t node) const;
@@ -82,7 +82,7 @@ class Scheduler {
   const PolicyConfig& policy() const;
   std::size_t waiting_count() const;
   std::size_t running_count() const;
-  // Classes in use (action shapes with distinct constraints; under kTrajectory, per live
+  // Classes in use (action shapes with distinct constraints; with trajectory slots, per live
   // trajectory: an ended trajectory's classes are freed for reuse).
   std::size_t class_count() const;
   // Free amount of `kind` on `node` (summed over the node's bins), milli-units.
@@ -103,9 +103,5 @@ class Scheduler {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
-
-const char* policy_name(PolicyKind kind);
-// Throws Error(kUnknownName) for an unknown name.
-PolicyKind policy_from_name(const std::string& name);
 
 }  // namespace tangram

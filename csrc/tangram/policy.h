@@ -1,0 +1,124 @@
+// Policies as data. A policy is a row of independent rules, resolved once when a scheduler
+// is made; the scheduling pass reads the rules and never asks which policy runs. Adding a
+// policy is adding a row (and a PolicyKind): kPolicyRows in policy.cc. A row that is not
+// built in runs through PolicyConfig::row (the tests run a sixth policy this way).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tangram/types.h"
+
+namespace tangram {
+
+// The order waiting actions are tried in: (-priority, key, seq) with seq counting submits.
+enum class OrderRule : std::uint8_t {
+  kArrival = 0,   // key = 0: submission order within a priority
+  kEstimate = 1,  // key = estimated run time + aging * submit time (shortest first, aged)
+};
+
+// What placement packs into.
+enum class BinLayout : std::uint8_t {
+  kNodes = 0,            // one bin per node, one partition
+  kTrajectorySlots = 1,  // each node cut into slots of trajectory_slot_cpu cores; a
+                         // trajectory binds one slot from its first start until it ends,
+                         // and an elastic action takes its slot's free units up to its max
+  kTaskPools = 2,        // a partition per task pool, each node split by the pools' weights
+};
+
+// Where elastic units beyond the minimum grants go, after the walk: one unit at a time to
+// the action started in the pass with the largest marginal cut in run time (at least
+// min_relative_gain of it).
+enum class SpareRule : std::uint8_t {
+  kNone = 0,         // every action runs at its minimum (its slot, under kTrajectorySlots)
+  kUncontended = 1,  // only on bins nobody still waits for
+  kEveryBin = 2,     // on every bin, whether or not others wait
+};
+
+// When offloaded GPU services are restored.
+enum class RestoreRule : std::uint8_t {
+  kOnDemand = 0,     // when the walk reaches a waiting action of the service
+  kQueuesFirst = 1,  // before the walk, whole queues by Smith's rule (see restore_queues)
+};
+
+// Which devices a GPU service may be resident on.
+enum class ServiceDevices : std::uint8_t {
+  kAny = 0,   // any device with room (or room made by eviction)
+  kHome = 1,  // its home device only: service s on device s % devices, a dedicated pool
+};
+
+struct PolicyRules {
+  OrderRule order = OrderRule::kEstimate;
+  BinLayout bins = BinLayout::kNodes;
+  SpareRule spare = SpareRule::kUncontended;
+  RestoreRule restore = RestoreRule::kQueuesFirst;
+  ServiceDevices service_devices = ServiceDevices::kAny;
+};
+
+struct PolicyRow {
+  std::string name;
+  PolicyRules rules;
+};
+
+// The built-in policies; their rows are kPolicyRows in policy.cc, in this order.
+enum class PolicyKind : std::uint8_t {
+  // Minimise average ACT: shortest estimate first with aging, spare elastic units where
+  // nobody waits, whole service queues restored first by Smith's rule.
+  kTangram = 0,
+  // One shared pool, first-come first-served (with backfill), fixed minimum grants.
+  kFifo = 1,
+  // Each trajectory owns a fixed slot of cores from its first action until it ends; its
+  // actions run in that slot with the whole slot as their grant. Services on home devices.
+  kTrajectory = 2,
+  // A dedicated share of every node per task pool; each service has a home device.
+  kIsolated = 3,
+  // Optimus/AFS-style greedy elasticity from the cluster-scheduling literature: arrival
+  // order (with backfill) and minimum grants at admission, then every spare elastic unit
+  // goes to the action started in the pass with the largest marginal cut in run time,
+  // whether or not others still wait.
+  kOptimus = 4,
+};
+
+struct PolicyConfig {
+  PolicyKind kind = PolicyKind::kTangram;
+  // A policy that is not built in: its name and rules, used instead of kind's row.
+  std::optional<PolicyRow> row;
+  // OrderRule::kEstimate: ordering key = estimated run time + aging * submit time. Larger
+  // favours arrival order; smaller favours short actions. Waiting can never starve an
+  // action in the order, because later arrivals get ever larger keys.
+  double aging = 0.5;
+  // Placement: best fit among the first `candidates` feasible bins in index order.
+  std::int32_t candidates = 4;
+  // SpareRule other than kNone: an extra elastic unit is granted only if it cuts the run
+  // time by at least this fraction of the current run time.
+  double min_relative_gain = 0.05;
+  // Every policy: an action that has waited this long and still does not fit holds back
+  // every later action from the bins it could use, so big actions are not starved by a
+  // stream of small ones (under kTrajectorySlots only the free slots: a trajectory's own
+  // slot is never held). Under RestoreRule::kQueuesFirst, also the wait after which a
+  // service's restore goes first.
+  double starvation_seconds = 60;
+  // BinLayout::kTrajectorySlots: cores (milli) in each trajectory's slot. Each node is cut
+  // into floor(cpu / slot) slots; other kinds are divided evenly among a node's slots.
+  Quantity trajectory_slot_cpu = 0;
+  // BinLayout::kTaskPools: (task pool id, weight). Every node is divided among the pools
+  // in proportion to the weights. Actions name their pool in ActionSpec::task.
+  std::vector<std::pair<std::uint32_t, double>> pools;
+};
+
+// The built-in rows, in PolicyKind order: the one list of policy names.
+const std::vector<PolicyRow>& builtin_policies();
+const PolicyRow& policy_row(PolicyKind kind);
+// The row a configuration runs: its own row if it has one, else its kind's.
+const PolicyRow& resolve_policy(const PolicyConfig& config);
+const char* policy_name(PolicyKind kind);
+// Throws Error(kUnknownName) for a name that is not built in.
+PolicyKind policy_from_name(const std::string& name);
+// Throws Error(kInvalidArgument) naming `field` for a row without a name or with a rule
+// out of its enum's range (a row made by casting).
+void validate_rules(const PolicyRow& row, const std::string& field);
+
+}  // namespace tangram
