@@ -1,0 +1,362 @@
+// Actions in and out: validation, classes, submit, and the end of an action.
+//
+// Reads: the inventory, the policy's row (BinLayout: task pools, trajectory slots;
+// OrderRule through estimate_weight and aging_permille).
+// Changes: action records, classes (made, found by their constraints, freed), the id and
+// trajectory indexes; returns resources (finish) and emits kReject decisions.
+// Guarantees: a batch is validated whole before anything is applied (a typed Error naming
+// the field otherwise); an action that can never fit is rejected at submit, exactly once.
+#include "tangram/scheduler_impl.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace tangram {
+
+void Scheduler::Impl::validate_now(TimeNs t) const {
+  if (t < 0 || t > to_ns(kMaxSeconds)) throw Error(ErrorCode::kInvalidArgument, "now", "must be in [0, 1e9] seconds");
+  if (t < now)
+    throw Error(ErrorCode::kInvalidArgument, "now", "time went backwards (" + std::to_string(to_seconds(t)) + " s < " + std::to_string(to_seconds(now)) + " s)");
+}
+
+// `field()` names the action ("actions[3]"); it is only called to build an error.
+template <class Field>
+void Scheduler::Impl::validate_spec(const ActionSpec& s, const Field& field) const {
+  auto bad = [&](const std::string& name, const std::string& why) { throw Error(ErrorCode::kInvalidArgument, field() + "." + name, why); };
+  if (static_cast<std::int32_t>(s.demand.size()) != K)
+    bad("demand", "has " + std::to_string(s.demand.size()) + " entries for " + std::to_string(K) + " kinds");
+  for (std::int32_t k = 0; k < K; ++k)
+    if (s.demand[k] < 0 || s.demand[k] > kMaxMilli) bad("demand." + inv.kinds[k], "must be in [0, 1e12] units");
+  if (s.gpu_memory < 0 || s.gpu_memory > kMaxMilli) bad("gpu_memory", "must be in [0, 1e12] MiB");
+  if (s.gpu_memory > 0 && !has_gpus && s.service == kNone) bad("gpu_memory", "the inventory has no GPU");
+  if (s.elastic_kind != kNone) {
+    if (s.elastic_kind < 0 || s.elastic_kind >= K) bad("elastic_kind", "no kind with index " + std::to_string(s.elastic_kind));
+    Quantity lo = s.demand[s.elastic_kind];
+    if (lo <= 0) bad("demand." + inv.kinds[s.elastic_kind], "the elastic kind needs a positive minimum");
+    if (s.elastic_max < lo) bad("elastic_max", "the elastic upper bound is below the minimum demand");
+    if (s.elastic_max > kMaxMilli) bad("elastic_max", "must be at most 1e12 units");
+  }
+  const ElasticityModel& m = s.model;
+  switch (m.kind) {
+    case ModelKind::kConstant:
+    case ModelKind::kAmdahl:
+      if (!std::isfinite(m.seconds) || m.seconds < 0 || m.seconds > kMaxSeconds) bad("model.seconds", "must be a finite number in [0, 1e9]");
+      if (m.kind == ModelKind::kAmdahl && !(m.parallel_fraction >= 0 && m.parallel_fraction <= 1))
+        bad("model.parallel_fraction", "must be in [0, 1]");
+      break;
+    case ModelKind::kTable:
+      if (m.table < 0 || m.table >= static_cast<std::int32_t>(tables.size())) bad("model.table", "no table with id " + std::to_string(m.table));
+      break;
+    case ModelKind::kCallback:
+      if (m.callback == nullptr) bad("model.callback", "is null");
+      break;
+    default:
+      bad("model.kind", "unknown model kind");
+  }
+  if (s.affinity_node != kNone && (s.affinity_node < 0 || s.affinity_node >= static_cast<std::int32_t>(inv.nodes.size())))
+    throw Error(ErrorCode::kUnknownName, field() + ".affinity_node", "no node with index " + std::to_string(s.affinity_node));
+  if (s.service != kNone) {
+    if (s.service < 0 || s.service >= static_cast<std::int32_t>(services.size()))
+      throw Error(ErrorCode::kUnknownName, field() + ".service", "no service with index " + std::to_string(s.service));
+    if (s.affinity_node != kNone) bad("affinity_node", "cannot be combined with a service: actions run where their service is resident");
+  }
+  if (s.quota != kNone && (s.quota < 0 || s.quota >= static_cast<std::int32_t>(quotas.size())))
+    throw Error(ErrorCode::kUnknownName, field() + ".quota", "no quota with index " + std::to_string(s.quota));
+  if (s.tokens < 0 || s.tokens > static_cast<std::int64_t>(kMaxBaseUnits)) bad("tokens", "must be in [0, 1e12]");
+  if (s.tokens > 0 && s.quota == kNone) bad("tokens", "tokens need a quota to draw from");
+  if (row.rules.bins == BinLayout::kTaskPools && !pool_partition.count(s.task))
+    throw Error(ErrorCode::kUnknownName, field() + ".task", "no task pool " + std::to_string(s.task) + " in the isolated policy");
+  // The model must give a usable run time at the minimum grant.
+  Quantity lo = s.elastic_kind == kNone ? kMilli : s.demand[s.elastic_kind];
+  double t = model_seconds(m, lo, lo, tables);
+  if (!std::isfinite(t) || t < 0 || t > kMaxSeconds) bad("model", "run time at the minimum grant is not a finite number in [0, 1e9] s");
+}
+
+std::int32_t Scheduler::Impl::class_for(const ActionSpec& s) {
+  std::int32_t partition = row.rules.bins == BinLayout::kTaskPools ? pool_partition.at(s.task) : 0;
+  const bool in_slot = row.rules.bins == BinLayout::kTrajectorySlots && s.service == kNone;
+  TrajectoryId traj = in_slot ? s.trajectory : 0;
+  std::uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](std::int64_t x) { h ^= static_cast<std::uint64_t>(x) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+  for (Quantity q : s.demand) mix(q);
+  mix(s.gpu_memory);
+  mix(partition);
+  mix(s.affinity_node);
+  mix(s.service);
+  mix(s.quota);
+  mix(s.tokens);
+  mix(static_cast<std::int64_t>(traj));
+  mix(in_slot ? 1 : 0);
+  const std::int32_t* found = class_index.find(h);
+  const std::int32_t chain = found == nullptr ? kNone : *found;
+  for (std::int32_t c = chain; c != kNone; c = classes[c].next_same_hash) {
+    const Class& o = classes[c];
+    if (std::equal(s.demand.begin(), s.demand.end(), o.demand) && o.gpu_memory == s.gpu_memory && o.partition == partition &&
+        o.affinity_node == s.affinity_node && o.service == s.service && o.quota == s.quota &&
+        o.tokens == s.tokens && o.trajectory == traj && o.in_trajectory_slot == in_slot)
+      return c;
+  }
+  Class c;
+  c.next_same_hash = chain;
+  c.key_hash = h;
+  std::int32_t id;
+  if (free_classes.empty()) {
+    id = static_cast<std::int32_t>(classes.size());
+    c.demand = store_demand(s.demand);
+  } else {
+    id = free_classes.back();
+    free_classes.pop_back();
+    const Class& old = classes[id];
+    // Stale heap and deadline entries may still name this slot: its generations go on
+    // from where they were, so those entries stay stale. Its demand row is reused.
+    c.active_gen = old.active_gen;
+    c.park_generation = old.park_generation;
+    Quantity* row = const_cast<Quantity*>(old.demand);  // a row of demand_rows, owned here
+    std::copy(s.demand.begin(), s.demand.end(), row);
+    c.demand = row;
+  }
+  c.gpu_memory = s.gpu_memory;
+  c.partition = partition;
+  c.affinity_node = s.affinity_node;
+  c.service = s.service;
+  c.quota = s.quota;
+  c.tokens = s.tokens;
+  c.trajectory = traj;
+  c.in_trajectory_slot = in_slot;
+  if (id == static_cast<std::int32_t>(classes.size())) classes.push_back(std::move(c));
+  else classes[id] = std::move(c);
+  *class_index.insert(h, id).first = id;  // the chain's new head
+  if (in_slot) trajectory_classes[traj].push_back(id);
+  // Feasibility depends only on capacities and the class: decided once, here.
+  classes[id].infeasible = infeasible_reason(classes[id]);
+  return id;
+}
+
+// An empty class (neither active nor parked) leaves its hash chain; its slot is reused.
+void Scheduler::Impl::free_class(std::int32_t c) {
+  Class& cl = classes[c];
+  std::int32_t* head = class_index.find(cl.key_hash);
+  if (*head == c) {
+    if (cl.next_same_hash == kNone) class_index.erase(cl.key_hash);
+    else *head = cl.next_same_hash;
+  } else {
+    std::int32_t p = *head;
+    while (classes[p].next_same_hash != c) p = classes[p].next_same_hash;
+    classes[p].next_same_hash = cl.next_same_hash;
+  }
+  cl.next_same_hash = kNone;
+  cl.infeasible.clear();
+  free_classes.push_back(c);
+}
+
+// Why no action of this class can ever run, or "" if one could.
+std::string Scheduler::Impl::infeasible_reason(const Class& c) const {
+  const Partition& part = partitions[c.partition];
+  if (c.service == kNone && c.quota == kNone && c.affinity_node != kNone && part.node_lo[c.affinity_node] >= 0) {
+    // The common case, an action pinned to its trajectory's node: a new class per
+    // trajectory, so look at the node's few bins directly (the search below gives the
+    // same answer, and the words when none fits).
+    for (std::int32_t leaf = part.node_lo[c.affinity_node]; leaf < part.node_hi[c.affinity_node]; ++leaf) {
+      const Quantity* cap = part.cap_tree.leaf(leaf);
+      bool fits = !has_gpus || cap[K] >= c.gpu_memory;
+      for (std::int32_t k = 0; k < K && fits; ++k) fits = cap[k] >= c.demand[k];
+      if (fits) return "";
+    }
+  }
+  std::vector<Quantity> need(c.demand, c.demand + K);
+  if (has_gpus) need.push_back(c.service == kNone ? c.gpu_memory : 0);
+  auto describe_shortfall = [&](std::int32_t lo, std::int32_t hi, const char* where) {
+    std::ostringstream os;
+    os << "demand does not fit " << where << ":";
+    std::vector<Quantity> best(D, 0);
+    for (std::int32_t leaf = lo; leaf < hi; ++leaf)
+      for (std::int32_t d = 0; d < D; ++d) best[d] = std::max(best[d], part.cap_tree.leaf(leaf)[d]);
+    for (std::int32_t d = 0; d < D; ++d)
+      if (need[d] > best[d])
+        os << " " << (d < K ? inv.kinds[d] : std::string("gpu_memory")) << " needs " << need[d] / 1000.0 << ", largest is " << best[d] / 1000.0 << ";";
+    std::string s = os.str();
+    if (!s.empty() && s.back() == ';') s.pop_back();
+    return s;
+  };
+  if (c.quota != kNone && !quotas[c.quota].tokens_fit(c.tokens))
+    return "needs " + std::to_string(c.tokens) + " tokens, more than quota '" + inv.quotas[c.quota].name + "' grants per minute";
+  std::vector<std::int32_t> found;
+  auto no_skip = [](std::int32_t) { return false; };
+  if (c.service != kNone) {
+    const ServiceSpec& spec = inv.services[c.service];
+    const ServiceRec& rec = services[c.service];
+    std::int32_t dlo = rec.home_device != kNone ? rec.home_device : 0;
+    std::int32_t dhi = rec.home_device != kNone ? rec.home_device + 1 : static_cast<std::int32_t>(dev_node.size());
+    for (std::int32_t d = dlo; d < dhi; ++d) {
+      if (dev_total[d] < spec.memory + c.gpu_memory) continue;
+      std::int32_t n = dev_node[d];
+      if (part.node_lo[n] < 0) continue;
+      found.clear();
+      part.cap_tree.find(part.node_lo[n], part.node_hi[n], need.data(), 1, no_skip, found);
+      if (!found.empty()) return "";
+    }
+    std::ostringstream os;
+    os << "service '" << spec.name << "' needs " << (spec.memory + c.gpu_memory) / 1000.0
+       << " MiB of GPU memory with the action's demand on the same node, and no "
+       << (rec.home_device != kNone ? "home device" : "device") << " has that";
+    return os.str();
+  }
+  std::int32_t lo = 0, hi = part.free_tree.leaves();
+  const char* where = "on any node";
+  if (c.affinity_node != kNone) {
+    lo = part.node_lo[c.affinity_node];
+    hi = part.node_hi[c.affinity_node];
+    where = "on its affinity node";
+    if (lo < 0) return "its affinity node has no bin in this policy";
+  }
+  found.clear();
+  part.cap_tree.find(lo, hi, need.data(), 1, no_skip, found);
+  if (!found.empty()) return "";
+  return describe_shortfall(lo, hi, where);
+}
+
+void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::vector<Decision>& out) {
+  // Validate the whole batch before touching anything (the clock included). Each id goes
+  // into the index as it is checked, marked kBatchSlot, so one probe finds both a live
+  // duplicate and a repeat within the batch; on any error the batch's ids come out again.
+  std::size_t repeat = SIZE_MAX;  // the first position whose id came earlier in the batch
+  std::size_t i = 0;
+  by_id.reserve(by_id.size() + n);  // one rehash for a burst, not one per doubling
+  try {
+    for (; i < n; ++i) {
+      auto field = [i] { return "actions[" + std::to_string(i) + "]"; };
+      auto [slot, inserted] = by_id.insert(a[i].id, kBatchSlot);
+      if (!inserted && *slot != kBatchSlot) {
+        throw Error(ErrorCode::kDuplicateId, field() + ".id", "action " + std::to_string(a[i].id) + " is already live");
+      }
+      if (!inserted) repeat = std::min(repeat, i);
+      validate_spec(a[i], field);
+    }
+    if (repeat != SIZE_MAX)
+      throw Error(ErrorCode::kDuplicateId, "actions[" + std::to_string(repeat) + "].id",
+                  "action " + std::to_string(a[repeat].id) + " appears twice in the batch");
+  } catch (...) {
+    // Positions before i hold batch ids only (a live duplicate throws at once); position
+    // i's id is the batch's too unless it was the live duplicate.
+    for (std::size_t j = 0; j <= i && j < n; ++j) {
+      const std::int32_t* slot = by_id.find(a[j].id);
+      if (slot != nullptr && *slot == kBatchSlot) by_id.erase(a[j].id);
+    }
+    throw;
+  }
+  messages.clear();
+  now = t;
+  if (free_slots.size() < n) {
+    // Grow once for a burst rather than once per doubling (and still geometrically, so a
+    // stream of single submits does not reallocate each time).
+    const std::size_t need = slots.size() + (n - free_slots.size());
+    if (need > slots.capacity()) slots.reserve(std::max(need, 2 * slots.capacity()));
+    if (need > details.capacity()) details.reserve(slots.capacity());
+    if (need > queue_pos.capacity()) queue_pos.reserve(slots.capacity());
+  }
+  // The aging term of the order key is the same for the whole batch.
+  const std::int64_t aging_offset = static_cast<std::int64_t>((static_cast<__int128>(now) * aging_permille) / 1000);
+  for (std::size_t i = 0; i < n; ++i) {
+    const ActionSpec& s = a[i];
+    std::int32_t c = class_for(s);
+    const std::string& why = classes[c].infeasible;
+    if (!why.empty()) {
+      by_id.erase(s.id);
+      Decision d;
+      d.kind = DecisionKind::kReject;
+      d.action = s.id;
+      d.time = now;
+      d.reason = static_cast<std::int32_t>(messages.size());
+      messages.push_back("action " + std::to_string(s.id) + " can never run: " + why);
+      out.push_back(d);
+      continue;
+    }
+    std::int32_t slot;
+    if (!free_slots.empty()) {
+      slot = free_slots.back();
+      free_slots.pop_back();
+    } else {
+      slot = static_cast<std::int32_t>(slots.size());
+      slots.emplace_back();
+      details.emplace_back();
+      queue_pos.push_back(-1);
+    }
+    ActionRec& r = slots[slot];
+    ActionDetail& detail = details[slot];
+    r = ActionRec{};
+    r.id = s.id;
+    r.trajectory = s.trajectory;
+    r.cls = c;
+    r.state = ActionState::kWaiting;
+    r.elastic_kind = s.elastic_kind;
+    r.elastic_max = s.elastic_max;
+    detail = ActionDetail{};
+    detail.model = s.model;
+    detail.est_ns = to_ns(seconds(slot, minimum(r)));
+    const std::int64_t key = detail.est_ns * estimate_weight + aging_offset;
+    detail.order = OrderKey{key, next_seq++, now, -s.priority, slot};
+    *by_id.find(s.id) = slot;
+    ++*trajectory_live.insert(s.trajectory, 0).first;
+    ++n_waiting;
+    Class& cl = classes[c];
+    if (cl.service != kNone) {
+      services[cl.service].waiting += 1;
+      services[cl.service].queued_ns += detail.est_ns;
+    }
+    bool new_head = cl.waiting.empty() || detail.order < cl.waiting.head();
+    if (new_head) deactivate(c);
+    cl.waiting.push(detail.order, queue_pos);
+    if (new_head && !cl.parked) activate(c);
+    // Parked across the partition: listed again under its new head (the old entry is stale).
+    if (new_head && cl.parked && cl.park_node == kNone) partitions[cl.partition].parked_new.emplace_back(cl.waiting.head(), c);
+  }
+}
+
+void Scheduler::Impl::finish(std::int32_t slot) {
+  ActionRec& r = slots[slot];
+  Class& cl = classes[r.cls];
+  Quantity* f = free_of(r.bin);
+  for (std::int32_t k = 0; k < K; ++k) f[k] += cl.demand[k];
+  if (r.elastic_kind != kNone) f[r.elastic_kind] += r.grant - cl.demand[r.elastic_kind];
+  std::int32_t node = bin_node[r.bin];
+  const bool frees_gpu_memory = r.device != kNone && cl.gpu_memory > 0;
+  if (frees_gpu_memory) {
+    dev_free[r.device] += cl.gpu_memory;
+    refresh_node_devices(node);
+  }
+  // A trajectory slot stays bound (hidden from the free tree) until its trajectory ends.
+  if (!bin_bound[r.bin]) refresh_leaf(r.bin);
+  if (cl.quota != kNone) quotas[cl.quota].release();
+  if (cl.service != kNone) services[cl.service].running -= 1;
+  --n_running;
+  if (--*trajectory_live.find(r.trajectory) == 0) trajectory_live.erase(r.trajectory);
+  by_id.erase(r.id);
+  r.state = ActionState::kUnknown;
+  free_slots.push_back(slot);
+  // Freed GPU memory is shared by every partition on the node.
+  release_on_node(node, frees_gpu_memory ? kNone : bin_partition[r.bin]);
+}
+
+void Scheduler::Impl::unqueue(std::int32_t slot) {
+  ActionRec& r = slots[slot];
+  Class& cl = classes[r.cls];
+  bool was_head = cl.waiting.head().slot == slot;
+  if (was_head) deactivate(r.cls);
+  cl.waiting.erase(slot, queue_pos);
+  if (was_head && cl.parked) unpark(r.cls);  // its new head may starve sooner
+  else if (was_head) activate(r.cls);
+  if (cl.service != kNone) {
+    services[cl.service].waiting -= 1;
+    services[cl.service].queued_ns -= details[slot].est_ns;
+  }
+  --n_waiting;
+  if (--*trajectory_live.find(r.trajectory) == 0) trajectory_live.erase(r.trajectory);
+  by_id.erase(r.id);
+  r.state = ActionState::kUnknown;
+  free_slots.push_back(slot);
+}
+
+}  // namespace tangram

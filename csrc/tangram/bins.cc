@@ -1,0 +1,361 @@
+// Construction, bins and node membership.
+//
+// Reads: the inventory and the policy's row (BinLayout, ServiceDevices).
+// Changes: bins (capacity, free room), the partitions' BinTrees, devices, node membership.
+// Guarantees: every bin's free vector is mirrored in its partition's free tree (hidden, all
+// -1, while its trajectory slot is bound or its node offline); a node's bins under each
+// layout sum exactly to its capacity; indices of nodes, bins and devices never change.
+#include "tangram/scheduler_impl.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+namespace tangram {
+
+Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
+    : inv(std::move(inventory)), policy(std::move(cfg)), row(resolve_policy(policy)) {
+  K = static_cast<std::int32_t>(inv.kinds.size());
+  if (K == 0) throw Error(ErrorCode::kInvalidArgument, "inventory.kinds", "at least one resource kind is needed");
+  for (std::int32_t k = 0; k < K; ++k) {
+    if (inv.kinds[k].empty()) throw Error(ErrorCode::kInvalidArgument, "inventory.kinds[" + std::to_string(k) + "]", "a kind needs a name");
+    for (std::int32_t j = 0; j < k; ++j)
+      if (inv.kinds[j] == inv.kinds[k])
+        throw Error(ErrorCode::kInvalidArgument, "inventory.kinds[" + std::to_string(k) + "]", "duplicate kind '" + inv.kinds[k] + "'");
+  }
+  if (inv.nodes.empty()) throw Error(ErrorCode::kInvalidArgument, "inventory.nodes", "at least one node is needed");
+  const std::int32_t N = static_cast<std::int32_t>(inv.nodes.size());
+  for (std::int32_t n = 0; n < N; ++n) {
+    const auto& node = inv.nodes[n];
+    std::string f = "inventory.nodes[" + std::to_string(n) + "]";
+    if (static_cast<std::int32_t>(node.capacity.size()) != K)
+      throw Error(ErrorCode::kInvalidArgument, f + ".capacity", "has " + std::to_string(node.capacity.size()) + " entries for " + std::to_string(K) + " kinds");
+    for (std::int32_t k = 0; k < K; ++k)
+      if (node.capacity[k] < 0 || node.capacity[k] > kMaxMilli)
+        throw Error(ErrorCode::kInvalidArgument, f + ".capacity." + inv.kinds[k], "must be in [0, 1e12] units");
+    for (std::size_t g = 0; g < node.gpus.size(); ++g)
+      if (node.gpus[g].memory <= 0 || node.gpus[g].memory > kMaxMilli)
+        throw Error(ErrorCode::kInvalidArgument, f + ".gpus[" + std::to_string(g) + "].memory", "must be in (0, 1e12] MiB");
+  }
+  // devices
+  node_first_dev.resize(N + 1);
+  for (std::int32_t n = 0; n < N; ++n) {
+    node_first_dev[n] = static_cast<std::int32_t>(dev_node.size());
+    for (std::size_t g = 0; g < inv.nodes[n].gpus.size(); ++g) {
+      dev_node.push_back(n);
+      dev_local.push_back(static_cast<std::int32_t>(g));
+      dev_total.push_back(inv.nodes[n].gpus[g].memory);
+    }
+  }
+  node_first_dev[N] = static_cast<std::int32_t>(dev_node.size());
+  dev_free = dev_total;
+  has_gpus = !dev_node.empty();
+  D = K + (has_gpus ? 1 : 0);
+  node_max_dev_free.assign(N, 0);
+  node_max_dev_total.assign(N, 0);
+  for (std::int32_t n = 0; n < N; ++n)
+    for (std::int32_t d = node_first_dev[n]; d < node_first_dev[n + 1]; ++d)
+      node_max_dev_total[n] = std::max(node_max_dev_total[n], dev_total[d]);
+  node_max_dev_free = node_max_dev_total;
+
+  // quotas and services
+  for (std::size_t q = 0; q < inv.quotas.size(); ++q) {
+    quotas.emplace_back(inv.quotas[q], "inventory.quotas[" + std::to_string(q) + "]");
+    for (std::size_t j = 0; j < q; ++j)
+      if (inv.quotas[j].name == inv.quotas[q].name)
+        throw Error(ErrorCode::kInvalidArgument, "inventory.quotas[" + std::to_string(q) + "].name", "duplicate quota '" + inv.quotas[q].name + "'");
+  }
+  quota_blocked.assign(quotas.size(), 0);
+  for (std::size_t s = 0; s < inv.services.size(); ++s) {
+    const auto& spec = inv.services[s];
+    std::string f = "inventory.services[" + std::to_string(s) + "]";
+    for (std::size_t j = 0; j < s; ++j)
+      if (inv.services[j].name == spec.name) throw Error(ErrorCode::kInvalidArgument, f + ".name", "duplicate service '" + spec.name + "'");
+    if (spec.memory < 0 || spec.memory > kMaxMilli) throw Error(ErrorCode::kInvalidArgument, f + ".memory", "must be in [0, 1e12] MiB");
+    if (!std::isfinite(spec.restore_seconds) || spec.restore_seconds < 0 || spec.restore_seconds > kMaxSeconds)
+      throw Error(ErrorCode::kInvalidArgument, f + ".restore_seconds", "must be a finite number in [0, 1e9]");
+    if (spec.max_batch < 1) throw Error(ErrorCode::kInvalidArgument, f + ".max_batch", "must be at least 1");
+    if (!has_gpus) throw Error(ErrorCode::kInvalidArgument, f, "a GPU service needs at least one GPU in the inventory");
+    ServiceRec rec;
+    rec.restore_ns = to_ns(spec.restore_seconds);
+    services.push_back(rec);
+  }
+
+  // policy
+  std::string pf = "policy(" + row.name + ")";
+  validate_rules(row, pf);
+  if (!std::isfinite(policy.aging) || policy.aging < 0 || policy.aging > 4)
+    throw Error(ErrorCode::kInvalidArgument, pf + ".aging", "must be a finite number in [0, 4]");
+  const bool by_estimate = row.rules.order == OrderRule::kEstimate;
+  estimate_weight = by_estimate ? 1 : 0;
+  aging_permille = by_estimate ? to_milli(policy.aging) : 0;
+  if (policy.candidates < 1 || policy.candidates > 1024)
+    throw Error(ErrorCode::kInvalidArgument, pf + ".candidates", "must be in [1, 1024]");
+  if (!std::isfinite(policy.min_relative_gain) || policy.min_relative_gain < 0 || policy.min_relative_gain > 1)
+    throw Error(ErrorCode::kInvalidArgument, pf + ".min_relative_gain", "must be a finite number in [0, 1]");
+  if (!std::isfinite(policy.starvation_seconds) || policy.starvation_seconds <= 0 || policy.starvation_seconds > kMaxSeconds)
+    throw Error(ErrorCode::kInvalidArgument, pf + ".starvation_seconds", "must be a finite number in (0, 1e9]");
+  starvation_ns = to_ns(policy.starvation_seconds);
+
+  // Validate the policy's bin options; then every node's bins, partition by partition.
+  switch (row.rules.bins) {
+    case BinLayout::kNodes:
+      partitions.resize(1);
+      break;
+    case BinLayout::kTrajectorySlots: {
+      bool has_cpu = false;
+      for (std::int32_t k = 0; k < K; ++k) has_cpu = has_cpu || inv.kinds[k] == "cpu";
+      if (!has_cpu) throw Error(ErrorCode::kUnknownName, pf, "the trajectory policy needs a 'cpu' kind");
+      if (policy.trajectory_slot_cpu <= 0 || policy.trajectory_slot_cpu > kMaxMilli)
+        throw Error(ErrorCode::kInvalidArgument, pf + ".trajectory_slot_cpu", "must be positive");
+      partitions.resize(1);
+      break;
+    }
+    case BinLayout::kTaskPools: {
+      if (policy.pools.empty()) throw Error(ErrorCode::kInvalidArgument, pf + ".pools", "the isolated policy needs at least one task pool");
+      for (std::size_t p = 0; p < policy.pools.size(); ++p) {
+        double w = policy.pools[p].second;
+        if (!std::isfinite(w) || w <= 0 || w > 1e6)
+          throw Error(ErrorCode::kInvalidArgument, pf + ".pools[" + std::to_string(p) + "].weight", "must be a finite number in (0, 1e6]");
+        if (pool_partition.count(policy.pools[p].first))
+          throw Error(ErrorCode::kInvalidArgument, pf + ".pools[" + std::to_string(p) + "].task", "duplicate task pool " + std::to_string(policy.pools[p].first));
+        pool_partition[policy.pools[p].first] = static_cast<std::int32_t>(p);
+      }
+      partitions.resize(policy.pools.size());
+      break;
+    }
+  }
+  std::vector<NodeBins> splits(static_cast<std::size_t>(N));
+  for (std::int32_t n = 0; n < N; ++n) splits[n] = node_bins(inv.nodes[n].capacity);
+  for (std::size_t p = 0; p < partitions.size(); ++p)
+    for (std::int32_t n = 0; n < N; ++n)
+      for (const std::vector<Quantity>& cap : splits[n][p]) append_bin(n, static_cast<std::int32_t>(p), cap);
+  starving_head_halts = partitions.size() == 1 && row.rules.bins != BinLayout::kTrajectorySlots;
+  if (row.rules.bins == BinLayout::kTrajectorySlots && partitions[0].bins.empty())
+    throw Error(ErrorCode::kInvalidArgument, pf + ".trajectory_slot_cpu", "larger than every node's cpu: no slot fits");
+  if (uses_service_home() && has_gpus) {
+    // Each service is given a home device up front, round robin over all devices, as a
+    // dedicated reward pool would be.
+    for (std::size_t s = 0; s < services.size(); ++s)
+      services[s].home_device = static_cast<std::int32_t>(s % dev_node.size());
+  }
+  node_online.assign(N, 1);
+  for (auto& part : partitions) {
+    part.node_lo.assign(N, -1);
+    part.node_hi.assign(N, -1);
+  }
+  build_trees();
+  node_parked.resize(N);
+  node_parked_count.assign(N, 0);
+  node_released.assign(N, 0);
+  released_leaves.resize(partitions.size());
+  released_free.resize(partitions.size());
+  released_first_max.assign(partitions.size(), -1);
+  bin_released_at.assign(bin_node.size(), 0);
+  bin_released_pass.assign(bin_node.size(), 0);
+  node_contended.assign(N, 0);
+  node_masked.assign(N, 0);
+  partition_contended.assign(partitions.size(), 0);
+  partition_masked.assign(partitions.size(), 0);
+  scratch.resize(D);
+}
+
+void Scheduler::Impl::refresh_leaf(std::int32_t bin) {
+  Partition& part = partitions[bin_partition[bin]];
+  std::int32_t leaf = bin_leaf[bin];
+  if (!node_online[bin_node[bin]]) return hide_leaf(part, leaf);
+  std::copy(free_of(bin), free_of(bin) + K, scratch.begin());
+  if (has_gpus) scratch[K] = node_max_dev_free[bin_node[bin]];
+  part.free_tree.set(leaf, scratch.data());
+}
+
+void Scheduler::Impl::refresh_node_devices(std::int32_t node) {
+  Quantity best = 0;
+  for (std::int32_t d = node_first_dev[node]; d < node_first_dev[node + 1]; ++d) best = std::max(best, dev_free[d]);
+  if (best == node_max_dev_free[node]) return;
+  if (best > node_max_dev_free[node]) ++search_epoch;  // room grew: search hints are void
+  node_max_dev_free[node] = best;
+  if (!node_online[node]) return;  // its leaves stay hidden
+  for (auto& part : partitions) {
+    if (part.node_lo[node] < 0) continue;
+    for (std::int32_t leaf = part.node_lo[node]; leaf < part.node_hi[node]; ++leaf) {
+      if (bin_bound[part.bins[leaf]]) continue;  // a bound trajectory slot stays hidden
+      std::copy(part.free_tree.leaf(leaf), part.free_tree.leaf(leaf) + D, scratch.begin());
+      scratch[K] = best;
+      part.free_tree.set(leaf, scratch.data());
+    }
+  }
+}
+
+// (Re)builds every partition's trees and node ranges from the bins' current state: at
+// construction, and when add_node appends bins (and maybe the GPU dimension).
+void Scheduler::Impl::build_trees() {
+  const std::int32_t N = static_cast<std::int32_t>(inv.nodes.size());
+  std::vector<Quantity> v(D), hidden(D, -1);
+  for (auto& part : partitions) {
+    std::int32_t leaves = static_cast<std::int32_t>(part.bins.size());
+    part.free_tree = BinTree(leaves, D);
+    part.cap_tree = BinTree(leaves, D);
+    part.node_lo.assign(N, -1);
+    part.node_hi.assign(N, -1);
+    for (std::int32_t leaf = 0; leaf < leaves; ++leaf) {
+      std::int32_t b = part.bins[leaf];
+      std::int32_t n = bin_node[b];
+      if (part.node_lo[n] < 0) part.node_lo[n] = leaf;
+      part.node_hi[n] = leaf + 1;
+      std::copy(cap_of(b), cap_of(b) + K, v.begin());
+      if (has_gpus) v[K] = node_max_dev_total[n];
+      part.cap_tree.set(leaf, v.data());
+      if (bin_bound[b] || !node_online[n]) {
+        part.free_tree.set(leaf, hidden.data());
+        continue;
+      }
+      std::copy(free_of(b), free_of(b) + K, v.begin());
+      if (has_gpus) v[K] = node_max_dev_free[n];
+      part.free_tree.set(leaf, v.data());
+    }
+    part.cap_tree.settle();  // capacities change only here: const searches never write
+  }
+}
+
+void Scheduler::Impl::hide_leaf(Partition& part, std::int32_t leaf) {
+  std::fill(scratch.begin(), scratch.end(), -1);
+  part.free_tree.set(leaf, scratch.data());
+}
+
+// Offline: the node's leaves leave the free trees; nothing more is placed there. Online:
+// its unbound leaves come back with their exact free vectors, and classes parked for room
+// are woken as by a release on the node.
+void Scheduler::Impl::set_node_online(std::int32_t node, bool online) {
+  if (static_cast<bool>(node_online[node]) == online) return;
+  node_online[node] = online ? 1 : 0;
+  n_offline += online ? -1 : 1;
+  for (auto& part : partitions) {
+    if (part.node_lo[node] < 0) continue;
+    for (std::int32_t leaf = part.node_lo[node]; leaf < part.node_hi[node]; ++leaf) {
+      const std::int32_t b = part.bins[leaf];
+      if (!online) hide_leaf(part, leaf);
+      else if (!bin_bound[b]) refresh_leaf(b);
+    }
+  }
+  if (online) release_on_node(node, kNone);
+}
+
+// A bin at the end of its partition's leaves, all of its capacity free.
+void Scheduler::Impl::append_bin(std::int32_t node, std::int32_t part, const std::vector<Quantity>& cap) {
+  const std::int32_t b = static_cast<std::int32_t>(bin_node.size());
+  bin_node.push_back(node);
+  bin_partition.push_back(part);
+  bin_leaf.push_back(static_cast<std::int32_t>(partitions[part].bins.size()));
+  partitions[part].bins.push_back(b);
+  bin_room.insert(bin_room.end(), cap.begin(), cap.end());  // free: all of it
+  bin_room.insert(bin_room.end(), cap.begin(), cap.end());
+  bin_bound.push_back(0);
+}
+
+// The policy's bins for one node of `capacity` (the options already validated): per
+// partition, each bin's capacity. tangram, fifo, optimus: the whole node. trajectory:
+// whole slots of trajectory_slot_cpu cores, other kinds split evenly among them. isolated:
+// each task pool's share, split exactly: the floor of each share in parts per million,
+// then the milli-units left over spread evenly, the first pools taking one more, so the
+// shares sum to the node.
+Scheduler::Impl::NodeBins Scheduler::Impl::node_bins(const std::vector<Quantity>& capacity) const {
+  NodeBins bins(partitions.size());
+  switch (row.rules.bins) {
+    case BinLayout::kNodes:
+      bins[0].push_back(capacity);
+      break;
+    case BinLayout::kTrajectorySlots: {
+      std::int32_t cpu = kNone;
+      for (std::int32_t k = 0; k < K; ++k)
+        if (inv.kinds[k] == "cpu") cpu = k;
+      const Quantity slots = capacity[cpu] / policy.trajectory_slot_cpu;
+      std::vector<Quantity> cap(K);
+      for (std::int32_t k = 0; k < K; ++k)
+        cap[k] = k == cpu ? policy.trajectory_slot_cpu : (slots > 0 ? capacity[k] / slots : 0);
+      bins[0].assign(static_cast<std::size_t>(slots), cap);
+      break;
+    }
+    case BinLayout::kTaskPools: {
+      double total = 0;
+      for (const auto& pool : policy.pools) total += pool.second;
+      const std::size_t P = policy.pools.size();
+      for (std::size_t p = 0; p < P; ++p) bins[p].assign(1, std::vector<Quantity>(K));
+      for (std::int32_t k = 0; k < K; ++k) {
+        Quantity given = 0;
+        for (std::size_t p = 0; p < P; ++p) {
+          const Quantity ppm = static_cast<Quantity>(std::floor(policy.pools[p].second / total * 1e6));
+          const Quantity q = static_cast<Quantity>((static_cast<__int128>(capacity[k]) * ppm) / 1000000);
+          bins[p][0][k] = q;
+          given += q;
+        }
+        const Quantity left = capacity[k] - given, each = left / static_cast<Quantity>(P);
+        const std::size_t extra = static_cast<std::size_t>(left % static_cast<Quantity>(P));
+        for (std::size_t p = 0; p < P; ++p) bins[p][0][k] += each + (p < extra ? 1 : 0);
+      }
+      break;
+    }
+  }
+  return bins;
+}
+
+// Appends a node: its bins (as the constructor makes them for the policy), its GPUs, and
+// every per-node index; then rebuilds the trees. Class feasibility is recomputed (new
+// capacity can only make more classes feasible).
+std::int32_t Scheduler::Impl::add_node(NodeSpec spec) {
+  const std::int32_t n = static_cast<std::int32_t>(inv.nodes.size());
+  const NodeBins split = node_bins(spec.capacity);
+  for (std::size_t p = 0; p < split.size(); ++p)
+    for (const std::vector<Quantity>& cap : split[p]) append_bin(n, static_cast<std::int32_t>(p), cap);
+  // devices: appended after every existing one, so global device indices stay valid
+  node_first_dev[n] = static_cast<std::int32_t>(dev_node.size());
+  Quantity most = 0;
+  for (std::size_t g = 0; g < spec.gpus.size(); ++g) {
+    dev_node.push_back(n);
+    dev_local.push_back(static_cast<std::int32_t>(g));
+    dev_total.push_back(spec.gpus[g].memory);
+    dev_free.push_back(spec.gpus[g].memory);
+    most = std::max(most, spec.gpus[g].memory);
+  }
+  node_first_dev.push_back(static_cast<std::int32_t>(dev_node.size()));
+  node_max_dev_free.push_back(most);
+  node_max_dev_total.push_back(most);
+  has_gpus = !dev_node.empty();
+  D = K + (has_gpus ? 1 : 0);
+  scratch.assign(D, 0);
+  inv.nodes.push_back(std::move(spec));
+  node_online.push_back(1);
+  node_parked.emplace_back();
+  node_parked_count.push_back(0);
+  node_released.push_back(0);
+  node_contended.push_back(0);
+  node_masked.push_back(0);
+  for (auto& leaves : released_leaves) leaves.clear();  // leaf positions change below
+  bin_released_at.assign(bin_node.size(), 0);
+  bin_released_pass.assign(bin_node.size(), 0);
+  build_trees();
+  for (auto& cl : classes) cl.infeasible = infeasible_reason(cl);
+  release_on_node(n, kNone);
+  return n;
+}
+
+// Whether some online bin in [lo, hi) could ever hold the class (by capacity). Only asked
+// while a node is offline: a starving action that fits nowhere online must not hold the
+// online bins back for a node that may never return.
+bool Scheduler::Impl::fits_online_capacity(const Class& cl, std::int32_t lo, std::int32_t hi, std::int32_t device) const {
+  const Partition& part = partitions[cl.partition];
+  for (std::int32_t leaf = lo; leaf < hi; ++leaf) {
+    const std::int32_t b = part.bins[leaf];
+    const std::int32_t n = bin_node[b];
+    if (!node_online[n]) continue;
+    const Quantity* cap = cap_of(b);
+    bool fits = true;
+    for (std::int32_t k = 0; k < K && fits; ++k) fits = cap[k] >= cl.demand[k];
+    if (fits && device == kNone && cl.gpu_memory > 0) fits = node_max_dev_total[n] >= cl.gpu_memory;
+    if (fits) return true;
+  }
+  return false;
+}
+
+}  // namespace tangram

@@ -1,0 +1,205 @@
+// Introspection: why an action waits (explain) and the invariants (check).
+//
+// Reads everything; changes nothing.
+#include "tangram/scheduler_impl.h"
+
+#include <algorithm>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace tangram {
+
+std::string Scheduler::Impl::explain(ActionId id) const {
+  const std::int32_t* slot = by_id.find(id);
+  if (slot == nullptr) return "action " + std::to_string(id) + " is not live (never submitted, or already ended)";
+  const ActionRec& a = slots[*slot];
+  std::ostringstream os;
+  if (a.state == ActionState::kRunning) {
+    os << "running on node " << bin_node[a.bin] << " (" << inv.nodes[bin_node[a.bin]].name << ")";
+    if (a.device != kNone) os << ", GPU " << dev_local[a.device];
+    if (a.elastic_kind != kNone) os << ", " << inv.kinds[a.elastic_kind] << " grant " << a.grant / 1000.0;
+    return os.str();
+  }
+  const Class& cl = classes[a.cls];
+  std::size_t ahead = 0;
+  for (const OrderKey& k : cl.waiting.sorted()) {
+    if (k.slot == *slot) break;
+    ++ahead;
+  }
+  os << "waiting";
+  if (ahead > 0) os << " behind " << ahead << " earlier action" << (ahead > 1 ? "s" : "") << " of the same shape;";
+  auto when = [&](TimeNs t) { return std::to_string(to_seconds(t)) + " s"; };
+  switch (cl.parked ? Block::kResources : cl.block) {
+    case Block::kNotConsidered:
+      os << " not yet considered by a scheduling pass";
+      break;
+    case Block::kResources: {
+      os << " for resources: needs";
+      for (std::int32_t k = 0; k < K; ++k)
+        if (cl.demand[k] > 0) os << " " << inv.kinds[k] << "=" << cl.demand[k] / 1000.0;
+      if (cl.gpu_memory > 0) os << " gpu_memory=" << cl.gpu_memory / 1000.0;
+      if (cl.affinity_node != kNone) os << " on node " << cl.affinity_node;
+      if (cl.service != kNone) os << " beside service '" << inv.services[cl.service].name << "'";
+      const Partition& part = partitions[cl.partition];
+      std::vector<Quantity> best(K, 0);
+      for (std::int32_t b : part.bins)
+        for (std::int32_t k = 0; k < K; ++k) best[k] = std::max(best[k], free_of(b)[k]);
+      os << "; most free on one bin:";
+      for (std::int32_t k = 0; k < K; ++k) os << " " << inv.kinds[k] << "=" << best[k] / 1000.0;
+      if (cl.in_trajectory_slot && !trajectory_bin.count(cl.trajectory)) os << " (no free trajectory slot)";
+      break;
+    }
+    case Block::kHeldBack:
+      os << " held back: an action that has waited over " << policy.starvation_seconds << " s has first claim on the resources it needs";
+      break;
+    case Block::kQuotaRate:
+      os << " for quota '" << inv.quotas[cl.quota].name << "' rate limit; next admission at " << when(cl.block_until);
+      break;
+    case Block::kQuotaTokens:
+      os << " for quota '" << inv.quotas[cl.quota].name << "' token budget; enough tokens at " << when(cl.block_until);
+      break;
+    case Block::kQuotaConcurrency:
+      os << " for quota '" << inv.quotas[cl.quota].name << "' concurrency limit (" << inv.quotas[cl.quota].max_concurrency << " in flight)";
+      break;
+    case Block::kServiceRestoring:
+      os << " for service '" << inv.services[cl.service].name << "' to finish restoring at " << when(cl.block_until);
+      break;
+    case Block::kServiceNoRoom:
+      os << " for service '" << inv.services[cl.service].name << "': no GPU can make room for it now (resident services are busy)";
+      break;
+    case Block::kServiceBatchFull:
+      os << " for service '" << inv.services[cl.service].name << "': its batch is full (" << inv.services[cl.service].max_batch << " running)";
+      break;
+  }
+  return os.str();
+}
+
+void Scheduler::Impl::check() const {
+  auto fail = [](const std::string& what) { throw std::logic_error("invariant violated: " + what); };
+  const std::size_t B = bin_node.size();
+  std::vector<Quantity> used(B * K, 0);
+  std::vector<Quantity> dev_used(dev_node.size(), 0);
+  std::vector<std::int32_t> svc_running(services.size(), 0), quota_running(quotas.size(), 0);
+  std::size_t waiting = 0, running = 0;
+  by_id.for_each([&](ActionId id, std::int32_t slot) {
+    const ActionRec& a = slots[slot];
+    if (a.id != id) fail("id index out of sync");
+    const Class& cl = classes[a.cls];
+    if (a.state == ActionState::kRunning) {
+      ++running;
+      for (std::int32_t k = 0; k < K; ++k) used[a.bin * K + k] += cl.demand[k];
+      if (a.elastic_kind != kNone) {
+        if (a.grant < cl.demand[a.elastic_kind] || a.grant > std::max(a.elastic_max, cl.demand[a.elastic_kind]))
+          fail("grant outside [minimum, elastic_max] for action " + std::to_string(id));
+        used[a.bin * K + a.elastic_kind] += a.grant - cl.demand[a.elastic_kind];
+      }
+      if (cl.gpu_memory > 0) dev_used[a.device] += cl.gpu_memory;
+      if (cl.service != kNone) {
+        ++svc_running[cl.service];
+        if (a.device != services[cl.service].device) fail("service action off its service's device");
+      }
+      if (cl.quota != kNone) ++quota_running[cl.quota];
+    } else if (a.state == ActionState::kWaiting) {
+      ++waiting;
+      if (!cl.waiting.contains(details[slot].order, queue_pos)) fail("waiting action missing from its class");
+    } else {
+      fail("live action in a terminal state");
+    }
+  });
+  if (waiting != n_waiting || running != n_running) fail("waiting/running counts");
+  for (std::size_t b = 0; b < B; ++b)
+    for (std::int32_t k = 0; k < K; ++k) {
+      Quantity cap = cap_of(static_cast<std::int32_t>(b))[k], f = free_of(static_cast<std::int32_t>(b))[k];
+      if (f < 0) fail("capacity exceeded on bin " + std::to_string(b));
+      if (f + used[b * K + k] != cap) fail("free + used != capacity on bin " + std::to_string(b));
+    }
+  for (std::size_t s = 0; s < services.size(); ++s) {
+    if (services[s].running != svc_running[s]) fail("service running count");
+    if (services[s].device != kNone) dev_used[services[s].device] += inv.services[s].memory;
+    else if (services[s].running) fail("offloaded service with running actions");
+  }
+  for (std::size_t d = 0; d < dev_node.size(); ++d) {
+    if (dev_free[d] < 0) fail("GPU memory exceeded on device " + std::to_string(d));
+    if (dev_free[d] + dev_used[d] != dev_total[d]) fail("GPU free + used != total on device " + std::to_string(d));
+  }
+  for (std::size_t q = 0; q < quotas.size(); ++q)
+    if (quotas[q].running != quota_running[q]) fail("quota running count");
+  std::size_t heads = 0;
+  for (std::size_t c = 0; c < classes.size(); ++c) {
+    const Class& cl = classes[c];
+    if (cl.in_active) {
+      ++heads;
+      std::size_t entries = 0;
+      for (const ActiveEntry& e : active)
+        if (live(e)) {
+          if (e.cls == static_cast<std::int32_t>(c)) ++entries;
+        }
+      if (cl.waiting.empty() || entries != 1) fail("active class head missing or duplicated");
+      for (const ActiveEntry& e : active)
+        if (live(e) && e.cls == static_cast<std::int32_t>(c) && e.key.seq != cl.waiting.head().seq)
+          fail("active entry is not the class head");
+      if (cl.parked) fail("class both parked and active");
+    } else if (!cl.waiting.empty() && !cl.parked) {
+      fail("waiting class neither active nor parked");
+    }
+  }
+  if (heads != active_count) fail("active count out of sync");
+  std::vector<std::uint8_t> is_free(classes.size(), 0);
+  for (std::int32_t c : free_classes) {
+    if (is_free[c]) fail("class freed twice");
+    is_free[c] = 1;
+    const Class& cl = classes[c];
+    if (!cl.waiting.empty() || cl.in_active || cl.parked) fail("freed class in use");
+  }
+  for (std::size_t c = 0; c < classes.size(); ++c) {
+    if (is_free[c]) continue;
+    const std::int32_t* head = class_index.find(classes[c].key_hash);
+    std::int32_t p = head == nullptr ? kNone : *head;
+    while (p != kNone && p != static_cast<std::int32_t>(c)) {
+      if (is_free[p]) fail("freed class still indexed");
+      p = classes[p].next_same_hash;
+    }
+    if (p == kNone) fail("class missing from its hash chain");
+  }
+  for (const auto& [traj, list] : trajectory_classes)
+    for (std::int32_t c : list)
+      if (is_free[c] || classes[c].trajectory != traj) fail("trajectory's class list out of sync");
+  std::vector<std::int64_t> node_count(node_parked.size(), 0), part_count(partitions.size(), 0);
+  std::size_t deadlines = 0;
+  for (const Class& cl : classes) {
+    if (!cl.parked) continue;
+    ++deadlines;
+    if (cl.waiting.empty()) fail("parked class without waiting actions");
+    if (cl.park_node == kNone) ++part_count[cl.partition];
+    else ++node_count[cl.park_node];
+  }
+  for (const ParkDeadline& d : park_deadlines) {
+    const Class& cl = classes[d.cls];
+    if (cl.parked && cl.park_generation == d.generation && d.at != cl.park_deadline) fail("park deadline out of sync");
+  }
+  if (deadlines > park_deadlines.size()) fail("parked class without a deadline");
+  std::int32_t offline = 0;
+  for (std::uint8_t on : node_online) offline += on ? 0 : 1;
+  if (offline != n_offline || node_online.size() != inv.nodes.size()) fail("offline node count");
+  for (std::size_t n = 0; n < node_count.size(); ++n)
+    if (node_count[n] != node_parked_count[n]) fail("node parked count");
+  for (std::size_t p = 0; p < part_count.size(); ++p)
+    if (part_count[p] != partitions[p].parked_count) fail("partition parked count");
+  for (const Partition& part : partitions)
+    for (std::size_t leaf = 0; leaf < part.bins.size(); ++leaf) {
+      std::int32_t b = part.bins[leaf];
+      const Quantity* v = part.free_tree.leaf(static_cast<std::int32_t>(leaf));
+      if (bin_bound[b] || !node_online[bin_node[b]]) {
+        for (std::int32_t d = 0; d < D; ++d)
+          if (v[d] != -1) fail(bin_bound[b] ? "bound trajectory slot visible in the free tree" : "offline node's bin visible in the free tree");
+        continue;
+      }
+      for (std::int32_t k = 0; k < K; ++k)
+        if (v[k] != free_of(static_cast<std::int32_t>(b))[k]) fail("free tree out of sync");
+      if (has_gpus && v[K] != node_max_dev_free[bin_node[b]]) fail("free tree GPU entry out of sync");
+    }
+}
+
+}  // namespace tangram

@@ -1,0 +1,202 @@
+// Parking and wakes: classes that failed on resources alone wait off the active heap.
+//
+// Reads: bins' free vectors, released nodes since the last pass.
+// Changes: Class::parked and its lists (per node, per partition), the pending wakes of a
+// pass, the active heap (unpark).
+// Guarantees: parking only skips tries that would fail: a parked class is woken (or listed
+// as a pending wake) as soon as room it could use is released, and when its head starts
+// starving; a wake never reorders the walk (a head behind the pass's cursor waits for the
+// next pass, as a failed head would).
+#include "tangram/scheduler_impl.h"
+
+#include <algorithm>
+#include <iterator>
+#include <vector>
+
+namespace tangram {
+
+// Resources came back on `node` (in `partition`, or every partition when kNone): classes
+// parked there may fit now.
+bool Scheduler::Impl::fits_some_bin(const Class& cl, std::int32_t node) const {
+  const Partition& part = partitions[cl.partition];
+  for (std::int32_t leaf = part.node_lo[node]; leaf >= 0 && leaf < part.node_hi[node]; ++leaf) {
+    const Quantity* f = free_of(part.bins[leaf]);
+    bool fits = true;
+    for (std::int32_t k = 0; k < K && fits; ++k) fits = f[k] >= cl.demand[k];
+    if (fits) return true;
+  }
+  return false;
+}
+
+// Wakes the parked classes of `list` that `fits` says may fit now; the rest stay parked.
+template <class Entry, class Fits>
+void Scheduler::Impl::wake(std::vector<Entry>& list, std::int32_t scope, Fits&& fits) {
+  std::size_t kept = 0;
+  for (const Entry& entry : list) {
+    const std::int32_t c = class_of(entry);
+    Class& cl = classes[c];
+    if (!cl.parked || cl.park_node != scope) continue;  // stale entry
+    if (fits(cl)) unpark(c);
+    else list[kept++] = entry;
+  }
+  list.resize(kept);
+}
+
+// Resources came back on `node` (in `partition`, or every partition when kNone). Only bins
+// on that node changed, so a parked class that fits none of them still fits nowhere. Outside
+// a pass the node is noted and its parked classes are looked at once per event, at the next
+// pass (flush_releases); during a pass (an eviction) they are woken at once.
+void Scheduler::Impl::release_on_node(std::int32_t node, std::int32_t partition) {
+  if (!node_online[node]) return;  // nothing starts there; set_node_online(true) wakes
+  bool noted = node_parked_count[node] > 0;
+  if (in_pass) wake(node_parked[node], node, [&](const Class& cl) { return fits_some_bin(cl, node); });
+  for (std::size_t p = 0; p < partitions.size(); ++p) {
+    if (partition != kNone && static_cast<std::int32_t>(p) != partition) continue;
+    if (partitions[p].parked_count == 0) continue;
+    if (in_pass) {
+      auto fits = [&](const Class& cl) { return fits_some_bin(cl, node); };
+      wake(partitions[p].parked, kNone, fits);
+      wake(partitions[p].parked_new, kNone, fits);
+    }
+    noted = true;
+  }
+  if (!in_pass && noted && node_released[node] != release_epoch) {
+    node_released[node] = release_epoch;
+    released_nodes.push_back(node);
+  }
+}
+
+// Lists as pending wakes the parked classes that fit a bin of one of the nodes released
+// since the last pass: those parked on such a node, and the partition-wide ones. Checking
+// exactly costs a few comparisons per class and node, far less than a retry that fails.
+void Scheduler::Impl::flush_releases() {
+  if (released_nodes.empty()) return;
+  std::sort(released_nodes.begin(), released_nodes.end());  // leaves lie in node order
+  for (std::int32_t n : released_nodes) {
+    if (node_parked_count[n] == 0) {  // whatever is listed is stale
+      node_parked[n].clear();
+      continue;
+    }
+    std::vector<std::int32_t>& list = node_parked[n];
+    std::size_t kept = 0;
+    for (std::int32_t c : list) {
+      Class& cl = classes[c];
+      // Stale entries go; so do repeats (a class parked again after a wake elsewhere).
+      if (!cl.parked || cl.park_node != n || cl.seen_flush == release_epoch) continue;
+      cl.seen_flush = release_epoch;
+      list[kept++] = c;
+      if (!fits_some_bin(cl, n)) continue;
+      cl.pending_pass = pass_epoch;
+      pending_wakes.emplace_back(cl.waiting.head(), c);
+    }
+    list.resize(kept);
+  }
+  std::sort(pending_wakes.begin(), pending_wakes.end());  // the few node-parked ones
+  for (std::size_t p = 0; p < partitions.size(); ++p) {
+    Partition& part = partitions[p];
+    if (part.parked_count == 0) {  // whatever is listed is stale
+      part.parked.clear();
+      part.parked_new.clear();
+      continue;
+    }
+    std::vector<std::int32_t>& leaves = released_leaves[p];
+    leaves.clear();
+    for (std::int32_t n : released_nodes)
+      for (std::int32_t leaf = part.node_lo[n]; leaf >= 0 && leaf < part.node_hi[n]; ++leaf) {
+        bin_released_at[part.bins[leaf]] = static_cast<std::int32_t>(leaves.size());
+        bin_released_pass[part.bins[leaf]] = pass_epoch;
+        leaves.push_back(leaf);
+      }
+    // Their free vectors as columns, and the per-kind maximum over them, which rules most
+    // classes out in K comparisons.
+    const std::size_t n_leaves = leaves.size();
+    std::vector<Quantity>& cols = released_free[p];
+    cols.resize(n_leaves * static_cast<std::size_t>(K));
+    most_released.assign(K, -1);
+    for (std::size_t i = 0; i < n_leaves; ++i) {
+      const Quantity* f = free_of(part.bins[leaves[i]]);
+      for (std::int32_t k = 0; k < K; ++k) {
+        cols[static_cast<std::size_t>(k) * n_leaves + i] = f[k];
+        most_released[k] = std::max(most_released[k], f[k]);
+      }
+    }
+    released_first_max[p] = most_released[0];
+    // The list in policy order: the few parked since the last flush sorted, then merged.
+    std::sort(part.parked_new.begin(), part.parked_new.end());
+    heads_scratch.clear();
+    std::merge(part.parked.begin(), part.parked.end(), part.parked_new.begin(), part.parked_new.end(),
+               std::back_inserter(heads_scratch));
+    part.parked_new.clear();
+    part.parked.swap(heads_scratch);
+    const std::size_t node_wakes = pending_wakes.size();
+    std::size_t kept = 0;
+    for (const ClassHead entry : part.parked) {
+      Class& cl = classes[entry.cls];
+      // Stale entries go; so do repeats (parked again under the same head since).
+      if (!cl.parked || cl.park_node != kNone || cl.waiting.head().seq != entry.seq ||
+          cl.seen_flush == release_epoch)
+        continue;
+      cl.seen_flush = release_epoch;
+      part.parked[kept++] = entry;
+      bool may_fit = true;
+      for (std::int32_t k = 0; k < K && may_fit; ++k) may_fit = cl.demand[k] <= most_released[k];
+      const std::int32_t at = may_fit ? first_released_fit(p, 0, cl.demand) : -1;
+      if (at < 0) continue;
+      cl.fit_pass = pass_epoch;  // flush runs at the start of the pass
+      cl.fit_from = at;
+      cl.pending_pass = pass_epoch;
+      pending_wakes.push_back(entry);  // in policy order, like the list
+    }
+    part.parked.resize(kept);
+    // Merge this partition's wakes (in order) into those before them (in order).
+    if (node_wakes > 0 && node_wakes < pending_wakes.size()) {
+      heads_scratch.clear();
+      std::merge(pending_wakes.begin(), pending_wakes.begin() + static_cast<std::ptrdiff_t>(node_wakes),
+                 pending_wakes.begin() + static_cast<std::ptrdiff_t>(node_wakes), pending_wakes.end(),
+                 std::back_inserter(heads_scratch));
+      pending_wakes.swap(heads_scratch);
+    }
+  }
+  released_nodes.clear();
+  ++release_epoch;
+}
+
+void Scheduler::Impl::park(std::int32_t c, std::int32_t node) {
+  Class& cl = classes[c];
+  deactivate(c);
+  cl.parked = true;
+  cl.park_node = node;
+  cl.fit_pass = 0;
+  cl.pending_pass = 0;
+  cl.park_deadline = cl.waiting.head().submit_ns + starvation_ns;
+  park_deadlines.push_back(ParkDeadline{cl.park_deadline, c, ++cl.park_generation});
+  std::push_heap(park_deadlines.begin(), park_deadlines.end(), std::greater<>());
+  if (node == kNone) {
+    partitions[cl.partition].parked_new.emplace_back(cl.waiting.head(), c);
+    ++partitions[cl.partition].parked_count;
+  } else {
+    node_parked[node].push_back(c);
+    ++node_parked_count[node];
+  }
+}
+
+void Scheduler::Impl::unpark(std::int32_t c) {
+  Class& cl = classes[c];
+  leave_park(cl);
+  activate(c);
+  // Woken mid-pass behind the cursor: this pass has passed it by, as it would have passed
+  // by a failed head, so it still waits there.
+  if (pass_cursor != nullptr && cl.waiting.head() < *pass_cursor) {
+    if (cl.park_node == kNone) partition_contended[cl.partition] = pass_epoch;
+    else node_contended[cl.park_node] = pass_epoch;
+  }
+}
+
+// unpark() for a class whose head is tried at once: its active entry is returned rather
+// than pushed (the caller takes it as if popped from the heap).
+Scheduler::Impl::ActiveEntry Scheduler::Impl::unpark_for_try(std::int32_t c) {
+  leave_park(classes[c]);
+  return make_active(c);
+}
+
+}  // namespace tangram

@@ -1,0 +1,444 @@
+// The scheduling pass: the heads of the classes in policy order, each tried once.
+//
+// Reads: everything; the policy's row through its rules (OrderRule via the keys,
+// BinLayout via classes and partitions, RestoreRule, SpareRule).
+// Changes: starts actions (bins, devices, quotas, services), parks classes, marks bins
+// contended or held back for spare units and starving actions; emits kStart decisions (and
+// the kRestore/kEvict decisions services.cc makes on the way).
+// Guarantees: heads are tried in (-priority, key, seq) order; a class whose head cannot
+// start starts nothing else in the pass; a starving head holds back every later head from
+// the bins it could use; capacity, device memory and quotas are never exceeded.
+#include "tangram/scheduler_impl.h"
+
+#include <algorithm>
+#include <vector>
+
+namespace tangram {
+
+// Whether try_head could start the head of a parkable class (no service, no GPU memory,
+// not starving) at this point of the pass; false only when it surely could not. With no
+// mask set, that is: some bin it may use covers its demand. Released leaves are all a
+// class woken by this pass's releases can use; a class confined to a node checks the
+// node's bins. Under a mask or a blocked quota the full try decides.
+bool Scheduler::Impl::may_start_now(Class& cl) {
+  if (any_mask || (cl.quota != kNone && quota_blocked[cl.quota])) return true;
+  const std::int32_t node = cl.parked ? cl.park_node : scope_node(cl);
+  if (node != kNone) return fits_some_bin(cl, node);
+  return cl.fit_pass == pass_epoch ? fits_released_leaf(cl) : true;
+}
+
+// Does a released leaf from the class's `fit_from` on still hold its head? The same test as
+// try_head's placement for a class woken by this pass's releases, with no masks set.
+bool Scheduler::Impl::fits_released_leaf(Class& cl) {
+  const Partition& part = partitions[cl.partition];
+  const std::vector<std::int32_t>& leaves = released_leaves[cl.partition];
+  const Quantity* demand = cl.demand;
+  for (std::int32_t i = first_released_fit(cl.partition, cl.fit_from, demand); i >= 0;
+       i = first_released_fit(cl.partition, i + 1, demand)) {
+    const std::int32_t bin = part.bins[leaves[i]];
+    if (bin_bound[bin] || !node_online[bin_node[bin]]) continue;
+    if (has_gpus && node_max_dev_free[bin_node[bin]] < cl.gpu_memory) continue;
+    cl.fit_from = i;
+    return true;
+  }
+  cl.fit_from = static_cast<std::int32_t>(leaves.size());
+  return false;
+}
+
+// The leaves of the class's partition it may use: [lo, hi), or one fixed leaf (a bound
+// trajectory slot, hidden from the free tree). False when it has nowhere to go right now.
+bool Scheduler::Impl::eligible_range(const Class& c, std::int32_t& lo, std::int32_t& hi,
+                                     std::int32_t& fixed_leaf) const {
+  const Partition& part = partitions[c.partition];
+  fixed_leaf = kNone;
+  std::int32_t node = c.affinity_node;
+  if (c.service != kNone) node = dev_node[services[c.service].device];
+  if (c.in_trajectory_slot) {
+    auto it = trajectory_bin.find(c.trajectory);
+    if (it != trajectory_bin.end()) {
+      fixed_leaf = bin_leaf[it->second];
+      lo = fixed_leaf;
+      hi = fixed_leaf + 1;
+      return true;
+    }
+  }
+  if (node == kNone) {
+    lo = 0;
+    hi = part.free_tree.leaves();
+    return true;
+  }
+  lo = part.node_lo[node];
+  hi = part.node_hi[node];
+  return lo >= 0;
+}
+
+// The one node a class is confined to (affinity, its service's device, its trajectory's
+// slot), or kNone when it may use any bin of its partition.
+std::int32_t Scheduler::Impl::scope_node(const Class& c) const {
+  if (c.in_trajectory_slot) {
+    auto it = trajectory_bin.find(c.trajectory);
+    if (it != trajectory_bin.end()) return bin_node[it->second];
+  }
+  if (c.service != kNone) {
+    std::int32_t d = services[c.service].device;
+    return d == kNone ? kNone : dev_node[d];
+  }
+  return c.affinity_node;
+}
+
+Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decision>& out) {
+  Class& cl = classes[c];
+  const std::int32_t slot = cl.waiting.head().slot;
+  ActionRec& a = slots[slot];
+  // A start commits to the head's record and takes the head off the queue, most likely
+  // cache misses: fetch them while the placement search runs.
+  prefetch(&a);
+  cl.waiting.prefetch_pop();
+  if (cl.quota != kNone && quota_blocked[cl.quota]) {
+    cl.block = quotas[cl.quota].last_block == QuotaState::Blocked::kRate ? Block::kQuotaRate
+               : quotas[cl.quota].last_block == QuotaState::Blocked::kTokens ? Block::kQuotaTokens
+                                                                             : Block::kQuotaConcurrency;
+    cl.block_until = quotas[cl.quota].last_until;
+    return Try::kWaits;
+  }
+  std::int32_t device = kNone;
+  if (cl.service != kNone) {
+    ServiceRec& svc = services[cl.service];
+    if (svc.device != kNone && !node_online[dev_node[svc.device]]) {
+      // Resident on an offline node: evicted once its running actions there have ended.
+      cl.block = Block::kServiceNoRoom;
+      return Try::kWaits;
+    }
+    if (svc.device != kNone && svc.ready_ns <= now && dev_total[svc.device] < inv.services[cl.service].memory + cl.gpu_memory) {
+      // Its device can never hold this action beside the service: move the service once
+      // its running batch is done.
+      if (svc.running > 0) {
+        cl.block = Block::kServiceNoRoom;
+        return Try::kWaits;
+      }
+      const std::int32_t node = dev_node[svc.device];
+      evict(cl.service, out);
+      refresh_node_devices(node);
+      release_on_node(node, kNone);
+    }
+    if (svc.device == kNone && !restore(cl.service, cl, out)) {
+      cl.block = Block::kServiceNoRoom;
+      return Try::kWaits;
+    }
+    if (svc.ready_ns > now) {
+      cl.block = Block::kServiceRestoring;
+      cl.block_until = svc.ready_ns;
+      wakeup = std::min(wakeup, svc.ready_ns);
+      return Try::kWaits;
+    }
+    if (svc.running >= inv.services[cl.service].max_batch) {
+      cl.block = Block::kServiceBatchFull;
+      return Try::kWaits;
+    }
+    device = svc.device;
+  }
+  Partition& part = partitions[cl.partition];
+  std::int32_t lo, hi, fixed_leaf;
+  bool has_range = eligible_range(cl, lo, hi, fixed_leaf);
+  const std::int32_t node_scope = scope_node(cl);
+
+  cand.clear();
+  // A trajectory's own slot is nobody else's: a starving action elsewhere cannot claim it.
+  const bool own_slot = fixed_leaf != kNone;
+  bool masked = !own_slot && partition_masked[cl.partition] == pass_epoch;
+  if (has_range && !masked) {
+    if (fixed_leaf != kNone) {
+      std::int32_t b = part.bins[fixed_leaf];
+      const Quantity* f = free_of(b);
+      bool fits = true;
+      for (std::int32_t k = 0; k < K && fits; ++k) fits = f[k] >= cl.demand[k];
+      if (fits && cl.gpu_memory > 0 && device == kNone) fits = node_max_dev_free[bin_node[b]] >= cl.gpu_memory;
+      if (fits) fits = node_online[bin_node[b]] != 0;
+      if (fits) cand.push_back(fixed_leaf);
+    } else {
+      std::copy(cl.demand, cl.demand + K, scratch.begin());
+      if (has_gpus) scratch[K] = device == kNone ? cl.gpu_memory : 0;
+      auto skip = [&](std::int32_t leaf) { return any_mask && node_masked[bin_node[part.bins[leaf]]] == pass_epoch; };
+      if (cl.fit_pass == pass_epoch && lo == 0 && hi == part.free_tree.leaves()) {
+        // Woken by this pass's releases: only released leaves can hold it (see Class).
+        const std::vector<std::int32_t>& leaves = released_leaves[cl.partition];
+        const std::int32_t first = first_released_fit(cl.partition, cl.fit_from, cl.demand);
+        // Leaves before `first` do not fit now, and room only shrinks in a pass: later
+        // heads of this class start their scan there.
+        cl.fit_from = first < 0 ? static_cast<std::int32_t>(leaves.size()) : first;
+        for (std::int32_t i = first; i >= 0; i = first_released_fit(cl.partition, i + 1, cl.demand)) {
+          const std::int32_t leaf = leaves[i];
+          if (bin_bound[part.bins[leaf]] || !node_online[bin_node[part.bins[leaf]]] || skip(leaf)) continue;
+          if (has_gpus && node_max_dev_free[bin_node[part.bins[leaf]]] < scratch[K]) continue;
+          cand.push_back(leaf);
+          if (static_cast<std::int32_t>(cand.size()) == policy.candidates) break;
+        }
+      } else if (lo == 0 && hi == part.free_tree.leaves()) {
+        // Its heads are tried again and again in one pass: each search starts where the
+        // last one found its first fit, past the leaves filled up since the pass began.
+        const std::int32_t from = cl.tree_epoch == search_epoch ? cl.tree_from : 0;
+        part.free_tree.find(from, hi, scratch.data(), policy.candidates, skip, cand);
+        cl.tree_epoch = search_epoch;
+        cl.tree_from = cand.empty() ? hi : cand[0];
+      } else {
+        part.free_tree.find(lo, hi, scratch.data(), policy.candidates, skip, cand);
+      }
+    }
+  }
+  if (!cand.empty() && device != kNone && dev_free[device] < cl.gpu_memory) cand.clear();
+  // GPU memory held by resident services is reclaimed for an action that needs it.
+  if (cand.empty() && cl.gpu_memory > 0 && has_range && !masked && make_gpu_room(cl, lo, hi, fixed_leaf, device, out))
+    return try_head(c, out);
+  if (cand.empty()) {
+    bool held = masked || (!own_slot && node_scope != kNone && node_masked[node_scope] == pass_epoch);
+    cl.block = held ? Block::kHeldBack : Block::kResources;
+    // While a node is offline, an action that fits no online node's capacity holds nothing
+    // back (it waits for the node, or for a new one, parked like any other).
+    if (!own_slot && now - cl.waiting.head().submit_ns >= starvation_ns &&
+        (n_offline == 0 || (has_range && fits_online_capacity(cl, lo, hi, device)))) {
+      // A starving action keeps everything behind it off the bins it could use. Under
+      // kTrajectory those are the free slots only, so the pass goes on for bound ones.
+      if (node_scope == kNone) {
+        partition_masked[cl.partition] = pass_epoch;
+        if (starving_head_halts) return Try::kHalt;
+      } else {
+        node_masked[node_scope] = pass_epoch;
+      }
+      any_mask = true;
+      return Try::kBlocked;
+    }
+    // Parking waits for a release; GPU classes are looked at every pass instead, since
+    // memory also frees when a cached service turns idle.
+    if (!any_mask && cl.service == kNone && cl.gpu_memory == 0) return Try::kParked;
+    return Try::kBlocked;
+  }
+  if (cl.quota != kNone) {
+    QuotaState& q = quotas[cl.quota];
+    if (!q.admits(now, cl.tokens)) {
+      quota_blocked[cl.quota] = 1;
+      cl.block = q.last_block == QuotaState::Blocked::kRate ? Block::kQuotaRate
+                 : q.last_block == QuotaState::Blocked::kTokens ? Block::kQuotaTokens
+                                                                : Block::kQuotaConcurrency;
+      cl.block_until = q.last_until;
+      if (q.last_until != kNever) wakeup = std::min(wakeup, q.last_until);
+      return Try::kWaits;
+    }
+    q.take(now, cl.tokens);
+  }
+  // Best fit among the candidates: least normalised room left over; first on ties.
+  std::int32_t best_leaf = cand[0];
+  if (cand.size() > 1) {
+    std::int64_t best_score = INT64_MAX;
+    for (std::int32_t leaf : cand) {
+      std::int32_t b = part.bins[leaf];
+      const Quantity* f = free_of(b);
+      const Quantity* cap = cap_of(b);
+      std::int64_t score = 0;
+      for (std::int32_t k = 0; k < K; ++k)
+        if (cap[k] > 0) score += ((f[k] - cl.demand[k]) * 1024) / cap[k];
+      if (score < best_score) {
+        best_score = score;
+        best_leaf = leaf;
+      }
+    }
+  }
+  const std::int32_t bin = part.bins[best_leaf];
+  const std::int32_t node = bin_node[bin];
+  if (device == kNone && cl.gpu_memory > 0) {
+    Quantity best_left = INT64_MAX;
+    for (std::int32_t d = node_first_dev[node]; d < node_first_dev[node + 1]; ++d)
+      if (dev_free[d] >= cl.gpu_memory && dev_free[d] - cl.gpu_memory < best_left) {
+        best_left = dev_free[d] - cl.gpu_memory;
+        device = d;
+      }
+  }
+  // Commit.
+  Quantity* f = free_of(bin);
+  for (std::int32_t k = 0; k < K; ++k) f[k] -= cl.demand[k];
+  a.grant = a.elastic_kind == kNone ? 0 : cl.demand[a.elastic_kind];
+  if (a.elastic_kind != kNone && cl.in_trajectory_slot) {
+    // The trajectory's slot is all its own: the action gets all of it, up to its bound.
+    Quantity extra = std::min(f[a.elastic_kind], a.elastic_max - a.grant);
+    a.grant += extra;
+    f[a.elastic_kind] -= extra;
+  }
+  if (bin_released_pass[bin] == pass_epoch) {  // keep the released columns exact
+    const std::int32_t p = bin_partition[bin];
+    std::vector<Quantity>& cols = released_free[p];
+    const std::size_t n_leaves = released_leaves[p].size();
+    const Quantity was = cols[bin_released_at[bin]];
+    for (std::int32_t k = 0; k < K; ++k) cols[static_cast<std::size_t>(k) * n_leaves + bin_released_at[bin]] = f[k];
+    if (was == released_first_max[p] && f[0] < was)  // it held the maximum: find the new one
+      released_first_max[p] = *std::max_element(cols.begin(), cols.begin() + static_cast<std::ptrdiff_t>(n_leaves));
+  }
+  if (cl.gpu_memory > 0) {
+    dev_free[device] -= cl.gpu_memory;
+    refresh_node_devices(node);
+  }
+  if (cl.in_trajectory_slot && fixed_leaf == kNone) {
+    trajectory_bin[cl.trajectory] = bin;
+    bin_bound[bin] = 1;
+    std::vector<Quantity> hidden(D, -1);
+    part.free_tree.set(best_leaf, hidden.data());
+  } else if (!bin_bound[bin]) {
+    refresh_leaf(bin);
+  }
+  if (cl.service != kNone) {
+    services[cl.service].running += 1;
+    services[cl.service].waiting -= 1;
+    services[cl.service].queued_ns -= details[slot].est_ns;
+  }
+  deactivate(c);
+  cl.waiting.pop(queue_pos);
+  // The class's next head would be tried later in this pass, where room only shrinks: if
+  // it surely cannot start now, it parks now, as that try would park it.
+  if (!cl.waiting.empty() && cl.service == kNone && cl.gpu_memory == 0 &&
+      now - cl.waiting.head().submit_ns < starvation_ns && !may_start_now(cl)) {
+    cl.block = Block::kResources;
+    const std::int32_t next_scope = scope_node(cl);  // its trajectory's slot may be bound now
+    if (next_scope == kNone) partition_contended[cl.partition] = pass_epoch;
+    else node_contended[next_scope] = pass_epoch;
+    park(c, next_scope);
+  } else {
+    activate(c);
+  }
+  a.state = ActionState::kRunning;
+  a.bin = bin;
+  a.device = device;
+  a.start_ns = now;
+  --n_waiting;
+  ++n_running;
+  Decision d;
+  d.kind = DecisionKind::kStart;
+  d.action = a.id;
+  d.node = node;
+  d.device = device == kNone ? kNone : dev_local[device];
+  d.service = cl.service;
+  d.elastic_kind = a.elastic_kind;
+  d.grant = a.grant;
+  d.time = now;
+  started.push_back(slot);
+  started_decision.push_back(out.size());
+  out.push_back(d);
+  return Try::kStarted;
+}
+
+void Scheduler::Impl::pass(std::vector<Decision>& out) {
+  ++pass_epoch;
+  ++search_epoch;
+  any_mask = false;
+  wakeup = kNever;
+  std::fill(quota_blocked.begin(), quota_blocked.end(), 0);
+  started.clear();
+  started_decision.clear();
+  pending_wakes.clear();
+  flush_releases();
+  while (!park_deadlines.empty() && park_deadlines.front().at <= now) {
+    ParkDeadline due = park_deadlines.front();
+    std::pop_heap(park_deadlines.begin(), park_deadlines.end(), std::greater<>());
+    park_deadlines.pop_back();
+    const Class& cl = classes[due.cls];
+    if (cl.parked && cl.park_generation == due.generation) unpark(due.cls);
+  }
+  in_pass = true;
+  if (n_offline > 0 && !services.empty()) evict_offline_services(out);
+  if (row.rules.restore == RestoreRule::kQueuesFirst && !services.empty()) restore_queues(out);
+  // Walk the heads in policy order. A head pushed behind the cursor (a class woken by an
+  // eviction) waits for the next pass, like any head this pass has already passed by.
+  active_deferred.clear();
+  bool have_cursor = false;
+  OrderKey cursor{};
+  std::size_t next_wake = 0;
+  for (;;) {
+    while (!active.empty() && !live(active.front())) {
+      std::pop_heap(active.begin(), active.end(), std::greater<>());
+      active.pop_back();
+    }
+    ActiveEntry e{};  // the head tried next
+    bool woken = false;
+    // A pending wake still parked (not woken since, nor parked again) whose head comes
+    // before the heap's: at its turn it is tried if it may still fit, or else stays parked,
+    // exactly where a failed try would park it.
+    if (next_wake < pending_wakes.size()) {
+      const ClassHead& w = pending_wakes[next_wake];
+      Class& wc = classes[w.cls];
+      if (!wc.parked || wc.pending_pass != pass_epoch) {
+        ++next_wake;
+        continue;
+      }
+      if (active.empty() || policy_before(w, active.front().key)) {
+        ++next_wake;
+        if (!may_start_now(wc)) {
+          wc.fit_pass = 0;
+          wc.pending_pass = 0;
+          wc.block = Block::kResources;
+          if (wc.park_node == kNone) partition_contended[wc.partition] = pass_epoch;
+          else node_contended[wc.park_node] = pass_epoch;
+          continue;
+        }
+        // Woken: its head comes before every head in the heap, so it is tried now (what
+        // a trip into the heap and straight out again would come to).
+        e = unpark_for_try(w.cls);
+        woken = true;
+      }
+    }
+    if (!woken) {
+      if (active.empty()) break;
+      e = active.front();
+      std::pop_heap(active.begin(), active.end(), std::greater<>());
+      active.pop_back();
+      if (!live(e)) continue;
+    }
+    if (have_cursor && e.key < cursor) {
+      active_deferred.push_back(e);
+      continue;
+    }
+    cursor = e.key;
+    have_cursor = true;
+    const std::int32_t c = e.cls;
+    // The heads tried after this one start by committing to their action's record, most
+    // likely a cache miss: fetch them while this one is tried.
+    if (!active.empty()) prefetch(&slots[active.front().key.slot]);
+    if (next_wake < pending_wakes.size()) {
+      const WaitQueue<OrderKey>& next = classes[pending_wakes[next_wake].cls].waiting;
+      if (!next.empty()) prefetch(&slots[next.head().slot]);
+    }
+    pass_cursor = &cursor;
+    Try r = try_head(c, out);
+    pass_cursor = nullptr;
+    if (r == Try::kHalt) {
+      // A starving action that may use any bin stops the pass: the whole partition is its.
+      // Pending wakes not reached join the heap, held back like every head behind it.
+      for (; next_wake < pending_wakes.size(); ++next_wake) {
+        const Class& wc = classes[pending_wakes[next_wake].cls];
+        if (wc.parked && wc.pending_pass == pass_epoch) unpark(pending_wakes[next_wake].cls);
+      }
+      partition_contended[classes[c].partition] = pass_epoch;
+      active_deferred.push_back(e);
+      for (const ActiveEntry& rest : active)
+        if (live(rest)) classes[rest.cls].block = Block::kHeldBack;
+      break;
+    }
+    if (r == Try::kStarted) continue;  // try_head pushed the class's next head, if any
+    // Whoever still waits for resources has a claim on the bins it could use: no spare
+    // units there. (Waiting for a quota or a service is waiting for something else.)
+    std::int32_t node = scope_node(classes[c]);
+    if (r != Try::kWaits) {
+      if (node == kNone) partition_contended[classes[c].partition] = pass_epoch;
+      else node_contended[node] = pass_epoch;
+    }
+    if (r == Try::kParked) park(c, node);
+    else active_deferred.push_back(e);
+  }
+  for (const ActiveEntry& e : active_deferred)
+    if (live(e)) push_active(e);
+  in_pass = false;
+  if (row.rules.spare != SpareRule::kNone && !started.empty()) grant_spare(out);
+  for (std::size_t q = 0; q < quotas.size(); ++q)
+    if (quota_blocked[q] && quotas[q].last_until != kNever) wakeup = std::min(wakeup, quotas[q].last_until);
+  for (const ServiceRec& s : services)
+    if (s.device != kNone && s.ready_ns > now) wakeup = std::min(wakeup, s.ready_ns);
+  prev_pass_now = now;
+}
+
+}  // namespace tangram

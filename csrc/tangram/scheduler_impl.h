@@ -1,0 +1,434 @@
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "tangram/bin_tree.h"
+#include "tangram/elasticity.h"
+#include "tangram/id_map.h"
+#include "tangram/quota.h"
+#include "tangram/scheduler.h"
+#include "tangram/wait_queue.h"
+
+namespace tangram {
+
+// Everything below is private to the core's sources (this header is not installed).
+
+inline constexpr Quantity kMaxMilli = static_cast<Quantity>(kMaxBaseUnits) * kMilli;
+inline constexpr Quantity kElasticStep = kMilli;  // elastic grants grow one base unit at a time
+inline constexpr std::int32_t kBatchSlot = -2;  // by_id: an id of the batch being validated
+
+// Why a class could not start its head in the last pass that looked at it.
+enum class Block : std::uint8_t {
+  kNotConsidered,
+  kResources,
+  kHeldBack,  // an older starving action holds the bins
+  kQuotaRate,
+  kQuotaConcurrency,
+  kQuotaTokens,
+  kServiceRestoring,
+  kServiceNoRoom,
+  kServiceBatchFull,
+};
+
+// Policy order: (neg_priority, key, seq). Fields laid out so the struct packs into 32 bytes
+// (two to a cache line): heaps and sorts move many of these. `slot` and `submit_ns` ride
+// along so that a class's next head can be judged (starving or not) without a trip to its
+// action record, a likely cache miss.
+template <class A, class B>
+bool policy_before(const A& x, const B& y) {
+  if (x.neg_priority != y.neg_priority) return x.neg_priority < y.neg_priority;
+  if (x.key != y.key) return x.key < y.key;
+  return x.seq < y.seq;
+}
+
+struct OrderKey {
+  std::int64_t key;
+  std::uint64_t seq;
+  TimeNs submit_ns;   // when the action was submitted; not part of the order
+  std::int32_t neg_priority;
+  std::int32_t slot;  // the action's slot; not part of the order
+  bool operator<(const OrderKey& o) const { return policy_before(*this, o); }
+};
+
+// What an event touches of a live action, in one cache line: completions look up ids at
+// random, and a start commits to the head's record, so each costs one line, not three.
+struct alignas(64) ActionRec {
+  ActionId id = 0;
+  TrajectoryId trajectory = 0;
+  Quantity elastic_max = 0;
+  Quantity grant = 0;  // elastic grant while running
+  TimeNs start_ns = 0;
+  std::int32_t cls = kNone;
+  std::int32_t elastic_kind = kNone;
+  std::int32_t bin = kNone;
+  std::int32_t device = kNone;  // global device index
+  std::uint32_t mark = 0;  // validate_ids: the batch mark when its id was last seen
+  ActionState state = ActionState::kUnknown;
+};
+static_assert(sizeof(ActionRec) == 64, "an action's hot record is one cache line");
+
+// The rest of a live action's record: read at submit, for spare units and for queries.
+struct ActionDetail {
+  ElasticityModel model;
+  TimeNs est_ns = 0;
+  OrderKey order{};  // with its submit time
+};
+
+// A class with its head's order fields (24 bytes, cheap to sort and merge): the entries of
+// the partition-parked lists and of a pass's pending wakes.
+struct ClassHead {
+  ClassHead() = default;
+  ClassHead(const OrderKey& head, std::int32_t c)
+      : key(head.key), seq(head.seq), neg_priority(head.neg_priority), cls(c) {}
+  std::int64_t key = 0;
+  std::uint64_t seq = 0;
+  std::int32_t neg_priority = 0;
+  std::int32_t cls = kNone;
+  bool operator<(const ClassHead& o) const { return policy_before(*this, o); }
+};
+
+struct alignas(64) Class {
+  // Laid out by use. The first cache line holds what a flush, a pass and a completion look
+  // at for every class they meet; the second its queue (head inline), affinity and GPU
+  // memory (what a try reads besides); the class key's other fields and the rest follow.
+  bool parked = false;
+  bool in_active = false;
+  // kTrajectory, non-service actions: the class runs in its trajectory's own slot. Service
+  // actions run beside their service, in any slot no trajectory holds, and bind nothing.
+  bool in_trajectory_slot = false;
+  Block block = Block::kNotConsidered;
+  std::int32_t park_node = kNone;  // while parked: the node it waits on, or kNone (partition)
+  std::uint64_t seen_flush = 0;    // release epoch of the last flush that listed it
+  std::uint64_t pending_pass = 0;  // a pending wake of this pass (partition-wide or node)
+  // A pending wake of pass `fit_pass` (flush_releases): it fitted nowhere when parked and
+  // only released bins have grown since, so in that pass its only possible bins are the
+  // partition's released leaves from position `fit_from` on (the first it fitted). Free
+  // room only shrinks within a pass, so placement needs to look at nothing else.
+  std::uint64_t fit_pass = 0;
+  std::int32_t fit_from = 0;
+  std::int32_t partition = 0;
+  const Quantity* demand = nullptr;  // K kinds: a row of Impl::demand_rows, never moved
+  std::int32_t quota = kNone;
+  std::int32_t service = kNone;
+  std::uint64_t active_gen = 0;  // counts activations; older heap entries are stale
+
+  WaitQueue<OrderKey> waiting;  // its waiting actions, head first
+  std::int32_t affinity_node = kNone;
+  std::int32_t next_same_hash = kNone;
+  Quantity gpu_memory = 0;
+
+  // the rest of the class key (with demand, partition, affinity, service, quota, gpu memory)
+  std::int64_t tokens = 0;
+  TrajectoryId trajectory = 0;
+  // state
+  // A search hint for its placements across all bins (try_head): while `tree_epoch` is the
+  // scheduler's search_epoch, no leaf before `tree_from` holds its demand (free room only
+  // shrinks until the epoch moves on: at each pass, and when an eviction frees GPU memory).
+  std::uint64_t tree_epoch = 0;
+  std::int32_t tree_from = 0;
+  TimeNs park_deadline = 0;        // when its head starts starving
+  std::uint64_t park_generation = 0;  // counts parkings, to spot stale deadline entries
+  TimeNs block_until = 0;
+  std::string infeasible;  // why no action of this class can ever run; empty if one can
+  std::uint64_t key_hash = 0;  // its entry in Impl::class_index
+};
+static_assert(offsetof(Class, waiting) == 64 && offsetof(Class, tokens) == 128,
+              "a class's hot fields fill its first two cache lines");
+
+
+struct Partition {
+  std::vector<std::int32_t> bins;       // global bin ids, in leaf order
+  std::vector<std::int32_t> node_lo;    // per node: first leaf of its bins (or -1)
+  std::vector<std::int32_t> node_hi;
+  BinTree free_tree;  // free vector (+ node's largest free device memory); -1 = unusable
+  BinTree cap_tree;   // capacity vector (+ node's largest device) for feasibility
+  // Classes parked on any bin of this partition, with their heads: `parked` in policy
+  // order as of the last flush, `parked_new` added since (unsorted). A flush sorts the few
+  // new ones and merges, instead of sorting them all. Entries of classes since unparked,
+  // parked elsewhere or with another head are stale and dropped at the next flush.
+  std::vector<ClassHead> parked, parked_new;
+  std::int64_t parked_count = 0;     // classes parked here now
+};
+
+struct ServiceRec {
+  std::int32_t device = kNone;  // global device index while resident or restoring
+  TimeNs ready_ns = 0;
+  std::int32_t running = 0;
+  std::int64_t waiting = 0;
+  TimeNs queued_ns = 0;  // estimated work of waiting actions
+  std::int32_t home_device = kNone;  // kIsolated / kTrajectory
+  TimeNs restore_ns = 0;
+};
+
+struct Scheduler::Impl {
+  Inventory inv;
+  PolicyConfig policy;
+  PolicyRow row;  // the policy's rules, resolved once (policy.h): nothing below asks its name
+  // OrderRule as numbers, so the key needs no branch: key = est_ns * estimate_weight +
+  // submit_ns * aging_permille / 1000 (both 0 under kArrival).
+  std::int64_t estimate_weight = 0;
+  // A starving head that may use any bin stops the pass: the whole partition is its. Not
+  // with several partitions (the others go on) nor with trajectory slots (bound slots are
+  // their trajectories' own).
+  bool starving_head_halts = false;
+  std::int32_t K = 0;  // kinds
+  std::int32_t D = 0;  // tree dims: K (+1 when there are GPUs)
+  bool has_gpus = false;
+  std::int64_t aging_permille = 0;
+  TimeNs starvation_ns = 0;
+
+  // bins
+  // Per bin: its free vector then its capacity (2K entries), side by side because the
+  // best-fit score of a candidate reads both.
+  std::vector<Quantity> bin_room;
+  std::vector<std::int32_t> bin_node, bin_partition, bin_leaf;
+  std::vector<Partition> partitions;
+  std::unordered_map<std::uint32_t, std::int32_t> pool_partition;  // kIsolated
+
+  // GPUs (global device index)
+  std::vector<std::int32_t> dev_node, dev_local;
+  std::vector<Quantity> dev_total, dev_free;
+  std::vector<std::int32_t> node_first_dev;  // node -> first global device
+  std::vector<Quantity> node_max_dev_free, node_max_dev_total;
+
+  std::vector<ServiceRec> services;
+  std::vector<QuotaState> quotas;
+  std::vector<RuntimeTable> tables;
+
+  // actions and classes
+  std::vector<ActionRec> slots;
+  std::vector<ActionDetail> details;  // by slot, like `slots`
+  std::vector<std::int32_t> free_slots;
+  IdMap by_id;  // live action id -> slot
+  std::vector<std::int32_t> queue_pos;  // per slot: position in its class's WaitQueue while waiting
+  std::vector<Class> classes;
+  // Class demand vectors, K per row, in chunks that never move (Class::demand points
+  // here): classes made one after another lie side by side, unlike one vector each.
+  static constexpr std::size_t kDemandRowsPerChunk = 256;
+  std::vector<std::unique_ptr<Quantity[]>> demand_rows;
+  std::size_t demand_rows_used = kDemandRowsPerChunk;  // in the last chunk
+  const Quantity* store_demand(const std::vector<Quantity>& demand) {
+    if (demand_rows_used == kDemandRowsPerChunk) {
+      demand_rows.emplace_back(new Quantity[kDemandRowsPerChunk * static_cast<std::size_t>(K)]);
+      demand_rows_used = 0;
+    }
+    Quantity* row = demand_rows.back().get() + demand_rows_used++ * static_cast<std::size_t>(K);
+    std::copy(demand.begin(), demand.end(), row);
+    return row;
+  }
+  // Classes by hash of their constraints; equal hashes chain through Class::next_same_hash.
+  IdMap class_index;
+  // kTrajectory keys a class by its trajectory: an ended trajectory's classes (all empty)
+  // are freed and their slots reused, so a long run does not grow by one class per
+  // trajectory. Other policies' classes are bounded by their distinct constraints.
+  std::unordered_map<TrajectoryId, std::vector<std::int32_t>> trajectory_classes;
+  std::vector<std::int32_t> free_classes;
+  void free_class(std::int32_t c);
+  // Per partition, the capacities of one node's bins under the policy.
+  using NodeBins = std::vector<std::vector<std::vector<Quantity>>>;
+  NodeBins node_bins(const std::vector<Quantity>& capacity) const;
+  void append_bin(std::int32_t node, std::int32_t part, const std::vector<Quantity>& cap);
+  // The head of every class that may start, as a min-heap in policy order. Deactivating
+  // only clears Class::in_active: entries whose generation is not the class's current one
+  // are stale and dropped when they surface (each pass drains the heap).
+  struct ActiveEntry {
+    OrderKey key;
+    std::int32_t cls;
+    std::uint64_t gen;
+    bool operator>(const ActiveEntry& o) const { return o.key < key; }
+  };
+  std::vector<ActiveEntry> active;
+  std::vector<ActiveEntry> active_deferred;  // popped in a pass, still active: pushed back after it
+  std::size_t active_count = 0;
+  bool live(const ActiveEntry& e) const { return classes[e.cls].in_active && classes[e.cls].active_gen == e.gen; }
+  void push_active(const ActiveEntry& e) {
+    active.push_back(e);
+    std::push_heap(active.begin(), active.end(), std::greater<>());
+  }
+  std::vector<std::vector<std::int32_t>> node_parked;  // classes parked on one node's bins (may hold stale ids)
+  std::vector<std::int64_t> node_parked_count;
+  // Parked classes by the time their head starts starving: then they must be looked at
+  // again, since the starvation guard changes what a failure means.
+  // A min-heap of (deadline, class, park generation); entries of classes since unparked
+  // are stale and skipped when they surface.
+  struct ParkDeadline {
+    TimeNs at;
+    std::int32_t cls;
+    std::uint64_t generation;
+    bool operator>(const ParkDeadline& o) const { return std::tie(at, cls) > std::tie(o.at, o.cls); }
+  };
+  std::vector<ParkDeadline> park_deadlines;
+  IdMap trajectory_live;  // trajectory -> its live actions
+  std::unordered_map<TrajectoryId, std::int32_t> trajectory_bin;  // kTrajectory bindings
+  std::vector<std::uint8_t> bin_bound;  // kTrajectory: slot held by a trajectory (hidden from the free tree)
+  std::uint64_t next_seq = 0;
+  std::size_t n_waiting = 0, n_running = 0;
+  TimeNs now = 0;
+  TimeNs wakeup = kNever;
+  TimeNs prev_pass_now = -1;  // when the previous pass ran
+  std::vector<std::string> messages;
+
+  // per-pass scratch
+  std::uint64_t pass_epoch = 0;
+  std::uint64_t search_epoch = 0;  // moves on at each pass and whenever room grows in one
+  const OrderKey* pass_cursor = nullptr;  // the head being looked at, while a pass runs
+  std::vector<std::uint64_t> node_contended, partition_contended;  // == pass_epoch when set
+  std::vector<std::uint64_t> node_masked, partition_masked;
+  bool any_mask = false;
+  std::vector<std::uint8_t> quota_blocked;
+  std::vector<std::int32_t> started;  // action slots started in this pass
+  std::vector<std::size_t> started_decision;
+  std::vector<std::int32_t> cand;
+  std::vector<Quantity> scratch;
+  std::uint32_t mark = 0;  // validate_ids: the current batch's mark (ActionRec::mark)
+  // Nodes released since the last pass (partition-wide wakes are done once per event).
+  std::vector<std::int32_t> released_nodes;
+  std::vector<std::uint64_t> node_released;  // == release_epoch when in released_nodes
+  std::vector<Quantity> most_released;
+  std::vector<std::vector<std::int32_t>> released_leaves;  // per partition, in leaf order
+  // Per partition: the released leaves' free vectors by kind (K columns of the leaves'
+  // count), kept exact through the pass's starts; bins map to their position.
+  std::vector<std::vector<Quantity>> released_free;
+  // Per partition: the largest free amount of the first kind over its released leaves, now.
+  // A class asking more fits none of them: most looks at a pass's pending wakes end here
+  // once the pass's starts have used the room up.
+  std::vector<Quantity> released_first_max;
+  std::vector<std::int32_t> bin_released_at;
+  std::vector<std::uint64_t> bin_released_pass;  // == pass_epoch when released this pass
+  // Parked classes that fit a bin released since the last pass (flush_releases), in policy
+  // order of their heads. They stay parked until their turn in the pass: most lose
+  // the room to an earlier head, and a look at the released leaves then is far cheaper
+  // than a trip through the active heap and back into the park (see pass()).
+  std::vector<ClassHead> pending_wakes;
+  std::vector<ClassHead> heads_scratch;  // flush_releases: merges
+  std::uint64_t release_epoch = 1;
+  bool in_pass = false;
+
+  // Node membership (set_node_online / add_node). An offline node's bins are hidden from
+  // the free trees (all -1, like a bound trajectory slot), so nothing is placed there; its
+  // running actions keep their resources until the caller completes or cancels them.
+  std::vector<std::uint8_t> node_online;  // per node
+  std::int32_t n_offline = 0;
+
+  Impl(Inventory inventory, PolicyConfig cfg);
+
+  // ---- helpers
+  Quantity* free_of(std::int32_t bin) { return &bin_room[static_cast<std::size_t>(bin) * 2 * K]; }
+  const Quantity* free_of(std::int32_t bin) const { return &bin_room[static_cast<std::size_t>(bin) * 2 * K]; }
+  const Quantity* cap_of(std::int32_t bin) const { return &bin_room[(static_cast<std::size_t>(bin) * 2 + 1) * K]; }
+  bool service_is_ready(const ServiceRec& s) const { return s.device != kNone && s.ready_ns <= now; }
+  bool uses_service_home() const { return row.rules.service_devices == ServiceDevices::kHome; }
+
+  void refresh_leaf(std::int32_t bin);
+  void refresh_node_devices(std::int32_t node);
+  void build_trees();
+  void hide_leaf(Partition& part, std::int32_t leaf);
+  void set_node_online(std::int32_t node, bool online);
+  std::int32_t add_node(NodeSpec spec);
+  bool fits_online_capacity(const Class& cl, std::int32_t lo, std::int32_t hi, std::int32_t device) const;
+  void evict_offline_services(std::vector<Decision>& out);
+  void release_on_node(std::int32_t node, std::int32_t partition);
+  bool fits_some_bin(const Class& cl, std::int32_t node) const;
+  static std::int32_t class_of(std::int32_t c) { return c; }
+  static std::int32_t class_of(const ClassHead& entry) { return entry.cls; }
+  template <class Entry, class Fits>
+  void wake(std::vector<Entry>& list, std::int32_t scope, Fits&& fits);
+  void flush_releases();
+  bool may_start_now(Class& cl);
+  bool fits_released_leaf(Class& cl);
+  // The first released leaf of `partition` from position `from` on whose free vector covers
+  // `demand`, or -1. The scan runs down the first kind's column, which rules most out (the
+  // constructor makes sure there is at least one kind).
+  std::int32_t first_released_fit(std::size_t partition, std::int32_t from, const Quantity* demand) const {
+    if (demand[0] > released_first_max[partition]) return -1;
+    const std::vector<Quantity>& cols = released_free[partition];
+    const std::int32_t n = static_cast<std::int32_t>(released_leaves[partition].size());
+    const Quantity* first = cols.data();
+    for (std::int32_t i = from; i < n; ++i) {
+      if (first[i] < demand[0]) continue;
+      bool fits = true;
+      for (std::int32_t k = 1; k < K && fits; ++k) fits = cols[static_cast<std::size_t>(k) * n + i] >= demand[k];
+      if (fits) return i;
+    }
+    return -1;
+  }
+
+  void park(std::int32_t c, std::int32_t node_or_none);
+  void leave_park(Class& cl) {  // the park's bookkeeping, nothing else
+    cl.parked = false;
+    if (cl.park_node == kNone) --partitions[cl.partition].parked_count;
+    else --node_parked_count[cl.park_node];
+  }
+  void unpark(std::int32_t c);
+  ActiveEntry unpark_for_try(std::int32_t c);
+  ActiveEntry make_active(std::int32_t c) {  // marks the class active; its entry for the heap
+    Class& cl = classes[c];
+    cl.in_active = true;
+    ++active_count;
+    return ActiveEntry{cl.waiting.head(), c, ++cl.active_gen};
+  }
+  void activate(std::int32_t c) {
+    const Class& cl = classes[c];
+    if (cl.in_active || cl.parked || cl.waiting.empty()) return;
+    push_active(make_active(c));
+  }
+  void deactivate(std::int32_t c) {
+    Class& cl = classes[c];
+    if (!cl.in_active) return;
+    cl.in_active = false;  // its heap entry is now stale
+    --active_count;
+  }
+  // Run time at `units` of the elastic kind (the minimum when not elastic).
+  double seconds(std::int32_t slot, Quantity units) const {
+    const ActionRec& a = slots[slot];
+    const ElasticityModel& model = details[slot].model;
+    if (a.elastic_kind == kNone) return model_seconds(model, kMilli, kMilli, tables);
+    return model_seconds(model, units, classes[a.cls].demand[a.elastic_kind], tables);
+  }
+  Quantity minimum(const ActionRec& a) const {
+    return a.elastic_kind == kNone ? kMilli : classes[a.cls].demand[a.elastic_kind];
+  }
+
+  // ---- events
+  std::int32_t class_for(const ActionSpec& s);
+  std::string infeasible_reason(const Class& c) const;
+  void validate_now(TimeNs t) const;
+  template <class Field>
+  void validate_spec(const ActionSpec& s, const Field& field) const;
+  void submit(const ActionSpec* a, std::size_t n, TimeNs t, std::vector<Decision>& out);
+  void finish(std::int32_t slot);  // running -> gone, resources back
+  void unqueue(std::int32_t slot);  // waiting -> gone
+
+  // ---- the pass
+  // kBlocked: short of resources; kWaits: for its quota or its GPU service, which do not
+  // hold back spare elastic units.
+  enum class Try { kStarted, kBlocked, kWaits, kParked, kHalt };
+  void pass(std::vector<Decision>& out);
+  Try try_head(std::int32_t c, std::vector<Decision>& out);
+  std::int32_t scope_node(const Class& c) const;
+  bool eligible_range(const Class& c, std::int32_t& lo, std::int32_t& hi, std::int32_t& fixed_leaf) const;
+  bool restore(std::int32_t svc_id, const Class& head_class, std::vector<Decision>& out);
+  void restore_queues(std::vector<Decision>& out);
+  struct RoomPlan {
+    bool ok = false;
+    std::int64_t busy = 0;    // victims with waiting actions
+    std::int64_t queued = 0;  // their queued work, ns
+    std::vector<std::int32_t> victims;
+  };
+  RoomPlan plan_room(std::int32_t device, Quantity need, std::int32_t keep) const;
+  bool make_gpu_room(const Class& c, std::int32_t lo, std::int32_t hi, std::int32_t fixed_leaf,
+                     std::int32_t device, std::vector<Decision>& out);
+  void evict(std::int32_t svc_id, std::vector<Decision>& out);
+  void grant_spare(std::vector<Decision>& out);
+  std::string explain(ActionId id) const;
+  void check() const;
+};
+
+}  // namespace tangram

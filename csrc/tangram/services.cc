@@ -1,0 +1,235 @@
+// GPU services: restores, greedy eviction, and room made for GPU actions.
+//
+// Reads: services (residency, waiting and queued work), device memory, the partitions'
+// capacity and free trees.
+// Changes: which device each service is resident on, device free memory; emits kRestore
+// and kEvict decisions.
+// Guarantees: a service with running actions, still restoring, or ready only since the
+// last pass is never evicted; device memory is never over-committed; under
+// ServiceDevices::kHome a service lives only on its home device.
+#include "tangram/scheduler_impl.h"
+
+#include <algorithm>
+#include <tuple>
+#include <vector>
+
+namespace tangram {
+
+// A service resident on an offline node is offloaded once none of its actions runs there
+// (the caller ends those); until then its actions wait (try_head).
+void Scheduler::Impl::evict_offline_services(std::vector<Decision>& out) {
+  for (std::int32_t s = 0; s < static_cast<std::int32_t>(services.size()); ++s) {
+    const ServiceRec& svc = services[s];
+    if (svc.device == kNone || svc.running > 0 || node_online[dev_node[svc.device]]) continue;
+    const std::int32_t node = dev_node[svc.device];
+    evict(s, out);
+    refresh_node_devices(node);
+  }
+}
+
+// Greedy eviction plan for `need` milli-MiB on device d: never a service with running
+// actions, still restoring or ready only since the last pass (nor `keep`); idle ones (nothing waiting) first, then the
+// least queued work per unit of restore cost, then service order.
+Scheduler::Impl::RoomPlan Scheduler::Impl::plan_room(std::int32_t d, Quantity need, std::int32_t keep) const {
+  RoomPlan plan;
+  Quantity room = dev_free[d];
+  if (room >= need) {
+    plan.ok = true;
+    return plan;
+  }
+  std::vector<std::int32_t> cands;
+  for (std::int32_t s = 0; s < static_cast<std::int32_t>(services.size()); ++s) {
+    const ServiceRec& o = services[s];
+    // A service that became ready since the last pass gets that pass for its waiting
+    // actions before it may be evicted: otherwise a restore can be undone unused.
+    if (s != keep && o.device == d && o.running == 0 && o.ready_ns <= prev_pass_now) cands.push_back(s);
+  }
+  std::sort(cands.begin(), cands.end(), [&](std::int32_t x, std::int32_t y) {
+    const ServiceRec& a = services[x];
+    const ServiceRec& b = services[y];
+    bool ia = a.waiting == 0, ib = b.waiting == 0;
+    if (ia != ib) return ia;
+    __int128 lhs = static_cast<__int128>(a.queued_ns) * std::max<TimeNs>(b.restore_ns, 1);
+    __int128 rhs = static_cast<__int128>(b.queued_ns) * std::max<TimeNs>(a.restore_ns, 1);
+    if (lhs != rhs) return lhs < rhs;
+    return x < y;
+  });
+  for (std::size_t i = 0; i < cands.size() && room < need; ++i) {
+    const ServiceRec& o = services[cands[i]];
+    room += inv.services[cands[i]].memory;
+    plan.busy += o.waiting > 0 ? 1 : 0;
+    plan.queued += o.queued_ns;
+    plan.victims.push_back(cands[i]);
+  }
+  plan.ok = room >= need;
+  return plan;
+}
+
+void Scheduler::Impl::evict(std::int32_t v, std::vector<Decision>& out) {
+  const std::int32_t d = services[v].device;
+  services[v].device = kNone;
+  dev_free[d] += inv.services[v].memory;
+  Decision e;
+  e.kind = DecisionKind::kEvict;
+  e.service = v;
+  e.node = dev_node[d];
+  e.device = dev_local[d];
+  e.time = now;
+  out.push_back(e);
+}
+
+// Makes `svc_id` resident (or restoring) somewhere, evicting greedily (plan_room).
+// Emits the evict and restore decisions; false when no device can make room now.
+bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vector<Decision>& out) {
+  ServiceRec& svc = services[svc_id];
+  const Quantity need = inv.services[svc_id].memory;
+  const Partition& part = partitions[head.partition];
+  std::int32_t dlo = svc.home_device != kNone ? svc.home_device : 0;
+  std::int32_t dhi = svc.home_device != kNone ? svc.home_device + 1 : static_cast<std::int32_t>(dev_node.size());
+  std::vector<std::int32_t> found;
+  auto no_skip = [](std::int32_t) { return false; };
+  std::vector<Quantity> demand(head.demand, head.demand + K);
+  if (has_gpus) demand.push_back(0);
+  auto usable = [&](std::int32_t d) {
+    if (dev_total[d] < need + head.gpu_memory) return false;
+    std::int32_t n = dev_node[d];
+    if (!node_online[n]) return false;
+    if (part.node_lo[n] < 0) return false;
+    found.clear();
+    part.cap_tree.find(part.node_lo[n], part.node_hi[n], demand.data(), 1, no_skip, found);
+    return !found.empty();
+  };
+  // Prefer devices whose node has room for the waiting action right now.
+  auto busy_node = [&](std::int32_t d) -> std::int64_t {
+    std::int32_t n = dev_node[d];
+    found.clear();
+    part.free_tree.find(part.node_lo[n], part.node_hi[n], demand.data(), 1, no_skip, found);
+    return found.empty() ? 1 : 0;
+  };
+  // 1. A device with room already: best fit. 2. Else the cheapest eviction plan.
+  std::int32_t target = kNone;
+  std::pair<std::int64_t, Quantity> best_fit{2, 0};
+  for (std::int32_t d = dlo; d < dhi; ++d)
+    if (dev_free[d] >= need && usable(d)) {
+      std::pair<std::int64_t, Quantity> fit{busy_node(d), dev_free[d] - need};
+      if (fit < best_fit) {
+        best_fit = fit;
+        target = d;
+      }
+    }
+  RoomPlan chosen;
+  if (target == kNone) {
+    std::tuple<std::int64_t, std::int64_t, std::int64_t, std::size_t, std::int32_t> best{INT64_MAX, 0, 0, 0, 0};
+    for (std::int32_t d = dlo; d < dhi; ++d) {
+      if (!usable(d)) continue;
+      RoomPlan plan = plan_room(d, need, svc_id);
+      if (!plan.ok) continue;
+      auto cost = std::make_tuple(busy_node(d), plan.busy, plan.queued, plan.victims.size(), d);
+      if (cost < best) {
+        best = cost;
+        target = d;
+        chosen = std::move(plan);
+      }
+    }
+    if (target == kNone) return false;
+    for (std::int32_t v : chosen.victims) evict(v, out);
+  }
+  svc.device = target;
+  svc.ready_ns = now + svc.restore_ns;
+  dev_free[target] -= need;
+  refresh_node_devices(dev_node[target]);
+  if (!chosen.victims.empty()) release_on_node(dev_node[target], kNone);
+  Decision d;
+  d.kind = DecisionKind::kRestore;
+  d.service = svc_id;
+  d.node = dev_node[target];
+  d.device = dev_local[target];
+  d.time = svc.ready_ns;
+  out.push_back(d);
+  if (svc.ready_ns > now) wakeup = std::min(wakeup, svc.ready_ns);
+  return true;
+}
+
+// kTangram: a restore serves a service's whole queue, so offloaded services with waiting
+// actions are restored before the walk, in queue order rather than action order: starving
+// ones first (the first of their waiting actions in policy order has waited
+// starvation_seconds), then the most waiting actions per second the restore and the queue
+// occupy the GPU memory (Smith's rule: waiting / (restore + queued work / max_batch), cross
+// multiplied in integers), then service order. Each is restored by restore() (the usual
+// device choice and greedy eviction) with its first waiting action in policy order as the
+// head; one that finds no room now is left to the walk.
+void Scheduler::Impl::restore_queues(std::vector<Decision>& out) {
+  std::vector<std::int32_t> order;
+  for (std::int32_t s = 0; s < static_cast<std::int32_t>(services.size()); ++s)
+    if (services[s].device == kNone && services[s].waiting > 0) order.push_back(s);
+  if (order.empty()) return;
+  std::vector<std::int32_t> head(services.size(), kNone);  // class holding the service's first waiting action
+  for (std::int32_t c = 0; c < static_cast<std::int32_t>(classes.size()); ++c) {
+    const Class& cl = classes[c];
+    if (cl.service == kNone || cl.waiting.empty() || services[cl.service].device != kNone) continue;
+    std::int32_t& h = head[cl.service];
+    if (h == kNone || cl.waiting.head() < classes[h].waiting.head()) h = c;
+  }
+  auto starving = [&](std::int32_t s) { return now - classes[head[s]].waiting.head().submit_ns >= starvation_ns; };
+  auto span = [&](std::int32_t s) {
+    return services[s].restore_ns + services[s].queued_ns / inv.services[s].max_batch;
+  };
+  std::sort(order.begin(), order.end(), [&](std::int32_t x, std::int32_t y) {
+    bool sx = starving(x), sy = starving(y);
+    if (sx != sy) return sx;
+    __int128 lhs = static_cast<__int128>(services[x].waiting) * span(y);
+    __int128 rhs = static_cast<__int128>(services[y].waiting) * span(x);
+    if (lhs != rhs) return lhs > rhs;
+    return x < y;
+  });
+  for (std::int32_t s : order)
+    if (services[s].device == kNone) restore(s, classes[head[s]], out);
+}
+
+// An action needs GPU memory that resident services hold: evict by the same greedy plan,
+// on its service's device, or else on the device with the cheapest plan among the nodes
+// (in its range) where the rest of its demand fits now. False when no plan exists.
+bool Scheduler::Impl::make_gpu_room(const Class& c, std::int32_t lo, std::int32_t hi, std::int32_t fixed_leaf,
+                                    std::int32_t device, std::vector<Decision>& out) {
+  std::int32_t target = kNone;
+  RoomPlan chosen;
+  if (device != kNone) {
+    if (dev_free[device] >= c.gpu_memory) return false;  // it waits for something else
+    chosen = plan_room(device, c.gpu_memory, c.service);
+    if (!chosen.ok) return false;
+    target = device;
+  } else {
+    const Partition& part = partitions[c.partition];
+    std::tuple<std::int64_t, std::int64_t, std::size_t, std::int32_t> best{INT64_MAX, 0, 0, 0};
+    if (fixed_leaf != kNone) lo = fixed_leaf, hi = fixed_leaf + 1;
+    for (std::int32_t leaf = lo; leaf < hi; ++leaf) {
+      const std::int32_t b = part.bins[leaf];
+      const std::int32_t n = bin_node[b];
+      if (fixed_leaf == kNone && bin_bound[b]) continue;
+      if (!node_online[n]) continue;
+      if (any_mask && node_masked[n] == pass_epoch) continue;
+      const Quantity* f = free_of(b);
+      bool fits = true;
+      for (std::int32_t k = 0; k < K && fits; ++k) fits = f[k] >= c.demand[k];
+      if (!fits) continue;
+      for (std::int32_t d = node_first_dev[n]; d < node_first_dev[n + 1]; ++d) {
+        if (dev_total[d] < c.gpu_memory) continue;
+        RoomPlan plan = plan_room(d, c.gpu_memory, kNone);
+        if (!plan.ok || plan.victims.empty()) continue;
+        auto cost = std::make_tuple(plan.busy, plan.queued, plan.victims.size(), d);
+        if (cost < best) {
+          best = cost;
+          target = d;
+          chosen = std::move(plan);
+        }
+      }
+    }
+    if (target == kNone) return false;
+  }
+  for (std::int32_t v : chosen.victims) evict(v, out);
+  refresh_node_devices(dev_node[target]);
+  release_on_node(dev_node[target], kNone);
+  return true;
+}
+
+}  // namespace tangram
