@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -46,9 +47,11 @@ class PyScheduler {
               std::vector<std::tuple<std::string, std::int64_t, double, std::int32_t>> services,
               const std::string& policy, double aging, std::int32_t candidates, double min_relative_gain,
               double starvation_seconds, std::int64_t trajectory_slot_cpu,
-              std::vector<std::pair<std::uint32_t, double>> pools, py::dtype decision_dtype)
+              std::vector<std::pair<std::uint32_t, double>> pools, py::dtype decision_dtype,
+              std::optional<std::vector<std::pair<std::string, std::string>>> rules)
       : sched_(make_inventory(kinds, node_names, capacity, gpus, quotas, services),
-               make_policy(policy, aging, candidates, min_relative_gain, starvation_seconds, trajectory_slot_cpu, pools)),
+               make_policy(policy, aging, candidates, min_relative_gain, starvation_seconds, trajectory_slot_cpu, pools,
+                           rules)),
         decision_dtype_(std::move(decision_dtype)),
         kinds_(static_cast<std::int32_t>(kinds.size())) {}
 
@@ -145,9 +148,12 @@ class PyScheduler {
   }
 
   static PolicyConfig make_policy(const std::string& name, double aging, std::int32_t candidates, double gain,
-                                  double starvation, std::int64_t slot_cpu, std::vector<std::pair<std::uint32_t, double>> pools) {
+                                  double starvation, std::int64_t slot_cpu, std::vector<std::pair<std::uint32_t, double>> pools,
+                                  const std::optional<std::vector<std::pair<std::string, std::string>>>& rules) {
     PolicyConfig p;
-    p.kind = policy_from_name(name);
+    // A built-in policy by name; or, with `rules`, a row of its own under that name.
+    if (rules) p.row = PolicyRow{name, parse_rules(*rules, "policy(" + name + ").rules")};
+    else p.kind = policy_from_name(name);
     p.aging = aging;
     p.candidates = candidates;
     p.min_relative_gain = gain;
@@ -214,6 +220,21 @@ class PyScheduler {
 }  // namespace
 
 void register_scheduler(py::module_& m) {
+  // The built-in policies (policy.cc's rows): POLICIES their names in order, POLICY_RULES
+  // each one's rules by name, RULES every rule with its values.
+  py::list names;
+  py::dict rows;
+  for (const PolicyRow& row : builtin_policies()) {
+    names.append(row.name);
+    py::dict rules;
+    for (const auto& [field, value] : describe_rules(row.rules)) rules[py::str(field)] = value;
+    rows[py::str(row.name)] = rules;
+  }
+  m.attr("POLICIES") = py::tuple(names);
+  m.attr("POLICY_RULES") = rows;
+  py::dict rule_values;
+  for (const auto& [field, values] : rule_names()) rule_values[py::str(field)] = py::tuple(py::cast(values));
+  m.attr("RULES") = rule_values;
   m.attr("ACTION_HEADER_SIZE") = sizeof(ActionHeader);
   m.attr("DECISION_SIZE") = sizeof(DecisionRecord);
   py::class_<PyScheduler>(m, "Scheduler")
@@ -222,11 +243,12 @@ void register_scheduler(py::module_& m) {
                     std::vector<std::vector<std::int64_t>>,
                     std::vector<std::tuple<std::string, double, std::int64_t, std::int64_t, std::int64_t>>,
                     std::vector<std::tuple<std::string, std::int64_t, double, std::int32_t>>, const std::string&, double,
-                    std::int32_t, double, double, std::int64_t, std::vector<std::pair<std::uint32_t, double>>, py::dtype>(),
+                    std::int32_t, double, double, std::int64_t, std::vector<std::pair<std::uint32_t, double>>, py::dtype,
+                    std::optional<std::vector<std::pair<std::string, std::string>>>>(),
            py::kw_only(), py::arg("kinds"), py::arg("node_names"), py::arg("capacity"), py::arg("gpus"),
            py::arg("quotas"), py::arg("services"), py::arg("policy"), py::arg("aging"), py::arg("candidates"),
            py::arg("min_relative_gain"), py::arg("starvation_seconds"), py::arg("trajectory_slot_cpu"),
-           py::arg("pools"), py::arg("decision_dtype"))
+           py::arg("pools"), py::arg("decision_dtype"), py::arg("rules") = py::none())
       .def("add_table", &PyScheduler::add_table, py::arg("points"))
       .def("submit", &PyScheduler::submit, py::arg("records"), py::arg("now"))
       .def("complete", &PyScheduler::complete, py::arg("ids"), py::arg("now"))

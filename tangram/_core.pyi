@@ -4,11 +4,16 @@ from typing import Sequence
 
 import numpy as np
 
-__version__: str  # the package version this module was built for
 import numpy.typing as npt
 
+__version__: str  # the package version this module was built for
 ACTION_HEADER_SIZE: int
 DECISION_SIZE: int
+# The built-in policies (csrc/tangram/policy.cc): their names in order, each one's rules,
+# and every rule with the names of its values.
+POLICIES: tuple[str, ...]
+POLICY_RULES: dict[str, dict[str, str]]
+RULES: dict[str, tuple[str, ...]]
 
 class Scheduler:
     def __init__(
@@ -28,6 +33,7 @@ class Scheduler:
         trajectory_slot_cpu: int,
         pools: Sequence[tuple[int, float]],
         decision_dtype: np.dtype,
+        rules: Sequence[tuple[str, str]] | None = None,  # a policy not built in: (rule, value) pairs
     ) -> None: ...
     def add_table(self, points: Sequence[tuple[float, float]]) -> int: ...
     def submit(self, records: np.ndarray, now: float) -> np.ndarray: ...

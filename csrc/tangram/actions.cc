@@ -68,7 +68,7 @@ void Scheduler::Impl::validate_spec(const ActionSpec& s, const Field& field) con
   if (s.tokens < 0 || s.tokens > static_cast<std::int64_t>(kMaxBaseUnits)) bad("tokens", "must be in [0, 1e12]");
   if (s.tokens > 0 && s.quota == kNone) bad("tokens", "tokens need a quota to draw from");
   if (row.rules.bins == BinLayout::kTaskPools && !pool_partition.count(s.task))
-    throw Error(ErrorCode::kUnknownName, field() + ".task", "no task pool " + std::to_string(s.task) + " in the isolated policy");
+    throw Error(ErrorCode::kUnknownName, field() + ".task", "no task pool " + std::to_string(s.task) + " among the policy's task pools");
   // The model must give a usable run time at the minimum grant.
   Quantity lo = s.elastic_kind == kNone ? kMilli : s.demand[s.elastic_kind];
   double t = model_seconds(m, lo, lo, tables);

@@ -106,14 +106,14 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
     case BinLayout::kTrajectorySlots: {
       bool has_cpu = false;
       for (std::int32_t k = 0; k < K; ++k) has_cpu = has_cpu || inv.kinds[k] == "cpu";
-      if (!has_cpu) throw Error(ErrorCode::kUnknownName, pf, "the trajectory policy needs a 'cpu' kind");
+      if (!has_cpu) throw Error(ErrorCode::kUnknownName, pf, "trajectory slots need a 'cpu' kind");
       if (policy.trajectory_slot_cpu <= 0 || policy.trajectory_slot_cpu > kMaxMilli)
         throw Error(ErrorCode::kInvalidArgument, pf + ".trajectory_slot_cpu", "must be positive");
       partitions.resize(1);
       break;
     }
     case BinLayout::kTaskPools: {
-      if (policy.pools.empty()) throw Error(ErrorCode::kInvalidArgument, pf + ".pools", "the isolated policy needs at least one task pool");
+      if (policy.pools.empty()) throw Error(ErrorCode::kInvalidArgument, pf + ".pools", "task pools need at least one pool");
       for (std::size_t p = 0; p < policy.pools.size(); ++p) {
         double w = policy.pools[p].second;
         if (!std::isfinite(w) || w <= 0 || w > 1e6)

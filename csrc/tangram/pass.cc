@@ -86,146 +86,139 @@ std::int32_t Scheduler::Impl::scope_node(const Class& c) const {
   return c.affinity_node;
 }
 
+// Tries to start the head of class `c`, in steps: its quota and service gates, the bins it
+// may use (find_room), GPU memory made by eviction, the starvation rule when nothing fits
+// (no_room), quota admission, best fit, and the start (start_head).
 Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decision>& out) {
   Class& cl = classes[c];
   const std::int32_t slot = cl.waiting.head().slot;
-  ActionRec& a = slots[slot];
   // A start commits to the head's record and takes the head off the queue, most likely
   // cache misses: fetch them while the placement search runs.
-  prefetch(&a);
+  prefetch(&slots[slot]);
   cl.waiting.prefetch_pop();
-  if (cl.quota != kNone && quota_blocked[cl.quota]) {
-    cl.block = quotas[cl.quota].last_block == QuotaState::Blocked::kRate ? Block::kQuotaRate
-               : quotas[cl.quota].last_block == QuotaState::Blocked::kTokens ? Block::kQuotaTokens
-                                                                             : Block::kQuotaConcurrency;
-    cl.block_until = quotas[cl.quota].last_until;
+  if (cl.quota != kNone && quota_blocked[cl.quota]) {  // refused earlier in this pass
+    note_quota_block(cl, quotas[cl.quota]);
     return Try::kWaits;
   }
-  std::int32_t device = kNone;
-  if (cl.service != kNone) {
-    ServiceRec& svc = services[cl.service];
-    if (svc.device != kNone && !node_online[dev_node[svc.device]]) {
-      // Resident on an offline node: evicted once its running actions there have ended.
-      cl.block = Block::kServiceNoRoom;
-      return Try::kWaits;
-    }
-    if (svc.device != kNone && svc.ready_ns <= now && dev_total[svc.device] < inv.services[cl.service].memory + cl.gpu_memory) {
-      // Its device can never hold this action beside the service: move the service once
-      // its running batch is done.
-      if (svc.running > 0) {
-        cl.block = Block::kServiceNoRoom;
-        return Try::kWaits;
-      }
-      const std::int32_t node = dev_node[svc.device];
-      evict(cl.service, out);
-      refresh_node_devices(node);
-      release_on_node(node, kNone);
-    }
-    if (svc.device == kNone && !restore(cl.service, cl, out)) {
-      cl.block = Block::kServiceNoRoom;
-      return Try::kWaits;
-    }
-    if (svc.ready_ns > now) {
-      cl.block = Block::kServiceRestoring;
-      cl.block_until = svc.ready_ns;
-      wakeup = std::min(wakeup, svc.ready_ns);
-      return Try::kWaits;
-    }
-    if (svc.running >= inv.services[cl.service].max_batch) {
-      cl.block = Block::kServiceBatchFull;
-      return Try::kWaits;
-    }
-    device = svc.device;
-  }
-  Partition& part = partitions[cl.partition];
-  std::int32_t lo, hi, fixed_leaf;
-  bool has_range = eligible_range(cl, lo, hi, fixed_leaf);
-  const std::int32_t node_scope = scope_node(cl);
+  std::int32_t device = kNone;  // the service's device, for a service action
+  if (cl.service != kNone && !service_admits(cl, device, out)) return Try::kWaits;
+  const Room room = find_room(cl, device);
+  // GPU memory held by resident services is reclaimed for an action that needs it.
+  if (cand.empty() && cl.gpu_memory > 0 && room.has_range && !room.masked &&
+      make_gpu_room(cl, room.lo, room.hi, room.fixed_leaf, device, out))
+    return try_head(c, out);
+  if (cand.empty()) return no_room(cl, room, device);
+  if (cl.quota != kNone && !quota_admits(cl)) return Try::kWaits;
+  start_head(c, best_fit(cl), room.fixed_leaf, device, out);
+  return Try::kStarted;
+}
 
-  cand.clear();
+// The bins the class may use now, as `cand`: up to `candidates` leaves of its partition
+// whose free room covers its demand (and GPU memory), first in leaf order, skipping bins
+// held back by a starving action. Empty when none fits, when it has nowhere to go, or when
+// its whole partition is held back.
+inline Scheduler::Impl::Room Scheduler::Impl::find_room(Class& cl, std::int32_t device) {
+  Room room;
+  room.has_range = eligible_range(cl, room.lo, room.hi, room.fixed_leaf);
+  room.scope = scope_node(cl);
   // A trajectory's own slot is nobody else's: a starving action elsewhere cannot claim it.
-  const bool own_slot = fixed_leaf != kNone;
-  bool masked = !own_slot && partition_masked[cl.partition] == pass_epoch;
-  if (has_range && !masked) {
-    if (fixed_leaf != kNone) {
-      std::int32_t b = part.bins[fixed_leaf];
-      const Quantity* f = free_of(b);
-      bool fits = true;
-      for (std::int32_t k = 0; k < K && fits; ++k) fits = f[k] >= cl.demand[k];
-      if (fits && cl.gpu_memory > 0 && device == kNone) fits = node_max_dev_free[bin_node[b]] >= cl.gpu_memory;
-      if (fits) fits = node_online[bin_node[b]] != 0;
-      if (fits) cand.push_back(fixed_leaf);
-    } else {
-      std::copy(cl.demand, cl.demand + K, scratch.begin());
-      if (has_gpus) scratch[K] = device == kNone ? cl.gpu_memory : 0;
-      auto skip = [&](std::int32_t leaf) { return any_mask && node_masked[bin_node[part.bins[leaf]]] == pass_epoch; };
-      if (cl.fit_pass == pass_epoch && lo == 0 && hi == part.free_tree.leaves()) {
-        // Woken by this pass's releases: only released leaves can hold it (see Class).
-        const std::vector<std::int32_t>& leaves = released_leaves[cl.partition];
-        const std::int32_t first = first_released_fit(cl.partition, cl.fit_from, cl.demand);
-        // Leaves before `first` do not fit now, and room only shrinks in a pass: later
-        // heads of this class start their scan there.
-        cl.fit_from = first < 0 ? static_cast<std::int32_t>(leaves.size()) : first;
-        for (std::int32_t i = first; i >= 0; i = first_released_fit(cl.partition, i + 1, cl.demand)) {
-          const std::int32_t leaf = leaves[i];
-          if (bin_bound[part.bins[leaf]] || !node_online[bin_node[part.bins[leaf]]] || skip(leaf)) continue;
-          if (has_gpus && node_max_dev_free[bin_node[part.bins[leaf]]] < scratch[K]) continue;
-          cand.push_back(leaf);
-          if (static_cast<std::int32_t>(cand.size()) == policy.candidates) break;
-        }
-      } else if (lo == 0 && hi == part.free_tree.leaves()) {
-        // Its heads are tried again and again in one pass: each search starts where the
-        // last one found its first fit, past the leaves filled up since the pass began.
-        const std::int32_t from = cl.tree_epoch == search_epoch ? cl.tree_from : 0;
-        part.free_tree.find(from, hi, scratch.data(), policy.candidates, skip, cand);
-        cl.tree_epoch = search_epoch;
-        cl.tree_from = cand.empty() ? hi : cand[0];
-      } else {
-        part.free_tree.find(lo, hi, scratch.data(), policy.candidates, skip, cand);
+  room.own_slot = room.fixed_leaf != kNone;
+  room.masked = !room.own_slot && partition_masked[cl.partition] == pass_epoch;
+  cand.clear();
+  if (!room.has_range || room.masked) return room;
+  const Partition& part = partitions[cl.partition];
+  const std::int32_t lo = room.lo, hi = room.hi;
+  if (room.fixed_leaf != kNone) {
+    std::int32_t b = part.bins[room.fixed_leaf];
+    const Quantity* f = free_of(b);
+    bool fits = true;
+    for (std::int32_t k = 0; k < K && fits; ++k) fits = f[k] >= cl.demand[k];
+    if (fits && cl.gpu_memory > 0 && device == kNone) fits = node_max_dev_free[bin_node[b]] >= cl.gpu_memory;
+    if (fits) fits = node_online[bin_node[b]] != 0;
+    if (fits) cand.push_back(room.fixed_leaf);
+  } else {
+    std::copy(cl.demand, cl.demand + K, scratch.begin());
+    if (has_gpus) scratch[K] = device == kNone ? cl.gpu_memory : 0;
+    auto skip = [&](std::int32_t leaf) { return any_mask && node_masked[bin_node[part.bins[leaf]]] == pass_epoch; };
+    if (cl.fit_pass == pass_epoch && lo == 0 && hi == part.free_tree.leaves()) {
+      // Woken by this pass's releases: only released leaves can hold it (see Class).
+      const std::vector<std::int32_t>& leaves = released_leaves[cl.partition];
+      const std::int32_t first = first_released_fit(cl.partition, cl.fit_from, cl.demand);
+      // Leaves before `first` do not fit now, and room only shrinks in a pass: later
+      // heads of this class start their scan there.
+      cl.fit_from = first < 0 ? static_cast<std::int32_t>(leaves.size()) : first;
+      for (std::int32_t i = first; i >= 0; i = first_released_fit(cl.partition, i + 1, cl.demand)) {
+        const std::int32_t leaf = leaves[i];
+        if (bin_bound[part.bins[leaf]] || !node_online[bin_node[part.bins[leaf]]] || skip(leaf)) continue;
+        if (has_gpus && node_max_dev_free[bin_node[part.bins[leaf]]] < scratch[K]) continue;
+        cand.push_back(leaf);
+        if (static_cast<std::int32_t>(cand.size()) == policy.candidates) break;
       }
+    } else if (lo == 0 && hi == part.free_tree.leaves()) {
+      // Its heads are tried again and again in one pass: each search starts where the
+      // last one found its first fit, past the leaves filled up since the pass began.
+      const std::int32_t from = cl.tree_epoch == search_epoch ? cl.tree_from : 0;
+      part.free_tree.find(from, hi, scratch.data(), policy.candidates, skip, cand);
+      cl.tree_epoch = search_epoch;
+      cl.tree_from = cand.empty() ? hi : cand[0];
+    } else {
+      part.free_tree.find(lo, hi, scratch.data(), policy.candidates, skip, cand);
     }
   }
   if (!cand.empty() && device != kNone && dev_free[device] < cl.gpu_memory) cand.clear();
-  // GPU memory held by resident services is reclaimed for an action that needs it.
-  if (cand.empty() && cl.gpu_memory > 0 && has_range && !masked && make_gpu_room(cl, lo, hi, fixed_leaf, device, out))
-    return try_head(c, out);
-  if (cand.empty()) {
-    bool held = masked || (!own_slot && node_scope != kNone && node_masked[node_scope] == pass_epoch);
-    cl.block = held ? Block::kHeldBack : Block::kResources;
-    // While a node is offline, an action that fits no online node's capacity holds nothing
-    // back (it waits for the node, or for a new one, parked like any other).
-    if (!own_slot && now - cl.waiting.head().submit_ns >= starvation_ns &&
-        (n_offline == 0 || (has_range && fits_online_capacity(cl, lo, hi, device)))) {
-      // A starving action keeps everything behind it off the bins it could use. Under
-      // kTrajectory those are the free slots only, so the pass goes on for bound ones.
-      if (node_scope == kNone) {
-        partition_masked[cl.partition] = pass_epoch;
-        if (starving_head_halts) return Try::kHalt;
-      } else {
-        node_masked[node_scope] = pass_epoch;
-      }
-      any_mask = true;
-      return Try::kBlocked;
+  return room;
+}
+
+// Nothing fits the head now. A starving head (waited starvation_seconds) holds back every
+// later head from the bins it could use; any other parks until room is released where it
+// could run (GPU classes are looked at every pass instead, since memory also frees when a
+// cached service turns idle).
+Scheduler::Impl::Try Scheduler::Impl::no_room(Class& cl, const Room& room, std::int32_t device) {
+  const bool held = room.masked || (!room.own_slot && room.scope != kNone && node_masked[room.scope] == pass_epoch);
+  cl.block = held ? Block::kHeldBack : Block::kResources;
+  // While a node is offline, an action that fits no online node's capacity holds nothing
+  // back (it waits for the node, or for a new one, parked like any other).
+  if (!room.own_slot && now - cl.waiting.head().submit_ns >= starvation_ns &&
+      (n_offline == 0 || (room.has_range && fits_online_capacity(cl, room.lo, room.hi, device)))) {
+    // With trajectory slots, the bins held back are the free slots only, so the pass goes
+    // on for bound ones.
+    if (room.scope == kNone) {
+      partition_masked[cl.partition] = pass_epoch;
+      if (starving_head_halts) return Try::kHalt;
+    } else {
+      node_masked[room.scope] = pass_epoch;
     }
-    // Parking waits for a release; GPU classes are looked at every pass instead, since
-    // memory also frees when a cached service turns idle.
-    if (!any_mask && cl.service == kNone && cl.gpu_memory == 0) return Try::kParked;
+    any_mask = true;
     return Try::kBlocked;
   }
-  if (cl.quota != kNone) {
-    QuotaState& q = quotas[cl.quota];
-    if (!q.admits(now, cl.tokens)) {
-      quota_blocked[cl.quota] = 1;
-      cl.block = q.last_block == QuotaState::Blocked::kRate ? Block::kQuotaRate
-                 : q.last_block == QuotaState::Blocked::kTokens ? Block::kQuotaTokens
-                                                                : Block::kQuotaConcurrency;
-      cl.block_until = q.last_until;
-      if (q.last_until != kNever) wakeup = std::min(wakeup, q.last_until);
-      return Try::kWaits;
-    }
-    q.take(now, cl.tokens);
+  if (!any_mask && cl.service == kNone && cl.gpu_memory == 0) return Try::kParked;
+  return Try::kBlocked;
+}
+
+void Scheduler::Impl::note_quota_block(Class& cl, const QuotaState& q) {
+  cl.block = q.last_block == QuotaState::Blocked::kRate     ? Block::kQuotaRate
+             : q.last_block == QuotaState::Blocked::kTokens ? Block::kQuotaTokens
+                                                            : Block::kQuotaConcurrency;
+  cl.block_until = q.last_until;
+}
+
+// Takes the head's request from its quota, or blocks the quota for the rest of the pass
+// (later heads of the quota wait without asking).
+bool Scheduler::Impl::quota_admits(Class& cl) {
+  QuotaState& q = quotas[cl.quota];
+  if (!q.admits(now, cl.tokens)) {
+    quota_blocked[cl.quota] = 1;
+    note_quota_block(cl, q);
+    if (q.last_until != kNever) wakeup = std::min(wakeup, q.last_until);
+    return false;
   }
-  // Best fit among the candidates: least normalised room left over; first on ties.
+  q.take(now, cl.tokens);
+  return true;
+}
+
+// Best fit among the candidates: least normalised room left over; first on ties.
+inline std::int32_t Scheduler::Impl::best_fit(const Class& cl) const {
+  const Partition& part = partitions[cl.partition];
   std::int32_t best_leaf = cand[0];
   if (cand.size() > 1) {
     std::int64_t best_score = INT64_MAX;
@@ -242,7 +235,20 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
       }
     }
   }
-  const std::int32_t bin = part.bins[best_leaf];
+  return best_leaf;
+}
+
+// Starts the head of class `c` on `leaf` of its partition: takes its resources (and a GPU
+// device by best fit, when it needs one and has no service), binds a trajectory slot on its
+// first start, takes the head off its class, and emits the kStart decision. The class's
+// next head parks at once if it surely cannot start in the rest of the pass.
+inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::int32_t fixed_leaf, std::int32_t device,
+                                 std::vector<Decision>& out) {
+  Class& cl = classes[c];
+  Partition& part = partitions[cl.partition];
+  const std::int32_t slot = cl.waiting.head().slot;
+  ActionRec& a = slots[slot];
+  const std::int32_t bin = part.bins[leaf];
   const std::int32_t node = bin_node[bin];
   if (device == kNone && cl.gpu_memory > 0) {
     Quantity best_left = INT64_MAX;
@@ -252,7 +258,6 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
         device = d;
       }
   }
-  // Commit.
   Quantity* f = free_of(bin);
   for (std::int32_t k = 0; k < K; ++k) f[k] -= cl.demand[k];
   a.grant = a.elastic_kind == kNone ? 0 : cl.demand[a.elastic_kind];
@@ -279,7 +284,7 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
     trajectory_bin[cl.trajectory] = bin;
     bin_bound[bin] = 1;
     std::vector<Quantity> hidden(D, -1);
-    part.free_tree.set(best_leaf, hidden.data());
+    part.free_tree.set(leaf, hidden.data());
   } else if (!bin_bound[bin]) {
     refresh_leaf(bin);
   }
@@ -320,7 +325,6 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
   started.push_back(slot);
   started_decision.push_back(out.size());
   out.push_back(d);
-  return Try::kStarted;
 }
 
 void Scheduler::Impl::pass(std::vector<Decision>& out) {

@@ -46,18 +46,71 @@ PolicyKind policy_from_name(const std::string& name) {
   throw Error(ErrorCode::kUnknownName, "policy", "unknown policy '" + name + "' (" + known + ")");
 }
 
+const RuleNames& rule_names() {
+  static const RuleNames kNames = {
+      {"order", {"arrival", "estimate"}},
+      {"bins", {"node", "trajectory_slots", "task_pools"}},
+      {"spare", {"none", "uncontended", "every_bin"}},
+      {"restore", {"on_demand", "queues_first"}},
+      {"service_devices", {"any", "home"}},
+  };
+  return kNames;
+}
+
+namespace {
+
+// The rules as their enums' values, in rule_names() order.
+std::vector<std::uint8_t> rule_values(const PolicyRules& r) {
+  return {static_cast<std::uint8_t>(r.order), static_cast<std::uint8_t>(r.bins), static_cast<std::uint8_t>(r.spare),
+          static_cast<std::uint8_t>(r.restore), static_cast<std::uint8_t>(r.service_devices)};
+}
+
+}  // namespace
+
 void validate_rules(const PolicyRow& row, const std::string& field) {
   if (row.name.empty()) throw Error(ErrorCode::kInvalidArgument, field + ".name", "a policy needs a name");
-  const PolicyRules& r = row.rules;
-  auto check = [&](const char* rule, std::uint8_t value, std::uint8_t count) {
-    if (value >= count)
-      throw Error(ErrorCode::kInvalidArgument, field + "." + rule, "no such rule (" + std::to_string(value) + ")");
-  };
-  check("order", static_cast<std::uint8_t>(r.order), 2);
-  check("bins", static_cast<std::uint8_t>(r.bins), 3);
-  check("spare", static_cast<std::uint8_t>(r.spare), 3);
-  check("restore", static_cast<std::uint8_t>(r.restore), 2);
-  check("service_devices", static_cast<std::uint8_t>(r.service_devices), 2);
+  const std::vector<std::uint8_t> values = rule_values(row.rules);
+  for (std::size_t i = 0; i < values.size(); ++i)
+    if (values[i] >= rule_names()[i].second.size())
+      throw Error(ErrorCode::kInvalidArgument, field + "." + rule_names()[i].first,
+                  "no such rule (" + std::to_string(values[i]) + ")");
+}
+
+std::vector<std::pair<std::string, std::string>> describe_rules(const PolicyRules& rules) {
+  const std::vector<std::uint8_t> values = rule_values(rules);
+  std::vector<std::pair<std::string, std::string>> out;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    const auto& [field, names] = rule_names()[i];
+    out.emplace_back(field, values[i] < names.size() ? names[values[i]] : "?");
+  }
+  return out;
+}
+
+PolicyRules parse_rules(const std::vector<std::pair<std::string, std::string>>& fields, const std::string& where) {
+  const RuleNames& names = rule_names();
+  std::vector<int> value(names.size(), -1);
+  for (const auto& [field, name] : fields) {
+    std::size_t i = 0;
+    while (i < names.size() && names[i].first != field) ++i;
+    if (i == names.size()) throw Error(ErrorCode::kInvalidArgument, where + "." + field, "no such rule");
+    if (value[i] >= 0) throw Error(ErrorCode::kInvalidArgument, where + "." + field, "given twice");
+    const std::vector<std::string>& allowed = names[i].second;
+    std::string known;
+    for (std::size_t v = 0; v < allowed.size(); ++v) {
+      if (allowed[v] == name) value[i] = static_cast<int>(v);
+      known += (v ? ", " : "") + allowed[v];
+    }
+    if (value[i] < 0) throw Error(ErrorCode::kInvalidArgument, where + "." + field, "unknown value '" + name + "' (" + known + ")");
+  }
+  for (std::size_t i = 0; i < names.size(); ++i)
+    if (value[i] < 0) throw Error(ErrorCode::kInvalidArgument, where + "." + names[i].first, "missing");
+  PolicyRules r;
+  r.order = static_cast<OrderRule>(value[0]);
+  r.bins = static_cast<BinLayout>(value[1]);
+  r.spare = static_cast<SpareRule>(value[2]);
+  r.restore = static_cast<RestoreRule>(value[3]);
+  r.service_devices = static_cast<ServiceDevices>(value[4]);
+  return r;
 }
 
 }  // namespace tangram

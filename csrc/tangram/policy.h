@@ -121,4 +121,15 @@ PolicyKind policy_from_name(const std::string& name);
 // out of its enum's range (a row made by casting).
 void validate_rules(const PolicyRow& row, const std::string& field);
 
+// The rules by name, as Python and docs/scheduling.md spell them: each field ("order",
+// "bins", "spare", "restore", "service_devices") with its values' names in enum order.
+using RuleNames = std::vector<std::pair<std::string, std::vector<std::string>>>;
+const RuleNames& rule_names();
+// (field, value name) for each field of `rules`, in rule_names() order.
+std::vector<std::pair<std::string, std::string>> describe_rules(const PolicyRules& rules);
+// The rules named by (field, value name) pairs; every field exactly once. Throws
+// Error(kInvalidArgument) naming `where`.field for an unknown, missing or repeated field or
+// an unknown value.
+PolicyRules parse_rules(const std::vector<std::pair<std::string, std::string>>& fields, const std::string& where);
+
 }  // namespace tangram

@@ -1,3 +1,30 @@
+// The scheduler core's private state and the map of its sources. docs/scheduling.md states
+// the rules; tangram/reference.py implements the same rules naively, and the differential
+// tests hold the two to identical decisions. This header is not installed.
+//
+// State:
+//   bins        what placement packs into, per the policy's BinLayout: a node, one trajectory
+//               slot, or a node's share for one task pool. Each partition (one, or one per
+//               task pool) has a BinTree over its bins for fast "first bins that fit".
+//   classes     waiting actions with identical admission constraints (demand, gpu memory,
+//               affinity, service, quota, tokens; the trajectory with trajectory slots). If
+//               the first of a class cannot start, none of the class can in that pass.
+//   active      a heap of the head of every class that may start, in policy order. A
+//               class that failed on resources alone is parked off it until resources are
+//               released where it could run; parking only skips work that would fail. A
+//               class woken by released room looks only at the released bins.
+//
+// Sources, one concern each (each file opens with what it reads, changes and guarantees):
+//   policy.cc          the rows of rules, policy names
+//   bins.cc            construction, bins, trees, node membership
+//   actions.cc         validation, classes, submit, the end of an action
+//   parking.cc         parking and wakes
+//   pass.cc            the pass and a head's try (placement, starvation, quota admission)
+//   services.cc        GPU services: restores, greedy eviction
+//   spare.cc           spare elastic units
+//   introspection.cc   explain, invariants
+//   scheduler.cc       the public face: events in, decisions out
+//   quota.cc, elasticity.cc, bin_tree.cc, id_map.h, wait_queue.h: the data structures.
 #pragma once
 
 #include <algorithm>
@@ -17,8 +44,6 @@
 #include "tangram/wait_queue.h"
 
 namespace tangram {
-
-// Everything below is private to the core's sources (this header is not installed).
 
 inline constexpr Quantity kMaxMilli = static_cast<Quantity>(kMaxBaseUnits) * kMilli;
 inline constexpr Quantity kElasticStep = kMilli;  // elastic grants grow one base unit at a time
@@ -100,7 +125,7 @@ struct alignas(64) Class {
   // memory (what a try reads besides); the class key's other fields and the rest follow.
   bool parked = false;
   bool in_active = false;
-  // kTrajectory, non-service actions: the class runs in its trajectory's own slot. Service
+  // Trajectory slots, non-service actions: the class runs in its trajectory's own slot. Service
   // actions run beside their service, in any slot no trajectory holds, and bind nothing.
   bool in_trajectory_slot = false;
   Block block = Block::kNotConsidered;
@@ -163,7 +188,7 @@ struct ServiceRec {
   std::int32_t running = 0;
   std::int64_t waiting = 0;
   TimeNs queued_ns = 0;  // estimated work of waiting actions
-  std::int32_t home_device = kNone;  // kIsolated / kTrajectory
+  std::int32_t home_device = kNone;  // ServiceDevices::kHome
   TimeNs restore_ns = 0;
 };
 
@@ -190,7 +215,7 @@ struct Scheduler::Impl {
   std::vector<Quantity> bin_room;
   std::vector<std::int32_t> bin_node, bin_partition, bin_leaf;
   std::vector<Partition> partitions;
-  std::unordered_map<std::uint32_t, std::int32_t> pool_partition;  // kIsolated
+  std::unordered_map<std::uint32_t, std::int32_t> pool_partition;  // BinLayout::kTaskPools
 
   // GPUs (global device index)
   std::vector<std::int32_t> dev_node, dev_local;
@@ -225,16 +250,11 @@ struct Scheduler::Impl {
   }
   // Classes by hash of their constraints; equal hashes chain through Class::next_same_hash.
   IdMap class_index;
-  // kTrajectory keys a class by its trajectory: an ended trajectory's classes (all empty)
+  // With trajectory slots a class is keyed by its trajectory: an ended trajectory's classes (all empty)
   // are freed and their slots reused, so a long run does not grow by one class per
   // trajectory. Other policies' classes are bounded by their distinct constraints.
   std::unordered_map<TrajectoryId, std::vector<std::int32_t>> trajectory_classes;
   std::vector<std::int32_t> free_classes;
-  void free_class(std::int32_t c);
-  // Per partition, the capacities of one node's bins under the policy.
-  using NodeBins = std::vector<std::vector<std::vector<Quantity>>>;
-  NodeBins node_bins(const std::vector<Quantity>& capacity) const;
-  void append_bin(std::int32_t node, std::int32_t part, const std::vector<Quantity>& cap);
   // The head of every class that may start, as a min-heap in policy order. Deactivating
   // only clears Class::in_active: entries whose generation is not the class's current one
   // are stale and dropped when they surface (each pass drains the heap).
@@ -266,8 +286,8 @@ struct Scheduler::Impl {
   };
   std::vector<ParkDeadline> park_deadlines;
   IdMap trajectory_live;  // trajectory -> its live actions
-  std::unordered_map<TrajectoryId, std::int32_t> trajectory_bin;  // kTrajectory bindings
-  std::vector<std::uint8_t> bin_bound;  // kTrajectory: slot held by a trajectory (hidden from the free tree)
+  std::unordered_map<TrajectoryId, std::int32_t> trajectory_bin;  // trajectory slot bindings
+  std::vector<std::uint8_t> bin_bound;  // trajectory slots: held by a trajectory (hidden from the free tree)
   std::uint64_t next_seq = 0;
   std::size_t n_waiting = 0, n_running = 0;
   TimeNs now = 0;
@@ -317,49 +337,53 @@ struct Scheduler::Impl {
   std::vector<std::uint8_t> node_online;  // per node
   std::int32_t n_offline = 0;
 
+  // ---- bins.cc: construction, bins and node membership
   Impl(Inventory inventory, PolicyConfig cfg);
-
-  // ---- helpers
   Quantity* free_of(std::int32_t bin) { return &bin_room[static_cast<std::size_t>(bin) * 2 * K]; }
   const Quantity* free_of(std::int32_t bin) const { return &bin_room[static_cast<std::size_t>(bin) * 2 * K]; }
   const Quantity* cap_of(std::int32_t bin) const { return &bin_room[(static_cast<std::size_t>(bin) * 2 + 1) * K]; }
-  bool service_is_ready(const ServiceRec& s) const { return s.device != kNone && s.ready_ns <= now; }
-  bool uses_service_home() const { return row.rules.service_devices == ServiceDevices::kHome; }
-
-  void refresh_leaf(std::int32_t bin);
-  void refresh_node_devices(std::int32_t node);
+  // Per partition, the capacities of one node's bins under the policy's BinLayout.
+  using NodeBins = std::vector<std::vector<std::vector<Quantity>>>;
+  NodeBins node_bins(const std::vector<Quantity>& capacity) const;
+  void append_bin(std::int32_t node, std::int32_t part, const std::vector<Quantity>& cap);
   void build_trees();
+  void refresh_leaf(std::int32_t bin);  // after its free vector changed
+  void refresh_node_devices(std::int32_t node);  // after a device's free memory changed
   void hide_leaf(Partition& part, std::int32_t leaf);
   void set_node_online(std::int32_t node, bool online);
   std::int32_t add_node(NodeSpec spec);
   bool fits_online_capacity(const Class& cl, std::int32_t lo, std::int32_t hi, std::int32_t device) const;
-  void evict_offline_services(std::vector<Decision>& out);
-  void release_on_node(std::int32_t node, std::int32_t partition);
+
+  // ---- actions.cc: validation, classes, submit, the end of an action
+  void validate_now(TimeNs t) const;
+  template <class Field>
+  void validate_spec(const ActionSpec& s, const Field& field) const;
+  std::int32_t class_for(const ActionSpec& s);
+  void free_class(std::int32_t c);
+  std::string infeasible_reason(const Class& c) const;
+  void submit(const ActionSpec* a, std::size_t n, TimeNs t, std::vector<Decision>& out);
+  void finish(std::int32_t slot);  // running -> gone, resources back
+  void unqueue(std::int32_t slot);  // waiting -> gone
+  // Run time at `units` of the elastic kind (the minimum when not elastic).
+  double seconds(std::int32_t slot, Quantity units) const {
+    const ActionRec& a = slots[slot];
+    const ElasticityModel& model = details[slot].model;
+    if (a.elastic_kind == kNone) return model_seconds(model, kMilli, kMilli, tables);
+    return model_seconds(model, units, classes[a.cls].demand[a.elastic_kind], tables);
+  }
+  Quantity minimum(const ActionRec& a) const {
+    return a.elastic_kind == kNone ? kMilli : classes[a.cls].demand[a.elastic_kind];
+  }
+
+
+  // ---- parking.cc: parking and wakes
   bool fits_some_bin(const Class& cl, std::int32_t node) const;
   static std::int32_t class_of(std::int32_t c) { return c; }
   static std::int32_t class_of(const ClassHead& entry) { return entry.cls; }
   template <class Entry, class Fits>
   void wake(std::vector<Entry>& list, std::int32_t scope, Fits&& fits);
+  void release_on_node(std::int32_t node, std::int32_t partition);
   void flush_releases();
-  bool may_start_now(Class& cl);
-  bool fits_released_leaf(Class& cl);
-  // The first released leaf of `partition` from position `from` on whose free vector covers
-  // `demand`, or -1. The scan runs down the first kind's column, which rules most out (the
-  // constructor makes sure there is at least one kind).
-  std::int32_t first_released_fit(std::size_t partition, std::int32_t from, const Quantity* demand) const {
-    if (demand[0] > released_first_max[partition]) return -1;
-    const std::vector<Quantity>& cols = released_free[partition];
-    const std::int32_t n = static_cast<std::int32_t>(released_leaves[partition].size());
-    const Quantity* first = cols.data();
-    for (std::int32_t i = from; i < n; ++i) {
-      if (first[i] < demand[0]) continue;
-      bool fits = true;
-      for (std::int32_t k = 1; k < K && fits; ++k) fits = cols[static_cast<std::size_t>(k) * n + i] >= demand[k];
-      if (fits) return i;
-    }
-    return -1;
-  }
-
   void park(std::int32_t c, std::int32_t node_or_none);
   void leave_park(Class& cl) {  // the park's bookkeeping, nothing else
     cl.parked = false;
@@ -385,35 +409,55 @@ struct Scheduler::Impl {
     cl.in_active = false;  // its heap entry is now stale
     --active_count;
   }
-  // Run time at `units` of the elastic kind (the minimum when not elastic).
-  double seconds(std::int32_t slot, Quantity units) const {
-    const ActionRec& a = slots[slot];
-    const ElasticityModel& model = details[slot].model;
-    if (a.elastic_kind == kNone) return model_seconds(model, kMilli, kMilli, tables);
-    return model_seconds(model, units, classes[a.cls].demand[a.elastic_kind], tables);
-  }
-  Quantity minimum(const ActionRec& a) const {
-    return a.elastic_kind == kNone ? kMilli : classes[a.cls].demand[a.elastic_kind];
-  }
 
-  // ---- events
-  std::int32_t class_for(const ActionSpec& s);
-  std::string infeasible_reason(const Class& c) const;
-  void validate_now(TimeNs t) const;
-  template <class Field>
-  void validate_spec(const ActionSpec& s, const Field& field) const;
-  void submit(const ActionSpec* a, std::size_t n, TimeNs t, std::vector<Decision>& out);
-  void finish(std::int32_t slot);  // running -> gone, resources back
-  void unqueue(std::int32_t slot);  // waiting -> gone
-
-  // ---- the pass
+  // ---- pass.cc: the pass
   // kBlocked: short of resources; kWaits: for its quota or its GPU service, which do not
   // hold back spare elastic units.
   enum class Try { kStarted, kBlocked, kWaits, kParked, kHalt };
   void pass(std::vector<Decision>& out);
   Try try_head(std::int32_t c, std::vector<Decision>& out);
+  // Where a head may go (find_room); its candidates are in `cand`.
+  struct Room {
+    std::int32_t lo = 0, hi = 0;        // leaves of its partition it may use
+    std::int32_t fixed_leaf = kNone;    // or its trajectory's bound slot
+    std::int32_t scope = kNone;         // the one node it is confined to, or kNone
+    bool has_range = false;             // it has somewhere to go now
+    bool own_slot = false;              // it runs in its trajectory's own slot
+    bool masked = false;                // its whole partition is held back
+  };
+  Room find_room(Class& cl, std::int32_t device);
+  Try no_room(Class& cl, const Room& room, std::int32_t device);
+  void note_quota_block(Class& cl, const QuotaState& q);
+  bool quota_admits(Class& cl);
+  std::int32_t best_fit(const Class& cl) const;
+  void start_head(std::int32_t c, std::int32_t leaf, std::int32_t fixed_leaf, std::int32_t device,
+                  std::vector<Decision>& out);
   std::int32_t scope_node(const Class& c) const;
   bool eligible_range(const Class& c, std::int32_t& lo, std::int32_t& hi, std::int32_t& fixed_leaf) const;
+  bool may_start_now(Class& cl);
+  bool fits_released_leaf(Class& cl);
+  // The first released leaf of `partition` from position `from` on whose free vector covers
+  // `demand`, or -1. The scan runs down the first kind's column, which rules most out (the
+  // constructor makes sure there is at least one kind).
+  std::int32_t first_released_fit(std::size_t partition, std::int32_t from, const Quantity* demand) const {
+    if (demand[0] > released_first_max[partition]) return -1;
+    const std::vector<Quantity>& cols = released_free[partition];
+    const std::int32_t n = static_cast<std::int32_t>(released_leaves[partition].size());
+    const Quantity* first = cols.data();
+    for (std::int32_t i = from; i < n; ++i) {
+      if (first[i] < demand[0]) continue;
+      bool fits = true;
+      for (std::int32_t k = 1; k < K && fits; ++k) fits = cols[static_cast<std::size_t>(k) * n + i] >= demand[k];
+      if (fits) return i;
+    }
+    return -1;
+  }
+
+
+  // ---- services.cc: GPU services and eviction
+  bool service_is_ready(const ServiceRec& s) const { return s.device != kNone && s.ready_ns <= now; }
+  bool uses_service_home() const { return row.rules.service_devices == ServiceDevices::kHome; }
+  bool service_admits(Class& cl, std::int32_t& device, std::vector<Decision>& out);
   bool restore(std::int32_t svc_id, const Class& head_class, std::vector<Decision>& out);
   void restore_queues(std::vector<Decision>& out);
   struct RoomPlan {
@@ -426,7 +470,12 @@ struct Scheduler::Impl {
   bool make_gpu_room(const Class& c, std::int32_t lo, std::int32_t hi, std::int32_t fixed_leaf,
                      std::int32_t device, std::vector<Decision>& out);
   void evict(std::int32_t svc_id, std::vector<Decision>& out);
+  void evict_offline_services(std::vector<Decision>& out);
+
+  // ---- spare.cc: spare elastic units
   void grant_spare(std::vector<Decision>& out);
+
+  // ---- introspection.cc
   std::string explain(ActionId id) const;
   void check() const;
 };

@@ -150,7 +150,7 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
   return true;
 }
 
-// kTangram: a restore serves a service's whole queue, so offloaded services with waiting
+// RestoreRule::kQueuesFirst: a restore serves a service's whole queue, so offloaded services with waiting
 // actions are restored before the walk, in queue order rather than action order: starving
 // ones first (the first of their waiting actions in policy order has waited
 // starvation_seconds), then the most waiting actions per second the restore and the queue
@@ -229,6 +229,48 @@ bool Scheduler::Impl::make_gpu_room(const Class& c, std::int32_t lo, std::int32_
   for (std::int32_t v : chosen.victims) evict(v, out);
   refresh_node_devices(dev_node[target]);
   release_on_node(dev_node[target], kNone);
+  return true;
+}
+
+// The service gate of a service action's try: its service must be resident and ready on
+// an online node whose device can hold the action beside it, with room in its batch. Moves
+// a service whose device is too small (once its batch is done) and restores an offloaded
+// one. True with `device` set to the service's device; false when the action waits (its
+// class's Block says for what).
+bool Scheduler::Impl::service_admits(Class& cl, std::int32_t& device, std::vector<Decision>& out) {
+  ServiceRec& svc = services[cl.service];
+  if (svc.device != kNone && !node_online[dev_node[svc.device]]) {
+    // Resident on an offline node: evicted once its running actions there have ended.
+    cl.block = Block::kServiceNoRoom;
+    return false;
+  }
+  if (svc.device != kNone && svc.ready_ns <= now && dev_total[svc.device] < inv.services[cl.service].memory + cl.gpu_memory) {
+    // Its device can never hold this action beside the service: move the service once
+    // its running batch is done.
+    if (svc.running > 0) {
+      cl.block = Block::kServiceNoRoom;
+      return false;
+    }
+    const std::int32_t node = dev_node[svc.device];
+    evict(cl.service, out);
+    refresh_node_devices(node);
+    release_on_node(node, kNone);
+  }
+  if (svc.device == kNone && !restore(cl.service, cl, out)) {
+    cl.block = Block::kServiceNoRoom;
+    return false;
+  }
+  if (svc.ready_ns > now) {
+    cl.block = Block::kServiceRestoring;
+    cl.block_until = svc.ready_ns;
+    wakeup = std::min(wakeup, svc.ready_ns);
+    return false;
+  }
+  if (svc.running >= inv.services[cl.service].max_batch) {
+    cl.block = Block::kServiceBatchFull;
+    return false;
+  }
+  device = svc.device;
   return true;
 }
 

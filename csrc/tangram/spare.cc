@@ -16,8 +16,8 @@
 namespace tangram {
 
 // Spare elastic units go to the actions started in this pass with the largest marginal cut
-// in run time, one unit at a time: under kTangram only on bins nobody waits for, under
-// kOptimus on every bin.
+// in run time, one unit at a time: under SpareRule::kUncontended only on bins nobody waits
+// for, under kEveryBin on every bin.
 void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
   // Group this pass's elastic starts by bin, keeping start order.
   std::map<std::int32_t, std::vector<std::size_t>> by_bin;  // ordered: deterministic
