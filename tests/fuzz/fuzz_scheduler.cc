@@ -6,7 +6,7 @@
 //   build/fuzz/tangram_fuzz -max_total_time=60 build/fuzz/corpus tests/fuzz/corpus
 //
 // The input bytes decode into a small inventory (1-4 nodes, 2-3 kinds, 0-2 GPUs per node,
-// 0-2 services, 0-1 quota), a policy (any PolicyKind), then a stream of events: submits
+// 0-2 services, 0-1 quota), a policy (any built-in, or any row of rules), then a stream of events: submits
 // of 1-4 actions (sometimes invalid: negative or absurd demands, elastic_max below the
 // minimum, unknown kinds/nodes/services/tables, NaN run times, duplicate ids), completes
 // and cancels (mostly of live ids), end_trajectories, ticks (time mostly moves forward,
@@ -170,15 +170,28 @@ class Harness {
       inv.quotas.push_back(std::move(q));
     }
 
+    // A built-in policy, or (one input in four) a row of rules of its own: every
+    // combination of the rules is a policy the core must run.
     tangram::PolicyConfig policy;
-    policy.kind = static_cast<tangram::PolicyKind>(in_.ConsumeIntegralInRange<int>(0, 4));
+    const int builtins = static_cast<int>(tangram::builtin_policies().size());
+    policy.kind = static_cast<tangram::PolicyKind>(in_.ConsumeIntegralInRange<int>(0, builtins - 1));
+    if (in_.ConsumeIntegralInRange<int>(0, 3) == 0) {
+      tangram::PolicyRules rules;
+      rules.order = static_cast<tangram::OrderRule>(in_.ConsumeIntegralInRange<int>(0, 1));
+      rules.bins = static_cast<tangram::BinLayout>(in_.ConsumeIntegralInRange<int>(0, 2));
+      rules.spare = static_cast<tangram::SpareRule>(in_.ConsumeIntegralInRange<int>(0, 2));
+      rules.restore = static_cast<tangram::RestoreRule>(in_.ConsumeIntegralInRange<int>(0, 1));
+      rules.service_devices = static_cast<tangram::ServiceDevices>(in_.ConsumeIntegralInRange<int>(0, 1));
+      policy.row = tangram::PolicyRow{"fuzzed", rules};
+    }
     policy.aging = in_.ConsumeIntegralInRange<int>(0, 4) / 4.0;
     policy.candidates = in_.ConsumeIntegralInRange<std::int32_t>(1, 8);
     policy.min_relative_gain = in_.ConsumeIntegralInRange<int>(0, 20) / 100.0;
     policy.starvation_seconds = in_.ConsumeIntegralInRange<int>(0, 120);
-    if (policy.kind == tangram::PolicyKind::kTrajectory)
+    const tangram::BinLayout bins = tangram::resolve_policy(policy).rules.bins;
+    if (bins == tangram::BinLayout::kTrajectorySlots)
       policy.trajectory_slot_cpu = tangram::kMilli * in_.ConsumeIntegralInRange<Quantity>(1, 8);
-    if (policy.kind == tangram::PolicyKind::kIsolated) policy.pools = {{0, 1.0}, {1, 1.0}};
+    if (bins == tangram::BinLayout::kTaskPools) policy.pools = {{0, 1.0}, {1, 1.0}};
 
     kinds_ = kinds;
     nodes_ = nodes;
