@@ -2,6 +2,8 @@
 
 __version__ = "0.1.0"  # the one place the version is written (pyproject reads it from here)
 
+from typing import TYPE_CHECKING
+
 from ._compiled import import_core as _import_core
 
 _import_core(__path__, __version__)  # before anything below imports tangram._core
@@ -30,40 +32,64 @@ from ._model import (
 )
 from ._records import DECISION_DTYPE, action_dtype
 from .scheduler import POLICIES, Decision, Decisions, Policy, Scheduler
-from .runtime import (
-    ActionCancelled,
-    ActionCrashed,
-    ActionError,
-    ActionFailed,
-    ActionInfeasible,
-    ActionRecord,
-    ActionTimeout,
-    Call,
-    CommandResult,
-    ManagerError,
-    MockManager,
-    Orchestrator,
-    OrchestratorClosed,
-    ResourceLimitExceeded,
-    ResourceManager,
-    RuntimeConfig,
-    SyncOrchestrator,
-    register_manager,
-)
-from .runtime.interface import OrchestratorAPI
 
-# Imported on first use, so that `import tangram` does not load the server's client
-# (and cloudpickle) or the GPU manager for programs that use neither.
+# The layers above the scheduler (the runtime, the server's client, GPU services) are
+# imported on first use of one of their names, so that `import tangram` loads the core
+# alone: no asyncio, no cloudpickle, no orchestrator for a program that only schedules.
+# Where each name lives (relative to this package); tests/test_layering.py checks the
+# TYPE_CHECKING imports below against it.
 _LAZY = {
+    "ActionCancelled": "runtime.errors",
+    "ActionCrashed": "runtime.errors",
+    "ActionError": "runtime.errors",
+    "ActionFailed": "runtime.errors",
+    "ActionInfeasible": "runtime.errors",
+    "ActionTimeout": "runtime.errors",
+    "ManagerError": "runtime.errors",
+    "ResourceLimitExceeded": "runtime.errors",
+    "ActionRecord": "runtime.records",
+    "Call": "runtime.call",
+    "CommandResult": "runtime.call",
+    "MockManager": "runtime.manager",
+    "ResourceManager": "runtime.manager",
+    "register_manager": "runtime.manager",
+    "Orchestrator": "runtime.orchestrator",
+    "OrchestratorClosed": "runtime.orchestrator",
+    "OrchestratorAPI": "runtime.interface",
+    "RuntimeConfig": "runtime.config",
+    "SyncOrchestrator": "runtime.sync",
+    "ServiceHooks": "runtime.gpu",
     "AuthenticationError": "server.protocol",
-    "Client": "server.client",
     "ConnectionLost": "server.protocol",
     "FrameTooLarge": "server.protocol",
     "ProtocolError": "server.protocol",
     "RemoteError": "server.protocol",
-    "ServiceHooks": "runtime.gpu",
+    "Client": "server.client",
     "SyncClient": "server.client",
 }
+
+if TYPE_CHECKING:  # what type checkers see of the names above; never executed
+    from .runtime.call import Call, CommandResult
+    from .runtime.config import RuntimeConfig
+    from .runtime.errors import (
+        ActionCancelled,
+        ActionCrashed,
+        ActionError,
+        ActionFailed,
+        ActionInfeasible,
+        ActionTimeout,
+        ManagerError,
+        ResourceLimitExceeded,
+    )
+    from .runtime.gpu import ServiceHooks
+    from .runtime.interface import OrchestratorAPI
+    from .runtime.manager import MockManager, ResourceManager, register_manager
+    from .runtime.orchestrator import Orchestrator, OrchestratorClosed
+    from .runtime.records import ActionRecord
+    from .runtime.sync import SyncOrchestrator
+    from .server.client import Client, SyncClient
+    from .server.protocol import AuthenticationError, ConnectionLost, FrameTooLarge, ProtocolError, RemoteError
+del TYPE_CHECKING
 
 
 def __getattr__(name: str) -> object:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence, Union
 
 from ._errors import UnknownNameError, ValidationError
+from .devices import discover
 
 # ------------------------------------------------------------------ inventory
 
@@ -134,10 +135,8 @@ class Inventory:
 
 def discover_gpus() -> list[Gpu]:
     """GPUs of this machine: TANGRAM_FAKE_GPUS when set, else NVML, else none. One Gpu per
-    schedulable device (a MIG instance counts as one); see `tangram.runtime.gpu.discover`
-    for the TANGRAM_FAKE_GPUS syntax (MIG instances included)."""
-    from .runtime.gpu import discover  # lazy: the runtime imports this module
-
+    schedulable device (a MIG instance counts as one); see `tangram.devices` for the
+    TANGRAM_FAKE_GPUS syntax (MIG instances included)."""
     return [Gpu(d.memory_mib) for d in discover()]
 
 

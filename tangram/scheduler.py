@@ -26,7 +26,8 @@ from ._records import (
     empty_actions,
 )
 
-POLICIES = ("tangram", "fifo", "trajectory", "isolated", "optimus")
+# The built-in policies' names, from the core's one table of them (csrc/tangram/policy.cc).
+POLICIES: tuple[str, ...] = _core.POLICIES
 MAX_SAMPLED_STEPS = 4096
 
 assert _core.ACTION_HEADER_SIZE == ACTION_HEADER_SIZE
@@ -391,6 +392,17 @@ class Scheduler:
     def action_dtype(self) -> np.dtype:
         return self._encoder.dtype
 
+    @property
+    def core(self) -> _core.Scheduler:
+        """The compiled scheduler underneath: bulk records in, decision arrays out, errors
+        named by record fields. The runtime drives it directly with records it encodes."""
+        return self._core
+
+    @property
+    def encoder(self) -> RecordEncoder:
+        """What turns Actions into this scheduler's records (its kinds, tables, services)."""
+        return self._encoder
+
     def new_actions(self, count: int) -> np.ndarray:
         """Blank bulk records: fill id, demand, seconds... and pass them to submit()."""
         return empty_actions(len(self.kinds), count, self._encoder.dtype)
@@ -407,7 +419,7 @@ class Scheduler:
             try:
                 return self._wrap(self._core.submit(records, now))
             except TangramError as e:
-                raise _action_field_names(e) from None
+                raise action_field_names(e) from None
         return self._wrap(self._core.submit(records, now))
 
     def complete(self, ids: int | Iterable[int], now: float) -> Decisions:
@@ -526,7 +538,9 @@ class Scheduler:
 _RECORD_TO_ACTION_FIELD = {".elastic_max": ".max_units", ".affinity_node": ".affinity", ".model": ".runtime"}
 
 
-def _action_field_names(error: TangramError) -> TangramError:
+def action_field_names(error: TangramError) -> TangramError:
+    """The core's error about a record field, named by the Action attribute that fills it
+    (the runtime's encoder renames it once more, to the Call's fields)."""
     field = error.field
     for record_name, action_name in _RECORD_TO_ACTION_FIELD.items():
         if record_name in field:

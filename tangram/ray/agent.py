@@ -277,7 +277,7 @@ class NodeAgent:
     # ------------------------------------------------------------------ state
     def describe(self) -> dict[str, Any]:
         return {"node": self.node_name, "running": len(self._tasks), "batches": self.batches,
-                "sandboxes": len(self.cpu._sandboxes) if self.cpu is not None else 0,
+                "sandboxes": self.cpu.sandbox_count if self.cpu is not None else 0,
                 "usage": self.cpu.usage if self.cpu is not None else {}}
 
     def sandbox_dir(self, trajectory: int) -> str:

@@ -402,7 +402,7 @@ class RayManager(ResourceManager):
         for names in self._trajectory_nodes.values():
             names.discard(st.name)
         orch = self.orchestrator
-        bound = orch is not None and orch._state == "running"
+        bound = orch is not None and orch.state == "running"
         reason = f"node {st.name} was lost: {why}"
         requeue = self.on_node_loss == "requeue" and bound
         try:
@@ -419,11 +419,13 @@ class RayManager(ResourceManager):
                     future.set_result(("lost", lost))
             if bound:
                 # Waiting actions whose affinity names the lost node could never start.
-                for lv in [lv for lv in orch._live.values() if lv.call.affinity == st.name and not lv.running]:  # type: ignore[union-attr]
+                for action_id, call in orch.waiting_calls().items():  # type: ignore[union-attr]
+                    if call.affinity != st.name:
+                        continue
                     if requeue:
-                        orch.requeue(lv.id, dataclasses.replace(lv.call, affinity=None))  # type: ignore[union-attr]
+                        orch.requeue(action_id, dataclasses.replace(call, affinity=None))  # type: ignore[union-attr]
                     else:
-                        orch.abort(lv.id, NodeLost(lv.id, f"{reason} (the node its affinity names)", st.name))  # type: ignore[union-attr]
+                        orch.abort(action_id, NodeLost(action_id, f"{reason} (the node its affinity names)", st.name))  # type: ignore[union-attr]
         finally:  # whatever failed above, no action of the node is left hanging
             for future in st.inflight.values():
                 if not future.done():
@@ -461,7 +463,7 @@ class RayManager(ResourceManager):
         """A node joined: start its agent, then add it to the core (when bound)."""
         node = _node_of(info, self.gpu_memory)
         orch = self.orchestrator
-        if orch is None or orch._state != "running":
+        if orch is None or orch.state != "running":
             log.warning("node %s joined, but the manager is not bound to a running orchestrator", node.name)
             return
         st = self._make_agent(info, -1)
@@ -470,7 +472,7 @@ class RayManager(ResourceManager):
         except Exception as e:
             log.warning("node %s joined, but its agent did not start: %s", node.name, e)
             return
-        if self._state == "closed" or orch._state != "running":
+        if self._state == "closed" or orch.state != "running":
             return
         st.index = orch.add_node(node)
         self._add_state(st)
@@ -500,15 +502,15 @@ def _complete(st: _NodeState, done: Sequence[tuple[int, str, Any]]) -> int:
 
 
 def _idempotent(orch: Orchestrator, action_id: int) -> bool:
-    lv = orch._live.get(action_id)
-    return lv is None or lv.call.idempotent
+    call = orch.live_call(action_id)
+    return call is None or call.idempotent
 
 
 def _without_affinity(orch: Orchestrator, action_id: int, node: str) -> Call | None:
-    lv = orch._live.get(action_id)
-    if lv is None or lv.call.affinity != node:
+    call = orch.live_call(action_id)
+    if call is None or call.affinity != node:
         return None
-    return dataclasses.replace(lv.call, affinity=None)
+    return dataclasses.replace(call, affinity=None)
 
 
 def _call_soon_threadsafe(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:
@@ -552,11 +554,6 @@ class RayOrchestrator(Orchestrator):
         given.update(managers or {})
         super().__init__(config, inventory=inventory, policy=policy, managers=given, default_managers=False,
                          metrics=metrics)
-
-    def _make_manager(self, name: str) -> ResourceManager:
-        if name == "ray":
-            return self.ray
-        return super()._make_manager(name)
 
     async def start(self) -> "RayOrchestrator":
         await super().start()

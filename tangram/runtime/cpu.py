@@ -257,6 +257,11 @@ class CpuManager(ResourceManager):
         """Cores in use per CPU id (0.0 everywhere when no action runs)."""
         return {c: m / _MILLI for c, m in self.pool.used.items()}
 
+    @property
+    def sandbox_count(self) -> int:
+        """Trajectories that hold a sandbox now."""
+        return len(self._sandboxes)
+
     def processes(self) -> list[int]:
         """Live processes of this manager's sandboxes (a /proc scan by marker)."""
         return marked_processes(self.id + "/")

@@ -15,7 +15,7 @@ import numpy as np
 
 from .._errors import TangramError
 from .._model import Action
-from ..scheduler import RecordEncoder, _action_field_names
+from ..scheduler import RecordEncoder, action_field_names
 from .call import Call
 
 _MAX_TEMPLATES = 4096  # a workload with more shapes than this re-encodes; memory stays bounded
@@ -87,7 +87,7 @@ _ACTION_TO_CALL_FIELD = {".demand": ".resources", ".max_units": ".max_units", ".
 
 def call_field_names(error: TangramError) -> TangramError:
     """The core's error about actions[0] (a record), named by the Call's fields."""
-    error = _action_field_names(error)
+    error = action_field_names(error)
     field = error.field.replace("actions[0]", "call", 1)
     for action_name, call_name in _ACTION_TO_CALL_FIELD.items():
         field = field.replace(action_name, call_name)

@@ -164,10 +164,10 @@ class Orchestrator:
         self._loop = asyncio.get_running_loop()
         self._t0 = self._loop.time()
         self.scheduler = Scheduler(self.inventory, self.policy, **dict(self.config.policy_options))
-        self._core = self.scheduler._core
-        self._encoder = CallEncoder(self.scheduler._encoder)
+        self._core = self.scheduler.core
+        self._encoder = CallEncoder(self.scheduler.encoder)
         self._node_names = [n.name for n in self.inventory.nodes]
-        self._kind_index = self.scheduler._encoder.kind_index
+        self._kind_index = self.scheduler.encoder.kind_index
         self._service_names = [s.name for s in self.inventory.services]
         self._cpu = self._kind_index.get("cpu", -1)
         self._memory = self._kind_index.get("memory", -1)
@@ -187,6 +187,11 @@ class Orchestrator:
             self._metrics_server = self.metrics.serve(self.config.metrics_port)
         self._state = "running"
         return self
+
+    @property
+    def state(self) -> str:
+        """Where it is in its life: "new", "running" (once started), "closing", "closed"."""
+        return self._state
 
     async def __aenter__(self) -> "Orchestrator":
         return await self.start()
@@ -308,20 +313,21 @@ class Orchestrator:
 
     # explain, queue_lengths and utilisation are coroutines because a Client's must be
     # (tangram.OrchestratorAPI); here they answer at once, from the synchronous readers
-    # below, which the server and the metrics use directly.
+    # below (`*_now`), which the server and the metrics use directly.
     async def explain(self, action_id: int) -> str:
         """Why a live action waits (or where it runs), from the core."""
-        return self._explain(action_id)
+        return self.explain_now(action_id)
 
     async def queue_lengths(self) -> dict[str, tuple[int, int]]:
         """kind -> (waiting, running)."""
-        return self._queue_lengths()
+        return self.queue_lengths_now()
 
     async def utilisation(self) -> dict[tuple[str, str], float]:
         """(node, resource) -> share of its capacity held by running actions."""
-        return self._utilisation()
+        return self.utilisation_now()
 
-    def _explain(self, action_id: int) -> str:
+    def explain_now(self, action_id: int) -> str:
+        """`explain`, answered synchronously."""
         lv = self._live.get(action_id)
         if lv is None:
             return f"action {action_id} is not live"
@@ -329,10 +335,12 @@ class Orchestrator:
             return "submitted; the core sees it at the next flush"
         return self._core.explain(action_id)
 
-    def _queue_lengths(self) -> dict[str, tuple[int, int]]:
+    def queue_lengths_now(self) -> dict[str, tuple[int, int]]:
+        """`queue_lengths`, answered synchronously."""
         return {k: (v[0], v[1]) for k, v in self._counts.items()}
 
-    def _utilisation(self) -> dict[tuple[str, str], float]:
+    def utilisation_now(self) -> dict[tuple[str, str], float]:
+        """`utilisation`, answered synchronously."""
         out: dict[tuple[str, str], float] = {}
         if self.scheduler is None:
             return out
@@ -368,6 +376,15 @@ class Orchestrator:
         self._handle(decisions.array)
         self._arm_timer()
         return index
+
+    def live_call(self, action_id: int) -> Call | None:
+        """The call of a live action (waiting or running); None once it has ended."""
+        lv = self._live.get(action_id)
+        return None if lv is None else lv.call
+
+    def waiting_calls(self) -> dict[int, Call]:
+        """Live actions that have not started: action id -> call."""
+        return {lv.id: lv.call for lv in self._live.values() if not lv.running}
 
     def requeue(self, action_id: int, call: Call | None = None) -> bool:
         """A live action goes back to the queue instead of ending: when running, its

@@ -172,12 +172,12 @@ class Metrics:
         families.append(counter)
         waiting = GaugeMetricFamily("tangram_actions_waiting", "Actions waiting", labels=["kind"])
         running = GaugeMetricFamily("tangram_actions_running", "Actions running", labels=["kind"])
-        for kind, (w, r) in sorted(orch._queue_lengths().items()):
+        for kind, (w, r) in sorted(orch.queue_lengths_now().items()):
             waiting.add_metric([kind], w)
             running.add_metric([kind], r)
         util = GaugeMetricFamily("tangram_resource_utilisation", "Share of capacity held by running actions",
                                  labels=["node", "resource"])
-        for (node, resource), share in sorted(orch._utilisation().items()):
+        for (node, resource), share in sorted(orch.utilisation_now().items()):
             util.add_metric([node, resource], share)
         return [*families, waiting, running, util]
 

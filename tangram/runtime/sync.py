@@ -34,13 +34,16 @@ class SyncHandle:
 class LoopThread:
     """The thread-safe half of a synchronous facade: an asyncio object (the orchestrator,
     or a server's client) lives on an event loop in a background thread, and every call
-    hops onto that loop. Subclasses add the object's API on top of `_call`."""
+    hops onto that loop. Subclasses make their object, pass it here, and add `submit`.
 
-    def _start_loop(self, name: str, target: Any) -> None:
-        """Starts the loop's thread, then `await target.start()` on it."""
+    `loop` is that event loop: `asyncio.run_coroutine_threadsafe(coro, facade.loop)` runs
+    a coroutine of the object's async API from any thread."""
+
+    def __init__(self, name: str, target: Any) -> None:
+        """Starts the loop's thread (named `name`), then `await target.start()` on it."""
         self._target = target
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name=name, daemon=True)
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self._thread.start()
         try:
             self._call(target.start())
@@ -49,7 +52,7 @@ class LoopThread:
             raise
 
     def _call(self, coro: Awaitable[Any], timeout: float | None = None) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)  # type: ignore[arg-type]
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)  # type: ignore[arg-type]
 
     def submit(self, call: Call) -> SyncHandle:
         raise NotImplementedError
@@ -90,7 +93,7 @@ class LoopThread:
         return self._target.records
 
     def close(self, drain: bool = False) -> None:
-        if self._loop.is_closed():
+        if self.loop.is_closed():
             return
         try:
             self._call(self._target.close(drain))
@@ -98,9 +101,9 @@ class LoopThread:
             self._stop_loop()
 
     def _stop_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join()
-        self._loop.close()
+        self.loop.close()
 
     def __enter__(self) -> Any:
         return self
@@ -126,7 +129,7 @@ class SyncOrchestrator(LoopThread):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.orchestrator = Orchestrator(*args, **kwargs)
-        self._start_loop("tangram-orchestrator", self.orchestrator)
+        super().__init__("tangram-orchestrator", self.orchestrator)
 
     def submit(self, call: Call) -> SyncHandle:
         """Queues the action; a bad call raises here, with the field named."""
@@ -143,6 +146,6 @@ class SyncOrchestrator(LoopThread):
             ready.set_result(None)
             handle.future.add_done_callback(lambda f: copy_outcome(f, out))
 
-        self._loop.call_soon_threadsafe(on_loop)
+        self.loop.call_soon_threadsafe(on_loop)
         ready.result()
         return SyncHandle(action_id, out, self)

@@ -566,7 +566,7 @@ class SyncClient(LoopThread):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.client = Client(*args, **kwargs)
-        self._start_loop("tangram-client", self.client)
+        super().__init__("tangram-client", self.client)
 
     def submit(self, call: Call) -> SyncClientHandle:
         client = self.client
@@ -583,5 +583,5 @@ class SyncClient(LoopThread):
                 return
             handle.future.add_done_callback(lambda f: copy_outcome(f, out))
 
-        self._loop.call_soon_threadsafe(on_loop)
+        self.loop.call_soon_threadsafe(on_loop)
         return SyncClientHandle(action_id, out, self)

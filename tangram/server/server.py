@@ -466,11 +466,11 @@ class _Connection(asyncio.BufferedProtocol):
                 self._reply(rid, True, "pong")
             elif op == "explain":
                 (aid,) = args
-                self._reply(rid, True, self.orch._explain(aid) if aid in self.live else f"action {aid} is not live")
+                self._reply(rid, True, self.orch.explain_now(aid) if aid in self.live else f"action {aid} is not live")
             elif op == "queue_lengths":
-                self._reply(rid, True, self.orch._queue_lengths())
+                self._reply(rid, True, self.orch.queue_lengths_now())
             elif op == "utilisation":
-                self._reply(rid, True, self.orch._utilisation())
+                self._reply(rid, True, self.orch.utilisation_now())
             elif op == "end_trajectory":
                 (t,) = args
                 if not isinstance(t, int) or t < 0:
@@ -610,7 +610,7 @@ def _version() -> str:
 
 # ---------------------------------------------------------------- the command
 def _parser() -> argparse.ArgumentParser:
-    from ..cli import ArgumentParser, non_negative_seconds
+    from .._arguments import ArgumentParser, non_negative_seconds
 
     def port(text: str) -> int:
         if not text.isdigit() or int(text) > 65535:

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .._errors import TangramError, ValidationError
-from ..cli import ArgumentParser, name_list, positive_int, writable_dir, writable_file
+from .._arguments import ArgumentParser, name_list, positive_int, writable_dir, writable_file
 from ..runtime.isolation import cpu_list  # "0-2,7": the seeds as --seeds takes them
 from .engine import POLICY_NAMES
 from .experiments import RESOURCES, Progress, run_many
@@ -179,10 +179,10 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.json:
         writable_file(args.json, "--json")
     if args.figures:
-        from .figures import _plt
+        from .figures import pyplot
 
         try:
-            _plt()
+            pyplot()
         except RuntimeError as e:  # matplotlib missing
             raise ValidationError("--figures", str(e)) from None
         writable_dir(args.figures, "--figures")

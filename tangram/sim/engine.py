@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 
 from .._model import Action, Amdahl, Constant, Gpu, Inventory, Node, Quota, Service
-from ..scheduler import Policy, Scheduler
+from ..scheduler import POLICIES, Policy, Scheduler
 from .workloads import Step, Workload
 
-POLICY_NAMES = ("tangram", "fifo", "trajectory", "isolated", "optimus")
+POLICY_NAMES = POLICIES  # every built-in policy, in the core's order
 ENV, REWARD = 0, 1
 KIND_LABELS = ("env", "reward")
 

@@ -18,7 +18,9 @@ def _style(i: int) -> dict[str, str]:
     return {"ls": ls, "marker": m}
 
 
-def _plt():  # type: ignore[no-untyped-def]
+def pyplot():  # type: ignore[no-untyped-def]
+    """matplotlib.pyplot on the Agg backend; RuntimeError saying what to install when
+    matplotlib is missing."""
     try:
         import matplotlib
     except ImportError:
@@ -33,7 +35,7 @@ def _plt():  # type: ignore[no-untyped-def]
 def act_over_time(timelines: Mapping[str, tuple[np.ndarray, np.ndarray]], path: str | Path,
                   title: str, bin_seconds: float) -> Path:
     """One line per policy: mean ACT of the actions finishing in each window."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.6))
     for i, (policy, (t, act)) in enumerate(timelines.items()):
         ax.plot(t + bin_seconds / 2, act, label=policy, lw=1.3, ms=2.5, **_style(i))
@@ -51,7 +53,7 @@ def act_over_time(timelines: Mapping[str, tuple[np.ndarray, np.ndarray]], path: 
 
 def act_by_kind(by_kind: Mapping[str, Mapping[str, float]], path: str | Path, title: str) -> Path:
     """Grouped bars: per action kind (and reward), one bar per policy."""
-    plt = _plt()
+    plt = pyplot()
     policies = list(by_kind)
     kinds: list[str] = []
     for p in policies:
@@ -79,7 +81,7 @@ def resources_vs_act(curves: Mapping[str, Sequence[tuple[float, float, float]]],
     """One line per policy through (resource total, mean ACT) with error bars (sd over
     seeds); the baseline's ACT as a horizontal line and each policy's needed inventory
     circled, when given."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.8))
     for i, (p, pts) in enumerate(curves.items()):
         pts = sorted(pts)
@@ -123,7 +125,7 @@ def load_sweep(curves: Mapping[str, Sequence[tuple[float, float, float]]], path:
                workloads: Sequence[str], policies: Sequence[str]) -> Path:
     """One panel per workload: average ACT against trajectories per step, one line per
     policy, error bars one sd over seeds. `curves` is keyed "workload policy"."""
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(workloads), figsize=(4.2 * len(workloads), 3.6), squeeze=False)
     for ax, w in zip(axes[0], workloads):
         for i, p in enumerate(policies):

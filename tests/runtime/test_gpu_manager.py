@@ -15,18 +15,10 @@ import pytest
 
 import tangram
 from tangram import Call, Gpu, Inventory, Node, Service
+from tangram.devices import GpuDevice, discover, parse_fake
 from tangram.runtime.call import Placement
 from tangram.runtime.errors import ActionFailed, ManagerError
-from tangram.runtime.gpu import (
-    FunctionService,
-    GpuDevice,
-    GpuManager,
-    ServiceHooks,
-    discover,
-    grant_environment,
-    mps_active,
-    parse_fake,
-)
+from tangram.runtime.gpu import FunctionService, GpuManager, ServiceHooks, grant_environment, mps_active
 from tangram.runtime.manager import LiveAction, manager_class
 
 WAIT = 5.0  # seconds a blocked hook waits at most: a broken test fails instead of hanging
@@ -68,6 +60,16 @@ def test_fake_inventory_malformed(monkeypatch, spec):
     with pytest.raises(tangram.ValidationError) as e:
         parse_fake(spec, "devices")
     assert e.value.field == "devices"
+
+
+# Invariant: the GPU manager's module offers the discovery API of tangram.devices as is.
+def test_gpu_module_offers_discovery() -> None:
+    import tangram.devices
+    import tangram.runtime.gpu
+
+    for name in tangram.devices.__all__:
+        assert getattr(tangram.runtime.gpu, name) is getattr(tangram.devices, name)
+        assert name in tangram.runtime.gpu.__all__
 
 
 def test_discover_source(monkeypatch, no_fake):

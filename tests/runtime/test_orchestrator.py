@@ -39,7 +39,7 @@ def assert_idle(orch: Orchestrator) -> None:
         for kind, cap in node.resources.items():
             assert orch.scheduler.free(n, kind) == pytest.approx(cap)
     orch.scheduler.check_invariants()
-    assert all(w == 0 and r == 0 for w, r in orch._queue_lengths().values())
+    assert all(w == 0 and r == 0 for w, r in orch.queue_lengths_now().values())
 
 
 def test_run_returns_the_function_result_and_keeps_a_record() -> None:
