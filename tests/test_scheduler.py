@@ -100,8 +100,10 @@ def test_objects_and_bulk_records_give_the_same_decisions():
     assert len(by_objects) == len(by_records)
     for x, y in zip(by_objects, by_records):
         np.testing.assert_array_equal(x, y)
-    kinds = np.concatenate(by_objects)["kind"]
-    assert {0, 1, 3} <= set(kinds.tolist())  # starts, a restore, a reject
+    kinds = np.concatenate(by_objects)["kind"].tolist()
+    # Action 41 can never fit and is rejected; every other action starts once; "rm", the
+    # only service, is restored once and never evicted.
+    assert (kinds.count(0), kinds.count(1), kinds.count(2), kinds.count(3)) == (42, 1, 0, 1)
     assert a.waiting == a.running == 0
 
 
@@ -127,7 +129,10 @@ def test_action_dtype_and_new_actions():
     rec["id"], rec["model"], rec["table"], rec["elastic_kind"], rec["elastic_max"] = 4, 2, tid, 0, 4
     rec["demand"][0, 0] = 1
     d = s.submit(rec, 1)
-    assert d[0].kind == "start" and s.runtime(4, 2.5) == pytest.approx(7.0)
+    # Best fit on node 0 (beside actions 1 and 2); alone there, each unit cuts 2 s of the
+    # table's 10, 8, 6, 4 s, so it gets its bound of 4.
+    assert [(x.kind, x.action, x.node, x.grant) for x in d] == [("start", 4, 0, 4.0)]
+    assert s.runtime(4, 2.5) == pytest.approx(7.0)
 
 
 def test_empty_batches():
@@ -149,6 +154,10 @@ def test_decisions_objects_and_arrays():
         Action(4, {"cpu": 1}, 1.0, gpu_memory=1000),
     ], 0.5)
     assert isinstance(d, tangram.Decisions)
+    # The reject comes out of the submit; the pass restores "rm" before its walk, then walks
+    # by estimated run time: 3 and 4 (1 s each, in arrival order; 3 waits for the restore),
+    # then 1 (100 s).
+    assert [(x.kind, x.action) for x in d] == [("reject", 2), ("restore", None), ("start", 4), ("start", 1)]
     assert d.array.dtype == tangram.DECISION_DTYPE
     assert len(d) == len(d.array) == 4
     objs = list(d)
@@ -157,8 +166,8 @@ def test_decisions_objects_and_arrays():
     assert d[-1] == objs[-1]
     by_kind = {x.kind: x for x in objs if x.kind != "start"}
     starts = {x.action: x for x in objs if x.kind == "start"}
-    # The elastic action alone on node b, where nobody waits: 3 cores (its bound), a float.
-    # (Node a is contended: action 3 waits there for its service to restore.)
+    # The elastic action alone on node b (its affinity), where nobody waits: 3 cores (its
+    # bound), a float.
     assert starts[1].grant == 3.0 and isinstance(starts[1].grant, float)
     assert starts[1].node == 1 and starts[1].device is None and starts[1].service is None
     assert starts[1].time == 0.5
@@ -257,7 +266,8 @@ def test_explain_behind_a_starving_action_that_stops_the_pass():
     s.submit(Action(10, {"cpu": 4}, 1.0), 1)
     s.complete(1, 11)
     assert len(s.submit(Action(20, {"cpu": 1}, 1.0), 12)) == 0
-    assert "not yet considered" not in s.explain(20)
+    assert s.explain(20) == ("waiting held back: an action that has waited over 10 s has first claim "
+                             "on the resources it needs")
 
 
 # ------------------------------------------------------------------ policies
@@ -313,10 +323,12 @@ def test_trajectory_policy_slots():
 def test_isolated_policy_pools():
     s = Scheduler(Inventory.uniform(1, {"cpu": 8}), "isolated", pools={0: 1.0, 1: 1.0})
     d = s.submit([Action(i, {"cpu": 1}, 10.0, task=0) for i in range(1, 6)], 0)
-    assert len(d) == 4 and s.state(5) == "waiting"
+    assert [(x.kind, x.action) for x in d] == [("start", i) for i in range(1, 5)]  # pool 0's half: 4 cores
+    assert s.state(5) == "waiting"
     assert [x.action for x in s.submit(Action(6, {"cpu": 4}, 10.0, task=1), 1)] == [6]
     d = s.submit(Action(7, {"cpu": 5}, 10.0, task=1), 2)
-    assert d[0].kind == "reject"
+    assert [(x.kind, x.action) for x in d] == [("reject", 7)]
+    assert d[0].reason == "action 7 can never run: demand does not fit on any node: cpu needs 5, largest is 4"
 
 
 def test_isolated_equal_pools_split_the_node_exactly():
@@ -359,8 +371,11 @@ def test_plain_gpu_action_gets_memory_held_by_idle_services():
     s.submit(Action(2, {"cpu": 1}, 1.0, service="A"), 2)
     s.complete(2, 3)
     assert s.gpu_free(0, 0) == 0.0
-    s.submit(Action(3, {"cpu": 1}, 1.0, gpu_memory=500), 4)
-    assert s.state(3) == "running" or s.next_wakeup is not None, s.explain(3)
+    # Both idle with no queued work: service order evicts A, which alone makes room.
+    d = s.submit(Action(3, {"cpu": 1}, 1.0, gpu_memory=500), 4)
+    assert list(d) == [tangram.Decision("evict", None, 0, 0, "A", 0.0, 4.0),
+                       tangram.Decision("start", 3, 0, 0, None, 0.0, 4.0)]
+    assert s.service_location("A") is None and s.gpu_free(0, 0) == 5500.0
 
 
 def test_trajectory_service_action_runs_where_its_service_is():
@@ -368,9 +383,12 @@ def test_trajectory_service_action_runs_where_its_service_is():
                     services=[Service("s0", 500), Service("s1", 500)])  # home devices a/0 and b/0
     s = Scheduler(inv, "trajectory", trajectory_slot_cpu=2)
     assert s.submit(Action(1, {"cpu": 1}, 10.0, trajectory=7), 0)[0].node == 0
+    # s1's home is node b's GPU: restored there (ready at once), the action starts beside
+    # it, not in trajectory 7's slot on node a.
     d = s.submit(Action(2, {"cpu": 1}, 10.0, trajectory=7, service="s1"), 0)
-    start = [x for x in d if x.kind == "start"]
-    assert not start or (start[0].node, start[0].device) == s.service_location("s1")
+    assert list(d) == [tangram.Decision("restore", None, 1, 0, "s1", 0.0, 0.0),
+                       tangram.Decision("start", 2, 1, 0, "s1", 0.0, 0.0)]
+    assert s.service_location("s1") == (1, 0)
 
 
 # ------------------------------------------------------------------ every policy by name alone

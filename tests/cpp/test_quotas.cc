@@ -1,0 +1,87 @@
+// API quotas: the GCRA rate with its burst, the concurrency cap and the token budget.
+#include <vector>
+
+#include "harness.h"
+
+namespace tangram_test {
+namespace {
+
+Inventory quota_inventory(tangram::QuotaSpec q) {
+  Inventory inv = cpu_inventory(1, 64);
+  inv.quotas = {std::move(q)};
+  return inv;
+}
+
+ActionSpec quota_action(ActionId id, std::int64_t tokens = 0) {
+  ActionSpec a = action(id, {U(1)}, 100);
+  a.quota = 0;
+  a.tokens = tokens;
+  return a;
+}
+
+// GCRA with rate 2/s and burst 1: ticking at next_wakeup(), starts are spaced exactly
+// 0.5 s apart, one per tick, in arrival order; a tick just before the due time starts
+// nothing.
+TEST(Quota, RateSpacesStarts) {
+  Harness h(quota_inventory({"api", 2.0, 1, 0, 0}), policy_of(PolicyKind::kFifo));
+  std::vector<ActionSpec> batch;
+  for (ActionId id = 1; id <= 5; ++id) batch.push_back(quota_action(id));
+  EXPECT_EQ(h.submit(batch, 0), (Decisions{start(1).on(0).at(0)}));
+  EXPECT_EQ(h.s.explain(2), "waiting for quota 'api' rate limit; next admission at 0.500000 s");
+  TimeNs last = 0;
+  for (ActionId id = 2; id <= 5; ++id) {
+    const TimeNs wake = h.s.next_wakeup();
+    ASSERT_EQ(wake, last + S(0.5));
+    EXPECT_EQ(h.tick_ns(wake - 1), Decisions{});
+    ASSERT_EQ(h.tick_ns(wake), (Decisions{start(id).on(0).at_ns(wake)}));
+    last = wake;
+  }
+  EXPECT_EQ(h.s.next_wakeup(), kNever);  // nobody waits
+}
+
+// GCRA with rate 1/s and burst 3: three start back to back (the theoretical arrival time
+// may run 2 s ahead of now), then one a second.
+TEST(Quota, BurstThenRate) {
+  Harness h(quota_inventory({"api", 1.0, 3, 0, 0}), policy_of(PolicyKind::kTangram));
+  std::vector<ActionSpec> batch;
+  for (ActionId id = 1; id <= 5; ++id) batch.push_back(quota_action(id));
+  EXPECT_EQ(h.submit(batch, 0), (Decisions{start(1).on(0).at(0), start(2).on(0).at(0), start(3).on(0).at(0)}));
+  EXPECT_EQ(h.s.next_wakeup(), S(1));
+  EXPECT_EQ(h.tick(1), (Decisions{start(4).on(0).at(1)}));
+  EXPECT_EQ(h.s.next_wakeup(), S(2));
+}
+
+// The concurrency cap: at most max_concurrency run at once; a completion or a cancel of a
+// running one lets exactly the next in; next_wakeup() stays kNever (only an end can help).
+TEST(Quota, ConcurrencyCap) {
+  Harness h(quota_inventory({"api", 0, 1, 2, 0}), policy_of(PolicyKind::kTangram));
+  std::vector<ActionSpec> batch;
+  for (ActionId id = 1; id <= 5; ++id) batch.push_back(quota_action(id));
+  EXPECT_EQ(h.submit(batch, 0), (Decisions{start(1).on(0).at(0), start(2).on(0).at(0)}));
+  EXPECT_EQ(h.s.next_wakeup(), kNever);
+  EXPECT_EQ(h.s.explain(3), "waiting for quota 'api' concurrency limit (2 in flight)");
+  EXPECT_EQ(h.tick(100), Decisions{});
+  EXPECT_EQ(h.complete({1}, 101), (Decisions{start(3).on(0).at(101)}));
+  EXPECT_EQ(h.cancel({2}, 102), (Decisions{start(4).on(0).at(102)}));
+  EXPECT_EQ(h.s.running_count(), 2u);
+  EXPECT_EQ(h.s.waiting_count(), 1u);
+  EXPECT_EQ(h.s.state(5), ActionState::kWaiting);
+}
+
+// The token budget: 600 tokens per minute (10 per second), full at the start. Two actions
+// of 300 tokens start at once; the third waits exactly 30 s for the refill; one needing
+// more than a minute's budget is rejected at submit.
+TEST(Quota, TokenBudget) {
+  Harness h(quota_inventory({"llm", 0, 1, 0, 600}), policy_of(PolicyKind::kTangram));
+  EXPECT_EQ(h.submit({quota_action(1, 300), quota_action(2, 300), quota_action(3, 300)}, 0),
+            (Decisions{start(1).on(0).at(0), start(2).on(0).at(0)}));
+  EXPECT_EQ(h.s.next_wakeup(), S(30));
+  EXPECT_EQ(h.s.explain(3), "waiting for quota 'llm' token budget; enough tokens at 30.000000 s");
+  EXPECT_EQ(h.tick(29.9), Decisions{});
+  EXPECT_EQ(h.tick(30), (Decisions{start(3).on(0).at(30)}));
+  EXPECT_EQ(h.submit({quota_action(4, 601)}, 31), (Decisions{reject(4, 0).at(31)}));
+  EXPECT_EQ(h.s.message(0), "action 4 can never run: needs 601 tokens, more than quota 'llm' grants per minute");
+}
+
+}  // namespace
+}  // namespace tangram_test

@@ -1,0 +1,383 @@
+// GPU services: restores, evictions, batches, the restore order, and GPU memory held by
+// idle resident services reclaimed for actions that need it.
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "harness.h"
+#include "random_workloads.h"
+
+namespace tangram_test {
+namespace {
+
+// A simulation in virtual time of GPU services whose total memory exceeds the GPUs, so
+// they are restored and evicted over and over, with a quota on some actions. Actions end
+// at start + runtime; ticks happen at next_wakeup().
+struct GpuRun {
+  static constexpr int kServices = 6;
+  Inventory inv;
+  Harness h;
+  std::mt19937 rng;
+  Ledger ledger;
+  Decisions trace;
+  // The tests' own model of the services: device (node, gpu) or offloaded, ready time,
+  // running actions.
+  std::vector<std::pair<std::int32_t, std::int32_t>> where;
+  std::vector<TimeNs> ready;
+  std::vector<int> running_on;
+  std::map<ActionId, std::int32_t> service_of;
+  std::set<std::pair<TimeNs, ActionId>> finishing;
+  std::size_t restores = 0, evicts = 0, service_starts = 0, service_rejects = 0;
+  TimeNs now = 0;
+
+  static Inventory make_inventory() {
+    Inventory inv;
+    inv.kinds = {"cpu"};
+    inv.nodes.push_back(NodeSpec{"a", {U(16)}, {{U(16000)}, {U(16000)}}});
+    inv.nodes.push_back(NodeSpec{"b", {U(16)}, {{U(24000)}}});
+    // Too small for any service: plain GPU actions also find memory here.
+    inv.nodes.push_back(NodeSpec{"c", {U(16)}, {{U(4000)}}});
+    for (int s = 0; s < kServices; ++s)
+      inv.services.push_back({"svc" + std::to_string(s), U(9000 + 1400 * s), 0.25 * (1 + s % 3), 1 + s % 3});
+    inv.quotas.push_back({"api", 20.0, 4, 8, 0});
+    return inv;
+  }
+
+  GpuRun(PolicyKind kind, std::uint32_t seed)
+      : inv(make_inventory()), h(inv, make_policy(kind)), rng(seed), where(kServices, {kNone, kNone}),
+        ready(kServices, 0), running_on(kServices, 0) {}
+
+  static PolicyConfig make_policy(PolicyKind kind) {
+    PolicyConfig p = policy_of(kind);
+    if (kind == PolicyKind::kIsolated) p.pools = {{0, 1.0}};
+    return p;
+  }
+
+  std::uint32_t pick(std::uint32_t n) { return static_cast<std::uint32_t>(rng() % n); }
+
+  // Plain GPU actions (at most 4000 MiB) fit every GPU. A service action needs its
+  // service's memory plus its own on one device: any device, or under kIsolated the
+  // service's home device (round robin over a/0, a/1, b/0, c/0), which c/0 (4000 MiB) and
+  // for svc5 with extra memory a/1 (16000 MiB) cannot hold.
+  bool can_ever_run(const ActionSpec& a) const {
+    if (a.service == kNone) return true;
+    const Quantity need = inv.services[a.service].memory + a.gpu_memory;
+    if (h.s.policy().kind != PolicyKind::kIsolated) return need <= U(24000);
+    const Quantity home[] = {U(16000), U(16000), U(24000), U(4000)};
+    return need <= home[a.service % 4];
+  }
+
+  void apply(const Decisions& out) {
+    for (const Decision& d : out) {
+      switch (d.kind) {
+        case DecisionKind::kRestore:
+          ASSERT_EQ(where[d.service].first, kNone) << "restore of a resident service " << d.service;
+          // Ready exactly restore_seconds after the event that decided it.
+          ASSERT_EQ(d.time, now + S(inv.services[d.service].restore_seconds)) << "service " << d.service;
+          where[d.service] = {d.node, d.device};
+          ready[d.service] = d.time;
+          ++restores;
+          break;
+        case DecisionKind::kEvict:
+          ASSERT_EQ(d.time, now);
+          ASSERT_EQ(running_on[d.service], 0) << "evicted service " << d.service << " has running actions";
+          ASSERT_LE(ready[d.service], now) << "evicted service " << d.service << " while restoring";
+          ASSERT_EQ(where[d.service], std::make_pair(d.node, d.device));
+          where[d.service] = {kNone, kNone};
+          ++evicts;
+          break;
+        case DecisionKind::kStart: {
+          ASSERT_EQ(d.time, now);
+          auto it = service_of.find(d.action);
+          if (it != service_of.end()) {
+            std::int32_t svc = it->second;
+            ASSERT_EQ(d.service, svc);
+            ASSERT_EQ(where[svc], std::make_pair(d.node, d.device)) << "action off its service's device";
+            ASSERT_LE(ready[svc], now) << "action started on a service still restoring";
+            ++running_on[svc];
+            ASSERT_LE(running_on[svc], inv.services[svc].max_batch);
+            ++service_starts;
+          } else {
+            ASSERT_EQ(d.service, kNone);
+            ASSERT_NE(d.device, kNone) << "plain GPU action " << d.action << " without a device";
+          }
+          finishing.emplace(now + S(h.s.runtime(d.action, d.grant)), d.action);
+          break;
+        }
+        case DecisionKind::kReject:
+          break;  // checked against can_ever_run() at submit
+      }
+    }
+  }
+
+  void after(const std::set<ActionId>* fresh = nullptr) {
+    apply(h.out);
+    ledger.apply(h.out, fresh);
+    trace.insert(trace.end(), h.out.begin(), h.out.end());
+    ledger.agrees_with(h.s);
+    for (std::int32_t n = 0; n < 3; ++n)
+      for (std::int32_t g = 0; g < static_cast<std::int32_t>(inv.nodes[n].gpus.size()); ++g) {
+        ASSERT_GE(h.s.gpu_free(n, g), 0) << "GPU " << n << "/" << g;
+        ASSERT_LE(h.s.gpu_free(n, g), inv.nodes[n].gpus[g].memory);
+      }
+    for (std::int32_t s = 0; s < kServices; ++s) ASSERT_EQ(h.s.service_location(s), where[s]) << "service " << s;
+  }
+
+  ActionSpec random_action(ActionId id) {
+    ActionSpec a = action(id, {U(1 + pick(3))}, 0.1 * (1 + pick(30)));
+    a.trajectory = id;
+    if (pick(5) != 0) {
+      a.service = static_cast<std::int32_t>(pick(kServices));
+      if (pick(4) == 0) a.gpu_memory = U(100);  // activations beside the service's weights
+    } else {
+      a.gpu_memory = U(1000) * (1 + pick(4));
+    }
+    if (pick(4) == 0) a.quota = 0;
+    return a;
+  }
+
+  void run(int arrivals) {
+    ActionId next_id = 1;
+    TimeNs next_arrival = 0;
+    for (int guard = 0; guard < 100000; ++guard) {
+      const TimeNs wake = h.s.next_wakeup();
+      TimeNs t = kNever;
+      if (next_id <= static_cast<ActionId>(arrivals)) t = next_arrival;
+      if (!finishing.empty()) t = std::min(t, finishing.begin()->first);
+      if (wake != kNever) {
+        ASSERT_GT(wake, now) << "next_wakeup() is not in the future";
+        t = std::min(t, wake);
+      }
+      if (t == kNever) break;
+      now = t;
+      if (!finishing.empty() && finishing.begin()->first == now) {
+        std::vector<ActionId> done;
+        while (!finishing.empty() && finishing.begin()->first == now) {
+          done.push_back(finishing.begin()->second);
+          finishing.erase(finishing.begin());
+        }
+        for (ActionId id : done)
+          if (service_of.count(id)) --running_on[service_of[id]];
+        h.s.complete(done.data(), done.size(), now, h.out);
+        h.s.check_invariants();
+        ledger.completed(done);
+        after();
+      } else if (next_id <= static_cast<ActionId>(arrivals) && next_arrival == now) {
+        std::vector<ActionSpec> batch;
+        for (std::uint32_t i = 0, n = 1 + pick(3); i < n && next_id <= static_cast<ActionId>(arrivals); ++i) {
+          batch.push_back(random_action(next_id++));
+          if (batch.back().service != kNone) service_of[batch.back().id] = batch.back().service;
+        }
+        next_arrival = now + S(0.1 * pick(12));  // bursts and lulls: services go idle
+        h.s.submit(batch.data(), batch.size(), now, h.out);
+        h.s.check_invariants();
+        std::vector<ActionId> never_run;
+        for (const ActionSpec& a : batch)
+          if (!can_ever_run(a)) {
+            never_run.push_back(a.id);
+            service_rejects += 1;
+          }
+        ASSERT_EQ(ids_of(h.out, DecisionKind::kReject), never_run) << "rejects in batch order, exactly those";
+        std::set<ActionId> fresh;
+        for (const ActionSpec& a : batch) {
+          ledger.waiting.insert(a.id);
+          ledger.trajectory[a.id] = a.trajectory;
+          ++ledger.live_in[a.trajectory];
+          fresh.insert(a.id);
+        }
+        after(&fresh);
+      } else {
+        h.tick_ns(now);
+        after();
+      }
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+    for (ActionId id : ledger.waiting) ADD_FAILURE() << "stuck: action " << id << ": " << h.s.explain(id);
+    ASSERT_EQ(ledger.waiting.size(), 0u) << "actions still wait with no event left to wake them";
+    ASSERT_EQ(ledger.running.size(), 0u);
+    ledger.expect_each_ended_once(static_cast<ActionId>(arrivals));
+  }
+};
+
+class GpuServices : public ::testing::TestWithParam<PolicyKind> {};
+
+// GPU memory is never oversubscribed, through many restore/evict cycles of services whose
+// total memory exceeds the GPUs: gpu_free() stays in [0, total]; a service with running
+// actions (or still restoring) is never evicted; a service's actions start only on its
+// device, once it is ready and with at most max_batch running; service_location() agrees
+// with the restore/evict decisions; every action starts once and ends; all memory is back
+// except that of the services left resident.
+TEST_P(GpuServices, MemoryBoundHoldsThroughEvictions) {
+  GpuRun run(GetParam(), 5);
+  run.run(600);
+  if (HasFatalFailure()) return;
+  EXPECT_GE(run.evicts, 20u) << "the workload should force many evictions";
+  std::size_t resident = 0;
+  for (const auto& w : run.where) resident += w.first != kNone ? 1 : 0;
+  EXPECT_EQ(run.restores, run.evicts + resident) << "every restore is undone by an evict, or still resident";
+  EXPECT_EQ(run.service_starts + run.service_rejects, run.service_of.size())
+      << "every service action that can run starts exactly once";
+  if (GetParam() == PolicyKind::kIsolated) {
+    EXPECT_GT(run.service_rejects, 0u) << "the workload includes service actions their home device cannot hold";
+  } else {
+    EXPECT_EQ(run.service_rejects, 0u);
+  }
+  for (std::int32_t n = 0; n < 3; ++n)
+    for (std::int32_t g = 0; g < static_cast<std::int32_t>(run.inv.nodes[n].gpus.size()); ++g) {
+      Quantity held = 0;
+      for (std::int32_t s = 0; s < GpuRun::kServices; ++s)
+        if (run.where[s] == std::make_pair(n, g)) held += run.inv.services[s].memory;
+      EXPECT_EQ(run.h.s.gpu_free(n, g) + held, run.inv.nodes[n].gpus[g].memory);
+    }
+  for (std::int32_t cpu_node = 0; cpu_node < 3; ++cpu_node) EXPECT_EQ(run.h.s.free(cpu_node, 0), U(16));
+}
+
+// Determinism with services and a quota in play: the same events give the same
+// restore/evict/start decisions.
+TEST_P(GpuServices, SameEventsGiveIdenticalDecisions) {
+  GpuRun a(GetParam(), 9), b(GetParam(), 9);
+  a.run(250);
+  b.run(250);
+  if (HasFatalFailure()) return;
+  ASSERT_GT(a.trace.size(), 250u);
+  ASSERT_EQ(a.trace, b.trace);
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, GpuServices,
+                         ::testing::Values(PolicyKind::kTangram, PolicyKind::kFifo, PolicyKind::kIsolated,
+                                           PolicyKind::kOptimus),
+                         policy_param_name);
+
+// Two services that cannot both be resident on the only GPU: serving them alternately
+// evicts the idle one each time, never the busy one; an action of a service waits while it
+// restores and starts at exactly its ready time.
+TEST(GpuServicesSmall, AlternatingServicesEvictTheIdleOne) {
+  Inventory inv = cpu_inventory(1, 8);
+  inv.nodes[0].gpus = {{U(10000)}};
+  inv.services = {{"rm0", U(6000), 2.0, 1}, {"rm1", U(6000), 2.0, 1}};
+  Harness h(inv, policy_of(PolicyKind::kTangram));
+  ActionSpec a0 = action(1, {U(1)}, 5);
+  a0.service = 0;
+  EXPECT_EQ(h.submit({a0}, 0), (Decisions{restore(0).on(0, 0).at(2)}));
+  EXPECT_EQ(h.s.gpu_free(0, 0), U(4000));
+  EXPECT_FALSE(h.s.service_ready(0));
+  EXPECT_EQ(h.s.next_wakeup(), S(2));
+  EXPECT_EQ(h.s.explain(1), "waiting for service 'rm0' to finish restoring at 2.000000 s");
+  EXPECT_EQ(h.tick(1.999), Decisions{});
+  EXPECT_EQ(h.tick(2), (Decisions{start(1).on(0, 0).service(0).at(2)}));
+  // rm1 needs room, but rm0 runs an action: it may not be evicted.
+  ActionSpec a1 = action(2, {U(1)}, 5);
+  a1.service = 1;
+  EXPECT_EQ(h.submit({a1}, 3), Decisions{});
+  EXPECT_EQ(h.s.explain(2), "waiting for service 'rm1': no GPU can make room for it now (resident services are busy)");
+  EXPECT_EQ(h.s.service_location(0), std::make_pair(0, 0));
+  // rm0 goes idle: now it is evicted for rm1, which is ready 2 s later.
+  EXPECT_EQ(h.complete({1}, 7), (Decisions{evict(0).on(0, 0).at(7), restore(1).on(0, 0).at(9)}));
+  EXPECT_EQ(h.s.service_location(0), std::make_pair(kNone, kNone));
+  EXPECT_EQ(h.s.gpu_free(0, 0), U(4000));
+  EXPECT_EQ(h.tick(9), (Decisions{start(2).on(0, 0).service(1).at(9)}));
+  EXPECT_EQ(h.s.placement(2), Decision(start(2).on(0, 0).service(1).at(9)));
+}
+
+// tangram restores whole queues, not single actions: when room frees for one of several
+// offloaded services, the one with the most waiting actions per second of (restore + queued
+// work / max_batch) gets it, even though another's single action is first in the action
+// order; fifo restores for the first action in arrival order. A service whose first waiting
+// action has waited starvation_seconds goes before any ratio.
+TEST(GpuServicesSmall, TangramRestoresTheLargestQueueFirst) {
+  Inventory inv = cpu_inventory(1, 8);
+  inv.nodes[0].gpus = {{U(10000)}};
+  inv.services = {{"rm0", U(6000), 2.0, 4}, {"rm1", U(6000), 2.0, 4}, {"rm2", U(6000), 2.0, 4}};
+  auto run = [&](PolicyConfig policy) {
+    Harness h(inv, policy);
+    ActionSpec a0 = action(1, {U(1)}, 10);
+    a0.service = 0;
+    EXPECT_EQ(h.submit({a0}, 0), (Decisions{restore(0).on(0, 0).at(2)}));
+    EXPECT_EQ(h.tick(2), (Decisions{start(1).on(0, 0).service(0).at(2)}));
+    ActionSpec b = action(2, {U(1)}, 0.5);  // rm1: one short action, first to arrive
+    b.service = 1;
+    EXPECT_EQ(h.submit({b}, 3), Decisions{});  // rm0 is busy: no room
+    std::vector<ActionSpec> cs;
+    for (ActionId id = 3; id <= 5; ++id) {  // rm2: three longer ones, later
+      cs.push_back(action(id, {U(1)}, 2));
+      cs.back().service = 2;
+    }
+    EXPECT_EQ(h.submit(cs, 8), Decisions{});
+    return h.complete({1}, 12);  // rm0 idle: room for one of rm1, rm2 (the other finds none)
+  };
+  // rm2: 3 waiting / (2 s + 6 s / 4) beats rm1: 1 waiting / (2 s + 0.5 s / 4).
+  EXPECT_EQ(run(policy_of(PolicyKind::kTangram)), (Decisions{evict(0).on(0, 0).at(12), restore(2).on(0, 0).at(14)}));
+  EXPECT_EQ(run(policy_of(PolicyKind::kFifo)), (Decisions{evict(0).on(0, 0).at(12), restore(1).on(0, 0).at(14)}));
+  // rm1's action has waited 9 s >= 5 s (starving), rm2's 4 s: rm1 first.
+  PolicyConfig starving = policy_of(PolicyKind::kTangram);
+  starving.starvation_seconds = 5;
+  EXPECT_EQ(run(starving), (Decisions{evict(0).on(0, 0).at(12), restore(1).on(0, 0).at(14)}));
+}
+
+// A service's batch is full while max_batch of its actions run; the next starts when one
+// of them completes.
+TEST(GpuServicesSmall, BatchFullWaits) {
+  Inventory inv = cpu_inventory(1, 8);
+  inv.nodes[0].gpus = {{U(10000)}};
+  inv.services = {{"rm", U(6000), 0.0, 2}};
+  Harness h(inv, policy_of(PolicyKind::kFifo));
+  std::vector<ActionSpec> batch;
+  for (ActionId id = 1; id <= 3; ++id) {
+    batch.push_back(action(id, {U(1)}, 1));
+    batch.back().service = 0;
+  }
+  // restore_seconds 0: ready at once, so the first two start in the same pass.
+  EXPECT_EQ(h.submit(batch, 0), (Decisions{restore(0).on(0, 0).at(0), start(1).on(0, 0).service(0).at(0),
+                                           start(2).on(0, 0).service(0).at(0)}));
+  EXPECT_EQ(h.s.explain(3), "waiting for service 'rm': its batch is full (2 running)");
+  EXPECT_EQ(h.complete({2}, 1), (Decisions{start(3).on(0, 0).service(0).at(1)}));
+}
+
+// Idle resident services give up GPU memory to actions that need it, not only to other
+// services: with nothing running, an action needing GPU memory that idle services hold
+// starts at once after the evictions it needs (it never waits with no wakeup due).
+Harness two_cached_services() {
+  Inventory inv = cpu_inventory(1, 4);
+  inv.nodes[0].gpus = {{U(10000)}};
+  inv.services = {{"A", U(6000), 0, 1}, {"B", U(4000), 0, 1}};
+  Harness h(inv, policy_of(PolicyKind::kTangram));
+  ActionSpec b = action(1, {U(1)}, 1);
+  b.service = 1;
+  EXPECT_EQ(h.submit({b}, 0), (Decisions{restore(1).on(0, 0).at(0), start(1).on(0, 0).service(1).at(0)}));
+  h.complete({1}, 1);
+  ActionSpec a = action(2, {U(1)}, 1);
+  a.service = 0;
+  EXPECT_EQ(h.submit({a}, 2), (Decisions{restore(0).on(0, 0).at(2), start(2).on(0, 0).service(0).at(2)}));
+  h.complete({2}, 3);
+  EXPECT_EQ(h.s.gpu_free(0, 0), 0);  // A and B both resident and idle
+  return h;
+}
+
+// An action of resident service A needing 500 MiB beside it: B, idle, is evicted (A is
+// kept: the action needs it) and the action starts on A's device.
+TEST(Regressions, IdleServiceEvictedForServiceActionsGpuMemory) {
+  Harness h = two_cached_services();
+  ActionSpec a = action(3, {U(1)}, 1);
+  a.service = 0;
+  a.gpu_memory = U(500);
+  EXPECT_EQ(h.submit({a}, 4), (Decisions{evict(1).on(0, 0).at(4), start(3).on(0, 0).service(0).at(4)}));
+  EXPECT_EQ(h.s.service_location(1), std::make_pair(kNone, kNone));
+  EXPECT_EQ(h.s.gpu_free(0, 0), U(4000) - U(500));
+}
+
+// A plain action needing 500 MiB of GPU memory while idle services A and B fill the GPU:
+// one victim suffices; both are idle with no queued work, so service order picks A.
+TEST(Regressions, IdleServiceEvictedForPlainGpuAction) {
+  Harness h = two_cached_services();
+  ActionSpec a = action(3, {U(1)}, 1);
+  a.gpu_memory = U(500);
+  EXPECT_EQ(h.submit({a}, 4), (Decisions{evict(0).on(0, 0).at(4), start(3).on(0, 0).at(4)}));
+  EXPECT_EQ(h.s.service_location(1), std::make_pair(0, 0));
+  EXPECT_EQ(h.s.gpu_free(0, 0), U(6000) - U(500));
+}
+
+}  // namespace
+}  // namespace tangram_test
