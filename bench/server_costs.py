@@ -151,10 +151,10 @@ def metrics_costs() -> tuple[float, float]:
     from prometheus_client import CollectorRegistry, Counter, Histogram
 
     class Idle:
-        def _queue_lengths(self) -> dict[str, Any]:
+        def queue_lengths_now(self) -> dict[str, Any]:
             return {}
 
-        def _utilisation(self) -> dict[str, Any]:
+        def utilisation_now(self) -> dict[str, Any]:
             return {}
 
     record = ActionRecord(1, "env", 0, "cpu", 0.0, 0.001, 0.002, "node0", None, 1.0, "ok")

@@ -67,7 +67,7 @@ from ._errors import TangramError
 from ._model import Inventory, Node
 from ._numpy_placement import NumpyPlacement
 from ._records import DECISION_DTYPE, MODEL_AMDAHL, MODEL_CONSTANT, REJECT, START, empty_actions
-from .cli import ArgumentParser, name_list, non_negative_int, non_negative_seconds, positive_int, writable_file
+from ._arguments import ArgumentParser, name_list, non_negative_int, non_negative_seconds, positive_int, writable_file
 from .scheduler import Policy, Scheduler, core_arguments
 
 __all__ = ["Config", "KINDS", "make_actions", "make_inventory", "make_scheduler", "record_burst", "replay",
@@ -405,8 +405,8 @@ def run_single_submit(nodes: int = 1024, calls: int = 2000, rounds: int = 5, see
     results = []
     for api in ("Scheduler.submit", "_core.Scheduler.submit"):
         sched = Scheduler(inventory)
-        target = sched.submit if api == "Scheduler.submit" else sched._core.submit
-        complete = sched._core.complete
+        target = sched.submit if api == "Scheduler.submit" else sched.core.submit
+        complete = sched.core.complete
         per_call: list[float] = []
         cpu: list[float] = []
         next_id = 0

@@ -10,15 +10,7 @@ from __future__ import annotations
 
 import sys
 
-# tangram.bench takes its argument types from here too.
-from ._arguments import (  # noqa: F401
-    ArgumentParser,
-    name_list,
-    non_negative_int,
-    non_negative_seconds,
-    positive_int,
-    writable_file,
-)
+from ._arguments import ArgumentParser, name_list, positive_int
 from .scheduler import POLICIES
 
 DEMO_DESCRIPTION = (
