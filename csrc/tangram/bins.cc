@@ -164,7 +164,9 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
 void Scheduler::Impl::refresh_leaf(std::int32_t bin) {
   Partition& part = partitions[bin_partition[bin]];
   std::int32_t leaf = bin_leaf[bin];
-  if (!node_online[bin_node[bin]]) return hide_leaf(part, leaf);
+  // A bound trajectory slot and an offline node's bins stay hidden: nothing else is placed
+  // there (a bound slot's own trajectory finds it through trajectory_bin).
+  if (bin_bound[bin] || !node_online[bin_node[bin]]) return hide_leaf(part, leaf);
   std::copy(free_of(bin), free_of(bin) + K, scratch.begin());
   if (has_gpus) scratch[K] = node_max_dev_free[bin_node[bin]];
   part.free_tree.set(leaf, scratch.data());

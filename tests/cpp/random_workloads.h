@@ -111,26 +111,28 @@ struct RandomRun {
   double now = 0;
   Decisions trace;
   std::map<ActionId, std::int32_t> affinity;
-  std::map<TrajectoryId, std::int32_t> slot_node;  // kTrajectory: where each live trajectory's slot is
+  std::map<TrajectoryId, std::int32_t> slot_node;  // trajectory slots: where each live trajectory's slot is
 
-  RandomRun(PolicyKind kind, std::uint32_t seed)
-      : policy(make_policy(kind)), inv(cpu_mem_inventory(4, 8, 16384)), rng(seed), h(inv, policy) {}
+  RandomRun(PolicyKind kind, std::uint32_t seed) : RandomRun(policy_of(kind), seed) {}
+  // Any policy, a row of rules of its own included (PolicyConfig::row).
+  RandomRun(PolicyConfig config, std::uint32_t seed)
+      : policy(with_options(std::move(config))), inv(cpu_mem_inventory(4, 8, 16384)), rng(seed), h(inv, policy) {}
 
-  static PolicyConfig make_policy(PolicyKind kind) {
-    PolicyConfig p = policy_of(kind);
+  static PolicyConfig with_options(PolicyConfig p) {
     p.starvation_seconds = 20;
-    p.trajectory_slot_cpu = U(2);                                     // 4 slots of 2 cores, 4096 MiB
-    if (kind == PolicyKind::kIsolated) p.pools = {{0, 1.0}, {1, 1.0}};  // exact halves
+    p.trajectory_slot_cpu = U(2);  // trajectory slots: 4 of 2 cores and 4096 MiB per node
+    p.pools = {{0, 1.0}, {1, 1.0}};  // task pools: exact halves
     return p;
   }
+  tangram::BinLayout bins() const { return tangram::resolve_policy(policy).rules.bins; }
 
   // The capacity of every bin (all nodes alike, those added later too): an action is
   // rejected at submit exactly when its minimum demand exceeds it.
   std::vector<Quantity> bin_capacity() const {
-    switch (policy.kind) {
-      case PolicyKind::kTrajectory:
+    switch (bins()) {
+      case tangram::BinLayout::kTrajectorySlots:
         return {U(2), U(4096)};
-      case PolicyKind::kIsolated:
+      case tangram::BinLayout::kTaskPools:
         return {U(4), U(8192)};
       default:
         return {U(8), U(16384)};
@@ -170,12 +172,12 @@ struct RandomRun {
       }
   }
 
-  // Starts honour node affinity; under kTrajectory a trajectory's actions all run on its
+  // Starts honour node affinity; with trajectory slots a trajectory's actions all run on its
   // slot's node, which its first start chose (by affinity, if it had one).
   void check_start_nodes() {
     for (const Decision& d : h.out) {
       if (d.kind != DecisionKind::kStart) continue;
-      if (policy.kind == PolicyKind::kTrajectory) {
+      if (bins() == tangram::BinLayout::kTrajectorySlots) {
         const TrajectoryId t = ledger.trajectory[d.action];
         auto bound = slot_node.find(t);
         if (bound != slot_node.end()) {
