@@ -32,11 +32,14 @@ SUBMODULE_API = {
     "GpuManager": "tangram.runtime.gpu",
     "ApiManager": "tangram.runtime.api",
     "Server": "tangram.server",
+    "PolicyRules": "tangram.reference",
+    "ReferenceScheduler": "tangram.reference",
 }
 
 # Bare names in the docs that are not tangram's: where they come from.
 NOT_TANGRAM = {
     "ActionSpec": "the C++ core's action struct (csrc/tangram/model.h)",
+    "PolicyKind": "the C++ core's built-in policies (csrc/tangram/policy.h)",
     "BufferedProtocol": "asyncio",
     "CancelledError": "asyncio",
     "ProcessPoolExecutor": "concurrent.futures",
