@@ -1,10 +1,21 @@
 """A naive, pure-Python reference of the core's scheduling rules.
 
 `ReferenceScheduler` takes the same keyword arguments as `tangram._core.Scheduler` (less
-`decision_dtype`) and answers the same events with the same DECISION_DTYPE records. It is
-written for clarity, not speed: the differential tests hold the optimised C++ core
-(csrc/tangram/scheduler.cc) to it decision for decision, and the benchmarks use it as
-the baseline. Policies "tangram" and "fifo" are supported; model callbacks are not.
+`decision_dtype`; plus an optional `rules`) and answers the same events with the same
+DECISION_DTYPE records and the same reject messages. It is written for clarity, not
+speed: the differential tests hold the optimised C++ core (csrc/tangram/) to
+it decision for decision, and the benchmarks use it as the baseline. It implements all
+five policies; model callbacks are not supported.
+
+A policy is a row of independent rules (`PolicyRules`; `POLICY_RULES` holds the five
+built-in rows). Passing `rules=` runs any row under any name:
+
+    policy       order     bins              spare        restore       service_devices
+    tangram      estimate  node              uncontended  queues_first  any
+    fifo         arrival   node              none         on_demand     any
+    optimus      arrival   node              every_bin    on_demand     any
+    trajectory   arrival   trajectory_slots  none         on_demand     home
+    isolated     arrival   task_pools        none         on_demand     home
 
 Rules, in words:
 
@@ -15,63 +26,104 @@ Rules, in words:
   piecewise linear in `u / 1000` through the points, flat outside. A non-elastic action
   is evaluated at u = min = 1000. `est_ns = to_ns(seconds(a, min))`.
 * Order. Waiting actions go by (-priority, key, seq), seq counting accepted submits.
-  tangram: `key = est_ns + (submit_ns * aging_permille) // 1000`, aging_permille =
-  to_milli(aging); fifo: key = 0.
+  order "estimate": `key = est_ns + (now_ns * aging_permille) // 1000`, now_ns being the
+  submit batch's time and aging_permille = to_milli(aging); order "arrival": key = 0.
+* Bins and partitions. Placement packs actions into bins; each bin belongs to one node
+  and one partition, and a partition's bins go in node order (a node's bins in the order
+  made). bins "node": one bin per node, one partition. bins "trajectory_slots" (needs a
+  "cpu" kind and trajectory_slot_cpu > 0): one partition; each node is cut into
+  floor(cpu / slot) slots of `slot` cpu, every other kind divided evenly
+  (`capacity // slots`); a node too small has no bin. bins "task_pools": one partition
+  per task pool (in the order given); each node is split among them by weight: per kind,
+  pool p gets `(capacity * floor(weight_p / total * 1e6)) // 1e6`, then the units left
+  over are spread evenly, the first `left % P` pools taking one more. An action's
+  partition is its `task`'s pool (an unknown task is an UnknownNameError); `task` is a
+  label otherwise. add_node makes a new node's bins the same way, after every existing bin.
+* Trajectory slots. Under bins "trajectory_slots" a non-service action runs "in its
+  trajectory's slot": the trajectory binds the bin its first such action starts in, and
+  keeps it (hidden from everyone else) until end_trajectories; its later non-service
+  actions may use only that bin ("fixed"), whatever their affinity. An elastic action
+  started there takes the slot's free elastic units up to its max at once. Service
+  actions run beside their service in any bin no trajectory holds and bind nothing.
+* Home devices. service_devices "home": service s may live only on device s % devices
+  (devices as at construction); "any": on every device.
 * Classes. Waiting actions with identical admission constraints (demand vector, gpu
-  memory, partition, affinity, service, quota, tokens) form a class; once one of a class
-  fails in a pass, the rest of the class is not tried in that pass.
+  memory, partition, affinity, service, quota, tokens; plus the trajectory for an action
+  in a trajectory slot) form a class; once one of a class fails in a pass, the rest of
+  the class is not tried in that pass.
 * Infeasible at submit. An action is rejected at once (rejects come first in the output,
-  in submit order) when no node's capacity covers its demand (on its affinity node if it
-  has one; including the node's largest GPU >= gpu_memory when the inventory has GPUs), or
-  when its tokens exceed its quota's tokens_per_minute; a service action when no device
-  has memory >= service memory + gpu_memory on a node whose capacity covers the demand.
-* Restore order (tangram only). Before the walk, offloaded services with waiting
-  actions are restored (Restore, below, for the service's first waiting action in
-  order): starving first (that action has waited >= starvation_ns), then most waiting
+  in submit order) when, by capacity alone, nothing could ever hold it: its tokens exceed
+  its quota's tokens_per_minute; a service action when no device it may use has memory
+  >= service memory + gpu_memory on a node with a bin of its partition whose capacity
+  covers the demand; another action when no bin of its partition (on its affinity node,
+  if it has one) has capacity covering the demand on a node whose largest GPU >=
+  gpu_memory (checked only when the inventory has GPUs). Offline nodes count.
+* Offline nodes. An offline node's bins take no placement and its GPUs no restore.
+  A pass first evicts (in service order) every service resident on an offline node with
+  none of its actions running; until then its actions wait for it.
+* Restore order (restore "queues_first"). Before the walk, offloaded services with
+  waiting actions are restored (Restore, below, for the service's first waiting action
+  in order): starving first (that action has waited >= starvation_ns), then most waiting
   actions per (restore_ns + queued est_ns // max_batch), cross-multiplied, then index.
+  Restore "on_demand": only the walk restores.
 * A pass walks the waiting actions once in order. For each (skipping blocked classes):
-  1. its quota already blocked in this pass: blocked.
-  2. a service action: a ready service whose device is smaller than service memory +
-     the action's gpu_memory is moved (evicted, then restored) once nothing of it runs
-     (until then: blocked); an offloaded service is restored (below; none possible:
-     blocked); a service still restoring, or running max_batch actions: blocked. It may
-     run only on its service's node and device.
-  3. candidates: the first `candidates` nodes in index order (just the scope node with an
-     affinity or a service; nodes held back by a starving action are skipped) whose free
-     vector covers the demand and, for a non-service action, whose largest free GPU
-     memory >= gpu_memory; a service action also needs gpu_memory free on its device.
-  4. none, and it needs GPU memory: evict services for it by the greedy plan (below) and
-     try again.
-     Still none: if it has waited >= starvation_seconds, it is starving: with a scope
-     node that node is held back from every later action in the pass; without one the
-     pass halts. Either way the action is blocked.
-  5. quota admission (below); refused: the quota is blocked for the rest of the pass.
-  6. best fit: the candidate with the least sum over kinds with capacity > 0 of
-     `((free - demand) * 1024) // capacity`, first on ties; a non-service GPU action takes
-     the node's device with the least memory left over (first on ties). The grant is the
-     elastic minimum (0 in the record of a non-elastic action).
+  1. its quota already blocked in this pass: waits.
+  2. a service action: a service resident on an offline node: waits. A ready service
+     whose device is smaller than service memory + the action's gpu_memory is moved
+     (evicted, then restored) once nothing of it runs (until then: waits); an offloaded
+     service is restored (below; none possible: waits); a service still restoring, or
+     running max_batch actions: waits. It may run only on its service's node and device.
+  3. its bins: its trajectory's slot if bound (fixed); else the bins of its partition
+     on its scope node (its service's node, else its affinity node), or all of them.
+     A scope node with no bin of its partition: no bins at all.
+  4. candidates: a fixed slot if it is online and covers the demand (and, for a
+     non-service action, its node's largest free GPU memory >= gpu_memory). Otherwise,
+     unless its partition is held back: the first `candidates` bins in order that are not
+     bound to a trajectory, on online nodes not held back, whose free vector covers the
+     demand and, for a non-service action, whose node's largest free GPU memory >=
+     gpu_memory. A service action also needs gpu_memory free on its device.
+  5. none, it needs GPU memory, it has bins and its partition is not held back: evict
+     services for it by the greedy plan (below) and try it again from step 1.
+     Still none: if it has waited >= starvation_seconds, has no fixed slot and (while a
+     node is offline) some bin of its on an online node could hold it by capacity, it is
+     starving: with a scope node that node is held back from every later action in the
+     pass; without one its partition is, and the pass halts when there is a single
+     partition and bins are not trajectory slots. Either way it is blocked. A fixed slot
+     is never held back.
+  6. quota admission (below); refused: the quota is blocked for the rest of the pass, and
+     the action waits.
+  7. best fit: the candidate with the least sum over kinds with capacity > 0 of
+     `((free - demand) * 1024) // capacity` (the bin's), first on ties; a non-service GPU
+     action takes the node's device with the least memory left over (first on ties). The
+     grant is the elastic minimum (0 in the record of a non-elastic action), plus the
+     slot's free units for an elastic action in a trajectory slot.
   Every class blocked for resources (and a halt) makes its scope node (or, without one,
-  every node) "contended"; one waiting for its quota or its service does not.
-* Spare units (tangram only). After the walk, on each node in index order that is not
-  contended, elastic actions started in this pass get one more unit (min(1000, max -
-  grant)) at a time: each round to the one with the largest gain = t(g) - t(g + step)
-  (first in start order on ties), among those where free room allows it, t(g) > 0,
+  its partition) "contended"; one that waits for its quota or its service does not.
+* Spare units (spare "uncontended": on bins neither whose node nor whose partition is
+  contended; "every_bin": on every bin; "none": never). After the walk, in each such bin,
+  elastic actions started there in this pass get one more unit (min(1000, max - grant))
+  at a time: each round to the one with the largest gain = t(g) - t(g + step) (first in
+  start order on ties), among those where the bin's free room allows it, t(g) > 0,
   gain >= min_relative_gain * t(g) and gain > 0; until nobody qualifies.
-* Restore. Candidate devices: memory >= service + gpu_memory and a node whose capacity
-  covers the demand. Prefer a device with room now, minimising (node lacks free room for
-  the demand now, memory left over), first device on ties. Otherwise evict on one device:
-  eligible victims are other services resident there with nothing running and ready
-  since before the last pass (so never one still restoring, nor one whose actions have
-  not yet had a pass to start), ranked idle (nothing waiting) first, then by queued est_ns per restore_ns
-  (max 1) ascending (cross-multiplied integers), then index; take victims in rank order
-  until the room suffices; choose the device minimising (node lacks room now, victims
-  with waiting actions, their queued ns, victim count, device). Evict decisions (time =
-  now) precede the restore decision (time = ready = now + restore_ns).
+* Restore. Candidate devices (home only, under "home"): online, memory >= service +
+  gpu_memory, on a node with a bin of the action's partition whose capacity covers the
+  demand. Prefer a device with room now, minimising (no unbound bin of the node in the
+  partition has free room for the demand now, memory left over), first device on ties.
+  Otherwise evict on one device: eligible victims are other services resident there with
+  nothing running and ready since before the last pass (so never one still restoring,
+  nor one whose actions have not yet had a pass to start), ranked idle (nothing waiting)
+  first, then by queued est_ns per restore_ns (max 1) ascending (cross-multiplied
+  integers), then index; take victims in rank order until the room suffices; choose the
+  device minimising (node lacks room now, victims with waiting actions, their queued ns,
+  victim count, device). Evict decisions (time = now) precede the restore decision (time
+  = ready = now + restore_ns).
 * GPU room for an action. A service action short of gpu_memory on its service's device
   evicts there by the same greedy plan (its own service kept). Any other GPU action
   evicts on the device with the cheapest plan (victims with waiting actions, queued ns,
-  count, device) among devices with memory >= gpu_memory on nodes in its scope, not held
-  back, where the rest of its demand fits now; only plans that evict someone.
+  count, device) among devices with memory >= gpu_memory on the nodes of its bins (not
+  bound to another trajectory, online, not held back; its fixed slot too is skipped when
+  its node is held back) whose free vector covers its demand now; only plans that evict
+  someone.
 * Quotas (exact integers). GCRA: interval = max(1, to_ns(1 / rate)), tolerance = (burst -
   1) * interval; refused while now < tat - tolerance (until tat - tolerance); a start sets
   tat = max(tat, now) + interval. Concurrency: refused while max_concurrency actions of
@@ -88,8 +140,8 @@ from __future__ import annotations
 import bisect
 import functools
 import math
-from dataclasses import dataclass
-from typing import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar, Iterable, Sequence
 
 import numpy as np
 
@@ -106,6 +158,42 @@ NS_PER_MINUTE = 60_000_000_000
 STARTED, BLOCKED, WAITS, HALT = "started", "blocked", "waits", "halt"  # WAITS: for a quota or a service
 
 
+@dataclass(frozen=True)
+class PolicyRules:
+    """One policy as a row of independent rules (the module docstring says what each does)."""
+
+    order: str  # "arrival" | "estimate"
+    bins: str  # "node" | "trajectory_slots" | "task_pools"
+    spare: str  # "none" | "uncontended" | "every_bin"
+    restore: str  # "on_demand" | "queues_first"
+    service_devices: str  # "any" | "home"
+
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
+        "order": ("arrival", "estimate"),
+        "bins": ("node", "trajectory_slots", "task_pools"),
+        "spare": ("none", "uncontended", "every_bin"),
+        "restore": ("on_demand", "queues_first"),
+        "service_devices": ("any", "home"),
+    }
+
+    def __post_init__(self) -> None:
+        for name, allowed in self.CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise UnknownNameError(f"rules.{name}", f"{getattr(self, name)!r} is not one of {', '.join(allowed)}")
+
+
+POLICY_RULES: dict[str, PolicyRules] = {
+    "tangram": PolicyRules(order="estimate", bins="node", spare="uncontended", restore="queues_first",
+                           service_devices="any"),
+    "fifo": PolicyRules(order="arrival", bins="node", spare="none", restore="on_demand", service_devices="any"),
+    "optimus": PolicyRules(order="arrival", bins="node", spare="every_bin", restore="on_demand", service_devices="any"),
+    "trajectory": PolicyRules(order="arrival", bins="trajectory_slots", spare="none", restore="on_demand",
+                              service_devices="home"),
+    "isolated": PolicyRules(order="arrival", bins="task_pools", spare="none", restore="on_demand",
+                            service_devices="home"),
+}
+
+
 def to_milli(x: float) -> int:
     return math.floor(x * 1000.0 + 0.5)
 
@@ -116,6 +204,11 @@ def to_ns(seconds: float) -> int:
 
 def _covers(have: Sequence[int], need: Sequence[int]) -> bool:
     return all(h >= n for h, n in zip(have, need))
+
+
+def _units(milli: int) -> str:
+    """A milli-unit quantity in base units as the core prints a double (C++ `<<`: %g)."""
+    return f"{milli / 1000.0:g}"
 
 
 def _checked_milli(value: float, field: str) -> int:
@@ -186,14 +279,25 @@ class _Service:
     memory: int
     restore_ns: int
     max_batch: int
+    home: int = -1  # its only device under service_devices "home"
     device: int = -1  # global device index while resident or restoring
     ready_ns: int = 0
+
+
+@dataclass
+class _Bin:
+    node: int
+    partition: int
+    capacity: list
+    free: list = field(default_factory=list)
+    bound_to: int | None = None  # the trajectory whose slot it is
 
 
 @dataclass
 class _Action:
     id: int
     trajectory: int
+    task: int
     demand: tuple
     gpu_memory: int
     elastic_kind: int
@@ -204,17 +308,20 @@ class _Action:
     quota: int
     tokens: int
     priority: int = 0
+    partition: int = 0
+    in_slot: bool = False  # runs in its trajectory's slot
     submit_ns: int = 0
     est_ns: int = 0
     order: tuple = ()
     running: bool = False
-    node: int = -1
+    bin: int = -1
     device: int = -1  # global device index
     grant: int = 0
 
     @property
     def cls(self) -> tuple:
-        return (self.demand, self.gpu_memory, 0, self.affinity, self.service, self.quota, self.tokens)
+        return (self.demand, self.gpu_memory, self.partition, self.affinity, self.service, self.quota, self.tokens,
+                self.trajectory if self.in_slot else 0, self.in_slot)
 
     @property
     def minimum(self) -> int:
@@ -227,9 +334,10 @@ class _Pass:
     def __init__(self) -> None:
         self.blocked_classes: set = set()
         self.blocked_quotas: set = set()
-        self.held_nodes: set = set()  # held back by a starving action
+        self.held_nodes: set = set()  # held back by a starving action with a scope node
+        self.held_partitions: set = set()  # held back by a starving action without one
         self.contended_nodes: set = set()
-        self.contended_all = False
+        self.contended_partitions: set = set()
         self.started: list = []  # (action, index of its decision)
 
 
@@ -247,39 +355,41 @@ class ReferenceScheduler:
     """The scheduling rules of tangram._core.Scheduler, naively (see the module docstring)."""
 
     def __init__(self, *, kinds, node_names, capacity, gpus, quotas, services, policy, aging, candidates,
-                 min_relative_gain, starvation_seconds, trajectory_slot_cpu=0, pools=()) -> None:
+                 min_relative_gain, starvation_seconds, trajectory_slot_cpu=0, pools=(),
+                 rules: PolicyRules | None = None) -> None:
+        if rules is None:
+            if policy not in POLICY_RULES:
+                raise UnknownNameError("policy", f"unknown policy {policy!r} ({', '.join(POLICY_RULES)})")
+            rules = POLICY_RULES[policy]
+        self.rules = rules
         capacity = np.asarray(capacity, dtype=np.int64)
         N, K = len(node_names), len(kinds)
         if capacity.ndim != 2 or capacity.shape != (N, K):
             raise ValidationError("inventory.capacity", "must be a nodes x kinds array")
         if len(gpus) != N:
             raise ValidationError("inventory.gpus", "needs one list per node")
-        if policy in ("trajectory", "isolated"):
-            raise NotImplementedError(f"the reference implements the tangram and fifo policies, not {policy!r}")
-        if policy not in ("tangram", "fifo"):
-            raise UnknownNameError("policy", f"unknown policy {policy!r}")
         if K == 0:
             raise ValidationError("inventory.kinds", "at least one resource kind is needed")
         if any(not k for k in kinds) or len(set(kinds)) != K:
             raise ValidationError("inventory.kinds", "kind names must be non-empty and unique")
         if N == 0:
             raise ValidationError("inventory.nodes", "at least one node is needed")
-        self.kinds, self.K, self.N = list(kinds), K, N
-        self.capacity = [[int(v) for v in row] for row in capacity]
-        if any(not 0 <= v <= MAX_MILLI for row in self.capacity for v in row):
-            raise ValidationError("inventory.capacity", "must be in [0, 1e12] units")
-        self.free = [list(row) for row in self.capacity]
+        self.kinds, self.K = list(kinds), K
+        self.node_names: list[str] = []
+        self.online: list[bool] = []
+        for n in range(N):
+            self._check_node(f"inventory.nodes[{n}]", [int(v) for v in capacity[n]], gpus[n])
+            self._append_node(node_names[n])
         # GPUs, numbered globally node by node.
-        self.dev_node, self.dev_local, self.dev_total = [], [], []
+        self.dev_node: list[int] = []
+        self.dev_local: list[int] = []
+        self.dev_total: list[int] = []
         for n, mems in enumerate(gpus):
             for g, m in enumerate(mems):
-                if not 0 < m <= MAX_MILLI:
-                    raise ValidationError(f"inventory.nodes[{n}].gpus[{g}].memory", "must be in (0, 1e12] MiB")
                 self.dev_node.append(n)
                 self.dev_local.append(g)
                 self.dev_total.append(int(m))
         self.dev_free = list(self.dev_total)
-        self.has_gpus = bool(self.dev_node)
         self.quotas = []
         for q, spec in enumerate(quotas):
             self.quotas.append(_Quota(spec, f"inventory.quotas[{q}]"))
@@ -296,7 +406,7 @@ class ReferenceScheduler:
                 raise ValidationError(f"{f}.restore_seconds", "must be a finite number in [0, 1e9]")
             if max_batch < 1:
                 raise ValidationError(f"{f}.max_batch", "must be at least 1")
-            if not self.has_gpus:
+            if not self.dev_node:
                 raise ValidationError(f, "a GPU service needs at least one GPU in the inventory")
             self.services.append(_Service(name, int(memory), to_ns(restore_seconds), int(max_batch)))
         pf = f"policy({policy})"
@@ -311,6 +421,40 @@ class ReferenceScheduler:
         self.policy, self.candidates, self.min_relative_gain = policy, int(candidates), float(min_relative_gain)
         self.aging_permille = to_milli(aging)
         self.starvation_ns = to_ns(starvation_seconds)
+        # The bins' options, then every node's bins, partition by partition.
+        self.slot_cpu = int(trajectory_slot_cpu)
+        self.pools = [(int(task), float(weight)) for task, weight in pools]
+        self.pool_partition: dict[int, int] = {}
+        partitions = 1
+        if rules.bins == "trajectory_slots":
+            if "cpu" not in self.kinds:
+                raise UnknownNameError(pf, "trajectory slots need a 'cpu' kind")
+            if not 0 < self.slot_cpu <= MAX_MILLI:
+                raise ValidationError(f"{pf}.trajectory_slot_cpu", "must be positive")
+        elif rules.bins == "task_pools":
+            if not self.pools:
+                raise ValidationError(f"{pf}.pools", "task pools need at least one pool")
+            for p, (task, weight) in enumerate(self.pools):
+                if not math.isfinite(weight) or not 0 < weight <= 1e6:
+                    raise ValidationError(f"{pf}.pools[{p}].weight", "must be a finite number in (0, 1e6]")
+                if task in self.pool_partition:
+                    raise ValidationError(f"{pf}.pools[{p}].task", f"duplicate task pool {task}")
+                self.pool_partition[task] = p
+            partitions = len(self.pools)
+        self.n_partitions = partitions
+        self.bins: list[_Bin] = []
+        self.partition_bins: list[list[int]] = [[] for _ in range(partitions)]  # in order, node by node
+        splits = [self._node_bins([int(v) for v in capacity[n]]) for n in range(N)]
+        for p in range(partitions):
+            for n in range(N):
+                for cap in splits[n][p]:
+                    self._append_bin(n, p, cap)
+        if rules.bins == "trajectory_slots" and not self.bins:
+            raise ValidationError(f"{pf}.trajectory_slot_cpu", "larger than every node's cpu: no slot fits")
+        if rules.service_devices == "home":
+            for s, svc in enumerate(self.services):
+                svc.home = s % len(self.dev_node)
+        self.slot_of: dict[int, int] = {}  # trajectory -> the bin it holds
         self.tables: list[list[tuple[float, float]]] = []
         self.actions: dict[int, _Action] = {}  # live actions, by id
         self.seq = 0
@@ -318,6 +462,78 @@ class ReferenceScheduler:
         self.prev_pass_ns = -1  # when the last pass ran: a service ready since then is not evictable yet
         self.wakeup_ns: int | None = None
         self.messages: list[str] = []
+
+    # ------------------------------------------------------------ inventory
+    @property
+    def N(self) -> int:
+        return len(self.node_names)
+
+    @property
+    def has_gpus(self) -> bool:
+        return bool(self.dev_node)
+
+    def _check_node(self, f: str, capacity: list[int], gpus: Sequence[int]) -> None:
+        """Validates one node's capacity and GPUs (as the constructor and add_node do)."""
+        if len(capacity) != self.K:
+            raise ValidationError(f"{f}.capacity", f"has {len(capacity)} entries for {self.K} kinds")
+        for k, v in enumerate(capacity):
+            if not 0 <= v <= MAX_MILLI:
+                raise ValidationError(f"{f}.capacity.{self.kinds[k]}", "must be in [0, 1e12] units")
+        for g, m in enumerate(gpus):
+            if not 0 < m <= MAX_MILLI:
+                raise ValidationError(f"{f}.gpus[{g}].memory", "must be in (0, 1e12] MiB")
+
+    def _node_bins(self, capacity: list[int]) -> list[list[list[int]]]:
+        """Per partition, the capacities of one node's bins under the rules."""
+        if self.rules.bins == "node":
+            return [[list(capacity)]]
+        if self.rules.bins == "trajectory_slots":
+            cpu = self.kinds.index("cpu")
+            slots = capacity[cpu] // self.slot_cpu
+            cap = [self.slot_cpu if k == cpu else (capacity[k] // slots if slots > 0 else 0) for k in range(self.K)]
+            return [[list(cap) for _ in range(slots)]]
+        # task pools: the floor of each share in parts per million, then what is left over
+        # spread evenly, the first pools taking one more, so the shares sum to the node.
+        total = 0.0
+        for _, weight in self.pools:
+            total += weight
+        P = len(self.pools)
+        shares = [[0] * self.K for _ in range(P)]
+        for k in range(self.K):
+            given = 0
+            for p, (_, weight) in enumerate(self.pools):
+                ppm = math.floor(weight / total * 1e6)
+                shares[p][k] = (capacity[k] * ppm) // 1_000_000
+                given += shares[p][k]
+            left = capacity[k] - given
+            for p in range(P):
+                shares[p][k] += left // P + (1 if p < left % P else 0)
+        return [[shares[p]] for p in range(P)]
+
+    def _append_bin(self, node: int, partition: int, capacity: list[int]) -> None:
+        """A bin at the end of its partition, all of its capacity free."""
+        self.partition_bins[partition].append(len(self.bins))
+        self.bins.append(_Bin(node, partition, list(capacity), list(capacity)))
+
+    def _leaves(self, partition: int) -> list[int]:
+        """The partition's bins in order (node by node)."""
+        return self.partition_bins[partition]
+
+    def _node_leaves(self, partition: int, node: int) -> list[int]:
+        return [b for b in self._leaves(partition) if self.bins[b].node == node]
+
+    def _bound(self, b: int) -> bool:
+        return self.bins[b].bound_to is not None
+
+    def _devices_of(self, n: int) -> list[int]:
+        return [d for d in range(len(self.dev_node)) if self.dev_node[d] == n]
+
+    def _node_max_gpu(self, n: int, table: list[int]) -> int:
+        return max((table[d] for d in self._devices_of(n)), default=0)
+
+    def _service_devices(self, s: int) -> list[int]:
+        home = self.services[s].home
+        return [home] if home >= 0 else list(range(len(self.dev_node)))
 
     # ------------------------------------------------------------ models
     def add_table(self, points) -> int:
@@ -383,6 +599,8 @@ class ReferenceScheduler:
         self._start_event(t)
         out = []
         for a in batch:
+            a.partition = self.pool_partition[a.task] if self.rules.bins == "task_pools" else 0
+            a.in_slot = self.rules.bins == "trajectory_slots" and a.service < 0
             why = self._infeasible(a)
             if why:
                 out.append(self._decision(REJECT, action=a.id, time=t, reason=len(self.messages)))
@@ -390,7 +608,7 @@ class ReferenceScheduler:
                 continue
             a.submit_ns = t
             a.est_ns = to_ns(self._seconds(a, a.minimum))
-            key = a.est_ns + (t * self.aging_permille) // 1000 if self.policy == "tangram" else 0
+            key = a.est_ns + (t * self.aging_permille) // 1000 if self.rules.order == "estimate" else 0
             a.order = (-a.priority, key, self.seq)
             self.seq += 1
             self.actions[a.id] = a
@@ -412,16 +630,61 @@ class ReferenceScheduler:
 
     def end_trajectories(self, ids: Iterable[int], now: float) -> np.ndarray:
         t = self._start_check(now)
-        for i, traj in enumerate(int(x) for x in ids):
+        ids = [int(x) for x in ids]
+        for i, traj in enumerate(ids):
             live = sum(1 for a in self.actions.values() if a.trajectory == traj)
             if live:
                 raise InvalidStateError(f"trajectories[{i}]", f"trajectory {traj} still has {live} live action(s)")
         self._start_event(t)
+        for traj in ids:
+            if traj in self.slot_of:  # its slot is free again
+                self.bins[self.slot_of.pop(traj)].bound_to = None
         return self._pass([])
 
     def tick(self, now: float) -> np.ndarray:
         self._start_event(self._start_check(now))
         return self._pass([])
+
+    def set_node_online(self, node: int, online: bool, now: float) -> np.ndarray:
+        t = self._start_check(now)
+        node = int(node)
+        if not 0 <= node < self.N:
+            raise UnknownNameError("node", f"no node with index {node}")
+        self._start_event(t)
+        self.online[node] = bool(online)
+        return self._pass([])
+
+    def add_node(self, name: str, capacity: Sequence[int], gpus: Sequence[int], now: float) -> tuple[int, np.ndarray]:
+        """Appends an online node (its bins after every existing bin, its GPUs after every
+        existing device); returns its index and the pass's decisions."""
+        t = self._start_check(now)
+        if not name:
+            raise ValidationError("node.name", "a node needs a name")
+        if name in self.node_names:
+            raise ValidationError("node.name", f"duplicate node {name!r}")
+        capacity, gpus = [int(v) for v in capacity], [int(m) for m in gpus]
+        self._check_node("node", capacity, gpus)
+        self._start_event(t)
+        n = self._append_node(name)
+        for p, caps in enumerate(self._node_bins(capacity)):
+            for cap in caps:
+                self._append_bin(n, p, cap)
+        for g, m in enumerate(gpus):
+            self.dev_node.append(n)
+            self.dev_local.append(g)
+            self.dev_total.append(m)
+            self.dev_free.append(m)
+        return n, self._pass([])
+
+    def _append_node(self, name: str) -> int:
+        self.node_names.append(name)
+        self.online.append(True)
+        return len(self.node_names) - 1
+
+    def node_online(self, node: int) -> bool:
+        if not 0 <= node < self.N:
+            raise UnknownNameError("node", f"no node with index {node}")
+        return self.online[node]
 
     def _start_check(self, now: float) -> int:
         t = self._time(now)
@@ -446,7 +709,7 @@ class ReferenceScheduler:
         return ids
 
     def _finish(self, a: _Action) -> None:
-        free = self.free[a.node]
+        free = self.bins[a.bin].free
         for k in range(self.K):
             free[k] += a.demand[k]
         if a.elastic_kind >= 0:
@@ -462,7 +725,7 @@ class ReferenceScheduler:
         ek = int(r["elastic_kind"])
         demand = tuple(_checked_milli(float(v), f"{f}.demand.{k}") for v, k in zip(r["demand"], self.kinds))
         a = _Action(
-            id=int(r["id"]), trajectory=int(r["trajectory"]), demand=demand,
+            id=int(r["id"]), trajectory=int(r["trajectory"]), task=int(r["task"]), demand=demand,
             gpu_memory=_checked_milli(float(r["gpu_memory"]), f"{f}.gpu_memory"), elastic_kind=ek,
             elastic_max=_checked_milli(float(r["elastic_max"]), f"{f}.elastic_max") if ek >= 0 else 0,
             model=(model, float(r["seconds"]), float(r["parallel_fraction"]), int(r["table"])),
@@ -511,35 +774,54 @@ class ReferenceScheduler:
             bad("tokens", "must be in [0, 1e12]")
         if a.tokens > 0 and a.quota == -1:
             bad("tokens", "tokens need a quota to draw from")
+        if self.rules.bins == "task_pools" and a.task not in self.pool_partition:
+            raise UnknownNameError(f"{f}.task", f"no task pool {a.task} among the policy's task pools")
         t = self._seconds(a, a.minimum)
         if not math.isfinite(t) or not 0 <= t <= MAX_SECONDS:
             bad("model", "run time at the minimum grant is not a finite number in [0, 1e9] s")
 
-    def _node_max_gpu(self, n: int, table: list[int]) -> int:
-        return max((table[d] for d in self._devices_of(n)), default=0)
-
-    def _devices_of(self, n: int) -> list[int]:
-        return [d for d in range(len(self.dev_node)) if self.dev_node[d] == n]
+    def _holds(self, b: int, demand: tuple, gpu_memory: int) -> bool:
+        """Could bin b ever hold the demand (by capacity; gpu_memory on one of its node's GPUs)?"""
+        bin_ = self.bins[b]
+        return _covers(bin_.capacity, demand) and self._node_max_gpu(bin_.node, self.dev_total) >= gpu_memory
 
     def _infeasible(self, a: _Action) -> str:
+        """Why no bin, device or quota could ever hold `a`, in the core's words; "" if one could."""
+        if a.quota >= 0 and self.quotas[a.quota].tpm and a.tokens > self.quotas[a.quota].tpm:
+            return f"needs {a.tokens} tokens, more than quota '{self.quotas[a.quota].name}' grants per minute"
         if a.service >= 0:
             svc = self.services[a.service]
-            if not any(self.dev_total[d] >= svc.memory + a.gpu_memory and _covers(self.capacity[self.dev_node[d]], a.demand)
-                       for d in range(len(self.dev_node))):
-                return f"no device has room for service {svc.name!r} beside a node that fits the demand"
+            for d in self._service_devices(a.service):
+                if self.dev_total[d] >= svc.memory + a.gpu_memory and any(
+                        self._holds(b, a.demand, 0) for b in self._node_leaves(a.partition, self.dev_node[d])):
+                    return ""
+            return (f"service '{svc.name}' needs {_units(svc.memory + a.gpu_memory)} MiB of GPU memory with the "
+                    f"action's demand on the same node, and no {'home device' if svc.home >= 0 else 'device'} has that")
+        if a.affinity >= 0:
+            scope, where = self._node_leaves(a.partition, a.affinity), "on its affinity node"
+            if not scope:
+                return "its affinity node has no bin in this policy"
         else:
-            nodes = range(self.N) if a.affinity < 0 else [a.affinity]
-            if not any(_covers(self.capacity[n], a.demand) and self._node_max_gpu(n, self.dev_total) >= a.gpu_memory
-                       for n in nodes):
-                return "demand does not fit " + ("on any node" if a.affinity < 0 else "on its affinity node")
-        if a.quota >= 0 and self.quotas[a.quota].tpm and a.tokens > self.quotas[a.quota].tpm:
-            return f"needs {a.tokens} tokens, more than quota {self.quotas[a.quota].name!r} grants per minute"
-        return ""
+            scope, where = self._leaves(a.partition), "on any node"
+        if any(self._holds(b, a.demand, a.gpu_memory) for b in scope):
+            return ""
+        # What falls short: each kind against its largest capacity among those bins.
+        names = self.kinds + (["gpu_memory"] if self.has_gpus else [])
+        need = list(a.demand) + ([a.gpu_memory] if self.has_gpus else [])
+        best = [0] * len(names)
+        for b in scope:
+            have = self.bins[b].capacity + [self._node_max_gpu(self.bins[b].node, self.dev_total)]
+            best = [max(x, y) for x, y in zip(best, have)]
+        short = [f" {name} needs {_units(n)}, largest is {_units(h)}" for name, n, h in zip(names, need, best) if n > h]
+        return f"demand does not fit {where}:" + ";".join(short)
 
     # ------------------------------------------------------------ the pass
     def _pass(self, out: list) -> np.ndarray:
         p = _Pass()
-        if self.policy == "tangram":
+        for s, svc in enumerate(self.services):  # resident on an offline node, idle: offloaded
+            if svc.device >= 0 and not self.online[self.dev_node[svc.device]] and self._running(service=s) == 0:
+                self._evict(s, out)
+        if self.rules.restore == "queues_first":
             self._restore_queues(out)
         for a in sorted((a for a in self.actions.values() if not a.running), key=lambda a: a.order):
             if a.cls in p.blocked_classes:
@@ -548,17 +830,17 @@ class ReferenceScheduler:
             if outcome == STARTED:
                 continue
             if outcome == HALT:
-                p.contended_all = True
+                p.contended_partitions.add(a.partition)
                 break
             p.blocked_classes.add(a.cls)
             if outcome == WAITS:  # for a quota or a service: no claim on spare units
                 continue
             scope = self._scope_node(a)
             if scope < 0:
-                p.contended_all = True
+                p.contended_partitions.add(a.partition)
             else:
                 p.contended_nodes.add(scope)
-        if self.policy == "tangram" and p.started:
+        if self.rules.spare != "none" and p.started:
             self._grant_spare(p, out)
         times = [s.ready_ns for s in self.services if s.device >= 0 and s.ready_ns > self.now_ns]
         times += [self.quotas[q].until for q in p.blocked_quotas if self.quotas[q].until is not None]
@@ -577,11 +859,22 @@ class ReferenceScheduler:
                     elastic_kind=elastic_kind, grant=grant, time=time, reason=reason)
 
     def _scope_node(self, a: _Action) -> int:
-        """The one node the action is confined to (its service's, or its affinity), or -1."""
+        """The one node the action is confined to (its trajectory's slot, its service's, or
+        its affinity), or -1."""
+        if a.in_slot and a.trajectory in self.slot_of:
+            return self.bins[self.slot_of[a.trajectory]].node
         if a.service >= 0:
             d = self.services[a.service].device
             return -1 if d < 0 else self.dev_node[d]
         return a.affinity
+
+    def _eligible(self, a: _Action) -> list[int] | None:
+        """The bins of its partition it may use, in order (its service's resident), or None
+        when its scope node has no bin of its partition."""
+        node = a.affinity if a.service < 0 else self.dev_node[self.services[a.service].device]
+        if node < 0:
+            return self._leaves(a.partition)
+        return self._node_leaves(a.partition, node) or None
 
     def _running(self, **match) -> int:
         return sum(1 for a in self.actions.values() if a.running and all(getattr(a, k) == v for k, v in match.items()))
@@ -593,6 +886,8 @@ class ReferenceScheduler:
         device = -1
         if a.service >= 0:
             svc = self.services[a.service]
+            if svc.device >= 0 and not self.online[self.dev_node[svc.device]]:
+                return WAITS  # evicted once its actions there have ended
             if svc.device >= 0 and svc.ready_ns <= now and self.dev_total[svc.device] < svc.memory + a.gpu_memory:
                 if self._running(service=a.service) > 0:  # move it once its batch is done
                     return WAITS
@@ -602,25 +897,39 @@ class ReferenceScheduler:
             if svc.ready_ns > now or self._running(service=a.service) >= svc.max_batch:
                 return WAITS
             device = svc.device
-        scope = self._scope_node(a)
-        cands = []
-        for n in range(self.N) if scope < 0 else [scope]:
+        own_slot = a.in_slot and a.trajectory in self.slot_of
+        bins = [self.slot_of[a.trajectory]] if own_slot else self._eligible(a)
+        # A trajectory's own slot is nobody else's: no starving action holds it back.
+        masked = not own_slot and a.partition in p.held_partitions
+        cands: list[int] = []
+        for b in bins if bins is not None and not masked else []:
             if len(cands) == self.candidates:
                 break
-            if n in p.held_nodes or not _covers(self.free[n], a.demand):
+            bin_ = self.bins[b]
+            if not _covers(bin_.free, a.demand) or not self.online[bin_.node]:
                 continue
-            if device < 0 and self._node_max_gpu(n, self.dev_free) < a.gpu_memory:
+            if not own_slot and (self._bound(b) or bin_.node in p.held_nodes):
                 continue
-            cands.append(n)
+            if device < 0 and self._node_max_gpu(bin_.node, self.dev_free) < a.gpu_memory:
+                continue
+            cands.append(b)
         if device >= 0 and self.dev_free[device] < a.gpu_memory:
             cands = []
-        if not cands and a.gpu_memory > 0 and self._make_gpu_room(a, scope, device, p, out):
+        if (not cands and a.gpu_memory > 0 and bins is not None and not masked
+                and self._make_gpu_room(a, bins, own_slot, device, p, out)):
             return self._try(a, p, out)
         if not cands:
-            if now - a.submit_ns >= self.starvation_ns:  # starving: first claim on its bins
-                if scope < 0:
-                    return HALT
-                p.held_nodes.add(scope)
+            starving = now - a.submit_ns >= self.starvation_ns
+            # While a node is offline, only an action that some online bin could hold claims bins.
+            claims = all(self.online) or (bins is not None and self._fits_online_capacity(a, bins, device))
+            if starving and not own_slot and claims:  # first claim on its bins
+                scope = self._scope_node(a)
+                if scope >= 0:
+                    p.held_nodes.add(scope)
+                else:
+                    p.held_partitions.add(a.partition)
+                    if self.n_partitions == 1 and self.rules.bins != "trajectory_slots":
+                        return HALT
             return BLOCKED
         if a.quota >= 0:
             q = self.quotas[a.quota]
@@ -629,28 +938,42 @@ class ReferenceScheduler:
                 return WAITS
             q.take(now, a.tokens)
 
-        def score(n: int) -> int:
-            return sum(((self.free[n][k] - a.demand[k]) * 1024) // self.capacity[n][k]
-                       for k in range(self.K) if self.capacity[n][k] > 0)
+        def score(b: int) -> int:
+            free, cap = self.bins[b].free, self.bins[b].capacity
+            return sum(((free[k] - a.demand[k]) * 1024) // cap[k] for k in range(self.K) if cap[k] > 0)
 
-        node = min(cands, key=score)  # first on ties
+        b = min(cands, key=score)  # first on ties
+        bin_ = self.bins[b]
         if device < 0 and a.gpu_memory > 0:
-            fitting = [d for d in self._devices_of(node) if self.dev_free[d] >= a.gpu_memory]
+            fitting = [d for d in self._devices_of(bin_.node) if self.dev_free[d] >= a.gpu_memory]
             device = min(fitting, key=lambda d: self.dev_free[d] - a.gpu_memory)
         for k in range(self.K):
-            self.free[node][k] -= a.demand[k]
+            bin_.free[k] -= a.demand[k]
+        a.grant = a.minimum if a.elastic_kind >= 0 else 0
+        if a.elastic_kind >= 0 and a.in_slot:  # the slot is all its trajectory's: take it
+            extra = min(bin_.free[a.elastic_kind], a.elastic_max - a.grant)
+            a.grant += extra
+            bin_.free[a.elastic_kind] -= extra
         if a.gpu_memory > 0:
             self.dev_free[device] -= a.gpu_memory
-        a.running, a.node, a.device = True, node, device
-        a.grant = a.minimum if a.elastic_kind >= 0 else 0
+        if a.in_slot:
+            self.slot_of[a.trajectory] = b
+            bin_.bound_to = a.trajectory
+        a.running, a.bin, a.device = True, b, device
         p.started.append((a, len(out)))
-        out.append(self._decision(START, action=a.id, node=node, device=self.dev_local[device] if device >= 0 else -1,
-                                  service=a.service, elastic_kind=a.elastic_kind, grant=a.grant, time=now))
+        out.append(self._decision(START, action=a.id, node=bin_.node,
+                                  device=self.dev_local[device] if device >= 0 else -1, service=a.service,
+                                  elastic_kind=a.elastic_kind, grant=a.grant, time=now))
         return STARTED
 
+    def _fits_online_capacity(self, a: _Action, bins: list[int], device: int) -> bool:
+        """Could one of these bins on an online node ever hold `a` (by capacity)?"""
+        gpu = a.gpu_memory if device < 0 else 0
+        return any(self.online[self.bins[b].node] and self._holds(b, a.demand, gpu) for b in bins)
+
     def _restore_queues(self, out: list) -> None:
-        """tangram: offloaded services with waiting actions are restored before the walk, in
-        queue order: starving first (their first waiting action in policy order has waited
+        """Offloaded services with waiting actions are restored before the walk, in queue
+        order: starving first (their first waiting action in policy order has waited
         starvation_ns), then most waiting actions per (restore_ns + queued est_ns //
         max_batch) (cross-multiplied integers), then index; each with its first waiting
         action in policy order as the one it is restored for."""
@@ -711,22 +1034,27 @@ class ReferenceScheduler:
         out.append(self._decision(EVICT, node=self.dev_node[d], device=self.dev_local[d], service=s, time=self.now_ns))
 
     def _restore(self, a: _Action, out: list) -> bool:
-        """Make a's service resident somewhere, evicting greedily if needed."""
+        """Make a's service resident somewhere it may live, evicting greedily if needed."""
         s = a.service
         svc = self.services[s]
         need = svc.memory
-        usable = [d for d in range(len(self.dev_node))
-                  if self.dev_total[d] >= need + a.gpu_memory and _covers(self.capacity[self.dev_node[d]], a.demand)]
 
-        def busy_node(d: int) -> int:  # 1 when the action's demand does not fit the node now
-            return 0 if _covers(self.free[self.dev_node[d]], a.demand) else 1
+        def usable(d: int) -> bool:
+            n = self.dev_node[d]
+            return (self.dev_total[d] >= need + a.gpu_memory and self.online[n]
+                    and any(_covers(self.bins[b].capacity, a.demand) for b in self._node_leaves(a.partition, n)))
 
-        room_now = [(busy_node(d), self.dev_free[d] - need, d) for d in usable if self.dev_free[d] >= need]
+        def busy_node(d: int) -> int:  # 1 when no free bin of the node holds the action's demand now
+            leaves = self._node_leaves(a.partition, self.dev_node[d])
+            return 0 if any(not self._bound(b) and _covers(self.bins[b].free, a.demand) for b in leaves) else 1
+
+        devices = [d for d in self._service_devices(s) if usable(d)]
+        room_now = [(busy_node(d), self.dev_free[d] - need, d) for d in devices if self.dev_free[d] >= need]
         if room_now:
             target = min(room_now)[2]
         else:
             plans = []
-            for d in usable:
+            for d in devices:
                 ok, busy, queued, victims = self._plan_room(d, need, s)
                 if ok:
                     plans.append(((busy_node(d), busy, queued, len(victims), d), victims))
@@ -741,10 +1069,10 @@ class ReferenceScheduler:
                                   time=svc.ready_ns))
         return True
 
-    def _make_gpu_room(self, a: _Action, scope: int, device: int, p: _Pass, out: list) -> bool:
-        """Evict services (greedy plan) for the GPU memory `a` needs: on its service's device, or on
-        the device with the cheapest plan among nodes (not held back) where the rest of its
-        demand fits now."""
+    def _make_gpu_room(self, a: _Action, bins: list[int], own_slot: bool, device: int, p: _Pass, out: list) -> bool:
+        """Evict services (greedy plan) for the GPU memory `a` needs: on its service's device, or
+        on the device with the cheapest plan among the nodes of its bins (online, not held
+        back) whose free vector holds the rest of its demand now."""
         if device >= 0:
             if self.dev_free[device] >= a.gpu_memory:
                 return False  # it waits for something else
@@ -753,8 +1081,11 @@ class ReferenceScheduler:
                 return False
         else:
             plans = []
-            for n in range(self.N) if scope < 0 else [scope]:
-                if n in p.held_nodes or not _covers(self.free[n], a.demand):
+            for b in bins:
+                n = self.bins[b].node
+                if (not own_slot and self._bound(b)) or not self.online[n] or n in p.held_nodes:
+                    continue
+                if not _covers(self.bins[b].free, a.demand):
                     continue
                 for d in self._devices_of(n):
                     if self.dev_total[d] >= a.gpu_memory:
@@ -769,14 +1100,18 @@ class ReferenceScheduler:
         return True
 
     def _grant_spare(self, p: _Pass, out: list) -> None:
-        """Spare elastic units on uncontended nodes, one unit at a time, largest gain first."""
-        if p.contended_all:
-            return
-        for node in sorted({a.node for a, _ in p.started}):
-            if node in p.contended_nodes:
+        """Spare elastic units, bin by bin, one unit at a time, largest gain first: on every
+        bin ("every_bin"), or only where neither node nor partition is contended."""
+        by_bin: dict[int, list] = {}
+        for a, i in p.started:
+            if a.elastic_kind < 0 or a.grant >= a.elastic_max:
                 continue
-            members = [(a, i) for a, i in p.started if a.node == node and a.elastic_kind >= 0]
-            free = self.free[node]
+            if self.rules.spare == "uncontended" and (a.partition in p.contended_partitions
+                                                      or self.bins[a.bin].node in p.contended_nodes):
+                continue
+            by_bin.setdefault(a.bin, []).append((a, i))
+        for b in sorted(by_bin):
+            members, free = by_bin[b], self.bins[b].free
             while True:
                 best, best_gain = None, 0.0
                 for a, i in members:
@@ -831,10 +1166,11 @@ class ReferenceScheduler:
         a = self.actions.get(int(action_id))
         if a is None:
             return f"action {action_id} is not live (never submitted, or already ended)"
-        return f"running on node {a.node}" if a.running else "waiting"
+        return f"running on node {self.bins[a.bin].node}" if a.running else "waiting"
 
     def free_milli(self, node: int, kind: int) -> int:
-        return self.free[node][kind]
+        """Free amount of `kind` on `node`, summed over the node's bins."""
+        return sum(b.free[kind] for b in self.bins if b.node == node)
 
     def gpu_free(self, node: int, device: int) -> int:
         return self.dev_free[self._devices_of(node)[device]]

@@ -67,6 +67,7 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
         throw Error(ErrorCode::kInvalidArgument, "inventory.quotas[" + std::to_string(q) + "].name", "duplicate quota '" + inv.quotas[q].name + "'");
   }
   quota_blocked.assign(quotas.size(), 0);
+  quota_blocked_at.assign(quotas.size(), OrderKey{});
   for (std::size_t s = 0; s < inv.services.size(); ++s) {
     const auto& spec = inv.services[s];
     std::string f = "inventory.services[" + std::to_string(s) + "]";

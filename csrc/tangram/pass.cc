@@ -208,6 +208,8 @@ bool Scheduler::Impl::quota_admits(Class& cl) {
   QuotaState& q = quotas[cl.quota];
   if (!q.admits(now, cl.tokens)) {
     quota_blocked[cl.quota] = 1;
+    quota_blocked_at[cl.quota] = cl.waiting.head();
+    quota_refused = true;
     note_quota_block(cl, q);
     if (q.last_until != kNever) wakeup = std::min(wakeup, q.last_until);
     return false;
@@ -285,6 +287,10 @@ inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::
     bin_bound[bin] = 1;
     std::vector<Quantity> hidden(D, -1);
     part.free_tree.set(leaf, hidden.data());
+    // The trajectory's other classes now wait for this slot alone, not where they were
+    // parked (their affinity node, or any free slot): they are looked at again.
+    for (std::int32_t other : trajectory_classes[cl.trajectory])
+      if (other != c && classes[other].parked) unpark(other);
   } else if (!bin_bound[bin]) {
     refresh_leaf(bin);
   }
@@ -301,8 +307,12 @@ inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::
       now - cl.waiting.head().submit_ns < starvation_ns && !may_start_now(cl)) {
     cl.block = Block::kResources;
     const std::int32_t next_scope = scope_node(cl);  // its trajectory's slot may be bound now
-    if (next_scope == kNone) partition_contended[cl.partition] = pass_epoch;
-    else node_contended[next_scope] = pass_epoch;
+    // It contends for room where it parks; with a quota, only if that quota is not refused
+    // before its turn, which grant_spare judges from where it is parked.
+    if (cl.quota == kNone) {
+      if (next_scope == kNone) partition_contended[cl.partition] = pass_epoch;
+      else node_contended[next_scope] = pass_epoch;
+    }
     park(c, next_scope);
   } else {
     activate(c);
@@ -333,6 +343,7 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
   any_mask = false;
   wakeup = kNever;
   std::fill(quota_blocked.begin(), quota_blocked.end(), 0);
+  quota_refused = false;
   started.clear();
   started_decision.clear();
   pending_wakes.clear();

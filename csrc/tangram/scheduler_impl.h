@@ -303,6 +303,10 @@ struct Scheduler::Impl {
   std::vector<std::uint64_t> node_masked, partition_masked;
   bool any_mask = false;
   std::vector<std::uint8_t> quota_blocked;
+  // The head each blocked quota refused: a parked class of that quota whose head comes
+  // after it would, at its turn, wait for the quota and not for room (spare.cc).
+  std::vector<OrderKey> quota_blocked_at;
+  bool quota_refused = false;  // some quota refused a head in this pass
   std::vector<std::int32_t> started;  // action slots started in this pass
   std::vector<std::size_t> started_decision;
   std::vector<std::int32_t> cand;
@@ -474,6 +478,12 @@ struct Scheduler::Impl {
 
   // ---- spare.cc: spare elastic units
   void grant_spare(std::vector<Decision>& out);
+  bool parked_waits_for_room(std::int32_t part, std::int32_t node) const;
+  // A head that cannot fit, tried now in this pass: false when it would wait for its quota
+  // (refused for an earlier head of this pass) rather than for room.
+  bool waits_for_room(const Class& k) const {
+    return k.quota == kNone || !quota_blocked[k.quota] || k.waiting.head() < quota_blocked_at[k.quota];
+  }
 
   // ---- introspection.cc
   std::string explain(ActionId id) const;

@@ -15,6 +15,26 @@
 
 namespace tangram {
 
+// Whether a class parked on `node` (or across partition `part` when kNone) still waits for
+// room in this pass: what a try at its turn would have found. A parked class fails for room
+// at its turn, unless its quota refused an earlier head in this pass: then it waits for the
+// quota (try_head looks at that first), which holds no room back.
+bool Scheduler::Impl::parked_waits_for_room(std::int32_t part, std::int32_t node) const {
+  const std::int64_t count = node == kNone ? partitions[part].parked_count : node_parked_count[node];
+  if (count == 0) return false;
+  if (!quota_refused) return true;
+  auto waits = [&](std::int32_t c) {
+    const Class& k = classes[c];
+    if (!k.parked || k.park_node != node || (node == kNone && k.partition != part)) return false;  // stale entry
+    return waits_for_room(k);
+  };
+  if (node != kNone) return std::any_of(node_parked[node].begin(), node_parked[node].end(), waits);
+  for (const std::vector<ClassHead>* list : {&partitions[part].parked, &partitions[part].parked_new})
+    for (const ClassHead& entry : *list)
+      if (waits(entry.cls)) return true;
+  return false;
+}
+
 // Spare elastic units go to the actions started in this pass with the largest marginal cut
 // in run time, one unit at a time: under SpareRule::kUncontended only on bins nobody waits
 // for, under kEveryBin on every bin.
@@ -25,11 +45,10 @@ void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
     const ActionRec& a = slots[started[i]];
     if (a.elastic_kind == kNone || a.grant >= a.elastic_max) continue;
     std::int32_t node = bin_node[a.bin];
-    // Parked classes still wait for resources where they are parked.
     std::int32_t part = bin_partition[a.bin];
     if (row.rules.spare == SpareRule::kUncontended &&
-        (partition_contended[part] == pass_epoch || partitions[part].parked_count > 0 ||
-         node_contended[node] == pass_epoch || node_parked_count[node] > 0))
+        (partition_contended[part] == pass_epoch || node_contended[node] == pass_epoch ||
+         parked_waits_for_room(part, kNone) || parked_waits_for_room(part, node)))
       continue;
     by_bin[a.bin].push_back(i);
   }
