@@ -14,6 +14,7 @@ relies on. (explain() is not compared: its words name the core's internal block 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -29,7 +30,7 @@ from tangram import (
 from tangram._records import (
     DECISION_DTYPE, EVICT, MODEL_AMDAHL, MODEL_CONSTANT, MODEL_TABLE, REJECT, RESTORE, START, empty_actions,
 )
-from tangram.reference import POLICY_RULES, ReferenceScheduler, to_milli
+from tangram.reference import POLICY_RULES, PolicyRules, ReferenceScheduler, to_milli
 from tangram.scheduler import core_arguments
 
 FIELDS = ("kind", "action", "node", "device", "service", "elastic_kind", "grant_milli", "grant", "time", "reason")
@@ -54,11 +55,11 @@ def describe(args: tuple) -> str:
     return ", ".join(parts)
 
 
-def pool_capacity(policy: Policy, kinds: list[str], capacity: list[int]) -> list[int]:
+def pool_capacity(policy: Policy, bins: str, kinds: list[str], capacity: list[int]) -> list[int]:
     """What a node's bins hold together under the policy (milli-units): trajectory slots
     leave the remainder of the cores (and of each kind's even split) unused; the other
-    policies' bins sum to the node."""
-    if policy.name != "trajectory":
+    layouts' bins sum to the node."""
+    if bins != "trajectory_slots":
         return list(capacity)
     cpu = kinds.index("cpu")
     slots = capacity[cpu] // to_milli(policy.trajectory_slot_cpu)
@@ -69,13 +70,21 @@ def pool_capacity(policy: Policy, kinds: list[str], capacity: list[int]) -> list
 class Harness:
     """Drives the core and the reference with the same events and checks both."""
 
-    def __init__(self, inventory: Inventory, policy: Policy, ref_policy: str | None = None) -> None:
+    def __init__(self, inventory: Inventory, policy: Policy, ref_policy: str | None = None,
+                 rules: PolicyRules | None = None) -> None:
         args = core_arguments(inventory, policy)
-        self.core = _core.Scheduler(**args, decision_dtype=DECISION_DTYPE)
-        if ref_policy is None:
-            self.ref = ReferenceScheduler(**args)
-        else:  # the policy's row of rules under another name
-            self.ref = ReferenceScheduler(**{**args, "policy": ref_policy}, rules=POLICY_RULES[policy.name])
+        if rules is not None:  # a row that is no built-in policy, in both, under its own name
+            args["policy"] = "drawn"
+            row = [(field.name, getattr(rules, field.name)) for field in dataclasses.fields(rules)]
+            self.core = _core.Scheduler(**args, decision_dtype=DECISION_DTYPE, rules=row)
+            self.ref = ReferenceScheduler(**args, rules=rules)
+        else:
+            self.core = _core.Scheduler(**args, decision_dtype=DECISION_DTYPE)
+            if ref_policy is None:
+                self.ref = ReferenceScheduler(**args)
+            else:  # the policy's row of rules under another name
+                self.ref = ReferenceScheduler(**{**args, "policy": ref_policy}, rules=POLICY_RULES[policy.name])
+        self.bins = (rules or POLICY_RULES[policy.name]).bins
         for points in TABLES:
             assert self.core.add_table(points) == self.ref.add_table(points)
         self.policy = policy
@@ -84,7 +93,7 @@ class Harness:
         self.names = list(args["node_names"])
         self.capacity = np.asarray(args["capacity"], dtype=np.int64)
         self.gpus = [list(g) for g in args["gpus"]]
-        self.pools = np.array([pool_capacity(policy, self.kinds, list(row)) for row in self.capacity.tolist()])
+        self.pools = np.array([pool_capacity(policy, self.bins, self.kinds, list(row)) for row in self.capacity.tolist()])
         self.online = [True] * len(self.names)
         self.service_memory = [s[1] for s in args["services"]]
         self.now = 0.0
@@ -193,7 +202,7 @@ class Harness:
         if out is not None:
             self.names.append(name)
             self.capacity = np.vstack([self.capacity, np.array([capacity], dtype=np.int64)])
-            self.pools = np.vstack([self.pools, [pool_capacity(self.policy, self.kinds, capacity)]])
+            self.pools = np.vstack([self.pools, [pool_capacity(self.policy, self.bins, self.kinds, capacity)]])
             self.gpus.append(list(gpus))
             self.online.append(True)
             self.apply(out)
@@ -211,7 +220,7 @@ class Harness:
                 self.placed[i] = (node, int(d["elastic_kind"]), int(d["grant_milli"]))
                 if d["service"] >= 0:
                     assert self.service_at[int(d["service"])] == (node, int(d["device"]))
-                elif self.policy.name == "trajectory":  # a trajectory's actions share its slot
+                elif self.bins == "trajectory_slots":  # a trajectory's actions share its slot
                     assert self.slot_node.setdefault(self.spec[i]["trajectory"], node) == node
             elif kind == RESTORE:
                 assert int(d["service"]) not in self.service_at
@@ -320,7 +329,7 @@ def draw_actions(draw, h: Harness, inv: Inventory) -> np.ndarray:
     n = draw(st.integers(1, 6))
     rec = empty_actions(len(kinds), n)
     has_gpu = any(h.gpus)
-    tasks = list(h.policy.pools) if h.policy.name == "isolated" else TASKS
+    tasks = list(h.policy.pools) if h.bins == "task_pools" else TASKS
     for r in rec:
         r["id"] = h.next_id
         h.next_id += 1
@@ -354,15 +363,16 @@ def draw_actions(draw, h: Harness, inv: Inventory) -> np.ndarray:
     return rec
 
 
-def run_stream(data, name: str, starvation: list[float], gpu_heavy: bool = False, ref_policy: str | None = None) -> None:
+def run_stream(data, name: str, starvation: list[float], gpu_heavy: bool = False, ref_policy: str | None = None,
+               rules: PolicyRules | None = None) -> None:
     draw = data.draw
     inv = inventories(draw, gpu_heavy)
     policy = policies(draw, name, starvation)
     try:
-        h = Harness(inv, policy, ref_policy)
+        h = Harness(inv, policy, ref_policy, rules)
     except ValidationError as e:  # e.g. a trajectory slot larger than every node's cores
         with pytest.raises(type(e)):
-            ReferenceScheduler(**core_arguments(inv, policy))
+            ReferenceScheduler(**core_arguments(inv, policy), rules=rules)
         return
     try:
         events(draw, h, inv)
@@ -429,7 +439,7 @@ def invalid_event(draw, h: Harness, inv: Inventory) -> None:
         h.both("submit", rec, h.now)
     elif what == "busy_trajectory" and h.live():
         h.both("end_trajectories", np.array([h.spec[h.live()[0]]["trajectory"]], dtype=np.uint64), h.now)
-    elif what == "unknown_task" and h.policy.name == "isolated" and set(TASKS) - set(h.policy.pools):
+    elif what == "unknown_task" and h.bins == "task_pools" and set(TASKS) - set(h.policy.pools):
         rec = draw_actions(draw, h, inv)
         rec["task"][0] = min(set(TASKS) - set(h.policy.pools))
         h.both("submit", rec, h.now)
@@ -487,6 +497,16 @@ def test_random_streams_with_starvation_match_reference(name: str, data) -> None
 @given(data=st.data())
 def test_rules_not_names_decide(name: str, data) -> None:
     run_stream(data, name, starvation=[2.0, 1e6], gpu_heavy=data.draw(st.booleans()), ref_policy="unnamed")
+
+
+# Policies that are only a row: any combination of the rules, drawn, runs in the core and
+# in the reference under a name that is no built-in policy, and they decide alike.
+@settings(SETTINGS, max_examples=max(1, SETTINGS.max_examples // 2))
+@given(data=st.data())
+def test_any_row_of_rules_matches_reference(data) -> None:
+    rules = PolicyRules(**{field: data.draw(st.sampled_from(values), label=field)
+                           for field, values in PolicyRules.CHOICES.items()})
+    run_stream(data, "fifo", starvation=[2.0, 1e6], gpu_heavy=data.draw(st.booleans()), rules=rules)
 
 
 # -------------------------------------------------------------------- deterministic cases

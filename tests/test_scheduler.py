@@ -211,7 +211,7 @@ def test_explain_resources():
     s.submit([Action(1, {"cpu": 3}, 10.0), Action(2, {"cpu": 2, "memory": 100}, 10.0),
               Action(3, {"cpu": 2, "memory": 100}, 10.0)], 0)
     assert s.explain(2) == ("waiting for resources: needs cpu=2 memory=100; "
-                            "most free on one bin: cpu=1 memory=16384")
+                            "most free on one bin it may use: cpu=1 memory=16384")
     assert s.explain(3).startswith("waiting behind 1 earlier action of the same shape; for resources")
 
 

@@ -42,11 +42,18 @@ std::string Scheduler::Impl::explain(ActionId id) const {
       if (cl.gpu_memory > 0) os << " gpu_memory=" << cl.gpu_memory / 1000.0;
       if (cl.affinity_node != kNone) os << " on node " << cl.affinity_node;
       if (cl.service != kNone) os << " beside service '" << inv.services[cl.service].name << "'";
+      // Over the bins it could be placed in: online, on its affinity node if it has one,
+      // and not another trajectory's slot.
       const Partition& part = partitions[cl.partition];
+      auto own = trajectory_bin.find(cl.trajectory);
+      const std::int32_t own_bin = cl.in_trajectory_slot && own != trajectory_bin.end() ? own->second : kNone;
       std::vector<Quantity> best(K, 0);
-      for (std::int32_t b : part.bins)
+      for (std::int32_t b : part.bins) {
+        if (!node_online[bin_node[b]] || (bin_bound[b] && b != own_bin)) continue;
+        if (cl.affinity_node != kNone && bin_node[b] != cl.affinity_node) continue;
         for (std::int32_t k = 0; k < K; ++k) best[k] = std::max(best[k], free_of(b)[k]);
-      os << "; most free on one bin:";
+      }
+      os << "; most free on one bin it may use:";
       for (std::int32_t k = 0; k < K; ++k) os << " " << inv.kinds[k] << "=" << best[k] / 1000.0;
       if (cl.in_trajectory_slot && !trajectory_bin.count(cl.trajectory)) os << " (no free trajectory slot)";
       break;
@@ -65,6 +72,9 @@ std::string Scheduler::Impl::explain(ActionId id) const {
       break;
     case Block::kServiceRestoring:
       os << " for service '" << inv.services[cl.service].name << "' to finish restoring at " << when(cl.block_until);
+      break;
+    case Block::kServiceOffline:
+      os << " for service '" << inv.services[cl.service].name << "': its node is offline; it moves once its actions there have ended";
       break;
     case Block::kServiceNoRoom:
       os << " for service '" << inv.services[cl.service].name << "': no GPU can make room for it now (resident services are busy)";

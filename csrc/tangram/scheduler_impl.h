@@ -59,6 +59,7 @@ enum class Block : std::uint8_t {
   kQuotaTokens,
   kServiceRestoring,
   kServiceNoRoom,
+  kServiceOffline,  // resident on a node taken offline: moves once its actions there end
   kServiceBatchFull,
 };
 

@@ -241,7 +241,7 @@ bool Scheduler::Impl::service_admits(Class& cl, std::int32_t& device, std::vecto
   ServiceRec& svc = services[cl.service];
   if (svc.device != kNone && !node_online[dev_node[svc.device]]) {
     // Resident on an offline node: evicted once its running actions there have ended.
-    cl.block = Block::kServiceNoRoom;
+    cl.block = Block::kServiceOffline;
     return false;
   }
   if (svc.device != kNone && svc.ready_ns <= now && dev_total[svc.device] < inv.services[cl.service].memory + cl.gpu_memory) {

@@ -85,7 +85,7 @@ TEST(Regressions, ExplainAfterStarvationStopsThePass) {
   EXPECT_EQ(h.submit({action(20, {U(1)}, 1)}, 12), Decisions{});
   EXPECT_EQ(h.s.explain(20),
             "waiting held back: an action that has waited over 10 s has first claim on the resources it needs");
-  EXPECT_EQ(h.s.explain(10), "waiting for resources: needs cpu=4; most free on one bin: cpu=2");
+  EXPECT_EQ(h.s.explain(10), "waiting for resources: needs cpu=4; most free on one bin it may use: cpu=2");
 }
 
 // The queries on a running action agree with its start decision; on a waiting one they

@@ -51,7 +51,7 @@ TEST(Placement, AffinityConfinesToItsNode) {
   ActionSpec big = action(2, {U(7)});
   big.affinity_node = 1;
   EXPECT_EQ(h.submit({big}, 1), Decisions{});
-  EXPECT_EQ(h.s.explain(2), "waiting for resources: needs cpu=7 on node 1; most free on one bin: cpu=6");
+  EXPECT_EQ(h.s.explain(2), "waiting for resources: needs cpu=7 on node 1; most free on one bin it may use: cpu=6");
   EXPECT_EQ(h.complete({1}, 2), (Decisions{start(2).on(1).at(2)}));
 }
 

@@ -31,7 +31,7 @@ TEST(TrajectoryPolicy, OwnSlotUntilEnd) {
                      0),
             (Decisions{start(1).on(0).grant(0, U(2)).at(0), start(2).on(0).at(0)}));
   EXPECT_EQ(h.s.state(3), ActionState::kWaiting);
-  EXPECT_EQ(h.s.explain(3), "waiting for resources: needs cpu=1; most free on one bin: cpu=1 (no free trajectory slot)");
+  EXPECT_EQ(h.s.explain(3), "waiting for resources: needs cpu=1; most free on one bin it may use: cpu=0 (no free trajectory slot)");
   // Trajectory 1 is between actions: its slot stays its own.
   EXPECT_EQ(h.complete({1}, 1), Decisions{});
   EXPECT_EQ(h.s.state(3), ActionState::kWaiting);
@@ -161,7 +161,7 @@ TEST(FifoPolicy, BackfillBeforeStarvation) {
   Harness h(cpu_inventory(1, 4), policy_of(PolicyKind::kFifo));
   EXPECT_EQ(h.submit({action(1, {U(2)}, 100)}, 0), (Decisions{start(1).on(0).at(0)}));
   EXPECT_EQ(h.submit({action(2, {U(4)}, 1), action(3, {U(1)}, 1)}, 1), (Decisions{start(3).on(0).at(1)}));
-  EXPECT_EQ(h.s.explain(2), "waiting for resources: needs cpu=4; most free on one bin: cpu=1");
+  EXPECT_EQ(h.s.explain(2), "waiting for resources: needs cpu=4; most free on one bin it may use: cpu=1");
 }
 
 // Higher priority classes go first, whatever their run time or arrival.
