@@ -8,7 +8,8 @@ it decision for decision, and the benchmarks use it as the baseline. It implemen
 five policies; model callbacks are not supported.
 
 A policy is a row of independent rules (`PolicyRules`; `POLICY_RULES` holds the five
-built-in rows). Passing `rules=` runs any row under any name:
+built-in rows, taken from the core's one table of them). Passing `rules=` runs any row
+under any name:
 
     policy       order     bins              spare        restore       service_devices
     tangram      estimate  node              uncontended  queues_first  any
@@ -145,6 +146,7 @@ from typing import ClassVar, Iterable, Sequence
 
 import numpy as np
 
+from . import _core
 from ._errors import DuplicateIdError, InvalidStateError, UnknownActionError, UnknownNameError, ValidationError
 from ._records import (
     ACTION_HEADER_SIZE, DECISION_DTYPE, EVICT, MODEL_AMDAHL, MODEL_CALLBACK, MODEL_CONSTANT, MODEL_TABLE, REJECT,
@@ -182,16 +184,10 @@ class PolicyRules:
                 raise UnknownNameError(f"rules.{name}", f"{getattr(self, name)!r} is not one of {', '.join(allowed)}")
 
 
-POLICY_RULES: dict[str, PolicyRules] = {
-    "tangram": PolicyRules(order="estimate", bins="node", spare="uncontended", restore="queues_first",
-                           service_devices="any"),
-    "fifo": PolicyRules(order="arrival", bins="node", spare="none", restore="on_demand", service_devices="any"),
-    "optimus": PolicyRules(order="arrival", bins="node", spare="every_bin", restore="on_demand", service_devices="any"),
-    "trajectory": PolicyRules(order="arrival", bins="trajectory_slots", spare="none", restore="on_demand",
-                              service_devices="home"),
-    "isolated": PolicyRules(order="arrival", bins="task_pools", spare="none", restore="on_demand",
-                            service_devices="home"),
-}
+# The built-in policies are the core's rows (csrc/tangram/policy.cc, exported as
+# _core.POLICY_RULES): the reference implements every rule on its own, but there is one
+# list of policies. tests/cpp/test_policy_rows.cc pins each row.
+POLICY_RULES: dict[str, PolicyRules] = {name: PolicyRules(**rules) for name, rules in _core.POLICY_RULES.items()}
 
 
 def to_milli(x: float) -> int:

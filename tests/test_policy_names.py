@@ -42,8 +42,11 @@ def test_cli_lists_the_core_names(command: list[str]) -> None:
 
 
 def test_rules_of_every_builtin_policy() -> None:
+    from tangram.reference import PolicyRules
+
     assert tuple(_core.POLICY_RULES) == _core.POLICIES
     assert tuple(_core.RULES) == ROW_FIELDS
+    assert PolicyRules.CHOICES == _core.RULES  # the reference knows every rule the core does
     for name, rules in _core.POLICY_RULES.items():
         assert tuple(rules) == ROW_FIELDS, name
         for field, value in rules.items():
