@@ -449,8 +449,8 @@ def invalid_event(draw, h: Harness, inv: Inventory) -> None:
         h.both("add_node", h.names[0], [0] * h.K, [], h.now)
     elif what == "node_capacity":
         h.both("add_node", "extra", [1000] * (h.K + 1), [], h.now)
-    elif what == "backwards" and h.now > 0:
-        h.both("tick", h.now / 2)
+    elif what == "backwards" and h.core.now > 0:  # before the clock of the last event
+        h.both("tick", h.core.now / 2)
     assert (h.core.waiting_count, h.core.running_count, h.N) == before
 
 
