@@ -1,3 +1,8 @@
+// The policies' rows and the names of their rules (policy.h).
+//
+// Reads and changes no scheduler state: a Scheduler resolves its row here once, when it is
+// made. Guarantees: one row per PolicyKind, in its order, with a distinct name; every rule
+// of a row validate_rules accepts is one the pass implements.
 #include "tangram/policy.h"
 
 namespace tangram {
