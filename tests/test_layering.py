@@ -46,7 +46,8 @@ PACKAGE = Path(tangram.__file__).resolve().parent
 
 # Lowest first. A name ending in "." covers a package and every module under it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("tangram._compiled", "tangram._core", "tangram._errors", "tangram._records", "tangram._arguments")),
+    ("base", ("tangram._compiled", "tangram._core", "tangram._errors", "tangram._records", "tangram._arguments",
+              "tangram.worker")),
     ("devices", ("tangram.devices",)),
     ("model", ("tangram._model",)),
     ("scheduler", ("tangram.scheduler", "tangram.reference", "tangram._numpy_placement")),

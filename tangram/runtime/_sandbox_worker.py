@@ -8,7 +8,9 @@ files (the working directory may hold a generated `json.py`) can never shadow it
 Protocol: frames of an 8-byte big-endian length and a pickle, one request and one reply per
 action, strictly in turn.
 
-  first frame   ("hello", sys_path, output_limit, home, affinity_mode)
+  first frame   ("hello", sys_path, output_limit, home, affinity_mode, environ)
+                a worker started ahead of time (a warm worker) learns its sandbox here: it
+                moves into `home` and takes `environ` as its whole environment
   requests      ("fn", fn, args, kwargs, env, cpus, memory_bytes)
                 ("cmd", command, env, cpus, memory_bytes)
                 cpus (a tuple) and memory_bytes (> 0) are only sent in affinity mode: the
@@ -51,6 +53,7 @@ class Worker:
         self.output_limit = 1 << 20
         self.home = os.getcwd()
         self.cpus: tuple[int, ...] | None = None
+        self.jobserver_fd: tuple[str, int] | None = None
 
     # --------------------------------------------------------------- framing
     def recv(self) -> object | None:
@@ -90,8 +93,11 @@ class Worker:
             elif kind == "cmd":
                 self.send(self.run_cmd(*req[1:]))
             elif kind == "hello":
-                _, path, self.output_limit, self.home, affinity = req
+                _, path, self.output_limit, self.home, affinity, environ = req
                 sys.path[:] = list(path)
+                os.chdir(self.home)
+                os.environ.clear()
+                os.environ.update(environ)
                 if affinity:
                     _set_subreaper()
             else:
@@ -155,6 +161,7 @@ class Worker:
         self.pin(cpus)
         child_env = dict(os.environ)
         child_env.update(env)
+        pass_fds = self.jobserver(child_env)
         preexec = None
         if memory > 0:
             def preexec() -> None:
@@ -163,7 +170,7 @@ class Worker:
         try:
             proc = subprocess.Popen(command, shell=isinstance(command, str), cwd=self.home, env=child_env,
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    preexec_fn=preexec, close_fds=True)
+                                    preexec_fn=preexec, close_fds=True, pass_fds=pass_fds)
         except OSError as e:  # like a shell: 127 not found, 126 not executable
             code = 127 if isinstance(e, FileNotFoundError) else 126
             return ("result", code, b"", f"{command!r}: {e}\n".encode(), False)
@@ -177,6 +184,27 @@ class Worker:
                     f.close()
             proc.wait()
         return ("result", proc.returncode, out, err, truncated)
+
+    def jobserver(self, env: dict) -> tuple[int, ...]:
+        """The sandbox's GNU make jobserver for a command: MAKEFLAGS names two inherited
+        descriptors of the manager's FIFO (the form make 4.x, ninja and cargo all read),
+        unless the call set MAKEFLAGS itself. The manager keeps the FIFO holding one token
+        less than the cores granted (each client has one implicit token)."""
+        where = env.get("TANGRAM_JOBSERVER", "")
+        if not where.startswith("fifo:") or "MAKEFLAGS" in env:
+            return ()
+        path = where[5:]
+        if self.jobserver_fd is not None and self.jobserver_fd[0] != path:
+            os.close(self.jobserver_fd[1])
+            self.jobserver_fd = None
+        if self.jobserver_fd is None:
+            try:
+                self.jobserver_fd = (path, os.open(path, os.O_RDWR | os.O_CLOEXEC))
+            except OSError:
+                return ()
+        fd = self.jobserver_fd[1]
+        env["MAKEFLAGS"] = f" -j --jobserver-auth={fd},{fd}"
+        return (fd,)
 
     def collect(self, proc: subprocess.Popen) -> tuple[bytes, bytes, bool]:
         limit = self.output_limit

@@ -2,14 +2,25 @@
 
 Each trajectory gets a sandbox (tangram.runtime.sandbox): a worker process with its own
 directory that keeps files and Python state across the trajectory's actions. Each action
-gets CPUs only while it runs: the manager picks concrete CPU ids for the cores the core
-granted (exclusive whole CPUs when it can; a fraction shares one CPU, with a CFS quota
-under cgroups), pins the sandbox to them (cpuset, or sched_setaffinity on the worker;
-children inherit it), applies the memory limit, and tells the action its grant:
+gets its grant of cores only while it runs. By default a grant is a guarantee, not a
+ceiling (`cpu_limit="guarantee"`): the sandbox may run on every CPU of the manager and its
+cgroup CPU weight is proportional to its grant, so an action uses whatever cores nobody
+else needs and, when every core is busy, still gets at least its grant. With
+`cpu_limit="ceiling"` the manager pins the sandbox to concrete CPU ids (exclusive whole
+CPUs when it can; a fraction shares one CPU under a CFS quota). Either way it applies the
+memory limit and tells the action its grant:
 
-    TANGRAM_CORES   whole cores granted, at least 1: use it for `pytest -n`, `make -j`
-    TANGRAM_CPUS    the CPU ids, "0-3,6" style
+    TANGRAM_CORES   processes to run: the grant rounded up, at least 1 (1.25 cores -> 2);
+                    use it for `pytest -n`, thread pools
+    TANGRAM_GRANT   the grant in cores, exactly ("1.25")
+    TANGRAM_CPUS    the CPU ids it may run on, "0-3,6" style
+    TANGRAM_GRANT_FILE, TANGRAM_JOBSERVER
+                    the live grant and a GNU make jobserver, both following resizes while
+                    the action runs (tangram.runtime.grant; commands get MAKEFLAGS for it)
     OMP_NUM_THREADS, MKL_NUM_THREADS, OPENBLAS_NUM_THREADS = TANGRAM_CORES
+
+A running action's grant may change (`resize`): the weight (or pinning and quota), the
+grant file and the jobserver's tokens follow at once.
 
 A function runs in the worker (os.environ carries those for the duration of the call); a
 command runs as its child. Errors: a function that raises -> ActionFailed (error_type,
@@ -28,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import math
 import os
 import pickle
 import shutil
@@ -41,12 +51,15 @@ import cloudpickle
 
 from .call import Call, CommandResult, Placement, require_fn_or_command
 from .errors import ActionCrashed, ActionFailed, ManagerError, ResourceLimitExceeded
+from .grant import GrantChannel, whole_cores
 from .isolation import Isolation, ManagerCgroups, cpu_list, detect
 from .manager import LiveAction, ResourceManager
-from .sandbox import Sandbox, WorkerDied, kill_marked, marked_processes
+from .sandbox import Sandbox, WarmWorkers, WorkerDied, kill_marked, marked_processes
 
 _MILLI = 1000
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+CPU_LIMITS = ("guarantee", "ceiling")
+DEFAULT_WARM_SANDBOXES = 4
 _ids = itertools.count(1)
 
 
@@ -120,6 +133,11 @@ class CpuManager(ResourceManager):
       isolation     "auto" (default: cgroup-v2, else cgroup-v1, else affinity), or one of
                     those to force it; the environment variable TANGRAM_ISOLATION applies
                     when this is "auto"
+      cpu_limit     "guarantee" (default: the grant is a CPU weight over all the manager's
+                    CPUs; idle cores are used) or "ceiling" (pinned to the granted CPUs, a
+                    CFS quota for fractions: never more than the grant, even when idle)
+      warm_sandboxes  workers kept started ahead of new trajectories (default 4; 0: start
+                    each sandbox's worker at its first action)
       output_limit  bytes kept of each of a command's stdout and stderr (default 1 MiB)
       cpus          the CPU ids this manager may use (default: this process's affinity)
       env           extra environment variables for every sandbox
@@ -131,12 +149,17 @@ class CpuManager(ResourceManager):
 
     def __init__(self, root: str | None = None, isolation: str = "auto", output_limit: int = 1 << 20,
                  cpus: Iterable[int] | None = None, env: Mapping[str, str] | None = None,
-                 inherit_env: Sequence[str] = ()) -> None:
+                 inherit_env: Sequence[str] = (), cpu_limit: str = "guarantee",
+                 warm_sandboxes: int = DEFAULT_WARM_SANDBOXES) -> None:
         f = "managers.cpu."
         if root is not None and not (isinstance(root, (str, os.PathLike)) and os.path.isdir(root)):
             raise ManagerError(f + "root", f"{root!r} is not an existing directory")
         if not isinstance(isolation, str) or isolation not in ("auto", "cgroup-v2", "cgroup-v1", "affinity"):
             raise ManagerError(f + "isolation", f"{isolation!r} is not one of auto, cgroup-v2, cgroup-v1, affinity")
+        if not isinstance(cpu_limit, str) or cpu_limit not in CPU_LIMITS:
+            raise ManagerError(f + "cpu_limit", f"{cpu_limit!r} is not one of {', '.join(CPU_LIMITS)}")
+        if isinstance(warm_sandboxes, bool) or not isinstance(warm_sandboxes, int) or not 0 <= warm_sandboxes <= 1024:
+            raise ManagerError(f + "warm_sandboxes", f"{warm_sandboxes!r} is not a number of workers in [0, 1024]")
         if isinstance(output_limit, bool) or not isinstance(output_limit, int) or output_limit < 0:
             raise ManagerError(f + "output_limit", f"{output_limit!r} is not a non-negative number of bytes")
         allowed = sorted(os.sched_getaffinity(0))
@@ -159,6 +182,9 @@ class CpuManager(ResourceManager):
             raise ManagerError(f + "inherit_env", f"{inherit_env!r} is not a list of variable names")
         self.root = None if root is None else os.fspath(root)
         self.isolation_option = isolation
+        self.ceiling = cpu_limit == "ceiling"
+        self.cpu_limit = cpu_limit
+        self.warm_sandboxes = warm_sandboxes
         self.output_limit = output_limit
         self.cpus = chosen
         self.extra_env = env
@@ -170,6 +196,9 @@ class CpuManager(ResourceManager):
         self._cgroups: ManagerCgroups | None = None
         self._dir: str | None = None
         self._sandboxes: dict[int, Sandbox] = {}
+        self._grants: dict[int, GrantChannel] = {}  # per trajectory, beside its sandbox
+        self._running: dict[int, _Running] = {}  # action id -> what a resize changes
+        self._warm: WarmWorkers | None = None
         self._reaping: set[asyncio.Task[None]] = set()
         self._state = "new"
 
@@ -203,6 +232,10 @@ class CpuManager(ResourceManager):
         base.update({k: os.environ[k] for k in self.inherit_env if k in os.environ})
         base.update(self.extra_env)
         self._base_env = base
+        self._all_cpus = cpu_list(self.cpus)
+        if self.warm_sandboxes:
+            self._warm = WarmWorkers(self._dir, f"{self.id}/", base, self.warm_sandboxes)
+            self._warm.fill()
         self._state = "running"
 
     async def close(self) -> None:
@@ -212,6 +245,8 @@ class CpuManager(ResourceManager):
         errors: list[Any] = []
         try:
             errors = await asyncio.gather(*(self._end(t) for t in list(self._sandboxes)), return_exceptions=True)
+            if self._warm is not None:
+                await self._warm.close()
             if self._reaping:
                 await asyncio.gather(*self._reaping, return_exceptions=True)
         finally:
@@ -231,6 +266,14 @@ class CpuManager(ResourceManager):
 
     async def _end(self, trajectory: int) -> None:
         sb = self._sandboxes.pop(trajectory, None)
+        grant = self._grants.pop(trajectory, None)
+        if grant is not None:
+            grant.close()
+            for path in (grant.grant_path, grant.fifo_path):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
         if sb is not None:
             await sb.close()
 
@@ -243,8 +286,13 @@ class CpuManager(ResourceManager):
             "output_limit": self.output_limit,
             "memory_limit": "cgroup memory limit of the sandbox" if iso.cgroup else "RLIMIT_AS (functions: growth of "
                             "the worker's address space; commands: each child's address space)",
-            "cpu_quota": "CFS quota for fractional grants" if iso.cgroup else "none (fractions share a pinned CPU)",
-            "environment": sorted(["PATH", "LANG", "HOME", "TMPDIR", "TANGRAM_SANDBOX", *self.inherit_env, *self.extra_env]),
+            "cpu_limit": self.cpu_limit,
+            "cpu_grant": (("a pinned ceiling: cpuset of the granted CPUs, a CFS quota for fractions" if self.ceiling else
+                           "a guarantee: cgroup CPU weight proportional to the grant over all the manager's CPUs")
+                          if iso.cgroup else "CPU affinity only (no weights or quotas without cgroups)"),
+            "warm_sandboxes": self.warm_sandboxes,
+            "environment": sorted(["PATH", "LANG", "HOME", "TMPDIR", "TANGRAM_SANDBOX", "TANGRAM_GRANT_FILE",
+                                   "TANGRAM_JOBSERVER", *self.inherit_env, *self.extra_env]),
             "sandboxes": len(self._sandboxes),
         }
         if self.inventory_cores is not None and self.inventory_cores > len(self.cpus):
@@ -263,8 +311,14 @@ class CpuManager(ResourceManager):
         return len(self._sandboxes)
 
     def processes(self) -> list[int]:
-        """Live processes of this manager's sandboxes (a /proc scan by marker)."""
-        return marked_processes(self.id + "/")
+        """Live processes of this manager's sandboxes (a /proc scan by marker), not counting
+        the idle warm workers (`warm_processes`)."""
+        warm = set(self.warm_processes())
+        return [p for p in marked_processes(self.id + "/") if p not in warm]
+
+    def warm_processes(self) -> list[int]:
+        """The warm workers waiting for a new trajectory."""
+        return [] if self._warm is None else [w.proc.pid for w in self._warm.idle]
 
     def sandbox_dir(self, trajectory: int) -> str:
         assert self._dir is not None, "start() first"
@@ -277,8 +331,12 @@ class CpuManager(ResourceManager):
             if self._state != "running":
                 raise ManagerError("managers.cpu", "start() the manager first" if self._state == "new" else "the manager is closed")
             cg = None if self._cgroups is None else self._cgroups.sandbox(f"sb-{trajectory}")
-            sb = Sandbox(trajectory, self.sandbox_dir(trajectory), f"{self.id}/{trajectory}", self._base_env, cg,
-                         self._hello[:3] + (self.sandbox_dir(trajectory), self._hello[4]))
+            grant = self._grants.get(trajectory)
+            if grant is None:
+                grant = self._grants[trajectory] = GrantChannel(self.sandbox_dir(trajectory))
+            sb = Sandbox(trajectory, self.sandbox_dir(trajectory), f"{self.id}/{trajectory}",
+                         {**self._base_env, **grant.env}, cg,
+                         self._hello[:3] + (self.sandbox_dir(trajectory), self._hello[4]), self._warm)
             self._sandboxes[trajectory] = sb
         return sb
 
@@ -291,24 +349,54 @@ class CpuManager(ResourceManager):
             async with sb.lock:  # a trajectory's actions are sequential; never interleave two
                 if sb.closed:  # its trajectory ended while this one waited: a fresh sandbox
                     continue
-                charge = self.pool.take(placement.cores)
+                running = self._running[action.id] = _Running(sb, self._grants[call.trajectory],
+                                                              self.pool.take(placement.cores), placement.cores)
                 try:
-                    return await self._run(action, placement, sb, charge)
+                    return await self._run(action, placement, running)
                 finally:
+                    del self._running[action.id]
+                    running.grant.stop()
                     if sb.cgroup is not None:
-                        sb.cgroup.idle()
-                    self.pool.release(charge)
+                        sb.cgroup.idle(self.ceiling)
+                    self.pool.release(running.charge)
 
-    async def _run(self, action: LiveAction, placement: Placement, sb: Sandbox, charge: Mapping[int, int]) -> Any:
+    def resize(self, action: LiveAction, placement: Placement) -> None:
+        """The core changed a running action's grant to `placement.cores`: its weight (or,
+        under ceilings, its CPUs and quota), its grant file and its jobserver tokens follow
+        now. A resize of an action that already ended is ignored."""
+        running = self._running.get(action.id)
+        if running is None:
+            return
+        cores = placement.cores
+        running.cores = cores
+        cg = running.sandbox.cgroup
+        if self.ceiling:
+            self.pool.release(running.charge)
+            running.charge = self.pool.take(cores)
+            if cg is not None:
+                self._apply_ceiling(cg, running.charge, cores)
+        if cg is not None:
+            cg.set_weight(cores)
+        running.grant.resize(cores)
+
+    @staticmethod
+    def _apply_ceiling(cg: Any, charge: Mapping[int, int], cores: float) -> None:
+        cg.set_cpus(cpu_list(charge))
+        whole = sum(1 for m in charge.values() if m >= _MILLI) == len(charge) and cores == len(charge)
+        cg.set_quota(None if whole or cores <= 0 else cores)
+
+    async def _run(self, action: LiveAction, placement: Placement, running: _Running) -> Any:
         call = action.call
-        ids = sorted(charge)
+        sb, charge = running.sandbox, running.charge
+        ids = sorted(charge) if self.ceiling else self.cpus
         cpus = cpu_list(ids)
         cores = placement.cores
-        n = str(max(1, math.floor(cores + 1e-9)))
+        n = str(whole_cores(cores))
         env = dict.fromkeys(_THREAD_VARS, n)
         env.update(placement.env)
         env.update(call.env)
         env["TANGRAM_CORES"] = n
+        env["TANGRAM_GRANT"] = f"{cores:g}"
         env["TANGRAM_CPUS"] = cpus
         memory = int(placement.memory * 2**20) if placement.memory > 0 else 0
         cg = sb.cgroup
@@ -329,10 +417,14 @@ class CpuManager(ResourceManager):
         oom_before = -1
         try:
             await sb.ready()  # a worker that died since the last action is replaced here
+            running.grant.start(running.cores)  # the latest grant: a resize may have come meanwhile
             if cg is not None:
-                cg.set_cpus(cpus)
-                whole = sum(1 for m in charge.values() if m >= _MILLI) == len(charge) and cores == len(charge)
-                cg.set_quota(None if whole or cores <= 0 else cores)
+                if self.ceiling:
+                    self._apply_ceiling(cg, running.charge, running.cores)
+                else:
+                    cg.set_cpus(cpus)
+                    cg.set_quota(None)
+                cg.set_weight(running.cores)
                 try:
                     cg.set_memory(memory)
                 except OSError as e:
@@ -381,4 +473,16 @@ class CpuManager(ResourceManager):
         task.add_done_callback(self._reaping.discard)
 
 
-__all__ = ["CpuManager", "CpuPool"]
+class _Running:
+    """A running action of the CPU manager: what a resize changes."""
+
+    __slots__ = ("sandbox", "grant", "charge", "cores")
+
+    def __init__(self, sandbox: Sandbox, grant: GrantChannel, charge: dict[int, int], cores: float) -> None:
+        self.sandbox = sandbox
+        self.grant = grant
+        self.charge = charge
+        self.cores = cores
+
+
+__all__ = ["CPU_LIMITS", "CpuManager", "CpuPool"]

@@ -4,13 +4,21 @@ Three mechanisms, detected in this order (the first that works here wins):
 
   cgroup-v2  a writable cgroup2 hierarchy where the cpuset, cpu and memory controllers can
              be enabled for a subtree of this process's cgroup. Per sandbox: cpuset.cpus,
-             cpu.max (fractional grants), memory.max (+ memory.swap.max = 0), cgroup.kill.
+             cpu.weight (the grant), cpu.max (hard ceilings, when asked for), memory.max
+             (+ memory.swap.max = 0), cgroup.kill.
   cgroup-v1  writable v1 hierarchies for cpuset, cpu and memory (each may be co-mounted with
-             others). Per sandbox: cpuset.cpus, cpu.cfs_quota_us, memory.limit_in_bytes
-             (+ memory.memsw.limit_in_bytes when swap accounting exists).
+             others). Per sandbox: cpuset.cpus, cpu.shares (the grant), cpu.cfs_quota_us
+             (hard ceilings), memory.limit_in_bytes (+ memory.memsw.limit_in_bytes when swap
+             accounting exists).
   affinity   no writable cgroup: the sandbox worker pins itself with sched_setaffinity
-             (children inherit it) and memory is an RLIMIT_AS soft limit. Fractional grants
-             share a CPU without a quota.
+             (children inherit it) and memory is an RLIMIT_AS soft limit. No weights and no
+             quota: grants are enforced by the scheduler's accounting only.
+
+A grant is a guarantee by default (the CPU manager's `cpu_limit="guarantee"`): the sandbox
+may run on every CPU of the manager, and its CPU weight is proportional to its grant, so an
+action uses any core nobody else needs and, when all are busy, gets at least its share.
+`cpu_limit="ceiling"` pins each action to its granted CPUs and caps fractions with a CFS
+quota. bench/cpu_grants.py measures both.
 
 `TANGRAM_ISOLATION` (or the CPU manager's `isolation` option) forces one of the three;
 forcing a cgroup mechanism that is not usable here is an error, not a silent fallback.
@@ -37,7 +45,13 @@ ENV_VAR = "TANGRAM_ISOLATION"
 _CONTROLLERS = ("cpuset", "cpu", "memory")
 CFS_PERIOD_US = 100_000
 _MIN_QUOTA_US = 1_000  # the kernel refuses less than 1 ms per period
-IDLE_CORES = 0.01  # CPU quota of a sandbox's leftover processes between actions
+IDLE_CORES = 0.01  # CPU quota of a sandbox's leftover processes between actions (ceilings)
+# CPU weight of one granted core: the kernel's weight of one nice-0 task (v1 cpu.shares), and
+# the default cpu.weight (v2). Weights are relative, so only the ratio between sandboxes counts.
+SHARES_PER_CORE = 1024
+WEIGHT_PER_CORE = 100
+_SHARES_RANGE = (2, 262_144)
+_WEIGHT_RANGE = (1, 10_000)
 
 
 @dataclass(frozen=True)
@@ -59,9 +73,9 @@ class Isolation:
     def summary(self) -> str:
         """One line for users, without this machine's paths (`description` has them)."""
         if self.cgroup:
-            return (f"{self.mechanism.replace('-', ' ')}: each action pinned to its granted cores, "
-                    "with a CPU quota for fractions of a core and a memory limit")
-        return "CPU affinity: each action pinned to its granted cores (no writable cgroups here)"
+            return (f"{self.mechanism.replace('-', ' ')}: each action's grant is its CPU weight (a guarantee; idle "
+                    "cores are used), or a pinned ceiling when asked for, and a memory limit")
+        return "CPU affinity: each action pinned to the manager's CPUs (no writable cgroups here)"
 
 
 # ---------------------------------------------------------------------------- detection
@@ -235,8 +249,9 @@ def detect(force: str | None = None, *, field: str = "isolation") -> Isolation:
     if force in (None, "cgroup-v2"):
         dirs, why = _detect_v2(mounts, own_v2)
         if dirs is not None:
-            return Isolation("cgroup-v2", f"cgroup v2 under {dirs['cpu']}: per-action cpuset.cpus, cpu.max quota for "
-                             "fractional grants, memory.max (no swap); kill through cgroup.kill", dirs, reasons)
+            return Isolation("cgroup-v2", f"cgroup v2 under {dirs['cpu']}: per-action cpuset.cpus, cpu.weight (the "
+                             "grant), cpu.max for hard ceilings, memory.max (no swap); kill through cgroup.kill",
+                             dirs, reasons)
         reasons.append(why)
         if force is not None:
             raise ManagerError(source, f"cgroup-v2 forced but not usable: {why}")
@@ -244,14 +259,15 @@ def detect(force: str | None = None, *, field: str = "isolation") -> Isolation:
         dirs, why = _detect_v1(mounts, own_v1)
         if dirs is not None:
             where = ", ".join(f"{c} {d}" for c, d in dirs.items())
-            return Isolation("cgroup-v1", f"cgroup v1 ({where}): per-action cpuset.cpus, cpu.cfs_quota_us for fractional "
-                             "grants, memory.limit_in_bytes (+memsw); kill of every task in the cgroup", dirs, reasons)
+            return Isolation("cgroup-v1", f"cgroup v1 ({where}): per-action cpuset.cpus, cpu.shares (the grant), "
+                             "cpu.cfs_quota_us for hard ceilings, memory.limit_in_bytes (+memsw); kill of every task "
+                             "in the cgroup", dirs, reasons)
         reasons.append(why)
         if force is not None:
             raise ManagerError(source, f"cgroup-v1 forced but not usable: {why}")
     why_not = f" ({'; '.join(reasons)})" if reasons else " (forced)"
     return Isolation("affinity", "sched_setaffinity on the sandbox worker (children inherit it), RLIMIT_AS soft limit "
-                     "for memory, no CPU quota for fractional grants; kill by process group" + why_not, {}, reasons)
+                     "for memory, no CPU weight or quota; kill by process group" + why_not, {}, reasons)
 
 
 # ---------------------------------------------------------------------------- cgroups
@@ -395,10 +411,16 @@ def _kill(pid: int) -> None:
         pass
 
 
+def cpu_weight(cores: float, v2: bool) -> int:
+    """The cgroup CPU weight of a grant of `cores`: cpu.weight (v2) or cpu.shares (v1),
+    within the kernel's range (a grant past 100 cores on v2, 256 on v1, is capped)."""
+    per_core, (low, high) = (WEIGHT_PER_CORE, _WEIGHT_RANGE) if v2 else (SHARES_PER_CORE, _SHARES_RANGE)
+    return min(high, max(low, int(round(cores * per_core))))
+
+
 class SandboxCgroup:
     """One sandbox's cgroup(s). Writes are cached: a setting equal to the last one written
-    costs nothing (the hot path of repeated whole-core grants writes only cpuset.cpus when
-    the CPU ids change)."""
+    costs nothing (a trajectory's actions with the same grant write nothing at all)."""
 
     def __init__(self, mgr: ManagerCgroups, name: str) -> None:
         self.v2 = mgr.v2
@@ -424,6 +446,7 @@ class SandboxCgroup:
         self._cpus: str | None = None
         self._procs_file = os.path.join(self.dirs["cpu"], "cgroup.procs")
         self._quota: int | None = -1  # unlimited when created
+        self._weight = -1  # unknown: the first set_weight writes
         self._memory: int = 0  # bytes; 0: unlimited
 
     def add(self, pid: int) -> None:
@@ -446,6 +469,15 @@ class SandboxCgroup:
             _write(os.path.join(self.dirs["cpu"], "cpu.cfs_quota_us"), str(quota))
         self._quota = quota
 
+    def set_weight(self, cores: float) -> None:
+        """CPU weight proportional to `cores` (cpu.weight on v2, cpu.shares on v1): under
+        contention the sandbox gets at least its share; idle cores it may use freely."""
+        weight = cpu_weight(cores, self.v2)
+        if weight == self._weight:
+            return
+        _write(os.path.join(self.dirs["cpu"], "cpu.weight" if self.v2 else "cpu.shares"), str(weight))
+        self._weight = weight
+
     def set_memory(self, limit: int) -> None:
         """Memory limit in bytes (0: unlimited). Raises OSError(EBUSY) when the sandbox
         already uses more than `limit` and the kernel cannot reclaim it."""
@@ -466,9 +498,10 @@ class SandboxCgroup:
                 _write(path, value)
         self._memory = limit
 
-    def idle(self) -> None:
+    def idle(self, ceiling: bool) -> None:
         """Between actions: when processes other than the worker outlive the action
-        (background jobs, servers), throttle them to IDLE_CORES until the next action sets
+        (background jobs, servers), they get the lowest weight (they run on cores nobody
+        else wants), or under ceilings a quota of IDLE_CORES, until the next action sets
         its grant. One read of cgroup.procs when there are none."""
         try:
             fd = os.open(self._procs_file, os.O_RDONLY)
@@ -477,7 +510,10 @@ class SandboxCgroup:
             finally:
                 os.close(fd)
             if data.count(b"\n") > 1:
-                self.set_quota(IDLE_CORES)
+                if ceiling:
+                    self.set_quota(IDLE_CORES)
+                else:
+                    self.set_weight(0)
         except OSError:  # removed meanwhile (its trajectory ended)
             pass
 
@@ -530,7 +566,8 @@ class SandboxCgroup:
             _rmdir(d)
 
 
-__all__ = ["ENV_VAR", "MECHANISMS", "Isolation", "ManagerCgroups", "SandboxCgroup", "cpu_list", "detect", "remove_stale"]
+__all__ = ["ENV_VAR", "MECHANISMS", "Isolation", "ManagerCgroups", "SandboxCgroup", "cpu_list", "cpu_weight", "detect",
+           "remove_stale"]
 
 
 if __name__ == "__main__":  # python -m tangram.runtime.isolation

@@ -37,8 +37,8 @@ class ResourceManager(abc.ABC):
     """Base of every resource manager. Subclasses set `name` and implement `execute`.
 
     Lifecycle: constructed with keyword options (from the config's `managers.<name>`
-    table), then `attach` once, `start` once, any number of `execute`/`restore`/`evict`/
-    `end_trajectory` calls, `close` once.
+    table), then `attach` once, `start` once, any number of `execute`/`resize`/`restore`/
+    `evict`/`end_trajectory` calls, `close` once.
     """
 
     name: ClassVar[str]
@@ -76,6 +76,14 @@ class ResourceManager(abc.ABC):
           asyncio.current_task() there. An action that returns without suspending ends
           then and there, with no task.
         """
+
+    def resize(self, action: LiveAction, placement: Placement) -> None:
+        """The core changed the grant of a running action (an elastic one): `placement` is
+        its start placement with the new `grant` (and `cores` or `memory`, for an elastic
+        CPU or memory grant). Apply it to the running work now and tell its process if it
+        can listen. Synchronous and cheap: it runs inside the batch of decisions. It may
+        come for an action whose `execute` has just returned: ignore it then. Default:
+        nothing changes for the process (the core's accounting still moves)."""
 
     async def restore(self, service: str, node: int, device: int) -> None:
         """Make a GPU service resident on (node, device). Only managers of services get it."""

@@ -58,19 +58,105 @@ class WorkerDied(Exception):
         self.log_tail = log_tail
 
 
+class WarmWorker:
+    """A worker started ahead of its sandbox: Python is up and its imports are done. It
+    carries a marker of its own (`<manager id>/w<n>`); its sandbox sends the directory and
+    environment in the hello."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], channel: socket.socket, marker: str, log_path: str) -> None:
+        self.proc = proc
+        self.channel = channel
+        self.marker = marker
+        self.log_path = log_path
+
+
+class WarmWorkers:
+    """Up to `size` idle workers, so that a new trajectory's first action does not wait for
+    an interpreter to start (nor start it under its own small grant). A taken worker is
+    replaced on the next turn of the event loop."""
+
+    def __init__(self, directory: str, marker: str, base_env: Mapping[str, str], size: int) -> None:
+        self.directory = directory
+        self.marker = marker
+        self.env = {**base_env, "HOME": directory, "TMPDIR": directory}
+        self.size = size
+        self.idle: list[WarmWorker] = []
+        self._count = 0
+        self._closed = False
+        self._refill: asyncio.Handle | None = None
+
+    def fill(self) -> None:
+        self._refill = None
+        while not self._closed and len(self.idle) < self.size:
+            self.idle.append(self._spawn())
+
+    def _spawn(self) -> WarmWorker:
+        self._count += 1
+        marker = f"{self.marker}w{self._count}"
+        log_path = os.path.join(self.directory, f"w{self._count}.log")
+        proc, channel = spawn_worker(self.directory, {**self.env, MARKER: marker}, log_path)
+        return WarmWorker(proc, channel, marker, log_path)
+
+    def take(self) -> WarmWorker | None:
+        """An idle live worker (None when none is left), its replacement scheduled."""
+        while self.idle:
+            warm = self.idle.pop(0)
+            if self._refill is None and not self._closed:
+                self._refill = asyncio.get_running_loop().call_soon(self.fill)
+            if warm.proc.poll() is None:
+                return warm
+            warm.channel.close()  # it died idle (killed from outside): the next one
+        return None
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._refill is not None:
+            self._refill.cancel()
+        idle, self.idle = self.idle, []
+        for warm in idle:
+            warm.channel.close()
+            try:
+                os.killpg(warm.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for warm in idle:
+            await _wait(warm.proc, timeout=None)
+
+
+def spawn_worker(directory: str, env: Mapping[str, str], log_path: str) -> tuple[subprocess.Popen[bytes], socket.socket]:
+    """A new worker process in its own session, and the orchestrator's end of its channel."""
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-I", WORKER_FILE, str(child.fileno())],
+                cwd=directory, env=dict(env), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                pass_fds=(child.fileno(),), start_new_session=True, close_fds=True)
+    except BaseException:
+        parent.close()
+        raise
+    finally:
+        child.close()
+    return proc, parent
+
+
 class Sandbox:
     """The worker process of one trajectory, started on demand and restarted after a kill."""
 
     def __init__(self, trajectory: int, directory: str, marker: str, base_env: Mapping[str, str],
-                 cgroup: SandboxCgroup | None, hello: tuple[Any, ...]) -> None:
+                 cgroup: SandboxCgroup | None, hello: tuple[Any, ...], warm: WarmWorkers | None = None) -> None:
         self.trajectory = trajectory
         self.directory = directory
         self.marker = marker
         self.log_path = directory.rstrip("/") + ".log"
         self.cgroup = cgroup
-        self.hello = hello
         tmp = os.path.join(directory, ".tmp")
         self.env = {**base_env, "HOME": directory, "TMPDIR": tmp, MARKER: marker}
+        self.hello = hello + (self.env,)
+        self.warm = warm
+        # markers its workers were started with: its own, and each warm worker's (in affinity
+        # mode a burial scans for all of them: a forked child keeps its worker's first environment)
+        self._markers = [marker]
         self.lock = asyncio.Lock()
         self.proc: subprocess.Popen[bytes] | None = None
         self._dying: list[subprocess.Popen[bytes]] = []
@@ -106,18 +192,14 @@ class Sandbox:
     async def start(self) -> None:
         await self._settle()
         os.makedirs(os.path.join(self.directory, ".tmp"), exist_ok=True)
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            with open(self.log_path, "wb") as log:
-                proc = subprocess.Popen(
-                    [sys.executable, "-I", WORKER_FILE, str(child.fileno())],
-                    cwd=self.directory, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                    pass_fds=(child.fileno(),), start_new_session=True, close_fds=True)
-        except BaseException:
-            parent.close()
-            raise
-        finally:
-            child.close()
+        warm = self.warm.take() if self.warm is not None else None
+        if warm is not None:
+            proc, parent = warm.proc, warm.channel
+            os.replace(warm.log_path, self.log_path)
+            if warm.marker not in self._markers:
+                self._markers.append(warm.marker)
+        else:
+            proc, parent = spawn_worker(self.directory, self.env, self.log_path)
         self.proc = proc
         self._channel = parent
         self.starts += 1
@@ -182,8 +264,10 @@ class Sandbox:
         self._burial = asyncio.get_running_loop().create_task(self._bury())
 
     async def _bury(self) -> None:
-        if self.cgroup is None:  # affinity: its orphans that left its session carry its marker
-            await asyncio.to_thread(kill_marked, self.marker, True)  # a /proc scan: off the loop
+        if self.cgroup is None:  # affinity: its orphans that left its session carry its markers
+            markers, self._markers = self._markers, [self.marker]  # the next worker adds its own
+            for marker in markers:
+                await asyncio.to_thread(kill_marked, marker, True)  # a /proc scan: off the loop
         await self.reap()
 
     async def _settle(self) -> None:
@@ -394,4 +478,4 @@ def kill_marked(prefix: str, exact: bool = False, rounds: int = 20) -> None:
                 pass
 
 
-__all__ = ["MARKER", "WORKER_FILE", "Sandbox", "WorkerDied", "kill_marked", "marked_processes"]
+__all__ = ["MARKER", "WORKER_FILE", "Sandbox", "WarmWorkers", "WorkerDied", "kill_marked", "marked_processes"]

@@ -1,4 +1,5 @@
-"""The CPU manager with real subprocesses: per-action pinning and grants, sandbox state,
+"""The CPU manager with real subprocesses: per-action grants (guarantees and ceilings),
+resizes, the jobserver, warm workers, sandbox state,
 kills of whole process trees, crash recovery, memory and output limits, a clean
 environment, cancellation. Every test runs under the cgroup mechanism when this machine
 has a writable one, and under forced affinity; after each, no process of any manager is
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import shutil
 import signal
 import sys
 import time
@@ -25,7 +27,7 @@ from tangram.runtime.errors import (
     ManagerError,
     ResourceLimitExceeded,
 )
-from tangram.runtime.isolation import detect
+from tangram.runtime.isolation import cpu_list, cpu_weight, detect
 from tangram.runtime.manager import LiveAction, manager_class
 from tangram.runtime.sandbox import marked_processes
 
@@ -200,7 +202,29 @@ def test_pool_prefers_exclusive_cpus_and_releases_exactly() -> None:
 
 
 # ---------------------------------------------------------------------------- grants
-def test_pinning_is_observed_from_inside_the_action(mechanism: str) -> None:
+def test_a_guarantee_runs_on_every_cpu_with_a_weight_of_its_grant(mechanism: str) -> None:
+    async def body(mgr: CpuManager) -> None:
+        aff = await run(mgr, Call(fn=lambda: sorted(os.sched_getaffinity(0))), cores=0.25)
+        assert aff == CPUS  # a quarter core may use every idle CPU
+        r = await run(mgr, Call(command="grep Cpus_allowed_list /proc/self/status; echo $TANGRAM_CPUS"), cores=1)
+        listed, env = r.stdout.decode().split("\n")[:2]
+        assert listed.split()[-1] == env == cpu_list(CPUS)
+        cg = mgr._sandbox(0).cgroup
+        if cg is None:
+            return
+        v2 = mgr.isolation.mechanism == "cgroup-v2"  # type: ignore[union-attr]
+        weight_file = os.path.join(cg.dirs["cpu"], "cpu.weight" if v2 else "cpu.shares")
+        quota_file = os.path.join(cg.dirs["cpu"], "cpu.max" if v2 else "cpu.cfs_quota_us")
+        for cores, weight in ((1.5, cpu_weight(1.5, v2)), (0.25, cpu_weight(0.25, v2))):
+            r = await run(mgr, Call(command=["cat", weight_file, quota_file]), cores=cores)
+            got_weight, got_quota = r.stdout.decode().split("\n")[:2]
+            assert int(got_weight) == weight and got_quota.split()[0] in ("-1", "max")
+        assert cpu_weight(1.5, v2) == 3 * cpu_weight(0.5, v2)  # weights keep the grants' ratio
+
+    with_manager(mechanism, body)
+
+
+def test_pinning_is_observed_from_inside_the_action_under_ceilings(mechanism: str) -> None:
     async def body(mgr: CpuManager) -> None:
         aff = await run(mgr, Call(fn=lambda: sorted(os.sched_getaffinity(0))), cores=1)
         assert len(aff) == 1 and aff[0] in CPUS
@@ -221,7 +245,7 @@ def test_pinning_is_observed_from_inside_the_action(mechanism: str) -> None:
                                         run(mgr, Call(fn=probe, trajectory=2), cores=1))
             assert len(a) == 1 and len(b) == 1 and a != b
 
-    with_manager(mechanism, body)
+    with_manager(mechanism, body, cpu_limit="ceiling")
 
 
 def test_the_grant_is_passed_to_the_action(mechanism: str) -> None:
@@ -232,8 +256,9 @@ def test_the_grant_is_passed_to_the_action(mechanism: str) -> None:
         assert got == dict.fromkeys(names, str(cores))
         r = await run(mgr, Call(command='echo "$TANGRAM_CORES $OMP_NUM_THREADS"'), cores=cores)
         assert r.stdout == f"{cores} {cores}\n".encode()
-        half = await run(mgr, Call(fn=lambda: os.environ["TANGRAM_CORES"]), cores=0.5)
-        assert half == "1"  # whole cores, at least 1
+        grant = lambda: (os.environ["TANGRAM_CORES"], os.environ["TANGRAM_GRANT"])  # noqa: E731
+        assert await run(mgr, Call(fn=grant), cores=0.5) == ("1", "0.5")  # at least 1
+        assert await run(mgr, Call(fn=grant), cores=1.25) == ("2", "1.25")  # every fraction usable
         # the grant is the action's only while it runs
         assert await run(mgr, Call(fn=lambda: os.environ.get("TANGRAM_FOO", "unset"))) == "unset"
         r = await run(mgr, Call(command="echo $TANGRAM_FOO $CUDA_VISIBLE_DEVICES", env={"TANGRAM_FOO": "bar"}),
@@ -243,7 +268,7 @@ def test_the_grant_is_passed_to_the_action(mechanism: str) -> None:
     with_manager(mechanism, body)
 
 
-def test_fractional_grants_share_a_cpu(mechanism: str) -> None:
+def test_fractional_ceilings_share_a_cpu(mechanism: str) -> None:
     async def body(mgr: CpuManager) -> None:
         def probe(quota_file: str | None) -> tuple[list[int], str]:
             quota = ""
@@ -267,11 +292,28 @@ def test_fractional_grants_share_a_cpu(mechanism: str) -> None:
             assert qa == qb == ""
         assert mgr.usage == dict.fromkeys(CPUS, 0.0)
 
-    with_manager(mechanism, body)
+    with_manager(mechanism, body, cpu_limit="ceiling")
 
 
 @pytest.mark.skipif(not CGROUP, reason="no writable cgroup on this machine")
-def test_leftover_processes_are_throttled_between_actions() -> None:
+def test_leftover_processes_get_the_lowest_weight_between_actions() -> None:
+    async def body(mgr: CpuManager) -> None:
+        cg = mgr._sandbox(0).cgroup
+        assert cg is not None
+        v2 = mgr.isolation.mechanism == "cgroup-v2"  # type: ignore[union-attr]
+        weight_file = os.path.join(cg.dirs["cpu"], "cpu.weight" if v2 else "cpu.shares")
+        await run(mgr, Call(command="true"), cores=2)
+        assert int(read(weight_file)) == cpu_weight(2, v2)  # nothing left running: untouched
+        await run(mgr, Call(command="sleep 60 &"), cores=2)
+        assert int(read(weight_file)) == cpu_weight(0, v2)  # only idle cores for a background job
+        r = await run(mgr, Call(command=["cat", weight_file]), cores=2)
+        assert int(r.stdout) == cpu_weight(2, v2)  # the action has its whole grant
+
+    with_manager("auto", body)
+
+
+@pytest.mark.skipif(not CGROUP, reason="no writable cgroup on this machine")
+def test_leftover_processes_are_throttled_between_actions_under_ceilings() -> None:
     async def body(mgr: CpuManager) -> None:
         cg = mgr._sandbox(0).cgroup
         assert cg is not None
@@ -289,7 +331,7 @@ def test_leftover_processes_are_throttled_between_actions() -> None:
         r = await run(mgr, Call(command=["cat", quota_file]))
         assert r.stdout.split()[0] in (b"-1", b"max")  # the action has its whole grant
 
-    with_manager("auto", body)
+    with_manager("auto", body, cpu_limit="ceiling")
 
 
 @pytest.mark.skipif(not CGROUP, reason="no writable cgroup on this machine")
@@ -306,6 +348,141 @@ def test_cgroups_of_a_dead_manager_are_removed_at_start() -> None:
         assert not any(os.path.exists(d) for d in stale)
 
     with_manager("auto", body)
+
+
+# ---------------------------------------------------------------------------- resizes
+MAKEFILE = """\
+JOBS := $(shell seq 1 {jobs})
+all: $(JOBS)
+$(JOBS):
+\t@echo "+ $$(date +%s.%N)" >> jobs.log; sleep {seconds}; echo "- $$(date +%s.%N)" >> jobs.log
+.PHONY: all $(JOBS)
+"""
+
+
+def most_at_once(log: str, after: float = 0.0) -> int:
+    """The most jobs running at once in a make run's jobs.log (start after `after`)."""
+    events = sorted((float(t), 1 if sign == "+" else -1) for sign, t in (line.split() for line in log.splitlines()))
+    running = peak = 0
+    for t, step in events:
+        running += step
+        if t >= after:
+            peak = max(peak, running)
+    return peak
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no GNU make on this machine")
+def test_make_runs_as_many_jobs_as_the_grant_through_the_jobserver(mechanism: str) -> None:
+    async def body(mgr: CpuManager) -> None:
+        for cores, expected in ((1, 1), (2.5, 3)):
+            await run(mgr, Call(fn=write, args=("Makefile", MAKEFILE.format(jobs=6, seconds=0.3))))
+            r = await run(mgr, Call(command="rm -f jobs.log; make -s all"), cores=cores)
+            assert r.returncode == 0, r.stderr
+            log = await run(mgr, Call(fn=read, args=("jobs.log",)))
+            assert most_at_once(log) == expected, (cores, log)
+
+    with_manager(mechanism, body)
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no GNU make on this machine")
+def test_a_resize_reaches_a_running_build_and_a_running_function(mechanism: str) -> None:
+    async def body(mgr: CpuManager) -> None:
+        await run(mgr, Call(fn=write, args=("Makefile", MAKEFILE.format(jobs=12, seconds=0.25))))
+        build = LiveAction(next(_ids), Call(command="rm -f jobs.log; make -s all"))
+        task = asyncio.ensure_future(mgr.execute(build, placement(1)))
+        assert await until(lambda: os.path.exists(os.path.join(mgr.sandbox_dir(0), "jobs.log")))
+        await asyncio.sleep(0.3)
+        grown = time.time()
+        mgr.resize(build, placement(3))  # two more tokens: make starts more jobs at once
+        assert (await task).returncode == 0
+        log = await run(mgr, Call(fn=read, args=("jobs.log",)))
+        starts = sorted(float(line.split()[1]) for line in log.splitlines() if line.startswith("+"))
+        assert all(b - a > 0.2 for a, b in zip(starts, starts[1:]) if b < grown)  # one at a time before
+        assert most_at_once(log, after=grown + 0.05) == 3
+
+        # a function reads its live grant; a shrink withdraws the tokens a build could take
+        def watch_grant() -> list[float]:
+            from tangram.worker import grant
+            seen = [grant()]
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and len(seen) < 3:
+                g = grant()
+                if g != seen[-1]:
+                    seen.append(g)
+                time.sleep(0.005)
+            return seen
+
+        fn = LiveAction(next(_ids), Call(fn=watch_grant, trajectory=1))
+        task = asyncio.ensure_future(mgr.execute(fn, placement(2)))
+        await asyncio.sleep(0.3)
+        mgr.resize(fn, placement(3.5))
+        await asyncio.sleep(0.3)
+        mgr.resize(fn, placement(1.25))
+        channel = mgr._grants[1]
+        assert channel._tokens == 1 and channel._owed == 0  # ceil(1.25) - 1; nobody held the other two
+        assert await task == [2.0, 3.5, 1.25]
+        assert channel._tokens == 0 and read(channel.grant_path).strip() == "0.0000"  # ended: no grant
+        mgr.resize(fn, placement(4))  # after its end: ignored
+        assert read(channel.grant_path).strip() == "0.0000"
+
+    with_manager(mechanism, body)
+
+
+@pytest.mark.skipif(not CGROUP, reason="no writable cgroup on this machine")
+def test_a_resize_moves_the_weight_or_the_ceiling_of_the_running_action() -> None:
+    for limit in ("guarantee", "ceiling"):
+        async def body(mgr: CpuManager) -> None:
+            cg = mgr._sandbox(0).cgroup
+            v2 = mgr.isolation.mechanism == "cgroup-v2"  # type: ignore[union-attr]
+            weight_file = os.path.join(cg.dirs["cpu"], "cpu.weight" if v2 else "cpu.shares")
+            quota_file = os.path.join(cg.dirs["cpu"], "cpu.max" if v2 else "cpu.cfs_quota_us")
+            action = LiveAction(next(_ids), Call(fn=time.sleep, args=(0.5,)))
+            task = asyncio.ensure_future(mgr.execute(action, placement(0.5)))
+            await asyncio.sleep(0.2)
+            assert int(read(weight_file)) == cpu_weight(0.5, v2)
+            mgr.resize(action, placement(1.5))
+            assert int(read(weight_file)) == cpu_weight(1.5, v2)
+            quota = read(quota_file).split()[0]
+            if limit == "ceiling":
+                assert quota == "150000" and sum(mgr.usage.values()) == 1.5  # the pool charges the new grant
+            else:
+                assert quota in ("-1", "max")
+            await task
+            assert mgr.pool.full
+
+        with_manager("auto", body, cpu_limit=limit)
+
+
+def test_a_new_trajectory_starts_in_a_warm_worker(mechanism: str) -> None:
+    async def body(mgr: CpuManager) -> None:
+        assert await until(lambda: len(mgr.warm_processes()) == 2)
+        warm = mgr.warm_processes()
+        pid, cwd, env = await run(mgr, Call(fn=lambda: (os.getpid(), os.getcwd(), dict(os.environ)), trajectory=7))
+        assert pid in warm  # started before the trajectory existed
+        assert cwd == env["HOME"] == mgr.sandbox_dir(7) and env["TANGRAM_SANDBOX"].endswith("/7")
+        assert env["TMPDIR"] == os.path.join(mgr.sandbox_dir(7), ".tmp")
+        assert await until(lambda: len(mgr.warm_processes()) == 2)  # replaced
+        assert pid not in mgr.warm_processes()
+        # its log is the sandbox's: a crash report carries the worker's last words
+        with pytest.raises(ActionCrashed) as e:
+            await run(mgr, Call(fn=print_and_exit, trajectory=7))
+        assert "last words" in str(e.value)
+        victim = mgr.warm_processes()[0]
+        os.kill(victim, signal.SIGKILL)  # a warm worker killed while idle is skipped
+        assert wait_gone([victim]) == []
+        assert await run(mgr, Call(fn=os.getcwd, trajectory=8)) == mgr.sandbox_dir(8)
+
+    with_manager(mechanism, body, warm_sandboxes=2)
+
+
+def print_and_exit() -> None:
+    print("last words", flush=True)
+    os._exit(5)
+
+
+def write(name: str, text: str) -> None:
+    with open(name, "w") as f:
+        f.write(text)
 
 
 # ---------------------------------------------------------------------------- state
@@ -634,8 +811,8 @@ def test_environment_has_no_parent_secrets(mechanism: str, monkeypatch: pytest.M
         assert b"s3cret" not in r.stdout and b"TANGRAM_TEST_PASSED=yes" in r.stdout
         names = {line.split("=", 1)[0] for line in r.stdout.decode().splitlines()}
         allowed = {"PATH", "LANG", "HOME", "TMPDIR", "PWD", "SHLVL", "_", "OLDPWD", "EXTRA", "TANGRAM_TEST_PASSED",
-                   "TANGRAM_SANDBOX", "TANGRAM_CORES", "TANGRAM_CPUS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-                   "OPENBLAS_NUM_THREADS"}
+                   "TANGRAM_SANDBOX", "TANGRAM_CORES", "TANGRAM_GRANT", "TANGRAM_CPUS", "TANGRAM_GRANT_FILE",
+                   "TANGRAM_JOBSERVER", "MAKEFLAGS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"}
         assert names <= allowed, names - allowed
         sid, pgid = await run(mgr, Call(fn=lambda: (os.getsid(0), os.getpgid(0))))
         pid = await run(mgr, Call(fn=os.getpid))

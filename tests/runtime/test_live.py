@@ -46,9 +46,10 @@ def test_elastic_grant_and_pinning_seen_inside_the_action() -> None:
             cores, allowed = result.stdout.decode().split("\n")[:2]
             assert int(cores) == CORES  # nobody else waits: the whole elastic bound
             assert allowed.split(":")[1].strip() == (f"0-{CORES - 1}" if CORES > 1 else "0")
-            # Then a non-elastic action of the same trajectory: pinned to one core.
-            one = await orch.run(Call(fn=lambda: sorted(os.sched_getaffinity(0)), resources={"cpu": 1}, trajectory=1))
-            assert len(one) == 1
+            # Then a non-elastic action of the same trajectory: one core granted, every idle one usable.
+            one = await orch.run(Call(fn=lambda: (os.environ["TANGRAM_CORES"], sorted(os.sched_getaffinity(0))),
+                                      resources={"cpu": 1}, trajectory=1))
+            assert one == ("1", list(range(CORES)))
             record = list(orch.records)[0]
             assert record.grant == CORES and record.node == "node0"
             await asyncio.sleep(0)

@@ -1,0 +1,149 @@
+"""How a running action hears its CPU grant: a live grant file and a GNU make jobserver.
+
+Each sandbox has two files beside its directory, made once with the sandbox:
+
+  t<trajectory>.grant      the current grant in cores, one fixed-width line ("    1.2500\n"),
+                           rewritten in place at each start and resize (a reader never sees
+                           a half-written number: one pwrite of 16 bytes). Read it with
+                           `tangram.worker.grant()`; its path is TANGRAM_GRANT_FILE.
+  t<trajectory>.jobserver  a FIFO holding the jobserver's tokens: ceil(grant) - 1 of them
+                           while an action runs (every client of a jobserver owns one
+                           implicit token). Commands get MAKEFLAGS pointing at it, so `make`,
+                           `ninja` and `cargo` run as many jobs as the grant allows, and more
+                           or fewer as it changes. Its path is TANGRAM_JOBSERVER ("fifo:PATH").
+
+A grow writes tokens at once. A shrink reads back the tokens that are free now and collects
+the rest as the jobs holding them return them (a reader on the event loop), so a build
+never has a job killed: it just starts fewer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+
+GRANT_WIDTH = 16
+
+
+def whole_cores(cores: float) -> int:
+    """The number of processes or threads a grant of `cores` should run: every granted
+    fraction rounded up (a 1.25-core grant runs 2), at least 1. With grants as guarantees,
+    the extra process uses the fraction and any idle core."""
+    return max(1, math.ceil(cores - 1e-9))
+
+
+class GrantChannel:
+    """The grant file and jobserver FIFO of one sandbox, written by the CPU manager."""
+
+    def __init__(self, base: str) -> None:
+        self.grant_path = base + ".grant"
+        self.fifo_path = base + ".jobserver"
+        self._grant_fd = os.open(self.grant_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            os.mkfifo(self.fifo_path, 0o600)
+            # O_RDWR: never blocks and never sees EOF, whoever else has it open
+            self._fifo = os.open(self.fifo_path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+        except BaseException:
+            os.close(self._grant_fd)
+            raise
+        self._tokens = 0  # tokens this action should have outstanding (ceil(grant) - 1)
+        self._owed = 0  # tokens to take back as jobs return them
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.write_grant(0.0)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"TANGRAM_GRANT_FILE": self.grant_path, "TANGRAM_JOBSERVER": "fifo:" + self.fifo_path}
+
+    def write_grant(self, cores: float) -> None:
+        os.pwrite(self._grant_fd, f"{cores:{GRANT_WIDTH - 1}.4f}\n".encode(), 0)
+
+    @property
+    def closed(self) -> bool:
+        return self._fifo < 0
+
+    def start(self, cores: float) -> None:
+        """A new action: the grant file says `cores`, the FIFO holds exactly its tokens
+        (whatever an earlier action left is drained)."""
+        if self.closed:
+            return
+        self._stop_collecting()
+        self._drain(-1)
+        self._owed = 0
+        self._tokens = whole_cores(cores) - 1
+        self._put(self._tokens)
+        self.write_grant(cores)
+
+    def resize(self, cores: float) -> None:
+        """The running action's grant changed: the file and the tokens follow."""
+        if self.closed:
+            return
+        self.write_grant(cores)
+        target = whole_cores(cores) - 1
+        delta = target - self._tokens
+        self._tokens = target
+        if delta > 0:
+            returned = min(delta, self._owed)  # tokens still owed cancel out first
+            self._owed -= returned
+            self._put(delta - returned)
+        elif delta < 0:
+            self._owed += -delta
+            self._collect()
+        if self._owed == 0:
+            self._stop_collecting()
+
+    def stop(self) -> None:
+        """The action ended: no tokens, a grant of 0. Nothing once closed (the trajectory
+        ended while its action was being torn down)."""
+        if self.closed:
+            return
+        self._stop_collecting()
+        self._drain(-1)
+        self._owed = self._tokens = 0
+        self.write_grant(0.0)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self._stop_collecting()
+        for fd in (self._fifo, self._grant_fd):
+            os.close(fd)
+        self._fifo = self._grant_fd = -1
+
+    # ------------------------------------------------------------------ tokens
+    def _put(self, n: int) -> None:
+        if n > 0:
+            os.write(self._fifo, b"+" * n)  # far below the pipe's capacity: never blocks
+
+    def _drain(self, limit: int) -> int:
+        """Reads up to `limit` tokens (-1: all) that are free now; returns how many."""
+        got = 0
+        while limit < 0 or got < limit:
+            try:
+                data = os.read(self._fifo, 4096 if limit < 0 else limit - got)
+            except BlockingIOError:
+                break
+            if not data:
+                break
+            got += len(data)
+        return got
+
+    def _collect(self) -> None:
+        self._owed -= self._drain(self._owed)
+        if self._owed > 0 and self._loop is None:
+            self._loop = asyncio.get_running_loop()
+            self._loop.add_reader(self._fifo, self._collect_returned)
+
+    def _collect_returned(self) -> None:
+        self._owed -= self._drain(self._owed)
+        if self._owed <= 0:
+            self._stop_collecting()
+
+    def _stop_collecting(self) -> None:
+        if self._loop is not None:
+            self._loop.remove_reader(self._fifo)
+            self._loop = None
+
+
+__all__ = ["GrantChannel", "whole_cores"]
