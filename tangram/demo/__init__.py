@@ -14,9 +14,10 @@ policy model thinking: a sleep, not an external resource) with real tool calls:
            (a CPU-only scorer here; on a machine without GPUs the demo declares one fake
            device so the service's residency and batching take the real path)
 
-Under `trajectory` each trajectory owns an equal share of the cores for the whole step
-(today's frameworks); under `tangram` the cores are one pool and elastic actions grow
-into what the others leave idle. The table compares action completion times (ACT: from
+Under `trajectory` each trajectory owns an equal share of the cores for the whole step,
+as a hard ceiling (today's frameworks: a container per trajectory); under `tangram` the
+cores are one pool, a grant is a guarantee rather than a ceiling, and elastic actions grow
+into what the others leave idle, also while they run. The table compares action completion times (ACT: from
 the tool call to its result, wait plus run) and the step's duration (until the last
 trajectory is scored). The workload is sized to finish both runs in about 20 s on 2 cores.
 """
@@ -118,7 +119,9 @@ async def rollout(policy: str, trajectories: int, port: int, seed: int, progress
     # Without a GPU here, the one declared for the demo is a fake device copied from the
     # inventory (chosen explicitly, never by accident).
     gpu = GpuManager(services={"reward": FunctionService(score)}, devices="inventory" if fake_gpu else None)
-    config = RuntimeConfig(policy=policy, policy_options=options)
+    # The trajectory baseline is a fixed sandbox per trajectory: its share is a ceiling.
+    limit = "ceiling" if policy == "trajectory" else "guarantee"
+    config = RuntimeConfig(policy=policy, policy_options=options, managers={"cpu": {"cpu_limit": limit}})
     run = PolicyRun(policy)
     python = sys.executable
 

@@ -123,6 +123,7 @@ class NodeAgent:
         self.cpu: Any = None
         self.gpu: Any = None
         self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._running: dict[int, tuple[Call, Placement, Any]] = {}  # what a resize needs
         self._cancelled_early: set[int] = set()
         self._done: list[Completion] = []
         # Actions whose run() is still waiting to return their completion itself (id ->
@@ -219,6 +220,7 @@ class NodeAgent:
                 env = dict(placement.env)
                 env.update(self.gpu.device_environment(0, placement.device, placement.gpu_memory))
                 placement = dataclasses.replace(placement, env=env)
+            self._running[action_id] = (call, placement, manager)
             result = await manager.execute(LiveAction(action_id, call), placement)
         except asyncio.CancelledError:
             self._finish((action_id, "cancelled", None))
@@ -228,6 +230,19 @@ class NodeAgent:
             self._finish((action_id, "ok", result))
         finally:
             self._tasks.pop(action_id, None)
+            self._running.pop(action_id, None)
+
+    def resize(self, items: Sequence[tuple[int, float, float]]) -> None:
+        """(action, grant, cores) of running actions whose grant the core changed: their
+        manager applies each (one that already ended is skipped)."""
+        for action_id, grant, cores in items:
+            running = self._running.get(action_id)
+            if running is None:
+                continue
+            call, placement, manager = running
+            placement = dataclasses.replace(placement, grant=grant, cores=cores)
+            self._running[action_id] = (call, placement, manager)
+            manager.resize(LiveAction(action_id, call), placement)
 
     def _finish(self, completion: Completion) -> None:
         reply = self._held.pop(completion[0], None)

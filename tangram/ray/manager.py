@@ -85,6 +85,7 @@ class _NodeState:
     agent: Any
     pending: list[tuple[int, bytes, Placement]] = field(default_factory=list)
     cancels: list[int] = field(default_factory=list)
+    resizes: list[tuple[int, float, float]] = field(default_factory=list)  # (action, grant, cores)
     inflight: dict[int, asyncio.Future[tuple[str, Any]]] = field(default_factory=dict)
     poller: asyncio.Task[None] | None = None
     lost: bool = False
@@ -302,6 +303,9 @@ class RayManager(ResourceManager):
             if st.cancels:
                 ids, st.cancels = st.cancels, []
                 st.agent.cancel.remote(ids)
+            if st.resizes:  # after the starts of this flush: an actor runs its calls in order
+                resizes, st.resizes = st.resizes, []
+                st.agent.resize.remote(resizes)
 
     def _delivered(self, st: _NodeState, reply: concurrent.futures.Future[bytes], ids: list[int]) -> None:
         """The batch's reply: the completions of its actions that ended quickly (the rest
@@ -335,6 +339,13 @@ class RayManager(ResourceManager):
                     self._lose(st, f"its node agent died ({type(e).__name__})")
                 return
             st.by_poll += _complete(st, unpack_completions(reply))
+
+    def resize(self, action: LiveAction, placement: Placement) -> None:
+        """Sent to the action's node agent with the next flush, which applies it there."""
+        st = self._by_index.get(placement.node)
+        if st is not None and not st.lost and action.id in st.inflight:
+            st.resizes.append((action.id, placement.grant, placement.cores))
+            self._kick()
 
     async def restore(self, service: str, node: int, device: int) -> None:
         st = self._by_index.get(node)

@@ -23,7 +23,9 @@ from __future__ import annotations
 import asyncio
 import collections.abc
 import contextvars
+import dataclasses
 import itertools
+import logging
 import re
 import traceback
 from typing import Any, Iterable, Mapping, Sequence
@@ -31,7 +33,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from .._errors import TangramError, ValidationError
 from .._model import Inventory, Node
 from .._model import given as _given
-from .._records import EVICT, REJECT, RESTORE, START
+from .._records import EVICT, REJECT, RESIZE, RESTORE, START
 from ..scheduler import Scheduler, integer_in, record_limits
 from .call import Call, Placement, manager_for, validate_call
 from .config import RuntimeConfig
@@ -47,6 +49,8 @@ from .errors import (
 )
 from .manager import LiveAction, ResourceManager, manager_class
 from .records import ActionRecord, Metrics, RecordLog
+
+log = logging.getLogger("tangram.runtime")
 
 DEFAULT_MANAGERS = ("cpu", "gpu", "api")
 _BEHIND = re.compile(r"^waiting behind \d+ earlier actions? of the same shape;")
@@ -80,7 +84,7 @@ class _Live:
     """Book-keeping of one live action (the orchestrator's, not the caller's)."""
 
     __slots__ = ("id", "call", "future", "manager", "template", "record", "in_core", "running", "task",
-                 "timer", "cancel_reason", "watch")
+                 "timer", "cancel_reason", "watch", "placement")
 
     def __init__(self, action_id: int, call: Call, future: asyncio.Future[Any], manager: ResourceManager,
                  template: int, record: ActionRecord) -> None:
@@ -96,6 +100,7 @@ class _Live:
         self.timer: asyncio.TimerHandle | None = None
         self.cancel_reason: str | None = None  # "timeout", "cancelled" or "closed"
         self.watch: Any = None  # the future's done callback that turns a caller's cancel into ours
+        self.placement: Placement | None = None  # while it runs: what it was given (resizes change it)
 
 
 class Orchestrator:
@@ -500,6 +505,10 @@ class Orchestrator:
                 lv = self._live[action]
                 lv.in_core = False  # the core forgot it
                 self._finish(lv, "infeasible", error=ActionInfeasible(action, self._core.message(reason)))
+            elif kind == RESIZE:
+                lv = self._live.get(action)
+                if lv is not None:  # else it ended and its completion is still on the way to the core
+                    self._resize(lv, grant, elastic_kind)
             elif kind == RESTORE:
                 self._device_op("restore", self._service_names[service], node, device)
             elif kind == EVICT:
@@ -520,6 +529,7 @@ class Orchestrator:
         placement = Placement(lv.id, node, self._node_names[node], device if device >= 0 else None,
                               grant, cores, memory, float(call.gpu_memory),
                               self._gpu_env(lv, node, device) if device >= 0 else {})
+        lv.placement = placement
         record = lv.record
         record.start = self._now()
         record.node = placement.node_name
@@ -545,6 +555,25 @@ class Orchestrator:
             lv.task.cancel()
         elif call.timeout is not None:
             lv.timer = self._loop.call_later(call.timeout, self._cancel, lv, "timeout")  # type: ignore[union-attr]
+
+    def _resize(self, lv: _Live, grant: float, elastic_kind: int) -> None:
+        """The core changed a running elastic action's grant: its manager applies it to the
+        running work (the record keeps the latest grant)."""
+        old = lv.placement
+        if old is None:
+            return
+        changes: dict[str, float] = {"grant": grant}
+        if elastic_kind == self._cpu:
+            changes["cores"] = grant
+        elif elastic_kind == self._memory:
+            changes["memory"] = grant
+        lv.placement = dataclasses.replace(old, **changes)
+        lv.record.grant = grant
+        try:
+            lv.manager.resize(LiveAction(lv.id, lv.call), lv.placement)
+        except Exception as e:  # the action runs on at its old share; the core's accounting moved
+            log.warning("managers.%s: resize of action %d to %g failed: %s: %s", lv.manager.name, lv.id, grant,
+                        type(e).__name__, e)
 
     def _gpu_env(self, lv: _Live, node: int, device: int) -> Mapping[str, str]:
         gpu = self.managers.get("gpu")
