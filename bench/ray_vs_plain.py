@@ -15,7 +15,8 @@ Amdahl's law (T seconds on one core, parallel fraction p): it can use more cores
               them in per-trajectory sandboxes, dispatched in batches
 
 Work is simulated by sleeping the model's time for the cores actually granted (what a
-parallel test runner would take), so the 2-core machine is not what limits either side.
+parallel test runner would take), following the live grant as it changes, so the 2-core
+machine is not what limits either side.
 Reported per side: average ACT (submit to result), throughput (actions per second of
 makespan), and the per-action scheduling overhead: the median round trip of a no-op action
 on the idle cluster (one at a time), plus the mean of ACT minus modelled run time in the
@@ -66,11 +67,22 @@ def modelled(step: Step, cores: float) -> float:
 
 
 def simulate(seconds: float, p: float) -> float:
-    """Runs inside the action: sleeps the model's time for the cores it was granted."""
-    cores = float(os.environ.get("TANGRAM_CORES") or os.environ.get("BENCH_CORES") or 1)
-    t = seconds * ((1 - p) + p / max(1.0, cores))
-    time.sleep(t)
-    return t
+    """Runs inside the action: sleeps the model's time for the cores it is granted. Under
+    tangram the grant may change while it runs (tangram.worker.grant() reads it live): the
+    work left then goes at the new grant's pace, as a parallel test runner's would."""
+    if "TANGRAM_GRANT_FILE" not in os.environ:  # plain Ray: the fixed num_cpus
+        t = seconds * ((1 - p) + p / max(1.0, float(os.environ.get("BENCH_CORES") or 1)))
+        time.sleep(t)
+        return t
+    from tangram.worker import grant
+    left, spent = 1.0, 0.0  # the fraction of the work still to do; seconds slept
+    while left > 1e-9:
+        t = seconds * ((1 - p) + p / max(1.0, grant()))
+        slept = min(0.01, left * t)
+        time.sleep(slept)
+        left -= slept / t
+        spent += slept
+    return spent
 
 
 def noop() -> int:

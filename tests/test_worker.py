@@ -1,0 +1,94 @@
+"""tangram.worker, inside an action: the live grant, the jobserver hand-off, and an executor
+whose number of running tasks follows the grant (real processes; the grant file is written
+here the way the CPU manager writes it)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tangram import worker
+from tangram.runtime.grant import GRANT_WIDTH
+
+
+def set_grant(path: Path, cores: float) -> None:
+    with open(path, "r+b" if path.exists() else "wb") as f:
+        f.write(f"{cores:{GRANT_WIDTH - 1}.4f}\n".encode())
+
+
+def busy_interval(seconds: float) -> tuple[float, float]:
+    start = time.time()
+    time.sleep(seconds)
+    return start, time.time()
+
+
+def most_at_once(intervals: list[tuple[float, float]], after: float = 0.0, before: float = float("inf")) -> int:
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    running = peak = 0
+    for t, step in events:
+        running += step
+        if after <= t <= before:
+            peak = max(peak, running)
+    return peak
+
+
+def test_grant_reads_the_live_file_then_the_start_grant_then_the_cpus(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TANGRAM_GRANT_FILE", raising=False)
+    monkeypatch.delenv("TANGRAM_GRANT", raising=False)
+    assert worker.grant() == len(os.sched_getaffinity(0))
+    monkeypatch.setenv("TANGRAM_GRANT", "1.25")
+    assert worker.grant() == 1.25 and worker.cores() == 2
+    path = tmp_path / "t0.grant"
+    set_grant(path, 3.5)
+    monkeypatch.setenv("TANGRAM_GRANT_FILE", str(path))
+    assert worker.grant() == 3.5 and worker.cores() == 4
+    set_grant(path, 0.0)  # between actions: no live grant, the start grant holds
+    assert worker.grant() == 1.25
+
+
+def test_jobserver_fds_outside_and_inside_a_sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TANGRAM_JOBSERVER", raising=False)
+    assert worker.jobserver_fds() == ({}, ())
+    fifo = tmp_path / "t0.jobserver"
+    os.mkfifo(fifo)
+    monkeypatch.setenv("TANGRAM_JOBSERVER", f"fifo:{fifo}")
+    env, fds = worker.jobserver_fds()
+    (fd,) = fds
+    assert env == {"MAKEFLAGS": f" -j --jobserver-auth={fd},{fd}"}
+    assert worker.jobserver_fds() == (env, fds)  # one descriptor, kept
+    os.write(fd, b"+")
+    assert os.read(fd, 1) == b"+"  # the FIFO itself
+
+
+def test_the_executor_runs_as_many_tasks_as_the_grant_and_follows_it(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "t0.grant"
+    set_grant(path, 1.0)
+    monkeypatch.setenv("TANGRAM_GRANT_FILE", str(path))
+    with worker.GrantedExecutor(max_workers=3, poll=0.01) as pool:
+        list(pool.map(int, range(6)))  # the processes are up
+        futures = [pool.submit(busy_interval, 0.25) for _ in range(9)]
+        time.sleep(0.6)
+        grown = time.time()
+        set_grant(path, 2.5)  # three at once from now on
+        intervals = [f.result() for f in futures]
+        assert [pool.submit(lambda x: x * 2, 21).result()] == [42]  # a lambda travels too
+    assert most_at_once(intervals, before=grown) == 1
+    assert most_at_once(intervals, after=grown + 0.3) == 3
+    with pytest.raises(RuntimeError):
+        pool.submit(int)
+
+
+def test_the_executor_reports_errors_and_refuses_bad_options() -> None:
+    with worker.GrantedExecutor(max_workers=1) as pool:
+        with pytest.raises(ZeroDivisionError):
+            pool.submit(divmod, 1, 0).result()
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="max_workers"):
+            worker.GrantedExecutor(max_workers=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="poll"):
+        worker.GrantedExecutor(max_workers=1, poll=0)
