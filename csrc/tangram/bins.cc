@@ -99,6 +99,8 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
     throw Error(ErrorCode::kInvalidArgument, pf + ".starvation_seconds", "must be a finite number in (0, 1e9]");
   starvation_ns = to_ns(policy.starvation_seconds);
 
+  malleable = row.rules.resize == ResizeRule::kMalleable;
+
   // Validate the policy's bin options; then every node's bins, partition by partition.
   switch (row.rules.bins) {
     case BinLayout::kNodes:
@@ -127,6 +129,7 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
       break;
     }
   }
+  reclaim_bins.resize(partitions.size());
   std::vector<NodeBins> splits(static_cast<std::size_t>(N));
   for (std::int32_t n = 0; n < N; ++n) splits[n] = node_bins(inv.nodes[n].capacity);
   for (std::size_t p = 0; p < partitions.size(); ++p)
@@ -255,6 +258,7 @@ void Scheduler::Impl::append_bin(std::int32_t node, std::int32_t part, const std
   bin_room.insert(bin_room.end(), cap.begin(), cap.end());  // free: all of it
   bin_room.insert(bin_room.end(), cap.begin(), cap.end());
   bin_bound.push_back(0);
+  if (malleable) append_bin_resize_state();
 }
 
 // The policy's bins for one node of `capacity` (the options already validated): per

@@ -13,6 +13,11 @@
 //               class that failed on resources alone is parked off it until resources are
 //               released where it could run; parking only skips work that would fail. A
 //               class woken by released room looks only at the released bins.
+//   running     under ResizeRule::kMalleable: each bin's running actions, and per bin and
+//               kind the units above their minimum that running elastic actions hold
+//               (what a shrink could take back). A class parks only where free plus those
+//               units cannot hold it either: growing and shrinking move units between the
+//               two, so only a release can make such a class fit.
 //
 // Sources, one concern each (each file opens with what it reads, changes and guarantees):
 //   policy.cc          the rows of rules, policy names
@@ -21,7 +26,8 @@
 //   parking.cc         parking and wakes
 //   pass.cc            the pass and a head's try (placement, starvation, quota admission)
 //   services.cc        GPU services: restores, greedy eviction
-//   spare.cc           spare elastic units
+//   spare.cc           spare elastic units (to this pass's starts, and to running actions)
+//   resize.cc          running grants: remaining work, shrinks for a waiting head
 //   introspection.cc   explain, invariants
 //   scheduler.cc       the public face: events in, decisions out
 //   quota.cc, elasticity.cc, bin_tree.cc, id_map.h, wait_queue.h: the data structures.
@@ -100,11 +106,18 @@ struct alignas(64) ActionRec {
 };
 static_assert(sizeof(ActionRec) == 64, "an action's hot record is one cache line");
 
-// The rest of a live action's record: read at submit, for spare units and for queries.
+// The rest of a live action's record: read at submit, for spare units, resizes and queries.
 struct ActionDetail {
   ElasticityModel model;
   TimeNs est_ns = 0;
   OrderKey order{};  // with its submit time
+  // ResizeRule::kMalleable: the fraction of its work left at its last grant change (its
+  // start until one), when that was (-1: its start), the grant before it, and the pass
+  // that made it (an action resized in a pass is not resized again in that pass).
+  double work_left = 1.0;
+  TimeNs resized_ns = -1;
+  Quantity grant_before = 0;
+  std::uint64_t resized_pass = 0;
 };
 
 // A class with its head's order fields (24 bytes, cheap to sort and merge): the entries of
@@ -478,7 +491,16 @@ struct Scheduler::Impl {
   void evict_offline_services(std::vector<Decision>& out);
 
   // ---- spare.cc: spare elastic units
+  // A candidate for spare units: an action started in this pass (its kStart's index in
+  // `out`), or a running one (decision SIZE_MAX) on a bin a completion freed room on.
+  struct SpareMember {
+    std::int32_t slot;
+    std::size_t decision;
+    double work;        // fraction of its work left now (1 for a start)
+    Quantity was;       // its grant before this pass's spare units
+  };
   void grant_spare(std::vector<Decision>& out);
+  bool spare_allowed(std::int32_t bin) const;
   bool parked_waits_for_room(std::int32_t part, std::int32_t node) const;
   // A head that cannot fit, tried now in this pass: false when it would wait for its quota
   // (refused for an earlier head of this pass) rather than for room.
@@ -486,9 +508,67 @@ struct Scheduler::Impl {
     return k.quota == kNone || !quota_blocked[k.quota] || k.waiting.head() < quota_blocked_at[k.quota];
   }
 
+  // ---- resize.cc: running grants under ResizeRule::kMalleable
+  bool malleable = false;
+  std::vector<std::vector<std::int32_t>> bin_running;  // per bin: its running actions (slots)
+  std::vector<std::int32_t> running_pos;  // per slot: its position in its bin's list
+  // Per bin: the list's length when this pass first started something there (entries from
+  // there on started in this pass), valid while bin_started_pass is the pass.
+  std::vector<std::uint64_t> bin_started_pass;
+  std::vector<std::int32_t> bin_started_from;
+  std::vector<Quantity> bin_reclaim;      // per bin and kind (K a bin): units above minimum
+  std::vector<Quantity> bin_reclaim_sum;  // per bin: over its kinds
+  std::vector<std::vector<std::int32_t>> reclaim_bins;  // per partition: bins with a reclaim sum > 0
+  std::vector<std::int32_t> reclaim_pos;  // per bin: its position there, or -1
+  // Bins where a complete or cancel freed room since the last pass: their running actions
+  // are candidates for spare units.
+  std::vector<std::int32_t> freed_bins;
+  std::vector<std::uint8_t> bin_freed;
+  // Class::fit_pass marks a pending wake whose only possible bins are released leaves only
+  // while it equals this (set at each pass). A shrink that leaves a bin with more free room
+  // than before moves it off for the rest of the pass, so such classes search everywhere.
+  std::uint64_t fit_epoch = 0;
+  static constexpr std::uint64_t kNoFitEpoch = UINT64_MAX;
+  void append_bin_resize_state();
+  void note_running(std::int32_t slot);    // a start
+  void forget_running(std::int32_t slot);  // an end, before the slot is freed
+  void add_reclaim(std::int32_t bin, std::int32_t kind, Quantity units);
+  TimeNs grant_since(std::int32_t slot) const {
+    const ActionDetail& d = details[slot];
+    return d.resized_ns >= 0 ? d.resized_ns : slots[slot].start_ns;
+  }
+  bool started_this_pass(std::int32_t slot) const {
+    const std::int32_t bin = slots[slot].bin;
+    return bin_started_pass[bin] == pass_epoch && running_pos[slot] >= bin_started_from[bin];
+  }
+  double work_now(std::int32_t slot) const;
+  double remaining_seconds(std::int32_t slot) const;
+  // After a running action's grant changed in this pass (from `old_grant`; `work`: its
+  // work left now at that grant): its remaining work from now, and its kResize decision.
+  void record_resize(std::int32_t slot, Quantity old_grant, double work, std::vector<Decision>& out);
+  bool may_use_bin(const Class& cl, std::int32_t bin) const;
+  bool reclaim_covers(const Class& cl, std::int32_t bin) const;
+  bool reclaim_fits_node(const Class& cl, std::int32_t node) const;
+  bool could_shrink_into(const Class& cl) const;
+  bool fits_or_shrinks_on_node(const Class& cl, std::int32_t node) const {
+    return fits_some_bin(cl, node) || (malleable && reclaim_fits_node(cl, node));
+  }
+  struct ShrinkPlan {
+    std::int32_t leaf = kNone;
+    std::vector<std::pair<std::int32_t, Quantity>> grants;  // (slot, new grant), by action id
+    std::vector<double> work;  // each one's work left now, at its old grant
+  };
+  bool plan_shrink(const Class& cl, const Room& room, std::int32_t device, ShrinkPlan& plan);
+  bool plan_shrink_on(const Class& cl, std::int32_t bin, ShrinkPlan& plan);
+  void start_by_shrinking(std::int32_t c, const Room& room, std::int32_t device, const ShrinkPlan& plan,
+                          std::vector<Decision>& out);
+  ShrinkPlan shrink_plan;  // scratch
+  std::vector<std::int32_t> shrink_bins;  // scratch
+
   // ---- introspection.cc
   std::string explain(ActionId id) const;
   void check() const;
+  void check_running() const;
 };
 
 }  // namespace tangram
