@@ -41,8 +41,10 @@ DECISION_DTYPE = np.dtype(
     ]
 )
 
-START, RESTORE, EVICT, REJECT = 0, 1, 2, 3
-DECISION_KINDS = ("start", "restore", "evict", "reject")
+START, RESTORE, EVICT, REJECT, RESIZE = 0, 1, 2, 3, 4
+# RESIZE: a running action's new total grant of its elastic kind (policies whose `resize`
+# rule is "malleable", tangram's among them).
+DECISION_KINDS = ("start", "restore", "evict", "reject", "resize")
 
 
 def action_dtype(kinds: int) -> np.dtype:
