@@ -11,12 +11,12 @@ A policy is a row of independent rules (`PolicyRules`; `POLICY_RULES` holds the 
 built-in rows, taken from the core's one table of them). Passing `rules=` runs any row
 under any name:
 
-    policy       order     bins              spare        restore       service_devices
-    tangram      estimate  node              uncontended  queues_first  any
-    fifo         arrival   node              none         on_demand     any
-    optimus      arrival   node              every_bin    on_demand     any
-    trajectory   arrival   trajectory_slots  none         on_demand     home
-    isolated     arrival   task_pools        none         on_demand     home
+    policy       order     bins              spare        restore       service_devices  resize
+    tangram      estimate  node              uncontended  queues_first  any              malleable
+    fifo         arrival   node              none         on_demand     any              fixed
+    optimus      arrival   node              every_bin    on_demand     any              fixed
+    trajectory   arrival   trajectory_slots  none         on_demand     home             fixed
+    isolated     arrival   task_pools        none         on_demand     home             fixed
 
 Rules, in words:
 
@@ -85,6 +85,10 @@ Rules, in words:
      gpu_memory. A service action also needs gpu_memory free on its device.
   5. none, it needs GPU memory, it has bins and its partition is not held back: evict
      services for it by the greedy plan (below) and try it again from step 1.
+     Still none, resize "malleable", it has bins and its partition is not held back: a
+     shrink (below) on the first of its bins where one pays; then quota admission (step
+     6; refused: it waits, nothing shrunk), the RESIZE decisions, and its start there
+     (step 7 without best fit).
      Still none: if it has waited >= starvation_seconds, has no fixed slot and (while a
      node is offline) some bin of its on an online node could hold it by capacity, it is
      starving: with a scope node that node is held back from every later action in the
@@ -106,6 +110,34 @@ Rules, in words:
   at a time: each round to the one with the largest gain = t(g) - t(g + step) (first in
   start order on ties), among those where the bin's free room allows it, t(g) > 0,
   gain >= min_relative_gain * t(g) and gain > 0; until nobody qualifies.
+* Resize "malleable". A running action keeps `work_left` (1.0 at its start) and `since`
+  (its start, or its last grant change). Work left now, `w`: work_left if since == now;
+  else 0.0 unless t = seconds(a, grant) > 0; else max(0, work_left - float(now - since)
+  / 1e9 / t). Remaining time: w * t if t > 0 and w > 0, else 0.0. A grant change at now
+  sets work_left = w (at the old grant) and since = now, and gives a RESIZE decision
+  (action, node, elastic kind, the new grant, time now). An action is resized at most
+  once per pass, never in the pass that started it.
+  Shrink, for a head with no candidates: its bins in order (a fixed slot: online only;
+  else not bound, online, node not held back), and for a non-service action on a node
+  whose largest free GPU memory >= gpu_memory (a service action: gpu_memory free on its
+  device, or no shrink at all), where the units above their minimums of the elastic
+  actions running there ("back", per kind) are not all 0 and free + back covers the
+  demand on every kind. On such a bin: short[k] = max(0, demand - free); donors are the
+  running elastic actions there of a kind k with short[k] > 0, above their minimum, not
+  started or resized in this pass, each with its w. Repeatedly take step = min(1000,
+  grant - minimum) from the donor with the least loss = w * (seconds(g - step) -
+  seconds(g)) (g: its planned grant; NaN losses skipped; ties: lower id), reducing
+  short of its kind (not below 0), until nothing is short (no donor left: no shrink on
+  this bin). It pays when the summed loss < gain = the least remaining time of the
+  actions running on the bin. The first bin where it pays is used; the shrunk actions'
+  RESIZE decisions come in id order before the head's START.
+  Grow, in the spare units step: the candidates of a bin are also, after its starts,
+  the running actions (by id) on bins a complete or cancel freed room on in this event
+  (online nodes only; "uncontended" as for starts), elastic, below their max, not
+  started or resized in this pass, each with its w (1.0 for a start): the gain of a
+  unit is cut = w * (t(g) - t(g + step)), against remaining = w * t(g) (the spare
+  rule's test with these). After each bin, each running action that grew gets a
+  RESIZE decision.
 * Restore. Candidate devices (home only, under "home"): online, memory >= service +
   gpu_memory, on a node with a bin of the action's partition whose capacity covers the
   demand. Prefer a device with room now, minimising (no unbound bin of the node in the
