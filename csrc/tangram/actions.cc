@@ -257,7 +257,7 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
     if (need > slots.capacity()) slots.reserve(std::max(need, 2 * slots.capacity()));
     if (need > details.capacity()) details.reserve(slots.capacity());
     if (need > queue_pos.capacity()) queue_pos.reserve(slots.capacity());
-    if (malleable && need > running_pos.capacity()) running_pos.reserve(slots.capacity());
+    if (malleable && need > run_state.capacity()) run_state.reserve(slots.capacity());
   }
   // The aging term of the order key is the same for the whole batch.
   const std::int64_t aging_offset = static_cast<std::int64_t>((static_cast<__int128>(now) * aging_permille) / 1000);
@@ -285,7 +285,7 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
       slots.emplace_back();
       details.emplace_back();
       queue_pos.push_back(-1);
-      if (malleable) running_pos.push_back(-1);
+      if (malleable) run_state.emplace_back();
     }
     ActionRec& r = slots[slot];
     ActionDetail& detail = details[slot];

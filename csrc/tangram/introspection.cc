@@ -21,8 +21,9 @@ std::string Scheduler::Impl::explain(ActionId id) const {
     if (a.device != kNone) os << ", GPU " << dev_local[a.device];
     if (a.elastic_kind != kNone) {
       os << ", " << inv.kinds[a.elastic_kind] << " grant " << a.grant / 1000.0;
-      const ActionDetail& d = details[*slot];
-      if (d.resized_ns >= 0) os << " (from " << d.grant_before / 1000.0 << " at " << to_seconds(d.resized_ns) << " s)";
+      const RunState* r = malleable ? &run_state[*slot] : nullptr;
+      if (r != nullptr && r->resized_ns >= 0)
+        os << " (from " << r->grant_before / 1000.0 << " at " << to_seconds(r->resized_ns) << " s)";
     }
     return os.str();
   }
@@ -103,11 +104,12 @@ void Scheduler::Impl::check_running() const {
       const std::int32_t s = bin_running[b][i];
       const ActionRec& a = slots[s];
       if (a.state != ActionState::kRunning || a.bin != static_cast<std::int32_t>(b) ||
-          running_pos[s] != static_cast<std::int32_t>(i))
+          run_state[s].running_pos != static_cast<std::int32_t>(i))
         fail("running list of bin " + std::to_string(b) + " out of sync");
       if (a.elastic_kind != kNone) reclaim[b * K + a.elastic_kind] += a.grant - minimum(a);
-      const double work = details[s].work_left;
-      if (!(work >= 0 && work <= 1)) fail("work left outside [0, 1] for action " + std::to_string(a.id));
+      const double work = run_state[s].work_left;
+      if (run_state[s].resized_ns >= 0 && !(work >= 0 && work <= 1))
+        fail("work left outside [0, 1] for action " + std::to_string(a.id));
       ++listed;
     }
     Quantity sum = 0;

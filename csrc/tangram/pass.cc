@@ -25,9 +25,9 @@ namespace tangram {
 bool Scheduler::Impl::may_start_now(Class& cl) {
   if (any_mask || (cl.quota != kNone && quota_blocked[cl.quota])) return true;
   const std::int32_t node = cl.parked ? cl.park_node : scope_node(cl);
-  if (node != kNone) return fits_or_shrinks_on_node(cl, node);
-  if (cl.fit_pass != fit_epoch || fits_released_leaf(cl)) return true;
-  return malleable && could_shrink_into(cl);
+  if (may_reclaim(cl)) return fits_or_shrinks(cl, node);  // kept apart: the common path stays lean
+  if (node != kNone) return fits_some_bin(cl, node);
+  return cl.fit_pass == fit_epoch ? fits_released_leaf(cl) : true;
 }
 
 // Does a released leaf from the class's `fit_from` on still hold its head? The same test as
@@ -112,7 +112,7 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
       make_gpu_room(cl, room.lo, room.hi, room.fixed_leaf, device, out))
     return try_head(c, out);
   if (cand.empty()) {
-    if (malleable && plan_shrink(cl, room, device, shrink_plan)) {
+    if (may_reclaim(cl) && plan_shrink(cl, room, device, shrink_plan)) {
       if (cl.quota != kNone && !quota_admits(cl)) return Try::kWaits;
       start_by_shrinking(c, room, device, shrink_plan, out);
       return Try::kStarted;
@@ -203,7 +203,7 @@ Scheduler::Impl::Try Scheduler::Impl::no_room(Class& cl, const Room& room, std::
     any_mask = true;
     return Try::kBlocked;
   }
-  if (!any_mask && cl.service == kNone && cl.gpu_memory == 0 && !(malleable && could_shrink_into(cl)))
+  if (!any_mask && cl.service == kNone && cl.gpu_memory == 0 && !could_shrink_into(cl))
     return Try::kParked;
   return Try::kBlocked;
 }

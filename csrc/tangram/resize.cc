@@ -20,40 +20,13 @@ namespace tangram {
 
 void Scheduler::Impl::append_bin_resize_state() {
   bin_running.emplace_back();
+  bin_running.back().reserve(8);  // a node's actions, mostly: few regrowths as they come and go
   bin_started_pass.push_back(0);
   bin_started_from.push_back(0);
   bin_reclaim.insert(bin_reclaim.end(), static_cast<std::size_t>(K), 0);
   bin_reclaim_sum.push_back(0);
   reclaim_pos.push_back(-1);
   bin_freed.push_back(0);
-}
-
-void Scheduler::Impl::note_running(std::int32_t slot) {
-  const ActionRec& a = slots[slot];
-  std::vector<std::int32_t>& list = bin_running[a.bin];
-  if (bin_started_pass[a.bin] != pass_epoch) {
-    bin_started_pass[a.bin] = pass_epoch;
-    bin_started_from[a.bin] = static_cast<std::int32_t>(list.size());
-  }
-  running_pos[slot] = static_cast<std::int32_t>(list.size());
-  list.push_back(slot);
-  if (a.elastic_kind != kNone && a.grant > minimum(a)) add_reclaim(a.bin, a.elastic_kind, a.grant - minimum(a));
-}
-
-void Scheduler::Impl::forget_running(std::int32_t slot) {
-  const ActionRec& a = slots[slot];
-  std::vector<std::int32_t>& list = bin_running[a.bin];
-  const std::int32_t pos = running_pos[slot];
-  const std::int32_t last = list.back();
-  list[pos] = last;
-  running_pos[last] = pos;
-  list.pop_back();
-  running_pos[slot] = -1;
-  if (a.elastic_kind != kNone && a.grant > minimum(a)) add_reclaim(a.bin, a.elastic_kind, minimum(a) - a.grant);
-  if (!bin_freed[a.bin]) {
-    bin_freed[a.bin] = 1;
-    freed_bins.push_back(a.bin);
-  }
 }
 
 void Scheduler::Impl::add_reclaim(std::int32_t bin, std::int32_t kind, Quantity units) {
@@ -76,8 +49,9 @@ void Scheduler::Impl::add_reclaim(std::int32_t bin, std::int32_t kind, Quantity 
 // change, less the time since over its run time at that grant. An action whose model gives
 // no positive run time has none left.
 double Scheduler::Impl::work_now(std::int32_t slot) const {
-  const TimeNs since = grant_since(slot);
-  const double work = details[slot].work_left;
+  const RunState& run = run_state[slot];
+  const TimeNs since = run.resized_ns >= 0 ? run.resized_ns : slots[slot].start_ns;
+  const double work = run.resized_ns >= 0 ? run.work_left : 1.0;
   if (since >= now) return work;
   const double t = seconds(slot, slots[slot].grant);
   if (!(t > 0)) return 0.0;
@@ -96,11 +70,11 @@ double Scheduler::Impl::remaining_seconds(std::int32_t slot) const {
 
 void Scheduler::Impl::record_resize(std::int32_t slot, Quantity old_grant, double work, std::vector<Decision>& out) {
   const ActionRec& a = slots[slot];
-  ActionDetail& d = details[slot];
-  d.work_left = work;
-  d.resized_ns = now;
-  d.grant_before = old_grant;
-  d.resized_pass = pass_epoch;
+  RunState& run = run_state[slot];
+  run.work_left = work;
+  run.resized_ns = now;
+  run.grant_before = old_grant;
+  run.resized_pass = pass_epoch;
   Decision dec;
   dec.kind = DecisionKind::kResize;
   dec.action = a.id;
@@ -143,9 +117,8 @@ bool Scheduler::Impl::reclaim_fits_node(const Class& cl, std::int32_t node) cons
 // without a release: some bin it may use holds its demand in free room plus reclaimable
 // units. A class for which this holds is not parked (whether a shrink pays changes with
 // time); one for which it does not can only be helped by a release, which wakes it.
-bool Scheduler::Impl::could_shrink_into(const Class& cl) const {
+bool Scheduler::Impl::shrink_room_somewhere(const Class& cl) const {
   const std::vector<std::int32_t>& list = reclaim_bins[cl.partition];
-  if (list.empty()) return false;
   if (cl.service != kNone && services[cl.service].device == kNone) return false;
   std::int32_t lo = 0, hi = 0, fixed_leaf = kNone;
   if (!eligible_range(cl, lo, hi, fixed_leaf)) return false;
@@ -164,6 +137,13 @@ bool Scheduler::Impl::could_shrink_into(const Class& cl) const {
     if (leaf >= lo && leaf < hi && reclaim_covers(cl, b) && may_use_bin(cl, b)) return true;
   }
   return false;
+}
+
+// may_start_now's test when the class's partition has units a shrink could take back: some
+// bin it may use holds it, or would with those units (`node`: where it is confined, or kNone).
+bool Scheduler::Impl::fits_or_shrinks(Class& cl, std::int32_t node) {
+  if (node != kNone) return fits_some_bin(cl, node) || reclaim_fits_node(cl, node);
+  return cl.fit_pass != fit_epoch || fits_released_leaf(cl) || shrink_room_somewhere(cl);
 }
 
 // The first bin in leaf order, among those the head may use now (as placement would: not
@@ -226,7 +206,7 @@ bool Scheduler::Impl::plan_shrink_on(const Class& cl, std::int32_t bin, ShrinkPl
     if (gain < 0 || left < gain) gain = left;
     const ActionRec& a = slots[s];
     if (a.elastic_kind == kNone || short_by[a.elastic_kind] == 0 || a.grant <= minimum(a)) continue;
-    if (started_this_pass(s) || details[s].resized_pass == pass_epoch) continue;
+    if (started_this_pass(s) || resized_this_pass(s)) continue;
     donors.push_back(Donor{s, a.grant, work_now(s)});
   }
   double loss = 0;

@@ -106,18 +106,21 @@ struct alignas(64) ActionRec {
 };
 static_assert(sizeof(ActionRec) == 64, "an action's hot record is one cache line");
 
-// The rest of a live action's record: read at submit, for spare units, resizes and queries.
+// The rest of a live action's record: read at submit, for spare units and for queries.
 struct ActionDetail {
   ElasticityModel model;
   TimeNs est_ns = 0;
   OrderKey order{};  // with its submit time
-  // ResizeRule::kMalleable: the fraction of its work left at its last grant change (its
-  // start until one), when that was (-1: its start), the grant before it, and the pass
-  // that made it (an action resized in a pass is not resized again in that pass).
-  double work_left = 1.0;
-  TimeNs resized_ns = -1;
-  Quantity grant_before = 0;
-  std::uint64_t resized_pass = 0;
+};
+
+// A running action under ResizeRule::kMalleable, by slot, set at its start: its place in
+// its bin's list of running actions, and its last grant change, if any.
+struct RunState {
+  TimeNs resized_ns = -1;          // when its grant last changed; -1: not since its start
+  double work_left = 1.0;          // the share of its work left then (unused while -1)
+  Quantity grant_before = 0;       // its grant before that change
+  std::uint64_t resized_pass = 0;  // the pass that made it (no second change in that pass)
+  std::int32_t running_pos = -1;   // its position in its bin's running list
 };
 
 // A class with its head's order fields (24 bytes, cheap to sort and merge): the entries of
@@ -500,7 +503,17 @@ struct Scheduler::Impl {
     Quantity was;       // its grant before this pass's spare units
   };
   void grant_spare(std::vector<Decision>& out);
-  bool spare_allowed(std::int32_t bin) const;
+  // Whether spare units may go to actions on `bin` in this pass: under kUncontended only
+  // when nobody still waits for room that could use it (no class short of resources
+  // confined to its node, and none free to use any node of its partition).
+  bool spare_allowed(std::int32_t bin) const {
+    if (row.rules.spare != SpareRule::kUncontended) return true;
+    const std::int32_t node = bin_node[bin];
+    const std::int32_t part = bin_partition[bin];
+    return partition_contended[part] != pass_epoch && node_contended[node] != pass_epoch &&
+           !parked_waits_for_room(part, kNone) && !parked_waits_for_room(part, node);
+  }
+  std::vector<SpareMember> spare_running;  // scratch of grant_spare
   bool parked_waits_for_room(std::int32_t part, std::int32_t node) const;
   // A head that cannot fit, tried now in this pass: false when it would wait for its quota
   // (refused for an earlier head of this pass) rather than for room.
@@ -511,7 +524,7 @@ struct Scheduler::Impl {
   // ---- resize.cc: running grants under ResizeRule::kMalleable
   bool malleable = false;
   std::vector<std::vector<std::int32_t>> bin_running;  // per bin: its running actions (slots)
-  std::vector<std::int32_t> running_pos;  // per slot: its position in its bin's list
+  std::vector<RunState> run_state;  // by slot
   // Per bin: the list's length when this pass first started something there (entries from
   // there on started in this pass), valid while bin_started_pass is the pass.
   std::vector<std::uint64_t> bin_started_pass;
@@ -530,16 +543,43 @@ struct Scheduler::Impl {
   std::uint64_t fit_epoch = 0;
   static constexpr std::uint64_t kNoFitEpoch = UINT64_MAX;
   void append_bin_resize_state();
-  void note_running(std::int32_t slot);    // a start
-  void forget_running(std::int32_t slot);  // an end, before the slot is freed
   void add_reclaim(std::int32_t bin, std::int32_t kind, Quantity units);
-  TimeNs grant_since(std::int32_t slot) const {
-    const ActionDetail& d = details[slot];
-    return d.resized_ns >= 0 ? d.resized_ns : slots[slot].start_ns;
+  // A start (inline: on every start and end of a malleable row).
+  void note_running(std::int32_t slot) {
+    const ActionRec& a = slots[slot];
+    std::vector<std::int32_t>& list = bin_running[a.bin];
+    if (bin_started_pass[a.bin] != pass_epoch) {
+      bin_started_pass[a.bin] = pass_epoch;
+      bin_started_from[a.bin] = static_cast<std::int32_t>(list.size());
+    }
+    RunState& run = run_state[slot];
+    run.resized_ns = -1;
+    run.running_pos = static_cast<std::int32_t>(list.size());
+    list.push_back(slot);
+    if (a.elastic_kind != kNone && a.grant > minimum(a)) add_reclaim(a.bin, a.elastic_kind, a.grant - minimum(a));
+  }
+  // An end, before its slot is freed: the bin where room was freed is noted.
+  void forget_running(std::int32_t slot) {
+    const ActionRec& a = slots[slot];
+    std::vector<std::int32_t>& list = bin_running[a.bin];
+    const std::int32_t pos = run_state[slot].running_pos;
+    const std::int32_t last = list.back();
+    list[pos] = last;
+    run_state[last].running_pos = pos;
+    list.pop_back();
+    if (a.elastic_kind != kNone && a.grant > minimum(a)) add_reclaim(a.bin, a.elastic_kind, minimum(a) - a.grant);
+    if (!bin_freed[a.bin]) {
+      bin_freed[a.bin] = 1;
+      freed_bins.push_back(a.bin);
+    }
   }
   bool started_this_pass(std::int32_t slot) const {
     const std::int32_t bin = slots[slot].bin;
-    return bin_started_pass[bin] == pass_epoch && running_pos[slot] >= bin_started_from[bin];
+    return bin_started_pass[bin] == pass_epoch && run_state[slot].running_pos >= bin_started_from[bin];
+  }
+  bool resized_this_pass(std::int32_t slot) const {
+    const RunState& r = run_state[slot];
+    return r.resized_ns >= 0 && r.resized_pass == pass_epoch;
   }
   double work_now(std::int32_t slot) const;
   double remaining_seconds(std::int32_t slot) const;
@@ -549,9 +589,13 @@ struct Scheduler::Impl {
   bool may_use_bin(const Class& cl, std::int32_t bin) const;
   bool reclaim_covers(const Class& cl, std::int32_t bin) const;
   bool reclaim_fits_node(const Class& cl, std::int32_t node) const;
-  bool could_shrink_into(const Class& cl) const;
+  // Nothing to take back in the class's partition (the common case): one test, inline.
+  bool may_reclaim(const Class& cl) const { return malleable && !reclaim_bins[cl.partition].empty(); }
+  bool could_shrink_into(const Class& cl) const { return may_reclaim(cl) && shrink_room_somewhere(cl); }
+  bool shrink_room_somewhere(const Class& cl) const;
+  bool fits_or_shrinks(Class& cl, std::int32_t node);  // may_start_now with units to take back
   bool fits_or_shrinks_on_node(const Class& cl, std::int32_t node) const {
-    return fits_some_bin(cl, node) || (malleable && reclaim_fits_node(cl, node));
+    return fits_some_bin(cl, node) || (may_reclaim(cl) && reclaim_fits_node(cl, node));
   }
   struct ShrinkPlan {
     std::int32_t leaf = kNone;

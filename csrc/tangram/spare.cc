@@ -37,17 +37,6 @@ bool Scheduler::Impl::parked_waits_for_room(std::int32_t part, std::int32_t node
   return false;
 }
 
-// Whether spare units may go to actions on `bin` in this pass: under SpareRule::kUncontended
-// only when nobody still waits for room that could use it (no class short of resources
-// confined to its node, and none free to use any node of its partition).
-bool Scheduler::Impl::spare_allowed(std::int32_t bin) const {
-  if (row.rules.spare != SpareRule::kUncontended) return true;
-  const std::int32_t node = bin_node[bin];
-  const std::int32_t part = bin_partition[bin];
-  return partition_contended[part] != pass_epoch && node_contended[node] != pass_epoch &&
-         !parked_waits_for_room(part, kNone) && !parked_waits_for_room(part, node);
-}
-
 // Spare elastic units go, one unit at a time, to the action with the largest marginal cut
 // in run time: under SpareRule::kUncontended only on bins nobody waits for, under kEveryBin
 // on every bin. The candidates are the actions started in this pass and, under
@@ -66,11 +55,12 @@ void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
   }
   for (std::int32_t bin : freed_bins) {
     if (!node_online[bin_node[bin]] || !spare_allowed(bin)) continue;
-    std::vector<SpareMember> running;
+    std::vector<SpareMember>& running = spare_running;
+    running.clear();
     for (std::int32_t s : bin_running[bin]) {
       const ActionRec& a = slots[s];
       if (a.elastic_kind == kNone || a.grant >= a.elastic_max || started_this_pass(s) ||
-          details[s].resized_pass == pass_epoch)
+          resized_this_pass(s))
         continue;
       running.push_back(SpareMember{s, SIZE_MAX, work_now(s), a.grant});
     }
