@@ -113,7 +113,8 @@ Rules, in words:
 * Resize "malleable". A running action keeps `work_left` (1.0 at its start) and `since`
   (its start, or its last grant change). Work left now, `w`: work_left if since == now;
   else 0.0 unless t = seconds(a, grant) > 0; else max(0, work_left - float(now - since)
-  / 1e9 / t). Remaining time: w * t if t > 0 and w > 0, else 0.0. A grant change at now
+  / 1e9 / t). Estimated finish (seconds): since / 1e9 + work_left * t if t > 0 and
+  work_left > 0, else since / 1e9. A grant change at now
   sets work_left = w (at the old grant) and since = now, and gives a RESIZE decision
   (action, node, elastic kind, the new grant, time now). An action is resized at most
   once per pass, never in the pass that started it.
@@ -128,8 +129,8 @@ Rules, in words:
   grant - minimum) from the donor with the least loss = w * (seconds(g - step) -
   seconds(g)) (g: its planned grant; NaN losses skipped; ties: lower id), reducing
   short of its kind (not below 0), until nothing is short (no donor left: no shrink on
-  this bin). It pays when the summed loss < gain = the least remaining time of the
-  actions running on the bin. The first bin where it pays is used; the shrunk actions'
+  this bin). It pays when the summed loss < gain = max(0, the earliest estimated finish
+  of the actions running on the bin - now / 1e9). The first bin where it pays is used; the shrunk actions'
   RESIZE decisions come in id order before the head's START.
   Grow, in the spare units step: the candidates of a bin are also, after its starts,
   the running actions (by id) on bins a complete or cancel freed room on in this event
@@ -1224,11 +1225,12 @@ class ReferenceScheduler:
         left = a.work_left - float(self.now_ns - a.since) / 1e9 / t
         return left if left > 0 else 0.0
 
-    def _remaining(self, a: _Action) -> float:
-        """Its estimated time to finish from now at its grant (0 without a positive run time)."""
+    def _estimated_finish(self, a: _Action) -> float:
+        """When it should finish at its grant, in seconds: since + work_left x its run time
+        (since alone without a positive run time or work)."""
+        since = a.since / 1e9
         t = self._seconds(a, a.grant)
-        work = self._work_now(a)
-        return work * t if t > 0 and work > 0 else 0.0
+        return since + a.work_left * t if t > 0 and a.work_left > 0 else since
 
     def _resized(self, a: _Action, work: float, p: _Pass, out: list) -> None:
         """a's grant changed now (`work`: its share of work left now, at the old grant)."""
@@ -1271,10 +1273,12 @@ class ReferenceScheduler:
         loss = work left now x (t(g - step) - t(g)), ties by id; it pays when the total loss
         is less than the gain, the earliest estimated finish among the actions there."""
         short = [max(0, a.demand[k] - bin_.free[k]) for k in range(self.K)]
-        gain = min(self._remaining(x) for x in running)
         donors = [[x, x.grant, self._work_now(x)] for x in running
                   if x.elastic_kind >= 0 and short[x.elastic_kind] > 0 and x.grant > x.minimum
                   and x.id not in started and x.id not in p.resized]
+        if not donors:
+            return None
+        gain = max(0.0, min(self._estimated_finish(x) for x in running) - self.now_ns / 1e9)
         loss = 0.0
         while any(s > 0 for s in short):
             best, best_loss = None, 0.0

@@ -14,9 +14,14 @@
 #include "tangram/scheduler_impl.h"
 
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 namespace tangram {
+
+namespace {
+constexpr double kNoFinish = std::numeric_limits<double>::infinity();  // no running action
+}  // namespace
 
 void Scheduler::Impl::append_bin_resize_state() {
   bin_running.emplace_back();
@@ -27,9 +32,12 @@ void Scheduler::Impl::append_bin_resize_state() {
   bin_reclaim_sum.push_back(0);
   reclaim_pos.push_back(-1);
   bin_freed.push_back(0);
+  bin_finish_min.push_back(0);
+  bin_finish_ok.push_back(0);
 }
 
 void Scheduler::Impl::add_reclaim(std::int32_t bin, std::int32_t kind, Quantity units) {
+  if (units > 0) reclaim_bound_pass[bin_partition[bin]] = 0;  // the bound may have grown
   bin_reclaim[static_cast<std::size_t>(bin) * K + kind] += units;
   const Quantity sum = bin_reclaim_sum[bin] += units;
   std::vector<std::int32_t>& list = reclaim_bins[bin_partition[bin]];
@@ -59,17 +67,34 @@ double Scheduler::Impl::work_now(std::int32_t slot) const {
   return left > 0 ? left : 0.0;
 }
 
-// Its estimated time to finish from now at its current grant (0 when its model gives no
-// positive run time).
-double Scheduler::Impl::remaining_seconds(std::int32_t slot) const {
+// When it should finish at its current grant, in seconds: its last grant change (or start)
+// plus its work left then x its run time (that alone when the model gives no positive run
+// time).
+double Scheduler::Impl::estimated_finish(std::int32_t slot) const {
+  const RunState& run = run_state[slot];
+  const double since = to_seconds(run.resized_ns >= 0 ? run.resized_ns : slots[slot].start_ns);
+  const double work = run.resized_ns >= 0 ? run.work_left : 1.0;
   const double t = seconds(slot, slots[slot].grant);
-  const double work = work_now(slot);
-  if (!(t > 0) || !(work > 0)) return 0.0;
-  return work * t;
+  if (!(t > 0) || !(work > 0)) return since;
+  return since + work * t;
+}
+
+// A head's gain from starting on `bin` now rather than waiting there: until the earliest
+// estimated finish among the actions running there (0 once one is due).
+double Scheduler::Impl::gain_on(std::int32_t bin) {
+  if (!bin_finish_ok[bin]) {
+    double earliest = kNoFinish;
+    for (std::int32_t s : bin_running[bin]) earliest = std::min(earliest, estimated_finish(s));
+    bin_finish_min[bin] = earliest;
+    bin_finish_ok[bin] = 1;
+  }
+  const double gain = bin_finish_min[bin] - to_seconds(now);
+  return gain > 0 ? gain : 0.0;
 }
 
 void Scheduler::Impl::record_resize(std::int32_t slot, Quantity old_grant, double work, std::vector<Decision>& out) {
   const ActionRec& a = slots[slot];
+  bin_finish_ok[a.bin] = 0;
   RunState& run = run_state[slot];
   run.work_left = work;
   run.resized_ns = now;
@@ -117,8 +142,9 @@ bool Scheduler::Impl::reclaim_fits_node(const Class& cl, std::int32_t node) cons
 // without a release: some bin it may use holds its demand in free room plus reclaimable
 // units. A class for which this holds is not parked (whether a shrink pays changes with
 // time); one for which it does not can only be helped by a release, which wakes it.
-bool Scheduler::Impl::shrink_room_somewhere(const Class& cl) const {
+bool Scheduler::Impl::shrink_room_somewhere(const Class& cl) {
   const std::vector<std::int32_t>& list = reclaim_bins[cl.partition];
+  if (!reclaim_bound_covers(cl)) return false;
   if (cl.service != kNone && services[cl.service].device == kNone) return false;
   std::int32_t lo = 0, hi = 0, fixed_leaf = kNone;
   if (!eligible_range(cl, lo, hi, fixed_leaf)) return false;
@@ -139,6 +165,23 @@ bool Scheduler::Impl::shrink_room_somewhere(const Class& cl) const {
   return false;
 }
 
+bool Scheduler::Impl::reclaim_bound_covers(const Class& cl) {
+  const std::int32_t p = cl.partition;
+  Quantity* bound = &reclaim_bound[static_cast<std::size_t>(p) * K];
+  if (reclaim_bound_pass[p] != pass_epoch) {
+    std::fill(bound, bound + K, 0);
+    for (std::int32_t b : reclaim_bins[p]) {
+      const Quantity* f = free_of(b);
+      const Quantity* back = &bin_reclaim[static_cast<std::size_t>(b) * K];
+      for (std::int32_t k = 0; k < K; ++k) bound[k] = std::max(bound[k], f[k] + back[k]);
+    }
+    reclaim_bound_pass[p] = pass_epoch;
+  }
+  for (std::int32_t k = 0; k < K; ++k)
+    if (cl.demand[k] > bound[k]) return false;
+  return true;
+}
+
 // may_start_now's test when the class's partition has units a shrink could take back: some
 // bin it may use holds it, or would with those units (`node`: where it is confined, or kNone).
 bool Scheduler::Impl::fits_or_shrinks(Class& cl, std::int32_t node) {
@@ -151,7 +194,7 @@ bool Scheduler::Impl::fits_or_shrinks(Class& cl, std::int32_t node) {
 // lets the head start and pays. False when there is none.
 bool Scheduler::Impl::plan_shrink(const Class& cl, const Room& room, std::int32_t device, ShrinkPlan& plan) {
   const std::vector<std::int32_t>& list = reclaim_bins[cl.partition];
-  if (list.empty() || !room.has_range || room.masked) return false;
+  if (list.empty() || !room.has_range || room.masked || !reclaim_bound_covers(cl)) return false;
   if (device != kNone && dev_free[device] < cl.gpu_memory) return false;
   const Partition& part = partitions[cl.partition];
   shrink_bins.clear();
@@ -192,23 +235,19 @@ bool Scheduler::Impl::plan_shrink(const Class& cl, const Room& room, std::int32_
 // estimated finish among the actions running there.
 bool Scheduler::Impl::plan_shrink_on(const Class& cl, std::int32_t bin, ShrinkPlan& plan) {
   const Quantity* f = free_of(bin);
-  std::vector<Quantity> short_by(static_cast<std::size_t>(K), 0);
+  std::vector<Quantity>& short_by = shrink_short_by;
+  short_by.assign(static_cast<std::size_t>(K), 0);
   for (std::int32_t k = 0; k < K; ++k) short_by[k] = std::max<Quantity>(0, cl.demand[k] - f[k]);
-  struct Donor {
-    std::int32_t slot;
-    Quantity grant;  // as planned
-    double work;
-  };
-  std::vector<Donor> donors;
-  double gain = -1;
+  std::vector<Donor>& donors = shrink_donors;
+  donors.clear();
   for (std::int32_t s : bin_running[bin]) {
-    const double left = remaining_seconds(s);
-    if (gain < 0 || left < gain) gain = left;
     const ActionRec& a = slots[s];
     if (a.elastic_kind == kNone || short_by[a.elastic_kind] == 0 || a.grant <= minimum(a)) continue;
     if (started_this_pass(s) || resized_this_pass(s)) continue;
     donors.push_back(Donor{s, a.grant, work_now(s)});
   }
+  if (donors.empty()) return false;
+  const double gain = gain_on(bin);
   double loss = 0;
   for (;;) {
     bool short_any = false;

@@ -556,6 +556,7 @@ struct Scheduler::Impl {
     run.resized_ns = -1;
     run.running_pos = static_cast<std::int32_t>(list.size());
     list.push_back(slot);
+    bin_finish_ok[a.bin] = 0;
     if (a.elastic_kind != kNone && a.grant > minimum(a)) add_reclaim(a.bin, a.elastic_kind, a.grant - minimum(a));
   }
   // An end, before its slot is freed: the bin where room was freed is noted.
@@ -567,6 +568,7 @@ struct Scheduler::Impl {
     list[pos] = last;
     run_state[last].running_pos = pos;
     list.pop_back();
+    bin_finish_ok[a.bin] = 0;
     if (a.elastic_kind != kNone && a.grant > minimum(a)) add_reclaim(a.bin, a.elastic_kind, minimum(a) - a.grant);
     if (!bin_freed[a.bin]) {
       bin_freed[a.bin] = 1;
@@ -582,7 +584,12 @@ struct Scheduler::Impl {
     return r.resized_ns >= 0 && r.resized_pass == pass_epoch;
   }
   double work_now(std::int32_t slot) const;
-  double remaining_seconds(std::int32_t slot) const;
+  double estimated_finish(std::int32_t slot) const;  // seconds on the caller's clock
+  double gain_on(std::int32_t bin);  // the wait a head avoids by starting on `bin` now
+  // Per bin: the earliest estimated finish of its running actions, valid while bin_finish_ok
+  // (cleared whenever its running actions or their grants change).
+  std::vector<double> bin_finish_min;
+  std::vector<std::uint8_t> bin_finish_ok;
   // After a running action's grant changed in this pass (from `old_grant`; `work`: its
   // work left now at that grant): its remaining work from now, and its kResize decision.
   void record_resize(std::int32_t slot, Quantity old_grant, double work, std::vector<Decision>& out);
@@ -591,8 +598,14 @@ struct Scheduler::Impl {
   bool reclaim_fits_node(const Class& cl, std::int32_t node) const;
   // Nothing to take back in the class's partition (the common case): one test, inline.
   bool may_reclaim(const Class& cl) const { return malleable && !reclaim_bins[cl.partition].empty(); }
-  bool could_shrink_into(const Class& cl) const { return may_reclaim(cl) && shrink_room_somewhere(cl); }
-  bool shrink_room_somewhere(const Class& cl) const;
+  bool could_shrink_into(const Class& cl) { return may_reclaim(cl) && shrink_room_somewhere(cl); }
+  bool shrink_room_somewhere(const Class& cl);
+  // Per partition and kind, the most free room plus reclaimable units on one of its bins
+  // with any, as of the pass it was taken in (reclaim_bound_pass): room only shrinks in a
+  // pass, so a class asking more of some kind fits none of them. Reset when units are added.
+  std::vector<Quantity> reclaim_bound;
+  std::vector<std::uint64_t> reclaim_bound_pass;
+  bool reclaim_bound_covers(const Class& cl);
   bool fits_or_shrinks(Class& cl, std::int32_t node);  // may_start_now with units to take back
   bool fits_or_shrinks_on_node(const Class& cl, std::int32_t node) const {
     return fits_some_bin(cl, node) || (may_reclaim(cl) && reclaim_fits_node(cl, node));
@@ -608,6 +621,13 @@ struct Scheduler::Impl {
                           std::vector<Decision>& out);
   ShrinkPlan shrink_plan;  // scratch
   std::vector<std::int32_t> shrink_bins;  // scratch
+  struct Donor {
+    std::int32_t slot;
+    Quantity grant;  // as planned
+    double work;     // its work left now
+  };
+  std::vector<Donor> shrink_donors;       // scratch of plan_shrink_on
+  std::vector<Quantity> shrink_short_by;  // scratch of plan_shrink_on
 
   // ---- introspection.cc
   std::string explain(ActionId id) const;

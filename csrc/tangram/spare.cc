@@ -104,6 +104,7 @@ void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
       const ActionRec& a = slots[m.slot];
       if (a.grant == m.was) continue;
       add_reclaim(bin, a.elastic_kind, a.grant - m.was);
+      bin_finish_ok[bin] = 0;
       if (m.decision == SIZE_MAX) record_resize(m.slot, m.was, m.work, out);
     }
   }
