@@ -100,8 +100,9 @@ void Scheduler::Impl::check_running() const {
   std::vector<Quantity> reclaim(B * K, 0);
   std::size_t listed = 0;
   for (std::size_t b = 0; b < B; ++b) {
-    for (std::size_t i = 0; i < bin_running[b].size(); ++i) {
-      const std::int32_t s = bin_running[b][i];
+    const BinRun& run = bin_run[b];
+    for (std::size_t i = 0; i < run.running.size(); ++i) {
+      const std::int32_t s = run.running[i];
       const ActionRec& a = slots[s];
       if (a.state != ActionState::kRunning || a.bin != static_cast<std::int32_t>(b) ||
           run_state[s].running_pos != static_cast<std::int32_t>(i))
@@ -117,8 +118,8 @@ void Scheduler::Impl::check_running() const {
       if (reclaim[b * K + k] != bin_reclaim[b * K + k]) fail("reclaimable units of bin " + std::to_string(b));
       sum += reclaim[b * K + k];
     }
-    if (sum != bin_reclaim_sum[b]) fail("reclaimable sum of bin " + std::to_string(b));
-    const std::int32_t pos = reclaim_pos[b];
+    if (sum != run.reclaim_sum) fail("reclaimable sum of bin " + std::to_string(b));
+    const std::int32_t pos = run.reclaim_pos;
     const std::vector<std::int32_t>& list = reclaim_bins[bin_partition[b]];
     if ((sum > 0) != (pos >= 0) || (pos >= 0 && (pos >= static_cast<std::int32_t>(list.size()) || list[pos] != static_cast<std::int32_t>(b))))
       fail("reclaim list of bin " + std::to_string(b));
@@ -126,7 +127,7 @@ void Scheduler::Impl::check_running() const {
   std::size_t in_lists = 0;
   for (const std::vector<std::int32_t>& list : reclaim_bins) in_lists += list.size();
   std::size_t with_units = 0;
-  for (std::size_t b = 0; b < B; ++b) with_units += bin_reclaim_sum[b] > 0 ? 1 : 0;
+  for (std::size_t b = 0; b < B; ++b) with_units += bin_run[b].reclaim_sum > 0 ? 1 : 0;
   if (listed != n_running || in_lists != with_units) fail("running or reclaim lists out of sync");
 }
 

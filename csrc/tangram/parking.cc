@@ -128,7 +128,7 @@ void Scheduler::Impl::flush_releases() {
     shrink_bins.clear();
     if (malleable && !reclaim_bins[p].empty())
       for (std::int32_t leaf : leaves)
-        if (bin_reclaim_sum[part.bins[leaf]] > 0) shrink_bins.push_back(part.bins[leaf]);
+        if (bin_run[part.bins[leaf]].reclaim_sum > 0) shrink_bins.push_back(part.bins[leaf]);
     // The list in policy order: the few parked since the last flush sorted, then merged.
     std::sort(part.parked_new.begin(), part.parked_new.end());
     heads_scratch.clear();

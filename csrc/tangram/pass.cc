@@ -468,7 +468,7 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
   // Spare units for this pass's starts, and (kMalleable) for the running actions on bins a
   // completion freed room on since the last pass.
   if (row.rules.spare != SpareRule::kNone && (!started.empty() || !freed_bins.empty())) grant_spare(out);
-  for (std::int32_t b : freed_bins) bin_freed[b] = 0;
+  for (std::int32_t b : freed_bins) bin_run[b].freed = false;
   freed_bins.clear();
   for (std::size_t q = 0; q < quotas.size(); ++q)
     if (quota_blocked[q] && quotas[q].last_until != kNever) wakeup = std::min(wakeup, quotas[q].last_until);

@@ -24,32 +24,26 @@ constexpr double kNoFinish = std::numeric_limits<double>::infinity();  // no run
 }  // namespace
 
 void Scheduler::Impl::append_bin_resize_state() {
-  bin_running.emplace_back();
-  bin_running.back().reserve(8);  // a node's actions, mostly: few regrowths as they come and go
-  bin_started_pass.push_back(0);
-  bin_started_from.push_back(0);
+  bin_run.emplace_back();
+  bin_run.back().running.reserve(8);  // a node's actions, mostly: few regrowths as they come and go
   bin_reclaim.insert(bin_reclaim.end(), static_cast<std::size_t>(K), 0);
-  bin_reclaim_sum.push_back(0);
-  reclaim_pos.push_back(-1);
-  bin_freed.push_back(0);
-  bin_finish_min.push_back(0);
-  bin_finish_ok.push_back(0);
 }
 
 void Scheduler::Impl::add_reclaim(std::int32_t bin, std::int32_t kind, Quantity units) {
   if (units > 0) reclaim_bound_pass[bin_partition[bin]] = 0;  // the bound may have grown
   bin_reclaim[static_cast<std::size_t>(bin) * K + kind] += units;
-  const Quantity sum = bin_reclaim_sum[bin] += units;
+  BinRun& run = bin_run[bin];
+  const Quantity sum = run.reclaim_sum += units;
   std::vector<std::int32_t>& list = reclaim_bins[bin_partition[bin]];
-  if (sum > 0 && reclaim_pos[bin] < 0) {
-    reclaim_pos[bin] = static_cast<std::int32_t>(list.size());
+  if (sum > 0 && run.reclaim_pos < 0) {
+    run.reclaim_pos = static_cast<std::int32_t>(list.size());
     list.push_back(bin);
-  } else if (sum == 0 && reclaim_pos[bin] >= 0) {
+  } else if (sum == 0 && run.reclaim_pos >= 0) {
     const std::int32_t last = list.back();
-    list[reclaim_pos[bin]] = last;
-    reclaim_pos[last] = reclaim_pos[bin];
+    list[run.reclaim_pos] = last;
+    bin_run[last].reclaim_pos = run.reclaim_pos;
     list.pop_back();
-    reclaim_pos[bin] = -1;
+    run.reclaim_pos = -1;
   }
 }
 
@@ -82,24 +76,25 @@ double Scheduler::Impl::estimated_finish(std::int32_t slot) const {
 // A head's gain from starting on `bin` now rather than waiting there: until the earliest
 // estimated finish among the actions running there (0 once one is due).
 double Scheduler::Impl::gain_on(std::int32_t bin) {
-  if (!bin_finish_ok[bin]) {
+  BinRun& run = bin_run[bin];
+  if (!run.finish_ok) {
     double earliest = kNoFinish;
-    for (std::int32_t s : bin_running[bin]) earliest = std::min(earliest, estimated_finish(s));
-    bin_finish_min[bin] = earliest;
-    bin_finish_ok[bin] = 1;
+    for (std::int32_t s : run.running) earliest = std::min(earliest, estimated_finish(s));
+    run.finish_min = earliest;
+    run.finish_ok = true;
   }
-  const double gain = bin_finish_min[bin] - to_seconds(now);
+  const double gain = run.finish_min - to_seconds(now);
   return gain > 0 ? gain : 0.0;
 }
 
 void Scheduler::Impl::record_resize(std::int32_t slot, Quantity old_grant, double work, std::vector<Decision>& out) {
   const ActionRec& a = slots[slot];
-  bin_finish_ok[a.bin] = 0;
+  bin_run[a.bin].finish_ok = false;
   RunState& run = run_state[slot];
   run.work_left = work;
   run.resized_ns = now;
   run.grant_before = old_grant;
-  run.resized_pass = pass_epoch;
+  run.resized_pass = static_cast<std::uint32_t>(pass_epoch);
   Decision dec;
   dec.kind = DecisionKind::kResize;
   dec.action = a.id;
@@ -121,7 +116,7 @@ bool Scheduler::Impl::may_use_bin(const Class& cl, std::int32_t bin) const {
 
 // Free room plus what a shrink could take back there covers the class's demand.
 bool Scheduler::Impl::reclaim_covers(const Class& cl, std::int32_t bin) const {
-  if (bin_reclaim_sum[bin] == 0) return false;
+  if (bin_run[bin].reclaim_sum == 0) return false;
   const Quantity* f = free_of(bin);
   const Quantity* back = &bin_reclaim[static_cast<std::size_t>(bin) * K];
   for (std::int32_t k = 0; k < K; ++k)
@@ -240,7 +235,7 @@ bool Scheduler::Impl::plan_shrink_on(const Class& cl, std::int32_t bin, ShrinkPl
   for (std::int32_t k = 0; k < K; ++k) short_by[k] = std::max<Quantity>(0, cl.demand[k] - f[k]);
   std::vector<Donor>& donors = shrink_donors;
   donors.clear();
-  for (std::int32_t s : bin_running[bin]) {
+  for (std::int32_t s : bin_run[bin].running) {
     const ActionRec& a = slots[s];
     if (a.elastic_kind == kNone || short_by[a.elastic_kind] == 0 || a.grant <= minimum(a)) continue;
     if (started_this_pass(s) || resized_this_pass(s)) continue;

@@ -114,13 +114,27 @@ struct ActionDetail {
 };
 
 // A running action under ResizeRule::kMalleable, by slot, set at its start: its place in
-// its bin's list of running actions, and its last grant change, if any.
-struct RunState {
+// its bin's list of running actions, and its last grant change, if any. Half a cache line.
+struct alignas(32) RunState {
   TimeNs resized_ns = -1;          // when its grant last changed; -1: not since its start
   double work_left = 1.0;          // the share of its work left then (unused while -1)
   Quantity grant_before = 0;       // its grant before that change
-  std::uint64_t resized_pass = 0;  // the pass that made it (no second change in that pass)
+  std::uint32_t resized_pass = 0;  // the pass that made it, low bits (with resized_ns: the pass)
   std::int32_t running_pos = -1;   // its position in its bin's running list
+};
+static_assert(sizeof(RunState) == 32, "a running action's resize state is half a cache line");
+
+// A bin's running actions under ResizeRule::kMalleable, in one cache line: a start or an
+// end touches this and the action's RunState.
+struct alignas(64) BinRun {
+  std::vector<std::int32_t> running;  // its running actions (slots)
+  std::uint64_t started_pass = 0;     // the last pass that started something here
+  std::int32_t started_from = 0;      // entries from here on started in that pass
+  std::int32_t reclaim_pos = -1;      // its position in its partition's reclaim_bins, or -1
+  Quantity reclaim_sum = 0;           // its reclaimable units over all kinds
+  double finish_min = 0;              // earliest estimated finish there, while finish_ok
+  bool finish_ok = false;             // cleared whenever its running actions or grants change
+  bool freed = false;                 // listed in freed_bins
 };
 
 // A class with its head's order fields (24 bytes, cheap to sort and merge): the entries of
@@ -523,20 +537,13 @@ struct Scheduler::Impl {
 
   // ---- resize.cc: running grants under ResizeRule::kMalleable
   bool malleable = false;
-  std::vector<std::vector<std::int32_t>> bin_running;  // per bin: its running actions (slots)
+  std::vector<BinRun> bin_run;      // by bin
   std::vector<RunState> run_state;  // by slot
-  // Per bin: the list's length when this pass first started something there (entries from
-  // there on started in this pass), valid while bin_started_pass is the pass.
-  std::vector<std::uint64_t> bin_started_pass;
-  std::vector<std::int32_t> bin_started_from;
-  std::vector<Quantity> bin_reclaim;      // per bin and kind (K a bin): units above minimum
-  std::vector<Quantity> bin_reclaim_sum;  // per bin: over its kinds
+  std::vector<Quantity> bin_reclaim;  // per bin and kind (K a bin): units above minimum
   std::vector<std::vector<std::int32_t>> reclaim_bins;  // per partition: bins with a reclaim sum > 0
-  std::vector<std::int32_t> reclaim_pos;  // per bin: its position there, or -1
   // Bins where a complete or cancel freed room since the last pass: their running actions
   // are candidates for spare units.
   std::vector<std::int32_t> freed_bins;
-  std::vector<std::uint8_t> bin_freed;
   // Class::fit_pass marks a pending wake whose only possible bins are released leaves only
   // while it equals this (set at each pass). A shrink that leaves a bin with more free room
   // than before moves it off for the rest of the pass, so such classes search everywhere.
@@ -547,49 +554,47 @@ struct Scheduler::Impl {
   // A start (inline: on every start and end of a malleable row).
   void note_running(std::int32_t slot) {
     const ActionRec& a = slots[slot];
-    std::vector<std::int32_t>& list = bin_running[a.bin];
-    if (bin_started_pass[a.bin] != pass_epoch) {
-      bin_started_pass[a.bin] = pass_epoch;
-      bin_started_from[a.bin] = static_cast<std::int32_t>(list.size());
+    BinRun& bin = bin_run[a.bin];
+    if (bin.started_pass != pass_epoch) {
+      bin.started_pass = pass_epoch;
+      bin.started_from = static_cast<std::int32_t>(bin.running.size());
     }
     RunState& run = run_state[slot];
     run.resized_ns = -1;
-    run.running_pos = static_cast<std::int32_t>(list.size());
-    list.push_back(slot);
-    bin_finish_ok[a.bin] = 0;
+    run.running_pos = static_cast<std::int32_t>(bin.running.size());
+    bin.running.push_back(slot);
+    bin.finish_ok = false;
     if (a.elastic_kind != kNone && a.grant > minimum(a)) add_reclaim(a.bin, a.elastic_kind, a.grant - minimum(a));
   }
   // An end, before its slot is freed: the bin where room was freed is noted.
   void forget_running(std::int32_t slot) {
     const ActionRec& a = slots[slot];
-    std::vector<std::int32_t>& list = bin_running[a.bin];
+    BinRun& bin = bin_run[a.bin];
     const std::int32_t pos = run_state[slot].running_pos;
-    const std::int32_t last = list.back();
-    list[pos] = last;
+    const std::int32_t last = bin.running.back();
+    bin.running[pos] = last;
     run_state[last].running_pos = pos;
-    list.pop_back();
-    bin_finish_ok[a.bin] = 0;
+    bin.running.pop_back();
+    bin.finish_ok = false;
     if (a.elastic_kind != kNone && a.grant > minimum(a)) add_reclaim(a.bin, a.elastic_kind, minimum(a) - a.grant);
-    if (!bin_freed[a.bin]) {
-      bin_freed[a.bin] = 1;
+    if (!bin.freed) {
+      bin.freed = true;
       freed_bins.push_back(a.bin);
     }
   }
   bool started_this_pass(std::int32_t slot) const {
-    const std::int32_t bin = slots[slot].bin;
-    return bin_started_pass[bin] == pass_epoch && run_state[slot].running_pos >= bin_started_from[bin];
+    const BinRun& bin = bin_run[slots[slot].bin];
+    return bin.started_pass == pass_epoch && run_state[slot].running_pos >= bin.started_from;
   }
+  // A resize is at `now`, so the pass's low bits and its time name the pass (it would take
+  // 2^32 passes at one instant to mistake another).
   bool resized_this_pass(std::int32_t slot) const {
     const RunState& r = run_state[slot];
-    return r.resized_ns >= 0 && r.resized_pass == pass_epoch;
+    return r.resized_ns == now && r.resized_pass == static_cast<std::uint32_t>(pass_epoch);
   }
   double work_now(std::int32_t slot) const;
   double estimated_finish(std::int32_t slot) const;  // seconds on the caller's clock
   double gain_on(std::int32_t bin);  // the wait a head avoids by starting on `bin` now
-  // Per bin: the earliest estimated finish of its running actions, valid while bin_finish_ok
-  // (cleared whenever its running actions or their grants change).
-  std::vector<double> bin_finish_min;
-  std::vector<std::uint8_t> bin_finish_ok;
   // After a running action's grant changed in this pass (from `old_grant`; `work`: its
   // work left now at that grant): its remaining work from now, and its kResize decision.
   void record_resize(std::int32_t slot, Quantity old_grant, double work, std::vector<Decision>& out);

@@ -57,7 +57,7 @@ void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
     if (!node_online[bin_node[bin]] || !spare_allowed(bin)) continue;
     std::vector<SpareMember>& running = spare_running;
     running.clear();
-    for (std::int32_t s : bin_running[bin]) {
+    for (std::int32_t s : bin_run[bin].running) {
       const ActionRec& a = slots[s];
       if (a.elastic_kind == kNone || a.grant >= a.elastic_max || started_this_pass(s) ||
           resized_this_pass(s))
@@ -104,7 +104,7 @@ void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
       const ActionRec& a = slots[m.slot];
       if (a.grant == m.was) continue;
       add_reclaim(bin, a.elastic_kind, a.grant - m.was);
-      bin_finish_ok[bin] = 0;
+      bin_run[bin].finish_ok = false;
       if (m.decision == SIZE_MAX) record_resize(m.slot, m.was, m.work, out);
     }
   }
