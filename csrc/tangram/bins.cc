@@ -1,7 +1,8 @@
 // Construction, bins and node membership.
 //
 // Reads: the inventory and the policy's row (BinLayout, ServiceDevices).
-// Changes: bins (capacity, free room), the partitions' BinTrees, devices, node membership.
+// Changes: bins (capacity, free room; under kMalleable each bin's running-action state),
+// the partitions' BinTrees, devices, node membership.
 // Guarantees: every bin's free vector is mirrored in its partition's free tree (hidden, all
 // -1, while its trajectory slot is bound or its node offline); a node's bins under each
 // layout sum exactly to its capacity; indices of nodes, bins and devices never change.
