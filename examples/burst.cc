@@ -108,6 +108,14 @@ int main() {
 
     // Pending completions, ordered by modelled finish time (then id, for determinism).
     std::set<std::pair<TimeNs, ActionId>> events;
+    // A running action's modelled finish, its grant, and the share of its work left at
+    // `since` (its start, or its last kResize): a resize moves its finish.
+    struct Running {
+      TimeNs finish, since;
+      Quantity grant;
+      double work_left;
+    };
+    std::map<ActionId, Running> running;
     std::size_t ended = 0;
     std::size_t rejected = 0;
     double act_sum_seconds = 0;  // all submitted at t = 0: ACT = finish time
@@ -124,6 +132,24 @@ int main() {
             const TimeNs start = d.time > now ? d.time : now;
             const TimeNs finish = start + tangram::to_ns(scheduler.runtime(d.action, d.grant));
             events.emplace(finish, d.action);
+            running[d.action] = Running{finish, start, d.grant, 1.0};
+            break;
+          }
+          case DecisionKind::kResize: {  // the work left runs on at the new grant
+            auto it = running.find(d.action);
+            if (it == running.end()) {
+              error = "kResize for an action that is not running";
+              return;
+            }
+            Running& r = it->second;
+            const double before = scheduler.runtime(d.action, r.grant);
+            if (before > 0) r.work_left -= tangram::to_seconds(now - r.since) / before;
+            if (r.work_left < 0) r.work_left = 0;
+            events.erase({r.finish, d.action});
+            r.finish = now + tangram::to_ns(r.work_left * scheduler.runtime(d.action, d.grant));
+            r.since = now;
+            r.grant = d.grant;
+            events.emplace(r.finish, d.action);
             break;
           }
           case DecisionKind::kReject:
@@ -167,6 +193,7 @@ int main() {
         if (scheduler.state(id) != tangram::ActionState::kUnknown)
           return fail("a completed action is still live");
         live.erase(id);
+        running.erase(id);
         ++ended;
         act_sum_seconds += tangram::to_seconds(now);
       }

@@ -14,6 +14,9 @@ DECISION_SIZE: int
 POLICIES: tuple[str, ...]
 POLICY_RULES: dict[str, dict[str, str]]
 RULES: dict[str, tuple[str, ...]]
+# Event methods return decision_dtype records; their `kind` indexes
+# tangram._records.DECISION_KINDS: start, restore, evict, reject, and resize (a running
+# action's new total grant, under a row whose "resize" rule is "malleable").
 
 class Scheduler:
     def __init__(
@@ -53,6 +56,8 @@ class Scheduler:
     def message_count(self) -> int: ...
     def explain(self, id: int) -> str: ...
     def state(self, id: int) -> int: ...
+    # A running action: (node, device, service, elastic kind, current grant in milli-units,
+    # start time); the grant is its last start or resize decision's.
     def placement(self, id: int) -> tuple[int, int, int, int, int, float]: ...
     @property
     def waiting_count(self) -> int: ...

@@ -11,12 +11,12 @@ A policy is a row of independent rules (`PolicyRules`; `POLICY_RULES` holds the 
 built-in rows, taken from the core's one table of them). Passing `rules=` runs any row
 under any name:
 
-    policy       order     bins              spare        restore       service_devices
-    tangram      estimate  node              uncontended  queues_first  any
-    fifo         arrival   node              none         on_demand     any
-    optimus      arrival   node              every_bin    on_demand     any
-    trajectory   arrival   trajectory_slots  none         on_demand     home
-    isolated     arrival   task_pools        none         on_demand     home
+    policy       order     bins              spare        restore       service_devices  resize
+    tangram      estimate  node              uncontended  queues_first  any              malleable
+    fifo         arrival   node              none         on_demand     any              fixed
+    optimus      arrival   node              every_bin    on_demand     any              fixed
+    trajectory   arrival   trajectory_slots  none         on_demand     home             fixed
+    isolated     arrival   task_pools        none         on_demand     home             fixed
 
 Rules, in words:
 
@@ -85,6 +85,10 @@ Rules, in words:
      gpu_memory. A service action also needs gpu_memory free on its device.
   5. none, it needs GPU memory, it has bins and its partition is not held back: evict
      services for it by the greedy plan (below) and try it again from step 1.
+     Still none, resize "malleable", it has bins and its partition is not held back: a
+     shrink (below) on the first of its bins where one pays; then quota admission (step
+     6; refused: it waits, nothing shrunk), the RESIZE decisions, and its start there
+     (step 7 without best fit).
      Still none: if it has waited >= starvation_seconds, has no fixed slot and (while a
      node is offline) some bin of its on an online node could hold it by capacity, it is
      starving: with a scope node that node is held back from every later action in the
@@ -106,6 +110,35 @@ Rules, in words:
   at a time: each round to the one with the largest gain = t(g) - t(g + step) (first in
   start order on ties), among those where the bin's free room allows it, t(g) > 0,
   gain >= min_relative_gain * t(g) and gain > 0; until nobody qualifies.
+* Resize "malleable". A running action keeps `work_left` (1.0 at its start) and `since`
+  (its start, or its last grant change). Work left now, `w`: work_left if since == now;
+  else 0.0 unless t = seconds(a, grant) > 0; else max(0, work_left - float(now - since)
+  / 1e9 / t). Estimated finish (seconds): since / 1e9 + work_left * t if t > 0 and
+  work_left > 0, else since / 1e9. A grant change at now
+  sets work_left = w (at the old grant) and since = now, and gives a RESIZE decision
+  (action, node, elastic kind, the new grant, time now). An action is resized at most
+  once per pass, never in the pass that started it.
+  Shrink, for a head with no candidates: its bins in order (a fixed slot: online only;
+  else not bound, online, node not held back), and for a non-service action on a node
+  whose largest free GPU memory >= gpu_memory (a service action: gpu_memory free on its
+  device, or no shrink at all), where the units above their minimums of the elastic
+  actions running there ("back", per kind) are not all 0 and free + back covers the
+  demand on every kind. On such a bin: short[k] = max(0, demand - free); donors are the
+  running elastic actions there of a kind k with short[k] > 0, above their minimum, not
+  started or resized in this pass, each with its w. Repeatedly take step = min(1000,
+  grant - minimum) from the donor with the least loss = w * (seconds(g - step) -
+  seconds(g)) (g: its planned grant; NaN losses skipped; ties: lower id), reducing
+  short of its kind (not below 0), until nothing is short (no donor left: no shrink on
+  this bin). It pays when the summed loss < gain = max(0, the earliest estimated finish
+  of the actions running on the bin - now / 1e9). The first bin where it pays is used; the shrunk actions'
+  RESIZE decisions come in id order before the head's START.
+  Grow, in the spare units step: the candidates of a bin are also, after its starts,
+  the running actions (by id) on bins a complete or cancel freed room on in this event
+  (online nodes only; "uncontended" as for starts), elastic, below their max, not
+  started or resized in this pass, each with its w (1.0 for a start): the gain of a
+  unit is cut = w * (t(g) - t(g + step)), against remaining = w * t(g) (the spare
+  rule's test with these). After each bin, each running action that grew gets a
+  RESIZE decision.
 * Restore. Candidate devices (home only, under "home"): online, memory >= service +
   gpu_memory, on a node with a bin of the action's partition whose capacity covers the
   demand. Prefer a device with room now, minimising (no unbound bin of the node in the
@@ -150,7 +183,7 @@ from . import _core
 from ._errors import DuplicateIdError, InvalidStateError, UnknownActionError, UnknownNameError, ValidationError
 from ._records import (
     ACTION_HEADER_SIZE, DECISION_DTYPE, EVICT, MODEL_AMDAHL, MODEL_CALLBACK, MODEL_CONSTANT, MODEL_TABLE, REJECT,
-    RESTORE, START,
+    RESIZE, RESTORE, START,
 )
 
 MAX_MILLI = 10**15  # 1e12 base units
@@ -169,6 +202,7 @@ class PolicyRules:
     spare: str  # "none" | "uncontended" | "every_bin"
     restore: str  # "on_demand" | "queues_first"
     service_devices: str  # "any" | "home"
+    resize: str  # "fixed" | "malleable"
 
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
         "order": ("arrival", "estimate"),
@@ -176,6 +210,7 @@ class PolicyRules:
         "spare": ("none", "uncontended", "every_bin"),
         "restore": ("on_demand", "queues_first"),
         "service_devices": ("any", "home"),
+        "resize": ("fixed", "malleable"),
     }
 
     def __post_init__(self) -> None:
@@ -313,6 +348,8 @@ class _Action:
     bin: int = -1
     device: int = -1  # global device index
     grant: int = 0
+    work_left: float = 1.0  # resize "malleable": the share of its work left at `since`
+    since: int = 0  # its start, or its last grant change
 
     @property
     def cls(self) -> tuple:
@@ -335,6 +372,7 @@ class _Pass:
         self.contended_nodes: set = set()
         self.contended_partitions: set = set()
         self.started: list = []  # (action, index of its decision)
+        self.resized: set = set()  # ids of running actions whose grant changed in this pass
 
 
 def _first_repeat(ids: list[int]) -> int | None:
@@ -458,6 +496,7 @@ class ReferenceScheduler:
         self.prev_pass_ns = -1  # when the last pass ran: a service ready since then is not evictable yet
         self.wakeup_ns: int | None = None
         self.messages: list[str] = []
+        self.freed_bins: set[int] = set()  # resize "malleable": bins a complete or cancel freed room on
 
     # ------------------------------------------------------------ inventory
     @property
@@ -705,6 +744,8 @@ class ReferenceScheduler:
         return ids
 
     def _finish(self, a: _Action) -> None:
+        if self.rules.resize == "malleable":
+            self.freed_bins.add(a.bin)
         free = self.bins[a.bin].free
         for k in range(self.K):
             free[k] += a.demand[k]
@@ -836,8 +877,9 @@ class ReferenceScheduler:
                 p.contended_partitions.add(a.partition)
             else:
                 p.contended_nodes.add(scope)
-        if self.rules.spare != "none" and p.started:
+        if self.rules.spare != "none" and (p.started or self.freed_bins):
             self._grant_spare(p, out)
+        self.freed_bins = set()
         times = [s.ready_ns for s in self.services if s.device >= 0 and s.ready_ns > self.now_ns]
         times += [self.quotas[q].until for q in p.blocked_quotas if self.quotas[q].until is not None]
         self.wakeup_ns = min(times, default=None)
@@ -914,6 +956,17 @@ class ReferenceScheduler:
         if (not cands and a.gpu_memory > 0 and bins is not None and not masked
                 and self._make_gpu_room(a, bins, own_slot, device, p, out)):
             return self._try(a, p, out)
+        if not cands and self.rules.resize == "malleable" and bins is not None and not masked:
+            plan = self._plan_shrink(a, bins, own_slot, device, p)
+            if plan is not None:
+                if not self._admit_quota(a, p):
+                    return WAITS
+                b, shrunk = plan
+                for x, grant, work in shrunk:
+                    self.bins[b].free[x.elastic_kind] += x.grant - grant
+                    x.grant = grant
+                    self._resized(x, work, p, out)
+                return self._start(a, b, device, p, out)
         if not cands:
             starving = now - a.submit_ns >= self.starvation_ns
             # While a node is offline, only an action that some online bin could hold claims bins.
@@ -927,18 +980,28 @@ class ReferenceScheduler:
                     if self.n_partitions == 1 and self.rules.bins != "trajectory_slots":
                         return HALT
             return BLOCKED
-        if a.quota >= 0:
-            q = self.quotas[a.quota]
-            if not q.admits(now, a.tokens, self._running(quota=a.quota)):
-                p.blocked_quotas.add(a.quota)
-                return WAITS
-            q.take(now, a.tokens)
+        if not self._admit_quota(a, p):
+            return WAITS
 
         def score(b: int) -> int:
             free, cap = self.bins[b].free, self.bins[b].capacity
             return sum(((free[k] - a.demand[k]) * 1024) // cap[k] for k in range(self.K) if cap[k] > 0)
 
-        b = min(cands, key=score)  # first on ties
+        return self._start(a, min(cands, key=score), device, p, out)  # best fit, first on ties
+
+    def _admit_quota(self, a: _Action, p: _Pass) -> bool:
+        """Takes a's request from its quota, or blocks the quota for the rest of the pass."""
+        if a.quota < 0:
+            return True
+        q = self.quotas[a.quota]
+        if not q.admits(self.now_ns, a.tokens, self._running(quota=a.quota)):
+            p.blocked_quotas.add(a.quota)
+            return False
+        q.take(self.now_ns, a.tokens)
+        return True
+
+    def _start(self, a: _Action, b: int, device: int, p: _Pass, out: list) -> str:
+        now = self.now_ns
         bin_ = self.bins[b]
         if device < 0 and a.gpu_memory > 0:
             fitting = [d for d in self._devices_of(bin_.node) if self.dev_free[d] >= a.gpu_memory]
@@ -956,6 +1019,7 @@ class ReferenceScheduler:
             self.slot_of[a.trajectory] = b
             bin_.bound_to = a.trajectory
         a.running, a.bin, a.device = True, b, device
+        a.work_left, a.since = 1.0, now
         p.started.append((a, len(out)))
         out.append(self._decision(START, action=a.id, node=bin_.node,
                                   device=self.dev_local[device] if device >= 0 else -1, service=a.service,
@@ -1096,37 +1160,148 @@ class ReferenceScheduler:
         return True
 
     def _grant_spare(self, p: _Pass, out: list) -> None:
-        """Spare elastic units, bin by bin, one unit at a time, largest gain first: on every
-        bin ("every_bin"), or only where neither node nor partition is contended."""
-        by_bin: dict[int, list] = {}
+        """Spare elastic units, bin by bin, one unit at a time, largest cut first: on every
+        bin ("every_bin"), or only where neither node nor partition is contended. The
+        candidates are this pass's starts (in start order) and, under resize "malleable",
+        the running actions (by id) on online bins a complete or cancel freed room on since
+        the last pass, not started or resized in this pass. Each running one that grew gets
+        a RESIZE decision."""
+        def allowed(b: int) -> bool:
+            return self.rules.spare != "uncontended" or (self.bins[b].partition not in p.contended_partitions
+                                                         and self.bins[b].node not in p.contended_nodes)
+
+        by_bin: dict[int, list] = {}  # bin -> [action, decision index or None, work left, grant before]
         for a, i in p.started:
-            if a.elastic_kind < 0 or a.grant >= a.elastic_max:
+            if a.elastic_kind < 0 or a.grant >= a.elastic_max or not allowed(a.bin):
                 continue
-            if self.rules.spare == "uncontended" and (a.partition in p.contended_partitions
-                                                      or self.bins[a.bin].node in p.contended_nodes):
+            by_bin.setdefault(a.bin, []).append((a, i, 1.0, a.grant))
+        started = {a.id for a, _ in p.started}
+        for b in sorted(self.freed_bins):
+            if not self.online[self.bins[b].node] or not allowed(b):
                 continue
-            by_bin.setdefault(a.bin, []).append((a, i))
+            running = sorted((x for x in self.actions.values() if x.running and x.bin == b and x.elastic_kind >= 0
+                              and x.grant < x.elastic_max and x.id not in started and x.id not in p.resized),
+                             key=lambda x: x.id)
+            if running:
+                by_bin.setdefault(b, []).extend((x, None, self._work_now(x), x.grant) for x in running)
         for b in sorted(by_bin):
             members, free = by_bin[b], self.bins[b].free
             while True:
-                best, best_gain = None, 0.0
-                for a, i in members:
+                best, best_cut = None, 0.0
+                for m in members:
+                    a, work = m[0], m[2]
                     step = min(ELASTIC_STEP, a.elastic_max - a.grant)
                     if step <= 0 or free[a.elastic_kind] < step:
                         continue
                     now_s = self._seconds(a, a.grant)
-                    gain = now_s - self._seconds(a, a.grant + step)
-                    if not now_s > 0 or not gain >= self.min_relative_gain * now_s or not gain > 0:
+                    next_s = self._seconds(a, a.grant + step)
+                    remaining = work * now_s
+                    cut = work * (now_s - next_s)
+                    if not remaining > 0 or not cut >= self.min_relative_gain * remaining or not cut > 0:
                         continue
-                    if best is None or gain > best_gain:
-                        best, best_gain = (a, i), gain
+                    if best is None or cut > best_cut:
+                        best, best_cut = m, cut
                 if best is None:
                     break
-                a, i = best
+                a, i = best[0], best[1]
                 step = min(ELASTIC_STEP, a.elastic_max - a.grant)
                 a.grant += step
                 free[a.elastic_kind] -= step
-                out[i]["grant"] = a.grant
+                if i is not None:
+                    out[i]["grant"] = a.grant
+            for a, i, work, was in members:
+                if i is None and a.grant != was:
+                    self._resized(a, work, p, out)
+
+    # ------------------------------------------------------------ resize "malleable"
+    def _work_now(self, a: _Action) -> float:
+        """The share of its work a running action has left now: what it had at `since`, less
+        the time since over its run time at its grant (none left if that is not positive)."""
+        if a.since >= self.now_ns:
+            return a.work_left
+        t = self._seconds(a, a.grant)
+        if not t > 0:
+            return 0.0
+        left = a.work_left - float(self.now_ns - a.since) / 1e9 / t
+        return left if left > 0 else 0.0
+
+    def _estimated_finish(self, a: _Action) -> float:
+        """When it should finish at its grant, in seconds: since + work_left x its run time
+        (since alone without a positive run time or work)."""
+        since = a.since / 1e9
+        t = self._seconds(a, a.grant)
+        return since + a.work_left * t if t > 0 and a.work_left > 0 else since
+
+    def _resized(self, a: _Action, work: float, p: _Pass, out: list) -> None:
+        """a's grant changed now (`work`: its share of work left now, at the old grant)."""
+        a.work_left, a.since = work, self.now_ns
+        p.resized.add(a.id)
+        out.append(self._decision(RESIZE, action=a.id, node=self.bins[a.bin].node, elastic_kind=a.elastic_kind,
+                                  grant=a.grant, time=self.now_ns))
+
+    def _plan_shrink(self, a: _Action, bins: list[int], own_slot: bool, device: int,
+                     p: _Pass) -> tuple[int, list] | None:
+        """The first of a's bins (in order; those placement may use now, but for room) where
+        units taken back from running actions let it start and the loss is less than the
+        gain: (bin, [(action, new grant, work left now), ...] by id), or None."""
+        if device >= 0 and self.dev_free[device] < a.gpu_memory:
+            return None
+        started = {x.id for x, _ in p.started}
+        for b in bins:
+            bin_ = self.bins[b]
+            if not self.online[bin_.node]:
+                continue
+            if not own_slot and (self._bound(b) or bin_.node in p.held_nodes):
+                continue
+            if device < 0 and self._node_max_gpu(bin_.node, self.dev_free) < a.gpu_memory:
+                continue
+            running = [x for x in self.actions.values() if x.running and x.bin == b]
+            back = [0] * self.K  # units above their minimum, per kind, of the actions running there
+            for x in running:
+                if x.elastic_kind >= 0:
+                    back[x.elastic_kind] += x.grant - x.minimum
+            if not any(back) or not all(bin_.free[k] + back[k] >= a.demand[k] for k in range(self.K)):
+                continue
+            plan = self._plan_shrink_on(a, bin_, running, started, p)
+            if plan is not None:
+                return b, plan
+        return None
+
+    def _plan_shrink_on(self, a: _Action, bin_: _Bin, running: list, started: set, p: _Pass) -> list | None:
+        """Units taken back one step at a time, each from the action (of a kind a is short
+        of, above its minimum, not started or resized in this pass) that loses least by it:
+        loss = work left now x (t(g - step) - t(g)), ties by id; it pays when the total loss
+        is less than the gain, the earliest estimated finish among the actions there."""
+        short = [max(0, a.demand[k] - bin_.free[k]) for k in range(self.K)]
+        donors = [[x, x.grant, self._work_now(x)] for x in running
+                  if x.elastic_kind >= 0 and short[x.elastic_kind] > 0 and x.grant > x.minimum
+                  and x.id not in started and x.id not in p.resized]
+        if not donors:
+            return None
+        gain = max(0.0, min(self._estimated_finish(x) for x in running) - self.now_ns / 1e9)
+        loss = 0.0
+        while any(s > 0 for s in short):
+            best, best_loss = None, 0.0
+            for d in donors:
+                x, grant, work = d
+                if short[x.elastic_kind] == 0 or grant <= x.minimum:
+                    continue
+                step = min(ELASTIC_STEP, grant - x.minimum)
+                cut = work * (self._seconds(x, grant - step) - self._seconds(x, grant))
+                if cut != cut:  # NaN
+                    continue
+                if best is None or cut < best_loss or (cut == best_loss and x.id < best[0].id):
+                    best, best_loss = d, cut
+            if best is None:
+                return None
+            x = best[0]
+            step = min(ELASTIC_STEP, best[1] - x.minimum)
+            best[1] -= step
+            short[x.elastic_kind] = max(0, short[x.elastic_kind] - step)
+            loss += best_loss
+        if not loss < gain:
+            return None
+        return [(x, grant, work) for x, grant, work in sorted(donors, key=lambda d: d[0].id) if grant != x.grant]
 
     # ------------------------------------------------------------ queries
     @property

@@ -22,6 +22,8 @@ from ._records import (
     MODEL_CONSTANT,
     MODEL_TABLE,
     REJECT,
+    RESIZE,
+    START,
     action_dtype,
     empty_actions,
 )
@@ -70,13 +72,16 @@ class Policy:
 
 @dataclass(frozen=True)
 class Decision:
-    kind: str  # "start", "restore", "evict" or "reject"
+    # "start", "restore", "evict", "reject", or "resize": a running action's elastic grant
+    # changed (its node, and `grant` its new total; under a policy whose resize rule is
+    # "malleable", tangram's among them). Its remaining work then runs at the new grant.
+    kind: str
     action: int | None
     node: int | None
     device: int | None
     service: str | None
     grant: float  # units of the elastic kind granted; 0.0 when the action is not elastic
-    time: float  # start time, or when a restored service is ready
+    time: float  # start or resize time, or when a restored service is ready
     reason: str | None = None  # why a rejected action can never run
 
 
@@ -105,7 +110,7 @@ class Decisions(Sequence[Decision]):
         svc = int(r["service"])
         return Decision(
             kind=DECISION_KINDS[kind],
-            action=int(r["action"]) if kind in (0, 3) else None,
+            action=int(r["action"]) if kind in (START, REJECT, RESIZE) else None,
             node=none(r["node"]),
             device=none(r["device"]),
             service=self._services[svc] if svc >= 0 else None,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import random
 
 import numpy as np
 import pytest
@@ -28,7 +29,7 @@ from tangram import (
     UnknownActionError, UnknownNameError, ValidationError, _core,
 )
 from tangram._records import (
-    DECISION_DTYPE, EVICT, MODEL_AMDAHL, MODEL_CONSTANT, MODEL_TABLE, REJECT, RESTORE, START, empty_actions,
+    DECISION_DTYPE, EVICT, MODEL_AMDAHL, MODEL_CONSTANT, MODEL_TABLE, REJECT, RESIZE, RESTORE, START, empty_actions,
 )
 from tangram.reference import POLICY_RULES, PolicyRules, ReferenceScheduler, to_milli
 from tangram.scheduler import core_arguments
@@ -105,6 +106,7 @@ class Harness:
         self.slot_node: dict[int, int] = {}  # trajectory policy: the node of each trajectory's slot
         self.trajectories: set[int] = set()
         self.log: list[tuple] = []  # (method, args, core decisions) of every accepted event
+        self.elastic_heavy = False  # draw_actions: mostly elastic actions with room to grow
         self.check()
 
     @property
@@ -156,7 +158,7 @@ class Harness:
             assert i not in self.state or self.state[i] in ("done", "cancelled", "rejected")
             self.state[i] = "rejected" if i in rejected else "waiting"
             self.spec[i] = dict(demand=[to_milli(float(v)) for v in r["demand"]], trajectory=int(r["trajectory"]),
-                                service=int(r["service"]))
+                                service=int(r["service"]), elastic_max=to_milli(float(r["elastic_max"])))
             self.trajectories.add(int(r["trajectory"]))
         self.apply(out, skip=len(rejected))
         return out
@@ -208,6 +210,7 @@ class Harness:
             self.apply(out)
 
     def apply(self, out: np.ndarray, skip: int = 0) -> None:
+        resized: set[int] = set()
         for d in out[skip:]:
             kind = int(d["kind"])
             assert kind != REJECT, "rejects only at submit, before the pass"
@@ -229,6 +232,17 @@ class Harness:
                 assert d["time"] >= self.core.now
             elif kind == EVICT:
                 assert self.service_at.pop(int(d["service"])) == (int(d["node"]), int(d["device"]))
+            elif kind == RESIZE:
+                i = int(d["action"])
+                assert self.state[i] == "running", f"resize of a {self.state[i]} action"
+                assert i not in resized, "two resizes of one action in one event"
+                resized.add(i)
+                node, ek, _ = self.placed[i]
+                assert (int(d["node"]), int(d["elastic_kind"])) == (node, ek) and ek >= 0
+                assert d["time"] == self.core.now
+                self.placed[i] = (node, ek, int(d["grant_milli"]))
+            else:
+                raise AssertionError(f"unknown decision kind {kind}")
         self.check()
 
     # ---------------------------------------------------------------- invariants
@@ -243,7 +257,7 @@ class Harness:
         for i, (node, ek, grant) in self.placed.items():
             used[node] += self.spec[i]["demand"]
             if ek >= 0:
-                assert grant >= self.spec[i]["demand"][ek]
+                assert self.spec[i]["demand"][ek] <= grant <= self.spec[i]["elastic_max"]
                 used[node, ek] += grant - self.spec[i]["demand"][ek]
         assert (used <= self.pools).all(), "capacity exceeded"
         for n in range(self.N):
@@ -282,20 +296,24 @@ class Harness:
 
 # -------------------------------------------------------------------- random streams
 
-def draw_node(draw, name: str, gpu_heavy: bool, custom: bool) -> Node:
-    res = {"cpu": draw(st.sampled_from([0, 1, 2, 2.5, 4, 8])), "memory": draw(st.sampled_from([0, 1024, 4096, 16384]))}
+def draw_node(draw, name: str, gpu_heavy: bool, custom: bool, elastic_heavy: bool = False) -> Node:
+    cores = [8, 16, 4, 2] if elastic_heavy else [0, 1, 2, 2.5, 4, 8]
+    memory = [4096, 16384] if elastic_heavy else [0, 1024, 4096, 16384]
+    res = {"cpu": draw(st.sampled_from(cores)), "memory": draw(st.sampled_from(memory))}
     if custom:
         res["disk"] = draw(st.sampled_from([0, 1, 3]))
     sizes = [1000, 2000, 4000] if gpu_heavy else [1000, 4000, 4000, 8000]
-    gpus = [Gpu(draw(st.sampled_from(sizes))) for _ in range(draw(st.integers(1 if gpu_heavy else 0, 2)))]
+    most = 0 if elastic_heavy and not gpu_heavy else 2
+    gpus = [Gpu(draw(st.sampled_from(sizes))) for _ in range(draw(st.integers(1 if gpu_heavy else 0, most)))]
     return Node(name, res, gpus)
 
 
-def inventories(draw, gpu_heavy: bool) -> Inventory:
+def inventories(draw, gpu_heavy: bool, elastic_heavy: bool = False) -> Inventory:
     """1-4 nodes, cpu + memory (+ disk), 0-2 GPUs each, 0-3 services, 0-2 quotas. GPU-heavy:
-    1-2 small GPUs on every node and 2-3 services competing for them."""
+    1-2 small GPUs on every node and 2-3 services competing for them. Elastic-heavy: nodes of
+    2 to 16 cores and 4 or 16 GiB, no quota (and no GPU unless GPU-heavy too)."""
     custom = draw(st.booleans())
-    nodes = [draw_node(draw, f"n{n}", gpu_heavy, custom) for n in range(draw(st.integers(1, 4)))]
+    nodes = [draw_node(draw, f"n{n}", gpu_heavy, custom, elastic_heavy) for n in range(draw(st.integers(1, 4)))]
     any_gpu = any(n.gpus for n in nodes)
     memories = [500, 1000, 1500, 2500] if gpu_heavy else [0, 1000, 2000, 2500, 3000, 5000]
     count = draw(st.integers(2, 3)) if gpu_heavy else draw(st.integers(0, 3)) if any_gpu else 0
@@ -304,7 +322,7 @@ def inventories(draw, gpu_heavy: bool) -> Inventory:
                 for i in range(count)]
     quotas = [Quota(f"q{i}", rate=draw(st.sampled_from([0.0, 0.5, 2.0, 10.0])), burst=draw(st.integers(1, 3)),
                     max_concurrency=draw(st.integers(0, 3)), tokens_per_minute=draw(st.sampled_from([0, 60, 1000])))
-              for i in range(draw(st.integers(0, 2)))]
+              for i in range(draw(st.integers(0, 0 if elastic_heavy else 2)))]
     return Inventory(nodes, quotas, services)
 
 
@@ -337,6 +355,8 @@ def draw_actions(draw, h: Harness, inv: Inventory) -> np.ndarray:
         r["task"] = draw(st.sampled_from(tasks))
         r["priority"] = draw(st.sampled_from([0, 0, 0, 1, -1]))
         choices = {"cpu": [0, 0.5, 1, 1, 2, 3, 5, 100], "memory": [0, 0, 256, 1024, 4096], "disk": [0, 0, 1, 2]}
+        if h.elastic_heavy:  # short of the elastic kinds, seldom of anything else
+            choices.update(cpu=[0.5, 1, 1, 2, 3], memory=[0, 0, 256, 1024])
         demand = [draw(st.sampled_from(choices[k])) for k in kinds]
         service = draw(st.sampled_from([-1, -1] + list(range(len(inv.services))) * 2))
         if service < 0 and draw(st.integers(0, 4)) == 0:
@@ -345,16 +365,21 @@ def draw_actions(draw, h: Harness, inv: Inventory) -> np.ndarray:
         if has_gpu:
             r["gpu_memory"] = draw(st.sampled_from([0, 0, 200, 1000, 1500] if service >= 0 else [0, 0, 500, 1500, 3000]))
         elastic = [k for k in range(len(kinds)) if kinds[k] != "memory"]
-        if draw(st.integers(0, 2)) == 0:
+        roll = draw(st.integers(0, 2))
+        if (roll != 0) if h.elastic_heavy else (roll == 0):
             k = draw(st.sampled_from(elastic))
             demand[k] = max(demand[k], draw(st.sampled_from([0.5, 1, 2])))
             r["elastic_kind"] = k
-            r["elastic_max"] = demand[k] + draw(st.sampled_from([0, 1, 2, 3, 5.5]))
+            r["elastic_max"] = demand[k] + draw(st.sampled_from([4, 8, 2, 1, 5.5] if h.elastic_heavy else [0, 1, 2, 3, 5.5]))
         r["demand"] = demand
-        model = draw(st.sampled_from([MODEL_CONSTANT, MODEL_AMDAHL, MODEL_AMDAHL, MODEL_TABLE]))
+        models = [MODEL_AMDAHL, MODEL_AMDAHL, MODEL_AMDAHL, MODEL_TABLE] if h.elastic_heavy else [
+            MODEL_CONSTANT, MODEL_AMDAHL, MODEL_AMDAHL, MODEL_TABLE]
+        model = draw(st.sampled_from(models))
         r["model"] = model
-        r["seconds"] = draw(st.sampled_from([0.0, 0.5, 1.0, 3.0, 10.0, 0.1 + 0.2]))
-        r["parallel_fraction"] = draw(st.sampled_from([0.0, 0.3, 0.9, 0.9, 1.0]))
+        # Elastic-heavy: run times long against the streams' steps (an action past its
+        # estimate has nothing left to gain from units, nor to lose).
+        r["seconds"] = draw(st.sampled_from([30.0, 100.0, 10.0, 3.0] if h.elastic_heavy else [0.0, 0.5, 1.0, 3.0, 10.0, 0.1 + 0.2]))
+        r["parallel_fraction"] = draw(st.sampled_from([0.9, 1.0, 0.5] if h.elastic_heavy else [0.0, 0.3, 0.9, 0.9, 1.0]))
         r["table"] = draw(st.integers(0, len(TABLES) - 1)) if model == MODEL_TABLE else -1
         if inv.quotas and draw(st.booleans()):
             q = draw(st.integers(0, len(inv.quotas) - 1))
@@ -364,9 +389,9 @@ def draw_actions(draw, h: Harness, inv: Inventory) -> np.ndarray:
 
 
 def run_stream(data, name: str, starvation: list[float], gpu_heavy: bool = False, ref_policy: str | None = None,
-               rules: PolicyRules | None = None) -> None:
+               rules: PolicyRules | None = None, elastic_heavy: bool = False) -> None:
     draw = data.draw
-    inv = inventories(draw, gpu_heavy)
+    inv = inventories(draw, gpu_heavy, elastic_heavy)
     policy = policies(draw, name, starvation)
     try:
         h = Harness(inv, policy, ref_policy, rules)
@@ -374,6 +399,7 @@ def run_stream(data, name: str, starvation: list[float], gpu_heavy: bool = False
         with pytest.raises(type(e)):
             ReferenceScheduler(**core_arguments(inv, policy), rules=rules)
         return
+    h.elastic_heavy = elastic_heavy
     try:
         events(draw, h, inv)
     except AssertionError as e:
@@ -381,8 +407,8 @@ def run_stream(data, name: str, starvation: list[float], gpu_heavy: bool = False
 
 
 def events(draw, h: Harness, inv: Inventory) -> None:
-    for _ in range(draw(st.integers(1, 25))):
-        step = draw(st.sampled_from([0, 0, 0.001, 0.1, 0.5, 1, 2.5, 10, 61]))
+    for _ in range(draw(st.integers(10, 30) if h.elastic_heavy else st.integers(1, 25))):
+        step = draw(st.sampled_from([1, 0.5, 0, 2.5, 0.001, 10] if h.elastic_heavy else [0, 0, 0.001, 0.1, 0.5, 1, 2.5, 10, 61]))
         wake = h.core.next_wakeup
         if wake is not None and draw(st.integers(0, 3)) == 0:
             h.now = max(h.now, wake)
@@ -490,6 +516,15 @@ def test_random_streams_with_starvation_match_reference(name: str, data) -> None
     run_stream(data, name, starvation=[0.5, 2.0, 30.0])
 
 
+# Mostly elastic actions with room to grow, on nodes of 2 to 16 cores: under tangram (resize
+# "malleable") running grants grow into room completions free and shrink for waiting heads.
+@pytest.mark.parametrize("name", POLICIES)
+@SETTINGS
+@given(data=st.data())
+def test_random_elastic_streams_match_reference(name: str, data) -> None:
+    run_stream(data, name, starvation=[1e6, 2.0], elastic_heavy=True)
+
+
 # A policy's row of rules run under a name that is no built-in policy decides the same:
 # the reference reads its rules from the row alone, not from the name.
 @pytest.mark.parametrize("name", POLICIES)
@@ -506,7 +541,84 @@ def test_rules_not_names_decide(name: str, data) -> None:
 def test_any_row_of_rules_matches_reference(data) -> None:
     rules = PolicyRules(**{field: data.draw(st.sampled_from(values), label=field)
                            for field, values in PolicyRules.CHOICES.items()})
-    run_stream(data, "fifo", starvation=[2.0, 1e6], gpu_heavy=data.draw(st.booleans()), rules=rules)
+    run_stream(data, "fifo", starvation=[2.0, 1e6], gpu_heavy=data.draw(st.booleans()), rules=rules,
+               elastic_heavy=data.draw(st.booleans()))
+
+
+class ResizeCounting(Harness):
+    """A Harness that counts the grants its RESIZE decisions raised and lowered."""
+
+    grows = shrinks = 0
+
+    def apply(self, out: np.ndarray, skip: int = 0) -> None:
+        for d in out[skip:]:
+            if d["kind"] == RESIZE:
+                if int(d["grant_milli"]) > self.placed[int(d["action"])][2]:
+                    ResizeCounting.grows += 1
+                else:
+                    ResizeCounting.shrinks += 1
+        super().apply(out, skip)
+
+
+MALLEABLE_ROWS = {
+    "tangram": None,
+    "every_bin": PolicyRules(order="arrival", bins="node", spare="every_bin", restore="on_demand",
+                             service_devices="any", resize="malleable"),
+    "trajectory_slots": PolicyRules(order="estimate", bins="trajectory_slots", spare="uncontended",
+                                    restore="on_demand", service_devices="home", resize="malleable"),
+    "task_pools": PolicyRules(order="estimate", bins="task_pools", spare="uncontended", restore="queues_first",
+                              service_devices="home", resize="malleable"),
+}
+
+
+# Seeded streams made for malleable grants: long elastic actions (Amdahl, tables) beside
+# fixed ones, completions and cancels that free room while others run, heads short of
+# cores. Core and reference agree after every event, and over the seeds grants both grew
+# and shrank (else the streams would test nothing of the rule).
+@pytest.mark.parametrize("row", MALLEABLE_ROWS)
+def test_seeded_resize_streams_match_reference(row: str) -> None:
+    rules = MALLEABLE_ROWS[row]
+    ResizeCounting.grows = ResizeCounting.shrinks = 0
+    for seed in range(40):
+        rng = random.Random(seed)
+        inv = Inventory([Node(f"n{i}", {"cpu": rng.choice([4, 8, 16]), "memory": 16384}) for i in range(rng.randint(1, 3))])
+        policy = Policy(name="tangram", min_relative_gain=rng.choice([0.0, 0.05, 0.2]), trajectory_slot_cpu=4.0,
+                        pools={0: 1.0, 1: 3.0}, starvation_seconds=rng.choice([1e6, 20.0]))
+        h = ResizeCounting(inv, policy, rules=rules)
+        for _ in range(40):
+            h.now += rng.choice([0, 0.5, 1, 2.5, 5])
+            event = rng.choice(["submit", "submit", "complete", "complete", "cancel", "tick", "end"])
+            if event == "submit":
+                specs = []
+                for _ in range(rng.randint(1, 4)):
+                    spec = dict(id=h.next_id, trajectory=rng.randint(1, 6), task=rng.choice([0, 1]),
+                                demand=[rng.choice([0.5, 1, 2, 3]), rng.choice([0, 256, 1024])],
+                                seconds=rng.choice([3.0, 10.0, 30.0, 100.0]), priority=rng.choice([0, 0, 1]))
+                    h.next_id += 1
+                    if rng.random() < 0.3:
+                        spec["affinity"] = rng.randrange(h.N)
+                    if rng.random() < 0.7:
+                        spec.update(elastic_kind=0, elastic_max=spec["demand"][0] + rng.choice([1, 2, 4, 8]))
+                        if rng.random() < 0.8:
+                            spec.update(model=MODEL_AMDAHL, parallel_fraction=rng.choice([0.5, 0.9, 1.0]))
+                        else:
+                            spec.update(model=MODEL_TABLE, table=rng.randrange(len(TABLES)))
+                    specs.append(spec)
+                h.submit(actions(2, *specs))
+            elif event == "complete" and h.live("running"):
+                running = h.live("running")
+                h.complete(rng.sample(running, rng.randint(1, min(3, len(running)))))
+            elif event == "cancel" and h.live():
+                h.cancel([rng.choice(h.live())])
+            elif event == "end":
+                busy = {h.spec[i]["trajectory"] for i in h.live()}
+                idle = sorted(h.trajectories - busy)
+                if idle:
+                    h.end_trajectories(idle)
+            else:
+                h.tick()
+        h.drain()
+    assert ResizeCounting.grows > 0 and ResizeCounting.shrinks > 0, (ResizeCounting.grows, ResizeCounting.shrinks)
 
 
 # -------------------------------------------------------------------- deterministic cases

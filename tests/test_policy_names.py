@@ -17,7 +17,7 @@ from tangram._records import DECISION_DTYPE
 from tangram.bench import make_actions, make_inventory
 from tangram.scheduler import Policy, core_arguments
 
-ROW_FIELDS = ("order", "bins", "spare", "restore", "service_devices")
+ROW_FIELDS = ("order", "bins", "spare", "restore", "service_devices", "resize")
 
 
 def test_python_simulator_and_config_take_the_core_names() -> None:
@@ -66,21 +66,25 @@ def _scheduler(rules: object, name: str = "sixth") -> _core.Scheduler:
 def test_a_row_of_rules_runs_under_its_own_name() -> None:
     burst = make_actions(400, 4)
     # A built-in policy's row under another name decides exactly as the policy does.
-    for name in ("fifo", "optimus"):
+    for name in ("fifo", "optimus", "tangram"):
         as_row = _scheduler(list(_core.POLICY_RULES[name].items()), name=f"{name}-as-row").submit(burst, 0.0)
         assert np.array_equal(as_row, _scheduler(None, name=name).submit(burst, 0.0))
     # A row of its own runs; its decisions against the rows it borrows from are pinned in
     # tests/cpp/test_policy_rows.cc. Shortest first here: the burst's starts come in a
     # different order from optimus's arrival order.
     sixth = _scheduler([("order", "estimate"), ("bins", "node"), ("spare", "every_bin"),
-                        ("restore", "on_demand"), ("service_devices", "any")]).submit(burst, 0.0)
+                        ("restore", "on_demand"), ("service_devices", "any"), ("resize", "fixed")]).submit(burst, 0.0)
     assert not np.array_equal(sixth, _scheduler(None, name="optimus").submit(burst, 0.0))
 
 
 @pytest.mark.parametrize(("rules", "field"), [
     ([("order", "estimate")], "policy(sixth).rules.bins"),  # missing
     ([("order", "shortest"), ("bins", "node"), ("spare", "none"), ("restore", "on_demand"),
-      ("service_devices", "any")], "policy(sixth).rules.order"),  # unknown value
+      ("service_devices", "any"), ("resize", "fixed")], "policy(sixth).rules.order"),  # unknown value
+    ([("order", "estimate"), ("bins", "node"), ("spare", "none"), ("restore", "on_demand"),
+      ("service_devices", "any")], "policy(sixth).rules.resize"),  # missing
+    ([("order", "estimate"), ("bins", "node"), ("spare", "none"), ("restore", "on_demand"),
+      ("service_devices", "any"), ("resize", "elastic")], "policy(sixth).rules.resize"),  # unknown value
     ([("colour", "red")], "policy(sixth).rules.colour"),  # unknown rule
     ([("order", "arrival"), ("order", "estimate")], "policy(sixth).rules.order"),  # twice
 ])

@@ -307,6 +307,27 @@ def test_spare_units_only_when_nobody_waits():
     assert [(x.action, x.grant) for x in d] == [(1, 1.0)]
 
 
+# tangram's grants are malleable: a running action grows into cores a completion frees, and
+# gives cores back for a waiting action when that pays (docs/scheduling.md has the rule and
+# tests/cpp/test_resize.cc the arithmetic). Decisions name the resized action and its new
+# total grant; fifo's grants stay fixed.
+def test_resize_decisions():
+    s = Scheduler(Inventory.uniform(1, {"cpu": 8}))
+    d = s.submit([Action(1, {"cpu": 1}, Amdahl(10, 0.9), elastic="cpu", max_units=8),
+                  Action(2, {"cpu": 1}, Amdahl(10, 0.9), elastic="cpu", max_units=8)], 0)
+    assert [(x.kind, x.action, x.grant) for x in d] == [("start", 1, 4.0), ("start", 2, 4.0)]
+    d = s.complete([2], 1)
+    assert list(d) == [tangram.Decision(kind="resize", action=1, node=0, device=None, service=None, grant=8.0,
+                                        time=1.0)]
+    assert d.of_kind("resize")["grant_milli"].tolist() == [8000]
+    assert "cpu grant 8 (from 4 at 1 s)" in s.explain(1)
+    d = s.submit([Action(3, {"cpu": 2}, 1.0)], 2)
+    assert [(x.kind, x.action, x.grant) for x in d] == [("resize", 1, 6.0), ("start", 3, 0.0)]
+    fixed = Scheduler(Inventory.uniform(1, {"cpu": 8}), "fifo")
+    fixed.submit([Action(1, {"cpu": 1}, Amdahl(10, 0.9), elastic="cpu", max_units=8)], 0)
+    assert list(fixed.submit([Action(3, {"cpu": 8}, 1.0)], 1)) == []
+
+
 def test_trajectory_policy_slots():
     s = Scheduler(Inventory.uniform(1, {"cpu": 4}), "trajectory", trajectory_slot_cpu=2)
     d = s.submit([Action(1, {"cpu": 1}, Amdahl(10, 0.9), elastic="cpu", max_units=8, trajectory=1),

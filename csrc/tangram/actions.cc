@@ -3,7 +3,8 @@
 // Reads: the inventory, the policy's row (BinLayout: task pools, trajectory slots;
 // OrderRule through estimate_weight and aging_permille).
 // Changes: action records, classes (made, found by their constraints, freed), the id and
-// trajectory indexes; returns resources (finish) and emits kReject decisions.
+// trajectory indexes; returns resources (finish: the current grant) and emits kReject
+// decisions.
 // Guarantees: a batch is validated whole before anything is applied (a typed Error naming
 // the field otherwise); an action that can never fit is rejected at submit, exactly once.
 #include "tangram/scheduler_impl.h"
@@ -256,6 +257,7 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
     if (need > slots.capacity()) slots.reserve(std::max(need, 2 * slots.capacity()));
     if (need > details.capacity()) details.reserve(slots.capacity());
     if (need > queue_pos.capacity()) queue_pos.reserve(slots.capacity());
+    if (malleable && need > run_state.capacity()) run_state.reserve(slots.capacity());
   }
   // The aging term of the order key is the same for the whole batch.
   const std::int64_t aging_offset = static_cast<std::int64_t>((static_cast<__int128>(now) * aging_permille) / 1000);
@@ -283,6 +285,7 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
       slots.emplace_back();
       details.emplace_back();
       queue_pos.push_back(-1);
+      if (malleable) run_state.emplace_back();
     }
     ActionRec& r = slots[slot];
     ActionDetail& detail = details[slot];
@@ -318,9 +321,10 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
 void Scheduler::Impl::finish(std::int32_t slot) {
   ActionRec& r = slots[slot];
   Class& cl = classes[r.cls];
+  if (malleable) forget_running(slot);
   Quantity* f = free_of(r.bin);
   for (std::int32_t k = 0; k < K; ++k) f[k] += cl.demand[k];
-  if (r.elastic_kind != kNone) f[r.elastic_kind] += r.grant - cl.demand[r.elastic_kind];
+  if (r.elastic_kind != kNone) f[r.elastic_kind] += r.grant - cl.demand[r.elastic_kind];  // its current grant
   std::int32_t node = bin_node[r.bin];
   const bool frees_gpu_memory = r.device != kNone && cl.gpu_memory > 0;
   if (frees_gpu_memory) {

@@ -1,7 +1,8 @@
 // Construction, bins and node membership.
 //
 // Reads: the inventory and the policy's row (BinLayout, ServiceDevices).
-// Changes: bins (capacity, free room), the partitions' BinTrees, devices, node membership.
+// Changes: bins (capacity, free room; under kMalleable each bin's running-action state),
+// the partitions' BinTrees, devices, node membership.
 // Guarantees: every bin's free vector is mirrored in its partition's free tree (hidden, all
 // -1, while its trajectory slot is bound or its node offline); a node's bins under each
 // layout sum exactly to its capacity; indices of nodes, bins and devices never change.
@@ -99,6 +100,8 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
     throw Error(ErrorCode::kInvalidArgument, pf + ".starvation_seconds", "must be a finite number in (0, 1e9]");
   starvation_ns = to_ns(policy.starvation_seconds);
 
+  malleable = row.rules.resize == ResizeRule::kMalleable;
+
   // Validate the policy's bin options; then every node's bins, partition by partition.
   switch (row.rules.bins) {
     case BinLayout::kNodes:
@@ -127,6 +130,9 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
       break;
     }
   }
+  reclaim_bins.resize(partitions.size());
+  reclaim_bound.assign(partitions.size() * static_cast<std::size_t>(K), 0);
+  reclaim_bound_pass.assign(partitions.size(), 0);
   std::vector<NodeBins> splits(static_cast<std::size_t>(N));
   for (std::int32_t n = 0; n < N; ++n) splits[n] = node_bins(inv.nodes[n].capacity);
   for (std::size_t p = 0; p < partitions.size(); ++p)
@@ -255,6 +261,7 @@ void Scheduler::Impl::append_bin(std::int32_t node, std::int32_t part, const std
   bin_room.insert(bin_room.end(), cap.begin(), cap.end());  // free: all of it
   bin_room.insert(bin_room.end(), cap.begin(), cap.end());
   bin_bound.push_back(0);
+  if (malleable) append_bin_resize_state();
 }
 
 // The policy's bins for one node of `capacity` (the options already validated): per

@@ -91,6 +91,8 @@ enum class DecisionKind : std::uint8_t {
   kRestore = 1,  // make `service` resident on `node`/`device`; ready at `time`
   kEvict = 2,    // offload `service` from `node`/`device` to host memory
   kReject = 3,   // `action` can never run: terminal; Scheduler::message(reason) says why
+  kResize = 4,   // running `action` on `node` now holds `grant` of `elastic_kind` (its new
+                 // total grant; ResizeRule::kMalleable); `time`: now
 };
 
 struct Decision {
@@ -101,7 +103,7 @@ struct Decision {
   std::int32_t service = kNone;
   std::int32_t elastic_kind = kNone;
   Quantity grant = 0;  // granted units of the elastic kind; 0 when the action is not elastic
-  TimeNs time = 0;     // kStart: when; kRestore: when the service is ready
+  TimeNs time = 0;     // kStart, kResize: when; kRestore: when the service is ready
   std::int32_t reason = kNone;  // kReject: index into the last call's messages
 };
 

@@ -4,9 +4,10 @@
 // Changes: Class::parked and its lists (per node, per partition), the pending wakes of a
 // pass, the active heap (unpark).
 // Guarantees: parking only skips tries that would fail: a parked class is woken (or listed
-// as a pending wake) as soon as room it could use is released, and when its head starts
-// starving; a wake never reorders the walk (a head behind the pass's cursor waits for the
-// next pass, as a failed head would).
+// as a pending wake) as soon as room it could use is released (under kMalleable: room,
+// or room with what a shrink could take back there), and when its head starts starving; a
+// wake never reorders the walk (a head behind the pass's cursor waits for the next pass,
+// as a failed head would).
 #include "tangram/scheduler_impl.h"
 
 #include <algorithm>
@@ -49,12 +50,12 @@ void Scheduler::Impl::wake(std::vector<Entry>& list, std::int32_t scope, Fits&& 
 void Scheduler::Impl::release_on_node(std::int32_t node, std::int32_t partition) {
   if (!node_online[node]) return;  // nothing starts there; set_node_online(true) wakes
   bool noted = node_parked_count[node] > 0;
-  if (in_pass) wake(node_parked[node], node, [&](const Class& cl) { return fits_some_bin(cl, node); });
+  if (in_pass) wake(node_parked[node], node, [&](const Class& cl) { return fits_or_shrinks_on_node(cl, node); });
   for (std::size_t p = 0; p < partitions.size(); ++p) {
     if (partition != kNone && static_cast<std::int32_t>(p) != partition) continue;
     if (partitions[p].parked_count == 0) continue;
     if (in_pass) {
-      auto fits = [&](const Class& cl) { return fits_some_bin(cl, node); };
+      auto fits = [&](const Class& cl) { return fits_or_shrinks_on_node(cl, node); };
       wake(partitions[p].parked, kNone, fits);
       wake(partitions[p].parked_new, kNone, fits);
     }
@@ -85,7 +86,7 @@ void Scheduler::Impl::flush_releases() {
       if (!cl.parked || cl.park_node != n || cl.seen_flush == release_epoch) continue;
       cl.seen_flush = release_epoch;
       list[kept++] = c;
-      if (!fits_some_bin(cl, n)) continue;
+      if (!fits_or_shrinks_on_node(cl, n)) continue;
       cl.pending_pass = pass_epoch;
       pending_wakes.emplace_back(cl.waiting.head(), c);
     }
@@ -121,6 +122,13 @@ void Scheduler::Impl::flush_releases() {
       }
     }
     released_first_max[p] = most_released[0];
+    // kMalleable: released leaves where a shrink could take units back. A class that fits
+    // none of the released leaves' free room may fit one of these with those units: it is
+    // tried in full at its turn (no released-leaf shortcut).
+    shrink_bins.clear();
+    if (malleable && !reclaim_bins[p].empty())
+      for (std::int32_t leaf : leaves)
+        if (bin_run[part.bins[leaf]].reclaim_sum > 0) shrink_bins.push_back(part.bins[leaf]);
     // The list in policy order: the few parked since the last flush sorted, then merged.
     std::sort(part.parked_new.begin(), part.parked_new.end());
     heads_scratch.clear();
@@ -141,9 +149,13 @@ void Scheduler::Impl::flush_releases() {
       bool may_fit = true;
       for (std::int32_t k = 0; k < K && may_fit; ++k) may_fit = cl.demand[k] <= most_released[k];
       const std::int32_t at = may_fit ? first_released_fit(p, 0, cl.demand) : -1;
-      if (at < 0) continue;
-      cl.fit_pass = pass_epoch;  // flush runs at the start of the pass
-      cl.fit_from = at;
+      if (at >= 0) {
+        cl.fit_pass = pass_epoch;  // flush runs at the start of the pass
+        cl.fit_from = at;
+      } else if (!std::any_of(shrink_bins.begin(), shrink_bins.end(),
+                              [&](std::int32_t b) { return reclaim_covers(cl, b) && may_use_bin(cl, b); })) {
+        continue;
+      }
       cl.pending_pass = pass_epoch;
       pending_wakes.push_back(entry);  // in policy order, like the list
     }

@@ -4,7 +4,8 @@
 // BinLayout via classes and partitions, RestoreRule, SpareRule).
 // Changes: starts actions (bins, devices, quotas, services), parks classes, marks bins
 // contended or held back for spare units and starving actions; emits kStart decisions (and
-// the kRestore/kEvict decisions services.cc makes on the way).
+// the kRestore/kEvict decisions services.cc makes on the way, and the kResize decisions of
+// a shrink that lets a head start, resize.cc).
 // Guarantees: heads are tried in (-priority, key, seq) order; a class whose head cannot
 // start starts nothing else in the pass; a starving head holds back every later head from
 // the bins it could use; capacity, device memory and quotas are never exceeded.
@@ -17,14 +18,16 @@ namespace tangram {
 
 // Whether try_head could start the head of a parkable class (no service, no GPU memory,
 // not starving) at this point of the pass; false only when it surely could not. With no
-// mask set, that is: some bin it may use covers its demand. Released leaves are all a
-// class woken by this pass's releases can use; a class confined to a node checks the
-// node's bins. Under a mask or a blocked quota the full try decides.
+// mask set, that is: some bin it may use covers its demand, or (kMalleable) would with
+// the units a shrink could take back there. Released leaves are all a class woken by this
+// pass's releases can use; a class confined to a node checks the node's bins. Under a
+// mask or a blocked quota the full try decides.
 bool Scheduler::Impl::may_start_now(Class& cl) {
   if (any_mask || (cl.quota != kNone && quota_blocked[cl.quota])) return true;
   const std::int32_t node = cl.parked ? cl.park_node : scope_node(cl);
+  if (may_reclaim(cl)) return fits_or_shrinks(cl, node);  // kept apart: the common path stays lean
   if (node != kNone) return fits_some_bin(cl, node);
-  return cl.fit_pass == pass_epoch ? fits_released_leaf(cl) : true;
+  return cl.fit_pass == fit_epoch ? fits_released_leaf(cl) : true;
 }
 
 // Does a released leaf from the class's `fit_from` on still hold its head? The same test as
@@ -87,8 +90,9 @@ std::int32_t Scheduler::Impl::scope_node(const Class& c) const {
 }
 
 // Tries to start the head of class `c`, in steps: its quota and service gates, the bins it
-// may use (find_room), GPU memory made by eviction, the starvation rule when nothing fits
-// (no_room), quota admission, best fit, and the start (start_head).
+// may use (find_room), GPU memory made by eviction, a shrink of running actions that pays
+// (kMalleable, resize.cc), the starvation rule when nothing fits (no_room), quota
+// admission, best fit, and the start (start_head).
 Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decision>& out) {
   Class& cl = classes[c];
   const std::int32_t slot = cl.waiting.head().slot;
@@ -107,7 +111,14 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
   if (cand.empty() && cl.gpu_memory > 0 && room.has_range && !room.masked &&
       make_gpu_room(cl, room.lo, room.hi, room.fixed_leaf, device, out))
     return try_head(c, out);
-  if (cand.empty()) return no_room(cl, room, device);
+  if (cand.empty()) {
+    if (may_reclaim(cl) && plan_shrink(cl, room, device, shrink_plan)) {
+      if (cl.quota != kNone && !quota_admits(cl)) return Try::kWaits;
+      start_by_shrinking(c, room, device, shrink_plan, out);
+      return Try::kStarted;
+    }
+    return no_room(cl, room, device);
+  }
   if (cl.quota != kNone && !quota_admits(cl)) return Try::kWaits;
   start_head(c, best_fit(cl), room.fixed_leaf, device, out);
   return Try::kStarted;
@@ -140,7 +151,7 @@ inline Scheduler::Impl::Room Scheduler::Impl::find_room(Class& cl, std::int32_t 
     std::copy(cl.demand, cl.demand + K, scratch.begin());
     if (has_gpus) scratch[K] = device == kNone ? cl.gpu_memory : 0;
     auto skip = [&](std::int32_t leaf) { return any_mask && node_masked[bin_node[part.bins[leaf]]] == pass_epoch; };
-    if (cl.fit_pass == pass_epoch && lo == 0 && hi == part.free_tree.leaves()) {
+    if (cl.fit_pass == fit_epoch && lo == 0 && hi == part.free_tree.leaves()) {
       // Woken by this pass's releases: only released leaves can hold it (see Class).
       const std::vector<std::int32_t>& leaves = released_leaves[cl.partition];
       const std::int32_t first = first_released_fit(cl.partition, cl.fit_from, cl.demand);
@@ -172,7 +183,8 @@ inline Scheduler::Impl::Room Scheduler::Impl::find_room(Class& cl, std::int32_t 
 // Nothing fits the head now. A starving head (waited starvation_seconds) holds back every
 // later head from the bins it could use; any other parks until room is released where it
 // could run (GPU classes are looked at every pass instead, since memory also frees when a
-// cached service turns idle).
+// cached service turns idle; so is a class a shrink could make room for, since whether a
+// shrink pays changes with time).
 Scheduler::Impl::Try Scheduler::Impl::no_room(Class& cl, const Room& room, std::int32_t device) {
   const bool held = room.masked || (!room.own_slot && room.scope != kNone && node_masked[room.scope] == pass_epoch);
   cl.block = held ? Block::kHeldBack : Block::kResources;
@@ -191,7 +203,8 @@ Scheduler::Impl::Try Scheduler::Impl::no_room(Class& cl, const Room& room, std::
     any_mask = true;
     return Try::kBlocked;
   }
-  if (!any_mask && cl.service == kNone && cl.gpu_memory == 0) return Try::kParked;
+  if (!any_mask && cl.service == kNone && cl.gpu_memory == 0 && !could_shrink_into(cl))
+    return Try::kParked;
   return Try::kBlocked;
 }
 
@@ -282,6 +295,10 @@ inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::
     dev_free[device] -= cl.gpu_memory;
     refresh_node_devices(node);
   }
+  a.bin = bin;
+  // Listed before the next head's look below: units it holds above its minimum are ones a
+  // shrink could take back later.
+  if (malleable) note_running(slot);
   if (cl.in_trajectory_slot && fixed_leaf == kNone) {
     trajectory_bin[cl.trajectory] = bin;
     bin_bound[bin] = 1;
@@ -318,7 +335,6 @@ inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::
     activate(c);
   }
   a.state = ActionState::kRunning;
-  a.bin = bin;
   a.device = device;
   a.start_ns = now;
   --n_waiting;
@@ -340,6 +356,7 @@ inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::
 void Scheduler::Impl::pass(std::vector<Decision>& out) {
   ++pass_epoch;
   ++search_epoch;
+  fit_epoch = pass_epoch;
   any_mask = false;
   wakeup = kNever;
   std::fill(quota_blocked.begin(), quota_blocked.end(), 0);
@@ -448,7 +465,11 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
   for (const ActiveEntry& e : active_deferred)
     if (live(e)) push_active(e);
   in_pass = false;
-  if (row.rules.spare != SpareRule::kNone && !started.empty()) grant_spare(out);
+  // Spare units for this pass's starts, and (kMalleable) for the running actions on bins a
+  // completion freed room on since the last pass.
+  if (row.rules.spare != SpareRule::kNone && (!started.empty() || !freed_bins.empty())) grant_spare(out);
+  for (std::int32_t b : freed_bins) bin_run[b].freed = false;
+  freed_bins.clear();
   for (std::size_t q = 0; q < quotas.size(); ++q)
     if (quota_blocked[q] && quotas[q].last_until != kNever) wakeup = std::min(wakeup, quotas[q].last_until);
   for (const ServiceRec& s : services)

@@ -14,12 +14,12 @@ namespace {
 // docs/scheduling.md has the same table in words; tests/cpp/test_policy_rows.cc pins it.
 const std::vector<PolicyRow>& rows() {
   static const std::vector<PolicyRow> kPolicyRows = {
-      //  name          order                 bins                          spare                     restore                    service devices
-      {"tangram",    {OrderRule::kEstimate, BinLayout::kNodes,           SpareRule::kUncontended, RestoreRule::kQueuesFirst, ServiceDevices::kAny}},
-      {"fifo",       {OrderRule::kArrival,  BinLayout::kNodes,           SpareRule::kNone,        RestoreRule::kOnDemand,    ServiceDevices::kAny}},
-      {"trajectory", {OrderRule::kArrival,  BinLayout::kTrajectorySlots, SpareRule::kNone,        RestoreRule::kOnDemand,    ServiceDevices::kHome}},
-      {"isolated",   {OrderRule::kArrival,  BinLayout::kTaskPools,       SpareRule::kNone,        RestoreRule::kOnDemand,    ServiceDevices::kHome}},
-      {"optimus",    {OrderRule::kArrival,  BinLayout::kNodes,           SpareRule::kEveryBin,    RestoreRule::kOnDemand,    ServiceDevices::kAny}},
+      //  name          order                 bins                          spare                     restore                    service devices        resize
+      {"tangram",    {OrderRule::kEstimate, BinLayout::kNodes,           SpareRule::kUncontended, RestoreRule::kQueuesFirst, ServiceDevices::kAny,  ResizeRule::kMalleable}},
+      {"fifo",       {OrderRule::kArrival,  BinLayout::kNodes,           SpareRule::kNone,        RestoreRule::kOnDemand,    ServiceDevices::kAny,  ResizeRule::kFixed}},
+      {"trajectory", {OrderRule::kArrival,  BinLayout::kTrajectorySlots, SpareRule::kNone,        RestoreRule::kOnDemand,    ServiceDevices::kHome, ResizeRule::kFixed}},
+      {"isolated",   {OrderRule::kArrival,  BinLayout::kTaskPools,       SpareRule::kNone,        RestoreRule::kOnDemand,    ServiceDevices::kHome, ResizeRule::kFixed}},
+      {"optimus",    {OrderRule::kArrival,  BinLayout::kNodes,           SpareRule::kEveryBin,    RestoreRule::kOnDemand,    ServiceDevices::kAny,  ResizeRule::kFixed}},
   };
   return kPolicyRows;
 }
@@ -59,6 +59,7 @@ const RuleNames& rule_names() {
       {"spare", {"none", "uncontended", "every_bin"}},
       {"restore", {"on_demand", "queues_first"}},
       {"service_devices", {"any", "home"}},
+      {"resize", {"fixed", "malleable"}},
   };
   return kNames;
 }
@@ -68,7 +69,8 @@ namespace {
 // The rules as their enums' values, in rule_names() order.
 std::vector<std::uint8_t> rule_values(const PolicyRules& r) {
   return {static_cast<std::uint8_t>(r.order), static_cast<std::uint8_t>(r.bins), static_cast<std::uint8_t>(r.spare),
-          static_cast<std::uint8_t>(r.restore), static_cast<std::uint8_t>(r.service_devices)};
+          static_cast<std::uint8_t>(r.restore), static_cast<std::uint8_t>(r.service_devices),
+          static_cast<std::uint8_t>(r.resize)};
 }
 
 }  // namespace
@@ -116,6 +118,7 @@ PolicyRules parse_rules(const std::vector<std::pair<std::string, std::string>>& 
   r.spare = static_cast<SpareRule>(value[2]);
   r.restore = static_cast<RestoreRule>(value[3]);
   r.service_devices = static_cast<ServiceDevices>(value[4]);
+  r.resize = static_cast<ResizeRule>(value[5]);
   return r;
 }
 

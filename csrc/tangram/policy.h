@@ -50,12 +50,21 @@ enum class ServiceDevices : std::uint8_t {
   kHome = 1,  // its home device only: service s on device s % devices, a dedicated pool
 };
 
+// Whether a running action's elastic grant may change after its start.
+enum class ResizeRule : std::uint8_t {
+  kFixed = 0,      // the grant of its start decision until it ends
+  kMalleable = 1,  // running actions grow into room a completion frees (by the SpareRule)
+                   // and give units back for a waiting action when that pays (kResize
+                   // decisions; docs/scheduling.md states the rule)
+};
+
 struct PolicyRules {
   OrderRule order = OrderRule::kEstimate;
   BinLayout bins = BinLayout::kNodes;
   SpareRule spare = SpareRule::kUncontended;
   RestoreRule restore = RestoreRule::kQueuesFirst;
   ServiceDevices service_devices = ServiceDevices::kAny;
+  ResizeRule resize = ResizeRule::kFixed;
 };
 
 struct PolicyRow {
@@ -66,7 +75,8 @@ struct PolicyRow {
 // The built-in policies; their rows are kPolicyRows in policy.cc, in this order.
 enum class PolicyKind : std::uint8_t {
   // Minimise average ACT: shortest estimate first with aging, spare elastic units where
-  // nobody waits, whole service queues restored first by Smith's rule.
+  // nobody waits, running grants that grow and shrink, whole service queues restored
+  // first by Smith's rule.
   kTangram = 0,
   // One shared pool, first-come first-served (with backfill), fixed minimum grants.
   kFifo = 1,
@@ -122,7 +132,8 @@ PolicyKind policy_from_name(const std::string& name);
 void validate_rules(const PolicyRow& row, const std::string& field);
 
 // The rules by name, as Python and docs/scheduling.md spell them: each field ("order",
-// "bins", "spare", "restore", "service_devices") with its values' names in enum order.
+// "bins", "spare", "restore", "service_devices", "resize") with its values' names in enum
+// order.
 using RuleNames = std::vector<std::pair<std::string, std::vector<std::string>>>;
 const RuleNames& rule_names();
 // (field, value name) for each field of `rules`, in rule_names() order.

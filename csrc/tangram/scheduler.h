@@ -33,10 +33,12 @@ class Scheduler {
   // ---- events
   void submit(const ActionSpec* actions, std::size_t count, TimeNs now,
               std::vector<Decision>& out);
-  // The actions finished (successfully or not); their resources return to the pools.
+  // The actions finished (successfully or not); their resources (an elastic action's
+  // current grant) return to the pools.
   void complete(const ActionId* ids, std::size_t count, TimeNs now,
                 std::vector<Decision>& out);
-  // Waiting actions leave the queue; running ones are taken as stopped by the caller.
+  // Waiting actions leave the queue; running ones are taken as stopped by the caller (their
+  // resources return to the pools, as for complete).
   void cancel(const ActionId* ids, std::size_t count, TimeNs now,
               std::vector<Decision>& out);
   // The trajectories are over (trajectory slots are freed). They must have no live
@@ -72,10 +74,12 @@ class Scheduler {
   // The text of a kReject decision's `reason` from the last event call.
   const std::string& message(std::int32_t reason) const;
   std::size_t message_count() const;  // messages of the last event call
-  // Why a waiting action waits, in words; or its state if it does not wait.
+  // Why a waiting action waits, in words; or, for a running one, where it runs and its
+  // grant (and, when a kResize changed it, from what and when).
   std::string explain(ActionId id) const;
   ActionState state(ActionId id) const;
-  // For a running action: where it runs and its elastic grant.
+  // For a running action: where it runs and its current elastic grant (what its last
+  // kStart or kResize decision gave); `time` is its start.
   Decision placement(ActionId id) const;
 
   const Inventory& inventory() const;

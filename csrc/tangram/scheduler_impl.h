@@ -13,6 +13,11 @@
 //               class that failed on resources alone is parked off it until resources are
 //               released where it could run; parking only skips work that would fail. A
 //               class woken by released room looks only at the released bins.
+//   running     under ResizeRule::kMalleable: each bin's running actions, and per bin and
+//               kind the units above their minimum that running elastic actions hold
+//               (what a shrink could take back). A class parks only where free plus those
+//               units cannot hold it either: growing and shrinking move units between the
+//               two, so only a release can make such a class fit.
 //
 // Sources, one concern each (each file opens with what it reads, changes and guarantees):
 //   policy.cc          the rows of rules, policy names
@@ -21,7 +26,8 @@
 //   parking.cc         parking and wakes
 //   pass.cc            the pass and a head's try (placement, starvation, quota admission)
 //   services.cc        GPU services: restores, greedy eviction
-//   spare.cc           spare elastic units
+//   spare.cc           spare elastic units (to this pass's starts, and to running actions)
+//   resize.cc          running grants: remaining work, shrinks for a waiting head
 //   introspection.cc   explain, invariants
 //   scheduler.cc       the public face: events in, decisions out
 //   quota.cc, elasticity.cc, bin_tree.cc, id_map.h, wait_queue.h: the data structures.
@@ -105,6 +111,30 @@ struct ActionDetail {
   ElasticityModel model;
   TimeNs est_ns = 0;
   OrderKey order{};  // with its submit time
+};
+
+// A running action under ResizeRule::kMalleable, by slot, set at its start: its place in
+// its bin's list of running actions, and its last grant change, if any. Half a cache line.
+struct alignas(32) RunState {
+  TimeNs resized_ns = -1;          // when its grant last changed; -1: not since its start
+  double work_left = 1.0;          // the share of its work left then (unused while -1)
+  Quantity grant_before = 0;       // its grant before that change
+  std::uint32_t resized_pass = 0;  // the pass that made it, low bits (with resized_ns: the pass)
+  std::int32_t running_pos = -1;   // its position in its bin's running list
+};
+static_assert(sizeof(RunState) == 32, "a running action's resize state is half a cache line");
+
+// A bin's running actions under ResizeRule::kMalleable, in one cache line: a start or an
+// end touches this and the action's RunState.
+struct alignas(64) BinRun {
+  std::vector<std::int32_t> running;  // its running actions (slots)
+  std::uint64_t started_pass = 0;     // the last pass that started something here
+  std::int32_t started_from = 0;      // entries from here on started in that pass
+  std::int32_t reclaim_pos = -1;      // its position in its partition's reclaim_bins, or -1
+  Quantity reclaim_sum = 0;           // its reclaimable units over all kinds
+  double finish_min = 0;              // earliest estimated finish there, while finish_ok
+  bool finish_ok = false;             // cleared whenever its running actions or grants change
+  bool freed = false;                 // listed in freed_bins
 };
 
 // A class with its head's order fields (24 bytes, cheap to sort and merge): the entries of
@@ -478,7 +508,26 @@ struct Scheduler::Impl {
   void evict_offline_services(std::vector<Decision>& out);
 
   // ---- spare.cc: spare elastic units
+  // A candidate for spare units: an action started in this pass (its kStart's index in
+  // `out`), or a running one (decision SIZE_MAX) on a bin a completion freed room on.
+  struct SpareMember {
+    std::int32_t slot;
+    std::size_t decision;
+    double work;        // fraction of its work left now (1 for a start)
+    Quantity was;       // its grant before this pass's spare units
+  };
   void grant_spare(std::vector<Decision>& out);
+  // Whether spare units may go to actions on `bin` in this pass: under kUncontended only
+  // when nobody still waits for room that could use it (no class short of resources
+  // confined to its node, and none free to use any node of its partition).
+  bool spare_allowed(std::int32_t bin) const {
+    if (row.rules.spare != SpareRule::kUncontended) return true;
+    const std::int32_t node = bin_node[bin];
+    const std::int32_t part = bin_partition[bin];
+    return partition_contended[part] != pass_epoch && node_contended[node] != pass_epoch &&
+           !parked_waits_for_room(part, kNone) && !parked_waits_for_room(part, node);
+  }
+  std::vector<SpareMember> spare_running;  // scratch of grant_spare
   bool parked_waits_for_room(std::int32_t part, std::int32_t node) const;
   // A head that cannot fit, tried now in this pass: false when it would wait for its quota
   // (refused for an earlier head of this pass) rather than for room.
@@ -486,9 +535,109 @@ struct Scheduler::Impl {
     return k.quota == kNone || !quota_blocked[k.quota] || k.waiting.head() < quota_blocked_at[k.quota];
   }
 
+  // ---- resize.cc: running grants under ResizeRule::kMalleable
+  bool malleable = false;
+  std::vector<BinRun> bin_run;      // by bin
+  std::vector<RunState> run_state;  // by slot
+  std::vector<Quantity> bin_reclaim;  // per bin and kind (K a bin): units above minimum
+  std::vector<std::vector<std::int32_t>> reclaim_bins;  // per partition: bins with a reclaim sum > 0
+  // Bins where a complete or cancel freed room since the last pass: their running actions
+  // are candidates for spare units.
+  std::vector<std::int32_t> freed_bins;
+  // Class::fit_pass marks a pending wake whose only possible bins are released leaves only
+  // while it equals this (set at each pass). A shrink that leaves a bin with more free room
+  // than before moves it off for the rest of the pass, so such classes search everywhere.
+  std::uint64_t fit_epoch = 0;
+  static constexpr std::uint64_t kNoFitEpoch = UINT64_MAX;
+  void append_bin_resize_state();
+  void add_reclaim(std::int32_t bin, std::int32_t kind, Quantity units);
+  // A start (inline: on every start and end of a malleable row).
+  void note_running(std::int32_t slot) {
+    const ActionRec& a = slots[slot];
+    BinRun& bin = bin_run[a.bin];
+    if (bin.started_pass != pass_epoch) {
+      bin.started_pass = pass_epoch;
+      bin.started_from = static_cast<std::int32_t>(bin.running.size());
+    }
+    RunState& run = run_state[slot];
+    run.resized_ns = -1;
+    run.running_pos = static_cast<std::int32_t>(bin.running.size());
+    bin.running.push_back(slot);
+    bin.finish_ok = false;
+    if (a.elastic_kind != kNone && a.grant > minimum(a)) add_reclaim(a.bin, a.elastic_kind, a.grant - minimum(a));
+  }
+  // An end, before its slot is freed: the bin where room was freed is noted.
+  void forget_running(std::int32_t slot) {
+    const ActionRec& a = slots[slot];
+    BinRun& bin = bin_run[a.bin];
+    const std::int32_t pos = run_state[slot].running_pos;
+    const std::int32_t last = bin.running.back();
+    bin.running[pos] = last;
+    run_state[last].running_pos = pos;
+    bin.running.pop_back();
+    bin.finish_ok = false;
+    if (a.elastic_kind != kNone && a.grant > minimum(a)) add_reclaim(a.bin, a.elastic_kind, minimum(a) - a.grant);
+    if (!bin.freed) {
+      bin.freed = true;
+      freed_bins.push_back(a.bin);
+    }
+  }
+  bool started_this_pass(std::int32_t slot) const {
+    const BinRun& bin = bin_run[slots[slot].bin];
+    return bin.started_pass == pass_epoch && run_state[slot].running_pos >= bin.started_from;
+  }
+  // A resize is at `now`, so the pass's low bits and its time name the pass (it would take
+  // 2^32 passes at one instant to mistake another).
+  bool resized_this_pass(std::int32_t slot) const {
+    const RunState& r = run_state[slot];
+    return r.resized_ns == now && r.resized_pass == static_cast<std::uint32_t>(pass_epoch);
+  }
+  double work_now(std::int32_t slot) const;
+  double estimated_finish(std::int32_t slot) const;  // seconds on the caller's clock
+  double gain_on(std::int32_t bin);  // the wait a head avoids by starting on `bin` now
+  // After a running action's grant changed in this pass (from `old_grant`; `work`: its
+  // work left now at that grant): its remaining work from now, and its kResize decision.
+  void record_resize(std::int32_t slot, Quantity old_grant, double work, std::vector<Decision>& out);
+  bool may_use_bin(const Class& cl, std::int32_t bin) const;
+  bool reclaim_covers(const Class& cl, std::int32_t bin) const;
+  bool reclaim_fits_node(const Class& cl, std::int32_t node) const;
+  // Nothing to take back in the class's partition (the common case): one test, inline.
+  bool may_reclaim(const Class& cl) const { return malleable && !reclaim_bins[cl.partition].empty(); }
+  bool could_shrink_into(const Class& cl) { return may_reclaim(cl) && shrink_room_somewhere(cl); }
+  bool shrink_room_somewhere(const Class& cl);
+  // Per partition and kind, the most free room plus reclaimable units on one of its bins
+  // with any, as of the pass it was taken in (reclaim_bound_pass): room only shrinks in a
+  // pass, so a class asking more of some kind fits none of them. Reset when units are added.
+  std::vector<Quantity> reclaim_bound;
+  std::vector<std::uint64_t> reclaim_bound_pass;
+  bool reclaim_bound_covers(const Class& cl);
+  bool fits_or_shrinks(Class& cl, std::int32_t node);  // may_start_now with units to take back
+  bool fits_or_shrinks_on_node(const Class& cl, std::int32_t node) const {
+    return fits_some_bin(cl, node) || (may_reclaim(cl) && reclaim_fits_node(cl, node));
+  }
+  struct ShrinkPlan {
+    std::int32_t leaf = kNone;
+    std::vector<std::pair<std::int32_t, Quantity>> grants;  // (slot, new grant), by action id
+    std::vector<double> work;  // each one's work left now, at its old grant
+  };
+  bool plan_shrink(const Class& cl, const Room& room, std::int32_t device, ShrinkPlan& plan);
+  bool plan_shrink_on(const Class& cl, std::int32_t bin, ShrinkPlan& plan);
+  void start_by_shrinking(std::int32_t c, const Room& room, std::int32_t device, const ShrinkPlan& plan,
+                          std::vector<Decision>& out);
+  ShrinkPlan shrink_plan;  // scratch
+  std::vector<std::int32_t> shrink_bins;  // scratch
+  struct Donor {
+    std::int32_t slot;
+    Quantity grant;  // as planned
+    double work;     // its work left now
+  };
+  std::vector<Donor> shrink_donors;       // scratch of plan_shrink_on
+  std::vector<Quantity> shrink_short_by;  // scratch of plan_shrink_on
+
   // ---- introspection.cc
   std::string explain(ActionId id) const;
   void check() const;
+  void check_running() const;
 };
 
 }  // namespace tangram

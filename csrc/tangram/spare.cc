@@ -1,12 +1,14 @@
 // Spare elastic units, after the walk (SpareRule).
 //
-// Reads: the actions started in this pass, their elasticity models, which bins are
-// contended.
-// Changes: those actions' grants (and the kStart decisions already emitted), bins' free
-// room.
+// Reads: the actions started in this pass, under ResizeRule::kMalleable the running
+// actions on bins a completion freed room on, their elasticity models and remaining work,
+// which bins are contended.
+// Changes: those actions' grants (the kStart decisions already emitted; a kResize for each
+// running action that grew), bins' free room and reclaimable units.
 // Guarantees: a grant only grows, one unit at a time, to the largest marginal cut in run
 // time (at least min_relative_gain of it), never past elastic_max or the bin's free room;
-// under SpareRule::kUncontended never on a bin somebody waits for.
+// under SpareRule::kUncontended never on a bin somebody waits for; a running action grows
+// at most once per pass, and not in a pass that shrank it.
 #include "tangram/scheduler_impl.h"
 
 #include <algorithm>
@@ -35,49 +37,76 @@ bool Scheduler::Impl::parked_waits_for_room(std::int32_t part, std::int32_t node
   return false;
 }
 
-// Spare elastic units go to the actions started in this pass with the largest marginal cut
-// in run time, one unit at a time: under SpareRule::kUncontended only on bins nobody waits
-// for, under kEveryBin on every bin.
+// Spare elastic units go, one unit at a time, to the action with the largest marginal cut
+// in run time: under SpareRule::kUncontended only on bins nobody waits for, under kEveryBin
+// on every bin. The candidates are the actions started in this pass and, under
+// ResizeRule::kMalleable, the running actions on (online) bins a completion freed room on
+// since the last pass, not resized in this pass. A running action's cut is its work left
+// x (t(g) - t(g + 1)), at least min_relative_gain of its remaining time (work left x
+// t(g)); a start's work left is all of it. Each running action that grew gets one kResize.
 void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
-  // Group this pass's elastic starts by bin, keeping start order.
-  std::map<std::int32_t, std::vector<std::size_t>> by_bin;  // ordered: deterministic
+  // Candidates by bin (ordered: deterministic): this pass's starts in start order, then
+  // running actions by id.
+  std::map<std::int32_t, std::vector<SpareMember>> by_bin;
   for (std::size_t i = 0; i < started.size(); ++i) {
     const ActionRec& a = slots[started[i]];
-    if (a.elastic_kind == kNone || a.grant >= a.elastic_max) continue;
-    std::int32_t node = bin_node[a.bin];
-    std::int32_t part = bin_partition[a.bin];
-    if (row.rules.spare == SpareRule::kUncontended &&
-        (partition_contended[part] == pass_epoch || node_contended[node] == pass_epoch ||
-         parked_waits_for_room(part, kNone) || parked_waits_for_room(part, node)))
-      continue;
-    by_bin[a.bin].push_back(i);
+    if (a.elastic_kind == kNone || a.grant >= a.elastic_max || !spare_allowed(a.bin)) continue;
+    by_bin[a.bin].push_back(SpareMember{started[i], started_decision[i], 1.0, a.grant});
+  }
+  for (std::int32_t bin : freed_bins) {
+    if (!node_online[bin_node[bin]] || !spare_allowed(bin)) continue;
+    std::vector<SpareMember>& running = spare_running;
+    running.clear();
+    for (std::int32_t s : bin_run[bin].running) {
+      const ActionRec& a = slots[s];
+      if (a.elastic_kind == kNone || a.grant >= a.elastic_max || started_this_pass(s) ||
+          resized_this_pass(s))
+        continue;
+      running.push_back(SpareMember{s, SIZE_MAX, work_now(s), a.grant});
+    }
+    if (running.empty()) continue;
+    std::sort(running.begin(), running.end(),
+              [&](const SpareMember& x, const SpareMember& y) { return slots[x.slot].id < slots[y.slot].id; });
+    std::vector<SpareMember>& members = by_bin[bin];
+    members.insert(members.end(), running.begin(), running.end());
   }
   for (auto& [bin, members] : by_bin) {
     Quantity* f = free_of(bin);
     for (;;) {
       std::size_t best = SIZE_MAX;
-      double best_gain = 0;
-      for (std::size_t i : members) {
-        ActionRec& a = slots[started[i]];
+      double best_cut = 0;
+      for (std::size_t i = 0; i < members.size(); ++i) {
+        const SpareMember& m = members[i];
+        const ActionRec& a = slots[m.slot];
         Quantity step = std::min(kElasticStep, a.elastic_max - a.grant);
         if (step <= 0 || f[a.elastic_kind] < step) continue;
-        double now_s = seconds(started[i], a.grant);
-        double next_s = seconds(started[i], a.grant + step);
-        double gain = now_s - next_s;
-        if (!(now_s > 0) || !(gain >= policy.min_relative_gain * now_s) || !(gain > 0)) continue;
-        if (best == SIZE_MAX || gain > best_gain) {
+        double now_s = seconds(m.slot, a.grant);
+        double next_s = seconds(m.slot, a.grant + step);
+        double remaining = m.work * now_s;
+        double cut = m.work * (now_s - next_s);
+        if (!(remaining > 0) || !(cut >= policy.min_relative_gain * remaining) || !(cut > 0)) continue;
+        if (best == SIZE_MAX || cut > best_cut) {
           best = i;
-          best_gain = gain;
+          best_cut = cut;
         }
       }
       if (best == SIZE_MAX) break;
-      ActionRec& a = slots[started[best]];
+      const SpareMember& m = members[best];
+      ActionRec& a = slots[m.slot];
       Quantity step = std::min(kElasticStep, a.elastic_max - a.grant);
       a.grant += step;
       f[a.elastic_kind] -= step;
-      out[started_decision[best]].grant = a.grant;
+      if (m.decision != SIZE_MAX) out[m.decision].grant = a.grant;
     }
     refresh_leaf(bin);
+    if (!malleable) continue;
+    for (const SpareMember& m : members) {
+      const ActionRec& a = slots[m.slot];
+      if (a.grant == m.was) continue;
+      add_reclaim(bin, a.elastic_kind, a.grant - m.was);
+      bin_run[bin].finish_ok = false;
+      if (m.decision == SIZE_MAX) record_resize(m.slot, m.was, m.work, out);
+    }
   }
 }
 

@@ -11,8 +11,10 @@ then); the step ends when every trajectory has ended.
 
 Executors only wait: an action started with grant g runs `sched.runtime(id, g)` (the core's
 own elasticity model; 1.0 for non-elastic actions) times a per-action noise factor, so the
-core's estimates are imperfect. An action the core rejects (it can never fit) ends at once
-as failed; its trajectory carries on.
+core's estimates are imperfect. A resize decision (policies with malleable grants) moves a
+running action's completion: the share of its work done since its last grant change is
+that time over its run time at the old grant, and the rest runs at the new one. An action
+the core rejects (it can never fit) ends at once as failed; its trajectory carries on.
 """
 
 from __future__ import annotations
@@ -190,8 +192,8 @@ class SimResult:
     submit: np.ndarray
     start: np.ndarray  # NaN for rejected actions
     finish: np.ndarray
-    grant: np.ndarray  # elastic units granted (cores); the minimum for non-elastic actions
-    run: np.ndarray
+    grant: np.ndarray  # elastic units granted at start (cores); the minimum for non-elastic actions
+    run: np.ndarray  # finish - start (after any resizes)
     best: np.ndarray  # run time at the best grant (elastic max), same noise
     rejected: np.ndarray  # bool
     step_duration: float
@@ -295,9 +297,17 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
     run = np.zeros(total)
     best = np.zeros(total)
     rejected = np.zeros(total, dtype=bool)
-    demand = np.zeros((total, len(kinds)))  # held per kind (elastic kind = grant), at start
+    demand = np.zeros((total, len(kinds)))  # held per kind (elastic kind = grant), now
     elastic = np.zeros(total, dtype=bool)
     max_units = np.zeros(total)
+    # Resizes: since when an action holds its current grant, the share of its work left
+    # then, what it held before (resource-seconds per kind), and the heap entry (its seq)
+    # of its pending completion; earlier entries of a resized action are stale.
+    since = np.zeros(total)
+    work_left = np.ones(total)
+    held_before = np.zeros((total, len(kinds)))
+    resized = np.zeros(total, dtype=bool)
+    finish_seq = np.full(total, -1, dtype=np.int64)
 
     # noise/think index: per trajectory, one entry per env action then one for the reward
     def side_index(t: int, j: int) -> int:
@@ -341,7 +351,12 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
     def push(time: float, kind: int, x: int) -> None:
         nonlocal seq
         heapq.heappush(heap, (time, seq, kind, x))
+        if kind == _FINISH:
+            finish_seq[x] = seq
         seq += 1
+
+    def noise_of(aid: int) -> float:
+        return float(st.noise[side_index(int(traj_of[aid]), _j_of(aid))])
 
     def apply(decisions, now: float) -> None:  # type: ignore[no-untyped-def]
         nonlocal restores, evictions
@@ -351,7 +366,7 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
             if kind == 0:  # start
                 aid = int(r["action"])
                 g = float(r["grant"])
-                noise = float(st.noise[side_index(int(traj_of[aid]), _j_of(aid))])
+                noise = noise_of(aid)
                 if elastic[aid]:
                     t_run = sched.runtime(aid, g) * noise
                     best[aid] = sched.runtime(aid, float(max_units[aid])) * noise
@@ -370,6 +385,7 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
                 t = int(traj_of[aid])
                 if label[aid] == ENV and math.isnan(traj_first_start[t]):
                     traj_first_start[t] = now
+                since[aid] = now
                 push(now + t_run, _FINISH, aid)
             elif kind == 1:
                 restores += 1
@@ -377,6 +393,20 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
             elif kind == 2:
                 evictions += 1
                 service_log.append((now, 2, int(r["service"]), int(r["node"]), int(r["device"])))
+            elif kind == 4:  # resize: the work left runs on at the new grant
+                aid = int(r["action"])
+                g = float(r["grant"])
+                noise = noise_of(aid)
+                before = sched.runtime(aid, float(demand[aid, 0])) * noise
+                left = work_left[aid] - (now - since[aid]) / before if before > 0 else 0.0
+                work_left[aid] = max(left, 0.0)
+                held_before[aid] += demand[aid] * (now - since[aid])
+                demand[aid, 0] = g
+                since[aid] = now
+                resized[aid] = True
+                end = now + work_left[aid] * sched.runtime(aid, g) * noise
+                run[aid] = end - start[aid]
+                push(end, _FINISH, aid)
             else:
                 rejected_now.append(int(r["action"]))
 
@@ -446,6 +476,8 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
     assert kinds[0] == "cpu"
     handle(0.0, [], immediate, ended)
     while True:
+        while heap and heap[0][2] == _FINISH and heap[0][1] != finish_seq[heap[0][3]]:
+            heapq.heappop(heap)  # a completion a resize moved
         wake = sched.next_wakeup
         nxt = heap[0][0] if heap else math.inf
         if wake is not None and now < wake < nxt:
@@ -459,7 +491,9 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
         finished: list[int] = []
         subs: list[int] = []
         while heap and heap[0][0] == now:
-            _, _, kind, x = heapq.heappop(heap)
+            _, entry, kind, x = heapq.heappop(heap)
+            if kind == _FINISH and entry != finish_seq[x]:
+                continue  # moved by a resize
             (finished if kind == _FINISH else subs).append(x)
         handle(now, finished, subs, [])
 
@@ -473,7 +507,13 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
 
     step_duration = float(np.nanmax(traj_end)) if n else 0.0
     ok = ~rejected
-    held = (demand[ok] * run[ok, None]).sum(axis=0)
+    if resized.any():  # each grant for as long as it was held
+        rows = demand * run[:, None]
+        r = np.flatnonzero(resized & ok)
+        rows[r] = held_before[r] + demand[r] * (finish[r] - since[r])[:, None]
+        held = rows[ok].sum(axis=0)
+    else:
+        held = (demand[ok] * run[ok, None]).sum(axis=0)
     capacity = np.zeros(len(kinds))
     for node in inventory.nodes:
         for k, kname in enumerate(kinds):

@@ -30,11 +30,12 @@ inline bool operator==(const Decision& x, const Decision& y) {
 inline bool operator!=(const Decision& x, const Decision& y) { return !(x == y); }
 
 inline void PrintTo(const Decision& d, std::ostream* os) {
-  static const char* const kKinds[] = {"start", "restore", "evict", "reject"};
+  static const char* const kKinds[] = {"start", "restore", "evict", "reject", "resize"};
   const int kind = static_cast<int>(d.kind);
-  if (kind >= 0 && kind < 4) *os << kKinds[kind] << "(";
+  if (kind >= 0 && kind < 5) *os << kKinds[kind] << "(";
   else *os << "kind " << kind << "(";
-  if (d.kind == DecisionKind::kStart || d.kind == DecisionKind::kReject) *os << "action " << d.action << ", ";
+  if (d.kind == DecisionKind::kStart || d.kind == DecisionKind::kReject || d.kind == DecisionKind::kResize)
+    *os << "action " << d.action << ", ";
   if (d.service != kNone) *os << "service " << d.service << ", ";
   if (d.node != kNone) *os << "node " << d.node << ", ";
   if (d.device != kNone) *os << "device " << d.device << ", ";
@@ -124,6 +125,7 @@ inline ActionSpec amdahl(ActionId id, std::vector<Quantity> demand, std::int32_t
 // A decision built field by field; fields left alone keep Decision's defaults (kNone, 0),
 // which is what the core emits for them:
 //   start(3).on(1, 0).service(2).at(5)   restore(0).on(0, 0).at(2)   reject(7, 0).at(1)
+//   resize(4).on(0).grant(0, U(3)).at(2)
 struct Expect {
   Decision d;
   Expect& on(std::int32_t node, std::int32_t device = kNone) {
@@ -167,6 +169,13 @@ inline Expect restore(std::int32_t service) {
   Expect e;
   e.d.kind = DecisionKind::kRestore;
   e.d.service = service;
+  return e;
+}
+// A running action's new total grant (ResizeRule::kMalleable).
+inline Expect resize(ActionId id) {
+  Expect e;
+  e.d.kind = DecisionKind::kResize;
+  e.d.action = id;
   return e;
 }
 inline Expect evict(std::int32_t service) {

@@ -29,6 +29,7 @@ struct Ledger {
   std::map<ActionId, TrajectoryId> trajectory;
   std::map<TrajectoryId, int> live_in;  // live actions per trajectory
   std::size_t rejects = 0;
+  std::set<ActionId> resized_in_event;  // scratch of apply()
 
   void submitted(const std::vector<ActionSpec>& batch, const Decisions& out) {
     std::set<ActionId> fresh;
@@ -56,8 +57,12 @@ struct Ledger {
         waiting.erase(d.action);
         ended(d.action, End::kRejected);
         ++rejects;
+      } else if (d.kind == DecisionKind::kResize) {
+        ASSERT_EQ(running.count(d.action), 1u) << "resize of an action that does not run: " << d.action;
+        ASSERT_EQ(resized_in_event.insert(d.action).second, true) << "two resizes of action " << d.action << " in one event";
       }
     }
+    resized_in_event.clear();
   }
   void ended(ActionId id, End end) {
     ++ends[id];

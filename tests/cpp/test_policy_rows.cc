@@ -16,6 +16,7 @@ using tangram::BinLayout;
 using tangram::OrderRule;
 using tangram::PolicyRow;
 using tangram::PolicyRules;
+using tangram::ResizeRule;
 using tangram::RestoreRule;
 using tangram::ServiceDevices;
 using tangram::SpareRule;
@@ -27,6 +28,7 @@ PolicyRow shortest_greedy() {
   r.spare = SpareRule::kEveryBin;
   r.restore = RestoreRule::kOnDemand;
   r.service_devices = ServiceDevices::kAny;
+  r.resize = ResizeRule::kFixed;
   return PolicyRow{"shortest-greedy", r};
 }
 
@@ -48,27 +50,40 @@ TEST(PolicyRows, BuiltinRules) {
   auto rules = [](PolicyKind k) { return tangram::describe_rules(tangram::policy_row(k).rules); };
   using Named = std::vector<std::pair<std::string, std::string>>;
   EXPECT_EQ(rules(PolicyKind::kTangram), (Named{{"order", "estimate"}, {"bins", "node"}, {"spare", "uncontended"},
-                                                {"restore", "queues_first"}, {"service_devices", "any"}}));
+                                                {"restore", "queues_first"}, {"service_devices", "any"},
+                                                {"resize", "malleable"}}));
   EXPECT_EQ(rules(PolicyKind::kFifo), (Named{{"order", "arrival"}, {"bins", "node"}, {"spare", "none"},
-                                             {"restore", "on_demand"}, {"service_devices", "any"}}));
+                                             {"restore", "on_demand"}, {"service_devices", "any"}, {"resize", "fixed"}}));
   EXPECT_EQ(rules(PolicyKind::kTrajectory), (Named{{"order", "arrival"}, {"bins", "trajectory_slots"}, {"spare", "none"},
-                                                   {"restore", "on_demand"}, {"service_devices", "home"}}));
+                                                   {"restore", "on_demand"}, {"service_devices", "home"},
+                                                   {"resize", "fixed"}}));
   EXPECT_EQ(rules(PolicyKind::kIsolated), (Named{{"order", "arrival"}, {"bins", "task_pools"}, {"spare", "none"},
-                                                 {"restore", "on_demand"}, {"service_devices", "home"}}));
+                                                 {"restore", "on_demand"}, {"service_devices", "home"},
+                                                 {"resize", "fixed"}}));
   EXPECT_EQ(rules(PolicyKind::kOptimus), (Named{{"order", "arrival"}, {"bins", "node"}, {"spare", "every_bin"},
-                                                {"restore", "on_demand"}, {"service_devices", "any"}}));
+                                                {"restore", "on_demand"}, {"service_devices", "any"}, {"resize", "fixed"}}));
 }
 
 TEST(PolicyRows, ParseRulesNamesTheBadField) {
   const PolicyRules r = tangram::parse_rules({{"order", "estimate"}, {"bins", "node"}, {"spare", "every_bin"},
-                                              {"restore", "on_demand"}, {"service_devices", "any"}},
+                                              {"restore", "on_demand"}, {"service_devices", "any"}, {"resize", "fixed"}},
                                              "rules");
   EXPECT_EQ(tangram::describe_rules(r), tangram::describe_rules(shortest_greedy().rules));
   expect_error([] {
     tangram::parse_rules({{"order", "estimate"}, {"bins", "node"}, {"spare", "always"}, {"restore", "on_demand"},
-                          {"service_devices", "any"}},
+                          {"service_devices", "any"}, {"resize", "fixed"}},
                          "rules");
   }, ErrorCode::kInvalidArgument, "rules.spare");
+  expect_error([] {
+    tangram::parse_rules({{"order", "estimate"}, {"bins", "node"}, {"spare", "none"}, {"restore", "on_demand"},
+                          {"service_devices", "any"}},
+                         "rules");
+  }, ErrorCode::kInvalidArgument, "rules.resize");
+  expect_error([] {
+    tangram::parse_rules({{"order", "estimate"}, {"bins", "node"}, {"spare", "none"}, {"restore", "on_demand"},
+                          {"service_devices", "any"}, {"resize", "elastic"}},
+                         "rules");
+  }, ErrorCode::kInvalidArgument, "rules.resize");
   expect_error([] {
     tangram::parse_rules({{"order", "estimate"}, {"bins", "node"}, {"spare", "none"}, {"service_devices", "any"}},
                          "rules");
@@ -87,6 +102,9 @@ TEST(PolicyRows, BadRowIsATypedError) {
   p.row = shortest_greedy();
   p.row->rules.spare = static_cast<SpareRule>(7);  // a row made by casting
   expect_error([&] { tangram::Scheduler s(cpu_inventory(1, 4), p); }, ErrorCode::kInvalidArgument, "policy(shortest-greedy).spare");
+  p.row = shortest_greedy();
+  p.row->rules.resize = static_cast<ResizeRule>(2);
+  expect_error([&] { tangram::Scheduler s(cpu_inventory(1, 4), p); }, ErrorCode::kInvalidArgument, "policy(shortest-greedy).resize");
 }
 
 // One 4-core node; at t=0 a 3-core 10 s action, an elastic 1-4 core 1 s action (perfectly
@@ -143,7 +161,7 @@ TEST(PolicyRows, SpareUnitsKeepATrajectorySlotBound) {
 }
 
 // Every combination of the rules is a policy the core runs: random bursts under each of
-// the 72 rows keep every invariant (checked after every event) and account for every
+// the 144 rows keep every invariant (checked after every event) and account for every
 // action, and the built-in rows decide exactly as their PolicyKind does.
 class EveryRow : public ::testing::TestWithParam<int> {};
 
@@ -154,6 +172,7 @@ PolicyRules row_number(int n) {
   r.spare = static_cast<SpareRule>(n / 6 % 3);
   r.restore = static_cast<RestoreRule>(n / 18 % 2);
   r.service_devices = static_cast<ServiceDevices>(n / 36 % 2);
+  r.resize = static_cast<ResizeRule>(n / 72 % 2);
   return r;
 }
 
@@ -171,7 +190,7 @@ TEST_P(EveryRow, RandomBurstsKeepTheInvariants) {
     for (std::int32_t k = 0; k < 2; ++k) EXPECT_EQ(run.h.s.free(n, k), run.inv.nodes[n].capacity[k]);
 }
 
-INSTANTIATE_TEST_SUITE_P(PolicyRows, EveryRow, ::testing::Range(0, 72));
+INSTANTIATE_TEST_SUITE_P(PolicyRows, EveryRow, ::testing::Range(0, 144));
 
 TEST(PolicyRows, BuiltinRowsDecideAsTheirKinds) {
   for (const PolicyRow& row : tangram::builtin_policies()) {

@@ -109,6 +109,8 @@ struct GpuRun {
         }
         case DecisionKind::kReject:
           break;  // checked against can_ever_run() at submit
+        case DecisionKind::kResize:
+          break;  // a grant change: the run keeps its first modelled finish (any order of ends is valid)
       }
     }
   }

@@ -19,7 +19,9 @@
 //   * The harness's own model of every action (waiting / running / terminal), advanced
 //     only by successful calls and their decisions, agrees with waiting_count(),
 //     running_count() and state(): a refused batch applied nothing; kStart is only for a
-//     waiting action; kReject only for a waiting one; completed/cancelled actions are gone.
+//     waiting action; kReject only for a waiting one; kResize only for a running one, at
+//     most once per call, at the call's time, and placement() then reports its grant;
+//     completed/cancelled actions are gone.
 //   * A refused call leaves now() where it was.
 //   * Valid batches of live ids (complete, cancel) at the current time are accepted.
 //   * At the end, after cancelling/completing everything and ending every trajectory,
@@ -182,6 +184,7 @@ class Harness {
       rules.spare = static_cast<tangram::SpareRule>(in_.ConsumeIntegralInRange<int>(0, 2));
       rules.restore = static_cast<tangram::RestoreRule>(in_.ConsumeIntegralInRange<int>(0, 1));
       rules.service_devices = static_cast<tangram::ServiceDevices>(in_.ConsumeIntegralInRange<int>(0, 1));
+      rules.resize = static_cast<tangram::ResizeRule>(in_.ConsumeIntegralInRange<int>(0, 1));
       policy.row = tangram::PolicyRow{"fuzzed", rules};
     }
     policy.aging = in_.ConsumeIntegralInRange<int>(0, 4) / 4.0;
@@ -535,7 +538,8 @@ class Harness {
   }
 
   // Advances the model by a successful call's decisions.
-  void apply(TimeNs /*now*/) {
+  void apply(TimeNs now) {
+    std::set<ActionId> resized;
     for (const Decision& d : out_) {
       switch (d.kind) {
         case DecisionKind::kStart:
@@ -545,6 +549,7 @@ class Harness {
           FUZZ_CHECK(d.node >= 0 && d.node < nodes_, "kStart on an invalid node");
           waiting_.erase(d.action);
           running_.insert(d.action);
+          FUZZ_CHECK(resized.count(d.action) == 0, "kStart after a kResize of the same action");
           break;
         case DecisionKind::kReject:
           FUZZ_CHECK(waiting_.count(d.action) == 1,
@@ -556,10 +561,21 @@ class Harness {
         case DecisionKind::kEvict:
           FUZZ_CHECK(d.service >= 0 && d.service < services_, "service decision names an invalid service");
           break;
+        case DecisionKind::kResize:
+          FUZZ_CHECK(running_.count(d.action) == 1, "kResize for an action that is not running: " + std::to_string(d.action));
+          FUZZ_CHECK(resized.insert(d.action).second, "two kResize for action " + std::to_string(d.action) + " in one call");
+          FUZZ_CHECK(d.time == now, "kResize not at the call's time");
+          FUZZ_CHECK(d.elastic_kind >= 0 && d.elastic_kind < kinds_, "kResize of an invalid kind");
+          FUZZ_CHECK(d.node >= 0 && d.node < nodes_, "kResize on an invalid node");
+          break;
         default:
           FUZZ_CHECK(false, "unknown decision kind");
       }
     }
+    // Each resized action holds the grant its one kResize of the call gave it.
+    for (const Decision& d : out_)
+      if (d.kind == DecisionKind::kResize)
+        FUZZ_CHECK(sched_->placement(d.action).grant == d.grant, "placement() disagrees with the kResize grant");
     check();
   }
 

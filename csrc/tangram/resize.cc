@@ -1,0 +1,308 @@
+// Running grants under ResizeRule::kMalleable: each bin's running actions, the units above
+// their minimum that a shrink could take back, remaining work, and the shrink that lets a
+// waiting head start (spare.cc grows running grants).
+//
+// Reads: running actions' grants, models and remaining work; bins' free room; the head
+// being tried and the bins it may use (pass.cc's Room).
+// Changes: the per-bin lists of running actions and of reclaimable units; when a shrink
+// pays, the shrunk actions' grants and remaining work and the bin's free room (kResize
+// decisions, then the head's kStart).
+// Guarantees: a grant never goes below its minimum; an action is resized at most once per
+// pass and never in the pass that started it; a shrink happens only when its loss (the
+// extra run time of the shrunk actions) is less than the wait it saves the head; free
+// room is always capacity minus the current grants.
+#include "tangram/scheduler_impl.h"
+
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+namespace tangram {
+
+namespace {
+constexpr double kNoFinish = std::numeric_limits<double>::infinity();  // no running action
+}  // namespace
+
+void Scheduler::Impl::append_bin_resize_state() {
+  bin_run.emplace_back();
+  bin_run.back().running.reserve(8);  // a node's actions, mostly: few regrowths as they come and go
+  bin_reclaim.insert(bin_reclaim.end(), static_cast<std::size_t>(K), 0);
+}
+
+void Scheduler::Impl::add_reclaim(std::int32_t bin, std::int32_t kind, Quantity units) {
+  if (units > 0) reclaim_bound_pass[bin_partition[bin]] = 0;  // the bound may have grown
+  bin_reclaim[static_cast<std::size_t>(bin) * K + kind] += units;
+  BinRun& run = bin_run[bin];
+  const Quantity sum = run.reclaim_sum += units;
+  std::vector<std::int32_t>& list = reclaim_bins[bin_partition[bin]];
+  if (sum > 0 && run.reclaim_pos < 0) {
+    run.reclaim_pos = static_cast<std::int32_t>(list.size());
+    list.push_back(bin);
+  } else if (sum == 0 && run.reclaim_pos >= 0) {
+    const std::int32_t last = list.back();
+    list[run.reclaim_pos] = last;
+    bin_run[last].reclaim_pos = run.reclaim_pos;
+    list.pop_back();
+    run.reclaim_pos = -1;
+  }
+}
+
+// The fraction of its work a running action has left now: what it had at its last grant
+// change, less the time since over its run time at that grant. An action whose model gives
+// no positive run time has none left.
+double Scheduler::Impl::work_now(std::int32_t slot) const {
+  const RunState& run = run_state[slot];
+  const TimeNs since = run.resized_ns >= 0 ? run.resized_ns : slots[slot].start_ns;
+  const double work = run.resized_ns >= 0 ? run.work_left : 1.0;
+  if (since >= now) return work;
+  const double t = seconds(slot, slots[slot].grant);
+  if (!(t > 0)) return 0.0;
+  const double left = work - static_cast<double>(now - since) / 1e9 / t;
+  return left > 0 ? left : 0.0;
+}
+
+// When it should finish at its current grant, in seconds: its last grant change (or start)
+// plus its work left then x its run time (that alone when the model gives no positive run
+// time).
+double Scheduler::Impl::estimated_finish(std::int32_t slot) const {
+  const RunState& run = run_state[slot];
+  const double since = to_seconds(run.resized_ns >= 0 ? run.resized_ns : slots[slot].start_ns);
+  const double work = run.resized_ns >= 0 ? run.work_left : 1.0;
+  const double t = seconds(slot, slots[slot].grant);
+  if (!(t > 0) || !(work > 0)) return since;
+  return since + work * t;
+}
+
+// A head's gain from starting on `bin` now rather than waiting there: until the earliest
+// estimated finish among the actions running there (0 once one is due).
+double Scheduler::Impl::gain_on(std::int32_t bin) {
+  BinRun& run = bin_run[bin];
+  if (!run.finish_ok) {
+    double earliest = kNoFinish;
+    for (std::int32_t s : run.running) earliest = std::min(earliest, estimated_finish(s));
+    run.finish_min = earliest;
+    run.finish_ok = true;
+  }
+  const double gain = run.finish_min - to_seconds(now);
+  return gain > 0 ? gain : 0.0;
+}
+
+void Scheduler::Impl::record_resize(std::int32_t slot, Quantity old_grant, double work, std::vector<Decision>& out) {
+  const ActionRec& a = slots[slot];
+  bin_run[a.bin].finish_ok = false;
+  RunState& run = run_state[slot];
+  run.work_left = work;
+  run.resized_ns = now;
+  run.grant_before = old_grant;
+  run.resized_pass = static_cast<std::uint32_t>(pass_epoch);
+  Decision dec;
+  dec.kind = DecisionKind::kResize;
+  dec.action = a.id;
+  dec.node = bin_node[a.bin];
+  dec.elastic_kind = a.elastic_kind;
+  dec.grant = a.grant;
+  dec.time = now;
+  out.push_back(dec);
+}
+
+// Online, and not another trajectory's slot.
+bool Scheduler::Impl::may_use_bin(const Class& cl, std::int32_t bin) const {
+  if (!node_online[bin_node[bin]]) return false;
+  if (!bin_bound[bin]) return true;
+  if (!cl.in_trajectory_slot) return false;
+  auto it = trajectory_bin.find(cl.trajectory);
+  return it != trajectory_bin.end() && it->second == bin;
+}
+
+// Free room plus what a shrink could take back there covers the class's demand.
+bool Scheduler::Impl::reclaim_covers(const Class& cl, std::int32_t bin) const {
+  if (bin_run[bin].reclaim_sum == 0) return false;
+  const Quantity* f = free_of(bin);
+  const Quantity* back = &bin_reclaim[static_cast<std::size_t>(bin) * K];
+  for (std::int32_t k = 0; k < K; ++k)
+    if (f[k] + back[k] < cl.demand[k]) return false;
+  return true;
+}
+
+bool Scheduler::Impl::reclaim_fits_node(const Class& cl, std::int32_t node) const {
+  const Partition& part = partitions[cl.partition];
+  for (std::int32_t leaf = part.node_lo[node]; leaf >= 0 && leaf < part.node_hi[node]; ++leaf) {
+    const std::int32_t b = part.bins[leaf];
+    if (reclaim_covers(cl, b) && may_use_bin(cl, b)) return true;
+  }
+  return false;
+}
+
+// Whether a shrink might ever let the class's head start where it may go, now or later
+// without a release: some bin it may use holds its demand in free room plus reclaimable
+// units. A class for which this holds is not parked (whether a shrink pays changes with
+// time); one for which it does not can only be helped by a release, which wakes it.
+bool Scheduler::Impl::shrink_room_somewhere(const Class& cl) {
+  const std::vector<std::int32_t>& list = reclaim_bins[cl.partition];
+  if (!reclaim_bound_covers(cl)) return false;
+  if (cl.service != kNone && services[cl.service].device == kNone) return false;
+  std::int32_t lo = 0, hi = 0, fixed_leaf = kNone;
+  if (!eligible_range(cl, lo, hi, fixed_leaf)) return false;
+  const Partition& part = partitions[cl.partition];
+  if (fixed_leaf != kNone) {
+    const std::int32_t b = part.bins[fixed_leaf];
+    return node_online[bin_node[b]] && reclaim_covers(cl, b);
+  }
+  if (static_cast<std::size_t>(hi - lo) <= list.size()) {
+    for (std::int32_t leaf = lo; leaf < hi; ++leaf)
+      if (reclaim_covers(cl, part.bins[leaf]) && may_use_bin(cl, part.bins[leaf])) return true;
+    return false;
+  }
+  for (std::int32_t b : list) {
+    const std::int32_t leaf = bin_leaf[b];
+    if (leaf >= lo && leaf < hi && reclaim_covers(cl, b) && may_use_bin(cl, b)) return true;
+  }
+  return false;
+}
+
+bool Scheduler::Impl::reclaim_bound_covers(const Class& cl) {
+  const std::int32_t p = cl.partition;
+  Quantity* bound = &reclaim_bound[static_cast<std::size_t>(p) * K];
+  if (reclaim_bound_pass[p] != pass_epoch) {
+    std::fill(bound, bound + K, 0);
+    for (std::int32_t b : reclaim_bins[p]) {
+      const Quantity* f = free_of(b);
+      const Quantity* back = &bin_reclaim[static_cast<std::size_t>(b) * K];
+      for (std::int32_t k = 0; k < K; ++k) bound[k] = std::max(bound[k], f[k] + back[k]);
+    }
+    reclaim_bound_pass[p] = pass_epoch;
+  }
+  for (std::int32_t k = 0; k < K; ++k)
+    if (cl.demand[k] > bound[k]) return false;
+  return true;
+}
+
+// may_start_now's test when the class's partition has units a shrink could take back: some
+// bin it may use holds it, or would with those units (`node`: where it is confined, or kNone).
+bool Scheduler::Impl::fits_or_shrinks(Class& cl, std::int32_t node) {
+  if (node != kNone) return fits_some_bin(cl, node) || reclaim_fits_node(cl, node);
+  return cl.fit_pass != fit_epoch || fits_released_leaf(cl) || shrink_room_somewhere(cl);
+}
+
+// The first bin in leaf order, among those the head may use now (as placement would: not
+// held back by a starving action, GPU memory on the node), where shrinking running actions
+// lets the head start and pays. False when there is none.
+bool Scheduler::Impl::plan_shrink(const Class& cl, const Room& room, std::int32_t device, ShrinkPlan& plan) {
+  const std::vector<std::int32_t>& list = reclaim_bins[cl.partition];
+  if (list.empty() || !room.has_range || room.masked || !reclaim_bound_covers(cl)) return false;
+  if (device != kNone && dev_free[device] < cl.gpu_memory) return false;
+  const Partition& part = partitions[cl.partition];
+  shrink_bins.clear();
+  auto consider = [&](std::int32_t leaf) {
+    const std::int32_t b = part.bins[leaf];
+    const std::int32_t node = bin_node[b];
+    if (!reclaim_covers(cl, b)) return;
+    if (room.own_slot) {
+      if (!node_online[node]) return;
+    } else if (!may_use_bin(cl, b) || (any_mask && node_masked[node] == pass_epoch)) {
+      return;
+    }
+    if (device == kNone && cl.gpu_memory > 0 && node_max_dev_free[node] < cl.gpu_memory) return;
+    shrink_bins.push_back(leaf);
+  };
+  if (room.fixed_leaf != kNone) {
+    consider(room.fixed_leaf);
+  } else if (static_cast<std::size_t>(room.hi - room.lo) <= list.size()) {
+    for (std::int32_t leaf = room.lo; leaf < room.hi; ++leaf) consider(leaf);
+  } else {
+    for (std::int32_t b : list)
+      if (bin_leaf[b] >= room.lo && bin_leaf[b] < room.hi) consider(bin_leaf[b]);
+    std::sort(shrink_bins.begin(), shrink_bins.end());
+  }
+  for (std::int32_t leaf : shrink_bins) {
+    if (plan_shrink_on(cl, part.bins[leaf], plan)) {
+      plan.leaf = leaf;
+      return true;
+    }
+  }
+  return false;
+}
+
+// Units taken back on `bin`, one step at a time, each from the action that loses least by
+// it (loss: work left x (t(g - step) - t(g)); ties by action id), from actions whose kind
+// the head is short of, never below a minimum, until the head fits. It pays when the
+// total loss is less than the head's gain: the wait it avoids, until the earliest
+// estimated finish among the actions running there.
+bool Scheduler::Impl::plan_shrink_on(const Class& cl, std::int32_t bin, ShrinkPlan& plan) {
+  const Quantity* f = free_of(bin);
+  std::vector<Quantity>& short_by = shrink_short_by;
+  short_by.assign(static_cast<std::size_t>(K), 0);
+  for (std::int32_t k = 0; k < K; ++k) short_by[k] = std::max<Quantity>(0, cl.demand[k] - f[k]);
+  std::vector<Donor>& donors = shrink_donors;
+  donors.clear();
+  for (std::int32_t s : bin_run[bin].running) {
+    const ActionRec& a = slots[s];
+    if (a.elastic_kind == kNone || short_by[a.elastic_kind] == 0 || a.grant <= minimum(a)) continue;
+    if (started_this_pass(s) || resized_this_pass(s)) continue;
+    donors.push_back(Donor{s, a.grant, work_now(s)});
+  }
+  if (donors.empty()) return false;
+  const double gain = gain_on(bin);
+  double loss = 0;
+  for (;;) {
+    bool short_any = false;
+    for (std::int32_t k = 0; k < K; ++k) short_any = short_any || short_by[k] > 0;
+    if (!short_any) break;
+    std::size_t best = SIZE_MAX;
+    double best_loss = 0;
+    for (std::size_t i = 0; i < donors.size(); ++i) {
+      const Donor& d = donors[i];
+      const ActionRec& a = slots[d.slot];
+      const Quantity lowest = minimum(a);
+      if (short_by[a.elastic_kind] == 0 || d.grant <= lowest) continue;
+      const Quantity step = std::min(kElasticStep, d.grant - lowest);
+      const double cut = d.work * (seconds(d.slot, d.grant - step) - seconds(d.slot, d.grant));
+      if (cut != cut) continue;  // NaN: a model that gives no usable run time there
+      if (best == SIZE_MAX || cut < best_loss || (cut == best_loss && a.id < slots[donors[best].slot].id)) {
+        best = i;
+        best_loss = cut;
+      }
+    }
+    if (best == SIZE_MAX) return false;
+    Donor& d = donors[best];
+    const std::int32_t kind = slots[d.slot].elastic_kind;
+    const Quantity step = std::min(kElasticStep, d.grant - minimum(slots[d.slot]));
+    d.grant -= step;
+    short_by[kind] = std::max<Quantity>(0, short_by[kind] - step);
+    loss += best_loss;
+  }
+  if (!(loss < gain)) return false;
+  plan.grants.clear();
+  plan.work.clear();
+  std::sort(donors.begin(), donors.end(),
+            [&](const Donor& x, const Donor& y) { return slots[x.slot].id < slots[y.slot].id; });
+  for (const Donor& d : donors) {
+    if (d.grant == slots[d.slot].grant) continue;
+    plan.grants.emplace_back(d.slot, d.grant);
+    plan.work.push_back(d.work);
+  }
+  return true;
+}
+
+// Applies the plan (a kResize for each shrunk action, by action id) and starts the head on
+// its bin. Room may now have grown on that bin (units come back a whole step at a time):
+// search hints and the released-leaf shortcut no longer hold for this pass.
+void Scheduler::Impl::start_by_shrinking(std::int32_t c, const Room& room, std::int32_t device,
+                                         const ShrinkPlan& plan, std::vector<Decision>& out) {
+  const std::int32_t bin = partitions[classes[c].partition].bins[plan.leaf];
+  Quantity* f = free_of(bin);
+  for (std::size_t i = 0; i < plan.grants.size(); ++i) {
+    const auto [slot, grant] = plan.grants[i];
+    ActionRec& a = slots[slot];
+    const Quantity old_grant = a.grant;
+    f[a.elastic_kind] += old_grant - grant;
+    a.grant = grant;
+    add_reclaim(bin, a.elastic_kind, grant - old_grant);
+    record_resize(slot, old_grant, plan.work[i], out);
+  }
+  ++search_epoch;
+  fit_epoch = kNoFitEpoch;
+  start_head(c, plan.leaf, room.fixed_leaf, device, out);
+}
+
+}  // namespace tangram
