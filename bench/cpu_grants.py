@@ -8,8 +8,9 @@ Runs the CPU manager directly (no scheduler), with real processes, and measures:
                as a bare subprocess, and as an action granted 0.25 cores under each
                `cpu_limit`. Median wall time, and its ratio to the bare subprocess.
   contention   two actions granted 1.5 and 0.5 cores, each running as many busy processes
-               as there are CPUs for a fixed time, so every CPU is wanted: the CPU seconds
-               each one got, and their ratio (the grants' ratio is 3).
+               as there are CPUs, all spinning over one shared window of wall time, so every
+               CPU is wanted: the CPU seconds each one got in it, and their ratio (the
+               grants' ratio is 3).
   cold start   a new trajectory's first action (a no-op function) at grants of 0.0625,
                0.25 and 1 core, with warm workers and without (warm_sandboxes=0): median
                time from execute to its result.
@@ -43,8 +44,10 @@ _ids = itertools.count(1)
 WORK = ("s = 0\nfor i in range({n}):\n    s += i * i % 7\n"
         "assert s == {expected}, s\n")
 WORK_N = 3_000_000
-# Busy for a fixed time, then print the CPU seconds this process got.
-BUSY = "import time\nend = time.time() + {seconds}\nwhile time.time() < end: pass\nprint(time.process_time())\n"
+# Busy over one window of wall time shared by every process of a round (from `start`, an
+# absolute time.time(), for `seconds`), then print the CPU seconds this process got in it.
+BUSY = ("import time\nstart, end = {start}, {start} + {seconds}\nwhile time.time() < start: pass\n"
+        "cpu = time.process_time()\nwhile time.time() < end: pass\nprint(time.process_time() - cpu)\n")
 
 
 def work_program() -> str:
@@ -86,15 +89,16 @@ async def idle_node(managers: dict[str, CpuManager], repeat: int) -> dict[str, A
 
 async def contention(managers: dict[str, CpuManager], repeat: int, seconds: float) -> dict[str, Any]:
     n = len(os.sched_getaffinity(0))
-    program = "; ".join([
-        "import subprocess, sys",
-        f"ps = [subprocess.Popen([sys.executable, '-c', {BUSY.format(seconds=seconds)!r}], stdout=subprocess.PIPE) "
-        f"for _ in range({n})]",
-        "print(sum(float(p.communicate()[0]) for p in ps))"])
     out: dict[str, Any] = {}
     for limit, mgr in managers.items():
         ratios, big, small = [], [], []
         for _ in range(repeat):
+            # both actions' processes start, then all spin over the same window (1 s ahead)
+            busy = BUSY.format(start=time.time() + 1.0, seconds=seconds)
+            program = "; ".join([
+                "import subprocess, sys",
+                f"ps = [subprocess.Popen([sys.executable, '-c', {busy!r}], stdout=subprocess.PIPE) for _ in range({n})]",
+                "print(sum(float(p.communicate()[0]) for p in ps))"])
             a, b = await asyncio.gather(run(mgr, Call(command=[sys.executable, "-c", program], trajectory=1), 1.5),
                                         run(mgr, Call(command=[sys.executable, "-c", program], trajectory=2), 0.5))
             ca, cb = float(a.stdout), float(b.stdout)

@@ -17,15 +17,17 @@ Three ways to run the same rollout, interleaved in every repetition, in this one
               (started before the step, like a rollout server's); a suite is its 8 programs
               submitted to the pool at once. No scheduling, no sandboxes, no limits.
   tangram     the orchestrator (policy `tangram`, CPU manager with its defaults: grants are
-              guarantees, running elastic actions are resized). A run is an action of a
-              minimum demand; a suite an elastic action of the same minimum up to every core,
-              run by `tangram.worker.shared_executor()` in the trajectory's sandbox.
+              guarantees, running elastic actions are resized). A run is an elastic action
+              from the minimum demand up to one core (a single-threaded program); a suite an
+              elastic action from the same minimum up to every core, run by
+              `tangram.worker.shared_executor()` in the trajectory's sandbox.
   trajectory  the fixed-sandbox-per-trajectory baseline: policy `trajectory`, each
               trajectory a slot of cores/trajectories, enforced as a hard ceiling
               (cpu_limit="ceiling"), the way a container per trajectory is limited.
 The minimum demand of every action is the trajectory baseline's slot (cores/trajectories),
 so every policy runs the same calls. Run times are declared from the calibration (what a
-user measures: one program's time on one core), suites as Amdahl models.
+user measures: one program's time on one core), as Amdahl models: a run's is perfectly
+parallel up to its one core, a suite's 95% parallel.
 
 Reports per way and trajectory count: average, p50 and p99 ACT (action completion time:
 from the call to its result), step duration (the rollout's wall time, from the first call
@@ -212,7 +214,8 @@ async def with_tangram(plans: list[list[Turn]], cores: int, policy: str, cpu_lim
             seconds = sum(p.seconds for p in turn.programs)
             if len(turn.programs) == 1:
                 call = Call(fn=run_program, args=(turn.programs[0].source,), resources={"cpu": slot},
-                            runtime=seconds / slot, trajectory=t, kind="run")
+                            elastic="cpu", max_units=max(slot, 1.0), runtime=Amdahl(seconds / slot, 1.0),
+                            trajectory=t, kind="run")
                 return [await orch.run(call)]
             call = Call(fn=run_suite, args=([p.source for p in turn.programs],), resources={"cpu": slot},
                         elastic="cpu", max_units=float(cores), runtime=Amdahl(seconds / slot, 0.95),
