@@ -182,8 +182,13 @@ class Sandbox:
     async def ready(self) -> None:
         """A live worker for the next action: one that died since the last action is buried
         and replaced. The check is a waitpid, so it also catches an exit the loop has not
-        handled yet; nothing awaits between it and the request's write (the hand-over)."""
+        handled yet, plus /proc, for a worker already dead but not yet reapable; nothing
+        awaits between it and the request's write (the hand-over)."""
         proc = self.proc
+        if proc is not None and proc.poll() is None and not _alive(proc.pid):
+            # Killed, but not reapable yet (its exit is still being torn down, e.g. its
+            # memory uncharged from a cgroup): handing it the action would crash it.
+            await _wait(proc, timeout=None)
         if proc is not None and proc.poll() is not None:
             self._died(proc)
         if self.proc is None:
