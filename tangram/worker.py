@@ -56,7 +56,14 @@ def grant() -> float:
 
 def cores() -> int:
     """Processes or threads to run for the grant now: every fraction rounded up, at least 1."""
-    return max(1, math.ceil(grant() - 1e-9))
+    return whole_cores(grant())
+
+
+def whole_cores(cores: float) -> int:
+    """The number of processes or threads a grant of `cores` should run: every granted
+    fraction rounded up (a 1.25-core grant runs 2), at least 1. With grants as guarantees,
+    the extra process uses the fraction and any idle core."""
+    return max(1, math.ceil(cores - 1e-9))
 
 
 def jobserver_fds() -> tuple[dict[str, str], tuple[int, ...]]:
@@ -189,4 +196,4 @@ def shared_executor() -> GrantedExecutor:
         return _shared
 
 
-__all__ = ["GrantedExecutor", "cores", "grant", "jobserver_fds", "shared_executor"]
+__all__ = ["GrantedExecutor", "cores", "grant", "jobserver_fds", "shared_executor", "whole_cores"]

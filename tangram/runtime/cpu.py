@@ -182,7 +182,6 @@ class CpuManager(ResourceManager):
             raise ManagerError(f + "inherit_env", f"{inherit_env!r} is not a list of variable names")
         self.root = None if root is None else os.fspath(root)
         self.isolation_option = isolation
-        self.ceiling = cpu_limit == "ceiling"
         self.cpu_limit = cpu_limit
         self.warm_sandboxes = warm_sandboxes
         self.output_limit = output_limit
@@ -201,6 +200,11 @@ class CpuManager(ResourceManager):
         self._warm: WarmWorkers | None = None
         self._reaping: set[asyncio.Task[None]] = set()
         self._state = "new"
+
+    @property
+    def ceiling(self) -> bool:
+        """Grants are pinned ceilings (cpu_limit="ceiling"), not weights."""
+        return self.cpu_limit == "ceiling"
 
     # ------------------------------------------------------------------ lifecycle
     def check_call(self, call: Call) -> None:

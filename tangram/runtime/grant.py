@@ -20,17 +20,11 @@ never has a job killed: it just starts fewer.
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 
+from ..worker import whole_cores
+
 GRANT_WIDTH = 16
-
-
-def whole_cores(cores: float) -> int:
-    """The number of processes or threads a grant of `cores` should run: every granted
-    fraction rounded up (a 1.25-core grant runs 2), at least 1. With grants as guarantees,
-    the extra process uses the fraction and any idle core."""
-    return max(1, math.ceil(cores - 1e-9))
 
 
 class GrantChannel:
