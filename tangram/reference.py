@@ -25,7 +25,8 @@ Rules, in words:
   `grant = grant_milli / 1000` and `time = ns / 1e9`.
 * Run time. `seconds(a, u)`: constant `s`; Amdahl `s * ((1 - p) + p * (min / u))`; table:
   piecewise linear in `u / 1000` through the points, flat outside. A non-elastic action
-  is evaluated at u = min = 1000. `est_ns = to_ns(seconds(a, min))`.
+  is evaluated at u = min = 1000. `est_ns = to_ns(seconds(a, min))`; under resize
+  "malleable" an elastic action's min is first rounded up to a whole unit (at most its max).
 * Order. Waiting actions go by (-priority, key, seq), seq counting accepted submits.
   order "estimate": `key = est_ns + (now_ns * aging_permille) // 1000`, now_ns being the
   submit batch's time and aging_permille = to_milli(aging); order "arrival": key = 0.
@@ -101,14 +102,18 @@ Rules, in words:
      `((free - demand) * 1024) // capacity` (the bin's), first on ties; a non-service GPU
      action takes the node's device with the least memory left over (first on ties). The
      grant is the elastic minimum (0 in the record of a non-elastic action), plus the
-     slot's free units for an elastic action in a trajectory slot.
+     slot's free units for an elastic action in a trajectory slot. Otherwise, under resize
+     "malleable" with spare other than "none", an elastic action whose minimum is not a
+     whole unit (a multiple of 1000) is topped up: it takes step = grow step (below) once
+     if the bin's free room holds it, t(g) > 0, gain = t(g) - t(g + step) >=
+     min_relative_gain * t(g) and gain > 0.
   Every class blocked for resources (and a halt) makes its scope node (or, without one,
   its partition) "contended"; one that waits for its quota or its service does not.
 * Spare units (spare "uncontended": on bins neither whose node nor whose partition is
   contended; "every_bin": on every bin; "none": never). After the walk, in each such bin,
-  elastic actions started there in this pass get one more unit (min(1000, max - grant))
-  at a time: each round to the one with the largest gain = t(g) - t(g + step) (first in
-  start order on ties), among those where the bin's free room allows it, t(g) > 0,
+  elastic actions started there in this pass get one more step at a time (grow step: to
+  the next whole unit, min(1000 - grant % 1000, max - grant)): each round to the one with
+  the largest gain = t(g) - t(g + step) (first in start order on ties), among those where the bin's free room allows it, t(g) > 0,
   gain >= min_relative_gain * t(g) and gain > 0; until nobody qualifies.
 * Resize "malleable". A running action keeps `work_left` (1.0 at its start) and `since`
   (its start, or its last grant change). Work left now, `w`: work_left if since == now;
@@ -125,9 +130,9 @@ Rules, in words:
   actions running there ("back", per kind) are not all 0 and free + back covers the
   demand on every kind. On such a bin: short[k] = max(0, demand - free); donors are the
   running elastic actions there of a kind k with short[k] > 0, above their minimum, not
-  started or resized in this pass, each with its w. Repeatedly take step = min(1000,
-  grant - minimum) from the donor with the least loss = w * (seconds(g - step) -
-  seconds(g)) (g: its planned grant; NaN losses skipped; ties: lower id), reducing
+  started or resized in this pass, each with its w. Repeatedly take step = shrink step
+  (to the previous whole unit: min(grant % 1000 or 1000, grant - minimum)) from the donor
+  with the least loss = w * (seconds(g - step) - seconds(g)) (g: its planned grant; NaN losses skipped; ties: lower id), reducing
   short of its kind (not below 0), until nothing is short (no donor left: no shrink on
   this bin). It pays when the summed loss < gain = max(0, the earliest estimated finish
   of the actions running on the bin - now / 1e9). The first bin where it pays is used; the shrunk actions'
@@ -190,6 +195,19 @@ MAX_MILLI = 10**15  # 1e12 base units
 MAX_SECONDS = 1e9
 ELASTIC_STEP = 1000
 NS_PER_MINUTE = 60_000_000_000
+
+
+def _grow_step(a: "_Action", grant: int) -> int:
+    """Elastic grants move in whole base units: up to the next whole unit (a fractional
+    minimum is topped up first), never past the maximum."""
+    return min(ELASTIC_STEP - grant % ELASTIC_STEP, a.elastic_max - grant)
+
+
+def _shrink_step(a: "_Action", grant: int) -> int:
+    """Down to the previous whole unit, never below the minimum."""
+    return min(grant % ELASTIC_STEP or ELASTIC_STEP, grant - a.minimum)
+
+
 STARTED, BLOCKED, WAITS, HALT = "started", "blocked", "waits", "halt"  # WAITS: for a quota or a service
 
 
@@ -642,7 +660,7 @@ class ReferenceScheduler:
                 self.messages.append(f"action {a.id} can never run: {why}")
                 continue
             a.submit_ns = t
-            a.est_ns = to_ns(self._seconds(a, a.minimum))
+            a.est_ns = to_ns(self._seconds(a, self._order_units(a)))
             key = a.est_ns + (t * self.aging_permille) // 1000 if self.rules.order == "estimate" else 0
             a.order = (-a.priority, key, self.seq)
             self.seq += 1
@@ -1013,6 +1031,8 @@ class ReferenceScheduler:
             extra = min(bin_.free[a.elastic_kind], a.elastic_max - a.grant)
             a.grant += extra
             bin_.free[a.elastic_kind] -= extra
+        elif a.elastic_kind >= 0 and self.rules.resize == "malleable" and self.rules.spare != "none":
+            self._top_up_start(a, bin_.free)
         if a.gpu_memory > 0:
             self.dev_free[device] -= a.gpu_memory
         if a.in_slot:
@@ -1025,6 +1045,29 @@ class ReferenceScheduler:
                                   device=self.dev_local[device] if device >= 0 else -1, service=a.service,
                                   elastic_kind=a.elastic_kind, grant=a.grant, time=now))
         return STARTED
+
+    def _order_units(self, a: _Action) -> int:
+        """The grant `a` is ordered by: its minimum, under resize "malleable" rounded up to
+        a whole unit for an elastic action."""
+        if self.rules.resize != "malleable" or a.elastic_kind < 0 or a.minimum % ELASTIC_STEP == 0:
+            return a.minimum
+        return min(a.elastic_max, a.minimum + _grow_step(a, a.minimum))
+
+    def _top_up_start(self, a: _Action, free: list[int]) -> None:
+        """A start topped up to a whole unit: from a fractional minimum, the step to the next
+        whole unit when the bin's free room holds it and it cuts at least min_relative_gain
+        of the run time."""
+        if a.grant % ELASTIC_STEP == 0:
+            return
+        step = _grow_step(a, a.grant)
+        if step <= 0 or free[a.elastic_kind] < step:
+            return
+        now_s = self._seconds(a, a.grant)
+        cut = now_s - self._seconds(a, a.grant + step)
+        if not now_s > 0 or not cut >= self.min_relative_gain * now_s or not cut > 0:
+            return
+        a.grant += step
+        free[a.elastic_kind] -= step
 
     def _fits_online_capacity(self, a: _Action, bins: list[int], device: int) -> bool:
         """Could one of these bins on an online node ever hold `a` (by capacity)?"""
@@ -1190,7 +1233,7 @@ class ReferenceScheduler:
                 best, best_cut = None, 0.0
                 for m in members:
                     a, work = m[0], m[2]
-                    step = min(ELASTIC_STEP, a.elastic_max - a.grant)
+                    step = _grow_step(a, a.grant)
                     if step <= 0 or free[a.elastic_kind] < step:
                         continue
                     now_s = self._seconds(a, a.grant)
@@ -1204,7 +1247,7 @@ class ReferenceScheduler:
                 if best is None:
                     break
                 a, i = best[0], best[1]
-                step = min(ELASTIC_STEP, a.elastic_max - a.grant)
+                step = _grow_step(a, a.grant)
                 a.grant += step
                 free[a.elastic_kind] -= step
                 if i is not None:
@@ -1286,7 +1329,7 @@ class ReferenceScheduler:
                 x, grant, work = d
                 if short[x.elastic_kind] == 0 or grant <= x.minimum:
                     continue
-                step = min(ELASTIC_STEP, grant - x.minimum)
+                step = _shrink_step(x, grant)
                 cut = work * (self._seconds(x, grant - step) - self._seconds(x, grant))
                 if cut != cut:  # NaN
                     continue
@@ -1295,7 +1338,7 @@ class ReferenceScheduler:
             if best is None:
                 return None
             x = best[0]
-            step = min(ELASTIC_STEP, best[1] - x.minimum)
+            step = _shrink_step(x, best[1])
             best[1] -= step
             short[x.elastic_kind] = max(0, short[x.elastic_kind] - step)
             loss += best_loss

@@ -839,8 +839,9 @@ def test_isolated_pools() -> None:
 
 
 # Spare elastic units: optimus grants them while another action still waits for cores,
-# tangram only where nobody waits.
-@pytest.mark.parametrize("name, grant", [("optimus", 3000), ("tangram", 500)])
+# tangram only where nobody waits (action 3 starts with its 0.5 minimum topped up to a
+# whole core, no more).
+@pytest.mark.parametrize("name, grant", [("optimus", 3000), ("tangram", 1000)])
 def test_spare_units_while_others_wait(name: str, grant: int) -> None:
     h = Harness(Inventory([Node("n0", {"cpu": 8})]), Policy(name=name))
     h.submit(actions(1, dict(id=1, demand=[5], seconds=100)))
@@ -924,7 +925,8 @@ def test_woken_class_sees_its_own_slot() -> None:
 
 # tangram: action 2 waits for cores and parks; at t=1 its quota is blocked (action 4, of
 # higher priority, is refused by the concurrency cap) before its turn, so a try would find
-# it waiting for its quota, which holds no cores back: action 5 gets spare units.
+# it waiting for its quota, which holds no cores back: action 5 starts topped up from its
+# 0.5 minimum to a whole core (the 0.5 core left is less than a step).
 def test_parked_class_behind_its_blocked_quota() -> None:
     h = Harness(Inventory([Node("n0", {"cpu": 8})], quotas=[Quota("q", max_concurrency=1)]), Policy())
     h.submit(actions(1, dict(id=1, demand=[6.5], seconds=100)))
@@ -934,4 +936,4 @@ def test_parked_class_behind_its_blocked_quota() -> None:
                      dict(id=4, demand=[0], seconds=1, quota=0, priority=1),
                      dict(id=5, demand=[0.5], elastic_kind=0, elastic_max=3, model=MODEL_AMDAHL, seconds=10,
                           parallel_fraction=0.9)))
-    assert h.state[4] == "waiting" and h.placed[5][2] == 1500
+    assert h.state[4] == "waiting" and h.placed[5][2] == 1000

@@ -307,6 +307,16 @@ def test_spare_units_only_when_nobody_waits():
     assert [(x.action, x.grant) for x in d] == [(1, 1.0)]
 
 
+# tangram starts an elastic action with a fractional minimum topped up to a whole core
+# when one is free: single-threaded programs declared from a quarter core run one per core
+# rather than four to a core.
+def test_fractional_minimum_starts_with_a_whole_core():
+    programs = [Action(i, {"cpu": 0.25}, Amdahl(1.0, 1.0), elastic="cpu", max_units=1) for i in range(1, 5)]
+    s = Scheduler(Inventory.uniform(1, {"cpu": 2}))
+    assert [(x.action, x.grant) for x in s.submit(programs, 0)] == [(1, 1.0), (2, 1.0)]
+    assert [(x.action, x.grant) for x in s.complete([1], 0.25)] == [(3, 1.0)]
+
+
 # tangram's grants are malleable: a running action grows into cores a completion frees, and
 # gives cores back for a waiting action when that pays (docs/scheduling.md has the rule and
 # tests/cpp/test_resize.cc the arithmetic). Decisions name the resized action and its new

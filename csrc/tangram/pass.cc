@@ -281,6 +281,8 @@ inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::
     Quantity extra = std::min(f[a.elastic_kind], a.elastic_max - a.grant);
     a.grant += extra;
     f[a.elastic_kind] -= extra;
+  } else if (a.elastic_kind != kNone && malleable && row.rules.spare != SpareRule::kNone) {
+    top_up_start(slot, f);
   }
   if (bin_released_pass[bin] == pass_epoch) {  // keep the released columns exact
     const std::int32_t p = bin_partition[bin];

@@ -53,9 +53,10 @@ enum class ServiceDevices : std::uint8_t {
 // Whether a running action's elastic grant may change after its start.
 enum class ResizeRule : std::uint8_t {
   kFixed = 0,      // the grant of its start decision until it ends
-  kMalleable = 1,  // running actions grow into room a completion frees (by the SpareRule)
-                   // and give units back for a waiting action when that pays (kResize
-                   // decisions; docs/scheduling.md states the rule)
+  kMalleable = 1,  // a fractional elastic minimum starts topped up to a whole unit (unless
+                   // SpareRule::kNone), running actions grow into room a completion frees
+                   // (by the SpareRule) and give units back for a waiting action when that
+                   // pays (kResize decisions; docs/scheduling.md states the rule)
 };
 
 struct PolicyRules {
@@ -74,9 +75,9 @@ struct PolicyRow {
 
 // The built-in policies; their rows are kPolicyRows in policy.cc, in this order.
 enum class PolicyKind : std::uint8_t {
-  // Minimise average ACT: shortest estimate first with aging, spare elastic units where
-  // nobody waits, running grants that grow and shrink, whole service queues restored
-  // first by Smith's rule.
+  // Minimise average ACT: shortest estimate first with aging, fractional minimums topped
+  // up to whole units, spare elastic units where nobody waits, running grants that grow and
+  // shrink, whole service queues restored first by Smith's rule.
   kTangram = 0,
   // One shared pool, first-come first-served (with backfill), fixed minimum grants.
   kFifo = 1,

@@ -255,7 +255,7 @@ bool Scheduler::Impl::plan_shrink_on(const Class& cl, std::int32_t bin, ShrinkPl
       const ActionRec& a = slots[d.slot];
       const Quantity lowest = minimum(a);
       if (short_by[a.elastic_kind] == 0 || d.grant <= lowest) continue;
-      const Quantity step = std::min(kElasticStep, d.grant - lowest);
+      const Quantity step = shrink_step(a, d.grant);
       const double cut = d.work * (seconds(d.slot, d.grant - step) - seconds(d.slot, d.grant));
       if (cut != cut) continue;  // NaN: a model that gives no usable run time there
       if (best == SIZE_MAX || cut < best_loss || (cut == best_loss && a.id < slots[donors[best].slot].id)) {
@@ -266,7 +266,7 @@ bool Scheduler::Impl::plan_shrink_on(const Class& cl, std::int32_t bin, ShrinkPl
     if (best == SIZE_MAX) return false;
     Donor& d = donors[best];
     const std::int32_t kind = slots[d.slot].elastic_kind;
-    const Quantity step = std::min(kElasticStep, d.grant - minimum(slots[d.slot]));
+    const Quantity step = shrink_step(slots[d.slot], d.grant);
     d.grant -= step;
     short_by[kind] = std::max<Quantity>(0, short_by[kind] - step);
     loss += best_loss;

@@ -409,6 +409,24 @@ struct Scheduler::Impl {
   Quantity minimum(const ActionRec& a) const {
     return a.elastic_kind == kNone ? kMilli : classes[a.cls].demand[a.elastic_kind];
   }
+  // Elastic grants move in whole base units: a step up from `grant` reaches the next whole
+  // unit (a fractional minimum is topped up first), a step down the previous one, never
+  // past the action's maximum or minimum.
+  // The grant an action is ordered (and its service queue weighed) by: its minimum, under
+  // ResizeRule::kMalleable rounded up to a whole unit for an elastic action (a greedy start
+  // gets that much whenever a whole unit is free).
+  Quantity order_units(const ActionRec& a) const {
+    const Quantity lowest = minimum(a);
+    if (!malleable || a.elastic_kind == kNone || lowest % kElasticStep == 0) return lowest;
+    return std::min(a.elastic_max, lowest + grow_step(a, lowest));
+  }
+  static Quantity grow_step(const ActionRec& a, Quantity grant) {
+    return std::min(kElasticStep - grant % kElasticStep, a.elastic_max - grant);
+  }
+  Quantity shrink_step(const ActionRec& a, Quantity grant) const {
+    const Quantity above_whole = grant % kElasticStep;
+    return std::min(above_whole > 0 ? above_whole : kElasticStep, grant - minimum(a));
+  }
 
 
   // ---- parking.cc: parking and wakes
@@ -517,6 +535,7 @@ struct Scheduler::Impl {
     Quantity was;       // its grant before this pass's spare units
   };
   void grant_spare(std::vector<Decision>& out);
+  void top_up_start(std::int32_t slot, Quantity* f);  // a fractional minimum to a whole unit (kMalleable)
   // Whether spare units may go to actions on `bin` in this pass: under kUncontended only
   // when nobody still waits for room that could use it (no class short of resources
   // confined to its node, and none free to use any node of its partition).

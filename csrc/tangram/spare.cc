@@ -1,4 +1,5 @@
-// Spare elastic units, after the walk (SpareRule).
+// Spare elastic units, after the walk (SpareRule), and a start's top-up to a whole unit
+// during it (ResizeRule::kMalleable).
 //
 // Reads: the actions started in this pass, under ResizeRule::kMalleable the running
 // actions on bins a completion freed room on, their elasticity models and remaining work,
@@ -35,6 +36,24 @@ bool Scheduler::Impl::parked_waits_for_room(std::int32_t part, std::int32_t node
     for (const ClassHead& entry : *list)
       if (waits(entry.cls)) return true;
   return false;
+}
+
+// A start topped up to a whole unit (ResizeRule::kMalleable, a SpareRule other than
+// kNone): an elastic action whose minimum is a fraction of a unit takes the step to the
+// next whole one (at most its maximum) when its bin's free room `f` holds it and the step
+// cuts its run time by at least min_relative_gain (the spare rule's test, with all its work
+// left). A fraction of a CPU runs a process no faster under a guarantee, it only lets more
+// of them share the CPU; the heads after it see what is left.
+void Scheduler::Impl::top_up_start(std::int32_t slot, Quantity* f) {
+  ActionRec& a = slots[slot];
+  if (a.grant % kElasticStep == 0) return;
+  const Quantity step = grow_step(a, a.grant);
+  if (step <= 0 || f[a.elastic_kind] < step) return;
+  const double now_s = seconds(slot, a.grant);
+  const double cut = now_s - seconds(slot, a.grant + step);
+  if (!(now_s > 0) || !(cut >= policy.min_relative_gain * now_s) || !(cut > 0)) return;
+  a.grant += step;
+  f[a.elastic_kind] -= step;
 }
 
 // Spare elastic units go, one unit at a time, to the action with the largest marginal cut
@@ -78,7 +97,7 @@ void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
       for (std::size_t i = 0; i < members.size(); ++i) {
         const SpareMember& m = members[i];
         const ActionRec& a = slots[m.slot];
-        Quantity step = std::min(kElasticStep, a.elastic_max - a.grant);
+        Quantity step = grow_step(a, a.grant);
         if (step <= 0 || f[a.elastic_kind] < step) continue;
         double now_s = seconds(m.slot, a.grant);
         double next_s = seconds(m.slot, a.grant + step);
@@ -93,7 +112,7 @@ void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
       if (best == SIZE_MAX) break;
       const SpareMember& m = members[best];
       ActionRec& a = slots[m.slot];
-      Quantity step = std::min(kElasticStep, a.elastic_max - a.grant);
+      Quantity step = grow_step(a, a.grant);
       a.grant += step;
       f[a.elastic_kind] -= step;
       if (m.decision != SIZE_MAX) out[m.decision].grant = a.grant;

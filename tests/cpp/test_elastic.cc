@@ -87,12 +87,14 @@ TEST(Elastic, OptimusGrantsSpareUnitsWhileOthersWait) {
 // the pool to exactly full.
 TEST(Elastic, GrantsReturnExactly) {
   Harness h(cpu_mem_inventory(1, 7, 1000), policy_of(PolicyKind::kTangram));
-  // 5.25 spare cores, a unit (1 core) at a time to the largest cut: action 2's first (5.6 s),
-  // action 1's first three (3.6, 1.54, 0.86 s), then action 2's second (0.62 s, more than
-  // action 1's fourth, 0.55 s), which reaches its bound; 0.25 cores stay, less than a unit.
+  // Action 2 goes first (4.75 s at its minimum rounded up to a core, against action 1's
+  // 7.75 s at 2 cores); each starts topped up to a whole core (2 to 1 core, 1 to 2). Then
+  // the 4 spare cores, a step at a time to the largest cut, each ending on a whole core:
+  // action 1's two (2.25, 1.12 s), action 2's one (0.88 s), action 1's one (0.68 s, more
+  // than action 2's last quarter, 0.1 s). All 7 cores are granted.
   EXPECT_EQ(h.submit({amdahl(1, {1500, 1}, 0, 5500, 10, 0.9), amdahl(2, {250, 3}, 0, 2250, 10, 0.7)}, 0),
-            (Decisions{start(1).on(0).grant(0, 4500).at(0), start(2).on(0).grant(0, 2250).at(0)}));
-  EXPECT_EQ(h.s.free(0, 0), 250);
+            (Decisions{start(2).on(0).grant(0, 2000).at(0), start(1).on(0).grant(0, 5000).at(0)}));
+  EXPECT_EQ(h.s.free(0, 0), 0);
   EXPECT_EQ(h.s.free(0, 1), U(1000) - 4);
   EXPECT_EQ(h.complete({1, 2}, 1), Decisions{});
   EXPECT_EQ(h.s.free(0, 0), U(7));

@@ -1,5 +1,6 @@
-// Malleable grants (ResizeRule::kMalleable, tangram's row): running elastic actions grow
-// into room a completion frees, and give units back for a waiting head when that pays.
+// Malleable grants (ResizeRule::kMalleable, tangram's row): a fractional minimum starts
+// topped up to a whole unit, running elastic actions grow into room a completion frees,
+// and give units back for a waiting head when that pays.
 // Each case states the exact decisions; the arithmetic is in the comments.
 #include <map>
 #include <string>
@@ -38,6 +39,34 @@ TEST(Resize, GrowsAfterACompletion) {
   EXPECT_EQ(h.s.explain(1), "running on node 0 (node0), cpu grant 8 (from 4 at 1 s)");
   EXPECT_EQ(h.complete({1}, 2), Decisions{});
   EXPECT_EQ(h.s.free(0, 0), U(8));  // its current grant came back
+}
+
+// Four single-threaded programs declared from a quarter core to one (t(u) = 0.25 / u s: 1 s
+// at a quarter) on 2 cores: each starts topped up to a whole core (the step cuts 0.75 s),
+// so two run and two wait. With fixed grants all four start at a quarter, sharing the
+// cores (each then takes about 0.5 s instead of 0.25; the spare rule tops one up with the
+// core nobody waits for). When the free room cannot hold the step (0.5 core left after
+// action 2's quarter, against a 0.75 step), a start stays at its minimum.
+TEST(Resize, FractionalMinimumStartsToppedUpToAWholeUnit) {
+  const auto programs = [] {
+    return std::vector<ActionSpec>{amdahl(1, {250}, 0, U(1), 1, 1.0), amdahl(2, {250}, 0, U(1), 1, 1.0),
+                                   amdahl(3, {250}, 0, U(1), 1, 1.0), amdahl(4, {250}, 0, U(1), 1, 1.0)};
+  };
+  Harness h(cpu_inventory(1, 2), tangram_policy());
+  EXPECT_EQ(h.submit(programs(), 0),
+            (Decisions{start(1).on(0).grant(0, U(1)).at(0), start(2).on(0).grant(0, U(1)).at(0)}));
+  EXPECT_EQ(h.s.state(3), ActionState::kWaiting);
+  EXPECT_EQ(h.complete({1}, 0.25), (Decisions{start(3).on(0).grant(0, U(1)).at(0.25)}));
+
+  Harness fixed(cpu_inventory(1, 2), tangram_fixed());
+  EXPECT_EQ(fixed.submit(programs(), 0),
+            (Decisions{start(1).on(0).grant(0, U(1)).at(0), start(2).on(0).grant(0, 250).at(0),
+                       start(3).on(0).grant(0, 250).at(0), start(4).on(0).grant(0, 250).at(0)}));
+
+  Harness partial(cpu_inventory(1, 2), tangram_policy());
+  EXPECT_EQ(partial.submit({action(9, {250}, 100)}, 0), (Decisions{start(9).on(0).at(0)}));
+  EXPECT_EQ(partial.submit({amdahl(1, {250}, 0, U(1), 1, 1.0), amdahl(2, {250}, 0, U(1), 1, 1.0)}, 0),
+            (Decisions{start(1).on(0).grant(0, U(1)).at(0), start(2).on(0).grant(0, 250).at(0)}));
 }
 
 // The same events with fixed grants: the survivor keeps its start grant.

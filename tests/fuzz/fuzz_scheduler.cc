@@ -20,7 +20,8 @@
 //     only by successful calls and their decisions, agrees with waiting_count(),
 //     running_count() and state(): a refused batch applied nothing; kStart is only for a
 //     waiting action; kReject only for a waiting one; kResize only for a running one, at
-//     most once per call, at the call's time, and placement() then reports its grant;
+//     most once per call, at the call's time, and placement() then reports its grant (as
+//     it reports a kStart's grant for an action started in the call);
 //     completed/cancelled actions are gone.
 //   * A refused call leaves now() where it was.
 //   * Valid batches of live ids (complete, cancel) at the current time are accepted.
@@ -572,10 +573,15 @@ class Harness {
           FUZZ_CHECK(false, "unknown decision kind");
       }
     }
-    // Each resized action holds the grant its one kResize of the call gave it.
-    for (const Decision& d : out_)
+    // Each resized action holds the grant its one kResize of the call gave it; an action
+    // started in the call holds its kStart's grant (a top-up at the start and the spare
+    // rule both set it before the decision is given; no kResize in the pass that started it).
+    for (const Decision& d : out_) {
       if (d.kind == DecisionKind::kResize)
         FUZZ_CHECK(sched_->placement(d.action).grant == d.grant, "placement() disagrees with the kResize grant");
+      if (d.kind == DecisionKind::kStart && running_.count(d.action) == 1)
+        FUZZ_CHECK(sched_->placement(d.action).grant == d.grant, "placement() disagrees with the kStart grant");
+    }
     check();
   }
 
