@@ -17,28 +17,30 @@ from ._errors import (
     UnknownNameError,
     ValidationError,
 )
-from ._model import (
-    Action,
-    Amdahl,
-    Constant,
-    Gpu,
-    Inventory,
-    Native,
-    Node,
-    Quota,
-    Service,
-    Table,
-    cost_model,
-)
-from ._records import DECISION_DTYPE, action_dtype
-from .scheduler import POLICIES, Decision, Decisions, Policy, Scheduler
-
-# The layers above the scheduler (the runtime, the server's client, GPU services) are
-# imported on first use of one of their names, so that `import tangram` loads the core
-# alone: no asyncio, no cloudpickle, no orchestrator for a program that only schedules.
+# Every public name but the errors is imported on first use of it, so that `import tangram`
+# loads the compiled core alone: no NumPy, no asyncio, no cloudpickle, nothing a process
+# pays for that needs one light corner (a sandbox's `tangram.worker`) or only schedules.
 # Where each name lives (relative to this package); tests/test_layering.py checks the
 # TYPE_CHECKING imports below against it.
 _LAZY = {
+    "Action": "_model",
+    "Amdahl": "_model",
+    "Constant": "_model",
+    "Gpu": "_model",
+    "Inventory": "_model",
+    "Native": "_model",
+    "Node": "_model",
+    "Quota": "_model",
+    "Service": "_model",
+    "Table": "_model",
+    "cost_model": "_model",
+    "DECISION_DTYPE": "_records",
+    "action_dtype": "_records",
+    "POLICIES": "scheduler",
+    "Decision": "scheduler",
+    "Decisions": "scheduler",
+    "Policy": "scheduler",
+    "Scheduler": "scheduler",
     "ActionCancelled": "runtime.errors",
     "ActionCrashed": "runtime.errors",
     "ActionError": "runtime.errors",
@@ -69,6 +71,9 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:  # what type checkers see of the names above; never executed
+    from ._model import Action, Amdahl, Constant, Gpu, Inventory, Native, Node, Quota, Service, Table, cost_model
+    from ._records import DECISION_DTYPE, action_dtype
+    from .scheduler import POLICIES, Decision, Decisions, Policy, Scheduler
     from .runtime.call import Call, CommandResult
     from .runtime.config import RuntimeConfig
     from .runtime.errors import (

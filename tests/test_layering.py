@@ -296,17 +296,23 @@ def _fresh(code: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=120)
 
 
-# Invariant: `import tangram` loads the face and the layers below it, nothing above it and
-# none of their third-party dependencies; those load on first use of one of their names.
+# Invariant: `import tangram` loads the compiled core and the errors, nothing else of the
+# package and none of its third-party dependencies (not even NumPy); every other name loads
+# its layer on first use (a sandbox's `tangram.worker` stays light).
 def test_import_tangram_loads_only_the_core() -> None:
     done = _fresh("import sys, tangram; print('\\n'.join(sys.modules))")
     assert done.returncode == 0, done.stderr
     loaded = set(done.stdout.split())
-    assert {"tangram.scheduler", "tangram._model", "numpy"} <= loaded  # the probe sees what it should
+    assert {"tangram._core", "tangram._errors"} <= loaded  # the probe sees what it should
+    assert not loaded & {"numpy", "tangram.scheduler", "tangram._model"}, sorted(loaded)
+    used = _fresh("import sys, tangram; tangram.Scheduler; print('\\n'.join(sys.modules))")
+    assert used.returncode == 0, used.stderr
+    loaded = set(used.stdout.split())
+    assert {"tangram.scheduler", "tangram._model", "numpy"} <= loaded  # on first use
     higher = sorted(m for m in loaded if m.split(".")[0] == "tangram" and layer_of(m) > FACE)
-    assert not higher, f"`import tangram` loads modules above the face: {higher}"
+    assert not higher, f"`tangram.Scheduler` loads modules above the face: {higher}"
     third_party = sorted(loaded & set(HEAVY_THIRD_PARTY))
-    assert not third_party, f"`import tangram` loads {third_party}"
+    assert not third_party, f"`tangram.Scheduler` loads {third_party}"
 
 
 # Invariant: every name of tangram.__all__ resolves in a fresh interpreter, each to an
