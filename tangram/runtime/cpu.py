@@ -52,7 +52,7 @@ import cloudpickle
 from .call import Call, CommandResult, Placement, require_fn_or_command
 from .errors import ActionCrashed, ActionFailed, ManagerError, ResourceLimitExceeded
 from .grant import GrantChannel, whole_cores
-from .isolation import Isolation, ManagerCgroups, cpu_list, detect
+from .isolation import Isolation, ManagerCgroups, SandboxCgroup, cpu_list, detect
 from .manager import LiveAction, ResourceManager
 from .sandbox import Sandbox, WarmWorkers, WorkerDied, kill_marked, marked_processes
 
@@ -137,7 +137,8 @@ class CpuManager(ResourceManager):
                     CPUs; idle cores are used) or "ceiling" (pinned to the granted CPUs, a
                     CFS quota for fractions: never more than the grant, even when idle)
       warm_sandboxes  workers kept started ahead of new trajectories (default 4; 0: start
-                    each sandbox's worker at its first action)
+                    each sandbox's worker at its first action). They start at the lowest
+                    CPU weight, and taken ones are replaced once no action runs here.
       output_limit  bytes kept of each of a command's stdout and stderr (default 1 MiB)
       cpus          the CPU ids this manager may use (default: this process's affinity)
       env           extra environment variables for every sandbox
@@ -198,6 +199,7 @@ class CpuManager(ResourceManager):
         self._grants: dict[int, GrantChannel] = {}  # per trajectory, beside its sandbox
         self._running: dict[int, _Running] = {}  # action id -> what a resize changes
         self._warm: WarmWorkers | None = None
+        self._warm_cgroup: SandboxCgroup | None = None  # idle warm workers: the lowest weight
         self._reaping: set[asyncio.Task[None]] = set()
         self._state = "new"
 
@@ -238,7 +240,12 @@ class CpuManager(ResourceManager):
         self._base_env = base
         self._all_cpus = cpu_list(self.cpus)
         if self.warm_sandboxes:
-            self._warm = WarmWorkers(self._dir, f"{self.id}/", base, self.warm_sandboxes)
+            place = None
+            if self._cgroups is not None:
+                self._warm_cgroup = self._cgroups.sandbox("warm")
+                self._warm_cgroup.set_weight(0)
+                place = self._warm_cgroup.add
+            self._warm = WarmWorkers(self._dir, f"{self.id}/", base, self.warm_sandboxes, place)
             self._warm.fill()
         self._state = "running"
 
@@ -251,6 +258,9 @@ class CpuManager(ResourceManager):
             errors = await asyncio.gather(*(self._end(t) for t in list(self._sandboxes)), return_exceptions=True)
             if self._warm is not None:
                 await self._warm.close()
+            if self._warm_cgroup is not None:
+                self._warm_cgroup.remove()
+                self._warm_cgroup = None
             if self._reaping:
                 await asyncio.gather(*self._reaping, return_exceptions=True)
         finally:
@@ -363,6 +373,8 @@ class CpuManager(ResourceManager):
                     if sb.cgroup is not None:
                         sb.cgroup.idle(self.ceiling)
                     self.pool.release(running.charge)
+                    if not self._running and self._warm is not None:
+                        self._warm.refill_soon()  # the node is idle: replace the taken ones
 
     def resize(self, action: LiveAction, placement: Placement) -> None:
         """The core changed a running action's grant to `placement.cores`: its weight (or,

@@ -36,7 +36,7 @@ import socket
 import struct
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .errors import ManagerError
@@ -72,12 +72,18 @@ class WarmWorker:
 
 class WarmWorkers:
     """Up to `size` idle workers, so that a new trajectory's first action does not wait for
-    an interpreter to start (nor start it under its own small grant). A taken worker is
-    replaced on the next turn of the event loop."""
+    an interpreter to start (nor start it under its own small grant). Taken workers are
+    replaced when the owner calls `refill_soon` (the CPU manager: when no action runs, so
+    that starting interpreters never competes with a busy step; between steps the pool is
+    full again). `place(pid)`, when given, is called with each new worker: the CPU manager
+    puts it in a cgroup of the lowest CPU weight (a worker taken before it is ready
+    finishes starting under its sandbox's grant)."""
 
-    def __init__(self, directory: str, marker: str, base_env: Mapping[str, str], size: int) -> None:
+    def __init__(self, directory: str, marker: str, base_env: Mapping[str, str], size: int,
+                 place: Callable[[int], None] | None = None) -> None:
         self.directory = directory
         self.marker = marker
+        self.place = place
         self.env = {**base_env, "HOME": directory, "TMPDIR": directory}
         self.size = size
         self.idle: list[WarmWorker] = []
@@ -95,14 +101,22 @@ class WarmWorkers:
         marker = f"{self.marker}w{self._count}"
         log_path = os.path.join(self.directory, f"w{self._count}.log")
         proc, channel = spawn_worker(self.directory, {**self.env, MARKER: marker}, log_path)
+        if self.place is not None:
+            try:
+                self.place(proc.pid)
+            except OSError:  # it died at once: take() skips it
+                pass
         return WarmWorker(proc, channel, marker, log_path)
 
+    def refill_soon(self) -> None:
+        """Start the missing workers on the next turn of the event loop."""
+        if self._refill is None and not self._closed and len(self.idle) < self.size:
+            self._refill = asyncio.get_running_loop().call_soon(self.fill)
+
     def take(self) -> WarmWorker | None:
-        """An idle live worker (None when none is left), its replacement scheduled."""
+        """An idle live worker (None when none is left)."""
         while self.idle:
             warm = self.idle.pop(0)
-            if self._refill is None and not self._closed:
-                self._refill = asyncio.get_running_loop().call_soon(self.fill)
             if warm.proc.poll() is None:
                 return warm
             warm.channel.close()  # it died idle (killed from outside): the next one

@@ -480,6 +480,31 @@ def print_and_exit() -> None:
     os._exit(5)
 
 
+# Replacements for taken warm workers start only once no action runs on the manager (a
+# busy rollout step does not pay for interpreters it will not use), and warm workers wait
+# in a cgroup of the lowest CPU weight, then move into their sandbox's cgroup when taken.
+def test_warm_workers_are_replaced_when_no_action_runs(mechanism: str) -> None:
+    async def body(mgr: CpuManager) -> None:
+        assert await until(lambda: len(mgr.warm_processes()) == 2)
+        first = set(mgr.warm_processes())
+        if mgr._cgroups is not None:
+            v2 = mgr.isolation.mechanism == "cgroup-v2"  # type: ignore[union-attr]
+            warm_dir = os.path.join(mgr._cgroups.dirs["cpu"], "warm")
+            assert first <= {int(p) for p in read(os.path.join(warm_dir, "cgroup.procs")).split()}
+            assert int(read(os.path.join(warm_dir, "cpu.weight" if v2 else "cpu.shares"))) == cpu_weight(0, v2)
+        busy = asyncio.ensure_future(run(mgr, Call(fn=time.sleep, args=(1.0,), trajectory=1)))
+        assert await until(lambda: len(mgr.warm_processes()) == 1)  # trajectory 1 took one
+        pid = await run(mgr, Call(fn=os.getpid, trajectory=2))  # ends while trajectory 1 runs
+        assert pid in first and mgr.warm_processes() == [] and busy.done() is False
+        await asyncio.sleep(0.2)
+        assert mgr.warm_processes() == []  # no replacement while an action runs
+        await busy
+        assert await until(lambda: len(mgr.warm_processes()) == 2)  # idle: both replaced
+        assert not first & set(mgr.warm_processes())
+
+    with_manager(mechanism, body, warm_sandboxes=2)
+
+
 def write(name: str, text: str) -> None:
     with open(name, "w") as f:
         f.write(text)
