@@ -8,23 +8,26 @@ tool call, over `--turns` turns:
   suite  a bundle of 8 programs, an elastic test suite: run by as many processes as its
          grant allows
 The programs are CPU-bound Python of our own making (primes, merge sort, matrix product,
-Collatz, N-queens, edit distance; 10-150 ms each here); each checks its own result against
-an independent computation, and this script checks every result against the value from a
-calibration run. A wrong or missing result fails the run.
+Collatz, N-queens, edit distance; 5-300 ms each here; bench/rollout_programs.py, a light
+module every worker process imports, as a user's tool module would be); each checks its
+own result against an independent computation, and this script checks every result
+against the value from a calibration run. A wrong or missing result fails the run.
 
 Three ways to run the same rollout, interleaved in every repetition, in this one process:
   pool        asyncio + concurrent.futures.ProcessPoolExecutor with one worker per core
               (started before the step, like a rollout server's); a suite is its 8 programs
               submitted to the pool at once. No scheduling, no sandboxes, no limits.
   tangram     the orchestrator (policy `tangram`, CPU manager with its defaults: grants are
-              guarantees, running elastic actions are resized). A run is an elastic action
+              guarantees, running elastic actions are resized; a warm worker per
+              trajectory, started before the step). A run is an elastic action
               from the minimum demand up to one core (a single-threaded program); a suite an
               elastic action from the same minimum up to every core, run by
               `tangram.worker.shared_executor()` in the trajectory's sandbox.
   trajectory  the fixed-sandbox-per-trajectory baseline: policy `trajectory`, each
               trajectory a slot of cores/trajectories, enforced as a hard ceiling
               (cpu_limit="ceiling"), the way a container per trajectory is limited.
-The minimum demand of every action is the trajectory baseline's slot (cores/trajectories),
+The minimum demand of every action is the trajectory baseline's slot (cores/trajectories, down
+to a whole milli-core so that every trajectory has one),
 so every policy runs the same calls. Run times are declared from the calibration (what a
 user measures: one program's time on one core), as Amdahl models: a run's is perfectly
 parallel up to its one core, a suite's 95% parallel.
@@ -40,6 +43,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import platform
 import random
@@ -50,69 +54,12 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollout_programs import PROGRAMS, run_program, run_suite
 from tangram import Amdahl, Call, Orchestrator
 from tangram.runtime.config import RuntimeConfig
+from tangram.runtime.cpu import CpuManager
 
 SUITE_SIZE = 8
-
-# Each program sets `result` after asserting it against an independent computation.
-PROGRAMS = {
-    "primes": (
-        "def is_prime(k):\n    if k < 2:\n        return False\n    d = 2\n    while d * d <= k:\n"
-        "        if k % d == 0:\n            return False\n        d += 1\n    return True\n"
-        "n = {n}\ncount = sum(1 for k in range(n) if is_prime(k))\n"
-        "marks = bytearray([1]) * n\nmarks[0:2] = b'\\x00\\x00'\n"
-        "for p in range(2, int(n ** 0.5) + 1):\n    if marks[p]:\n        marks[p*p::p] = bytes(len(range(p*p, n, p)))\n"
-        "assert count == sum(marks), (count, sum(marks))\nresult = count\n", (8_000, 16_000, 30_000, 50_000)),
-    "mergesort": (
-        "def msort(a):\n    if len(a) < 2:\n        return a\n    m = len(a) // 2\n    l, r = msort(a[:m]), msort(a[m:])\n"
-        "    out, i, j = [], 0, 0\n    while i < len(l) and j < len(r):\n        if l[i] <= r[j]:\n"
-        "            out.append(l[i]); i += 1\n        else:\n            out.append(r[j]); j += 1\n"
-        "    return out + l[i:] + r[j:]\n"
-        "x, data = {n}, []\nfor _ in range({n}):\n    x = (x * 1103515245 + 12345) % 2147483648\n    data.append(x)\n"
-        "got = msort(data)\nassert got == sorted(data)\nresult = got[len(got) // 2]\n", (5_000, 10_000, 18_000, 28_000)),
-    "matmul": (
-        "n = {n}\nA = [[(i * 7 + j * 3) % 11 for j in range(n)] for i in range(n)]\n"
-        "B = [[(i * 5 + j) % 13 for j in range(n)] for i in range(n)]\n"
-        "C = [[sum(A[i][k] * B[k][j] for k in range(n)) for j in range(n)] for i in range(n)]\n"
-        "Bv = [sum(row) for row in B]\n"
-        "assert [sum(row) for row in C] == [sum(A[i][k] * Bv[k] for k in range(n)) for i in range(n)]\n"
-        "result = sum(C[i][i] for i in range(n))\n", (30, 40, 50, 60)),
-    "collatz": (
-        "def steps(k):\n    s = 0\n    while k != 1:\n        k = k // 2 if k % 2 == 0 else 3 * k + 1\n        s += 1\n"
-        "    return s\nn = {n}\nbest = max(range(1, n), key=steps)\nmemo = {{1: 0}}\n"
-        "def steps2(k):\n    path = []\n    while k not in memo:\n        path.append(k)\n"
-        "        k = k // 2 if k % 2 == 0 else 3 * k + 1\n    s = memo[k]\n    for v in reversed(path):\n"
-        "        s += 1\n        memo[v] = s\n    return s\n"
-        "assert steps(best) == max(steps2(k) for k in range(1, n))\nresult = best\n", (2_000, 4_000, 7_000, 10_000)),
-    "queens": (
-        "def solve(n, row=0, cols=0, d1=0, d2=0):\n    if row == n:\n        return 1\n    total = 0\n"
-        "    for c in range(n):\n        if not (cols >> c) & 1 and not (d1 >> (row + c)) & 1 and not (d2 >> (row - c + n)) & 1:\n"
-        "            total += solve(n, row + 1, cols | 1 << c, d1 | 1 << (row + c), d2 | 1 << (row - c + n))\n"
-        "    return total\nn = {n}\nresult = solve(n)\n"
-        "assert result == [1, 1, 0, 0, 2, 10, 4, 40, 92, 352, 724, 2680][n]\n", (10, 11)),
-    "editdist": (
-        "def dist(a, b):\n    prev = list(range(len(b) + 1))\n    for i, ca in enumerate(a, 1):\n        cur = [i]\n"
-        "        for j, cb in enumerate(b, 1):\n            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))\n"
-        "        prev = cur\n    return prev[-1]\n"
-        "n = {n}\na = ''.join('acgt'[(i * i + 3) % 4] for i in range(n))\n"
-        "b = ''.join('acgt'[(i * 7 + 1) % 4] for i in range(n))\nd = dist(a, b)\n"
-        "assert d == dist(b, a) and abs(len(a) - len(b)) <= d <= max(len(a), len(b))\nresult = d\n", (120, 200, 280, 350)),
-}
-
-
-def run_program(source: str) -> Any:
-    """Runs one program in a fresh namespace and returns its checked `result`."""
-    namespace: dict[str, Any] = {"__name__": "__program__"}
-    exec(compile(source, "<program>", "exec"), namespace)
-    return namespace["result"]
-
-
-def run_suite(sources: list[str]) -> list[Any]:
-    """A test suite inside a tangram sandbox: its programs on the sandbox's process pool,
-    which runs as many at once as the action's live grant."""
-    from tangram.worker import shared_executor
-    return list(shared_executor().map(run_program, sources))
 
 
 # ---------------------------------------------------------------- the workload
@@ -202,13 +149,30 @@ async def with_pool(plans: list[list[Turn]], cores: int) -> Run:
     return run
 
 
+async def warm_workers_idle(mgr: CpuManager) -> None:
+    """Until every warm worker has started and waits (its CPU time stands still)."""
+    def cpu_times() -> list[int]:
+        out = []
+        for pid in mgr.warm_processes():
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out.append(int(fields[11]) + int(fields[12]))
+        return out
+    last: list[int] = []
+    while len(mgr.warm_processes()) < mgr.warm_sandboxes or cpu_times() != last:
+        last = cpu_times()
+        await asyncio.sleep(0.1)
+
+
 async def with_tangram(plans: list[list[Turn]], cores: int, policy: str, cpu_limit: str, label: str) -> Run:
     run = Run(label, len(plans))
-    slot = cores / len(plans)
+    slot = math.floor(cores * 1000 / len(plans)) / 1000  # in whole milli-cores: n slots fit the node
     options = {"trajectory_slot_cpu": slot} if policy == "trajectory" else {}
-    config = RuntimeConfig(policy=policy, policy_options=options, managers={"cpu": {"cpu_limit": cpu_limit}})
+    # A warm worker per trajectory, started before the step as the pool's workers are.
+    config = RuntimeConfig(policy=policy, policy_options=options,
+                           managers={"cpu": {"cpu_limit": cpu_limit, "warm_sandboxes": len(plans)}})
     async with Orchestrator(config) as orch:
-        await asyncio.sleep(0.5)  # the warm workers are up, as they are between steps
+        await warm_workers_idle(orch.managers["cpu"])  # type: ignore[arg-type]
 
         async def act(t: int, turn: Turn) -> list[Any]:
             seconds = sum(p.seconds for p in turn.programs)
