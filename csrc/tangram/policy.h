@@ -29,9 +29,9 @@ enum class BinLayout : std::uint8_t {
   kTaskPools = 2,        // a partition per task pool, each node split by the pools' weights
 };
 
-// Where elastic units beyond the minimum grants go, after the walk: one unit at a time to
-// the action started in the pass with the largest marginal cut in run time (at least
-// min_relative_gain of it).
+// Where elastic units beyond the minimum grants go, after the walk: one step (to the next
+// whole unit) at a time to the action started in the pass with the largest marginal cut in
+// run time (at least min_relative_gain of it).
 enum class SpareRule : std::uint8_t {
   kNone = 0,         // every action runs at its minimum (its slot, under kTrajectorySlots)
   kUncontended = 1,  // only on bins nobody still waits for

@@ -412,20 +412,20 @@ struct Scheduler::Impl {
   // Elastic grants move in whole base units: a step up from `grant` reaches the next whole
   // unit (a fractional minimum is topped up first), a step down the previous one, never
   // past the action's maximum or minimum.
-  // The grant an action is ordered (and its service queue weighed) by: its minimum, under
-  // ResizeRule::kMalleable rounded up to a whole unit for an elastic action (a greedy start
-  // gets that much whenever a whole unit is free).
-  Quantity order_units(const ActionRec& a) const {
-    const Quantity lowest = minimum(a);
-    if (!malleable || a.elastic_kind == kNone || lowest % kElasticStep == 0) return lowest;
-    return std::min(a.elastic_max, lowest + grow_step(a, lowest));
-  }
   static Quantity grow_step(const ActionRec& a, Quantity grant) {
     return std::min(kElasticStep - grant % kElasticStep, a.elastic_max - grant);
   }
   Quantity shrink_step(const ActionRec& a, Quantity grant) const {
     const Quantity above_whole = grant % kElasticStep;
     return std::min(above_whole > 0 ? above_whole : kElasticStep, grant - minimum(a));
+  }
+  // The grant an action is ordered (and its service queue weighed) by: its minimum, under
+  // ResizeRule::kMalleable rounded up to a whole unit for an elastic action (its start is
+  // topped up to that whenever the room holds it).
+  Quantity order_units(const ActionRec& a) const {
+    const Quantity lowest = minimum(a);
+    if (!malleable || a.elastic_kind == kNone || lowest % kElasticStep == 0) return lowest;
+    return lowest + grow_step(a, lowest);
   }
 
 

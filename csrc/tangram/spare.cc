@@ -6,8 +6,9 @@
 // which bins are contended.
 // Changes: those actions' grants (the kStart decisions already emitted; a kResize for each
 // running action that grew), bins' free room and reclaimable units.
-// Guarantees: a grant only grows, one unit at a time, to the largest marginal cut in run
-// time (at least min_relative_gain of it), never past elastic_max or the bin's free room;
+// Guarantees: a grant only grows, a step (to the next whole unit) at a time, to the
+// largest marginal cut in run time (at least min_relative_gain of it), never past
+// elastic_max or the bin's free room;
 // under SpareRule::kUncontended never on a bin somebody waits for; a running action grows
 // at most once per pass, and not in a pass that shrank it.
 #include "tangram/scheduler_impl.h"
@@ -56,12 +57,12 @@ void Scheduler::Impl::top_up_start(std::int32_t slot, Quantity* f) {
   f[a.elastic_kind] -= step;
 }
 
-// Spare elastic units go, one unit at a time, to the action with the largest marginal cut
+// Spare elastic units go, one step at a time, to the action with the largest marginal cut
 // in run time: under SpareRule::kUncontended only on bins nobody waits for, under kEveryBin
 // on every bin. The candidates are the actions started in this pass and, under
 // ResizeRule::kMalleable, the running actions on (online) bins a completion freed room on
 // since the last pass, not resized in this pass. A running action's cut is its work left
-// x (t(g) - t(g + 1)), at least min_relative_gain of its remaining time (work left x
+// x (t(g) - t(g + step)), at least min_relative_gain of its remaining time (work left x
 // t(g)); a start's work left is all of it. Each running action that grew gets one kResize.
 void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
   // Candidates by bin (ordered: deterministic): this pass's starts in start order, then
