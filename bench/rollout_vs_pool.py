@@ -1,6 +1,6 @@
 """A coding rollout of real programs: tangram against the process pool a user would write.
 
-    python bench/rollout_vs_pool.py [--trajectories 8 32] [--repeat 3] [--json PATH]
+    python bench/rollout_vs_pool.py [--trajectories 8 32] [--repeat 3] [--aging A] [--json PATH]
 
 Each trajectory alternates "generation" (a seeded 20-120 ms sleep, the policy model) with a
 tool call, over `--turns` turns:
@@ -164,10 +164,13 @@ async def warm_workers_idle(mgr: CpuManager) -> None:
         await asyncio.sleep(0.1)
 
 
-async def with_tangram(plans: list[list[Turn]], cores: int, policy: str, cpu_limit: str, label: str) -> Run:
+async def with_tangram(plans: list[list[Turn]], cores: int, policy: str, cpu_limit: str, label: str,
+                       aging: float | None = None) -> Run:
     run = Run(label, len(plans))
     slot = math.floor(cores * 1000 / len(plans)) / 1000  # in whole milli-cores: n slots fit the node
-    options = {"trajectory_slot_cpu": slot} if policy == "trajectory" else {}
+    options: dict[str, float] = {"trajectory_slot_cpu": slot} if policy == "trajectory" else {}
+    if aging is not None and policy == "tangram":
+        options["aging"] = aging
     # A warm worker per trajectory, started before the step as the pool's workers are.
     config = RuntimeConfig(policy=policy, policy_options=options,
                            managers={"cpu": {"cpu_limit": cpu_limit, "warm_sandboxes": len(plans)}})
@@ -194,13 +197,13 @@ async def with_tangram(plans: list[list[Turn]], cores: int, policy: str, cpu_lim
 WAYS = ("pool", "tangram", "trajectory")
 
 
-async def repetition(plans: list[list[Turn]], cores: int, ways: tuple[str, ...]) -> list[Run]:
+async def repetition(plans: list[list[Turn]], cores: int, ways: tuple[str, ...], aging: float | None) -> list[Run]:
     runs = []
     for way in ways:
         if way == "pool":
             runs.append(await with_pool(plans, cores))
         elif way == "tangram":
-            runs.append(await with_tangram(plans, cores, "tangram", "guarantee", way))
+            runs.append(await with_tangram(plans, cores, "tangram", "guarantee", way, aging))
         elif way == "trajectory":
             runs.append(await with_tangram(plans, cores, "trajectory", "ceiling", way))
     return runs
@@ -218,13 +221,13 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "machine": {"cpus": cores, "python": platform.python_version()},
         "programs": {"count": len(catalog), "seconds_min": min(p.seconds for p in catalog),
                      "seconds_max": max(p.seconds for p in catalog)},
-        "turns": args.turns, "repeat": args.repeat, "results": {}}
+        "turns": args.turns, "repeat": args.repeat, "tangram_aging": args.aging, "results": {}}
     for n in args.trajectories:
         plans = workload(catalog, n, args.turns, args.seed)
         runs: dict[str, list[Run]] = {w: [] for w in args.ways}
         for rep in range(args.repeat):
             order = list(args.ways[rep % len(args.ways):] + args.ways[:rep % len(args.ways)])  # rotate who goes first
-            for r in await repetition(plans, cores, tuple(order)):
+            for r in await repetition(plans, cores, tuple(order), args.aging):
                 if r.wrong:
                     raise SystemExit(f"{r.way}: {r.wrong} wrong results with {n} trajectories")
                 runs[r.way].append(r)
@@ -244,7 +247,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 def report(r: dict[str, Any]) -> str:
     lines = [f"coding rollout on {r['machine']['cpus']} CPUs: {r['turns']} turns per trajectory, "
              f"{r['programs']['count']} programs of {1e3 * r['programs']['seconds_min']:.0f}-"
-             f"{1e3 * r['programs']['seconds_max']:.0f} ms, medians of {r['repeat']} repetitions", "",
+             f"{1e3 * r['programs']['seconds_max']:.0f} ms, medians of {r['repeat']} repetitions" +
+             (f"; tangram's aging {r['tangram_aging']}" if r.get("tangram_aging") is not None else ""), "",
              "| trajectories | way | mean ACT | p50 ACT | p99 ACT | step | actions/s |",
              "|---:|---|---:|---:|---:|---:|---:|"]
     for n, cell in r["results"].items():
@@ -270,6 +274,7 @@ if __name__ == "__main__":
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ways", nargs="+", choices=WAYS, default=list(WAYS))
+    parser.add_argument("--aging", type=float, help="the tangram policy's aging (default: the policy's own)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     args.ways = tuple(args.ways)
