@@ -1051,23 +1051,29 @@ class ReferenceScheduler:
         a whole unit for an elastic action."""
         if self.rules.resize != "malleable" or a.elastic_kind < 0 or a.minimum % ELASTIC_STEP == 0:
             return a.minimum
-        return min(a.elastic_max, a.minimum + _grow_step(a, a.minimum))
+        return a.minimum + _grow_step(a, a.minimum)
 
     def _top_up_start(self, a: _Action, free: list[int]) -> None:
         """A start topped up to a whole unit: from a fractional minimum, the step to the next
         whole unit when the bin's free room holds it and it cuts at least min_relative_gain
         of the run time."""
-        if a.grant % ELASTIC_STEP == 0:
+        if a.grant % ELASTIC_STEP == 0 or not self._step_cut(a, free, 1.0) > 0:
             return
         step = _grow_step(a, a.grant)
-        if step <= 0 or free[a.elastic_kind] < step:
-            return
-        now_s = self._seconds(a, a.grant)
-        cut = now_s - self._seconds(a, a.grant + step)
-        if not now_s > 0 or not cut >= self.min_relative_gain * now_s or not cut > 0:
-            return
         a.grant += step
         free[a.elastic_kind] -= step
+
+    def _step_cut(self, a: _Action, free: list[int], work: float) -> float:
+        """The cut work x (t(g) - t(g + step)) of a's next grow step when the free room holds
+        the step and the cut is positive and at least min_relative_gain of work x t(g);
+        else 0."""
+        step = _grow_step(a, a.grant)
+        if step <= 0 or free[a.elastic_kind] < step:
+            return 0.0
+        now_s = self._seconds(a, a.grant)
+        remaining = work * now_s
+        cut = work * (now_s - self._seconds(a, a.grant + step))
+        return cut if remaining > 0 and cut >= self.min_relative_gain * remaining and cut > 0 else 0.0
 
     def _fits_online_capacity(self, a: _Action, bins: list[int], device: int) -> bool:
         """Could one of these bins on an online node ever hold `a` (by capacity)?"""
@@ -1233,14 +1239,8 @@ class ReferenceScheduler:
                 best, best_cut = None, 0.0
                 for m in members:
                     a, work = m[0], m[2]
-                    step = _grow_step(a, a.grant)
-                    if step <= 0 or free[a.elastic_kind] < step:
-                        continue
-                    now_s = self._seconds(a, a.grant)
-                    next_s = self._seconds(a, a.grant + step)
-                    remaining = work * now_s
-                    cut = work * (now_s - next_s)
-                    if not remaining > 0 or not cut >= self.min_relative_gain * remaining or not cut > 0:
+                    cut = self._step_cut(a, free, work)
+                    if not cut > 0:
                         continue
                     if best is None or cut > best_cut:
                         best, best_cut = m, cut

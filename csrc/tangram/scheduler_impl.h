@@ -536,6 +536,7 @@ struct Scheduler::Impl {
   };
   void grant_spare(std::vector<Decision>& out);
   void top_up_start(std::int32_t slot, Quantity* f);  // a fractional minimum to a whole unit (kMalleable)
+  double step_cut(std::int32_t slot, const Quantity* f, double work) const;  // the spare rule's test
   // Whether spare units may go to actions on `bin` in this pass: under kUncontended only
   // when nobody still waits for room that could use it (no class short of resources
   // confined to its node, and none free to use any node of its partition).

@@ -47,14 +47,23 @@ bool Scheduler::Impl::parked_waits_for_room(std::int32_t part, std::int32_t node
 // of them share the CPU; the heads after it see what is left.
 void Scheduler::Impl::top_up_start(std::int32_t slot, Quantity* f) {
   ActionRec& a = slots[slot];
-  if (a.grant % kElasticStep == 0) return;
+  if (a.grant % kElasticStep == 0 || !(step_cut(slot, f, 1.0) > 0)) return;
   const Quantity step = grow_step(a, a.grant);
-  if (step <= 0 || f[a.elastic_kind] < step) return;
-  const double now_s = seconds(slot, a.grant);
-  const double cut = now_s - seconds(slot, a.grant + step);
-  if (!(now_s > 0) || !(cut >= policy.min_relative_gain * now_s) || !(cut > 0)) return;
   a.grant += step;
   f[a.elastic_kind] -= step;
+}
+
+// The cut in remaining run time (work left x (t(g) - t(g + step))) of the action's next
+// grow step, when the free room `f` holds the step and the cut is positive and at least
+// min_relative_gain of its remaining time (work left x t(g)); else 0.
+double Scheduler::Impl::step_cut(std::int32_t slot, const Quantity* f, double work) const {
+  const ActionRec& a = slots[slot];
+  const Quantity step = grow_step(a, a.grant);
+  if (step <= 0 || f[a.elastic_kind] < step) return 0.0;
+  const double now_s = seconds(slot, a.grant);
+  const double remaining = work * now_s;
+  const double cut = work * (now_s - seconds(slot, a.grant + step));
+  return remaining > 0 && cut >= policy.min_relative_gain * remaining && cut > 0 ? cut : 0.0;
 }
 
 // Spare elastic units go, one step at a time, to the action with the largest marginal cut
@@ -96,15 +105,8 @@ void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
       std::size_t best = SIZE_MAX;
       double best_cut = 0;
       for (std::size_t i = 0; i < members.size(); ++i) {
-        const SpareMember& m = members[i];
-        const ActionRec& a = slots[m.slot];
-        Quantity step = grow_step(a, a.grant);
-        if (step <= 0 || f[a.elastic_kind] < step) continue;
-        double now_s = seconds(m.slot, a.grant);
-        double next_s = seconds(m.slot, a.grant + step);
-        double remaining = m.work * now_s;
-        double cut = m.work * (now_s - next_s);
-        if (!(remaining > 0) || !(cut >= policy.min_relative_gain * remaining) || !(cut > 0)) continue;
+        const double cut = step_cut(members[i].slot, f, members[i].work);
+        if (!(cut > 0)) continue;
         if (best == SIZE_MAX || cut > best_cut) {
           best = i;
           best_cut = cut;
