@@ -97,6 +97,20 @@ class PyScheduler {
     sched_.cancel(ids.data(), static_cast<std::size_t>(ids.size()), t, out_);
     return decisions();
   }
+  // limits: units of each action's elastic kind (floats, as in records), checked here.
+  py::array limit(py::array_t<std::uint64_t, py::array::c_style | py::array::forcecast> ids,
+                  py::array_t<double, py::array::c_style | py::array::forcecast> limits, double now) {
+    TimeNs t = time_field(now);
+    const std::size_t n = static_cast<std::size_t>(ids.size());
+    if (static_cast<std::size_t>(limits.size()) != n)
+      throw Error(ErrorCode::kInvalidArgument, "limits",
+                  "has " + std::to_string(limits.size()) + " entries for " + std::to_string(n) + " ids");
+    limit_milli_.resize(n);
+    for (std::size_t i = 0; i < n; ++i)
+      limit_milli_[i] = milli_field(limits.data()[i], [i] { return "limits[" + std::to_string(i) + "]"; });
+    sched_.limit(ids.data(), limit_milli_.data(), n, t, out_);
+    return decisions();
+  }
   py::array end_trajectories(py::array_t<std::uint64_t, py::array::c_style | py::array::forcecast> ids, double now) {
     TimeNs t = time_field(now);
     sched_.end_trajectories(ids.data(), static_cast<std::size_t>(ids.size()), t, out_);
@@ -215,6 +229,7 @@ class PyScheduler {
   py::dtype decision_dtype_;
   std::int32_t kinds_;
   std::vector<Decision> out_;
+  std::vector<Quantity> limit_milli_;  // scratch of limit()
 };
 
 }  // namespace
@@ -253,6 +268,7 @@ void register_scheduler(py::module_& m) {
       .def("submit", &PyScheduler::submit, py::arg("records"), py::arg("now"))
       .def("complete", &PyScheduler::complete, py::arg("ids"), py::arg("now"))
       .def("cancel", &PyScheduler::cancel, py::arg("ids"), py::arg("now"))
+      .def("limit", &PyScheduler::limit, py::arg("ids"), py::arg("limits"), py::arg("now"))
       .def("end_trajectories", &PyScheduler::end_trajectories, py::arg("ids"), py::arg("now"))
       .def("tick", &PyScheduler::tick, py::arg("now"))
       .def("set_node_online", &PyScheduler::set_node_online, py::arg("node"), py::arg("online"), py::arg("now"))

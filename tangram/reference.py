@@ -171,6 +171,13 @@ Rules, in words:
   refused until now + ceil(shortfall / tokens_per_minute). Checked in that order.
 * next_wakeup: after each pass, the earliest ready time of a restoring service or the
   "until" time of a quota refused in the pass; None when there is none.
+* Limit (any resize rule). limit(ids, limits): each running elastic action's max becomes
+  its limit (milli, within [minimum, max as submitted]); under "malleable" its bin counts
+  as freed in this event (its running actions are grow candidates); a grant above the
+  limit drops to it (under "malleable" work_left = w and since = now), with a RESIZE
+  decision, in batch order, before the pass's decisions; such an action counts as resized
+  in the pass. Validation: now, limits' length, each limit a milli value, time order;
+  then per id in order: live, started, elastic, limit in range; then repeats.
 * Validation raises tangram._errors types and applies nothing of a refused batch.
 """
 
@@ -366,6 +373,7 @@ class _Action:
     bin: int = -1
     device: int = -1  # global device index
     grant: int = 0
+    submitted_max: int = 0  # elastic_max as submitted (limit() lowers elastic_max)
     work_left: float = 1.0  # resize "malleable": the share of its work left at `since`
     since: int = 0  # its start, or its last grant change
 
@@ -664,6 +672,7 @@ class ReferenceScheduler:
             key = a.est_ns + (t * self.aging_permille) // 1000 if self.rules.order == "estimate" else 0
             a.order = (-a.priority, key, self.seq)
             self.seq += 1
+            a.submitted_max = a.elastic_max
             self.actions[a.id] = a
         return self._pass(out)
 
@@ -680,6 +689,48 @@ class ReferenceScheduler:
             if a.running:
                 self._finish(a)
         return self._pass([])
+
+    def limit(self, ids: Iterable[int], limits: Iterable[float], now: float) -> np.ndarray:
+        t = self._time(now)
+        ids, limits = [int(x) for x in ids], [float(v) for v in limits]
+        if len(limits) != len(ids):
+            raise ValidationError("limits", f"has {len(limits)} entries for {len(ids)} ids")
+        milli = [_checked_milli(v, f"limits[{i}]") for i, v in enumerate(limits)]
+        self._begin(t)
+        for i, (x, m) in enumerate(zip(ids, milli)):
+            a = self.actions.get(x)
+            if a is None:
+                raise UnknownActionError(f"ids[{i}]", f"action {x} is not live (never submitted, or already ended)")
+            if not a.running:
+                raise InvalidStateError(f"ids[{i}]", f"action {x} has not started")
+            if a.elastic_kind < 0:
+                raise ValidationError(f"ids[{i}]", f"action {x} is not elastic")
+            if not a.minimum <= m <= a.submitted_max:
+                raise ValidationError(f"limits[{i}]", f"must be in [{_units(a.minimum)}, {_units(a.submitted_max)}] "
+                                      "units: the action's minimum and the maximum it was submitted with")
+        repeat = _first_repeat(ids)
+        if repeat is not None:
+            raise DuplicateIdError(f"ids[{repeat}]", f"action {ids[repeat]} appears twice in the batch")
+        self._start_event(t)
+        out: list = []
+        resized = set()
+        malleable = self.rules.resize == "malleable"
+        for x, m in zip(ids, milli):
+            a = self.actions[x]
+            a.elastic_max = m
+            if malleable:
+                self.freed_bins.add(a.bin)
+            if a.grant <= m:
+                continue
+            work = self._work_now(a) if malleable else 0.0
+            self.bins[a.bin].free[a.elastic_kind] += a.grant - m
+            a.grant = m
+            if malleable:
+                a.work_left, a.since = work, t
+            resized.add(a.id)
+            out.append(self._decision(RESIZE, action=a.id, node=self.bins[a.bin].node, elastic_kind=a.elastic_kind,
+                                      grant=a.grant, time=t))
+        return self._pass(out, resized)
 
     def end_trajectories(self, ids: Iterable[int], now: float) -> np.ndarray:
         t = self._start_check(now)
@@ -871,8 +922,9 @@ class ReferenceScheduler:
         return f"demand does not fit {where}:" + ";".join(short)
 
     # ------------------------------------------------------------ the pass
-    def _pass(self, out: list) -> np.ndarray:
+    def _pass(self, out: list, resized: Iterable[int] = ()) -> np.ndarray:
         p = _Pass()
+        p.resized.update(resized)  # limited by this event: not resized again in its pass
         for s, svc in enumerate(self.services):  # resident on an offline node, idle: offloaded
             if svc.device >= 0 and not self.online[self.dev_node[svc.device]] and self._running(service=s) == 0:
                 self._evict(s, out)

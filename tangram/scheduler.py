@@ -433,6 +433,15 @@ class Scheduler:
     def cancel(self, ids: int | Iterable[int], now: float) -> Decisions:
         return self._wrap(self._core.cancel(_ids(ids), now))
 
+    def limit(self, ids: int | Iterable[int], limits: float | Iterable[float], now: float) -> Decisions:
+        """Running elastic actions can use at most `limits` units of their elastic kind from
+        now on (a worker pool with fewer tasks left than its grant; more again, up to the
+        maximum it was submitted with, when it gets more). A grant above its limit drops to
+        it at once (a resize decision); under a malleable policy one below it may grow to it
+        as units free up. Returns the decisions: those resizes, then the pass's."""
+        limits = [limits] if isinstance(limits, (int, float)) else list(limits)
+        return self._wrap(self._core.limit(_ids(ids), np.asarray(limits, dtype=np.float64), now))
+
     def end_trajectories(self, ids: int | Iterable[int], now: float) -> Decisions:
         return self._wrap(self._core.end_trajectories(_ids(ids), now))
 

@@ -181,6 +181,27 @@ class Harness:
                 self.placed.pop(i, None)
             self.apply(out)
 
+    def limit(self, ids: list[int], limits: list[float]) -> None:
+        out = self.both("limit", np.array(ids, dtype=np.uint64), np.array(limits, dtype=np.float64), self.now)
+        if out is not None:
+            for i, units in zip(ids, limits):
+                self.spec[i]["limit"] = to_milli(units)
+            self.apply(out)
+
+    def draw_limit(self, pick) -> tuple[int, float] | None:
+        """A running elastic action and a limit for it, `pick` choosing among candidates
+        (a list): mostly in its range (a whole unit, its minimum or its maximum), sometimes
+        outside it (refused by both)."""
+        elastic = [i for i in self.live("running") if self.placed[i][1] >= 0]
+        if not elastic:
+            return None
+        i = pick(elastic)
+        lo, hi = self.spec[i]["demand"][self.placed[i][1]], self.spec[i]["elastic_max"]
+        grant = self.placed[i][2]
+        whole = [u * 1000 for u in range(-(-lo // 1000), hi // 1000 + 1)]
+        units = pick([lo, hi, grant, max(lo, grant - 1000), *whole, *whole, lo - 1, hi + 1])
+        return i, units / 1000.0
+
     def tick(self) -> None:
         out = self.both("tick", self.now)
         if out is not None:
@@ -257,7 +278,7 @@ class Harness:
         for i, (node, ek, grant) in self.placed.items():
             used[node] += self.spec[i]["demand"]
             if ek >= 0:
-                assert self.spec[i]["demand"][ek] <= grant <= self.spec[i]["elastic_max"]
+                assert self.spec[i]["demand"][ek] <= grant <= self.spec[i].get("limit", self.spec[i]["elastic_max"])
                 used[node, ek] += grant - self.spec[i]["demand"][ek]
         assert (used <= self.pools).all(), "capacity exceeded"
         for n in range(self.N):
@@ -415,7 +436,7 @@ def events(draw, h: Harness, inv: Inventory) -> None:
         else:
             h.now += step
         event = draw(st.sampled_from(["submit"] * 4 + ["complete"] * 3 + ["end"] * 2 + [
-            "complete_all", "cancel", "tick", "online", "add_node", "invalid"]))
+            "complete_all", "cancel", "tick", "online", "add_node", "invalid", "limit"]))
         if event == "submit":
             h.submit(draw_actions(draw, h, inv))
         elif event == "complete" and h.live("running"):
@@ -441,6 +462,8 @@ def events(draw, h: Harness, inv: Inventory) -> None:
             h.add_node(node.name, capacity, [to_milli(g.memory) for g in node.gpus])
         elif event == "invalid":
             invalid_event(draw, h, inv)
+        elif event == "limit" and (drawn := h.draw_limit(lambda xs: draw(st.sampled_from(xs)))) is not None:
+            h.limit([drawn[0]], [drawn[1]])
         else:
             h.tick()
     h.drain()
@@ -587,7 +610,7 @@ def test_seeded_resize_streams_match_reference(row: str) -> None:
         h = ResizeCounting(inv, policy, rules=rules)
         for _ in range(40):
             h.now += rng.choice([0, 0.5, 1, 2.5, 5])
-            event = rng.choice(["submit", "submit", "complete", "complete", "cancel", "tick", "end"])
+            event = rng.choice(["submit", "submit", "complete", "complete", "cancel", "tick", "end", "limit"])
             if event == "submit":
                 specs = []
                 for _ in range(rng.randint(1, 4)):
@@ -615,6 +638,8 @@ def test_seeded_resize_streams_match_reference(row: str) -> None:
                 idle = sorted(h.trajectories - busy)
                 if idle:
                     h.end_trajectories(idle)
+            elif event == "limit" and (drawn := h.draw_limit(rng.choice)) is not None:
+                h.limit([drawn[0]], [drawn[1]])
             else:
                 h.tick()
         h.drain()

@@ -338,6 +338,26 @@ def test_resize_decisions():
     assert list(fixed.submit([Action(3, {"cpu": 8}, 1.0)], 1)) == []
 
 
+# A running elastic action limits its own grant (a worker pool with fewer tasks left than
+# cores): the cores go at once to what waits; raised again, it grows back into free cores.
+def test_limit_gives_cores_back():
+    s = Scheduler(Inventory.uniform(1, {"cpu": 2}))
+    assert [(x.kind, x.grant) for x in s.submit(Action(1, {"cpu": 1}, Amdahl(10, 1.0), elastic="cpu", max_units=2), 0)] \
+        == [("start", 2.0)]
+    assert len(s.submit(Action(2, {"cpu": 1}, 1.0), 0)) == 0
+    d = s.limit(1, 1, 1)
+    assert [(x.kind, x.action, x.grant) for x in d] == [("resize", 1, 1.0), ("start", 2, 0.0)]
+    assert s.explain(1).endswith("limited by the action to 1 of 2")
+    s.complete(2, 2)
+    assert [(x.kind, x.grant) for x in s.limit([1], [2.0], 3)] == [("resize", 2.0)]
+    with pytest.raises(tangram.ValidationError) as e:
+        s.limit(1, 2.5, 3)
+    assert e.value.field == "limits[0]"
+    with pytest.raises(tangram.ValidationError) as e:
+        s.limit([1], [1.0, 2.0], 3)
+    assert e.value.field == "limits"
+
+
 def test_trajectory_policy_slots():
     s = Scheduler(Inventory.uniform(1, {"cpu": 4}), "trajectory", trajectory_slot_cpu=2)
     d = s.submit([Action(1, {"cpu": 1}, Amdahl(10, 0.9), elastic="cpu", max_units=8, trajectory=1),

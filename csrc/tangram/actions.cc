@@ -298,6 +298,7 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
     r.elastic_max = s.elastic_max;
     detail = ActionDetail{};
     detail.model = s.model;
+    detail.submitted_max = s.elastic_max;
     detail.est_ns = to_ns(seconds(slot, order_units(r)));
     const std::int64_t key = detail.est_ns * estimate_weight + aging_offset;
     detail.order = OrderKey{key, next_seq++, now, -s.priority, slot};

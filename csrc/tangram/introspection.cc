@@ -24,6 +24,8 @@ std::string Scheduler::Impl::explain(ActionId id) const {
       const RunState* r = malleable ? &run_state[*slot] : nullptr;
       if (r != nullptr && r->resized_ns >= 0)
         os << " (from " << r->grant_before / 1000.0 << " at " << to_seconds(r->resized_ns) << " s)";
+      if (a.elastic_max < details[*slot].submitted_max)
+        os << ", limited by the action to " << a.elastic_max / 1000.0 << " of " << details[*slot].submitted_max / 1000.0;
     }
     return os.str();
   }
@@ -148,6 +150,8 @@ void Scheduler::Impl::check() const {
       if (a.elastic_kind != kNone) {
         if (a.grant < cl.demand[a.elastic_kind] || a.grant > std::max(a.elastic_max, cl.demand[a.elastic_kind]))
           fail("grant outside [minimum, elastic_max] for action " + std::to_string(id));
+        if (a.elastic_max > details[slot].submitted_max)
+          fail("elastic_max above the maximum submitted for action " + std::to_string(id));
         used[a.bin * K + a.elastic_kind] += a.grant - cl.demand[a.elastic_kind];
       }
       if (cl.gpu_memory > 0) dev_used[a.device] += cl.gpu_memory;

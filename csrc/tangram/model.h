@@ -92,7 +92,7 @@ enum class DecisionKind : std::uint8_t {
   kEvict = 2,    // offload `service` from `node`/`device` to host memory
   kReject = 3,   // `action` can never run: terminal; Scheduler::message(reason) says why
   kResize = 4,   // running `action` on `node` now holds `grant` of `elastic_kind` (its new
-                 // total grant; ResizeRule::kMalleable); `time`: now
+                 // total grant; ResizeRule::kMalleable, or Scheduler::limit); `time`: now
 };
 
 struct Decision {

@@ -1,14 +1,15 @@
 // Running grants under ResizeRule::kMalleable: each bin's running actions, the units above
 // their minimum that a shrink could take back, remaining work, and the shrink that lets a
-// waiting head start (spare.cc grows running grants).
+// waiting head start (spare.cc grows running grants); and, under every rule, the limit an
+// action sets on its own grant (Scheduler::limit).
 //
 // Reads: running actions' grants, models and remaining work; bins' free room; the head
 // being tried and the bins it may use (pass.cc's Room).
 // Changes: the per-bin lists of running actions and of reclaimable units; when a shrink
 // pays, the shrunk actions' grants and remaining work and the bin's free room (kResize
 // decisions, then the head's kStart).
-// Guarantees: a grant never goes below its minimum; an action is resized at most once per
-// pass and never in the pass that started it; a shrink happens only when its loss (the
+// Guarantees: a grant never goes below its minimum nor above the action's limit; an action
+// is resized at most once per pass and never in the pass that started it; a shrink happens only when its loss (the
 // extra run time of the shrunk actions) is less than the wait it saves the head; free
 // room is always capacity minus the current grants.
 #include "tangram/scheduler_impl.h"
@@ -88,13 +89,22 @@ double Scheduler::Impl::gain_on(std::int32_t bin) {
 }
 
 void Scheduler::Impl::record_resize(std::int32_t slot, Quantity old_grant, double work, std::vector<Decision>& out) {
+  record_resize(slot, old_grant, work, pass_epoch, out);
+}
+
+void Scheduler::Impl::record_resize(std::int32_t slot, Quantity old_grant, double work, std::uint64_t pass,
+                                    std::vector<Decision>& out) {
   const ActionRec& a = slots[slot];
   bin_run[a.bin].finish_ok = false;
   RunState& run = run_state[slot];
   run.work_left = work;
   run.resized_ns = now;
   run.grant_before = old_grant;
-  run.resized_pass = static_cast<std::uint32_t>(pass_epoch);
+  run.resized_pass = static_cast<std::uint32_t>(pass);
+  push_resize(a, out);
+}
+
+void Scheduler::Impl::push_resize(const ActionRec& a, std::vector<Decision>& out) const {
   Decision dec;
   dec.kind = DecisionKind::kResize;
   dec.action = a.id;
@@ -103,6 +113,34 @@ void Scheduler::Impl::record_resize(std::int32_t slot, Quantity old_grant, doubl
   dec.grant = a.grant;
   dec.time = now;
   out.push_back(dec);
+}
+
+// The action can use at most `max` from now on. Its grant drops to that when above it, and
+// the units go back to its bin (waking whatever waits for them there) before the event's
+// pass, which counts the action as resized already. Under kMalleable its bin's running
+// actions are candidates for spare units in that pass, as after a completion (so an
+// action limited to more than its grant may grow back to it).
+void Scheduler::Impl::limit_grant(std::int32_t slot, Quantity max, std::vector<Decision>& out) {
+  ActionRec& a = slots[slot];
+  a.elastic_max = max;
+  BinRun* run = malleable ? &bin_run[a.bin] : nullptr;
+  if (run != nullptr && !run->freed) {
+    run->freed = true;
+    freed_bins.push_back(a.bin);
+  }
+  if (a.grant <= max) return;
+  const Quantity old_grant = a.grant;
+  const double work = malleable ? work_now(slot) : 0.0;
+  free_of(a.bin)[a.elastic_kind] += old_grant - max;
+  a.grant = max;
+  if (malleable) {
+    add_reclaim(a.bin, a.elastic_kind, max - old_grant);
+    record_resize(slot, old_grant, work, pass_epoch + 1, out);
+  } else {
+    push_resize(a, out);
+  }
+  if (!bin_bound[a.bin]) refresh_leaf(a.bin);
+  release_on_node(bin_node[a.bin], bin_partition[a.bin]);
 }
 
 // Online, and not another trajectory's slot.

@@ -3,6 +3,7 @@
 #include "tangram/scheduler_impl.h"
 
 #include <algorithm>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,32 @@ void Scheduler::cancel(const ActionId* ids, std::size_t count, TimeNs now, std::
     if (m.slots[slot].state == ActionState::kRunning) m.finish(slot);
     else m.unqueue(slot);
   }
+  m.pass(out);
+}
+
+void Scheduler::limit(const ActionId* ids, const Quantity* limits, std::size_t count, TimeNs now,
+                      std::vector<Decision>& out) {
+  out.clear();
+  Impl& m = *impl_;
+  m.validate_now(now);
+  validate_ids(m.by_id, m.slots, m.mark, ids, count, [&](std::int32_t slot, std::size_t i) {
+    const ActionRec& a = m.slots[slot];
+    const std::string field = "ids[" + std::to_string(i) + "]";
+    if (a.state != ActionState::kRunning)
+      throw Error(ErrorCode::kInvalidState, field, "action " + std::to_string(a.id) + " has not started");
+    if (a.elastic_kind == kNone)
+      throw Error(ErrorCode::kInvalidArgument, field, "action " + std::to_string(a.id) + " is not elastic");
+    const Quantity lo = m.minimum(a), hi = m.details[slot].submitted_max;
+    if (limits[i] < lo || limits[i] > hi) {
+      std::ostringstream why;
+      why << "must be in [" << lo / 1000.0 << ", " << hi / 1000.0
+          << "] units: the action's minimum and the maximum it was submitted with";
+      throw Error(ErrorCode::kInvalidArgument, "limits[" + std::to_string(i) + "]", why.str());
+    }
+  });
+  m.messages.clear();
+  m.now = now;
+  for (std::size_t i = 0; i < count; ++i) m.limit_grant(*m.by_id.find(ids[i]), limits[i], out);
   m.pass(out);
 }
 

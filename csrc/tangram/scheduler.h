@@ -47,6 +47,15 @@ class Scheduler {
                         std::vector<Decision>& out);
   // Time passed: restores finish, quotas refill.
   void tick(TimeNs now, std::vector<Decision>& out);
+  // Running elastic actions say how many units of their elastic kind they can use from now
+  // on (a worker pool with fewer tasks left than its grant, or more again when it gets
+  // more): each one's maximum becomes limits[i] milli-units, within [its minimum, the
+  // maximum it was submitted with]. A grant above its new maximum drops to it at once (a
+  // kResize decision, under any ResizeRule; the units return to the pools for the pass
+  // that follows); under ResizeRule::kMalleable a grant below it may grow to it as units
+  // free up. An action limited here is not resized again by this event's pass.
+  void limit(const ActionId* ids, const Quantity* limits, std::size_t count, TimeNs now,
+             std::vector<Decision>& out);
 
   // ---- node membership (a cluster whose nodes come and go)
   // Takes a node out of placement (online=false) or brings it back. An offline node gets

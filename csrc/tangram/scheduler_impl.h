@@ -110,6 +110,7 @@ static_assert(sizeof(ActionRec) == 64, "an action's hot record is one cache line
 struct ActionDetail {
   ElasticityModel model;
   TimeNs est_ns = 0;
+  Quantity submitted_max = 0;  // elastic_max as submitted (Scheduler::limit may lower it)
   OrderKey order{};  // with its submit time
 };
 
@@ -617,7 +618,14 @@ struct Scheduler::Impl {
   double gain_on(std::int32_t bin);  // the wait a head avoids by starting on `bin` now
   // After a running action's grant changed in this pass (from `old_grant`; `work`: its
   // work left now at that grant): its remaining work from now, and its kResize decision.
+  // `pass`: the pass it counts as resized in (the coming one for a limit before it).
   void record_resize(std::int32_t slot, Quantity old_grant, double work, std::vector<Decision>& out);
+  void record_resize(std::int32_t slot, Quantity old_grant, double work, std::uint64_t pass,
+                     std::vector<Decision>& out);
+  // Scheduler::limit for one running elastic action (validated): its maximum becomes
+  // `max`, a grant above it drops to it, before the event's pass.
+  void limit_grant(std::int32_t slot, Quantity max, std::vector<Decision>& out);
+  void push_resize(const ActionRec& a, std::vector<Decision>& out) const;  // its kResize decision
   bool may_use_bin(const Class& cl, std::int32_t bin) const;
   bool reclaim_covers(const Class& cl, std::int32_t bin) const;
   bool reclaim_fits_node(const Class& cl, std::int32_t node) const;

@@ -218,6 +218,11 @@ struct Harness {
     s.check_invariants();
     return out;
   }
+  const Decisions& limit(std::vector<ActionId> ids, std::vector<Quantity> limits, double now) {
+    s.limit(ids.data(), limits.data(), ids.size(), S(now), out);
+    s.check_invariants();
+    return out;
+  }
   const Decisions& end(std::vector<TrajectoryId> ids, double now) {
     s.end_trajectories(ids.data(), ids.size(), S(now), out);
     s.check_invariants();

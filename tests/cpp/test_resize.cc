@@ -69,6 +69,50 @@ TEST(Resize, FractionalMinimumStartsToppedUpToAWholeUnit) {
             (Decisions{start(1).on(0).grant(0, U(1)).at(0), start(2).on(0).grant(0, 250).at(0)}));
 }
 
+// An action limits its own grant (Scheduler::limit): a suite with one test left holds 2
+// cores (t(u) = 10 / u s), while a 1-core program waits (taking a core back would cost the
+// suite 5 s of its 5 s left: no gain). Limited to 1, it gives the core back at once and
+// the program starts in the same event; no completion grows it past its limit, and raised
+// again it grows back into what is free.
+TEST(Resize, LimitGivesUnitsBack) {
+  Harness h(cpu_inventory(1, 2), tangram_policy());
+  EXPECT_EQ(h.submit({amdahl(1, {U(1)}, 0, U(2), 10, 1.0)}, 0), (Decisions{start(1).on(0).grant(0, U(2)).at(0)}));
+  EXPECT_EQ(h.submit({action(2, {U(1)}, 1)}, 0), Decisions{});
+  EXPECT_EQ(h.limit({1}, {U(1)}, 1), (Decisions{resize(1).on(0).grant(0, U(1)).at(1), start(2).on(0).at(1)}));
+  EXPECT_EQ(h.s.explain(1), "running on node 0 (node0), cpu grant 1 (from 2 at 1 s), limited by the action to 1 of 2");
+  EXPECT_EQ(h.complete({2}, 2), Decisions{});
+  EXPECT_EQ(h.s.free(0, 0), U(1));
+  EXPECT_EQ(h.limit({1}, {U(2)}, 3), (Decisions{resize(1).on(0).grant(0, U(2)).at(3)}));
+  EXPECT_EQ(h.limit({1}, {U(2)}, 3), Decisions{});  // already there: nothing changes
+}
+
+// Under fixed grants a limit still gives units back; raised again, the grant stays.
+TEST(Resize, LimitUnderFixedGrants) {
+  Harness h(cpu_inventory(1, 2), tangram_fixed());
+  EXPECT_EQ(h.submit({amdahl(1, {U(1)}, 0, U(2), 10, 1.0)}, 0), (Decisions{start(1).on(0).grant(0, U(2)).at(0)}));
+  EXPECT_EQ(h.submit({action(2, {U(1)}, 1)}, 0), Decisions{});
+  EXPECT_EQ(h.limit({1}, {U(1)}, 1), (Decisions{resize(1).on(0).grant(0, U(1)).at(1), start(2).on(0).at(1)}));
+  EXPECT_EQ(h.complete({2}, 2), Decisions{});
+  EXPECT_EQ(h.limit({1}, {U(2)}, 2), Decisions{});  // fixed grants never grow
+  EXPECT_EQ(h.s.explain(1), "running on node 0 (node0), cpu grant 1");
+}
+
+// A refused limit names the field and changes nothing.
+TEST(Resize, LimitValidation) {
+  Harness h(cpu_inventory(1, 2), tangram_policy());
+  h.submit({amdahl(1, {500}, 0, U(2), 10, 1.0), action(2, {U(1)}, 10), action(3, {U(2)}, 10)}, 0);
+  const auto limit = [&](ActionId id, Quantity q) { return [&h, id, q] { h.limit({id}, {q}, 1); }; };
+  expect_error(limit(3, U(2)), ErrorCode::kInvalidState, "ids[0]");       // waiting
+  expect_error(limit(2, U(1)), ErrorCode::kInvalidArgument, "ids[0]");    // not elastic
+  expect_error(limit(1, 499), ErrorCode::kInvalidArgument, "limits[0]");  // below its minimum
+  expect_error(limit(1, U(2) + 1), ErrorCode::kInvalidArgument, "limits[0]");  // above its maximum
+  expect_error(limit(9, U(1)), ErrorCode::kUnknownAction, "ids[0]");
+  expect_error([&] { h.limit({1, 1}, {U(1), U(1)}, 1); }, ErrorCode::kDuplicateId, "ids[1]");
+  expect_error([&] { h.limit({1}, {U(1)}, -1); }, ErrorCode::kInvalidArgument, "now");
+  EXPECT_EQ(h.s.placement(1).grant, U(1));
+  EXPECT_EQ(h.s.explain(1), "running on node 0 (node0), cpu grant 1");
+}
+
 // The same events with fixed grants: the survivor keeps its start grant.
 TEST(Resize, FixedGrantsNeverResize) {
   Harness h(cpu_inventory(1, 8), tangram_fixed());

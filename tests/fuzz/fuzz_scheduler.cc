@@ -9,7 +9,8 @@
 // 0-2 services, 0-1 quota), a policy (any built-in, or any row of rules), then a stream of events: submits
 // of 1-4 actions (sometimes invalid: negative or absurd demands, elastic_max below the
 // minimum, unknown kinds/nodes/services/tables, NaN run times, duplicate ids), completes
-// and cancels (mostly of live ids), end_trajectories, ticks (time mostly moves forward,
+// and cancels (mostly of live ids), limits (mostly of running elastic actions, in range),
+// end_trajectories, ticks (time mostly moves forward,
 // sometimes backwards), and queries. tangram::Error is expected for invalid input and is
 // caught; anything else thrown, a sanitizer report, a leak or a failed oracle below is a
 // bug.
@@ -24,7 +25,9 @@
 //     it reports a kStart's grant for an action started in the call);
 //     completed/cancelled actions are gone.
 //   * A refused call leaves now() where it was.
-//   * Valid batches of live ids (complete, cancel) at the current time are accepted.
+//   * Valid batches of live ids (complete, cancel) at the current time are accepted; so is
+//     a limit of a running elastic action within [its minimum, its submitted maximum], and
+//     its grant is then at most that limit.
 //   * At the end, after cancelling/completing everything and ending every trajectory,
 //     every node's free amount of every kind is back to what it was at construction.
 #include <fuzzer/FuzzedDataProvider.h>
@@ -270,7 +273,8 @@ class Harness {
       case 5: case 6: case 7: case 8: complete(); break;
       case 9: cancel(); break;
       case 10: end_trajectories(); break;
-      case 11: case 12: tick(); break;
+      case 11: tick(); break;
+      case 12: limit(); break;
       default: query(); break;
     }
   }
@@ -394,6 +398,8 @@ class Harness {
                  "submit accepted an id that is already live or repeated in the batch: " +
                      std::to_string(a.id));
       trajectory_of_[a.id] = a.trajectory;
+      if (a.elastic_kind >= 0) elastic_range_[a.id] = {a.demand[a.elastic_kind], a.elastic_max};
+      else elastic_range_.erase(a.id);  // an id used again after its action ended
       trajectories_.insert(a.trajectory);
     }
     apply(now);
@@ -467,6 +473,43 @@ class Harness {
       waiting_.erase(id);
     }
     apply(now);
+  }
+
+  void limit() {
+    std::vector<ActionId> ids;
+    std::vector<Quantity> limits;
+    const bool valid_only = in_.ConsumeIntegralInRange<int>(0, 3) != 0;
+    if (valid_only) {
+      std::vector<ActionId> elastic;
+      for (ActionId id : running_)
+        if (elastic_range_.count(id)) elastic.push_back(id);
+      if (elastic.empty()) return;
+      const ActionId id = elastic[in_.ConsumeIntegralInRange<std::size_t>(0, elastic.size() - 1)];
+      const auto [lo, hi] = elastic_range_.at(id);
+      ids.push_back(id);
+      limits.push_back(in_.ConsumeIntegralInRange<Quantity>(lo, hi));
+    } else {
+      const int count = in_.ConsumeIntegralInRange<int>(1, 3);
+      for (int i = 0; i < count; ++i) {
+        ids.push_back(pick_id());
+        limits.push_back(fuzz_quantity(in_, 4 * tangram::kMilli));
+      }
+    }
+    const TimeNs now = valid_only ? forward_time() : next_time();
+    try {
+      sched_->limit(ids.data(), limits.data(), ids.size(), now, out_);
+    } catch (const tangram::Error& e) {
+      FUZZ_CHECK(!valid_only, std::string("limit() refused a running elastic action's limit in range: ") + e.what());
+      refused();
+      return;
+    }
+    for (ActionId id : ids)
+      FUZZ_CHECK(running_.count(id) == 1 && elastic_range_.count(id) == 1,
+                 "limit() accepted an action that is not running and elastic: " + std::to_string(id));
+    apply(now);
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      FUZZ_CHECK(running_.count(ids[i]) == 0 || sched_->placement(ids[i]).grant <= limits[i],
+                 "a grant above the limit just set for action " + std::to_string(ids[i]));
   }
 
   void end_trajectories() {
@@ -665,6 +708,7 @@ class Harness {
   int submitted_ = 0;
   std::set<ActionId> waiting_, running_;
   std::map<ActionId, TrajectoryId> trajectory_of_;  // every id ever accepted
+  std::map<ActionId, std::pair<Quantity, Quantity>> elastic_range_;  // elastic ones: [minimum, max]
   std::set<TrajectoryId> trajectories_;
 };
 
