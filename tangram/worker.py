@@ -13,8 +13,12 @@ asks here:
     shared_executor().map(check, cases)      # one per sandbox, kept for the trajectory's
                                              # later actions (no process start per action)
 
-`jobserver_fds()` hands the jobserver to a subprocess a function starts itself. Outside a
-sandbox, `grant()` is this process's CPU count and the executor is a plain process pool.
+`jobserver_fds()` hands the jobserver to a subprocess a function starts itself.
+`limit_grant(cores)` tells the orchestrator the action can use at most that many cores from
+now on (or more again, up to what it declared): the cores it gives back go to waiting
+actions at once. A GrantedExecutor does it by itself when its tasks run out (two left of a
+suite on four cores: it keeps two). Outside a sandbox, `grant()` is this process's CPU count,
+`limit_grant` does nothing and the executor is a plain process pool.
 This module imports nothing of tangram's core: it is cheap to import in a sandbox.
 """
 
@@ -32,6 +36,8 @@ import cloudpickle
 
 GRANT_FILE = "TANGRAM_GRANT_FILE"
 JOBSERVER = "TANGRAM_JOBSERVER"
+LIMIT = "TANGRAM_LIMIT"
+ACTION = "TANGRAM_ACTION"
 
 
 def grant() -> float:
@@ -87,6 +93,30 @@ def _jobserver_fd(path: str) -> int:
     return fd
 
 
+def limit_grant(cores: float) -> bool:
+    """Tells the orchestrator this action can use at most `cores` from now on: a grant above
+    that drops to it and the rest goes to waiting actions. Call it again with more when the
+    action has more to run (it may grow back, up to its declared maximum, as cores free up).
+    Kept within the action's minimum and maximum. False outside a sandbox or when the
+    orchestrator cannot be told (the trajectory has ended)."""
+    path, action = os.environ.get(LIMIT), os.environ.get(ACTION)
+    if not path or not action:
+        return False
+    if not (isinstance(cores, (int, float)) and math.isfinite(cores) and cores > 0):
+        raise ValueError(f"cores: {cores!r} is not a positive number of cores")
+    try:
+        fd = _limit_fds.get(path)
+        if fd is None:
+            fd = _limit_fds[path] = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        os.write(fd, f"{action} {cores:.4f}\n".encode())  # one write, far below PIPE_BUF: atomic
+    except OSError:  # no reader (the sandbox is being torn down) or the FIFO is full
+        return False
+    return True
+
+
+_limit_fds: dict[str, int] = {}
+
+
 class GrantedExecutor(Executor):
     """A process pool whose number of running tasks follows the action's grant.
 
@@ -94,11 +124,15 @@ class GrantedExecutor(Executor):
     hands them at most `cores()` tasks at once, re-reading the grant whenever a task ends
     and every `poll` seconds while tasks wait, so a grow starts waiting tasks at once and a
     shrink lets running tasks finish and starts fewer. Tasks run in submission order.
+    With `give_back` (default), when a task ends and fewer tasks are left than the grant's
+    cores, it limits the action's grant to what is left (`limit_grant`), and raises the
+    limit again when more tasks come.
     Functions travel by cloudpickle, as they came into the sandbox: a lambda, a closure or
     a function of the caller's `__main__` runs here as it would in the action itself.
     """
 
-    def __init__(self, max_workers: int | None = None, poll: float = 0.02, **pool_options: Any) -> None:
+    def __init__(self, max_workers: int | None = None, poll: float = 0.02, give_back: bool = True,
+                 **pool_options: Any) -> None:
         if max_workers is None:
             max_workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
@@ -111,6 +145,8 @@ class GrantedExecutor(Executor):
         self._lock = threading.Condition()
         self._waiting: deque[tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = deque()
         self._running = 0
+        self._give_back = bool(give_back)
+        self._limited: tuple[str, int] | None = None  # (action, cores) of the last limit written
         self._shutdown = False
         self._dispatcher = threading.Thread(target=self._dispatch, name="GrantedExecutor", daemon=True)
         self._dispatcher.start()
@@ -126,6 +162,8 @@ class GrantedExecutor(Executor):
             if self._shutdown:
                 raise RuntimeError("cannot schedule new futures after shutdown")
             self._waiting.append((future, fn, args, kwargs))
+            if self._limited is not None:
+                self._follow_demand(rising=True)
             self._lock.notify()
         return future
 
@@ -153,9 +191,27 @@ class GrantedExecutor(Executor):
                 continue
             inner.add_done_callback(lambda f, outer=future: self._done(outer, f, None))
 
+    def _follow_demand(self, rising: bool) -> None:
+        """Under the lock: the action's grant limited to the tasks it has (running and
+        waiting, at most max_workers, at least 1): lowered when a task ends and fewer are
+        left than the grant's cores, raised when tasks come after a limit."""
+        action = os.environ.get(ACTION)
+        if not self._give_back or not action:
+            return
+        want = max(1, min(self.max_workers, self._running + len(self._waiting)))
+        last = self._limited[1] if self._limited is not None and self._limited[0] == action else None
+        if rising:
+            if last is None or want <= last:
+                return
+        elif want >= (cores() if last is None else last):
+            return
+        if limit_grant(want):
+            self._limited = (action, want)
+
     def _done(self, outer: Future[Any], inner: Future[Any] | None, error: BaseException | None) -> None:
         with self._lock:
             self._running -= 1
+            self._follow_demand(rising=False)
             self._lock.notify()
         if error is None and inner is not None:
             error = inner.exception()
@@ -196,4 +252,4 @@ def shared_executor() -> GrantedExecutor:
         return _shared
 
 
-__all__ = ["GrantedExecutor", "cores", "grant", "jobserver_fds", "shared_executor", "whole_cores"]
+__all__ = ["GrantedExecutor", "cores", "grant", "jobserver_fds", "limit_grant", "shared_executor", "whole_cores"]

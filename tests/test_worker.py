@@ -92,3 +92,48 @@ def test_the_executor_reports_errors_and_refuses_bad_options() -> None:
             worker.GrantedExecutor(max_workers=bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="poll"):
         worker.GrantedExecutor(max_workers=1, poll=0)
+
+
+def written_limits(fd: int) -> list[str]:
+    try:
+        return os.read(fd, 4096).decode().splitlines()
+    except BlockingIOError:
+        return []
+
+
+# Inside an action (TANGRAM_ACTION, TANGRAM_LIMIT as the CPU manager sets them), the
+# executor limits the grant to the tasks it has left once fewer are left than cores, and
+# raises the limit when more come; what it writes is "<action> <cores>" lines.
+def test_the_executor_limits_the_grant_to_the_tasks_it_has_left(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    grant_path, fifo = tmp_path / "t0.grant", tmp_path / "t0.limit"
+    set_grant(grant_path, 2.0)
+    os.mkfifo(fifo)
+    fd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)  # the manager's end
+    monkeypatch.setenv("TANGRAM_GRANT_FILE", str(grant_path))
+    monkeypatch.setenv("TANGRAM_LIMIT", str(fifo))
+    monkeypatch.setenv("TANGRAM_ACTION", "7")
+    with worker.GrantedExecutor(max_workers=2, poll=0.01) as pool:
+        long = pool.submit(time.sleep, 0.8)
+        pool.submit(time.sleep, 0.05).result()
+        time.sleep(0.05)
+        assert written_limits(fd) == ["7 1.0000"]  # one task left of a two-core grant
+        set_grant(grant_path, 1.0)  # the manager's resize
+        more = [pool.submit(time.sleep, 0.05) for _ in range(3)]
+        assert written_limits(fd) == ["7 2.0000"]  # more work than the limit: raised again
+        long.result()
+        for f in more:
+            f.result()
+        time.sleep(0.05)
+        assert written_limits(fd) == ["7 1.0000"]  # down to the last task
+        monkeypatch.setenv("TANGRAM_ACTION", "8")  # the next action of the sandbox starts unlimited
+        set_grant(grant_path, 2.0)
+        pool.submit(time.sleep, 0.01).result()
+        time.sleep(0.05)
+        assert written_limits(fd) == ["8 1.0000"]
+    assert worker.limit_grant(1.5) and written_limits(fd) == ["8 1.5000"]
+    with pytest.raises(ValueError, match="cores"):
+        worker.limit_grant(0)
+    monkeypatch.delenv("TANGRAM_LIMIT")
+    assert not worker.limit_grant(1.0)  # outside a sandbox: nobody to tell
+    os.close(fd)

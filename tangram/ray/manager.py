@@ -110,7 +110,7 @@ class RayManager(ResourceManager):
                        finished there with only its reply lost; a running call with
                        `idempotent=False` ends with NodeLost instead. Either way the node
                        leaves the core's inventory (offline) when the manager is bound to
-                       an orchestrator (`bind`; RayOrchestrator does it).
+                       an orchestrator (`bind`: every orchestrator binds its managers at its start).
       sticky           True (default): a trajectory's actions go to the node of its first
                        placement, where its sandbox lives (RayOrchestrator sets Call.affinity)
       cpu, gpu         options of each agent's CpuManager / GpuManager (gpu None: no GPU
@@ -171,7 +171,7 @@ class RayManager(ResourceManager):
 
     def bind(self, orchestrator: Orchestrator) -> None:
         """Lets the manager tell the orchestrator about node changes (offline, joined) and
-        requeue actions. RayOrchestrator calls it after start."""
+        requeue actions; the orchestrator binds it at its start."""
         self.orchestrator = orchestrator
 
     async def start(self) -> None:
@@ -565,11 +565,6 @@ class RayOrchestrator(Orchestrator):
         given.update(managers or {})
         super().__init__(config, inventory=inventory, policy=policy, managers=given, default_managers=False,
                          metrics=metrics)
-
-    async def start(self) -> "RayOrchestrator":
-        await super().start()
-        self.ray.bind(self)
-        return self
 
     def submit(self, call: Call, action_id: int | None = None) -> ActionHandle:
         if self.ray.sticky and call.affinity is None and isinstance(call, Call) and \

@@ -17,10 +17,15 @@ memory limit and tells the action its grant:
     TANGRAM_GRANT_FILE, TANGRAM_JOBSERVER
                     the live grant and a GNU make jobserver, both following resizes while
                     the action runs (tangram.runtime.grant; commands get MAKEFLAGS for it)
+    TANGRAM_LIMIT, TANGRAM_ACTION
+                    where the action writes "<TANGRAM_ACTION> <cores>" when it can use at
+                    most that many cores from now on (tangram.worker.limit_grant)
     OMP_NUM_THREADS, MKL_NUM_THREADS, OPENBLAS_NUM_THREADS = TANGRAM_CORES
 
 A running action's grant may change (`resize`): the weight (or pinning and quota), the
-grant file and the jobserver's tokens follow at once.
+grant file and the jobserver's tokens follow at once. The action may also bound its own
+grant (its pool has fewer tasks left than cores): the manager tells the orchestrator, and
+the cores it gives back go to what waits.
 
 A function runs in the worker (os.environ carries those for the duration of the call); a
 command runs as its child. Errors: a function that raises -> ActionFailed (error_type,
@@ -283,7 +288,7 @@ class CpuManager(ResourceManager):
         grant = self._grants.pop(trajectory, None)
         if grant is not None:
             grant.close()
-            for path in (grant.grant_path, grant.fifo_path):
+            for path in grant.paths:
                 try:
                     os.unlink(path)
                 except OSError:
@@ -306,7 +311,7 @@ class CpuManager(ResourceManager):
                           if iso.cgroup else "CPU affinity only (no weights or quotas without cgroups)"),
             "warm_sandboxes": self.warm_sandboxes,
             "environment": sorted(["PATH", "LANG", "HOME", "TMPDIR", "TANGRAM_SANDBOX", "TANGRAM_GRANT_FILE",
-                                   "TANGRAM_JOBSERVER", *self.inherit_env, *self.extra_env]),
+                                   "TANGRAM_JOBSERVER", "TANGRAM_LIMIT", *self.inherit_env, *self.extra_env]),
             "sandboxes": len(self._sandboxes),
         }
         if self.inventory_cores is not None and self.inventory_cores > len(self.cpus):
@@ -347,7 +352,7 @@ class CpuManager(ResourceManager):
             cg = None if self._cgroups is None else self._cgroups.sandbox(f"sb-{trajectory}")
             grant = self._grants.get(trajectory)
             if grant is None:
-                grant = self._grants[trajectory] = GrantChannel(self.sandbox_dir(trajectory))
+                grant = self._grants[trajectory] = GrantChannel(self.sandbox_dir(trajectory), self._limit_from_action)
             sb = Sandbox(trajectory, self.sandbox_dir(trajectory), f"{self.id}/{trajectory}",
                          {**self._base_env, **grant.env}, cg,
                          self._hello[:3] + (self.sandbox_dir(trajectory), self._hello[4]), self._warm)
@@ -395,6 +400,13 @@ class CpuManager(ResourceManager):
             cg.set_weight(cores)
         running.grant.resize(cores)
 
+    def _limit_from_action(self, action_id: int, cores: float) -> None:
+        """A running action wrote a limit on its own grant (its GrantedExecutor has fewer
+        tasks left than cores): the orchestrator bounds the grant, and the cores it gives
+        back go to what waits. A word from an action that has ended is dropped."""
+        if action_id in self._running and self.orchestrator is not None:
+            self.orchestrator.limit_grant(action_id, cores)
+
     @staticmethod
     def _apply_ceiling(cg: Any, charge: Mapping[int, int], cores: float) -> None:
         cg.set_cpus(cpu_list(charge))
@@ -414,6 +426,7 @@ class CpuManager(ResourceManager):
         env["TANGRAM_CORES"] = n
         env["TANGRAM_GRANT"] = f"{cores:g}"
         env["TANGRAM_CPUS"] = cpus
+        env["TANGRAM_ACTION"] = str(action.id)
         memory = int(placement.memory * 2**20) if placement.memory > 0 else 0
         cg = sb.cgroup
         if cg is None:

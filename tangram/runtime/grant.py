@@ -11,6 +11,12 @@ Each sandbox has two files beside its directory, made once with the sandbox:
                            implicit token). Commands get MAKEFLAGS pointing at it, so `make`,
                            `ninja` and `cargo` run as many jobs as the grant allows, and more
                            or fewer as it changes. Its path is TANGRAM_JOBSERVER ("fifo:PATH").
+  t<trajectory>.limit      a FIFO the other way: the action writes "<action id> <cores>\n"
+                           (TANGRAM_ACTION is its id) when it can use at most that many cores
+                           from now on, or more again (`tangram.worker.limit_grant`; a
+                           GrantedExecutor does it as its tasks run out). The manager reads
+                           it on the event loop and tells the orchestrator, which bounds the
+                           grant. Its path is TANGRAM_LIMIT.
 
 A grow writes tokens at once. A shrink reads back the tokens that are free now and collects
 the rest as the jobs holding them return them (a reader on the event loop), so a build
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 
 from ..worker import whole_cores
 
@@ -30,17 +37,31 @@ GRANT_WIDTH = 16
 class GrantChannel:
     """The grant file and jobserver FIFO of one sandbox, written by the CPU manager."""
 
-    def __init__(self, base: str) -> None:
+    def __init__(self, base: str, on_limit: Callable[[int, float], None] | None = None) -> None:
+        """`on_limit(action, cores)`: called on the event loop for each limit the action
+        writes (None: the limit FIFO is still made, and what is written is dropped)."""
         self.grant_path = base + ".grant"
         self.fifo_path = base + ".jobserver"
+        self.limit_path = base + ".limit"
         self._grant_fd = os.open(self.grant_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        self._fifo = self._limit_fd = -1
         try:
             os.mkfifo(self.fifo_path, 0o600)
             # O_RDWR: never blocks and never sees EOF, whoever else has it open
             self._fifo = os.open(self.fifo_path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+            os.mkfifo(self.limit_path, 0o600)
+            self._limit_fd = os.open(self.limit_path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
         except BaseException:
-            os.close(self._grant_fd)
+            for fd in (self._grant_fd, self._fifo):
+                if fd >= 0:
+                    os.close(fd)
             raise
+        self._on_limit = on_limit
+        self._limit_loop: asyncio.AbstractEventLoop | None = None
+        self._partial = b""  # a line the action has not finished writing
+        if on_limit is not None:
+            self._limit_loop = asyncio.get_running_loop()
+            self._limit_loop.add_reader(self._limit_fd, self._read_limits)
         self._tokens = 0  # tokens this action should have outstanding (ceil(grant) - 1)
         self._owed = 0  # tokens to take back as jobs return them
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -48,7 +69,12 @@ class GrantChannel:
 
     @property
     def env(self) -> dict[str, str]:
-        return {"TANGRAM_GRANT_FILE": self.grant_path, "TANGRAM_JOBSERVER": "fifo:" + self.fifo_path}
+        return {"TANGRAM_GRANT_FILE": self.grant_path, "TANGRAM_JOBSERVER": "fifo:" + self.fifo_path,
+                "TANGRAM_LIMIT": self.limit_path}
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return self.grant_path, self.fifo_path, self.limit_path
 
     def write_grant(self, cores: float) -> None:
         os.pwrite(self._grant_fd, f"{cores:{GRANT_WIDTH - 1}.4f}\n".encode(), 0)
@@ -101,9 +127,36 @@ class GrantChannel:
         if self.closed:
             return
         self._stop_collecting()
-        for fd in (self._fifo, self._grant_fd):
+        if self._limit_loop is not None:
+            self._limit_loop.remove_reader(self._limit_fd)
+            self._limit_loop = None
+        for fd in (self._fifo, self._grant_fd, self._limit_fd):
             os.close(fd)
-        self._fifo = self._grant_fd = -1
+        self._fifo = self._grant_fd = self._limit_fd = -1
+
+    # ------------------------------------------------------------------ limits
+    def _read_limits(self) -> None:
+        data = self._partial
+        while True:
+            try:
+                chunk = os.read(self._limit_fd, 4096)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            data += chunk
+        *lines, self._partial = data.split(b"\n")
+        if len(self._partial) > 64:  # no line is that long: not ours, drop it
+            self._partial = b""
+        latest: dict[int, float] = {}
+        for line in lines:  # the last word of each action counts; a garbled line is dropped
+            try:
+                action, cores = line.split()
+                latest[int(action)] = float(cores)
+            except ValueError:
+                continue
+        for action, cores in latest.items():
+            self._on_limit(action, cores)  # type: ignore[misc]
 
     # ------------------------------------------------------------------ tokens
     def _put(self, n: int) -> None:

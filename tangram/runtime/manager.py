@@ -37,17 +37,25 @@ class ResourceManager(abc.ABC):
     """Base of every resource manager. Subclasses set `name` and implement `execute`.
 
     Lifecycle: constructed with keyword options (from the config's `managers.<name>`
-    table), then `attach` once, `start` once, any number of `execute`/`resize`/`restore`/
+    table), then `attach` and `bind` once, `start` once, any number of `execute`/`resize`/`restore`/
     `evict`/`end_trajectory` calls, `close` once.
     """
 
     name: ClassVar[str]
+    orchestrator: Any = None  # set by `bind`
 
     def attach(self, inventory: Inventory) -> None:
         """Called before `start` with the inventory the core schedules (node names and
         order, GPUs, services, quotas). Raise ManagerError for a setting that cannot work
         with it. Default: keep it as `self.inventory`."""
         self.inventory = inventory
+
+    def bind(self, orchestrator: Any) -> None:
+        """Called after `attach` with the orchestrator that runs this manager, so that the
+        manager can tell it what it learns while actions run: a running action's limit on
+        its own grant (`orchestrator.limit_grant`), lost nodes, requeues. Default: kept as
+        `self.orchestrator`."""
+        self.orchestrator = orchestrator
 
     async def start(self) -> None:
         """Acquire what the manager needs before the first action (pools, connections)."""

@@ -26,6 +26,7 @@ import contextvars
 import dataclasses
 import itertools
 import logging
+import math
 import re
 import traceback
 from typing import Any, Iterable, Mapping, Sequence
@@ -143,6 +144,7 @@ class Orchestrator:
         self._pending_submit: list[_Live] = []
         self._pending_complete: list[int] = []
         self._pending_cancel: list[int] = []
+        self._pending_limit: dict[int, float] = {}  # running action id -> its latest limit
         self._flush_handle: asyncio.Handle | None = None  # the flush queued for the next iteration
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
@@ -178,6 +180,7 @@ class Orchestrator:
         self._memory = self._kind_index.get("memory", -1)
         for m in self.managers.values():
             m.attach(self.inventory)
+            m.bind(self)
         started: list[ResourceManager] = []
         try:
             for m in self.managers.values():
@@ -294,7 +297,8 @@ class Orchestrator:
         the next event-loop iteration (a no-op when nothing is queued). For a caller that
         must know its submits have had their start decisions (the server, before it
         queues its writes); others need not call it."""
-        if self._flush_handle is not None or self._pending_submit or self._pending_complete or self._pending_cancel:
+        if (self._flush_handle is not None or self._pending_submit or self._pending_complete or self._pending_cancel
+                or self._pending_limit):
             self._flush()
 
     def cancel(self, action_id: int) -> bool:
@@ -414,6 +418,24 @@ class Orchestrator:
             lv.task.cancel()
         return True
 
+    def limit_grant(self, action_id: int, amount: float) -> bool:
+        """A running elastic action can use at most `amount` units of its elastic kind from
+        now on (its manager heard it from the action's process: a worker pool with fewer
+        tasks left than cores), or more again. At the next flush the core bounds its grant
+        by that: a grant above it drops at once and the units go to what waits. The amount
+        is kept within the call's minimum and `max_units` (what the process can use does
+        not change what it declared). False if the action is not running or not elastic."""
+        lv = self._live.get(action_id)
+        if lv is None or not lv.running or lv.cancel_reason is not None or lv.call.elastic is None:
+            return False
+        amount = float(amount)
+        if not math.isfinite(amount):
+            raise ValidationError("amount", f"{amount!r} is not a finite number of units")
+        lowest = float(lv.call.resources.get(lv.call.elastic, 0.0))
+        self._pending_limit[action_id] = min(max(amount, lowest), float(lv.call.max_units))  # type: ignore[arg-type]
+        self._kick()
+        return True
+
     def abort(self, action_id: int, error: ActionError) -> bool:
         """Ends a waiting action now with `error` (a manager's verdict: e.g. the node its
         affinity names is gone). False if it is not waiting."""
@@ -442,6 +464,11 @@ class Orchestrator:
             self._flush_handle.cancel()
             self._flush_handle = None
         now = self._now()
+        if self._pending_limit:  # before the completions: an action ended since is still running in the core
+            limits, self._pending_limit = self._pending_limit, {}
+            ids = [i for i in limits if (lv := self._live.get(i)) is not None and lv.running]
+            if ids:
+                self._handle(self._core.limit(_ids(ids), _amounts([limits[i] for i in ids]), now))
         if self._pending_complete:
             ids, self._pending_complete = self._pending_complete, []
             self._handle(self._core.complete(_ids(ids), now))
@@ -771,3 +798,9 @@ def _ids(ids: list[int]) -> Any:
     import numpy as np
 
     return np.asarray(ids, dtype=np.uint64)
+
+
+def _amounts(values: list[float]) -> Any:
+    import numpy as np
+
+    return np.asarray(values, dtype=np.float64)

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tangram import Amdahl, Inventory, Node, Orchestrator
 from tangram.runtime.call import Call, CommandResult, Placement
 from tangram.runtime.cpu import CpuManager, CpuPool
 from tangram.runtime.errors import (
@@ -426,6 +427,39 @@ def test_a_resize_reaches_a_running_build_and_a_running_function(mechanism: str)
         assert read(channel.grant_path).strip() == "0.0000"
 
     with_manager(mechanism, body)
+
+
+def nap(seconds: float) -> tuple[float, float]:
+    start = time.time()
+    time.sleep(seconds)
+    return start, time.time()
+
+
+def suite(seconds: list[float]) -> list[tuple[float, float]]:
+    from tangram.worker import shared_executor
+    return list(shared_executor().map(nap, seconds))
+
+
+# A suite of two tests on two cores (t(u) = 10 / u: taking a core back never pays the
+# core, so a 1-core program would wait for the whole suite): when its short test ends, its
+# executor has one task left and limits the grant to one core, and the program starts in
+# the core given back while the long test still runs. A real orchestrator, real sandboxes.
+def test_an_executor_with_fewer_tasks_than_cores_gives_them_back(mechanism: str) -> None:
+    async def main() -> None:
+        inventory = Inventory([Node("local", {"cpu": 2})])
+        async with Orchestrator(inventory=inventory, default_managers=False,
+                                managers={"cpu": CpuManager(isolation=mechanism, warm_sandboxes=2)}) as orch:
+            tests = orch.submit(Call(fn=suite, args=([1.5, 0.1],), resources={"cpu": 1}, elastic="cpu", max_units=2,
+                                     runtime=Amdahl(10.0, 1.0), trajectory=1))
+            await asyncio.sleep(0.05)
+            program = orch.submit(Call(fn=nap, args=(0.05,), resources={"cpu": 1}, runtime=0.05, trajectory=2))
+            (long_start, long_end), _ = await tests
+            program_start, _ = await program
+            assert program_start < long_end - 0.5, (program_start - long_start, long_end - long_start)
+            record = next(r for r in orch.records if r.id == tests.id)
+            assert record.grant == 1.0  # limited by its executor: the latest grant
+
+    asyncio.run(main())
 
 
 @pytest.mark.skipif(not CGROUP, reason="no writable cgroup on this machine")
@@ -837,7 +871,8 @@ def test_environment_has_no_parent_secrets(mechanism: str, monkeypatch: pytest.M
         names = {line.split("=", 1)[0] for line in r.stdout.decode().splitlines()}
         allowed = {"PATH", "LANG", "HOME", "TMPDIR", "PWD", "SHLVL", "_", "OLDPWD", "EXTRA", "TANGRAM_TEST_PASSED",
                    "TANGRAM_SANDBOX", "TANGRAM_CORES", "TANGRAM_GRANT", "TANGRAM_CPUS", "TANGRAM_GRANT_FILE",
-                   "TANGRAM_JOBSERVER", "MAKEFLAGS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"}
+                   "TANGRAM_JOBSERVER", "TANGRAM_LIMIT", "TANGRAM_ACTION", "MAKEFLAGS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                   "OPENBLAS_NUM_THREADS"}
         assert names <= allowed, names - allowed
         sid, pgid = await run(mgr, Call(fn=lambda: (os.getsid(0), os.getpgid(0))))
         pid = await run(mgr, Call(fn=os.getpid))
