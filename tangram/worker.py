@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from concurrent.futures import Executor, Future
 from typing import Any
 
 import cloudpickle
@@ -118,43 +119,63 @@ _limit_fds: dict[str, int] = {}
 
 
 class GrantedExecutor(Executor):
-    """A process pool whose number of running tasks follows the action's grant.
+    """A pool of worker processes whose number of running tasks follows the action's grant.
 
-    It starts `max_workers` processes (default: the CPUs this process may run on) and
-    hands them at most `cores()` tasks at once, re-reading the grant whenever a task ends
-    and every `poll` seconds while tasks wait, so a grow starts waiting tasks at once and a
-    shrink lets running tasks finish and starts fewer. Tasks run in submission order.
+    It runs at most `cores()` tasks at once (and at most `max_workers`, default: the CPUs
+    this process may run on), re-reading the grant whenever a task ends and every `poll`
+    seconds while tasks wait, so a grow starts waiting tasks at once and a shrink lets
+    running tasks finish and starts fewer. Tasks run in submission order.
+    Workers are started on demand, when a task may run and no worker is idle, and kept:
+    a grant of one core never starts a second process, whatever the machine. A worker that
+    dies (a segfault, os._exit, the OOM killer) fails only the task it ran, with
+    WorkerDied; the next task that needs a worker starts a new one.
     With `give_back` (default), when a task ends and fewer tasks are left than the grant's
     cores, it limits the action's grant to what is left (`limit_grant`), and raises the
     limit again when more tasks come.
     Functions travel by cloudpickle, as they came into the sandbox: a lambda, a closure or
     a function of the caller's `__main__` runs here as it would in the action itself.
+    `mp_context` chooses how workers start (default: multiprocessing's default: a fork on
+    Linux, so a worker starts in a few ms with the modules this process has imported).
     """
 
     def __init__(self, max_workers: int | None = None, poll: float = 0.02, give_back: bool = True,
-                 **pool_options: Any) -> None:
+                 mp_context: Any = None) -> None:
         if max_workers is None:
             max_workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
             raise ValueError(f"max_workers: {max_workers!r} is not a positive number of processes")
         if not (isinstance(poll, (int, float)) and poll > 0):
             raise ValueError(f"poll: {poll!r} is not a positive number of seconds")
+        import multiprocessing
+        from multiprocessing.connection import Pipe
+
         self.max_workers = max_workers
-        self._pool = ProcessPoolExecutor(max_workers, **pool_options)
+        self._context = mp_context if mp_context is not None else multiprocessing.get_context()
         self._poll = float(poll)
         self._lock = threading.Condition()
         self._waiting: deque[tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = deque()
-        self._running = 0
+        self._idle: list[_Worker] = []
+        self._busy: dict[Any, tuple[_Worker, Future[Any]]] = {}  # a worker's connection -> it and its task
+        self._workers: list[_Worker] = []
+        self._running = 0  # tasks taken by the dispatcher and not yet ended
         self._give_back = bool(give_back)
         self._limited: tuple[str, int] | None = None  # (action, cores) of the last limit written
         self._shutdown = False
+        self._wake_reader, self._wake_writer = Pipe(duplex=False)  # tells the collector of a new busy worker
         self._dispatcher = threading.Thread(target=self._dispatch, name="GrantedExecutor", daemon=True)
+        self._collector = threading.Thread(target=self._collect, name="GrantedExecutor results", daemon=True)
         self._dispatcher.start()
+        self._collector.start()
 
     @property
     def running(self) -> int:
         """Tasks handed to the processes now."""
         return self._running
+
+    @property
+    def workers(self) -> int:
+        """Worker processes started and alive (idle or running a task)."""
+        return len(self._workers)
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         future: Future[Any] = Future()
@@ -164,14 +185,16 @@ class GrantedExecutor(Executor):
             self._waiting.append((future, fn, args, kwargs))
             if self._limited is not None:
                 self._follow_demand(rising=True)
-            self._lock.notify()
+            self._lock.notify_all()
         return future
 
     def map(self, fn: Callable[..., Any], *iterables: Iterable[Any], timeout: float | None = None,
             chunksize: int = 1) -> Iterator[Any]:
         return super().map(fn, *iterables, timeout=timeout)
 
+    # ------------------------------------------------------------------ threads
     def _dispatch(self) -> None:
+        """Hands the first waiting task to a worker whenever the grant allows one more."""
         while True:
             with self._lock:
                 while True:
@@ -184,12 +207,83 @@ class GrantedExecutor(Executor):
                 if not future.set_running_or_notify_cancel():
                     continue
                 self._running += 1
+                worker = None
+                while self._idle and worker is None:  # one killed while idle is dropped here
+                    worker = self._idle.pop()
+                    if not worker.process.is_alive():
+                        self._workers.remove(worker)
+                        worker.connection.close()
+                        worker = None
             try:
-                inner = self._pool.submit(_call_pickled, cloudpickle.dumps((fn, args, kwargs)))
+                payload = cloudpickle.dumps((fn, args, kwargs))
+                if worker is None:
+                    worker = self._start_worker()
+                worker.connection.send_bytes(payload)
             except BaseException as e:
-                self._done(future, None, e)
+                if worker is not None:
+                    self._forget(worker)
+                self._end(future, None, e)
                 continue
-            inner.add_done_callback(lambda f, outer=future: self._done(outer, f, None))
+            with self._lock:
+                self._busy[worker.connection] = (worker, future)
+            self._wake_writer.send_bytes(b"")
+
+    def _start_worker(self) -> "_Worker":
+        from multiprocessing.connection import Pipe
+
+        ours, theirs = Pipe()
+        process = self._context.Process(target=_serve, args=(theirs,), name="GrantedExecutor worker", daemon=True)
+        process.start()
+        theirs.close()
+        worker = _Worker(process, ours)
+        with self._lock:
+            self._workers.append(worker)
+        return worker
+
+    def _collect(self) -> None:
+        """Waits for the busy workers' replies (and their deaths) and ends their tasks."""
+        from multiprocessing.connection import wait
+
+        while True:
+            with self._lock:
+                if self._shutdown and not self._waiting and not self._busy and not self._dispatcher.is_alive():
+                    return
+                connections = [self._wake_reader, *self._busy]
+            for ready in wait(connections, timeout=self._poll if self._shutdown else None):
+                if ready is self._wake_reader:
+                    self._wake_reader.recv_bytes()
+                    continue
+                with self._lock:
+                    worker, future = self._busy.pop(ready)
+                try:
+                    ok, value, remote = pickle.loads(ready.recv_bytes())
+                except (EOFError, OSError):
+                    self._forget(worker)
+                    code = worker.process.exitcode
+                    self._end(future, None, WorkerDied(f"the worker process running this task died "
+                                                       f"(exit code {code})"))
+                    continue
+                except BaseException as e:  # a result that does not unpickle here
+                    self._idle_again(worker)
+                    self._end(future, None, e)
+                    continue
+                self._idle_again(worker)
+                if ok:
+                    self._end(future, value, None)
+                else:
+                    value.__cause__ = _RemoteTraceback(remote)
+                    self._end(future, None, value)
+
+    def _idle_again(self, worker: "_Worker") -> None:
+        with self._lock:
+            self._idle.append(worker)
+
+    def _forget(self, worker: "_Worker") -> None:
+        with self._lock:
+            if worker in self._workers:
+                self._workers.remove(worker)
+        worker.connection.close()
+        worker.process.join(1.0)
 
     def _follow_demand(self, rising: bool) -> None:
         """Under the lock: the action's grant limited to the tasks it has (running and
@@ -208,17 +302,15 @@ class GrantedExecutor(Executor):
         if limit_grant(want):
             self._limited = (action, want)
 
-    def _done(self, outer: Future[Any], inner: Future[Any] | None, error: BaseException | None) -> None:
+    def _end(self, future: Future[Any], result: Any, error: BaseException | None) -> None:
         with self._lock:
             self._running -= 1
             self._follow_demand(rising=False)
-            self._lock.notify()
-        if error is None and inner is not None:
-            error = inner.exception()
-            if error is None:
-                outer.set_result(inner.result())
-                return
-        outer.set_exception(error)  # type: ignore[arg-type]
+            self._lock.notify_all()
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:
@@ -226,15 +318,74 @@ class GrantedExecutor(Executor):
             if cancel_futures:
                 while self._waiting:
                     self._waiting.popleft()[0].cancel()
-            self._lock.notify()
-        if wait:
-            self._dispatcher.join()
-        self._pool.shutdown(wait=wait, cancel_futures=cancel_futures)
+            self._lock.notify_all()
+        try:
+            self._wake_writer.send_bytes(b"")
+        except OSError:
+            pass
+        if not wait:
+            return
+        self._dispatcher.join()
+        self._collector.join()
+        with self._lock:
+            workers, self._workers, self._idle = self._workers, [], []
+        for worker in workers:
+            try:
+                worker.connection.send_bytes(b"")  # the worker's signal to exit
+            except OSError:
+                pass
+            worker.connection.close()
+        for worker in workers:
+            worker.process.join(5.0)
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join()
 
 
-def _call_pickled(payload: bytes) -> Any:
-    fn, args, kwargs = cloudpickle.loads(payload)
-    return fn(*args, **kwargs)
+class WorkerDied(RuntimeError):
+    """The worker process running a task died (a segfault, os._exit, a kill) before it
+    returned; the executor's other tasks go on."""
+
+
+class _RemoteTraceback(Exception):
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class _Worker:
+    __slots__ = ("process", "connection")
+
+    def __init__(self, process: Any, connection: Any) -> None:
+        self.process = process
+        self.connection = connection
+
+
+def _serve(connection: Any) -> None:
+    """A worker: runs each task it is sent, replies (ok, value, traceback text); an empty
+    message or the executor's end closing makes it exit."""
+    import traceback
+
+    while True:
+        try:
+            payload = connection.recv_bytes()
+        except (EOFError, OSError):
+            return
+        if not payload:
+            return
+        try:
+            fn, args, kwargs = cloudpickle.loads(payload)
+            reply = (True, fn(*args, **kwargs), "")
+        except BaseException as e:
+            reply = (False, e, traceback.format_exc())
+        try:
+            data = cloudpickle.dumps(reply)
+        except BaseException as e:
+            data = cloudpickle.dumps((False, RuntimeError(f"the task's {'result' if reply[0] else 'error'} cannot "
+                                                          f"be pickled: {type(e).__name__}: {e}"), reply[2]))
+        connection.send_bytes(data)
 
 
 _shared: GrantedExecutor | None = None
@@ -252,4 +403,4 @@ def shared_executor() -> GrantedExecutor:
         return _shared
 
 
-__all__ = ["GrantedExecutor", "cores", "grant", "jobserver_fds", "limit_grant", "shared_executor", "whole_cores"]
+__all__ = ["GrantedExecutor", "WorkerDied", "cores", "grant", "jobserver_fds", "limit_grant", "shared_executor", "whole_cores"]

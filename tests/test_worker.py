@@ -5,6 +5,8 @@ here the way the CPU manager writes it)."""
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -85,8 +87,12 @@ def test_the_executor_runs_as_many_tasks_as_the_grant_and_follows_it(tmp_path: P
 
 def test_the_executor_reports_errors_and_refuses_bad_options() -> None:
     with worker.GrantedExecutor(max_workers=1) as pool:
-        with pytest.raises(ZeroDivisionError):
+        with pytest.raises(ZeroDivisionError) as e:
             pool.submit(divmod, 1, 0).result()
+        assert "Traceback" in str(e.value.__cause__)  # the remote traceback, as text
+        with pytest.raises(RuntimeError, match="cannot be pickled"):
+            pool.submit(lambda: threading.Lock()).result()  # a result that cannot travel back
+        assert pool.submit(abs, -3).result() == 3
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="max_workers"):
             worker.GrantedExecutor(max_workers=bad)  # type: ignore[arg-type]
@@ -137,3 +143,27 @@ def test_the_executor_limits_the_grant_to_the_tasks_it_has_left(tmp_path: Path,
     monkeypatch.delenv("TANGRAM_LIMIT")
     assert not worker.limit_grant(1.0)  # outside a sandbox: nobody to tell
     os.close(fd)
+
+
+# Workers start on demand: a one-core grant never starts a second process. A task whose
+# worker dies fails alone (WorkerDied); a worker killed while idle is replaced; the
+# executor goes on either way.
+def test_the_executor_starts_workers_on_demand_and_survives_their_deaths(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "t0.grant"
+    set_grant(path, 1.0)
+    monkeypatch.setenv("TANGRAM_GRANT_FILE", str(path))
+    with worker.GrantedExecutor(max_workers=3, poll=0.01) as pool:
+        assert list(pool.map(abs, [-1, -2, -3, -4])) == [1, 2, 3, 4]
+        assert pool.workers == 1
+        with pytest.raises(worker.WorkerDied, match="exit code 3"):
+            pool.submit(os._exit, 3).result()
+        assert pool.submit(abs, -5).result() == 5
+        pid = pool.submit(os.getpid).result()
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+        assert pool.submit(os.getpid).result() != pid
+        assert pool.workers == 1
+        set_grant(path, 3.0)
+        assert sorted(pool.map(busy_interval, [0.2] * 3))  # three at once: three workers
+        assert pool.workers == 3
