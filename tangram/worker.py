@@ -207,15 +207,13 @@ class GrantedExecutor(Executor):
                 if not future.set_running_or_notify_cancel():
                     continue
                 self._running += 1
-                worker = None
-                while self._idle and worker is None:  # one killed while idle is dropped here
-                    worker = self._idle.pop()
-                    if not worker.process.is_alive():
-                        self._workers.remove(worker)
-                        worker.connection.close()
-                        worker = None
             try:
                 payload = cloudpickle.dumps((fn, args, kwargs))
+            except BaseException as e:  # nothing a worker could run
+                self._end(future, None, e)
+                continue
+            worker = self._idle_worker()
+            try:
                 if worker is None:
                     worker = self._start_worker()
                 worker.connection.send_bytes(payload)
@@ -227,6 +225,17 @@ class GrantedExecutor(Executor):
             with self._lock:
                 self._busy[worker.connection] = (worker, future)
             self._wake_writer.send_bytes(b"")
+
+    def _idle_worker(self) -> "_Worker | None":
+        """An idle worker still alive (one killed while idle is dropped here), or None."""
+        with self._lock:
+            while self._idle:
+                worker = self._idle.pop()
+                if worker.process.is_alive():
+                    return worker
+                self._workers.remove(worker)
+                worker.connection.close()
+        return None
 
     def _start_worker(self) -> "_Worker":
         from multiprocessing.connection import Pipe

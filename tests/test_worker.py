@@ -92,7 +92,9 @@ def test_the_executor_reports_errors_and_refuses_bad_options() -> None:
         assert "Traceback" in str(e.value.__cause__)  # the remote traceback, as text
         with pytest.raises(RuntimeError, match="cannot be pickled"):
             pool.submit(lambda: threading.Lock()).result()  # a result that cannot travel back
-        assert pool.submit(abs, -3).result() == 3
+        with pytest.raises(TypeError, match="pickle"):
+            pool.submit(id, threading.Lock()).result()  # a task that cannot travel there
+        assert pool.submit(abs, -3).result() == 3 and pool.workers == 1
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="max_workers"):
             worker.GrantedExecutor(max_workers=bad)  # type: ignore[arg-type]
