@@ -19,18 +19,22 @@ now on (or more again, up to what it declared): the cores it gives back go to wa
 actions at once. A GrantedExecutor does it by itself when its tasks run out (two left of a
 suite on four cores: it keeps two). Outside a sandbox, `grant()` is this process's CPU count,
 `limit_grant` does nothing and the executor is a plain process pool.
-This module imports nothing of tangram's core: it is cheap to import in a sandbox.
+This module imports nothing of tangram's core; a sandbox worker imports it as it starts
+(the CPU manager's `preload`), so an action does not pay for it.
 """
 
 from __future__ import annotations
 
 import math
+import multiprocessing
 import os
 import pickle
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future
+from multiprocessing.connection import Pipe
+from multiprocessing.connection import wait as wait_for_connections
 from typing import Any
 
 import cloudpickle
@@ -146,9 +150,6 @@ class GrantedExecutor(Executor):
             raise ValueError(f"max_workers: {max_workers!r} is not a positive number of processes")
         if not (isinstance(poll, (int, float)) and poll > 0):
             raise ValueError(f"poll: {poll!r} is not a positive number of seconds")
-        import multiprocessing
-        from multiprocessing.connection import Pipe
-
         self.max_workers = max_workers
         self._context = mp_context if mp_context is not None else multiprocessing.get_context()
         self._poll = float(poll)
@@ -238,8 +239,6 @@ class GrantedExecutor(Executor):
         return None
 
     def _start_worker(self) -> "_Worker":
-        from multiprocessing.connection import Pipe
-
         ours, theirs = Pipe()
         process = self._context.Process(target=_serve, args=(theirs,), name="GrantedExecutor worker", daemon=True)
         process.start()
@@ -251,14 +250,12 @@ class GrantedExecutor(Executor):
 
     def _collect(self) -> None:
         """Waits for the busy workers' replies (and their deaths) and ends their tasks."""
-        from multiprocessing.connection import wait
-
         while True:
             with self._lock:
                 if self._shutdown and not self._waiting and not self._busy and not self._dispatcher.is_alive():
                     return
                 connections = [self._wake_reader, *self._busy]
-            for ready in wait(connections, timeout=self._poll if self._shutdown else None):
+            for ready in wait_for_connections(connections, timeout=self._poll if self._shutdown else None):
                 if ready is self._wake_reader:
                     self._wake_reader.recv_bytes()
                     continue

@@ -31,6 +31,7 @@ SUBMODULE_API = {
     "CpuManager": "tangram.runtime.cpu",
     "GpuManager": "tangram.runtime.gpu",
     "ApiManager": "tangram.runtime.api",
+    "GrantedExecutor": "tangram.worker",
     "Server": "tangram.server",
     "PolicyRules": "tangram.reference",
     "ReferenceScheduler": "tangram.reference",

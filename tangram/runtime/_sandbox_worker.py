@@ -1,7 +1,10 @@
 """The sandbox worker: one long-lived process per trajectory, started by the CPU manager.
 
-Run as `python -I tangram/runtime/_sandbox_worker.py FD` (or `python -m
-tangram.runtime._sandbox_worker FD`) with a connected socket on FD. It imports nothing of
+Run as `python -I tangram/runtime/_sandbox_worker.py FD [PRELOAD]` (or `python -m
+tangram.runtime._sandbox_worker FD [PRELOAD]`) with a connected socket on FD; PRELOAD, a JSON
+object {"path": [...], "preload": [...]}, names modules to import from that path before the
+first frame (a warm worker imports them before it is taken; one that fails to import is
+reported in the worker's log and left to the action). Of its own it imports nothing of
 tangram (only the standard library and cloudpickle), so it starts fast and the sandbox's
 files (the working directory may hold a generated `json.py`) can never shadow its imports.
 
@@ -301,12 +304,28 @@ def main(argv: list[str] | None = None) -> None:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     except (ImportError, OSError, ValueError):
         pass
+    if len(argv) > 1:
+        _preload(argv[1])
     worker = Worker(sock)
     try:
         worker.serve()
     except (BrokenPipeError, ConnectionResetError):
         pass
     os._exit(0)  # do not wait for threads a function left behind
+
+
+def _preload(spec: str) -> None:
+    import importlib
+    import json
+
+    start = json.loads(spec)
+    sys.path[:] = list(start["path"])
+    for name in start["preload"]:
+        try:
+            importlib.import_module(name)
+        except BaseException as e:  # the action that needs it fails with the real error
+            print(f"tangram sandbox worker: preloading {name} failed: {type(e).__name__}: {e}", file=sys.stderr,
+                  flush=True)
 
 
 def _close_quietly(fd: int) -> None:

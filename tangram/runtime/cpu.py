@@ -46,6 +46,7 @@ import asyncio
 import itertools
 import os
 import pickle
+import re
 import shutil
 import sys
 import tempfile
@@ -59,12 +60,13 @@ from .errors import ActionCrashed, ActionFailed, ManagerError, ResourceLimitExce
 from .grant import GrantChannel, whole_cores
 from .isolation import Isolation, ManagerCgroups, SandboxCgroup, cpu_list, detect
 from .manager import LiveAction, ResourceManager
-from .sandbox import Sandbox, WarmWorkers, WorkerDied, kill_marked, marked_processes
+from .sandbox import Preload, Sandbox, WarmWorkers, WorkerDied, kill_marked, marked_processes
 
 _MILLI = 1000
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 CPU_LIMITS = ("guarantee", "ceiling")
 DEFAULT_WARM_SANDBOXES = 4
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _ids = itertools.count(1)
 
 
@@ -144,6 +146,9 @@ class CpuManager(ResourceManager):
       warm_sandboxes  workers kept started ahead of new trajectories (default 4; 0: start
                     each sandbox's worker at its first action). They start at the lowest
                     CPU weight, and taken ones are replaced once no action runs here.
+      preload       modules every sandbox worker imports as it starts, from the
+                    orchestrator's sys.path (default: tangram.worker); a warm worker imports
+                    them before it is taken, so a trajectory's first action does not
       output_limit  bytes kept of each of a command's stdout and stderr (default 1 MiB)
       cpus          the CPU ids this manager may use (default: this process's affinity)
       env           extra environment variables for every sandbox
@@ -156,8 +161,10 @@ class CpuManager(ResourceManager):
     def __init__(self, root: str | None = None, isolation: str = "auto", output_limit: int = 1 << 20,
                  cpus: Iterable[int] | None = None, env: Mapping[str, str] | None = None,
                  inherit_env: Sequence[str] = (), cpu_limit: str = "guarantee",
-                 warm_sandboxes: int = DEFAULT_WARM_SANDBOXES) -> None:
+                 warm_sandboxes: int = DEFAULT_WARM_SANDBOXES, preload: Sequence[str] = ("tangram.worker",)) -> None:
         f = "managers.cpu."
+        if isinstance(preload, str) or not all(isinstance(m, str) and _MODULE_NAME.fullmatch(m) for m in preload):
+            raise ManagerError(f + "preload", f"{preload!r} is not a list of module names")
         if root is not None and not (isinstance(root, (str, os.PathLike)) and os.path.isdir(root)):
             raise ManagerError(f + "root", f"{root!r} is not an existing directory")
         if not isinstance(isolation, str) or isolation not in ("auto", "cgroup-v2", "cgroup-v1", "affinity"):
@@ -190,6 +197,7 @@ class CpuManager(ResourceManager):
         self.isolation_option = isolation
         self.cpu_limit = cpu_limit
         self.warm_sandboxes = warm_sandboxes
+        self.preload = tuple(preload)
         self.output_limit = output_limit
         self.cpus = chosen
         self.extra_env = env
@@ -239,6 +247,7 @@ class CpuManager(ResourceManager):
                 raise
         path = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
         self._hello = ("hello", path, self.output_limit, "", not self.isolation.cgroup)
+        self._preload = Preload(tuple(path), self.preload)
         base = {"PATH": os.environ.get("PATH", os.defpath), "LANG": os.environ.get("LANG", "C.UTF-8")}
         base.update({k: os.environ[k] for k in self.inherit_env if k in os.environ})
         base.update(self.extra_env)
@@ -250,7 +259,7 @@ class CpuManager(ResourceManager):
                 self._warm_cgroup = self._cgroups.sandbox("warm")
                 self._warm_cgroup.set_weight(0)
                 place = self._warm_cgroup.add
-            self._warm = WarmWorkers(self._dir, f"{self.id}/", base, self.warm_sandboxes, place)
+            self._warm = WarmWorkers(self._dir, f"{self.id}/", base, self.warm_sandboxes, place, self._preload)
             self._warm.fill()
         self._state = "running"
 
@@ -310,6 +319,7 @@ class CpuManager(ResourceManager):
                            "a guarantee: cgroup CPU weight proportional to the grant over all the manager's CPUs")
                           if iso.cgroup else "CPU affinity only (no weights or quotas without cgroups)"),
             "warm_sandboxes": self.warm_sandboxes,
+            "preload": list(self.preload),
             "environment": sorted(["PATH", "LANG", "HOME", "TMPDIR", "TANGRAM_SANDBOX", "TANGRAM_GRANT_FILE",
                                    "TANGRAM_JOBSERVER", "TANGRAM_LIMIT", *self.inherit_env, *self.extra_env]),
             "sandboxes": len(self._sandboxes),
@@ -355,7 +365,7 @@ class CpuManager(ResourceManager):
                 grant = self._grants[trajectory] = GrantChannel(self.sandbox_dir(trajectory), self._limit_from_action)
             sb = Sandbox(trajectory, self.sandbox_dir(trajectory), f"{self.id}/{trajectory}",
                          {**self._base_env, **grant.env}, cg,
-                         self._hello[:3] + (self.sandbox_dir(trajectory), self._hello[4]), self._warm)
+                         self._hello[:3] + (self.sandbox_dir(trajectory), self._hello[4]), self._warm, self._preload)
             self._sandboxes[trajectory] = sb
         return sb
 

@@ -28,6 +28,7 @@ that action with it (ActionCrashed).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import pickle
 import shutil
@@ -37,6 +38,7 @@ import struct
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from .errors import ManagerError
@@ -80,10 +82,11 @@ class WarmWorkers:
     finishes starting under its sandbox's grant)."""
 
     def __init__(self, directory: str, marker: str, base_env: Mapping[str, str], size: int,
-                 place: Callable[[int], None] | None = None) -> None:
+                 place: Callable[[int], None] | None = None, preload: Preload | None = None) -> None:
         self.directory = directory
         self.marker = marker
         self.place = place
+        self.preload = preload
         self.env = {**base_env, "HOME": directory, "TMPDIR": directory}
         self.size = size
         self.idle: list[WarmWorker] = []
@@ -100,7 +103,7 @@ class WarmWorkers:
         self._count += 1
         marker = f"{self.marker}w{self._count}"
         log_path = os.path.join(self.directory, f"w{self._count}.log")
-        proc, channel = spawn_worker(self.directory, {**self.env, MARKER: marker}, log_path)
+        proc, channel = spawn_worker(self.directory, {**self.env, MARKER: marker}, log_path, self.preload)
         if self.place is not None:
             try:
                 self.place(proc.pid)
@@ -137,13 +140,26 @@ class WarmWorkers:
             await _wait(warm.proc, timeout=None)
 
 
-def spawn_worker(directory: str, env: Mapping[str, str], log_path: str) -> tuple[subprocess.Popen[bytes], socket.socket]:
+@dataclass(frozen=True)
+class Preload:
+    """Modules a worker imports as it starts, from `path` (the orchestrator's sys.path):
+    a warm worker does it before it is taken, off the critical path of the step."""
+
+    path: tuple[str, ...]
+    modules: tuple[str, ...]
+
+
+def spawn_worker(directory: str, env: Mapping[str, str], log_path: str,
+                 preload: Preload | None = None) -> tuple[subprocess.Popen[bytes], socket.socket]:
     """A new worker process in its own session, and the orchestrator's end of its channel."""
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    argv = [sys.executable, "-I", WORKER_FILE, str(child.fileno())]
+    if preload is not None and preload.modules:
+        argv.append(json.dumps({"path": list(preload.path), "preload": list(preload.modules)}))
     try:
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-I", WORKER_FILE, str(child.fileno())],
+                argv,
                 cwd=directory, env=dict(env), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                 pass_fds=(child.fileno(),), start_new_session=True, close_fds=True)
     except BaseException:
@@ -158,7 +174,8 @@ class Sandbox:
     """The worker process of one trajectory, started on demand and restarted after a kill."""
 
     def __init__(self, trajectory: int, directory: str, marker: str, base_env: Mapping[str, str],
-                 cgroup: SandboxCgroup | None, hello: tuple[Any, ...], warm: WarmWorkers | None = None) -> None:
+                 cgroup: SandboxCgroup | None, hello: tuple[Any, ...], warm: WarmWorkers | None = None,
+                 preload: Preload | None = None) -> None:
         self.trajectory = trajectory
         self.directory = directory
         self.marker = marker
@@ -168,6 +185,7 @@ class Sandbox:
         self.env = {**base_env, "HOME": directory, "TMPDIR": tmp, MARKER: marker}
         self.hello = hello + (self.env,)
         self.warm = warm
+        self.preload = preload
         # markers its workers were started with: its own, and each warm worker's (in affinity
         # mode a burial scans for all of them: a forked child keeps its worker's first environment)
         self._markers = [marker]
@@ -218,7 +236,7 @@ class Sandbox:
             if warm.marker not in self._markers:
                 self._markers.append(warm.marker)
         else:
-            proc, parent = spawn_worker(self.directory, self.env, self.log_path)
+            proc, parent = spawn_worker(self.directory, self.env, self.log_path, self.preload)
         self.proc = proc
         self._channel = parent
         self.starts += 1

@@ -147,6 +147,8 @@ def test_bad_options_name_the_option(tmp_path: Any) -> None:
         (dict(root=str(tmp_path / "missing")), "managers.cpu.root"),
         (dict(env={"A": 1}), "managers.cpu.env"),
         (dict(inherit_env="HOME"), "managers.cpu.inherit_env"),
+        (dict(preload="json"), "managers.cpu.preload"),
+        (dict(preload=["json", "not a module"]), "managers.cpu.preload"),
     ]
     for options, field in cases:
         with pytest.raises(ManagerError) as e:
@@ -507,6 +509,22 @@ def test_a_new_trajectory_starts_in_a_warm_worker(mechanism: str) -> None:
         assert await run(mgr, Call(fn=os.getcwd, trajectory=8)) == mgr.sandbox_dir(8)
 
     with_manager(mechanism, body, warm_sandboxes=2)
+
+
+# A warm worker has imported the preloaded modules (tangram.worker by default) before it is
+# taken, from the orchestrator's sys.path; one that cannot be imported is reported in the
+# worker's log and fails no action.
+def test_warm_workers_preload_modules(mechanism: str) -> None:
+    async def body(mgr: CpuManager) -> None:
+        assert await until(lambda: len(mgr.warm_processes()) == 1)
+        loaded = await run(mgr, Call(fn=lambda: [m in sys.modules for m in ("tangram.worker", "colorsys", "_pyio")],
+                                     trajectory=3))
+        assert loaded == [True, True, False]
+        log = await run(mgr, Call(fn=read, args=(mgr.sandbox_dir(3) + ".log",), trajectory=3))
+        assert "preloading no_such_module_here failed: ModuleNotFoundError" in log
+        assert mgr.describe()["preload"] == ["tangram.worker", "colorsys", "no_such_module_here"]
+
+    with_manager(mechanism, body, warm_sandboxes=1, preload=["tangram.worker", "colorsys", "no_such_module_here"])
 
 
 def print_and_exit() -> None:
