@@ -132,7 +132,7 @@ class GrantedExecutor(Executor):
     Workers are started on demand, when a task may run and no worker is idle, and kept:
     a grant of one core never starts a second process, whatever the machine. A worker that
     dies (a segfault, os._exit, the OOM killer) fails only the task it ran, with
-    WorkerDied; the next task that needs a worker starts a new one.
+    TaskCrashed; the next task that needs a worker starts a new one.
     With `give_back` (default), when a task ends and fewer tasks are left than the grant's
     cores, it limits the action's grant to what is left (`limit_grant`), and raises the
     limit again when more tasks come.
@@ -266,8 +266,8 @@ class GrantedExecutor(Executor):
                 except (EOFError, OSError):
                     self._forget(worker)
                     code = worker.process.exitcode
-                    self._end(future, None, WorkerDied(f"the worker process running this task died "
-                                                       f"(exit code {code})"))
+                    how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+                    self._end(future, None, TaskCrashed(f"the worker process running this task died ({how})"))
                     continue
                 except BaseException as e:  # a result that does not unpickle here
                     self._idle_again(worker)
@@ -348,7 +348,7 @@ class GrantedExecutor(Executor):
                 worker.process.join()
 
 
-class WorkerDied(RuntimeError):
+class TaskCrashed(RuntimeError):
     """The worker process running a task died (a segfault, os._exit, a kill) before it
     returned; the executor's other tasks go on."""
 
@@ -409,4 +409,5 @@ def shared_executor() -> GrantedExecutor:
         return _shared
 
 
-__all__ = ["GrantedExecutor", "WorkerDied", "cores", "grant", "jobserver_fds", "limit_grant", "shared_executor", "whole_cores"]
+__all__ = ["GrantedExecutor", "TaskCrashed", "cores", "grant", "jobserver_fds", "limit_grant", "shared_executor",
+           "whole_cores"]

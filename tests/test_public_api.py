@@ -32,6 +32,7 @@ SUBMODULE_API = {
     "GpuManager": "tangram.runtime.gpu",
     "ApiManager": "tangram.runtime.api",
     "GrantedExecutor": "tangram.worker",
+    "TaskCrashed": "tangram.worker",
     "Server": "tangram.server",
     "PolicyRules": "tangram.reference",
     "ReferenceScheduler": "tangram.reference",

@@ -147,8 +147,12 @@ def test_the_executor_limits_the_grant_to_the_tasks_it_has_left(tmp_path: Path,
     os.close(fd)
 
 
+def kill_own_process() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 # Workers start on demand: a one-core grant never starts a second process. A task whose
-# worker dies fails alone (WorkerDied); a worker killed while idle is replaced; the
+# worker dies fails alone (TaskCrashed); a worker killed while idle is replaced; the
 # executor goes on either way.
 def test_the_executor_starts_workers_on_demand_and_survives_their_deaths(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
@@ -158,8 +162,10 @@ def test_the_executor_starts_workers_on_demand_and_survives_their_deaths(tmp_pat
     with worker.GrantedExecutor(max_workers=3, poll=0.01) as pool:
         assert list(pool.map(abs, [-1, -2, -3, -4])) == [1, 2, 3, 4]
         assert pool.workers == 1
-        with pytest.raises(worker.WorkerDied, match="exit code 3"):
+        with pytest.raises(worker.TaskCrashed, match="exit code 3"):
             pool.submit(os._exit, 3).result()
+        with pytest.raises(worker.TaskCrashed, match="killed by signal 9"):
+            pool.submit(kill_own_process).result()
         assert pool.submit(abs, -5).result() == 5
         pid = pool.submit(os.getpid).result()
         os.kill(pid, signal.SIGKILL)

@@ -161,7 +161,8 @@ class CpuManager(ResourceManager):
     def __init__(self, root: str | None = None, isolation: str = "auto", output_limit: int = 1 << 20,
                  cpus: Iterable[int] | None = None, env: Mapping[str, str] | None = None,
                  inherit_env: Sequence[str] = (), cpu_limit: str = "guarantee",
-                 warm_sandboxes: int = DEFAULT_WARM_SANDBOXES, preload: Sequence[str] = ("tangram.worker",)) -> None:
+                 warm_sandboxes: int = DEFAULT_WARM_SANDBOXES,
+                 preload: Sequence[str] = ("tangram.worker",)) -> None:
         f = "managers.cpu."
         if isinstance(preload, str) or not all(isinstance(m, str) and _MODULE_NAME.fullmatch(m) for m in preload):
             raise ManagerError(f + "preload", f"{preload!r} is not a list of module names")
