@@ -7,7 +7,11 @@ process (the pool's and each sandbox's) imports it to unpickle `run_program` and
 
 from __future__ import annotations
 
+import os
+import time
 from typing import Any
+
+TIMELINE = "ROLLOUT_TIMELINE"  # a file each program appends "start end cpu" to, when set
 
 # Each program sets `result` after asserting it against an independent computation.
 PROGRAMS = {
@@ -56,9 +60,19 @@ PROGRAMS = {
 
 
 def run_program(source: str) -> Any:
-    """Runs one program in a fresh namespace and returns its checked `result`."""
+    """Runs one program in a fresh namespace and returns its checked `result`. With
+    ROLLOUT_TIMELINE set, appends its wall-clock start and end and its CPU seconds there
+    (one write of one line: whole lines from many processes)."""
+    start, cpu = time.time(), time.process_time()
     namespace: dict[str, Any] = {"__name__": "__program__"}
     exec(compile(source, "<program>", "exec"), namespace)
+    timeline = os.environ.get(TIMELINE)
+    if timeline:
+        fd = os.open(timeline, os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, f"{start!r} {time.time()!r} {time.process_time() - cpu!r}\n".encode())
+        finally:
+            os.close(fd)
     return namespace["result"]
 
 

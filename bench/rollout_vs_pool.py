@@ -34,8 +34,12 @@ parallel up to its one core, a suite's 95% parallel.
 
 Reports per way and trajectory count: average, p50 and p99 ACT (action completion time:
 from the call to its result), step duration (the rollout's wall time, from the first call
-to the last result) and throughput (actions per second of step), as medians over the
-repetitions, and the ratios the targets are stated in.
+to the last result), throughput (actions per second of step) and how busy the cores were
+with programs: "cores busy", the time integral of min(programs running, cores) over step
+x cores (what a way leaves idle, in hand-overs and in the step's tail), and "program CPU",
+the programs' CPU seconds over the same (which also counts what other processes took from
+them); as medians over the repetitions, and the ratios the targets are stated in. The
+machine's speed moves these two less than it moves the times.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout_programs import PROGRAMS, run_program, run_suite
+from rollout_programs import PROGRAMS, TIMELINE, run_program, run_suite
 from tangram import Amdahl, Call, Orchestrator
 from tangram.runtime.config import RuntimeConfig
 from tangram.runtime.cpu import CpuManager
@@ -113,12 +117,35 @@ class Run:
     acts: list[float] = field(default_factory=list)
     step: float = 0.0
     wrong: int = 0
+    busy: float = 0.0  # core-seconds with a program running on them / (step x cores)
+    program_cpu: float = 0.0  # programs' CPU seconds / (step x cores)
 
     def summary(self) -> dict[str, float]:
         acts = sorted(self.acts)
         return {"mean_act": statistics.fmean(acts), "p50_act": acts[len(acts) // 2],
                 "p99_act": acts[min(len(acts) - 1, int(0.99 * len(acts)))], "step": self.step,
-                "throughput": len(acts) / self.step}
+                "throughput": len(acts) / self.step, "busy": self.busy, "program_cpu": self.program_cpu}
+
+    def read_timeline(self, path: str, cores: int) -> None:
+        with open(path) as f:
+            rows = [tuple(map(float, line.split())) for line in f if line.strip()]
+        os.unlink(path)
+        events = sorted([(start, 1) for start, _, _ in rows] + [(end, -1) for _, end, _ in rows])
+        running, last, covered = 0, 0.0, 0.0
+        for t, step in events:  # the time integral of min(programs running, cores)
+            if running:
+                covered += (t - last) * min(running, cores)
+            running, last = running + step, t
+        self.busy = covered / (self.step * cores)
+        self.program_cpu = sum(cpu for _, _, cpu in rows) / (self.step * cores)
+
+
+def new_timeline() -> str:
+    """An empty file for one run's programs to append to."""
+    import tempfile
+    fd, path = tempfile.mkstemp(prefix="rollout-timeline-")
+    os.close(fd)
+    return path
 
 
 async def rollout(plans: list[list[Turn]], act: Any, run: Run) -> None:
@@ -139,13 +166,19 @@ async def rollout(plans: list[list[Turn]], act: Any, run: Run) -> None:
 async def with_pool(plans: list[list[Turn]], cores: int) -> Run:
     run = Run("pool", len(plans))
     loop = asyncio.get_running_loop()
-    with ProcessPoolExecutor(cores) as pool:
-        await asyncio.gather(*(loop.run_in_executor(pool, int) for _ in range(4 * cores)))  # started
+    timeline = new_timeline()
+    os.environ[TIMELINE] = timeline  # the pool's workers inherit it as they start
+    try:
+        with ProcessPoolExecutor(cores) as pool:
+            await asyncio.gather(*(loop.run_in_executor(pool, int) for _ in range(4 * cores)))  # started
 
-        async def act(t: int, turn: Turn) -> list[Any]:
-            return list(await asyncio.gather(*(loop.run_in_executor(pool, run_program, p.source)
-                                               for p in turn.programs)))
-        await rollout(plans, act, run)
+            async def act(t: int, turn: Turn) -> list[Any]:
+                return list(await asyncio.gather(*(loop.run_in_executor(pool, run_program, p.source)
+                                                   for p in turn.programs)))
+            await rollout(plans, act, run)
+    finally:
+        del os.environ[TIMELINE]
+    run.read_timeline(timeline, cores)
     return run
 
 
@@ -172,8 +205,10 @@ async def with_tangram(plans: list[list[Turn]], cores: int, policy: str, cpu_lim
     if aging is not None and policy == "tangram":
         options["aging"] = aging
     # A warm worker per trajectory, started before the step as the pool's workers are.
+    timeline = new_timeline()
     config = RuntimeConfig(policy=policy, policy_options=options,
-                           managers={"cpu": {"cpu_limit": cpu_limit, "warm_sandboxes": len(plans)}})
+                           managers={"cpu": {"cpu_limit": cpu_limit, "warm_sandboxes": len(plans),
+                                             "env": {TIMELINE: timeline}}})
     async with Orchestrator(config) as orch:
         await warm_workers_idle(orch.managers["cpu"])  # type: ignore[arg-type]
 
@@ -191,6 +226,7 @@ async def with_tangram(plans: list[list[Turn]], cores: int, policy: str, cpu_lim
         await rollout(plans, act, run)
         for t in range(len(plans)):
             await orch.end_trajectory(t)
+    run.read_timeline(timeline, cores)
     return run
 
 
@@ -249,14 +285,15 @@ def report(r: dict[str, Any]) -> str:
              f"{r['programs']['count']} programs of {1e3 * r['programs']['seconds_min']:.0f}-"
              f"{1e3 * r['programs']['seconds_max']:.0f} ms, medians of {r['repeat']} repetitions" +
              (f"; tangram's aging {r['tangram_aging']}" if r.get("tangram_aging") is not None else ""), "",
-             "| trajectories | way | mean ACT | p50 ACT | p99 ACT | step | actions/s |",
-             "|---:|---|---:|---:|---:|---:|---:|"]
+             "| trajectories | way | mean ACT | p50 ACT | p99 ACT | step | actions/s | cores busy | program CPU |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for n, cell in r["results"].items():
         for way in WAYS:
             if way in cell:
                 s = cell[way]
                 lines.append(f"| {n} | {way} | {s['mean_act']:.3f} s | {s['p50_act']:.3f} s | {s['p99_act']:.3f} s | "
-                             f"{s['step']:.2f} s | {s['throughput']:.1f} |")
+                             f"{s['step']:.2f} s | {s['throughput']:.1f} | {100 * s['busy']:.1f}% | "
+                             f"{100 * s['program_cpu']:.1f}% |")
     lines.append("")
     for n, cell in r["results"].items():
         if "tangram_vs_pool" in cell:
