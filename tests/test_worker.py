@@ -4,6 +4,7 @@ here the way the CPU manager writes it)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
@@ -19,6 +20,14 @@ from tangram.runtime.grant import GRANT_WIDTH
 def set_grant(path: Path, cores: float) -> None:
     with open(path, "r+b" if path.exists() else "wb") as f:
         f.write(f"{cores:{GRANT_WIDTH - 1}.4f}\n".encode())
+
+
+def live_grant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cores: float) -> Path:
+    """A grant file saying `cores`, named by TANGRAM_GRANT_FILE as the CPU manager names it."""
+    path = tmp_path / "t0.grant"
+    set_grant(path, cores)
+    monkeypatch.setenv("TANGRAM_GRANT_FILE", str(path))
+    return path
 
 
 def busy_interval(seconds: float) -> tuple[float, float]:
@@ -68,9 +77,7 @@ def test_jobserver_fds_outside_and_inside_a_sandbox(tmp_path: Path, monkeypatch:
 
 def test_the_executor_runs_as_many_tasks_as_the_grant_and_follows_it(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    path = tmp_path / "t0.grant"
-    set_grant(path, 1.0)
-    monkeypatch.setenv("TANGRAM_GRANT_FILE", str(path))
+    path = live_grant(tmp_path, monkeypatch, 1.0)
     with worker.GrantedExecutor(max_workers=3, poll=0.01) as pool:
         list(pool.map(int, range(6)))  # the processes are up
         futures = [pool.submit(busy_interval, 0.25) for _ in range(9)]
@@ -114,11 +121,9 @@ def written_limits(fd: int) -> list[str]:
 # raises the limit when more come; what it writes is "<action> <cores>" lines.
 def test_the_executor_limits_the_grant_to_the_tasks_it_has_left(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    grant_path, fifo = tmp_path / "t0.grant", tmp_path / "t0.limit"
-    set_grant(grant_path, 2.0)
+    grant_path, fifo = live_grant(tmp_path, monkeypatch, 2.0), tmp_path / "t0.limit"
     os.mkfifo(fifo)
     fd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)  # the manager's end
-    monkeypatch.setenv("TANGRAM_GRANT_FILE", str(grant_path))
     monkeypatch.setenv("TANGRAM_LIMIT", str(fifo))
     monkeypatch.setenv("TANGRAM_ACTION", "7")
     with worker.GrantedExecutor(max_workers=2, poll=0.01) as pool:
@@ -156,9 +161,7 @@ def kill_own_process() -> None:
 # executor goes on either way.
 def test_the_executor_starts_workers_on_demand_and_survives_their_deaths(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    path = tmp_path / "t0.grant"
-    set_grant(path, 1.0)
-    monkeypatch.setenv("TANGRAM_GRANT_FILE", str(path))
+    path = live_grant(tmp_path, monkeypatch, 1.0)
     with worker.GrantedExecutor(max_workers=3, poll=0.01) as pool:
         assert list(pool.map(abs, [-1, -2, -3, -4])) == [1, 2, 3, 4]
         assert pool.workers == 1
@@ -175,3 +178,26 @@ def test_the_executor_starts_workers_on_demand_and_survives_their_deaths(tmp_pat
         set_grant(path, 3.0)
         assert sorted(pool.map(busy_interval, [0.2] * 3))  # three at once: three workers
         assert pool.workers == 3
+
+
+# The manager's end of the limit FIFO: each action's last well-formed limit reaches the
+# callback; garbled lines (no id, extra words, not a positive finite number) are dropped.
+def test_the_grant_channel_reads_limits_and_drops_garbled_lines(tmp_path: Path) -> None:
+    from tangram.runtime.grant import GrantChannel
+
+    async def main() -> list[tuple[int, float]]:
+        heard: list[tuple[int, float]] = []
+        channel = GrantChannel(str(tmp_path / "t0"), lambda action, cores: heard.append((action, cores)))
+        try:
+            fd = os.open(channel.limit_path, os.O_WRONLY | os.O_NONBLOCK)
+            os.write(fd, b"x 1\n7 3.0\n9 1.5 extra\n7 2.0\n8 1.0\n8 nan\n8 inf\n8 0\n8 -1\n10 0\n")
+            os.close(fd)
+            for _ in range(50):
+                if heard:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            channel.close()
+        return heard
+
+    assert asyncio.run(main()) == [(7, 2.0), (8, 1.0)]

@@ -26,6 +26,7 @@ never has a job killed: it just starts fewer.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 from collections.abc import Callable
 
@@ -151,10 +152,12 @@ class GrantChannel:
         latest: dict[int, float] = {}
         for line in lines:  # the last word of each action counts; a garbled line is dropped
             try:
-                action, cores = line.split()
-                latest[int(action)] = float(cores)
+                action, text = line.split()
+                action_id, cores = int(action), float(text)
             except ValueError:
                 continue
+            if math.isfinite(cores) and cores > 0:  # "nan", "inf", "0" are garbled too
+                latest[action_id] = cores
         for action, cores in latest.items():
             self._on_limit(action, cores)  # type: ignore[misc]
 
