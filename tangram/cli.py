@@ -1,4 +1,5 @@
-"""The `tangram` command: `tangram demo`, `tangram sim`, `tangram bench`, `tangram serve`.
+"""The `tangram` command: `tangram demo`, `tangram sim`, `tangram bench`, `tangram serve`,
+`tangram estimates`.
 
 Every subcommand answers bad input the same way: one line on stderr, `tangram CMD: what is
 wrong`, and exit status 2. Argument errors come from `ArgumentParser`; errors found later
@@ -48,6 +49,8 @@ def _main(argv: list[str] | None) -> int:
     sub.add_parser("bench", help="decision-latency benchmarks (tangram bench --help)", add_help=False)
     sub.add_parser("serve", help="one scheduler for many rollout processes, over TCP (tangram serve --help)",
                    add_help=False)
+    sub.add_parser("estimates", help="show, import and export learned run times (tangram estimates --help)",
+                   add_help=False)
     args, rest = parser.parse_known_args(argv)
     if args.version:
         from . import __version__
@@ -62,6 +65,10 @@ def _main(argv: list[str] | None) -> int:
         from .server import server
 
         return server.cli_main(rest)
+    if args.command == "estimates":
+        from .runtime import estimates
+
+        return estimates.cli_main(rest)
     if args.command == "sim":
         from . import sim
 

@@ -230,6 +230,7 @@ def test_documented_config_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     path.write_text(example.replace("mypackage.reward:RewardModel", "config_validation_hooks:RewardModel"))
     config = RuntimeConfig.from_file(path)
     assert config.policy == "tangram" and config.policy_options == {"starvation_seconds": 30}
+    assert config.estimates == "estimates.db"
     assert config.inventory is not None and config.quotas == [] and config.services == []
     assert config.inventory.quotas == [Quota("search", rate=20, burst=5, max_concurrency=8, tokens_per_minute=0)]
     assert config.inventory.services == [Service("reward-7b", memory=16000, restore_seconds=4, max_batch=64)]

@@ -611,3 +611,47 @@ def test_report_small(tmp_path) -> None:  # type: ignore[no-untyped-def]
     sweep = json.loads((tmp_path / "sweep.json").read_text())
     assert sorted({r["load"] for r in sweep}) == [4, 8, 16]
     assert all("bound_peak_cpu" in r for r in rows)
+
+
+# ------------------------------------------------------------------ what the core is told of run times
+
+
+def test_estimates_oracle_noisy_and_learned() -> None:
+    w = small_coding(64).with_value("cores", 8)  # loaded: what the core is told decides who waits
+    oracle = sim.simulate(w, "tangram", seed=2)
+    # noisy:0 is the oracle exactly; a run's truth never depends on what the core is told.
+    zero = sim.simulate(w, "tangram", seed=2, estimates="noisy:0")
+    np.testing.assert_array_equal(zero.finish, oracle.finish)
+    noisy = sim.simulate(w, "tangram", seed=2, estimates="noisy:0.5")
+    again = sim.simulate(w, "tangram", seed=2, estimates="noisy:0.5")
+    np.testing.assert_array_equal(noisy.finish, again.finish)  # seeded
+    assert not np.array_equal(noisy.start, oracle.start)
+    learned = sim.simulate(w, "tangram", seed=2, estimates="learned")
+    np.testing.assert_array_equal(learned.finish, sim.simulate(w, "tangram", seed=2, estimates="learned").finish)
+    assert learned.row()["estimates"] == "learned" and oracle.row()["estimates"] == "oracle"
+    # The same actions ran, each at its true model: at the same grant the same run time.
+    assert learned.row()["actions"] == oracle.row()["actions"]
+    same = (learned.grant == oracle.grant) & ~learned.rejected & (learned.label == ENV)
+    unresized = same & np.isclose(learned.run, oracle.run)
+    assert unresized.sum() > 0.5 * (learned.label == ENV).sum()
+    for bad, match in (("exact", "oracle, learned or noisy"), ("noisy:-1", "SIGMA >= 0"), ("noisy:x", "SIGMA")):
+        with pytest.raises(tangram.ValidationError, match=match):
+            sim.simulate(w, "tangram", seed=2, estimates=bad)
+
+
+def test_learned_estimates_start_cold_and_learn_each_kind() -> None:
+    """Hand-checkable: one kind of 2 s fixed actions, one core, one trajectory of 3 turns.
+    The first is planned as the 1 s prior; once one has run, the next is planned as 2 s."""
+    w = tiny(batch=1, turns={"dist": "fixed", "value": 3})
+    r = sim.simulate(w, "tangram", seed=0, estimates="learned")
+    assert list(r.finish[:3]) == [2.0, 4.0, 6.0]  # the truth, whatever was planned
+    assert r.scheduler is not None
+
+
+def test_cli_estimates(capsys) -> None:  # type: ignore[no-untyped-def]
+    assert sim.cli_main(["--policies", "tangram", "--batch", "32", "--estimates", "learned"]) == 0
+    assert "run times learned" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        sim.cli_main(["--policies", "tangram", "--batch", "32", "--estimates", "guess"])
+    assert e.value.code == 2
+    assert "oracle, learned or noisy" in capsys.readouterr().err

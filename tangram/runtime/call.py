@@ -29,7 +29,9 @@ class Call:
     Resources: `resources` is the minimum demand per kind (cores for "cpu", MiB for
     "memory"); `elastic` names the one kind that may be granted beyond it, up to
     `max_units`; `runtime` is the run-time estimate and elasticity model the core plans
-    with (seconds, or a model: tangram.Amdahl, Table, cost_model...). `memory` in
+    with (seconds, or a model: tangram.Amdahl, Table, cost_model...); left None, the
+    orchestrator plans with a run time learned from earlier actions with the same `key`
+    (tangram.runtime.estimates; by default the kind and the function or command). `memory` in
     `resources` is also the action's memory limit in the CPU manager.
 
     `timeout` (seconds of running, not of waiting) kills the action's process group and
@@ -50,7 +52,7 @@ class Call:
     resources: Mapping[str, float] = field(default_factory=lambda: {"cpu": 1.0})
     elastic: str | None = None
     max_units: float | None = None
-    runtime: Model = 1.0
+    runtime: Model | None = None  # None: learned from earlier runs of `key`
     timeout: float | None = None
     trajectory: int = 0
     priority: int = 0
@@ -63,6 +65,7 @@ class Call:
     env: Mapping[str, str] = field(default_factory=dict)  # extra environment for commands and sandboxes
     affinity: str | None = None  # node name the action must run on (its trajectory's sandbox node)
     idempotent: bool = True  # may run twice: a lost node's requeue reruns it (docs/ray.md)
+    key: str | None = None  # what run-time estimates are learned under (None: derived, see estimates.key_of)
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
         # Pickled as the class and its field values in order, not a dict of field names:
@@ -120,6 +123,8 @@ def validate_call(call: Any) -> None:
         raise ValidationError("call.kind", f"must be a string, got {given(call.kind)}")
     if call.manager is not None and not isinstance(call.manager, str):
         raise ValidationError("call.manager", f"must be a manager's name, got {given(call.manager)}")
+    if call.key is not None and not isinstance(call.key, str):
+        raise ValidationError("call.key", f"must be a string or None, got {given(call.key)}")
     if call.idempotent is not True and call.idempotent is not False:
         raise ValidationError("call.idempotent", f"must be True or False, got {given(call.idempotent)}")
 

@@ -4,6 +4,7 @@ Everything is optional; the embedded default schedules this machine (its cores, 
 and GPUs) with the `tangram` policy and the built-in managers. A file, for instance:
 
     policy = "tangram"
+    estimates = "estimates.db"   # learned run times persist here (SQLite); default: in memory
     [policy_options]
     starvation_seconds = 30
 
@@ -70,6 +71,7 @@ class RuntimeConfig:
     managers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # name -> constructor options
     max_records: int = 100_000
     metrics_port: int | None = None  # serve Prometheus /metrics on 127.0.0.1:port when set
+    estimates: str | None = None  # SQLite file of learned run times (tangram.runtime.estimates); None: in memory
 
     def __post_init__(self) -> None:
         check_string(self.policy, "config.policy", "a policy name (a string)")
@@ -97,6 +99,8 @@ class RuntimeConfig:
             check_integer(self.metrics_port, "config.metrics_port")
             if not 0 <= self.metrics_port <= 65535:
                 raise ValidationError("config.metrics_port", f"must be a TCP port, 0 to 65535, got {self.metrics_port}")
+        if self.estimates is not None and not isinstance(self.estimates, (str, os.PathLike)):
+            raise ValidationError("config.estimates", f"must be a file path or None, got {given(self.estimates)}")
 
     def resolved_inventory(self) -> Inventory:
         if self.inventory is None:
@@ -128,7 +132,8 @@ class RuntimeConfig:
     def from_mapping(data: Mapping[str, Any]) -> "RuntimeConfig":
         """The config a parsed file describes (see the module docstring)."""
         check_keys(data, "config", _FILE_SETTINGS)
-        settings = {key: data[key] for key in ("policy", "policy_options", "managers", "max_records", "metrics_port")
+        settings = {key: data[key] for key in ("policy", "policy_options", "managers", "max_records", "metrics_port",
+                                                "estimates")
                     if key in data}
         quotas = [_build(Quota, q, f"config.quotas[{i}]")
                   for i, q in enumerate(_list(data.get("quotas", []), "config.quotas", "tables ([[quotas]])"))]

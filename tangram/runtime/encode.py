@@ -22,9 +22,10 @@ _MAX_TEMPLATES = 4096  # a workload with more shapes than this re-encodes; memor
 _ID_AND_TRAJECTORY = struct.Struct("<QQ")  # the first two fields of an action record
 
 
-def shape_of(call: Call) -> tuple[Any, ...]:
-    """The fields of a call that its record depends on, except its id and trajectory."""
-    return (tuple(call.resources.items()), call.elastic, call.max_units, call.runtime, call.priority,
+def shape_of(call: Call, runtime: Any) -> tuple[Any, ...]:
+    """The fields of a call that its record depends on, except its id and trajectory, with
+    the run-time model it is planned with (declared or estimated)."""
+    return (tuple(call.resources.items()), call.elastic, call.max_units, runtime, call.priority,
             call.gpu_memory, call.service, call.quota, call.tokens, call.affinity)
 
 
@@ -36,17 +37,18 @@ class CallEncoder:
         self._template_bytes: list[bytes] = []  # the same records as bytes, for one-action batches
         assert encoder.dtype.names[:2] == ("id", "trajectory") and encoder.dtype.fields["trajectory"][1] == 8
 
-    def template(self, call: Call) -> int:
-        """The template index of the call's shape; raises a typed error naming the call's
-        field when the shape is invalid."""
-        key = shape_of(call)
+    def template(self, call: Call, runtime: Any) -> int:
+        """The template index of the call's shape, planned with `runtime` (its declared
+        model or an estimate); raises a typed error naming the call's field when the shape
+        is invalid."""
+        key = shape_of(call, runtime)
         try:
             return self._index[key]
         except KeyError:
             pass
         except Exception:  # an unhashable model (or one whose hash fails): encode it every time
             key = None  # type: ignore[assignment]
-        action = Action(0, dict(call.resources), call.runtime, elastic=call.elastic, max_units=call.max_units,
+        action = Action(0, dict(call.resources), runtime, elastic=call.elastic, max_units=call.max_units,
                         priority=call.priority, gpu_memory=call.gpu_memory, service=call.service,
                         quota=call.quota, tokens=call.tokens, affinity=call.affinity)
         try:

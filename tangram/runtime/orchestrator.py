@@ -39,6 +39,7 @@ from ..scheduler import Scheduler, integer_in, record_limits
 from .call import Call, Placement, manager_for, validate_call
 from .config import RuntimeConfig
 from .encode import CallEncoder, call_field_names
+from .estimates import SAVE_EVERY, Estimate, RunTimeEstimates
 from .errors import (
     ActionCancelled,
     ActionError,
@@ -85,16 +86,17 @@ class _Live:
     """Book-keeping of one live action (the orchestrator's, not the caller's)."""
 
     __slots__ = ("id", "call", "future", "manager", "template", "record", "in_core", "running", "task",
-                 "timer", "cancel_reason", "watch", "placement")
+                 "timer", "cancel_reason", "watch", "placement", "estimate", "grant_area", "grant_since")
 
     def __init__(self, action_id: int, call: Call, future: asyncio.Future[Any], manager: ResourceManager,
-                 template: int, record: ActionRecord) -> None:
+                 template: int, record: ActionRecord, estimate: Estimate) -> None:
         self.id = action_id
         self.call = call
         self.future = future
         self.manager = manager
         self.template = template
         self.record = record
+        self.estimate = estimate  # the run time it is planned with, and where that came from
         self.in_core = False  # submitted to the core (else still in the pending batch)
         self.running = False
         self.task: asyncio.Task[None] | None = None
@@ -102,6 +104,8 @@ class _Live:
         self.cancel_reason: str | None = None  # "timeout", "cancelled" or "closed"
         self.watch: Any = None  # the future's done callback that turns a caller's cancel into ours
         self.placement: Placement | None = None  # while it runs: what it was given (resizes change it)
+        self.grant_area = 0.0  # grant x seconds of running before grant_since (for a learned estimate)
+        self.grant_since = 0.0
 
 
 class Orchestrator:
@@ -134,6 +138,8 @@ class Orchestrator:
                 self.managers[name] = self._make_manager(name)
         self.managers.update(given)
         self.records = RecordLog(self.config.max_records)
+        self.estimates = RunTimeEstimates(self.config.estimates)
+        self._save_timer: asyncio.TimerHandle | None = None
         self.metrics = Metrics(self) if metrics else None
         if self.metrics is not None:
             self.records.add_listener(self.metrics.observe)
@@ -193,6 +199,8 @@ class Orchestrator:
             raise
         if self.config.metrics_port is not None and self.metrics is not None:
             self._metrics_server = self.metrics.serve(self.config.metrics_port)
+        if self.estimates.path is not None:
+            self._save_timer = self._loop.call_later(SAVE_EVERY, self._save_estimates)
         self._state = "running"
         return self
 
@@ -215,6 +223,7 @@ class Orchestrator:
         if self._state in ("closing", "closed"):
             return
         if self._state == "new":
+            self.estimates.close()
             self._state = "closed"
             return
         self._state = "closing"
@@ -242,6 +251,12 @@ class Orchestrator:
             if self._metrics_server is not None:
                 self._metrics_server.shutdown()
                 self._metrics_server.server_close()
+            if self._save_timer is not None:
+                self._save_timer.cancel()
+            try:
+                self.estimates.close()
+            except Exception as e:  # as in _save_estimates: the run's results stand
+                log.warning("estimates: cannot save to %s: %s: %s", self.estimates.path, type(e).__name__, e)
             self._state = "closed"
 
     # ---------------------------------------------------------------- API
@@ -258,7 +273,8 @@ class Orchestrator:
         manager = self.managers.get(name)
         if manager is None:
             raise ManagerError("call.manager", f"no manager {name!r} in this orchestrator (have: {', '.join(self.managers)})")
-        template = self._encoder.template(call)
+        estimate = self.estimates.estimate(call)
+        template = self._encoder.template(call, estimate.model)
         manager.check_call(call)
         if action_id is None:
             action_id = next(self._ids)
@@ -267,8 +283,9 @@ class Orchestrator:
         elif action_id in self._live:
             raise ValidationError("action_id", f"action {action_id} is live")
         future = self._loop.create_future()  # type: ignore[union-attr]
-        record = ActionRecord(action_id, call.kind, call.trajectory, name, self._now())
-        lv = _Live(action_id, call, future, manager, template, record)
+        record = ActionRecord(action_id, call.kind, call.trajectory, name, self._now(),
+                              estimate=_DECLARED if estimate.source == "declared" else estimate.describe())
+        lv = _Live(action_id, call, future, manager, template, record, estimate)
         self._live[action_id] = lv
         lv.watch = lambda f, i=action_id: self._on_future_done(f, i)
         future.add_done_callback(lv.watch)
@@ -324,7 +341,8 @@ class Orchestrator:
     # (tangram.OrchestratorAPI); here they answer at once, from the synchronous readers
     # below (`*_now`), which the server and the metrics use directly.
     async def explain(self, action_id: int) -> str:
-        """Why a live action waits (or where it runs), from the core."""
+        """Why a live action waits (or where it runs), from the core; and, on a line of its
+        own, the run time it is planned with and where that came from."""
         return self.explain_now(action_id)
 
     async def queue_lengths(self) -> dict[str, tuple[int, int]]:
@@ -341,8 +359,8 @@ class Orchestrator:
         if lv is None:
             return f"action {action_id} is not live"
         if not lv.in_core:
-            return "submitted; the core sees it at the next flush"
-        return self._core.explain(action_id)
+            return f"submitted; the core sees it at the next flush\n{lv.estimate.describe()}"
+        return f"{self._core.explain(action_id)}\n{lv.estimate.describe()}"
 
     def queue_lengths_now(self) -> dict[str, tuple[int, int]]:
         """`queue_lengths`, answered synchronously."""
@@ -406,9 +424,10 @@ class Orchestrator:
             return False
         if call is not None:
             validate_call(call)
-            lv.template = self._encoder.template(call)
+            estimate = self.estimates.estimate(call)
+            lv.template = self._encoder.template(call, estimate.model)
             lv.manager.check_call(call)
-            lv.call = call
+            lv.call, lv.estimate = call, estimate
         if not lv.running:  # waiting: in the core's queue, or in the next batch
             self._withdraw(lv)
             self._pending_submit.append(lv)
@@ -562,6 +581,7 @@ class Orchestrator:
         record.node = placement.node_name
         record.device = placement.device
         record.grant = grant
+        lv.grant_area, lv.grant_since = 0.0, record.start
         lv.running = True
         self._count(call.kind, 0, -1)
         self._count(call.kind, 1, +1)
@@ -595,6 +615,9 @@ class Orchestrator:
         elif elastic_kind == self._memory:
             changes["memory"] = grant
         lv.placement = dataclasses.replace(old, **changes)
+        now = self._now()
+        lv.grant_area += old.grant * (now - lv.grant_since)
+        lv.grant_since = now
         lv.record.grant = grant
         try:
             lv.manager.resize(LiveAction(lv.id, lv.call), lv.placement)
@@ -701,6 +724,8 @@ class Orchestrator:
             lv.timer.cancel()
         kind = lv.call.kind
         if lv.running:
+            if outcome == "ok" and lv.estimate.source != "declared":
+                self._learn(lv, record.end)
             self._count(kind, 1, -1)
             self._pending_complete.append(lv.id)
             self._kick()
@@ -716,6 +741,22 @@ class Orchestrator:
             else:
                 lv.future.set_exception(error)
         self.records.finish(record)
+
+    def _learn(self, lv: _Live, end: float) -> None:
+        """A successful run of a call without a declared run time, for its estimate."""
+        seconds = end - lv.record.start  # type: ignore[operator]
+        mean_grant = None
+        if lv.call.elastic is not None and lv.placement is not None:
+            area = lv.grant_area + lv.placement.grant * (end - lv.grant_since)
+            mean_grant = area / seconds if seconds > 0 else lv.placement.grant
+        self.estimates.observe(lv.call, seconds, mean_grant, lv.estimate.key)
+
+    def _save_estimates(self) -> None:
+        self._save_timer = self._loop.call_later(SAVE_EVERY, self._save_estimates)  # type: ignore[union-attr]
+        try:
+            self.estimates.save()
+        except Exception as e:  # a full disk or a locked file loses a save, not the run
+            log.warning("estimates: cannot save to %s: %s: %s", self.estimates.path, type(e).__name__, e)
 
     def _count(self, kind: str, column: int, delta: int) -> None:
         counts = self._counts.get(kind)
@@ -757,6 +798,7 @@ class Orchestrator:
         self._flush()
 
 
+_DECLARED = "declared"  # a record's `estimate` for a call that declared its run time
 _STEPPED = object()
 
 

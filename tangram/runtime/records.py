@@ -17,7 +17,9 @@ class ActionRecord:
     """What happened to one action. Times are the orchestrator's clock in seconds (0 at
     start); `start`/`node`/`device`/`grant` stay None when it never ran. `wait_reason` is
     the core's explanation of why it waited (taken when it did not start at once: quota,
-    service restoring, resources...), empty when it started in the pass of its submit."""
+    service restoring, resources...), empty when it started in the pass of its submit.
+    `estimate` says what run time it was planned with and where that came from ("declared",
+    or learned from earlier runs: tangram.runtime.estimates)."""
 
     id: int
     kind: str
@@ -32,6 +34,7 @@ class ActionRecord:
     outcome: str | None = None
     wait_reason: str = ""
     error: str = ""
+    estimate: str = ""
 
     @property
     def act(self) -> float | None:

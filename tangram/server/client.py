@@ -524,8 +524,9 @@ def _decode_record(entry: tuple[Any, ...]) -> tuple[Any, ...]:
     """A record as Client._frame keeps it (the server's fields still packed) -> the field
     values of an ActionRecord."""
     action_id, kind, trajectory, manager, packed, outcome, error = entry
-    submit, start, end, node, device, grant, wait_reason = P.unpack_record(packed)
-    return action_id, kind, trajectory, manager, submit, start, end, node, device, grant, outcome, wait_reason, error
+    submit, start, end, node, device, grant, wait_reason, estimate = P.unpack_record(packed)
+    return (action_id, kind, trajectory, manager, submit, start, end, node, device, grant, outcome, wait_reason, error,
+            estimate)
 
 
 def _pickle_calls(calls: list[Call]) -> bytes:

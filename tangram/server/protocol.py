@@ -55,7 +55,7 @@ COUNT = struct.Struct("!I")
 # An action's record as it travels with its result: submit, start, end, grant (NaN for
 # None), device (-1 for None), the node name's length; then the node name and the wait
 # reason, UTF-8. Times are the server's orchestrator clock.
-RECORD = struct.Struct("!4diI")
+RECORD = struct.Struct("!4diII")
 _NAN = float("nan")
 
 HELLO, WELCOME, SUBMIT, CANCEL, REQUEST, RESULTS, REPLY, ERROR, GOODBYE = range(1, 10)
@@ -199,20 +199,22 @@ def parse_submit(payload: bytes) -> tuple[tuple[int, ...], memoryview]:
 
 
 def pack_record(record: Any) -> bytes:
-    """The fields of an ActionRecord that only the server knows: one struct and two
+    """The fields of an ActionRecord that only the server knows: one struct and three
     strings, not a pickle (its cost per result: bench/server_costs.py)."""
     start, grant, device = record.start, record.grant, record.device
     node = b"" if record.node is None else record.node.encode()
+    reason = record.wait_reason.encode()
     return RECORD.pack(record.submit, _NAN if start is None else start, record.end, _NAN if grant is None else grant,
-                       -1 if device is None else device, len(node)) + node + record.wait_reason.encode()
+                       -1 if device is None else device, len(node), len(reason)) + node + reason + record.estimate.encode()
 
 
-def unpack_record(data: bytes) -> tuple[float, float | None, float, str | None, int | None, float | None, str]:
-    """(submit, start, end, node, device, grant, wait_reason) from pack_record's bytes."""
-    submit, start, end, grant, device, n = RECORD.unpack_from(data)
+def unpack_record(data: bytes) -> tuple[float, float | None, float, str | None, int | None, float | None, str, str]:
+    """(submit, start, end, node, device, grant, wait_reason, estimate) from pack_record's bytes."""
+    submit, start, end, grant, device, n, r = RECORD.unpack_from(data)
     size = RECORD.size
     return (submit, None if start != start else start, end, data[size:size + n].decode() if n else None,
-            None if device < 0 else device, None if grant != grant else grant, data[size + n:].decode())
+            None if device < 0 else device, None if grant != grant else grant,
+            data[size + n:size + n + r].decode(), data[size + n + r:].decode())
 
 
 class FrameReader:

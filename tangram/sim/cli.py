@@ -15,7 +15,7 @@ import numpy as np
 from .._errors import TangramError, ValidationError
 from .._arguments import ArgumentParser, name_list, positive_int, writable_dir, writable_file
 from ..runtime.isolation import cpu_list  # "0-2,7": the seeds as --seeds takes them
-from .engine import POLICY_NAMES
+from .engine import POLICY_NAMES, parse_estimates
 from .experiments import RESOURCES, Progress, run_many
 from .workloads import Workload
 
@@ -111,6 +111,11 @@ def _parser() -> argparse.ArgumentParser:
                         help="built-in name (coding, deepsearch, multireward) or a JSON file (default coding)")
     parser.add_argument("--policies", default=None, type=lambda s: name_list(s, POLICY_NAMES, "policy"),
                         help=f"comma-separated, distinct, of {', '.join(POLICY_NAMES)} (default all)")
+    parser.add_argument("--estimates", default="oracle",
+                        help="what the core is told of run times: oracle (the workload's models, the default), "
+                             "learned (nothing: learned within the step from finished runs, as the live "
+                             "orchestrator does for calls without a runtime) or noisy:SIGMA (the models' seconds "
+                             "times a lognormal error of log-sd SIGMA)")
     parser.add_argument("--seeds", type=parse_seeds, default=None,
                         help="a count N: seeds 0..N-1; or seeds and inclusive ranges, comma-separated: 3,7 or "
                              "100-104 or 1,5-7 (non-negative integers; one seed S alone: S-S; a seed given twice "
@@ -166,6 +171,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         from .report import write_report
 
         stray = _given(args, "workload", "policies", "batch", "sweep", "json", "savings", "figures")
+        if args.estimates != "oracle":
+            stray.append("--estimates")
         if stray:
             parser.error(f"--report runs every built-in workload and policy; it does not take {', '.join(stray)}")
         writable_dir(args.report, "--report")
@@ -176,6 +183,9 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     policies = list(args.policies or POLICY_NAMES)
     seeds = args.seeds if args.seeds is not None else range(1)
+    parse_estimates(args.estimates)
+    if args.estimates != "oracle" and args.savings:
+        parser.error("--estimates: the savings search runs with oracle estimates")
     if args.json:
         writable_file(args.json, "--json")
     if args.figures:
@@ -240,7 +250,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                     first[r.policy] = r
 
             t0 = time.perf_counter()
-            part = run_many(wl, policies, seeds, progress=bar, on_result=keep)
+            part = run_many(wl, policies, seeds, progress=bar, on_result=keep, estimates=args.estimates)
             elapsed = time.perf_counter() - t0
             if args.sweep is not None:
                 for r in part:
@@ -248,7 +258,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             what = {"batch": f"{wl.batch} trajectories per step (load)",
                     "gpus": f"{wl.value('gpus')} GPUs per GPU node, load {wl.batch}",
                     "cores": f"{wl.value('cores')} cores per CPU node ({wl.total('cores')} in all), load {wl.batch}"}[key]
-            print(f"tangram sim: workload {wl.name}, {what}, {len(seeds)} seed(s) ({cpu_list(seeds)}); "
+            told = "" if args.estimates == "oracle" else f", run times {args.estimates}"
+            print(f"tangram sim: workload {wl.name}, {what}, {len(seeds)} seed(s) ({cpu_list(seeds)}){told}; "
                   f"seconds of virtual time (mean±sd over seeds)")
             print(table(part, policies))
             print(f"simulated {len(part)} step(s) in {elapsed:.1f} s of wall time")

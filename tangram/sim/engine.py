@@ -9,11 +9,19 @@ its last environment action (and one more think time) comes its reward action on
 reward service. The trajectory ends when its reward ends (`end_trajectories` is sent
 then); the step ends when every trajectory has ended.
 
-Executors only wait: an action started with grant g runs `sched.runtime(id, g)` (the core's
-own elasticity model; 1.0 for non-elastic actions) times a per-action noise factor, so the
-core's estimates are imperfect. A resize decision (policies with malleable grants) moves a
-running action's completion: the share of its work done since its last grant change is
-that time over its run time at the old grant, and the rest runs at the new one. An action
+Executors only wait: an action started with grant g runs its true model's time at g (the
+workload's seconds and parallel fraction) times a per-action noise factor, so the core's
+estimates are imperfect. What the core is told (`estimates`):
+  oracle        the true model (without the noise), as every call declared its run time;
+  noisy:SIGMA   the true model's seconds times a seeded lognormal factor of mean 1 and
+                log-sd SIGMA per action (a user's declared run times, that far off);
+  learned       nothing declared: each action is planned with what
+                tangram.runtime.estimates has learned from the step's earlier runs of its
+                action kind (a reward from those of its service), as the live orchestrator
+                plans a call without a runtime; it starts cold (a prior of 1 s) at t = 0.
+A resize decision (policies with malleable grants) moves a running action's completion:
+the share of its work done since its last grant change is that time over its run time at
+the old grant, and the rest runs at the new one. An action
 the core rejects (it can never fit) ends at once as failed; its trajectory carries on.
 """
 
@@ -26,7 +34,9 @@ from typing import Any
 
 import numpy as np
 
+from .._errors import ValidationError
 from .._model import Action, Amdahl, Constant, Gpu, Inventory, Node, Quota, Service
+from ..runtime.estimates import RunTimeEstimates
 from ..scheduler import POLICIES, Policy, Scheduler
 from .workloads import Step, Workload
 
@@ -211,6 +221,7 @@ class SimResult:
     bound: dict[str, float] = field(default_factory=dict)  # bound_schedule(): what the bound asks
     cores: int = 0  # cores per CPU (sandbox) node of the inventory it ran on
     gpus: int = 0  # GPUs per GPU node (the built-ins have one GPU node: the total)
+    estimates: str = "oracle"  # what the core was told of run times (see the module docstring)
 
     @property
     def wait(self) -> np.ndarray:
@@ -241,6 +252,7 @@ class SimResult:
             "load": self.load,
             "cores": self.cores,
             "gpus": self.gpus,
+            "estimates": self.estimates,
             "actions": int(ok.sum()),
             "rejected": int(self.rejected.sum()),
             "avg_act": avg,
@@ -264,9 +276,26 @@ class SimResult:
 # ------------------------------------------------------------------ simulation
 
 
+def parse_estimates(text: str) -> tuple[str, float]:
+    """`oracle`, `learned` or `noisy:SIGMA` (SIGMA a finite number >= 0) -> (mode, sigma)."""
+    if text in ("oracle", "learned"):
+        return text, 0.0
+    if isinstance(text, str) and text.startswith("noisy:"):
+        try:
+            sigma = float(text[len("noisy:"):])
+        except ValueError:
+            sigma = math.nan
+        if math.isfinite(sigma) and sigma >= 0:
+            return "noisy", sigma
+        raise ValidationError("estimates", f"noisy:SIGMA needs a finite SIGMA >= 0, got {text!r}")
+    raise ValidationError("estimates", f"must be oracle, learned or noisy:SIGMA, got {text!r}")
+
+
 def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
-             step: Step | None = None, check: bool = True) -> SimResult:
-    """Simulates one RL step of `workload` under `policy`. Deterministic for a seed."""
+             step: Step | None = None, check: bool = True, estimates: str = "oracle") -> SimResult:
+    """Simulates one RL step of `workload` under `policy`. Deterministic for a seed.
+    `estimates`: what the core is told of run times (see the module docstring)."""
+    mode, sigma = parse_estimates(estimates)
     w = workload
     pol = make_policy(w, policy) if isinstance(policy, str) else policy
     inventory = build_inventory(w)
@@ -308,6 +337,31 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
     held_before = np.zeros((total, len(kinds)))
     resized = np.zeros(total, dtype=bool)
     finish_seq = np.full(total, -1, dtype=np.int64)
+    # The truth an executor runs: seconds at the minimum, Amdahl's parallel fraction (0 for
+    # a fixed action) and the minimum, per action.
+    true_seconds = np.zeros(total)
+    true_parallel = np.zeros(total)
+    true_minimum = np.ones(total)
+    planned_factor = np.ones(total)  # noisy: the error of the run time the core is told
+    if mode == "noisy":
+        planned_factor = np.random.default_rng([seed, 0x6E6F697379]).lognormal(-sigma * sigma / 2, sigma, total)
+    learner = RunTimeEstimates() if mode == "learned" else None
+    learn_key: dict[int, tuple[str, str, bool]] = {}  # action id -> its key, kind and elasticity
+
+    def true_runtime(aid: int, g: float) -> float:
+        p = true_parallel[aid]
+        return float(true_seconds[aid] * ((1 - p) + p * true_minimum[aid] / g)) if p > 0 else float(true_seconds[aid])
+
+    def planned(aid: int, key: str, kind: str, secs: float, p: float | None, minimum: float) -> Any:
+        """The model the core is told for an action whose truth is (secs, p)."""
+        true_seconds[aid] = secs
+        if p is not None:
+            true_parallel[aid], true_minimum[aid] = p, minimum
+        if learner is not None:
+            learn_key[aid] = (key, kind, p is not None)
+            return learner.plan(key, kind, p is not None, minimum).model
+        secs = secs * float(planned_factor[aid])
+        return Constant(secs) if p is None else Amdahl(secs, p)
 
     # noise/think index: per trajectory, one entry per env action then one for the reward
     def side_index(t: int, j: int) -> int:
@@ -323,18 +377,21 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
             if k.elastic:
                 elastic[aid] = True
                 max_units[aid] = k.max_units
-                a = Action(aid, {"cpu": k.cpu, "memory": k.memory}, Amdahl(secs, k.parallel_fraction),
+                model = planned(aid, k.name, KIND_LABELS[ENV], secs, k.parallel_fraction, k.cpu)
+                a = Action(aid, {"cpu": k.cpu, "memory": k.memory}, model,
                            elastic="cpu", max_units=k.max_units, trajectory=t, affinity=t % cpu_nodes,
                            **extra)  # type: ignore[arg-type]
             else:
-                a = Action(aid, {"cpu": k.cpu, "memory": k.memory}, Constant(secs),
+                model = planned(aid, k.name, KIND_LABELS[ENV], secs, None, k.cpu)
+                a = Action(aid, {"cpu": k.cpu, "memory": k.memory}, model,
                            trajectory=t, affinity=t % cpu_nodes, **extra)  # type: ignore[arg-type]
             return aid, a
         r = w.reward
         assert r is not None
         aid = n_env + t
-        a = Action(aid, {"cpu": r.cpu, "memory": r.memory}, Constant(float(st.reward_seconds[t])),
-                   trajectory=t, service=r.services[int(st.reward_service[t])].name)
+        service = r.services[int(st.reward_service[t])].name
+        model = planned(aid, service, KIND_LABELS[REWARD], float(st.reward_seconds[t]), None, 0.0)
+        a = Action(aid, {"cpu": r.cpu, "memory": r.memory}, model, trajectory=t, service=service)
         return aid, a
 
     base_demand = {}  # action id -> minimum demand vector, filled at submit
@@ -368,11 +425,11 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
                 g = float(r["grant"])
                 noise = noise_of(aid)
                 if elastic[aid]:
-                    t_run = sched.runtime(aid, g) * noise
-                    best[aid] = sched.runtime(aid, float(max_units[aid])) * noise
+                    t_run = true_runtime(aid, g) * noise
+                    best[aid] = true_runtime(aid, float(max_units[aid])) * noise
                     grant[aid] = g
                 else:
-                    t_run = sched.runtime(aid, 1.0) * noise
+                    t_run = true_runtime(aid, 1.0) * noise
                     best[aid] = t_run
                     grant[aid] = base_demand[aid][0]
                 start[aid] = now
@@ -397,14 +454,14 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
                 aid = int(r["action"])
                 g = float(r["grant"])
                 noise = noise_of(aid)
-                before = sched.runtime(aid, float(demand[aid, 0])) * noise
+                before = true_runtime(aid, float(demand[aid, 0])) * noise
                 left = work_left[aid] - (now - since[aid]) / before if before > 0 else 0.0
                 work_left[aid] = max(left, 0.0)
                 held_before[aid] += demand[aid] * (now - since[aid])
                 demand[aid, 0] = g
                 since[aid] = now
                 resized[aid] = True
-                end = now + work_left[aid] * sched.runtime(aid, g) * noise
+                end = now + work_left[aid] * true_runtime(aid, g) * noise
                 run[aid] = end - start[aid]
                 push(end, _FINISH, aid)
             else:
@@ -447,6 +504,14 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
         if finished:
             for aid in finished:
                 finish[aid] = now
+                if learner is not None:  # what the live orchestrator learns as an action ends
+                    key, kind, is_elastic = learn_key[aid]
+                    seconds = now - start[aid]
+                    mean_grant = None
+                    if is_elastic:
+                        area = held_before[aid, 0] + demand[aid, 0] * (now - since[aid])
+                        mean_grant = area / seconds if seconds > 0 else float(demand[aid, 0])
+                    learner.learn(key, kind, is_elastic, seconds, mean_grant)
             apply(sched.complete(finished, now), now)
             for aid in finished:
                 advance(aid, now, to_submit, ended)
@@ -537,5 +602,5 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
         resource_seconds=resource_seconds, cpu_held_seconds=cpu_held, restores=restores,
         evictions=evictions, action_kind=action_kind, service=service_of,
         kind_names=tuple(k.name for k in w.actions), service_log=service_log, scheduler=sched,
-        cores=w.value("cores"), gpus=w.value("gpus"), bound=bound_schedule(w, st),
+        cores=w.value("cores"), gpus=w.value("gpus"), bound=bound_schedule(w, st), estimates=estimates,
     )

@@ -82,9 +82,10 @@ class Progress:
 def run_many(workload: Workload, policies: Sequence[str], seeds: Iterable[int],
              progress: Progress | None = None,
              on_result: Callable[[SimResult], None] | None = None,
-             steps: dict[int, Step] | None = None) -> list[dict[str, Any]]:
+             steps: dict[int, Step] | None = None, estimates: str = "oracle") -> list[dict[str, Any]]:
     """One row per (policy, seed); every policy sees the same sampled step for a seed.
-    `on_result` sees each full SimResult (e.g. for ACT over time); `steps` caches samples."""
+    `on_result` sees each full SimResult (e.g. for ACT over time); `steps` caches samples;
+    `estimates`: what the core is told of run times (tangram.sim.engine)."""
     rows = []
     for seed in seeds:
         if steps is not None and seed in steps:
@@ -94,7 +95,7 @@ def run_many(workload: Workload, policies: Sequence[str], seeds: Iterable[int],
             if steps is not None:
                 steps[seed] = step
         for p in policies:
-            r = simulate(workload, p, seed, step=step)
+            r = simulate(workload, p, seed, step=step, estimates=estimates)
             if on_result is not None:
                 on_result(r)
             rows.append(r.row())

@@ -162,7 +162,8 @@ def test_the_readme_live_example_runs_on_both_fronts(front: str, request: pytest
 def _comparable(record: tangram.ActionRecord) -> tuple[Any, ...]:
     # Everything but the trajectory, which the server numbers in the connection's space.
     return (record.id, record.kind, record.manager, record.submit, record.start, record.end, record.node,
-            record.device, record.grant, record.outcome, record.wait_reason, record.error)
+            record.device, record.grant, record.outcome, record.wait_reason, record.error,
+            record.estimate)
 
 
 # Invariant: a Client's records are the server's records of that client's actions, field
@@ -205,6 +206,9 @@ def test_client_records_are_the_servers_records_of_its_actions() -> None:
         assert "KeyError" in mine[1].error
         assert mine[2].start is None and mine[2].grant is None and "can never run" in mine[2].error
         assert mine[4].grant == 2.0 and "resources" in mine[4].wait_reason
+        # What each was planned with comes through too: declared, or learned (unknown at first).
+        assert mine[3].estimate == mine[4].estimate == "declared"
+        assert "unknown" in mine[0].estimate and "reward:" in mine[0].estimate
 
     asyncio.run(main())
 

@@ -1,0 +1,475 @@
+"""Run times learned from finished actions, for calls that declare none.
+
+A `Call` that leaves `runtime` unset (None) is planned with an estimate from the records
+of earlier actions with the same key: `Call.key` when given, else one derived from what
+it runs (`key_of`). The core keeps receiving plain models (seconds, or tangram.Amdahl for
+an elastic call); estimation happens here, at submit (a dictionary lookup) and when an
+action ends (an update of its key's statistics), never in the core's decisions.
+
+Each successful run is a pair: its running seconds t, and the time average g of its
+elastic grant over the run (resizes included; 1 for a fixed call). Per key, separately for
+its elastic and its fixed calls, the estimator keeps exponentially weighted sums over
+those runs (each run's weight halves every HALF_LIFE runs of the key), for every parallel
+fraction p on PARALLEL_GRID (only p = 0 for a fixed call), of y = log(t / ((1 - p) + p / g)):
+the logarithm of the run scaled to one unit under Amdahl's law.
+
+- Elasticity: p is the grid value under which the scaled runs vary least. A key runs
+  inputs of different sizes, but their sizes do not move with the grant, so they add the
+  same variance at every p, and only the grant's effect tells the values apart (a
+  least-squares line through the run times themselves is thrown off by those sizes). The
+  fit needs MIN_FIT runs, and grants spread enough: the standard deviation of log g must
+  be at least half of log MIN_SPREAD. Until then, an elastic call is planned with
+  PRIOR_PARALLEL.
+- Run time: T1 = exp(mean y), the geometric mean of the scaled runs (a lognormal's
+  median). It is robust: once a key has MIN_FIT runs, each new y is clipped to within
+  CLIP_SDS standard deviations of the key's mean (never closer than a factor of 2) before
+  it counts, so one run stuck a thousand times longer moves the estimate by at most that
+  much over the weight. It is taken over a long, decaying history rather than the last
+  few runs, which matters in a burst: the runs that finish first are the short ones, and
+  those that finish last are the long ones.
+
+An elastic call is then planned as Amdahl(T1 ((1 - p) + p / minimum), p), where T1 is
+that estimate at one unit; a fixed call is planned as its key's T1. Estimates move in
+steps of 1%, so that a steady key keeps planning with an equal model (and the
+orchestrator its encoded template of the call).
+
+Cold start: a key with no runs yet is planned with the same statistics kept per kind
+(Call.kind, every key together, each run scaled to one unit under its key's p). A kind
+with no runs yet is planned with PRIOR_SECONDS, the run time every call had before
+anything was learned.
+
+Estimates persist in an SQLite database when a path is given (RuntimeConfig.estimates).
+They are loaded at start and written at `save()`; the orchestrator saves every SAVE_EVERY
+seconds and at close, so a new rollout starts warm. `export` and `import_file` move them
+as a JSON file (`tangram estimates`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+from typing import Any, Iterable, Mapping
+
+from .._errors import ValidationError
+from .._model import Amdahl, given
+from .call import Call
+
+PARALLEL_GRID = tuple(i / 20 for i in range(21))  # the parallel fractions the fit chooses among
+HALF_LIFE = 1024  # runs of a key: how fast its estimate forgets
+CLIP_SDS = 3.0  # a run further than this many standard deviations (in log) from its key's estimate counts as that far
+CLIP_FLOOR = math.log(2)  # ... but a run within 2x of it always counts as it is
+MIN_FIT = 4
+MIN_SPREAD = 1.25
+PRIOR_SECONDS = 1.0
+PRIOR_PARALLEL = 0.8
+SAVE_EVERY = 10.0
+FORMAT_VERSION = 1
+_DECAY = 0.5 ** (1 / HALF_LIFE)
+_STEP = math.log(1.01)  # estimates move in steps of 1%
+
+
+def key_of(call: Call) -> str:
+    """The key a call's estimate is learned under: `call.key` when set, else its kind and
+    what it runs: a function's module and qualified name, or a command's first two words
+    (the program and its first argument: "pytest -x", "make -j", "python solve.py")."""
+    if call.key is not None:
+        return call.key
+    fn = call.fn
+    if fn is not None:
+        try:
+            name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+            module = getattr(fn, "__module__", None) or "?"
+        except Exception:  # a callable whose attributes raise: keyed by its type
+            name, module = type(fn).__qualname__, type(fn).__module__
+        return f"{call.kind}:{module}.{name}"
+    command = call.command
+    if isinstance(command, str):
+        words = command.split(None, 2)[:2]
+    else:
+        words = [os.fsdecode(w) if isinstance(w, (bytes, os.PathLike)) else str(w) for w in list(command or ())[:2]]
+    return f"{call.kind}:" + " ".join(words)
+
+
+class Estimate:
+    """What a call was planned with and where it came from. A learned one is shared by
+    every call of its key until the key learns again (its description is made once)."""
+
+    __slots__ = ("model", "source", "key", "runs", "parallel", "fitted", "_text")
+
+    def __init__(self, model: Any, source: str, key: str = "", runs: int = 0, parallel: float | None = None,
+                 fitted: bool = False) -> None:
+        self.model = model  # seconds (a float) or an Amdahl model, as the core receives it
+        self.source = source  # "declared", "learned", "kind" (its kind's runs) or "prior"
+        self.key = key
+        self.runs = runs  # runs behind a learned or kind estimate
+        self.parallel = parallel  # the fitted (or assumed) parallel fraction of an elastic call
+        self.fitted = fitted  # whether `parallel` was fitted from varied grants
+        self._text: str | None = None
+
+    def describe(self) -> str:
+        if self._text is None:
+            self._text = self._describe()
+        return self._text
+
+    def _describe(self) -> str:
+        model = self.model
+        if isinstance(model, Amdahl):
+            planned = f"{model.seconds:.4g} s at its minimum, {model.parallel_fraction:.2f} parallel"
+        elif isinstance(model, (int, float)):
+            planned = f"{float(model):.4g} s"
+        else:
+            planned = repr(model)
+        if self.source == "declared":
+            return f"run time declared: {planned}"
+        if self.source == "learned":
+            elasticity = "" if self.parallel is None else (", elasticity fitted" if self.fitted else
+                                                            ", elasticity assumed until grants vary")
+            return f"run time learned from {self.runs} runs of {self.key!r}: {planned}{elasticity}"
+        if self.source == "kind":
+            return f"run time from {self.runs} runs of its kind (no run of {self.key!r} yet): {planned}"
+        return f"run time unknown (no run of {self.key!r} or its kind yet): planned as {planned}"
+
+
+class _History:
+    """The decaying statistics of one key's runs (elastic or fixed), and what they give."""
+
+    __slots__ = ("kind", "elastic", "grid", "runs", "weight", "log_grant", "log_grant_sq", "sums", "squares",
+                 "index", "unit_seconds", "parallel", "fitted", "estimates")
+
+    def __init__(self, kind: str, elastic: bool, state: list[float] | None = None) -> None:
+        self.kind = kind
+        self.elastic = elastic
+        self.grid = PARALLEL_GRID if elastic else (0.0,)
+        self.runs = 0  # every run observed
+        n = len(self.grid)
+        if state is None:
+            state = [0.0] * (3 + 2 * n)
+        # weight, sum of log g and of its square, then per p: sums of y and of y squared
+        self.weight, self.log_grant, self.log_grant_sq = state[0], state[1], state[2]
+        self.sums, self.squares = list(state[3:3 + n]), list(state[3 + n:3 + 2 * n])
+        self.unit_seconds = PRIOR_SECONDS
+        self.parallel = PRIOR_PARALLEL if elastic else 0.0
+        self.index = _nearest(self.grid, self.parallel)  # grid index of the p in use
+        self.fitted = False
+        self.estimates: dict[float, Estimate] = {}  # minimum -> estimate, until the next update
+        self.refit()
+
+    def state(self) -> list[float]:
+        return [self.weight, self.log_grant, self.log_grant_sq, *self.sums, *self.squares]
+
+    def add(self, grant: float, seconds: float) -> None:
+        self.runs += 1
+        seconds = max(seconds, 1e-6)  # a run of 0 s (a cached answer) is a run of a microsecond
+        log_t, log_g = math.log(seconds), math.log(grant)
+        w = self.weight
+        if self.runs > MIN_FIT:  # winsorised (runs counts this one already): one stuck run moves the estimate by at most CLIP_SDS deviations / weight
+            i = self.index
+            mean = self.sums[i] / w
+            spread = max(CLIP_SDS * math.sqrt(max(self.squares[i] / w - mean * mean, 0.0)), CLIP_FLOOR)
+            p = self.grid[i]
+            scale = math.log((1.0 - p) + p / grant) if p else 0.0
+            log_t = min(max(log_t - scale, mean - spread), mean + spread) + scale
+        decay = _DECAY
+        self.weight = self.weight * decay + 1.0
+        self.log_grant = self.log_grant * decay + log_g
+        self.log_grant_sq = self.log_grant_sq * decay + log_g * log_g
+        sums, squares = self.sums, self.squares
+        for i, p in enumerate(self.grid):
+            y = log_t - math.log((1.0 - p) + p / grant) if p else log_t
+            sums[i] = sums[i] * decay + y
+            squares[i] = squares[i] * decay + y * y
+        self.refit()
+
+    def merge(self, other: "_History") -> None:
+        self.estimates.clear()
+        self.runs += other.runs
+        self.weight += other.weight
+        self.log_grant += other.log_grant
+        self.log_grant_sq += other.log_grant_sq
+        self.sums = [a + b for a, b in zip(self.sums, other.sums)]
+        self.squares = [a + b for a, b in zip(self.squares, other.squares)]
+        self.refit()
+
+    def refit(self) -> None:
+        w = self.weight
+        if w <= 0:
+            return
+        index = self._fit() if self.elastic else 0
+        if index is None:
+            # The statistics are kept on the grid: the nearest grid value stands in for the prior.
+            parallel, fitted = PRIOR_PARALLEL, False
+            index = _nearest(self.grid, PRIOR_PARALLEL)
+        else:
+            parallel, fitted = self.grid[index], self.elastic
+        self.index = index
+        # In steps of 1%: an estimate that did not move by that plans with an equal model,
+        # so the orchestrator keeps its encoded template of the call (a new one costs an
+        # encode).
+        self.unit_seconds = math.exp(round(self.sums[index] / w / _STEP) * _STEP)
+        self.parallel, self.fitted = parallel, fitted
+        self.estimates.clear()
+
+    def _fit(self) -> int | None:
+        """The grid index of the fitted p, or None while the runs say nothing about it."""
+        w = self.weight
+        if self.runs < MIN_FIT:
+            return None
+        mean_log_g = self.log_grant / w
+        if self.log_grant_sq / w - mean_log_g * mean_log_g < (math.log(MIN_SPREAD) / 2) ** 2:
+            return None
+        best, best_var = None, math.inf
+        # Nearest the prior first, so that a tie goes to it.
+        for i in sorted(range(len(self.grid)), key=lambda i: abs(self.grid[i] - PRIOR_PARALLEL)):
+            mean = self.sums[i] / w
+            var = self.squares[i] / w - mean * mean
+            if var < best_var * (1 - 1e-12):
+                best, best_var = i, var
+        return best
+
+    def estimate(self, key: str, minimum: float) -> Estimate:
+        estimate = self.estimates.get(minimum)
+        if estimate is None:
+            parallel = self.parallel if self.elastic else None
+            estimate = self.estimates[minimum] = Estimate(_model(self.unit_seconds, parallel, minimum), "learned", key,
+                                                          self.runs, parallel, self.fitted)
+        return estimate
+
+
+def _nearest(grid: tuple[float, ...], p: float) -> int:
+    return min(range(len(grid)), key=lambda i: abs(grid[i] - p))
+
+
+def _model(unit_seconds: float, parallel: float | None, minimum: float) -> Any:
+    if parallel is None or minimum <= 0:
+        return unit_seconds
+    return Amdahl(unit_seconds * ((1 - parallel) + parallel / minimum), parallel)
+
+
+class RunTimeEstimates:
+    """Learned run times of an orchestrator's calls (see the module docstring).
+
+    `path` names an SQLite database that keeps them across runs (created when missing);
+    None keeps them in memory only."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self._histories: dict[tuple[str, bool], _History] = {}
+        self._kinds: dict[str, _History] = {}  # kind -> its runs at one unit, every key together
+        self._dirty: set[tuple[str, bool]] = set()
+        self.path = None if path is None else os.fspath(path)
+        self._db: sqlite3.Connection | None = None
+        if self.path is not None:
+            self._open()
+
+    # ------------------------------------------------------------ planning and learning
+    def estimate(self, call: Call) -> Estimate:
+        """What `call` is planned with: its declared runtime, else an estimate."""
+        if call.runtime is not None:
+            return Estimate(call.runtime, "declared")
+        elastic = call.elastic is not None
+        try:
+            minimum = float(call.resources.get(call.elastic, 0.0)) if elastic else 0.0  # type: ignore[arg-type]
+        except Exception:  # a malformed call: the encoder's checks name its field right after this
+            minimum = 0.0
+        return self.plan(key_of(call), call.kind, elastic, minimum)
+
+    def observe(self, call: Call, seconds: float, mean_grant: float | None, key: str | None = None) -> None:
+        """A successful run of a call that declared no runtime: `seconds` of running, at
+        `mean_grant` units of its elastic kind on average (None for a fixed call). `key`:
+        the call's key when known (its Estimate's), else derived again."""
+        self.learn(key_of(call) if key is None else key, call.kind, call.elastic is not None, seconds, mean_grant)
+
+    def plan(self, key: str, kind: str, elastic: bool, minimum: float) -> Estimate:
+        """The estimate for a run of `key` (of `kind`; elastic or fixed; `minimum` units of
+        its elastic kind)."""
+        history = self._histories.get((key, elastic))
+        if history is not None and history.runs:
+            return history.estimate(key, minimum)
+        parallel = PRIOR_PARALLEL if elastic else None
+        kind_history = self._kinds.get(kind)
+        if kind_history is not None and kind_history.runs:
+            return Estimate(_model(kind_history.unit_seconds, parallel, minimum), "kind", key, kind_history.runs,
+                            parallel)
+        return Estimate(_model(PRIOR_SECONDS, parallel, minimum), "prior", key, 0, parallel)
+
+    def learn(self, key: str, kind: str, elastic: bool, seconds: float, mean_grant: float | None) -> None:
+        """One successful run of `key`: `seconds` of running at `mean_grant` units of its
+        elastic kind on average (ignored for a fixed one). A run time that is not a finite
+        non-negative number, or an elastic run without a positive grant, is not learned."""
+        if not (math.isfinite(seconds) and seconds >= 0):
+            return
+        if elastic and not (mean_grant is not None and math.isfinite(mean_grant) and mean_grant > 0):
+            return
+        history = self._histories.get((key, elastic))
+        if history is None:
+            history = self._histories[(key, elastic)] = _History(kind, elastic)
+        grant = float(mean_grant) if elastic else 1.0  # type: ignore[arg-type]
+        history.add(grant, seconds)
+        p = history.parallel
+        kind_history = self._kinds.get(kind)
+        if kind_history is None:
+            kind_history = self._kinds[kind] = _History(kind, False)
+        kind_history.add(1.0, seconds / ((1 - p) + p / grant) if elastic else seconds)
+        self._dirty.add((key, elastic))
+
+    # ------------------------------------------------------------ persistence
+    def _open(self) -> None:
+        try:
+            self._db = sqlite3.connect(self.path, isolation_level=None)  # type: ignore[arg-type]
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("CREATE TABLE IF NOT EXISTS estimates (key TEXT NOT NULL, elastic INTEGER NOT NULL, "
+                             "kind TEXT NOT NULL, runs INTEGER NOT NULL, statistics TEXT NOT NULL, "
+                             "PRIMARY KEY (key, elastic))")
+            rows = self._db.execute("SELECT key, elastic, kind, runs, statistics FROM estimates").fetchall()
+        except sqlite3.Error as e:
+            raise ValidationError("config.estimates", f"cannot use {self.path!r} as an estimates database: {e}") from None
+        entries = []
+        for key, elastic, kind, runs, statistics in rows:
+            try:
+                statistics = json.loads(statistics)
+            except ValueError as e:
+                raise ValidationError("config.estimates", f"{self.path!r}: key {key!r}: bad statistics: {e}") from None
+            entries.append({"key": key, "elastic": bool(elastic), "kind": kind, "runs": runs,
+                            "statistics": statistics})
+        self._merge(entries, f"config.estimates {self.path!r}", replace=True)
+
+    def save(self) -> int:
+        """Writes the keys that learned something since the last save to the database (a
+        no-op without one); returns how many."""
+        if self._db is None or not self._dirty:
+            return 0
+        rows = [(k[0], k[1], h.kind, h.runs, json.dumps(h.state())) for k in self._dirty
+                for h in (self._histories[k],)]
+        with self._db:  # one transaction
+            self._db.executemany("INSERT OR REPLACE INTO estimates VALUES (?, ?, ?, ?, ?)", rows)
+        self._dirty.clear()
+        return len(rows)
+
+    def close(self) -> None:
+        self.save()
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def entries(self) -> list[dict[str, Any]]:
+        """Every key: its statistics, as `export` writes them, and what they give (sorted)."""
+        return [{"key": key, "elastic": elastic, "kind": h.kind, "runs": h.runs, "statistics": h.state(),
+                 "unit_seconds": h.unit_seconds, "parallel": h.parallel if elastic else None, "fitted": h.fitted}
+                for (key, elastic), h in sorted(self._histories.items())]
+
+    def export(self, path: str | os.PathLike[str]) -> int:
+        """Writes every key's statistics to a JSON file; returns the number of keys."""
+        entries = [{k: e[k] for k in ("key", "elastic", "kind", "runs", "statistics")} for e in self.entries()]
+        with open(path, "w") as f:
+            json.dump({"tangram_estimates": FORMAT_VERSION, "half_life": HALF_LIFE, "parallel_grid": PARALLEL_GRID,
+                       "estimates": entries}, f, indent=1)
+            f.write("\n")
+        return len(entries)
+
+    def import_file(self, path: str | os.PathLike[str]) -> int:
+        """Adds the runs of an exported file to these estimates (their statistics add up,
+        weights and all); returns the number of keys."""
+        where = os.fspath(path)
+        try:
+            with open(where) as f:
+                data = json.load(f)
+        except ValueError as e:
+            raise ValidationError("estimates", f"{where!r} is not JSON: {e}") from None
+        if not isinstance(data, Mapping) or data.get("tangram_estimates") != FORMAT_VERSION:
+            raise ValidationError("estimates", f"{where!r} is not a tangram estimates file (version {FORMAT_VERSION})")
+        if data.get("parallel_grid") != list(PARALLEL_GRID):
+            raise ValidationError("estimates.parallel_grid", f"{where!r} was written with another grid of parallel "
+                                                             f"fractions than this version's")
+        entries = data.get("estimates")
+        if not isinstance(entries, list):
+            raise ValidationError("estimates.estimates", f"must be a list, got {given(entries)}")
+        return self._merge(entries, where, replace=False)
+
+    def _merge(self, entries: Iterable[Any], where: str, replace: bool) -> int:
+        checked = [_check_entry(e, f"{where}: estimates[{i}]") for i, e in enumerate(entries)]
+        for key, elastic, kind, runs, state in checked:
+            loaded = _History(kind, elastic, state)
+            loaded.runs = runs
+            loaded.refit()
+            history = self._histories.get((key, elastic))
+            if history is None or replace:
+                self._histories[(key, elastic)] = history = _History(kind, elastic)
+            history.merge(loaded)
+            # The kind's statistics get the key's runs at one unit, under its fitted p.
+            kind_history = self._kinds.get(kind)
+            if kind_history is None:
+                kind_history = self._kinds[kind] = _History(kind, False)
+            i = loaded.index
+            at_one_unit = _History(kind, False, [loaded.weight, 0.0, 0.0, loaded.sums[i], loaded.squares[i]])
+            at_one_unit.runs = runs
+            kind_history.merge(at_one_unit)
+            if not replace:
+                self._dirty.add((key, elastic))
+        return len(checked)
+
+
+def _check_entry(entry: Any, where: str) -> tuple[str, bool, str, int, list[float]]:
+    if not isinstance(entry, Mapping):
+        raise ValidationError(where, f"must be an object, got {given(entry)}")
+    key, elastic, kind, runs, state = (entry.get(f) for f in ("key", "elastic", "kind", "runs", "statistics"))
+    if not isinstance(key, str):
+        raise ValidationError(f"{where}.key", f"must be a string, got {given(key)}")
+    if not isinstance(elastic, bool):
+        raise ValidationError(f"{where}.elastic", f"must be true or false, got {given(elastic)}")
+    if not isinstance(kind, str):
+        raise ValidationError(f"{where}.kind", f"must be a string, got {given(kind)}")
+    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 0:
+        raise ValidationError(f"{where}.runs", f"must be a non-negative integer, got {given(runs)}")
+    size = 3 + 2 * (len(PARALLEL_GRID) if elastic else 1)
+    if not (isinstance(state, list) and len(state) == size and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in state)):
+        raise ValidationError(f"{where}.statistics", f"must be a list of {size} finite numbers for "
+                                                     f"{'an elastic' if elastic else 'a fixed'} key, got {given(state)}")
+    if state[0] < 0 or state[0] > runs:
+        raise ValidationError(f"{where}.statistics", f"its weight {state[0]:g} must be between 0 and the runs ({runs})")
+    return key, elastic, kind, runs, [float(v) for v in state]
+
+
+def cli_main(argv: list[str] | None = None) -> int:
+    """`tangram estimates DB [--import FILE] [--export FILE]`: shows, imports and exports
+    the learned run times kept in DB (RuntimeConfig.estimates). Bad input exits with
+    status 2 and one line on stderr."""
+    from .._arguments import ArgumentParser
+    from .._errors import TangramError
+
+    parser = ArgumentParser(prog="tangram estimates",
+                            description="Shows the run times an orchestrator learned (its RuntimeConfig.estimates "
+                                        "database), and moves them between databases as a JSON file.")
+    parser.add_argument("database", help="the SQLite file (created when missing)")
+    parser.add_argument("--import", dest="import_file", metavar="FILE",
+                        help="first add the runs of an exported FILE to the database")
+    parser.add_argument("--export", metavar="FILE", help="write every key's runs to FILE (JSON)")
+    args = parser.parse_args(argv)
+    try:
+        estimates = RunTimeEstimates(args.database)
+        try:
+            if args.import_file is not None:
+                n = estimates.import_file(args.import_file)
+                estimates.save()
+                print(f"imported {n} keys from {args.import_file}")
+            if args.export is not None:
+                print(f"exported {estimates.export(args.export)} keys to {args.export}")
+            if args.import_file is None and args.export is None:
+                print(_table(estimates.entries()))
+        finally:
+            estimates.close()
+    except (TangramError, OSError) as e:
+        parser.error(str(e))
+    return 0
+
+
+def _table(entries: list[dict[str, Any]]) -> str:
+    if not entries:
+        return "no estimates yet"
+    lines = ["key | use | runs | seconds at 1 unit | parallel fraction", "---|---|---:|---:|---:"]
+    for e in entries:
+        parallel = "" if e["parallel"] is None else f"{e['parallel']:.2f}" + ("" if e["fitted"] else " (assumed)")
+        lines.append(f"{e['key']} | {'elastic' if e['elastic'] else 'fixed'} | {e['runs']} | "
+                     f"{e['unit_seconds']:.4g} | {parallel}")
+    return "\n".join(lines)

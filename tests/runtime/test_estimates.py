@@ -1,0 +1,290 @@
+"""Run times learned for calls that declare none (tangram.runtime.estimates): the keys,
+the cold start, the robust median, the elasticity fit, persistence in SQLite, export and
+import, and the orchestrator planning with them (records, explain, the core's order)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+import tangram
+from tangram import Amdahl, Call, Inventory, MockManager, Orchestrator
+from tangram.runtime.config import RuntimeConfig
+from tangram.runtime.estimates import (
+    MIN_FIT,
+    PRIOR_PARALLEL,
+    PRIOR_SECONDS,
+    RunTimeEstimates,
+    cli_main,
+    key_of,
+)
+
+
+def solve() -> None:
+    pass
+
+
+def amdahl(unit_seconds: float, p: float, grant: float) -> float:
+    return unit_seconds * ((1 - p) + p / grant)
+
+
+# ------------------------------------------------------------------ keys
+
+
+def test_keys_name_what_a_call_runs() -> None:
+    assert key_of(Call(fn=solve, kind="env")) == f"env:{__name__}.solve"
+    assert key_of(Call(fn=solve, kind="reward")) == f"reward:{__name__}.solve"
+    assert key_of(Call(command="pytest -x tests/test_a.py", kind="env")) == "env:pytest -x"
+    assert key_of(Call(command=["python", "solve.py", "--fast"])) == "env:python solve.py"
+    assert key_of(Call(command="make")) == "env:make"
+    assert key_of(Call(fn=solve, key="unit-tests")) == "unit-tests"
+    with pytest.raises(tangram.ValidationError, match=r"call\.key"):
+        tangram.runtime.call.validate_call(Call(fn=solve, key=3))  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ learning
+
+
+def test_cold_start_then_the_kind_then_the_key() -> None:
+    est = RunTimeEstimates()
+    first = est.estimate(Call(fn=solve))
+    assert first.source == "prior" and first.model == PRIOR_SECONDS and "unknown" in first.describe()
+    est.observe(Call(command="ls", kind="env"), 0.2, None)
+    est.observe(Call(command="ls", kind="env"), 0.4, None)
+    by_kind = est.estimate(Call(fn=solve))
+    # The geometric mean of the kind's runs (the earlier one weighs a little less).
+    assert by_kind.source == "kind" and by_kind.model == pytest.approx(math.sqrt(0.2 * 0.4), rel=0.005)
+    assert by_kind.runs == 2
+    assert est.estimate(Call(fn=solve, kind="reward")).source == "prior"  # another kind learned nothing
+    est.observe(Call(fn=solve), 0.05, None)
+    learned = est.estimate(Call(fn=solve))
+    assert learned.source == "learned" and learned.model == pytest.approx(0.05, rel=0.005) and learned.runs == 1
+    assert "learned from 1 runs" in learned.describe()
+    declared = est.estimate(Call(fn=solve, runtime=7.0))
+    assert declared.source == "declared" and declared.model == 7.0
+
+
+def test_one_stuck_run_barely_moves_an_estimate_and_a_lasting_change_is_followed() -> None:
+    est = RunTimeEstimates()
+    call = Call(fn=solve)
+    for i in range(20):
+        est.observe(call, 0.09 if i % 2 else 0.11, None)
+    before = est.estimate(call).model
+    assert before == pytest.approx(0.1, rel=0.01)
+    est.observe(call, 1000.0, None)  # stuck: counts as 2x (the clip's floor; 3 sd are less here)
+    assert est.estimate(call).model == pytest.approx(before * 2 ** (1 / 21), rel=0.01)  # in 1% steps
+    for bad in (math.nan, -1.0, math.inf):  # not a run time: ignored
+        est.observe(call, bad, None)
+    assert est.estimate(call).runs == 21
+    for i in range(1000):  # the inputs changed for good: 20x longer
+        est.observe(call, 1.8 if i % 2 else 2.2, None)
+    assert est.estimate(call).model == pytest.approx(2.0, rel=0.1)
+
+
+def test_elasticity_is_assumed_until_grants_vary_then_fitted() -> None:
+    rng = random.Random(7)
+    est = RunTimeEstimates()
+    call = Call(fn=solve, resources={"cpu": 1.0}, elastic="cpu", max_units=8)
+    for _ in range(MIN_FIT + 2):
+        est.observe(call, amdahl(10.0, 0.6, 2.0), 2.0)
+    same = est.estimate(call)
+    assert not same.fitted and same.parallel == PRIOR_PARALLEL
+    assert "assumed" in same.describe()
+    # All runs at 2 cores: under the assumed p, 10 s at one unit is read back exactly.
+    assert same.model == Amdahl(pytest.approx(amdahl(10.0, 0.6, 2.0) / amdahl(1.0, PRIOR_PARALLEL, 2.0), rel=0.01),
+                                PRIOR_PARALLEL)  # (estimates move in steps of 1%)
+    # Runs of different sizes (lognormal, as one key's inputs are) at grants 1 to 8: the
+    # fit finds p although the sizes vary more than the grants' effect.
+    for _ in range(400):
+        g = float(rng.randint(1, 8))
+        est.observe(call, amdahl(10.0 * rng.lognormvariate(0, 0.8), 0.6, g), g)
+    fitted = est.estimate(call)
+    assert fitted.fitted and fitted.parallel == pytest.approx(0.6, abs=0.1)
+    assert isinstance(fitted.model, Amdahl) and fitted.model.seconds == pytest.approx(10.0, rel=0.25)
+    # Exact runs fit exactly; seconds at the call's own minimum: 10 ((1 - p) + p / 0.5).
+    exact = RunTimeEstimates()
+    for g in (1.0, 2.0, 4.0, 8.0, 3.0, 6.0):
+        exact.observe(call, amdahl(10.0, 0.6, g), g)
+    got = exact.estimate(call)
+    assert got.fitted and got.parallel == pytest.approx(0.6) and got.model.seconds == pytest.approx(10.0, rel=0.01)
+    half = exact.estimate(Call(fn=solve, resources={"cpu": 0.5}, elastic="cpu", max_units=8))
+    assert half.model.seconds == pytest.approx(amdahl(10.0, 0.6, 0.5), rel=0.01)
+    # A call that gets slower with more cores fits p = 0; one with no serial part p = 1.
+    for p_true, name in ((-0.5, "slower"), (1.0, "perfect")):
+        c = Call(fn=solve, key=name, resources={"cpu": 1.0}, elastic="cpu", max_units=8)
+        for g in (1.0, 2.0, 4.0, 8.0):
+            exact.observe(c, 4.0 * (1 - p_true) + 4.0 * p_true / g, g)
+        assert exact.estimate(c).parallel == (0.0 if p_true < 0 else pytest.approx(1.0))
+    # A fixed call of the same key learns apart from the elastic one.
+    assert exact.estimate(Call(fn=solve)).source == "kind"
+
+
+# ------------------------------------------------------------------ persistence
+
+
+def test_a_database_keeps_estimates_across_runs(tmp_path: Path) -> None:
+    db = tmp_path / "estimates.db"
+    first = RunTimeEstimates(db)
+    call = Call(fn=solve, resources={"cpu": 1.0}, elastic="cpu", max_units=8)
+    for g in (1.0, 2.0, 4.0, 8.0):
+        first.observe(call, amdahl(3.0, 0.9, g), g)
+    first.observe(Call(command="make -j"), 12.0, None)
+    assert first.save() == 2 and first.save() == 0  # only what changed is written
+    first.close()
+    first.close()  # idempotent
+    second = RunTimeEstimates(db)
+    got = second.estimate(call)
+    assert got.source == "learned" and got.runs == 4 and got.parallel == pytest.approx(0.9)
+    assert got.model.seconds == pytest.approx(3.0, rel=0.01)
+    assert got.model == first.estimate(call).model  # exactly what the first one planned
+    assert second.estimate(Call(command="make -j")).model == pytest.approx(12.0, rel=0.01)
+    second.close()
+
+
+def test_export_and_import_move_estimates_and_check_the_file(tmp_path: Path) -> None:
+    est = RunTimeEstimates()
+    for t in (1.0, 2.0, 4.0):
+        est.observe(Call(command="pytest -q"), t, None)
+    assert est.export(tmp_path / "e.json") == 1
+    other = RunTimeEstimates()
+    other.observe(Call(command="pytest -q"), 8.0, None)
+    assert other.import_file(tmp_path / "e.json") == 1
+    got = other.estimate(Call(command="pytest -q"))
+    assert got.runs == 4 and got.model == pytest.approx((8.0 * 1.0 * 2.0 * 4.0) ** 0.25, rel=0.01)
+
+    def bad(payload: object, match: str) -> None:
+        path = tmp_path / "bad.json"
+        path.write_text(payload if isinstance(payload, str) else json.dumps(payload))
+        with pytest.raises(tangram.ValidationError, match=match):
+            RunTimeEstimates().import_file(path)
+
+    head = json.loads((tmp_path / "e.json").read_text())
+    good = head["estimates"][0]
+    file = {k: v for k, v in head.items() if k != "estimates"}
+    bad("{", "not JSON")
+    bad({"estimates": []}, "not a tangram estimates file")
+    bad(file | {"parallel_grid": [0, 1]}, "another grid")
+    bad(file | {"estimates": {}}, r"estimates\.estimates")
+    bad(file | {"estimates": [good | {"key": 5}]}, r"estimates\[0\]\.key")
+    bad(file | {"estimates": [good | {"runs": -1}]}, r"estimates\[0\]\.runs")
+    bad(file | {"estimates": [good, good | {"statistics": [1.0]}]}, r"estimates\[1\]\.statistics.*5 finite")
+    bad(file | {"estimates": [good | {"elastic": True}]}, r"estimates\[0\]\.statistics.*45 finite.*elastic")
+    bad(file | {"estimates": [good | {"runs": 1}]}, r"estimates\[0\]\.statistics.*weight")
+
+
+def test_a_file_that_is_not_a_database_is_a_typed_error(tmp_path: Path) -> None:
+    path = tmp_path / "not.db"
+    path.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(tangram.ValidationError, match="config.estimates"):
+        RunTimeEstimates(path)
+    with pytest.raises(tangram.ValidationError, match="config.estimates"):
+        RuntimeConfig(estimates=5)  # type: ignore[arg-type]
+    assert RuntimeConfig.from_mapping({"estimates": str(path)}).estimates == str(path)
+
+
+def test_the_command_shows_imports_and_exports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    est = RunTimeEstimates(tmp_path / "a.db")
+    for g in (1.0, 2.0, 4.0, 8.0):
+        est.observe(Call(command="make -j", elastic="cpu", max_units=8), amdahl(6.0, 0.5, g), g)
+    est.close()
+    assert cli_main([str(tmp_path / "a.db"), "--export", str(tmp_path / "a.json")]) == 0
+    assert cli_main([str(tmp_path / "b.db"), "--import", str(tmp_path / "a.json")]) == 0
+    assert cli_main([str(tmp_path / "b.db")]) == 0
+    out = capsys.readouterr().out
+    assert "exported 1 keys" in out and "imported 1 keys" in out
+    assert "env:make -j | elastic | 4 | 5.99" in out and "| 0.50\n" in out
+    (tmp_path / "c.json").write_text("[]")
+    with pytest.raises(SystemExit) as e:
+        cli_main([str(tmp_path / "b.db"), "--import", str(tmp_path / "c.json")])
+    assert e.value.code == 2
+    assert "not a tangram estimates file" in capsys.readouterr().err
+    assert sqlite3.connect(tmp_path / "b.db").execute("SELECT COUNT(*) FROM estimates").fetchone() == (1,)
+
+
+# ------------------------------------------------------------------ the orchestrator
+
+
+def orchestrator(cpu: float = 1, **config: object) -> Orchestrator:
+    mock = MockManager()
+    return Orchestrator(RuntimeConfig(**config), inventory=Inventory.uniform(1, {"cpu": cpu, "memory": 8192}),  # type: ignore[arg-type]
+                        default_managers=False, managers={"cpu": mock, "api": mock})
+
+
+async def sleep_for(seconds: float) -> float:
+    await asyncio.sleep(seconds)
+    return seconds
+
+
+def test_the_orchestrator_learns_records_and_explains(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with orchestrator(estimates=str(tmp_path / "e.db")) as orch:
+            for _ in range(3):
+                await orch.run(Call(fn=sleep_for, args=(0.05,), key="nap"))
+            records = list(orch.records)
+            assert "unknown" in records[0].estimate and "learned from 2 runs of 'nap'" in records[2].estimate
+            learned = orch.estimates.estimate(Call(fn=sleep_for, key="nap"))
+            assert 0.05 <= learned.model < 0.5
+            blocker = orch.submit(Call(fn=sleep_for, args=(0.2,), key="block", runtime=0.2))
+            await asyncio.sleep(0.02)  # started
+            waiting = orch.submit(Call(fn=sleep_for, args=(0.01,), key="nap"))
+            await asyncio.sleep(0.01)
+            assert "run time declared" in await orch.explain(blocker.id)
+            assert "learned from 3 runs of 'nap'" in await orch.explain(waiting.id)
+            await asyncio.gather(blocker, waiting)
+            assert [r.estimate for r in orch.records][-2] == "declared"
+        # Saved at close: a new orchestrator plans with them from its first call.
+        async with orchestrator(estimates=str(tmp_path / "e.db")) as orch:
+            assert orch.estimates.estimate(Call(fn=sleep_for, key="nap")).source == "learned"
+            assert "learned from 4 runs" in orch.explain_now(orch.submit(Call(fn=sleep_for, args=(0.0,), key="nap")).id)
+
+    asyncio.run(main())
+
+
+def test_learned_run_times_order_the_queue_shortest_first() -> None:
+    """Two keys learned as 0.3 s and 0.01 s: behind a blocker on one core, the short one
+    submitted last starts first. Without estimates both would be planned alike (1 s) and
+    start in submit order."""
+    async def main() -> None:
+        async with orchestrator(cpu=1) as orch:
+            for _ in range(2):
+                await orch.run(Call(fn=sleep_for, args=(0.3,), key="long"))
+                await orch.run(Call(fn=sleep_for, args=(0.01,), key="short"))
+            blocker = orch.submit(Call(fn=sleep_for, args=(0.05,), runtime=0.05))
+            long = orch.submit(Call(fn=sleep_for, args=(0.3,), key="long"))
+            await asyncio.sleep(0.01)
+            short = orch.submit(Call(fn=sleep_for, args=(0.01,), key="short"))
+            await asyncio.gather(blocker, long, short)
+            starts = {r.id: r.start for r in orch.records}
+            assert starts[short.id] < starts[long.id]
+
+    asyncio.run(main())
+
+
+def test_an_elastic_call_learns_from_its_mean_grant_across_resizes() -> None:
+    """A suite starts alone on 4 cores and, a third of the way through, limits itself to
+    one (as a worker pool with one task left does): the core resizes it. What is learned
+    is the run at its time-averaged grant, between the start grant and the final one."""
+    async def main() -> None:
+        async with orchestrator(cpu=4) as orch:
+            call = Call(fn=sleep_for, args=(0.3,), key="suite", resources={"cpu": 1.0}, elastic="cpu", max_units=4)
+            suite = orch.submit(call)
+            await asyncio.sleep(0.1)
+            assert orch.limit_grant(suite.id, 1.0)
+            await suite
+            (rec,) = list(orch.records)
+            starts = [p.grant for e, i, p in orch.managers["cpu"].events if e == "execute" and i == suite.id]
+            assert starts == [4.0] and rec.grant == 1.0
+            got = orch.estimates.estimate(call)
+            assert got.source == "learned" and isinstance(got.model, Amdahl)
+            # T1 = run / (1 - p + p / g): the g it was learned at.
+            p = PRIOR_PARALLEL
+            mean_grant = p / ((rec.end - rec.start) / got.model.seconds - (1 - p))
+            assert 1.0 + 0.5 < mean_grant < 4.0 - 0.5  # about 2: 4 for 0.1 s, then 1 for 0.2 s
+
+    asyncio.run(main())
