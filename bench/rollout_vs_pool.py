@@ -1,6 +1,7 @@
 """A coding rollout of real programs: tangram against the process pool a user would write.
 
-    python bench/rollout_vs_pool.py [--trajectories 8 32] [--repeat 3] [--aging A] [--json PATH]
+    python bench/rollout_vs_pool.py [--trajectories 8 32] [--repeat 3] [--aging A]
+        [--runtimes declared|learned] [--json PATH]
 
 Each trajectory alternates "generation" (a seeded 20-120 ms sleep, the policy model) with a
 tool call, over `--turns` turns:
@@ -30,7 +31,10 @@ The minimum demand of every action is the trajectory baseline's slot (cores/traj
 to a whole milli-core so that every trajectory has one),
 so every policy runs the same calls. Run times are declared from the calibration (what a
 user measures: one program's time on one core), as Amdahl models: a run's is perfectly
-parallel up to its one core, a suite's 95% parallel.
+parallel up to its one core, a suite's 95% parallel. With `--runtimes learned` the calls
+declare none, as a user who measured nothing writes them: each run starts cold and plans
+with what it learns from its own finished actions (tangram.runtime.estimates: one estimate
+for every run, one for every suite).
 
 Reports per way and trajectory count: average, p50 and p99 ACT (action completion time:
 from the call to its result), step duration (the rollout's wall time, from the first call
@@ -198,7 +202,7 @@ async def warm_workers_idle(mgr: CpuManager) -> None:
 
 
 async def with_tangram(plans: list[list[Turn]], cores: int, policy: str, cpu_limit: str, label: str,
-                       aging: float | None = None) -> Run:
+                       aging: float | None = None, learned: bool = False) -> Run:
     run = Run(label, len(plans))
     slot = math.floor(cores * 1000 / len(plans)) / 1000  # in whole milli-cores: n slots fit the node
     options: dict[str, float] = {"trajectory_slot_cpu": slot} if policy == "trajectory" else {}
@@ -216,12 +220,12 @@ async def with_tangram(plans: list[list[Turn]], cores: int, policy: str, cpu_lim
             seconds = sum(p.seconds for p in turn.programs)
             if len(turn.programs) == 1:
                 call = Call(fn=run_program, args=(turn.programs[0].source,), resources={"cpu": slot},
-                            elastic="cpu", max_units=max(slot, 1.0), runtime=Amdahl(seconds / slot, 1.0),
-                            trajectory=t, kind="run")
+                            elastic="cpu", max_units=max(slot, 1.0),
+                            runtime=None if learned else Amdahl(seconds / slot, 1.0), trajectory=t, kind="run")
                 return [await orch.run(call)]
             call = Call(fn=run_suite, args=([p.source for p in turn.programs],), resources={"cpu": slot},
-                        elastic="cpu", max_units=float(cores), runtime=Amdahl(seconds / slot, 0.95),
-                        trajectory=t, kind="suite")
+                        elastic="cpu", max_units=float(cores),
+                        runtime=None if learned else Amdahl(seconds / slot, 0.95), trajectory=t, kind="suite")
             return await orch.run(call)
         await rollout(plans, act, run)
         for t in range(len(plans)):
@@ -233,15 +237,16 @@ async def with_tangram(plans: list[list[Turn]], cores: int, policy: str, cpu_lim
 WAYS = ("pool", "tangram", "trajectory")
 
 
-async def repetition(plans: list[list[Turn]], cores: int, ways: tuple[str, ...], aging: float | None) -> list[Run]:
+async def repetition(plans: list[list[Turn]], cores: int, ways: tuple[str, ...], aging: float | None,
+                     learned: bool = False) -> list[Run]:
     runs = []
     for way in ways:
         if way == "pool":
             runs.append(await with_pool(plans, cores))
         elif way == "tangram":
-            runs.append(await with_tangram(plans, cores, "tangram", "guarantee", way, aging))
+            runs.append(await with_tangram(plans, cores, "tangram", "guarantee", way, aging, learned))
         elif way == "trajectory":
-            runs.append(await with_tangram(plans, cores, "trajectory", "ceiling", way))
+            runs.append(await with_tangram(plans, cores, "trajectory", "ceiling", way, learned=learned))
     return runs
 
 
@@ -257,13 +262,14 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "machine": {"cpus": cores, "python": platform.python_version()},
         "programs": {"count": len(catalog), "seconds_min": min(p.seconds for p in catalog),
                      "seconds_max": max(p.seconds for p in catalog)},
-        "turns": args.turns, "repeat": args.repeat, "tangram_aging": args.aging, "results": {}}
+        "turns": args.turns, "repeat": args.repeat, "tangram_aging": args.aging, "runtimes": args.runtimes,
+        "results": {}}
     for n in args.trajectories:
         plans = workload(catalog, n, args.turns, args.seed)
         runs: dict[str, list[Run]] = {w: [] for w in args.ways}
         for rep in range(args.repeat):
             order = list(args.ways[rep % len(args.ways):] + args.ways[:rep % len(args.ways)])  # rotate who goes first
-            for r in await repetition(plans, cores, tuple(order), args.aging):
+            for r in await repetition(plans, cores, tuple(order), args.aging, args.runtimes == "learned"):
                 if r.wrong:
                     raise SystemExit(f"{r.way}: {r.wrong} wrong results with {n} trajectories")
                 runs[r.way].append(r)
@@ -284,7 +290,8 @@ def report(r: dict[str, Any]) -> str:
     lines = [f"coding rollout on {r['machine']['cpus']} CPUs: {r['turns']} turns per trajectory, "
              f"{r['programs']['count']} programs of {1e3 * r['programs']['seconds_min']:.0f}-"
              f"{1e3 * r['programs']['seconds_max']:.0f} ms, medians of {r['repeat']} repetitions" +
-             (f"; tangram's aging {r['tangram_aging']}" if r.get("tangram_aging") is not None else ""), "",
+             (f"; tangram's aging {r['tangram_aging']}" if r.get("tangram_aging") is not None else "") +
+             ("; run times learned, not declared" if r.get("runtimes") == "learned" else ""), "",
              "| trajectories | way | mean ACT | p50 ACT | p99 ACT | step | actions/s | cores busy | program CPU |",
              "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for n, cell in r["results"].items():
@@ -312,6 +319,8 @@ if __name__ == "__main__":
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ways", nargs="+", choices=WAYS, default=list(WAYS))
     parser.add_argument("--aging", type=float, help="the tangram policy's aging (default: the policy's own)")
+    parser.add_argument("--runtimes", choices=("declared", "learned"), default="declared",
+                        help="declared: calls carry the calibrated run times (default); learned: they carry none")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     args.ways = tuple(args.ways)

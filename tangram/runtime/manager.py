@@ -114,8 +114,9 @@ class ResourceManager(abc.ABC):
 
 class MockManager(ResourceManager):
     """For tests and benchmarks: runs a call's `fn` inline on the event loop (awaited when
-    it is a coroutine function), or sleeps the call's estimated `runtime` seconds when it
-    has none. Records its last `keep_events` hook calls in `events`."""
+    it is a coroutine function), or, for a call without one, sleeps its declared `runtime`
+    when that is a number of seconds (nothing when it declares none or a model). Records
+    its last `keep_events` hook calls in `events`."""
 
     name = "mock"
 
