@@ -61,7 +61,8 @@ def summarise(rows: list[dict], ways: list[str], policies: list[str]) -> list[di
     out = []
     for name in dict.fromkeys(r["workload"] for r in rows):
         for policy in policies:
-            oracle = {r["seed"]: r for r in rows if (r["workload"], r["policy"], r["estimates"]) == (name, policy, "oracle")}
+            oracle = {r["seed"]: r for r in rows
+                      if (r["workload"], r["policy"], r["estimates"]) == (name, policy, "oracle")}
             for way in ways:
                 mine = [r for r in rows if (r["workload"], r["policy"], r["estimates"]) == (name, policy, way)]
                 entry = {"workload": name, "policy": policy, "estimates": way, "load": mine[0]["load"]}

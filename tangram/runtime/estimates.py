@@ -164,7 +164,9 @@ class _History:
         seconds = max(seconds, 1e-6)  # a run of 0 s (a cached answer) is a run of a microsecond
         log_t, log_g = math.log(seconds), math.log(grant)
         w = self.weight
-        if self.runs > MIN_FIT:  # winsorised (runs counts this one already): one stuck run moves the estimate by at most CLIP_SDS deviations / weight
+        # Winsorised once the key has MIN_FIT runs (this one counted already): a stuck run
+        # moves the estimate by at most CLIP_SDS deviations over the weight.
+        if self.runs > MIN_FIT:
             i = self.index
             mean = self.sums[i] / w
             spread = max(CLIP_SDS * math.sqrt(max(self.squares[i] / w - mean * mean, 0.0)), CLIP_FLOOR)
@@ -316,14 +318,18 @@ class RunTimeEstimates:
     # ------------------------------------------------------------ persistence
     def _open(self) -> None:
         try:
-            self._db = sqlite3.connect(self.path, isolation_level=None)  # type: ignore[arg-type]
+            # Made in the thread that builds the orchestrator and used from its loop's
+            # (SyncOrchestrator runs the loop in a thread of its own): one thread at a time.
+            self._db = sqlite3.connect(self.path, isolation_level=None,  # type: ignore[arg-type]
+                                       check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("CREATE TABLE IF NOT EXISTS estimates (key TEXT NOT NULL, elastic INTEGER NOT NULL, "
                              "kind TEXT NOT NULL, runs INTEGER NOT NULL, statistics TEXT NOT NULL, "
                              "PRIMARY KEY (key, elastic))")
             rows = self._db.execute("SELECT key, elastic, kind, runs, statistics FROM estimates").fetchall()
         except sqlite3.Error as e:
-            raise ValidationError("config.estimates", f"cannot use {self.path!r} as an estimates database: {e}") from None
+            raise ValidationError("config.estimates",
+                                  f"cannot use {self.path!r} as an estimates database: {e}") from None
         entries = []
         for key, elastic, kind, runs, statistics in rows:
             try:
@@ -424,8 +430,9 @@ def _check_entry(entry: Any, where: str) -> tuple[str, bool, str, int, list[floa
     size = 3 + 2 * (len(PARALLEL_GRID) if elastic else 1)
     if not (isinstance(state, list) and len(state) == size and all(
             isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in state)):
-        raise ValidationError(f"{where}.statistics", f"must be a list of {size} finite numbers for "
-                                                     f"{'an elastic' if elastic else 'a fixed'} key, got {given(state)}")
+        what = "an elastic" if elastic else "a fixed"
+        raise ValidationError(f"{where}.statistics",
+                              f"must be a list of {size} finite numbers for {what} key, got {given(state)}")
     if state[0] < 0 or state[0] > runs:
         raise ValidationError(f"{where}.statistics", f"its weight {state[0]:g} must be between 0 and the runs ({runs})")
     return key, elastic, kind, runs, [float(v) for v in state]

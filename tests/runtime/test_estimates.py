@@ -212,7 +212,8 @@ def test_the_command_shows_imports_and_exports(tmp_path: Path, capsys: pytest.Ca
 
 def orchestrator(cpu: float = 1, **config: object) -> Orchestrator:
     mock = MockManager()
-    return Orchestrator(RuntimeConfig(**config), inventory=Inventory.uniform(1, {"cpu": cpu, "memory": 8192}),  # type: ignore[arg-type]
+    inventory = Inventory.uniform(1, {"cpu": cpu, "memory": 8192})
+    return Orchestrator(RuntimeConfig(**config), inventory=inventory,  # type: ignore[arg-type]
                         default_managers=False, managers={"cpu": mock, "api": mock})
 
 
@@ -288,3 +289,15 @@ def test_an_elastic_call_learns_from_its_mean_grant_across_resizes() -> None:
             assert 1.0 + 0.5 < mean_grant < 4.0 - 0.5  # about 2: 4 for 0.1 s, then 1 for 0.2 s
 
     asyncio.run(main())
+
+
+def test_a_threaded_orchestrator_saves_its_estimates(tmp_path: Path) -> None:
+    """SyncOrchestrator builds the orchestrator (and opens the database) in the caller's
+    thread and runs it, saves included, in a thread of its own."""
+    db = tmp_path / "e.db"
+    inventory = Inventory.uniform(1, {"cpu": 2, "memory": 1024})
+    with tangram.SyncOrchestrator(RuntimeConfig(estimates=str(db)), inventory=inventory, default_managers=False,
+                                  managers={"cpu": MockManager()}) as orch:
+        for _ in range(2):
+            orch.run(Call(fn=solve, key="threaded"))
+    assert RunTimeEstimates(db).estimate(Call(fn=solve, key="threaded")).runs == 2
