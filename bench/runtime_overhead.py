@@ -2,7 +2,7 @@
 
     python bench/runtime_overhead.py [--actions 20000] [--rounds 3] [--json PATH]
 
-Three ways to run the same no-op Python function, all in this one process and run:
+Four ways to run the same no-op Python function, all in this one process and run:
 
   pool         asyncio + concurrent.futures.ProcessPoolExecutor(cores): what a rollout
                server does without an orchestrator (no scheduling, no grants, no limits)
@@ -11,6 +11,9 @@ Three ways to run the same no-op Python function, all in this one process and ru
   tangram      the orchestrator with the in-process mock manager: the scheduling path
                alone (submit, batch into the core, decisions, task, result, records and
                metrics), with nothing to carry out
+  tangram-learned  the same, with calls that declare no run time: each is planned with an
+               estimate learned from the ones before it, and each end updates it
+               (tangram.runtime.estimates)
 
 Two measurements each:
   submit-to-start  one action at a time: from the submit call to the first line of the
@@ -69,9 +72,10 @@ class Pool:
 
 
 class Tangram:
-    def __init__(self, manager: str) -> None:
+    def __init__(self, manager: str, learned: bool = False) -> None:
         self.manager = manager
-        self.name = "tangram" if manager == "mock" else "tangram-cpu"
+        self.name = ("tangram-learned" if learned else "tangram") if manager == "mock" else "tangram-cpu"
+        self.runtime = None if learned else 0.0
         # A sandbox runs with exactly its grant (a fractional core is a CFS quota), so the
         # CPU manager's actions take one whole core each, as a pool worker has; the mock
         # carries nothing out, so slivers let every action start at once.
@@ -91,7 +95,7 @@ class Tangram:
 
     def _call(self, fn: Callable[[], Any], trajectory: int) -> Call:
         # One trajectory (sandbox) per core, like one pool worker per core.
-        return Call(fn=fn, resources={"cpu": self.cpu}, runtime=0.0, trajectory=trajectory % cores())
+        return Call(fn=fn, resources={"cpu": self.cpu}, runtime=self.runtime, trajectory=trajectory % cores())
 
     def one(self, fn: Callable[[], Any], trajectory: int) -> Awaitable[Any]:
         return self.orch.submit(self._call(fn, trajectory)).future
@@ -142,19 +146,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--actions", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--latency", type=int, default=2000)
-    parser.add_argument("--impls", default="pool,tangram-cpu,tangram")
+    parser.add_argument("--impls", default="pool,tangram-cpu,tangram,tangram-learned")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
-    table = {"pool": Pool, "tangram-cpu": lambda: Tangram("cpu"), "tangram": lambda: Tangram("mock")}
+    table = {"pool": Pool, "tangram-cpu": lambda: Tangram("cpu"), "tangram": lambda: Tangram("mock"),
+             "tangram-learned": lambda: Tangram("mock", learned=True)}
     impls = [table[name]() for name in args.impls.split(",")]
     rows = asyncio.run(measure(impls, args.actions, args.rounds, args.latency))
     base = next((r for r in rows if r["impl"] == "pool"), None)
     print(f"{cores()} cores, {platform.processor() or platform.machine()}, Python {platform.python_version()}, "
           f"load {os.getloadavg()[0]:.2f}")
-    print(f"{'impl':<12} {'submit-to-start us (median)':>28} {'actions/s':>12} {'vs pool':>8}")
+    print(f"{'impl':<16} {'submit-to-start us (median)':>28} {'actions/s':>12} {'vs pool':>8}")
     for r in rows:
         ratio = f"{r['actions_per_second'] / base['actions_per_second']:.2f}x" if base else "-"
-        print(f"{r['impl']:<12} {r['submit_to_start_us']:>28.1f} {r['actions_per_second']:>12,.0f} {ratio:>8}")
+        print(f"{r['impl']:<16} {r['submit_to_start_us']:>28.1f} {r['actions_per_second']:>12,.0f} {ratio:>8}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"cores": cores(), "python": sys.version, "load_average": os.getloadavg()[0],
