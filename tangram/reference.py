@@ -151,8 +151,12 @@ Rules, in words:
   Otherwise evict on one device: eligible victims are other services resident there with
   nothing running and ready since before the last pass (so never one still restoring,
   nor one whose actions have not yet had a pass to start), ranked idle (nothing waiting)
-  first, then by queued est_ns per restore_ns (max 1) ascending (cross-multiplied
-  integers), then index; take victims in rank order until the room suffices; choose the
+  first; idle ones by popularity: never asked for first, then restore_ns over the expected
+  gap until its next request, max(mean gap, now - last request, 1), ascending
+  (cross-multiplied integers; at each accepted submit of one of its actions a service's
+  mean gap becomes the gap since its last request, then (7 x mean + gap) // 8); then by
+  queued est_ns per restore_ns (max 1) ascending (cross-multiplied integers), then index;
+  take victims in rank order until the room suffices; choose the
   device minimising (node lacks room now, victims with waiting actions, their queued ns,
   victim count, device). Evict decisions (time = now) precede the restore decision (time
   = ready = now + restore_ns).
@@ -338,6 +342,8 @@ class _Service:
     home: int = -1  # its only device under service_devices "home"
     device: int = -1  # global device index while resident or restoring
     ready_ns: int = 0
+    last_request_ns: int = -1  # its latest action's submit (-1: never asked for)
+    mean_gap_ns: int = -1  # between its actions' submits: (7 x before + gap) // 8 (-1: fewer than two)
 
 
 @dataclass
@@ -668,6 +674,12 @@ class ReferenceScheduler:
                 self.messages.append(f"action {a.id} can never run: {why}")
                 continue
             a.submit_ns = t
+            if a.service >= 0:
+                svc = self.services[a.service]
+                if svc.last_request_ns >= 0:
+                    gap = t - svc.last_request_ns
+                    svc.mean_gap_ns = gap if svc.mean_gap_ns < 0 else (7 * svc.mean_gap_ns + gap) // 8
+                svc.last_request_ns = t
             a.est_ns = to_ns(self._seconds(a, self._order_units(a)))
             key = a.est_ns + (t * self.aging_permille) // 1000 if self.rules.order == "estimate" else 0
             a.order = (-a.priority, key, self.seq)
@@ -1168,9 +1180,25 @@ class ReferenceScheduler:
         n_waiting = {o: sum(1 for b in waiting if b.service == o) for o in range(len(self.services))}
         queued = {o: sum(b.est_ns for b in waiting if b.service == o) for o in range(len(self.services))}
 
-        def rank(x: int, y: int) -> int:  # idle first, then least queued work per restore ns
+        def expected_gap(o: int) -> int:  # until it is asked for again: -1 if never asked for
+            svc = self.services[o]
+            if svc.last_request_ns < 0:
+                return -1
+            return max(svc.mean_gap_ns, self.now_ns - svc.last_request_ns, 1)
+
+        def rank(x: int, y: int) -> int:
+            # Idle first; among idle ones the least restore time per expected gap until the
+            # next request (never asked for: first); then least queued work per restore ns.
             if (n_waiting[x] == 0) != (n_waiting[y] == 0):
                 return -1 if n_waiting[x] == 0 else 1
+            if n_waiting[x] == 0:
+                gx, gy = expected_gap(x), expected_gap(y)
+                if (gx < 0) != (gy < 0):
+                    return -1 if gx < 0 else 1
+                if gx >= 0:
+                    cx, cy = self.services[x].restore_ns * gy, self.services[y].restore_ns * gx
+                    if cx != cy:
+                        return -1 if cx < cy else 1
             lhs = queued[x] * max(self.services[y].restore_ns, 1)
             rhs = queued[y] * max(self.services[x].restore_ns, 1)
             if lhs != rhs:

@@ -307,8 +307,14 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
     ++n_waiting;
     Class& cl = classes[c];
     if (cl.service != kNone) {
-      services[cl.service].waiting += 1;
-      services[cl.service].queued_ns += detail.est_ns;
+      ServiceRec& svc = services[cl.service];
+      svc.waiting += 1;
+      svc.queued_ns += detail.est_ns;
+      if (svc.last_request_ns >= 0) {
+        const TimeNs gap = now - svc.last_request_ns;
+        svc.mean_gap_ns = svc.mean_gap_ns < 0 ? gap : (7 * svc.mean_gap_ns + gap) / 8;
+      }
+      svc.last_request_ns = now;
     }
     bool new_head = cl.waiting.empty() || detail.order < cl.waiting.head();
     if (new_head) deactivate(c);

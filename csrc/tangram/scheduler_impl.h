@@ -222,6 +222,8 @@ struct ServiceRec {
   TimeNs queued_ns = 0;  // estimated work of waiting actions
   std::int32_t home_device = kNone;  // ServiceDevices::kHome
   TimeNs restore_ns = 0;
+  TimeNs last_request_ns = -1;  // its latest action's submit (-1: never asked for)
+  TimeNs mean_gap_ns = -1;      // between its actions' submits, a moving average (-1: fewer than two)
 };
 
 struct Scheduler::Impl {

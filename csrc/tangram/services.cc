@@ -28,8 +28,10 @@ void Scheduler::Impl::evict_offline_services(std::vector<Decision>& out) {
 }
 
 // Greedy eviction plan for `need` milli-MiB on device d: never a service with running
-// actions, still restoring or ready only since the last pass (nor `keep`); idle ones (nothing waiting) first, then the
-// least queued work per unit of restore cost, then service order.
+// actions, still restoring or ready only since the last pass (nor `keep`); idle ones
+// (nothing waiting) first, those by the restore time their eviction will likely cost
+// (least restore time per expected gap until their next request); then the least queued
+// work per unit of restore cost, then service order.
 Scheduler::Impl::RoomPlan Scheduler::Impl::plan_room(std::int32_t d, Quantity need, std::int32_t keep) const {
   RoomPlan plan;
   Quantity room = dev_free[d];
@@ -49,6 +51,23 @@ Scheduler::Impl::RoomPlan Scheduler::Impl::plan_room(std::int32_t d, Quantity ne
     const ServiceRec& b = services[y];
     bool ia = a.waiting == 0, ib = b.waiting == 0;
     if (ia != ib) return ia;
+    if (ia) {
+      // Idle: the one whose eviction costs least in restores it will likely need first:
+      // restore time over how long until it is asked for again (its usual gap between
+      // requests, or the time since its last one when longer); never asked: no cost.
+      auto expected_gap = [&](const ServiceRec& r) -> TimeNs {
+        if (r.last_request_ns < 0) return -1;
+        const TimeNs since = now - r.last_request_ns;
+        return std::max<TimeNs>(std::max<TimeNs>(r.mean_gap_ns, since), 1);
+      };
+      const TimeNs ga = expected_gap(a), gb = expected_gap(b);
+      if ((ga < 0) != (gb < 0)) return ga < 0;
+      if (ga >= 0) {
+        __int128 ca = static_cast<__int128>(a.restore_ns) * gb;
+        __int128 cb = static_cast<__int128>(b.restore_ns) * ga;
+        if (ca != cb) return ca < cb;
+      }
+    }
     __int128 lhs = static_cast<__int128>(a.queued_ns) * std::max<TimeNs>(b.restore_ns, 1);
     __int128 rhs = static_cast<__int128>(b.queued_ns) * std::max<TimeNs>(a.restore_ns, 1);
     if (lhs != rhs) return lhs < rhs;

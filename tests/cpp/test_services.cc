@@ -284,6 +284,37 @@ TEST(GpuServicesSmall, AlternatingServicesEvictTheIdleOne) {
   EXPECT_EQ(h.s.placement(2), Decision(start(2).on(0, 0).service(1).at(9)));
 }
 
+// Room for a third service on a GPU where two idle ones sit: the one asked for rarely goes,
+// not the one asked for every second, although it comes first in service order.
+TEST(GpuServicesSmall, EvictsTheIdleServiceLeastLikelyToBeAskedForSoon) {
+  for (PolicyKind kind : {PolicyKind::kTangram, PolicyKind::kFifo}) {
+    Inventory inv = cpu_inventory(1, 8);
+    inv.nodes[0].gpus = {{U(12000)}};
+    inv.services = {{"popular", U(6000), 1.0, 1}, {"rare", U(6000), 1.0, 1}, {"new", U(6000), 1.0, 1}};
+    Harness h(inv, policy_of(kind));
+    auto on = [](ActionId id, std::int32_t service) {
+      ActionSpec a = action(id, {U(1)}, 0.25);
+      a.service = service;
+      return a;
+    };
+    EXPECT_EQ(h.submit({on(1, 1)}, 0), (Decisions{restore(1).on(0, 0).at(1)}));
+    h.tick(1);
+    h.complete({1}, 1.25);
+    EXPECT_EQ(h.submit({on(2, 0)}, 3), (Decisions{restore(0).on(0, 0).at(4)}));
+    h.tick(4);
+    h.complete({2}, 4.25);
+    for (ActionId id = 3; id <= 6; ++id) {  // popular: asked for every second
+      const double t = 2.0 + static_cast<double>(id);
+      EXPECT_EQ(h.submit({on(id, 0)}, t), (Decisions{start(id).on(0, 0).service(0).at(t)}));
+      h.complete({id}, t + 0.25);
+    }
+    // Both idle; "popular" was asked for at 8 s, about every second, "rare" once, at 0 s.
+    EXPECT_EQ(h.submit({on(7, 2)}, 10), (Decisions{evict(1).on(0, 0).at(10), restore(2).on(0, 0).at(11)}))
+        << tangram::policy_name(kind);
+    EXPECT_EQ(h.s.service_location(0), std::make_pair(0, 0));
+  }
+}
+
 // tangram restores whole queues, not single actions: when room frees for one of several
 // offloaded services, the one with the most waiting actions per second of (restore + queued
 // work / max_batch) gets it, even though another's single action is first in the action
