@@ -35,8 +35,7 @@ orchestrator its encoded template of the call).
 
 Cold start: a key with no runs yet is planned with the same statistics kept per kind
 (Call.kind, every key together, each run scaled to one unit under its key's p). A kind
-with no runs yet is planned with PRIOR_SECONDS, the run time every call had before
-anything was learned.
+with no runs yet is planned with PRIOR_SECONDS (an elastic call with PRIOR_PARALLEL).
 
 Estimates persist in an SQLite database when a path is given (RuntimeConfig.estimates).
 They are loaded at start and written at `save()`; the orchestrator saves every SAVE_EVERY
