@@ -33,6 +33,9 @@ that estimate at one unit; a fixed call is planned as its key's T1. Estimates mo
 steps of 1%, so that a steady key keeps planning with an equal model (and the
 orchestrator its encoded template of the call).
 
+A learned T1 stays within [MIN_ESTIMATE, MAX_ESTIMATE] seconds, so that a key whose runs
+took days (or nothing) still gives the core a run time it takes.
+
 Cold start: a key with no runs yet is planned with the same statistics kept per kind
 (Call.kind, every key together, each run scaled to one unit under its key's p). A kind
 with no runs yet is planned with PRIOR_SECONDS (an elastic call with PRIOR_PARALLEL).
@@ -67,6 +70,11 @@ SAVE_EVERY = 10.0
 FORMAT_VERSION = 1
 _DECAY = 0.5 ** (1 / HALF_LIFE)
 _STEP = math.log(1.01)  # estimates move in steps of 1%
+_PRIOR_FIRST = tuple(sorted(range(len(PARALLEL_GRID)), key=lambda i: abs(PARALLEL_GRID[i] - PRIOR_PARALLEL)))
+# What a learned estimate may be, in seconds at one unit: the core takes run times in
+# [0, 1e9] s, and a model's seconds at a fractional minimum are larger than at one unit.
+MIN_ESTIMATE, MAX_ESTIMATE = 1e-6, 1e6
+_LOG_MIN, _LOG_MAX = math.log(MIN_ESTIMATE), math.log(MAX_ESTIMATE)
 
 
 def key_of(call: Call) -> str:
@@ -208,7 +216,8 @@ class _History:
         # In steps of 1%: an estimate that did not move by that plans with an equal model,
         # so the orchestrator keeps its encoded template of the call (a new one costs an
         # encode).
-        self.unit_seconds = math.exp(round(self.sums[index] / w / _STEP) * _STEP)
+        log_unit = min(max(round(self.sums[index] / w / _STEP) * _STEP, _LOG_MIN), _LOG_MAX)
+        self.unit_seconds = math.exp(log_unit)
         self.parallel, self.fitted = parallel, fitted
         self.estimates.clear()
 
@@ -221,8 +230,7 @@ class _History:
         if self.log_grant_sq / w - mean_log_g * mean_log_g < (math.log(MIN_SPREAD) / 2) ** 2:
             return None
         best, best_var = None, math.inf
-        # Nearest the prior first, so that a tie goes to it.
-        for i in sorted(range(len(self.grid)), key=lambda i: abs(self.grid[i] - PRIOR_PARALLEL)):
+        for i in _PRIOR_FIRST:  # nearest the prior first, so that a tie goes to it
             mean = self.sums[i] / w
             var = self.squares[i] / w - mean * mean
             if var < best_var * (1 - 1e-12):

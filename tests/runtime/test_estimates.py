@@ -17,6 +17,8 @@ import tangram
 from tangram import Amdahl, Call, Inventory, MockManager, Orchestrator
 from tangram.runtime.config import RuntimeConfig
 from tangram.runtime.estimates import (
+    MAX_ESTIMATE,
+    MIN_ESTIMATE,
     MIN_FIT,
     PRIOR_PARALLEL,
     PRIOR_SECONDS,
@@ -85,6 +87,22 @@ def test_one_stuck_run_barely_moves_an_estimate_and_a_lasting_change_is_followed
     for i in range(1000):  # the inputs changed for good: 20x longer
         est.observe(call, 1.8 if i % 2 else 2.2, None)
     assert est.estimate(call).model == pytest.approx(2.0, rel=0.1)
+
+
+def test_an_estimate_stays_within_what_the_core_takes() -> None:
+    est = RunTimeEstimates()
+    est.observe(Call(fn=solve, key="endless"), 1e12, None)
+    est.observe(Call(fn=solve, key="instant"), 0.0, None)
+    assert est.estimate(Call(fn=solve, key="endless")).model == pytest.approx(MAX_ESTIMATE, rel=0.01)
+    assert est.estimate(Call(fn=solve, key="instant")).model == pytest.approx(MIN_ESTIMATE, rel=0.01)
+    # An elastic one at a quarter core, 0.8 parallel: 3.4x its estimate at one unit, still
+    # a run time the core takes.
+    elastic = Call(fn=solve, key="endless", resources={"cpu": 0.25}, elastic="cpu", max_units=1)
+    est.observe(elastic, 1e12, 0.25)
+    quarter = est.estimate(elastic)
+    assert quarter.source == "learned" and quarter.model.seconds == pytest.approx(3.4 * MAX_ESTIMATE, rel=0.01)
+    scheduler = tangram.Scheduler(Inventory.uniform(1, {"cpu": 1}), "tangram")
+    scheduler.submit([tangram.Action(1, {"cpu": 0.25}, quarter.model, elastic="cpu", max_units=1)], 0.0)
 
 
 def test_elasticity_is_assumed_until_grants_vary_then_fitted() -> None:
