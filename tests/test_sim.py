@@ -639,13 +639,25 @@ def test_estimates_oracle_noisy_and_learned() -> None:
             sim.simulate(w, "tangram", seed=2, estimates=bad)
 
 
-def test_learned_estimates_start_cold_and_learn_each_kind() -> None:
+def test_learned_estimates_start_cold_and_learn_each_kind(monkeypatch: pytest.MonkeyPatch) -> None:
     """Hand-checkable: one kind of 2 s fixed actions, one core, one trajectory of 3 turns.
     The first is planned as the 1 s prior; once one has run, the next is planned as 2 s."""
+    import tangram.sim.engine as engine
+
+    planned: list[object] = []
+
+    class Recording(engine.RunTimeEstimates):
+        def plan(self, key: str, kind: str, elastic: bool, minimum: float):  # type: ignore[no-untyped-def]
+            estimate = super().plan(key, kind, elastic, minimum)
+            planned.append((key, estimate.source, estimate.model))
+            return estimate
+
+    monkeypatch.setattr(engine, "RunTimeEstimates", Recording)
     w = tiny(batch=1, turns={"dist": "fixed", "value": 3})
     r = sim.simulate(w, "tangram", seed=0, estimates="learned")
     assert list(r.finish[:3]) == [2.0, 4.0, 6.0]  # the truth, whatever was planned
-    assert r.scheduler is not None
+    assert [(k, s) for k, s, _ in planned] == [("cmd", "prior"), ("cmd", "learned"), ("cmd", "learned")]
+    assert [m for _, _, m in planned] == [1.0, pytest.approx(2.0, rel=0.01), pytest.approx(2.0, rel=0.01)]
 
 
 def test_cli_estimates(capsys) -> None:  # type: ignore[no-untyped-def]

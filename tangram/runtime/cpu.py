@@ -149,6 +149,7 @@ class CpuManager(ResourceManager):
       preload       modules every sandbox worker imports as it starts, from the
                     orchestrator's sys.path (default: tangram.worker); a warm worker imports
                     them before it is taken, so a trajectory's first action does not
+                    pay for the imports
       output_limit  bytes kept of each of a command's stdout and stderr (default 1 MiB)
       cpus          the CPU ids this manager may use (default: this process's affinity)
       env           extra environment variables for every sandbox

@@ -407,8 +407,9 @@ class RunTimeEstimates:
             loaded.refit()
             history = self._histories.get((key, elastic))
             if history is None or replace:
-                self._histories[(key, elastic)] = history = _History(kind, elastic)
-            history.merge(loaded)
+                self._histories[(key, elastic)] = loaded
+            else:
+                history.merge(loaded)
             # The kind's statistics get the key's runs at one unit, under its fitted p.
             kind_history = self._kinds.get(kind)
             if kind_history is None:
