@@ -11,12 +11,12 @@ A policy is a row of independent rules (`PolicyRules`; `POLICY_RULES` holds the 
 built-in rows, taken from the core's one table of them). Passing `rules=` runs any row
 under any name:
 
-    policy       order     bins              spare        restore       service_devices  resize
-    tangram      estimate  node              uncontended  queues_first  any              malleable
-    fifo         arrival   node              none         on_demand     any              fixed
-    optimus      arrival   node              every_bin    on_demand     any              fixed
-    trajectory   arrival   trajectory_slots  none         on_demand     home             fixed
-    isolated     arrival   task_pools        none         on_demand     home             fixed
+    policy       order     bins              spare        restore       service_devices  resize     gain
+    tangram      estimate  node              uncontended  queues_first  any              malleable  wait
+    fifo         arrival   node              none         on_demand     any              fixed      relative
+    optimus      arrival   node              every_bin    on_demand     any              fixed      relative
+    trajectory   arrival   trajectory_slots  none         on_demand     home             fixed      relative
+    isolated     arrival   task_pools        none         on_demand     home             fixed      relative
 
 Rules, in words:
 
@@ -105,16 +105,22 @@ Rules, in words:
      slot's free units for an elastic action in a trajectory slot. Otherwise, under resize
      "malleable" with spare other than "none", an elastic action whose minimum is not a
      whole unit (a multiple of 1000) is topped up: it takes step = grow step (below) once
-     if the bin's free room holds it, t(g) > 0, gain = t(g) - t(g + step) >=
-     min_relative_gain * t(g) and gain > 0.
+     if the bin's free room holds it and the gain rule (below) passes it, with w = 1 and
+     `others` the actions running on the bin.
   Every class blocked for resources (and a halt) makes its scope node (or, without one,
   its partition) "contended"; one that waits for its quota or its service does not.
 * Spare units (spare "uncontended": on bins neither whose node nor whose partition is
   contended; "every_bin": on every bin; "none": never). After the walk, in each such bin,
   elastic actions started there in this pass get one more step at a time (grow step: to
   the next whole unit, min(1000 - grant % 1000, max - grant)): each round to the one with
-  the largest gain = t(g) - t(g + step) (first in start order on ties), among those where the bin's free room allows it, t(g) > 0,
-  gain >= min_relative_gain * t(g) and gain > 0; until nobody qualifies.
+  the largest cut (first in start order on ties), among those where the bin's free room
+  allows it and the gain rule passes it (w = 1; `others`: the actions running on the bin
+  but itself); until nobody qualifies.
+  The gain rule for a step of w's work left: t0 = seconds(g), t1 = seconds(g + step),
+  cut = w * (t0 - t1); none unless w * t0 > 0 and cut > 0. gain "relative": cut >=
+  min_relative_gain * (w * t0). gain "wait": with cap and free the bin's units of the
+  elastic kind (before the step), cut > others * ((cap - free) / cap) * added / cap, where
+  added = w * ((g + step) * t1 - g * t0) (floats, in that order).
 * Resize "malleable". A running action keeps `work_left` (1.0 at its start) and `since`
   (its start, or its last grant change). Work left now, `w`: work_left if since == now;
   else 0.0 unless t = seconds(a, grant) > 0; else max(0, work_left - float(now - since)
@@ -141,9 +147,8 @@ Rules, in words:
   the running actions (by id) on bins a complete or cancel freed room on in this event
   (online nodes only; "uncontended" as for starts), elastic, below their max, not
   started or resized in this pass, each with its w (1.0 for a start): the gain of a
-  unit is cut = w * (t(g) - t(g + step)), against remaining = w * t(g) (the spare
-  rule's test with these). After each bin, each running action that grew gets a
-  RESIZE decision.
+  unit is cut = w * (t(g) - t(g + step)), judged by the gain rule with this w. After
+  each bin, each running action that grew gets a RESIZE decision.
 * Restore. Candidate devices (home only, under "home"): online, memory >= service +
   gpu_memory, on a node with a bin of the action's partition whose capacity covers the
   demand. Prefer a device with room now, minimising (no unbound bin of the node in the
@@ -232,6 +237,7 @@ class PolicyRules:
     restore: str  # "on_demand" | "queues_first"
     service_devices: str  # "any" | "home"
     resize: str  # "fixed" | "malleable"
+    gain: str  # "relative" | "wait" (needs resize "malleable")
 
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
         "order": ("arrival", "estimate"),
@@ -240,6 +246,7 @@ class PolicyRules:
         "restore": ("on_demand", "queues_first"),
         "service_devices": ("any", "home"),
         "resize": ("fixed", "malleable"),
+        "gain": ("relative", "wait"),
     }
 
     def __post_init__(self) -> None:
@@ -427,6 +434,8 @@ class ReferenceScheduler:
             if policy not in POLICY_RULES:
                 raise UnknownNameError("policy", f"unknown policy {policy!r} ({', '.join(POLICY_RULES)})")
             rules = POLICY_RULES[policy]
+        if rules.gain == "wait" and rules.resize != "malleable":
+            raise ValidationError(f"policy({policy}).rules.gain", "'wait' needs resize 'malleable' (it counts the actions running on a bin)")
         self.rules = rules
         capacity = np.asarray(capacity, dtype=np.int64)
         N, K = len(node_names), len(kinds)
@@ -1096,7 +1105,7 @@ class ReferenceScheduler:
             a.grant += extra
             bin_.free[a.elastic_kind] -= extra
         elif a.elastic_kind >= 0 and self.rules.resize == "malleable" and self.rules.spare != "none":
-            self._top_up_start(a, bin_.free)
+            self._top_up_start(a, b)
         if a.gpu_memory > 0:
             self.dev_free[device] -= a.gpu_memory
         if a.in_slot:
@@ -1117,27 +1126,38 @@ class ReferenceScheduler:
             return a.minimum
         return a.minimum + _grow_step(a, a.minimum)
 
-    def _top_up_start(self, a: _Action, free: list[int]) -> None:
-        """A start topped up to a whole unit: from a fractional minimum, the step to the next
-        whole unit when the bin's free room holds it and it cuts at least min_relative_gain
-        of the run time."""
-        if a.grant % ELASTIC_STEP == 0 or not self._step_cut(a, free, 1.0) > 0:
+    def _top_up_start(self, a: _Action, b: int) -> None:
+        """A start on bin b topped up to a whole unit: from a fractional minimum, the step to
+        the next whole unit when the bin's free room holds it and the gain rule passes it."""
+        if a.grant % ELASTIC_STEP == 0:
+            return
+        others = sum(1 for x in self.actions.values() if x.running and x.bin == b)  # a is not running yet
+        if not self._step_cut(a, b, 1.0, others) > 0:
             return
         step = _grow_step(a, a.grant)
         a.grant += step
-        free[a.elastic_kind] -= step
+        self.bins[b].free[a.elastic_kind] -= step
 
-    def _step_cut(self, a: _Action, free: list[int], work: float) -> float:
-        """The cut work x (t(g) - t(g + step)) of a's next grow step when the free room holds
-        the step and the cut is positive and at least min_relative_gain of work x t(g);
-        else 0."""
+    def _step_cut(self, a: _Action, b: int, work: float, others: int) -> float:
+        """The cut work x (t(g) - t(g + step)) of a's next grow step on bin b when its free
+        room holds the step, the cut is positive and the gain rule passes it; else 0."""
         step = _grow_step(a, a.grant)
-        if step <= 0 or free[a.elastic_kind] < step:
+        k = a.elastic_kind
+        free, capacity_k = self.bins[b].free, self.bins[b].capacity[k]
+        if step <= 0 or free[k] < step:
             return 0.0
         now_s = self._seconds(a, a.grant)
+        next_s = self._seconds(a, a.grant + step)
         remaining = work * now_s
-        cut = work * (now_s - self._seconds(a, a.grant + step))
-        return cut if remaining > 0 and cut >= self.min_relative_gain * remaining and cut > 0 else 0.0
+        cut = work * (now_s - next_s)
+        if not remaining > 0 or not cut > 0:
+            return 0.0
+        if self.rules.gain == "relative":
+            return cut if cut >= self.min_relative_gain * remaining else 0.0
+        capacity = float(capacity_k)
+        in_use = float(capacity_k - free[k]) / capacity
+        added = work * (float(a.grant + step) * next_s - float(a.grant) * now_s)
+        return cut if cut > float(others) * in_use * added / capacity else 0.0
 
     def _fits_online_capacity(self, a: _Action, bins: list[int], device: int) -> bool:
         """Could one of these bins on an online node ever hold `a` (by capacity)?"""
@@ -1315,11 +1335,12 @@ class ReferenceScheduler:
                 by_bin.setdefault(b, []).extend((x, None, self._work_now(x), x.grant) for x in running)
         for b in sorted(by_bin):
             members, free = by_bin[b], self.bins[b].free
+            others = sum(1 for x in self.actions.values() if x.running and x.bin == b) - 1
             while True:
                 best, best_cut = None, 0.0
                 for m in members:
                     a, work = m[0], m[2]
-                    cut = self._step_cut(a, free, work)
+                    cut = self._step_cut(a, b, work, others)
                     if not cut > 0:
                         continue
                     if best is None or cut > best_cut:

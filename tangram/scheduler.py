@@ -38,7 +38,7 @@ assert _core.DECISION_SIZE == DECISION_DTYPE.itemsize
 
 @dataclass(frozen=True)
 class Policy:
-    """A scheduling policy and its knobs (csrc/tangram/model.h documents each; every one
+    """A scheduling policy and its knobs (csrc/tangram/policy.h documents each; every one
     has a default, so each policy runs by name alone).
 
     trajectory_slot_cpu  "trajectory": cores in each trajectory's slot (default 1.0: one
@@ -46,6 +46,11 @@ class Policy:
                          Each node is cut into floor(cpu / slot) slots; its other kinds are
                          divided evenly among them. Set it to the sandbox size you compare
                          against: Scheduler(inv, "trajectory", trajectory_slot_cpu=4).
+    min_relative_gain    "optimus" (gain rule "relative"): a spare elastic unit is granted
+                         only if it cuts the run time by at least this fraction of it.
+                         tangram's gain rule ("wait") has no threshold: a unit must save
+                         the action more than the wait it causes the others on its node
+                         (docs/scheduling.md, "The gain rule").
     pools                "isolated": task pool -> weight; every node is divided among the
                          pools in proportion, and an action runs in the pool named by its
                          `task`. Default {0: 1.0}: one pool of whole nodes for task 0, the

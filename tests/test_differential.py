@@ -562,8 +562,10 @@ def test_rules_not_names_decide(name: str, data) -> None:
 @settings(SETTINGS, max_examples=max(1, SETTINGS.max_examples // 2))
 @given(data=st.data())
 def test_any_row_of_rules_matches_reference(data) -> None:
-    rules = PolicyRules(**{field: data.draw(st.sampled_from(values), label=field)
-                           for field, values in PolicyRules.CHOICES.items()})
+    drawn = {field: data.draw(st.sampled_from(values), label=field) for field, values in PolicyRules.CHOICES.items()}
+    if drawn["resize"] != "malleable":
+        drawn["gain"] = "relative"  # gain "wait" needs malleable grants (a typed error otherwise)
+    rules = PolicyRules(**drawn)
     run_stream(data, "fifo", starvation=[2.0, 1e6], gpu_heavy=data.draw(st.booleans()), rules=rules,
                elastic_heavy=data.draw(st.booleans()))
 
@@ -585,12 +587,14 @@ class ResizeCounting(Harness):
 
 MALLEABLE_ROWS = {
     "tangram": None,
+    "relative_gain": PolicyRules(order="estimate", bins="node", spare="uncontended", restore="queues_first",
+                                 service_devices="any", resize="malleable", gain="relative"),
     "every_bin": PolicyRules(order="arrival", bins="node", spare="every_bin", restore="on_demand",
-                             service_devices="any", resize="malleable"),
+                             service_devices="any", resize="malleable", gain="wait"),
     "trajectory_slots": PolicyRules(order="estimate", bins="trajectory_slots", spare="uncontended",
-                                    restore="on_demand", service_devices="home", resize="malleable"),
+                                    restore="on_demand", service_devices="home", resize="malleable", gain="wait"),
     "task_pools": PolicyRules(order="estimate", bins="task_pools", spare="uncontended", restore="queues_first",
-                              service_devices="home", resize="malleable"),
+                              service_devices="home", resize="malleable", gain="relative"),
 }
 
 

@@ -17,7 +17,7 @@ from tangram._records import DECISION_DTYPE
 from tangram.bench import make_actions, make_inventory
 from tangram.scheduler import Policy, core_arguments
 
-ROW_FIELDS = ("order", "bins", "spare", "restore", "service_devices", "resize")
+ROW_FIELDS = ("order", "bins", "spare", "restore", "service_devices", "resize", "gain")
 
 
 def test_python_simulator_and_config_take_the_core_names() -> None:
@@ -73,7 +73,8 @@ def test_a_row_of_rules_runs_under_its_own_name() -> None:
     # tests/cpp/test_policy_rows.cc. Shortest first here: the burst's starts come in a
     # different order from optimus's arrival order.
     sixth = _scheduler([("order", "estimate"), ("bins", "node"), ("spare", "every_bin"),
-                        ("restore", "on_demand"), ("service_devices", "any"), ("resize", "fixed")]).submit(burst, 0.0)
+                        ("restore", "on_demand"), ("service_devices", "any"), ("resize", "fixed"),
+                        ("gain", "relative")]).submit(burst, 0.0)
     assert not np.array_equal(sixth, _scheduler(None, name="optimus").submit(burst, 0.0))
 
 
@@ -85,6 +86,8 @@ def test_a_row_of_rules_runs_under_its_own_name() -> None:
       ("service_devices", "any")], "policy(sixth).rules.resize"),  # missing
     ([("order", "estimate"), ("bins", "node"), ("spare", "none"), ("restore", "on_demand"),
       ("service_devices", "any"), ("resize", "elastic")], "policy(sixth).rules.resize"),  # unknown value
+    ([("order", "estimate"), ("bins", "node"), ("spare", "none"), ("restore", "on_demand"),
+      ("service_devices", "any"), ("resize", "fixed"), ("gain", "wait")], "policy(sixth).rules.gain"),  # needs malleable
     ([("colour", "red")], "policy(sixth).rules.colour"),  # unknown rule
     ([("order", "arrival"), ("order", "estimate")], "policy(sixth).rules.order"),  # twice
 ])

@@ -95,6 +95,7 @@ def test_conservation(policy: str) -> None:
     # no action beats its own lower bound; the step ends with the last trajectory
     assert (r.finish - r.submit >= r.best - 1e-6).all()
     assert r.step_duration == pytest.approx(float(r.finish.max()))
+    assert r.step_duration >= r.bound["step_bound"] * (1 - 1e-9)  # no step beats its lower bound
     assert 0 < r.utilisation["cpu"] <= 1 and 0 < r.utilisation["memory"] <= 1
 
 
@@ -114,6 +115,9 @@ def test_fifo_two_trajectories_one_core() -> None:
         assert row["avg_act"] == pytest.approx(3.5)
         assert row["lower_bound_act"] == pytest.approx(2.0)
         assert row["step_duration"] == pytest.approx(8.0)
+        # The step bound counts the core: 8 core-seconds of work on one core, where the
+        # longest trajectory alone would take 4 s.
+        assert row["step_bound"] == pytest.approx(8.0) and row["step_ratio_to_bound"] == pytest.approx(1.0)
         assert row["utilisation"]["cpu"] == pytest.approx(1.0)
         assert row["act_reward"] != row["act_reward"]  # NaN: no reward actions
 
@@ -435,7 +439,7 @@ def test_cli_sweep(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     rows = json.loads(out.read_text())
     assert [(r["load"], r["policy"]) for r in rows] == [(32, "tangram"), (32, "fifo"), (64, "tangram"), (64, "fifo")]
     assert all("act_by_kind" in r and "reward" in r["act_by_kind"] for r in rows)
-    assert capsys.readouterr().out.count("lower bound") == 2
+    assert capsys.readouterr().out.count("lower bound on avg ACT") == 2
     with pytest.raises(SystemExit):
         sim.cli_main(["--sweep", "nodes=1,2"])
 

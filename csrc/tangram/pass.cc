@@ -282,7 +282,7 @@ inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::
     a.grant += extra;
     f[a.elastic_kind] -= extra;
   } else if (a.elastic_kind != kNone && malleable && row.rules.spare != SpareRule::kNone) {
-    top_up_start(slot, f);
+    top_up_start(slot, bin, f);
   }
   if (bin_released_pass[bin] == pass_epoch) {  // keep the released columns exact
     const std::int32_t p = bin_partition[bin];

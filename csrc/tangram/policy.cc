@@ -14,12 +14,12 @@ namespace {
 // docs/scheduling.md has the same table in words; tests/cpp/test_policy_rows.cc pins it.
 const std::vector<PolicyRow>& rows() {
   static const std::vector<PolicyRow> kPolicyRows = {
-      //  name          order                 bins                          spare                     restore                    service devices        resize
-      {"tangram",    {OrderRule::kEstimate, BinLayout::kNodes,           SpareRule::kUncontended, RestoreRule::kQueuesFirst, ServiceDevices::kAny,  ResizeRule::kMalleable}},
-      {"fifo",       {OrderRule::kArrival,  BinLayout::kNodes,           SpareRule::kNone,        RestoreRule::kOnDemand,    ServiceDevices::kAny,  ResizeRule::kFixed}},
-      {"trajectory", {OrderRule::kArrival,  BinLayout::kTrajectorySlots, SpareRule::kNone,        RestoreRule::kOnDemand,    ServiceDevices::kHome, ResizeRule::kFixed}},
-      {"isolated",   {OrderRule::kArrival,  BinLayout::kTaskPools,       SpareRule::kNone,        RestoreRule::kOnDemand,    ServiceDevices::kHome, ResizeRule::kFixed}},
-      {"optimus",    {OrderRule::kArrival,  BinLayout::kNodes,           SpareRule::kEveryBin,    RestoreRule::kOnDemand,    ServiceDevices::kAny,  ResizeRule::kFixed}},
+      //  name          order                 bins                          spare                     restore                    service devices        resize                  gain
+      {"tangram",    {OrderRule::kEstimate, BinLayout::kNodes,           SpareRule::kUncontended, RestoreRule::kQueuesFirst, ServiceDevices::kAny,  ResizeRule::kMalleable, GainRule::kWait}},
+      {"fifo",       {OrderRule::kArrival,  BinLayout::kNodes,           SpareRule::kNone,        RestoreRule::kOnDemand,    ServiceDevices::kAny,  ResizeRule::kFixed,     GainRule::kRelative}},
+      {"trajectory", {OrderRule::kArrival,  BinLayout::kTrajectorySlots, SpareRule::kNone,        RestoreRule::kOnDemand,    ServiceDevices::kHome, ResizeRule::kFixed,     GainRule::kRelative}},
+      {"isolated",   {OrderRule::kArrival,  BinLayout::kTaskPools,       SpareRule::kNone,        RestoreRule::kOnDemand,    ServiceDevices::kHome, ResizeRule::kFixed,     GainRule::kRelative}},
+      {"optimus",    {OrderRule::kArrival,  BinLayout::kNodes,           SpareRule::kEveryBin,    RestoreRule::kOnDemand,    ServiceDevices::kAny,  ResizeRule::kFixed,     GainRule::kRelative}},
   };
   return kPolicyRows;
 }
@@ -60,6 +60,7 @@ const RuleNames& rule_names() {
       {"restore", {"on_demand", "queues_first"}},
       {"service_devices", {"any", "home"}},
       {"resize", {"fixed", "malleable"}},
+      {"gain", {"relative", "wait"}},
   };
   return kNames;
 }
@@ -70,7 +71,7 @@ namespace {
 std::vector<std::uint8_t> rule_values(const PolicyRules& r) {
   return {static_cast<std::uint8_t>(r.order), static_cast<std::uint8_t>(r.bins), static_cast<std::uint8_t>(r.spare),
           static_cast<std::uint8_t>(r.restore), static_cast<std::uint8_t>(r.service_devices),
-          static_cast<std::uint8_t>(r.resize)};
+          static_cast<std::uint8_t>(r.resize), static_cast<std::uint8_t>(r.gain)};
 }
 
 }  // namespace
@@ -82,6 +83,9 @@ void validate_rules(const PolicyRow& row, const std::string& field) {
     if (values[i] >= rule_names()[i].second.size())
       throw Error(ErrorCode::kInvalidArgument, field + "." + rule_names()[i].first,
                   "no such rule (" + std::to_string(values[i]) + ")");
+  if (row.rules.gain == GainRule::kWait && row.rules.resize != ResizeRule::kMalleable)
+    throw Error(ErrorCode::kInvalidArgument, field + ".rules.gain",
+                "'wait' needs resize 'malleable' (it counts the actions running on a bin)");
 }
 
 std::vector<std::pair<std::string, std::string>> describe_rules(const PolicyRules& rules) {
@@ -119,6 +123,7 @@ PolicyRules parse_rules(const std::vector<std::pair<std::string, std::string>>& 
   r.restore = static_cast<RestoreRule>(value[3]);
   r.service_devices = static_cast<ServiceDevices>(value[4]);
   r.resize = static_cast<ResizeRule>(value[5]);
+  r.gain = static_cast<GainRule>(value[6]);
   return r;
 }
 

@@ -31,7 +31,7 @@ enum class BinLayout : std::uint8_t {
 
 // Where elastic units beyond the minimum grants go, after the walk: one step (to the next
 // whole unit) at a time to the action started in the pass with the largest marginal cut in
-// run time (at least min_relative_gain of it).
+// run time, while that cut passes the GainRule.
 enum class SpareRule : std::uint8_t {
   kNone = 0,         // every action runs at its minimum (its slot, under kTrajectorySlots)
   kUncontended = 1,  // only on bins nobody still waits for
@@ -59,6 +59,17 @@ enum class ResizeRule : std::uint8_t {
                    // pays (kResize decisions; docs/scheduling.md states the rule)
 };
 
+// Whether a spare step (SpareRule other than kNone) is worth granting. Its cut is the run
+// time it saves the action: work left x (t(g) - t(g + step)).
+enum class GainRule : std::uint8_t {
+  kRelative = 0,  // the cut is at least min_relative_gain of the action's remaining run time
+  kWait = 1,      // the cut is more than the wait the step causes others on its bin: the
+                  // unit-seconds it adds (work left x ((g + step) t(g + step) - g t(g))) over
+                  // the bin's capacity, times the other actions running there, weighted by
+                  // the share of the bin in use. Needs ResizeRule::kMalleable (which keeps
+                  // each bin's running actions). docs/scheduling.md derives it.
+};
+
 struct PolicyRules {
   OrderRule order = OrderRule::kEstimate;
   BinLayout bins = BinLayout::kNodes;
@@ -66,6 +77,7 @@ struct PolicyRules {
   RestoreRule restore = RestoreRule::kQueuesFirst;
   ServiceDevices service_devices = ServiceDevices::kAny;
   ResizeRule resize = ResizeRule::kFixed;
+  GainRule gain = GainRule::kRelative;
 };
 
 struct PolicyRow {
@@ -76,8 +88,9 @@ struct PolicyRow {
 // The built-in policies; their rows are kPolicyRows in policy.cc, in this order.
 enum class PolicyKind : std::uint8_t {
   // Minimise average ACT: shortest estimate first with aging, fractional minimums topped
-  // up to whole units, spare elastic units where nobody waits, running grants that grow and
-  // shrink, whole service queues restored first by Smith's rule.
+  // up to whole units, spare elastic units where nobody waits while they save more than the
+  // wait they cause, running grants that grow and shrink, whole service queues restored
+  // first by Smith's rule.
   kTangram = 0,
   // One shared pool, first-come first-served (with backfill), fixed minimum grants.
   kFifo = 1,
@@ -103,8 +116,8 @@ struct PolicyConfig {
   double aging = 0.5;
   // Placement: best fit among the first `candidates` feasible bins in index order.
   std::int32_t candidates = 4;
-  // SpareRule other than kNone: an extra elastic unit is granted only if it cuts the run
-  // time by at least this fraction of the current run time.
+  // GainRule::kRelative (optimus): an extra elastic unit is granted only if it cuts the run
+  // time by at least this fraction of the current run time. Unused under GainRule::kWait.
   double min_relative_gain = 0.05;
   // Every policy: an action that has waited this long and still does not fit holds back
   // every later action from the bins it could use, so big actions are not starved by a
@@ -133,8 +146,8 @@ PolicyKind policy_from_name(const std::string& name);
 void validate_rules(const PolicyRow& row, const std::string& field);
 
 // The rules by name, as Python and docs/scheduling.md spell them: each field ("order",
-// "bins", "spare", "restore", "service_devices", "resize") with its values' names in enum
-// order.
+// "bins", "spare", "restore", "service_devices", "resize", "gain") with its values' names
+// in enum order.
 using RuleNames = std::vector<std::pair<std::string, std::vector<std::string>>>;
 const RuleNames& rule_names();
 // (field, value name) for each field of `rules`, in rule_names() order.

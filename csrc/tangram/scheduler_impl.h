@@ -538,8 +538,10 @@ struct Scheduler::Impl {
     Quantity was;       // its grant before this pass's spare units
   };
   void grant_spare(std::vector<Decision>& out);
-  void top_up_start(std::int32_t slot, Quantity* f);  // a fractional minimum to a whole unit (kMalleable)
-  double step_cut(std::int32_t slot, const Quantity* f, double work) const;  // the spare rule's test
+  void top_up_start(std::int32_t slot, std::int32_t bin, Quantity* f);  // a fractional minimum to a whole unit (kMalleable)
+  // The spare rule's test on `bin` (whose free room is `f`): the step's cut, or 0 when the
+  // GainRule refuses it (`others`: the other actions running on the bin).
+  double step_cut(std::int32_t slot, std::int32_t bin, const Quantity* f, double work, std::int64_t others) const;
   // Whether spare units may go to actions on `bin` in this pass: under kUncontended only
   // when nobody still waits for room that could use it (no class short of resources
   // confined to its node, and none free to use any node of its partition).

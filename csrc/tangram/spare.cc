@@ -7,8 +7,8 @@
 // Changes: those actions' grants (the kStart decisions already emitted; a kResize for each
 // running action that grew), bins' free room and reclaimable units.
 // Guarantees: a grant only grows, a step (to the next whole unit) at a time, to the
-// largest marginal cut in run time (at least min_relative_gain of it), never past
-// elastic_max or the bin's free room;
+// largest marginal cut in run time (while the GainRule passes it), never past elastic_max or
+// the bin's free room;
 // under SpareRule::kUncontended never on a bin somebody waits for; a running action grows
 // at most once per pass, and not in a pass that shrank it.
 #include "tangram/scheduler_impl.h"
@@ -42,28 +42,45 @@ bool Scheduler::Impl::parked_waits_for_room(std::int32_t part, std::int32_t node
 // A start topped up to a whole unit (ResizeRule::kMalleable, a SpareRule other than
 // kNone): an elastic action whose minimum is a fraction of a unit takes the step to the
 // next whole one (at most its maximum) when its bin's free room `f` holds it and the step
-// cuts its run time by at least min_relative_gain (the spare rule's test, with all its work
-// left). A fraction of a CPU runs a process no faster under a guarantee, it only lets more
-// of them share the CPU; the heads after it see what is left.
-void Scheduler::Impl::top_up_start(std::int32_t slot, Quantity* f) {
+// passes the GainRule (the spare rule's test, with all its work left; it is not yet among
+// the bin's running actions). A fraction of a CPU runs a process no faster under a
+// guarantee, it only lets more of them share the CPU; the heads after it see what is left.
+void Scheduler::Impl::top_up_start(std::int32_t slot, std::int32_t bin, Quantity* f) {
   ActionRec& a = slots[slot];
-  if (a.grant % kElasticStep == 0 || !(step_cut(slot, f, 1.0) > 0)) return;
+  if (a.grant % kElasticStep == 0) return;
+  if (!(step_cut(slot, bin, f, 1.0, static_cast<std::int64_t>(bin_run[bin].running.size())) > 0)) return;
   const Quantity step = grow_step(a, a.grant);
   a.grant += step;
   f[a.elastic_kind] -= step;
 }
 
 // The cut in remaining run time (work left x (t(g) - t(g + step))) of the action's next
-// grow step, when the free room `f` holds the step and the cut is positive and at least
-// min_relative_gain of its remaining time (work left x t(g)); else 0.
-double Scheduler::Impl::step_cut(std::int32_t slot, const Quantity* f, double work) const {
+// grow step, when the free room `f` holds the step, the cut is positive and it passes the
+// GainRule; else 0. kRelative: the cut is at least min_relative_gain of the remaining time
+// (work left x t(g)). kWait: the cut is more than the wait the step causes the `others`
+// running on its bin. The step adds work left x ((g + step) t(g + step) - g t(g))
+// unit-seconds to the bin; while the bin is full that is a wait of that over its capacity
+// for each action there, and the share of the bin in use (before the step) is how likely it
+// is full. So at low load a step is worth any gain (nobody else is there to wait), under load
+// only a step that saves more than it costs the others; no constant trades one against the
+// other.
+double Scheduler::Impl::step_cut(std::int32_t slot, std::int32_t bin, const Quantity* f, double work,
+                                 std::int64_t others) const {
   const ActionRec& a = slots[slot];
   const Quantity step = grow_step(a, a.grant);
-  if (step <= 0 || f[a.elastic_kind] < step) return 0.0;
+  const std::int32_t k = a.elastic_kind;
+  if (step <= 0 || f[k] < step) return 0.0;
   const double now_s = seconds(slot, a.grant);
+  const double next_s = seconds(slot, a.grant + step);
   const double remaining = work * now_s;
-  const double cut = work * (now_s - seconds(slot, a.grant + step));
-  return remaining > 0 && cut >= policy.min_relative_gain * remaining && cut > 0 ? cut : 0.0;
+  const double cut = work * (now_s - next_s);
+  if (!(remaining > 0) || !(cut > 0)) return 0.0;
+  if (row.rules.gain == GainRule::kRelative) return cut >= policy.min_relative_gain * remaining ? cut : 0.0;
+  const double capacity = static_cast<double>(cap_of(bin)[k]);
+  const double in_use = static_cast<double>(cap_of(bin)[k] - f[k]) / capacity;
+  const double added = work * (static_cast<double>(a.grant + step) * next_s - static_cast<double>(a.grant) * now_s);
+  const double wait = static_cast<double>(others) * in_use * added / capacity;
+  return cut > wait ? cut : 0.0;
 }
 
 // Spare elastic units go, one step at a time, to the action with the largest marginal cut
@@ -71,8 +88,8 @@ double Scheduler::Impl::step_cut(std::int32_t slot, const Quantity* f, double wo
 // on every bin. The candidates are the actions started in this pass and, under
 // ResizeRule::kMalleable, the running actions on (online) bins a completion freed room on
 // since the last pass, not resized in this pass. A running action's cut is its work left
-// x (t(g) - t(g + step)), at least min_relative_gain of its remaining time (work left x
-// t(g)); a start's work left is all of it. Each running action that grew gets one kResize.
+// x (t(g) - t(g + step)), a start's all of it, and the GainRule judges it (step_cut). Each
+// running action that grew gets one kResize.
 void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
   // Candidates by bin (ordered: deterministic): this pass's starts in start order, then
   // running actions by id.
@@ -101,11 +118,14 @@ void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
   }
   for (auto& [bin, members] : by_bin) {
     Quantity* f = free_of(bin);
+    // Every member is among the bin's running actions (kWait counts the others; the rows
+    // with kRelative keep no such list).
+    const std::int64_t others = malleable ? static_cast<std::int64_t>(bin_run[bin].running.size()) - 1 : 0;
     for (;;) {
       std::size_t best = SIZE_MAX;
       double best_cut = 0;
       for (std::size_t i = 0; i < members.size(); ++i) {
-        const double cut = step_cut(members[i].slot, f, members[i].work);
+        const double cut = step_cut(members[i].slot, bin, f, members[i].work, others);
         if (!(cut > 0)) continue;
         if (best == SIZE_MAX || cut > best_cut) {
           best = i;

@@ -135,7 +135,15 @@ def bound_schedule(w: Workload, st: Step) -> dict[str, float]:
     while that need is over the inventory; `bound_peak_quota` and `bound_quota_over` the same
     for the in-flight requests of API quotas against their max_concurrency (their rate
     limit is not counted). A value above 1 means the bound cannot be met on
-    this inventory by any policy."""
+    this inventory by any policy.
+
+    `step_bound` is a lower bound on the step's duration that counts capacity: the step
+    lasts at least as long as its longest trajectory's zero-wait schedule, and at least
+    until each resource has served the step's demand for it: a sandbox node's actions at
+    their least core-seconds (the minimum grant: under Amdahl's law g x t(g) grows with g)
+    over its cores; a quota's requests after its burst at its rate; the rewards' share of
+    GPU memory (memory x run time / max_batch) over all of it; after a node or quota is
+    done, the shortest reward (think and run) still follows."""
     inv = w.inventory
     offsets = st.offsets
     n = w.batch
@@ -143,6 +151,10 @@ def bound_schedule(w: Workload, st: Step) -> dict[str, float]:
     quota_ev: list[tuple[float, int, int, float]] = []
     quota_index = {q.name: i for i, q in enumerate(w.quotas)}
     rew: list[tuple[float, float, int]] = []
+    longest = 0.0  # the longest trajectory, zero-wait
+    node_area = [0.0] * inv.cpu_nodes  # core-seconds at the minimum grant per sandbox node
+    quota_calls = [0] * len(w.quotas)
+    tail = math.inf  # the shortest reward's think and run time
     for t in range(n):
         now = 0.0
         for j in range(int(st.turns[t])):
@@ -156,14 +168,23 @@ def bound_schedule(w: Workload, st: Step) -> dict[str, float]:
                 run, cores = secs, k.cpu
             now += float(st.think[aid + t])
             cpu_ev += [(now, 1, t % inv.cpu_nodes, cores), (now + run * noise, -1, t % inv.cpu_nodes, cores)]
+            node_area[t % inv.cpu_nodes] += k.cpu * secs * noise
             if k.quota:
                 q = quota_index[k.quota]
                 quota_ev += [(now, 1, q, 1.0), (now + run * noise, -1, q, 1.0)]
+                quota_calls[q] += 1
             now += run * noise
         if w.reward is not None:
             i = int(offsets[t + 1]) + t
+            run = float(st.reward_seconds[t]) * float(st.noise[i])
+            tail = min(tail, float(st.think[i]) + run)
             now += float(st.think[i])
-            rew.append((now, now + float(st.reward_seconds[t]) * float(st.noise[i]), int(st.reward_service[t])))
+            rew.append((now, now + run, int(st.reward_service[t])))
+            now += run
+        longest = max(longest, now)
+    tail = 0.0 if math.isinf(tail) else tail
+    drained = [area / inv.cpu_node.cpu + tail for area in node_area if area > 0]
+    drained += [max(0.0, calls - q.burst) / q.rate + tail for q, calls in zip(w.quotas, quota_calls) if q.rate > 0]
     peak_cpu, cpu_over = _peak(cpu_ev, inv.cpu_nodes, [inv.cpu_node.cpu] * inv.cpu_nodes)
     out = {"bound_peak_cpu": peak_cpu, "bound_cpu_over": cpu_over}
     if quota_ev and any(q.max_concurrency > 0 for q in w.quotas):
@@ -185,6 +206,8 @@ def bound_schedule(w: Workload, st: Step) -> dict[str, float]:
                 over += need > total
         out["bound_peak_gpu"] = peak
         out["bound_gpu_over"] = over / starts if starts else 0.0
+        drained.append(sum(svcs[s].gpu_memory * (b - a) / svcs[s].max_batch for a, b, s in rew) / total)
+    out["step_bound"] = max([longest, *drained])
     return out
 
 
@@ -259,6 +282,8 @@ class SimResult:
             "p99_act": float(np.percentile(act, 99)) if len(act) else float("nan"),
             "lower_bound_act": lb,
             "act_ratio_to_bound": avg / lb if lb > 0 else float("nan"),
+            "step_ratio_to_bound": (self.step_duration / self.bound["step_bound"]
+                                    if self.bound.get("step_bound", 0) > 0 else float("nan")),
             **self.bound,
             "act_env": mean(act[lab == ENV]),
             "act_reward": mean(act[lab == REWARD]),

@@ -52,7 +52,8 @@ def _mean(rows: Sequence[dict[str, Any]], policy: str, key: str) -> float:
 
 def workload_table(rows: list[dict[str, Any]], policies: Sequence[str]) -> list[str]:
     cols = [("avg ACT (s)", "avg_act"), ("p99 ACT (s)", "p99_act"), ("env ACT (s)", "act_env"),
-            ("reward ACT (s)", "act_reward"), ("step (s)", "step_duration"), ("ACT / bound", "act_ratio_to_bound")]
+            ("reward ACT (s)", "act_reward"), ("step (s)", "step_duration"), ("ACT / bound", "act_ratio_to_bound"),
+            ("step / bound", "step_ratio_to_bound")]
     out = ["| policy | " + " | ".join(c for c, _ in cols) + " | CPU util |",
            "| --- | " + " | ".join("---:" for _ in cols) + " | ---: |"]
     for p in policies:
@@ -63,6 +64,9 @@ def workload_table(rows: list[dict[str, Any]], policies: Sequence[str]) -> list[
     lb = [r["lower_bound_act"] for r in rows if r["policy"] == policies[0]]
     out.append("")
     out.append(f"Lower bound on average ACT (every action at its best grant, no wait): {_ms(lb)} s.")
+    sb = [r["step_bound"] for r in rows if r["policy"] == policies[0]]
+    out.append(f"Lower bound on step duration (the longest trajectory with no wait, and each resource's "
+               f"demand served at capacity): {_ms(sb)} s.")
     return out
 
 

@@ -1,5 +1,6 @@
 // Elastic actions: spare units by largest marginal gain, only where nobody waits (tangram)
-// or always (optimus), bounded by elastic_max and min_relative_gain; exact releases.
+// or always (optimus), bounded by elastic_max and the gain rule (the wait a step causes
+// others, or min_relative_gain); exact releases.
 #include <string>
 
 #include "harness.h"
@@ -20,16 +21,45 @@ TEST(Elastic, SpareUnitsGoToLargestMarginalGain) {
   EXPECT_DOUBLE_EQ(h.s.runtime(1, U(3)), 40.0);
 }
 
-// An elastic action alone gets extra units up to its bound, but only while each unit cuts
-// at least min_relative_gain of its run time.
+// tangram's row with the relative gain rule instead of the wait rule.
+PolicyConfig relative_gain() {
+  PolicyConfig p;
+  tangram::PolicyRules r = tangram::policy_row(PolicyKind::kTangram).rules;
+  r.gain = tangram::GainRule::kRelative;
+  p.row = tangram::PolicyRow{"tangram-relative", r};
+  return p;
+}
+
+// Under the relative rule an elastic action alone gets extra units up to its bound, but only
+// while each unit cuts at least min_relative_gain of its run time.
 TEST(Elastic, SpareUnitsStopAtBoundAndMinimumGain) {
-  Harness h(cpu_inventory(1, 16), policy_of(PolicyKind::kTangram));
+  Harness h(cpu_inventory(1, 16), relative_gain());
   // Perfectly parallel: gains stay large, the bound stops it.
   EXPECT_EQ(h.submit({amdahl(1, {U(2)}, 0, U(6), 60, 1.0)}, 0), (Decisions{start(1).on(0).grant(0, U(6)).at(0)}));
   EXPECT_EQ(h.complete({1}, 1), Decisions{});
   // p = 0.5 from 1 core: t(u) = 10 (0.5 + 0.5 / u); the cut from 4 to 5 is 0.25 s of 6.25 s
   // (4% < 5%), so the grant stops at 4.
   EXPECT_EQ(h.submit({amdahl(2, {U(1)}, 0, U(16), 10, 0.5)}, 2), (Decisions{start(2).on(0).grant(0, U(4)).at(2)}));
+}
+
+// Under the wait rule (tangram's) a step is granted while its cut exceeds the wait it causes
+// the others on the node: alone, every step that saves anything; beside others, fewer.
+TEST(Elastic, SpareUnitsWeighTheWaitTheyCauseOthers) {
+  Harness h(cpu_inventory(1, 16), policy_of(PolicyKind::kTangram));
+  // p = 0.5 from 1 core: t(u) = 10 (0.5 + 0.5 / u). Alone (nobody to wait): up to its bound.
+  EXPECT_EQ(h.submit({amdahl(1, {U(1)}, 0, U(16), 10, 0.5)}, 0), (Decisions{start(1).on(0).grant(0, U(16)).at(0)}));
+  EXPECT_EQ(h.complete({1}, 1), Decisions{});
+  // Beside 8 one-core actions: a step from g cuts 5 / (g (g + 1)) s and adds 5 core-seconds,
+  // a wait of 5 / 16 s for each of the 8 others, weighted by the share in use, (8 + g) / 16.
+  // From 1: cut 2.5 > 8 x 9/16 x 5/16 = 1.41, granted; from 2: 0.83 < 1.56, refused.
+  std::vector<ActionSpec> busy;
+  for (ActionId id = 10; id < 18; ++id) busy.push_back(action(id, {U(1)}, 100));
+  EXPECT_EQ(h.submit(busy, 2).size(), 8u);
+  EXPECT_EQ(h.submit({amdahl(2, {U(1)}, 0, U(16), 10, 0.5)}, 3), (Decisions{start(2).on(0).grant(0, U(2)).at(3)}));
+  // The relative rule ignores the others: 4 cores (SpareUnitsStopAtBoundAndMinimumGain).
+  Harness r(cpu_inventory(1, 16), relative_gain());
+  EXPECT_EQ(r.submit(busy, 2).size(), 8u);
+  EXPECT_EQ(r.submit({amdahl(2, {U(1)}, 0, U(16), 10, 0.5)}, 3), (Decisions{start(2).on(0).grant(0, U(4)).at(3)}));
 }
 
 // Spare units are granted only when nobody waits: while an action waits for the node, an

@@ -20,6 +20,7 @@ using tangram::ResizeRule;
 using tangram::RestoreRule;
 using tangram::ServiceDevices;
 using tangram::SpareRule;
+using tangram::GainRule;
 
 PolicyRow shortest_greedy() {
   PolicyRules r;
@@ -29,6 +30,7 @@ PolicyRow shortest_greedy() {
   r.restore = RestoreRule::kOnDemand;
   r.service_devices = ServiceDevices::kAny;
   r.resize = ResizeRule::kFixed;
+  r.gain = GainRule::kRelative;
   return PolicyRow{"shortest-greedy", r};
 }
 
@@ -51,22 +53,25 @@ TEST(PolicyRows, BuiltinRules) {
   using Named = std::vector<std::pair<std::string, std::string>>;
   EXPECT_EQ(rules(PolicyKind::kTangram), (Named{{"order", "estimate"}, {"bins", "node"}, {"spare", "uncontended"},
                                                 {"restore", "queues_first"}, {"service_devices", "any"},
-                                                {"resize", "malleable"}}));
+                                                {"resize", "malleable"}, {"gain", "wait"}}));
   EXPECT_EQ(rules(PolicyKind::kFifo), (Named{{"order", "arrival"}, {"bins", "node"}, {"spare", "none"},
-                                             {"restore", "on_demand"}, {"service_devices", "any"}, {"resize", "fixed"}}));
+                                             {"restore", "on_demand"}, {"service_devices", "any"}, {"resize", "fixed"},
+                                             {"gain", "relative"}}));
   EXPECT_EQ(rules(PolicyKind::kTrajectory), (Named{{"order", "arrival"}, {"bins", "trajectory_slots"}, {"spare", "none"},
                                                    {"restore", "on_demand"}, {"service_devices", "home"},
-                                                   {"resize", "fixed"}}));
+                                                   {"resize", "fixed"}, {"gain", "relative"}}));
   EXPECT_EQ(rules(PolicyKind::kIsolated), (Named{{"order", "arrival"}, {"bins", "task_pools"}, {"spare", "none"},
                                                  {"restore", "on_demand"}, {"service_devices", "home"},
-                                                 {"resize", "fixed"}}));
+                                                 {"resize", "fixed"}, {"gain", "relative"}}));
   EXPECT_EQ(rules(PolicyKind::kOptimus), (Named{{"order", "arrival"}, {"bins", "node"}, {"spare", "every_bin"},
-                                                {"restore", "on_demand"}, {"service_devices", "any"}, {"resize", "fixed"}}));
+                                                {"restore", "on_demand"}, {"service_devices", "any"}, {"resize", "fixed"},
+                                                {"gain", "relative"}}));
 }
 
 TEST(PolicyRows, ParseRulesNamesTheBadField) {
   const PolicyRules r = tangram::parse_rules({{"order", "estimate"}, {"bins", "node"}, {"spare", "every_bin"},
-                                              {"restore", "on_demand"}, {"service_devices", "any"}, {"resize", "fixed"}},
+                                              {"restore", "on_demand"}, {"service_devices", "any"}, {"resize", "fixed"},
+                                              {"gain", "relative"}},
                                              "rules");
   EXPECT_EQ(tangram::describe_rules(r), tangram::describe_rules(shortest_greedy().rules));
   expect_error([] {
@@ -105,6 +110,10 @@ TEST(PolicyRows, BadRowIsATypedError) {
   p.row = shortest_greedy();
   p.row->rules.resize = static_cast<ResizeRule>(2);
   expect_error([&] { tangram::Scheduler s(cpu_inventory(1, 4), p); }, ErrorCode::kInvalidArgument, "policy(shortest-greedy).resize");
+  p.row = shortest_greedy();
+  p.row->rules.gain = GainRule::kWait;  // counts the actions running on a bin: malleable rows only
+  expect_error([&] { tangram::Scheduler s(cpu_inventory(1, 4), p); }, ErrorCode::kInvalidArgument,
+               "policy(shortest-greedy).rules.gain");
 }
 
 // One 4-core node; at t=0 a 3-core 10 s action, an elastic 1-4 core 1 s action (perfectly

@@ -22,6 +22,7 @@ PolicyConfig tangram_fixed() {
   PolicyConfig p;
   PolicyRules r = tangram::policy_row(PolicyKind::kTangram).rules;
   r.resize = ResizeRule::kFixed;
+  r.gain = tangram::GainRule::kRelative;  // the wait rule counts running actions: malleable rows only
   p.row = PolicyRow{"tangram-fixed", r};
   return p;
 }

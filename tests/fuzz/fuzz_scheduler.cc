@@ -189,6 +189,8 @@ class Harness {
       rules.restore = static_cast<tangram::RestoreRule>(in_.ConsumeIntegralInRange<int>(0, 1));
       rules.service_devices = static_cast<tangram::ServiceDevices>(in_.ConsumeIntegralInRange<int>(0, 1));
       rules.resize = static_cast<tangram::ResizeRule>(in_.ConsumeIntegralInRange<int>(0, 1));
+      if (rules.resize == tangram::ResizeRule::kMalleable)  // the wait rule needs malleable grants
+        rules.gain = static_cast<tangram::GainRule>(in_.ConsumeIntegralInRange<int>(0, 1));
       policy.row = tangram::PolicyRow{"fuzzed", rules};
     }
     policy.aging = in_.ConsumeIntegralInRange<int>(0, 4) / 4.0;
