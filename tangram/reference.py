@@ -163,12 +163,13 @@ Rules, in words:
   queued est_ns per restore_ns (max 1) ascending (cross-multiplied integers), then index;
   take victims in rank order until the room suffices; choose the
   device minimising (node lacks room now, victims with waiting actions, their queued ns,
-  victim count, device). Evict decisions (time = now) precede the restore decision (time
+  likely restores, victim count, device), where likely restores is the float sum, in
+  victim order, of restore_ns / expected gap over the idle victims asked for before. Evict decisions (time = now) precede the restore decision (time
   = ready = now + restore_ns).
 * GPU room for an action. A service action short of gpu_memory on its service's device
   evicts there by the same greedy plan (its own service kept). Any other GPU action
   evicts on the device with the cheapest plan (victims with waiting actions, queued ns,
-  count, device) among devices with memory >= gpu_memory on the nodes of its bins (not
+  likely restores, count, device) among devices with memory >= gpu_memory on the nodes of its bins (not
   bound to another trajectory, online, not held back; its fixed slot too is skipped when
   its node is held back) whose free vector covers its demand now; only plans that evict
   someone.
@@ -1194,8 +1195,11 @@ class ReferenceScheduler:
             if self.services[s].device < 0:
                 self._restore(heads[s], out)
 
-    def _plan_room(self, d: int, need: int, keep: int) -> tuple[bool, int, int, list[int]]:
-        """Greedy victims on device d for `need`: (enough, busy victims, their queued ns, victims)."""
+    def _plan_room(self, d: int, need: int, keep: int) -> tuple[bool, int, int, float, list[int]]:
+        """Greedy victims on device d for `need`: (enough, busy victims, their queued ns, the
+        restores the idle victims will likely need, victims). The last is the sum, in victim
+        order, of float(restore_ns) / float(expected gap) over the victims with nothing
+        waiting that were asked for before."""
         waiting = [b for b in self.actions.values() if not b.running]
         n_waiting = {o: sum(1 for b in waiting if b.service == o) for o in range(len(self.services))}
         queued = {o: sum(b.est_ns for b in waiting if b.service == o) for o in range(len(self.services))}
@@ -1234,7 +1238,13 @@ class ReferenceScheduler:
                 break
             room += self.services[o].memory
             victims.append(o)
-        return (room >= need, sum(1 for o in victims if n_waiting[o] > 0), sum(queued[o] for o in victims), victims)
+        likely = 0.0
+        for o in victims:
+            gap = expected_gap(o)
+            if n_waiting[o] == 0 and gap > 0:
+                likely += float(self.services[o].restore_ns) / float(gap)
+        return (room >= need, sum(1 for o in victims if n_waiting[o] > 0), sum(queued[o] for o in victims), likely,
+                victims)
 
     def _evict(self, s: int, out: list) -> None:
         d = self.services[s].device
@@ -1264,9 +1274,9 @@ class ReferenceScheduler:
         else:
             plans = []
             for d in devices:
-                ok, busy, queued, victims = self._plan_room(d, need, s)
+                ok, busy, queued, likely, victims = self._plan_room(d, need, s)
                 if ok:
-                    plans.append(((busy_node(d), busy, queued, len(victims), d), victims))
+                    plans.append(((busy_node(d), busy, queued, likely, len(victims), d), victims))
             if not plans:
                 return False
             (*_, target), victims = min(plans)
@@ -1285,7 +1295,7 @@ class ReferenceScheduler:
         if device >= 0:
             if self.dev_free[device] >= a.gpu_memory:
                 return False  # it waits for something else
-            ok, _, _, victims = self._plan_room(device, a.gpu_memory, a.service)
+            ok, _, _, _, victims = self._plan_room(device, a.gpu_memory, a.service)
             if not ok:
                 return False
         else:
@@ -1298,9 +1308,9 @@ class ReferenceScheduler:
                     continue
                 for d in self._devices_of(n):
                     if self.dev_total[d] >= a.gpu_memory:
-                        ok, busy, queued, victims = self._plan_room(d, a.gpu_memory, -1)
+                        ok, busy, queued, likely, victims = self._plan_room(d, a.gpu_memory, -1)
                         if ok and victims:
-                            plans.append(((busy, queued, len(victims), d), victims))
+                            plans.append(((busy, queued, likely, len(victims), d), victims))
             if not plans:
                 return False
             victims = min(plans)[1]

@@ -520,6 +520,9 @@ struct Scheduler::Impl {
     bool ok = false;
     std::int64_t busy = 0;    // victims with waiting actions
     std::int64_t queued = 0;  // their queued work, ns
+    // The restores its idle victims will likely need: each one's restore time over its
+    // expected gap until its next request, summed in victim order (never asked for: 0).
+    double likely = 0;
     std::vector<std::int32_t> victims;
   };
   RoomPlan plan_room(std::int32_t device, Quantity need, std::int32_t keep) const;

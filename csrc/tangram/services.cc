@@ -31,7 +31,8 @@ void Scheduler::Impl::evict_offline_services(std::vector<Decision>& out) {
 // actions, still restoring or ready only since the last pass (nor `keep`); idle ones
 // (nothing waiting) first, those by the restore time their eviction will likely cost
 // (least restore time per expected gap until their next request); then the least queued
-// work per unit of restore cost, then service order.
+// work per unit of restore cost, then service order. The plan's `likely` sums that cost
+// over its idle victims, so the choice of device weighs popularity too.
 Scheduler::Impl::RoomPlan Scheduler::Impl::plan_room(std::int32_t d, Quantity need, std::int32_t keep) const {
   RoomPlan plan;
   Quantity room = dev_free[d];
@@ -46,6 +47,13 @@ Scheduler::Impl::RoomPlan Scheduler::Impl::plan_room(std::int32_t d, Quantity ne
     // actions before it may be evicted: otherwise a restore can be undone unused.
     if (s != keep && o.device == d && o.running == 0 && o.ready_ns <= prev_pass_now) cands.push_back(s);
   }
+  // How long until a service is asked for again: its usual gap between requests, or the
+  // time since its last one when longer; -1 when it was never asked for.
+  auto expected_gap = [&](const ServiceRec& r) -> TimeNs {
+    if (r.last_request_ns < 0) return -1;
+    const TimeNs since = now - r.last_request_ns;
+    return std::max<TimeNs>(std::max<TimeNs>(r.mean_gap_ns, since), 1);
+  };
   std::sort(cands.begin(), cands.end(), [&](std::int32_t x, std::int32_t y) {
     const ServiceRec& a = services[x];
     const ServiceRec& b = services[y];
@@ -53,13 +61,7 @@ Scheduler::Impl::RoomPlan Scheduler::Impl::plan_room(std::int32_t d, Quantity ne
     if (ia != ib) return ia;
     if (ia) {
       // Idle: the one whose eviction costs least in restores it will likely need first:
-      // restore time over how long until it is asked for again (its usual gap between
-      // requests, or the time since its last one when longer); never asked: no cost.
-      auto expected_gap = [&](const ServiceRec& r) -> TimeNs {
-        if (r.last_request_ns < 0) return -1;
-        const TimeNs since = now - r.last_request_ns;
-        return std::max<TimeNs>(std::max<TimeNs>(r.mean_gap_ns, since), 1);
-      };
+      // restore time over the expected gap until it is asked for again; never asked: no cost.
       const TimeNs ga = expected_gap(a), gb = expected_gap(b);
       if ((ga < 0) != (gb < 0)) return ga < 0;
       if (ga >= 0) {
@@ -78,6 +80,8 @@ Scheduler::Impl::RoomPlan Scheduler::Impl::plan_room(std::int32_t d, Quantity ne
     room += inv.services[cands[i]].memory;
     plan.busy += o.waiting > 0 ? 1 : 0;
     plan.queued += o.queued_ns;
+    const TimeNs gap = expected_gap(o);
+    if (o.waiting == 0 && gap > 0) plan.likely += static_cast<double>(o.restore_ns) / static_cast<double>(gap);
     plan.victims.push_back(cands[i]);
   }
   plan.ok = room >= need;
@@ -138,12 +142,13 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
     }
   RoomPlan chosen;
   if (target == kNone) {
-    std::tuple<std::int64_t, std::int64_t, std::int64_t, std::size_t, std::int32_t> best{INT64_MAX, 0, 0, 0, 0};
+    std::tuple<std::int64_t, std::int64_t, std::int64_t, double, std::size_t, std::int32_t> best{INT64_MAX, 0, 0, 0,
+                                                                                                  0, 0};
     for (std::int32_t d = dlo; d < dhi; ++d) {
       if (!usable(d)) continue;
       RoomPlan plan = plan_room(d, need, svc_id);
       if (!plan.ok) continue;
-      auto cost = std::make_tuple(busy_node(d), plan.busy, plan.queued, plan.victims.size(), d);
+      auto cost = std::make_tuple(busy_node(d), plan.busy, plan.queued, plan.likely, plan.victims.size(), d);
       if (cost < best) {
         best = cost;
         target = d;
@@ -219,7 +224,7 @@ bool Scheduler::Impl::make_gpu_room(const Class& c, std::int32_t lo, std::int32_
     target = device;
   } else {
     const Partition& part = partitions[c.partition];
-    std::tuple<std::int64_t, std::int64_t, std::size_t, std::int32_t> best{INT64_MAX, 0, 0, 0};
+    std::tuple<std::int64_t, std::int64_t, double, std::size_t, std::int32_t> best{INT64_MAX, 0, 0, 0, 0};
     if (fixed_leaf != kNone) lo = fixed_leaf, hi = fixed_leaf + 1;
     for (std::int32_t leaf = lo; leaf < hi; ++leaf) {
       const std::int32_t b = part.bins[leaf];
@@ -235,7 +240,7 @@ bool Scheduler::Impl::make_gpu_room(const Class& c, std::int32_t lo, std::int32_
         if (dev_total[d] < c.gpu_memory) continue;
         RoomPlan plan = plan_room(d, c.gpu_memory, kNone);
         if (!plan.ok || plan.victims.empty()) continue;
-        auto cost = std::make_tuple(plan.busy, plan.queued, plan.victims.size(), d);
+        auto cost = std::make_tuple(plan.busy, plan.queued, plan.likely, plan.victims.size(), d);
         if (cost < best) {
           best = cost;
           target = d;

@@ -315,6 +315,37 @@ TEST(GpuServicesSmall, EvictsTheIdleServiceLeastLikelyToBeAskedForSoon) {
   }
 }
 
+// Room for a third service on a node whose two GPUs each hold one idle service: the device
+// of the one asked for rarely is cleared, although the popular one's device comes first.
+TEST(GpuServicesSmall, ClearsTheDeviceWhoseIdleServicesAreLeastLikelyToBeAskedForSoon) {
+  for (PolicyKind kind : {PolicyKind::kTangram, PolicyKind::kFifo}) {
+    Inventory inv = cpu_inventory(1, 8);
+    inv.nodes[0].gpus = {{U(6000)}, {U(6000)}};
+    inv.services = {{"popular", U(6000), 1.0, 1}, {"rare", U(6000), 1.0, 1}, {"new", U(6000), 1.0, 1}};
+    Harness h(inv, policy_of(kind));
+    auto on = [](ActionId id, std::int32_t service) {
+      ActionSpec a = action(id, {U(1)}, 0.25);
+      a.service = service;
+      return a;
+    };
+    EXPECT_EQ(h.submit({on(1, 0)}, 0), (Decisions{restore(0).on(0, 0).at(1)}));
+    h.tick(1);
+    h.complete({1}, 1.25);
+    EXPECT_EQ(h.submit({on(2, 1)}, 1.5), (Decisions{restore(1).on(0, 1).at(2.5)}));
+    h.tick(2.5);
+    h.complete({2}, 2.75);
+    for (ActionId id = 3; id <= 8; ++id) {  // popular: asked for every second
+      const double t = static_cast<double>(id);
+      EXPECT_EQ(h.submit({on(id, 0)}, t), (Decisions{start(id).on(0, 0).service(0).at(t)}));
+      h.complete({id}, t + 0.25);
+    }
+    // Both idle, one per device; "popular" was last asked for at 8 s, "rare" at 1.5 s.
+    EXPECT_EQ(h.submit({on(9, 2)}, 10), (Decisions{evict(1).on(0, 1).at(10), restore(2).on(0, 1).at(11)}))
+        << tangram::policy_name(kind);
+    EXPECT_EQ(h.s.service_location(0), std::make_pair(0, 0));
+  }
+}
+
 // tangram restores whole queues, not single actions: when room frees for one of several
 // offloaded services, the one with the most waiting actions per second of (restore + queued
 // work / max_batch) gets it, even though another's single action is first in the action
