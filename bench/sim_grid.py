@@ -107,6 +107,18 @@ def markdown(cells: dict, tie: float, seeds: int, command: str) -> str:
     return "\n".join(out)
 
 
+def write_json(path: str, tie: float, rows: list[dict], cells: dict) -> None:
+    """One row per line (rows sorted), so a regenerated file diffs by row."""
+    rows = sorted(rows, key=lambda r: (r["workload"], r["load"], r["seed"], r["policy"]))
+    cell_rows = [{"workload": k[0], "load": k[1], **v} for k, v in cells.items()]
+    with open(path, "w") as f:
+        f.write(f'{{"tie_percent": {json.dumps(tie)},\n"cells": [\n')
+        f.write(",\n".join(json.dumps(c) for c in cell_rows))
+        f.write('\n],\n"rows": [\n')
+        f.write(",\n".join(json.dumps(r) for r in rows))
+        f.write("\n]}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workloads", default="coding,deepsearch,multireward")
@@ -121,10 +133,17 @@ def main(argv: list[str] | None = None) -> int:
              for seed in range(args.seeds)]
     t0 = time.time()
     rows: list[dict] = []
-    with Pool(args.jobs) as pool:
-        for i, part in enumerate(pool.imap_unordered(run_cell_seed, tasks), 1):
-            rows += part
+
+    def collect(parts) -> None:  # type: ignore[no-untyped-def]
+        for i, part in enumerate(parts, 1):
+            rows.extend(part)
             print(f"\r{i}/{len(tasks)} steps simulated", end="", file=sys.stderr, flush=True)
+
+    if args.jobs > 1:
+        with Pool(args.jobs) as pool:
+            collect(pool.imap_unordered(run_cell_seed, tasks))
+    else:
+        collect(map(run_cell_seed, tasks))
     print(f" ({time.time() - t0:.0f} s)", file=sys.stderr)
     cells = summarise(rows, args.tie)
     command = "python bench/sim_grid.py " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -134,9 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.markdown, "w") as f:
             f.write(page + "\n")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"tie_percent": args.tie, "rows": rows, "cells": [
-                {"workload": k[0], "load": k[1], **v} for k, v in cells.items()]}, f, indent=1)
+        write_json(args.json, args.tie, rows, cells)
     return 0
 
 
