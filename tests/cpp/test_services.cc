@@ -284,6 +284,13 @@ TEST(GpuServicesSmall, AlternatingServicesEvictTheIdleOne) {
   EXPECT_EQ(h.s.placement(2), Decision(start(2).on(0, 0).service(1).at(9)));
 }
 
+// A one-core, quarter-second action of `service`.
+ActionSpec on(ActionId id, std::int32_t service) {
+  ActionSpec a = action(id, {U(1)}, 0.25);
+  a.service = service;
+  return a;
+}
+
 // Room for a third service on a GPU where two idle ones sit: the one asked for rarely goes,
 // not the one asked for every second, although it comes first in service order.
 TEST(GpuServicesSmall, EvictsTheIdleServiceLeastLikelyToBeAskedForSoon) {
@@ -292,11 +299,6 @@ TEST(GpuServicesSmall, EvictsTheIdleServiceLeastLikelyToBeAskedForSoon) {
     inv.nodes[0].gpus = {{U(12000)}};
     inv.services = {{"popular", U(6000), 1.0, 1}, {"rare", U(6000), 1.0, 1}, {"new", U(6000), 1.0, 1}};
     Harness h(inv, policy_of(kind));
-    auto on = [](ActionId id, std::int32_t service) {
-      ActionSpec a = action(id, {U(1)}, 0.25);
-      a.service = service;
-      return a;
-    };
     EXPECT_EQ(h.submit({on(1, 1)}, 0), (Decisions{restore(1).on(0, 0).at(1)}));
     h.tick(1);
     h.complete({1}, 1.25);
@@ -323,11 +325,6 @@ TEST(GpuServicesSmall, ClearsTheDeviceWhoseIdleServicesAreLeastLikelyToBeAskedFo
     inv.nodes[0].gpus = {{U(6000)}, {U(6000)}};
     inv.services = {{"popular", U(6000), 1.0, 1}, {"rare", U(6000), 1.0, 1}, {"new", U(6000), 1.0, 1}};
     Harness h(inv, policy_of(kind));
-    auto on = [](ActionId id, std::int32_t service) {
-      ActionSpec a = action(id, {U(1)}, 0.25);
-      a.service = service;
-      return a;
-    };
     EXPECT_EQ(h.submit({on(1, 0)}, 0), (Decisions{restore(0).on(0, 0).at(1)}));
     h.tick(1);
     h.complete({1}, 1.25);
