@@ -221,11 +221,11 @@ async def with_tangram(plans: list[list[Turn]], cores: int, policy: str, cpu_lim
             if len(turn.programs) == 1:
                 call = Call(fn=run_program, args=(turn.programs[0].source,), resources={"cpu": slot},
                             elastic="cpu", max_units=max(slot, 1.0),
-                            runtime=None if learned else Amdahl(seconds / slot, 1.0), trajectory=t, kind="run")
+                            runtime=None if learned else Amdahl.from_one_unit(seconds, 1.0, slot), trajectory=t, kind="run")
                 return [await orch.run(call)]
             call = Call(fn=run_suite, args=([p.source for p in turn.programs],), resources={"cpu": slot},
                         elastic="cpu", max_units=float(cores),
-                        runtime=None if learned else Amdahl(seconds / slot, 0.95), trajectory=t, kind="suite")
+                        runtime=None if learned else Amdahl.from_one_unit(seconds, 0.95, slot), trajectory=t, kind="suite")
             return await orch.run(call)
         await rollout(plans, act, run)
         for t in range(len(plans)):

@@ -152,10 +152,32 @@ class Constant:
 
 @dataclass(frozen=True)
 class Amdahl:
-    """t(u) = seconds * ((1 - p) + p * minimum / u): `seconds` at the minimum grant."""
+    """t(u) = seconds * ((1 - p) + p * minimum / u): `seconds` at the minimum grant.
+
+    Both figures are relative to the call's minimum grant. A run known by its time on one
+    unit and its parallel fraction there is `Amdahl.from_one_unit` (keeping those figures
+    with a fractional minimum would make its serial part 1 / minimum times too long)."""
 
     seconds: float
     parallel_fraction: float
+
+    @classmethod
+    def from_one_unit(cls, seconds: float, parallel_fraction: float, minimum: float) -> "Amdahl":
+        """The run that takes `seconds` on one unit, `parallel_fraction` of it parallel
+        (t(u) = seconds * ((1 - p) + p / u)), as the model of a call whose minimum grant is
+        `minimum` units: the same curve, with its seconds and fraction taken at the minimum."""
+        check_number(seconds, "amdahl.seconds")
+        check_number(parallel_fraction, "amdahl.parallel_fraction")
+        check_number(minimum, "amdahl.minimum")
+        if not 0 <= parallel_fraction <= 1:
+            raise ValidationError("amdahl.parallel_fraction", f"must be in [0, 1], got {given(parallel_fraction)}")
+        if not (math.isfinite(minimum) and minimum > 0):
+            raise ValidationError("amdahl.minimum", f"must be a positive finite number of units, got {given(minimum)}")
+        if minimum == 1:  # the same figures, exactly
+            return cls(seconds, parallel_fraction)
+        serial, parallel = seconds * (1 - parallel_fraction), seconds * parallel_fraction / minimum
+        at_minimum = serial + parallel
+        return cls(at_minimum, parallel / at_minimum if at_minimum > 0 else parallel_fraction)
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,27 @@ def test_amdahl_extremes():
     assert one_action(Amdahl(10.0, 1.0)).runtime(1, 8) == 1.25  # perfectly parallel
 
 
+def test_amdahl_from_one_unit_is_the_same_curve_at_any_minimum():
+    # 2 s on one core, 95% parallel: 0.1 s serial, 1.9 s that divides over the cores.
+    for minimum in (0.125, 0.25, 1.0, 2.0):  # whole milli-units, as the core keeps grants
+        s = one_action(Amdahl.from_one_unit(2.0, 0.95, minimum), demand=minimum, max_units=16.0)
+        for u in (minimum, 1.0, 2.0, 16.0):
+            if u >= minimum:
+                assert s.runtime(1, u) == pytest.approx(2.0 * (0.05 + 0.95 / u), rel=1e-12)
+    assert Amdahl.from_one_unit(3.0, 0.6, 1.0) == Amdahl(3.0, 0.6)  # a minimum of one unit changes nothing
+    assert Amdahl.from_one_unit(0.0, 0.5, 0.25) == Amdahl(0.0, 0.5)  # nothing to run: the fraction as given
+
+
+@pytest.mark.parametrize("args, field", [
+    (("2", 0.5, 1.0), "amdahl.seconds"), ((2.0, 1.5, 1.0), "amdahl.parallel_fraction"),
+    ((2.0, -0.1, 1.0), "amdahl.parallel_fraction"), ((2.0, 0.5, 0.0), "amdahl.minimum"),
+    ((2.0, 0.5, math.inf), "amdahl.minimum"), ((2.0, 0.5, None), "amdahl.minimum")])
+def test_amdahl_from_one_unit_refuses_bad_figures(args, field):
+    with pytest.raises(tangram.ValidationError) as e:
+        Amdahl.from_one_unit(*args)
+    assert e.value.field == field
+
+
 def test_table_interpolates_and_is_flat_outside():
     s = one_action(Table([(2, 10.0), (4, 6.0), (8, 5.0)]), demand=1.0)
     expected = {1: 10.0, 1.5: 10.0, 2: 10.0, 2.5: 9.0, 3: 8.0, 4: 6.0, 6: 5.5, 7: 5.25, 8: 5.0, 9: 5.0, 64: 5.0}

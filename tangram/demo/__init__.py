@@ -158,12 +158,12 @@ async def rollout(policy: str, trajectories: int, port: int, seed: int, progress
         report = ""
         for _ in range(iterations):
             await think(t, next(turn))
-            await act(Call(command=[python, "build.py"], runtime=Amdahl(0.5 / slot, 0.85), **code))
+            await act(Call(command=[python, "build.py"], runtime=Amdahl.from_one_unit(0.5, 0.85, slot), **code))
             await think(t, next(turn))
             await act(Call(command=[python, "solution.py", "30000"], resources={"cpu": slot, "memory": 128},
                            runtime=0.07 / slot, **common))
             await think(t, next(turn))
-            result = await act(Call(command=[python, "run_tests.py"], runtime=Amdahl(0.7 / slot, 0.9), **code))
+            result = await act(Call(command=[python, "run_tests.py"], runtime=Amdahl.from_one_unit(0.7, 0.9, slot), **code))
             if not isinstance(result, CommandResult) or not result.stdout.strip():
                 continue  # no test report this time: the next iteration builds and tests again
             report = result.stdout.decode().strip().splitlines()[-1]

@@ -6,12 +6,13 @@ it runs (`key_of`). The core keeps receiving plain models (seconds, or tangram.A
 an elastic call); estimation happens here, at submit (a dictionary lookup) and when an
 action ends (an update of its key's statistics), never in the core's decisions.
 
-Each successful run is a pair: its running seconds t, and the time average g of its
-elastic grant over the run (resizes included; 1 for a fixed call). Per key, separately for
-its elastic and its fixed calls, the estimator keeps exponentially weighted sums over
-those runs (each run's weight halves every HALF_LIFE runs of the key), for every parallel
-fraction p on PARALLEL_GRID (only p = 0 for a fixed call), of y = log(t / ((1 - p) + p / g)):
-the logarithm of the run scaled to one unit under Amdahl's law.
+Each successful run is its running seconds t and the grant g of its elastic kind (1 for
+a fixed call); a run that was resized gives each grant it held, for how long. Per key,
+separately for its elastic and its fixed calls, the estimator keeps exponentially weighted
+sums over those runs (each run's weight halves every HALF_LIFE runs of the key), for every
+parallel fraction p on PARALLEL_GRID (only p = 0 for a fixed call), of y = log(t / ((1 - p)
++ p / g)): the logarithm of the run scaled to one unit under Amdahl's law (for a resized
+run, the sum over its segments of their seconds over (1 - p) + p / g).
 
 - Elasticity: p is the grid value under which the scaled runs vary least. A key runs
   inputs of different sizes, but their sizes do not move with the grant, so they add the
@@ -28,7 +29,7 @@ the logarithm of the run scaled to one unit under Amdahl's law.
   few runs, which matters in a burst: the runs that finish first are the short ones, and
   those that finish last are the long ones.
 
-An elastic call is then planned as Amdahl(T1 ((1 - p) + p / minimum), p), where T1 is
+An elastic call is then planned as Amdahl.from_one_unit(T1, p, minimum), where T1 is
 that estimate at one unit; a fixed call is planned as its key's T1. Estimates move in
 steps of 1%, so that a steady key keeps planning with an equal model (and the
 orchestrator its encoded template of the call).
@@ -52,7 +53,7 @@ import json
 import math
 import os
 import sqlite3
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence, Union
 
 from .._errors import ValidationError
 from .._model import Amdahl, given
@@ -74,6 +75,8 @@ _PRIOR_FIRST = tuple(sorted(range(len(PARALLEL_GRID)), key=lambda i: abs(PARALLE
 # What a learned estimate may be, in seconds at one unit: the core takes run times in
 # [0, 1e9] s, and a model's seconds at a fractional minimum are larger than at one unit.
 MIN_ESTIMATE, MAX_ESTIMATE = 1e-6, 1e6
+# What a run was granted of its elastic kind: one grant, or (seconds, grant) segments.
+Grants = Union[float, Sequence[tuple[float, float]]]
 _LOG_MIN, _LOG_MAX = math.log(MIN_ESTIMATE), math.log(MAX_ESTIMATE)
 
 
@@ -166,10 +169,15 @@ class _History:
     def state(self) -> list[float]:
         return [self.weight, self.log_grant, self.log_grant_sq, *self.sums, *self.squares]
 
-    def add(self, grant: float, seconds: float) -> None:
+    def add(self, grants: Grants, seconds: float) -> None:
         self.runs += 1
         seconds = max(seconds, 1e-6)  # a run of 0 s (a cached answer) is a run of a microsecond
-        log_t, log_g = math.log(seconds), math.log(grant)
+        log_t = math.log(seconds)
+        if isinstance(grants, float):
+            log_g = math.log(grants)
+        else:  # the time average, for the grants' spread
+            log_g = math.log(sum(s * g for s, g in grants) / sum(s for s, _ in grants))
+        slowdowns = [math.log(_slowdown(grants, p)) for p in self.grid]
         w = self.weight
         # Winsorised once the key has MIN_FIT runs (this one counted already): a stuck run
         # moves the estimate by at most CLIP_SDS deviations over the weight.
@@ -177,16 +185,15 @@ class _History:
             i = self.index
             mean = self.sums[i] / w
             spread = max(CLIP_SDS * math.sqrt(max(self.squares[i] / w - mean * mean, 0.0)), CLIP_FLOOR)
-            p = self.grid[i]
-            scale = math.log((1.0 - p) + p / grant) if p else 0.0
+            scale = slowdowns[i]
             log_t = min(max(log_t - scale, mean - spread), mean + spread) + scale
         decay = _DECAY
         self.weight = self.weight * decay + 1.0
         self.log_grant = self.log_grant * decay + log_g
         self.log_grant_sq = self.log_grant_sq * decay + log_g * log_g
         sums, squares = self.sums, self.squares
-        for i, p in enumerate(self.grid):
-            y = log_t - math.log((1.0 - p) + p / grant) if p else log_t
+        for i, slowdown in enumerate(slowdowns):
+            y = log_t - slowdown
             sums[i] = sums[i] * decay + y
             squares[i] = squares[i] * decay + y * y
         self.refit()
@@ -246,6 +253,33 @@ class _History:
         return estimate
 
 
+def _valid_grants(grants: Any) -> Grants | None:
+    """`grants` as `learn` takes them, or None when they are not positive and finite."""
+    if isinstance(grants, (int, float)):
+        return float(grants) if math.isfinite(grants) and grants > 0 else None
+    try:
+        segments = tuple((float(s), float(g)) for s, g in grants)
+    except (TypeError, ValueError):
+        return None
+    if not segments or not all(math.isfinite(s) and s >= 0 and math.isfinite(g) and g > 0 for s, g in segments):
+        return None
+    if sum(s for s, _ in segments) <= 0:  # a run of no time: its last grant
+        return segments[-1][1]
+    return segments
+
+
+def _slowdown(grants: Grants, p: float) -> float:
+    """A run's seconds over its seconds at one unit, under Amdahl's law with parallel
+    fraction p: (1 - p) + p / g at one grant g; over segments, their seconds over their
+    unit-seconds (the time average of the grant would overstate a run that grew, since
+    the speed is concave in the grant)."""
+    if not p:
+        return 1.0
+    if isinstance(grants, float):
+        return (1.0 - p) + p / grants
+    return sum(s for s, _ in grants) / sum(s / ((1.0 - p) + p / g) for s, g in grants)
+
+
 def _nearest(grid: tuple[float, ...], p: float) -> int:
     return min(range(len(grid)), key=lambda i: abs(grid[i] - p))
 
@@ -253,7 +287,7 @@ def _nearest(grid: tuple[float, ...], p: float) -> int:
 def _model(unit_seconds: float, parallel: float | None, minimum: float) -> Any:
     if parallel is None or minimum <= 0:
         return unit_seconds
-    return Amdahl(unit_seconds * ((1 - parallel) + parallel / minimum), parallel)
+    return Amdahl.from_one_unit(unit_seconds, parallel, minimum)
 
 
 class RunTimeEstimates:
@@ -283,11 +317,11 @@ class RunTimeEstimates:
             minimum = 0.0
         return self.plan(key_of(call), call.kind, elastic, minimum)
 
-    def observe(self, call: Call, seconds: float, mean_grant: float | None, key: str | None = None) -> None:
+    def observe(self, call: Call, seconds: float, grants: Grants | None, key: str | None = None) -> None:
         """A successful run of a call that declared no runtime: `seconds` of running, at
-        `mean_grant` units of its elastic kind on average (None for a fixed call). `key`:
-        the call's key when known (its Estimate's), else derived again."""
-        self.learn(key_of(call) if key is None else key, call.kind, call.elastic is not None, seconds, mean_grant)
+        `grants` units of its elastic kind (None for a fixed call; see `learn`). `key`: the
+        call's key when known (its Estimate's), else derived again."""
+        self.learn(key_of(call) if key is None else key, call.kind, call.elastic is not None, seconds, grants)
 
     def plan(self, key: str, kind: str, elastic: bool, minimum: float) -> Estimate:
         """The estimate for a run of `key` (of `kind`; elastic or fixed; `minimum` units of
@@ -302,24 +336,27 @@ class RunTimeEstimates:
                             parallel)
         return Estimate(_model(PRIOR_SECONDS, parallel, minimum), "prior", key, 0, parallel)
 
-    def learn(self, key: str, kind: str, elastic: bool, seconds: float, mean_grant: float | None) -> None:
-        """One successful run of `key`: `seconds` of running at `mean_grant` units of its
-        elastic kind on average (ignored for a fixed one). A run time that is not a finite
-        non-negative number, or an elastic run without a positive grant, is not learned."""
+    def learn(self, key: str, kind: str, elastic: bool, seconds: float, grants: Grants | None) -> None:
+        """One successful run of `key`: `seconds` of running at `grants` units of its elastic
+        kind (ignored for a fixed one): one grant, or the run's (seconds, grant) segments when
+        it was resized. A run time that is not a finite non-negative number, or an elastic
+        run without positive grants, is not learned."""
         if not (math.isfinite(seconds) and seconds >= 0):
             return
-        if elastic and not (mean_grant is not None and math.isfinite(mean_grant) and mean_grant > 0):
-            return
+        if elastic:
+            grants = _valid_grants(grants)
+            if grants is None:
+                return
+        else:
+            grants = 1.0
         history = self._histories.get((key, elastic))
         if history is None:
             history = self._histories[(key, elastic)] = _History(kind, elastic)
-        grant = float(mean_grant) if elastic else 1.0  # type: ignore[arg-type]
-        history.add(grant, seconds)
-        p = history.parallel
+        history.add(grants, seconds)
         kind_history = self._kinds.get(kind)
         if kind_history is None:
             kind_history = self._kinds[kind] = _History(kind, False)
-        kind_history.add(1.0, seconds / ((1 - p) + p / grant) if elastic else seconds)
+        kind_history.add(1.0, seconds / _slowdown(grants, history.parallel) if elastic else seconds)
         self._dirty.add((key, elastic))
 
     # ------------------------------------------------------------ persistence

@@ -86,7 +86,7 @@ class _Live:
     """Book-keeping of one live action (the orchestrator's, not the caller's)."""
 
     __slots__ = ("id", "call", "future", "manager", "template", "record", "in_core", "running", "task",
-                 "timer", "cancel_reason", "watch", "placement", "estimate", "grant_area", "grant_since")
+                 "timer", "cancel_reason", "watch", "placement", "estimate", "grant_segments", "grant_since")
 
     def __init__(self, action_id: int, call: Call, future: asyncio.Future[Any], manager: ResourceManager,
                  template: int, record: ActionRecord, estimate: Estimate) -> None:
@@ -104,7 +104,8 @@ class _Live:
         self.cancel_reason: str | None = None  # "timeout", "cancelled" or "closed"
         self.watch: Any = None  # the future's done callback that turns a caller's cancel into ours
         self.placement: Placement | None = None  # while it runs: what it was given (resizes change it)
-        self.grant_area = 0.0  # grant x seconds of running before grant_since (for a learned estimate)
+        # (seconds, grant) of its running before grant_since, once resized (for a learned estimate)
+        self.grant_segments: list[tuple[float, float]] | None = None
         self.grant_since = 0.0
 
 
@@ -581,7 +582,7 @@ class Orchestrator:
         record.node = placement.node_name
         record.device = placement.device
         record.grant = grant
-        lv.grant_area, lv.grant_since = 0.0, record.start
+        lv.grant_segments, lv.grant_since = None, record.start
         lv.running = True
         self._count(call.kind, 0, -1)
         self._count(call.kind, 1, +1)
@@ -616,7 +617,9 @@ class Orchestrator:
             changes["memory"] = grant
         lv.placement = dataclasses.replace(old, **changes)
         now = self._now()
-        lv.grant_area += old.grant * (now - lv.grant_since)
+        if lv.grant_segments is None:
+            lv.grant_segments = []
+        lv.grant_segments.append((now - lv.grant_since, old.grant))
         lv.grant_since = now
         lv.record.grant = grant
         try:
@@ -745,11 +748,12 @@ class Orchestrator:
     def _learn(self, lv: _Live, end: float) -> None:
         """A successful run of a call without a declared run time, for its estimate."""
         seconds = end - lv.record.start  # type: ignore[operator]
-        mean_grant = None
+        grants: Any = None
         if lv.call.elastic is not None and lv.placement is not None:
-            area = lv.grant_area + lv.placement.grant * (end - lv.grant_since)
-            mean_grant = area / seconds if seconds > 0 else lv.placement.grant
-        self.estimates.observe(lv.call, seconds, mean_grant, lv.estimate.key)
+            grants = lv.placement.grant
+            if lv.grant_segments is not None:  # resized: each grant for as long as it held
+                grants = [*lv.grant_segments, (end - lv.grant_since, grants)]
+        self.estimates.observe(lv.call, seconds, grants, lv.estimate.key)
 
     def _save_estimates(self) -> None:
         self._save_timer = self._loop.call_later(SAVE_EVERY, self._save_estimates)  # type: ignore[union-attr]

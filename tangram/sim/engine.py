@@ -371,6 +371,7 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
     if mode == "noisy":
         planned_factor = np.random.default_rng([seed, 0x6E6F697379]).lognormal(-sigma * sigma / 2, sigma, total)
     learner = RunTimeEstimates() if mode == "learned" else None
+    held_segments: dict[int, list[tuple[float, float]]] = {}  # aid -> (seconds, grant) before its last resize
     learn_key: dict[int, tuple[str, str, bool]] = {}  # action id -> its key, kind and elasticity
 
     def true_runtime(aid: int, g: float) -> float:
@@ -483,6 +484,8 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
                 left = work_left[aid] - (now - since[aid]) / before if before > 0 else 0.0
                 work_left[aid] = max(left, 0.0)
                 held_before[aid] += demand[aid] * (now - since[aid])
+                if learner is not None:
+                    held_segments.setdefault(aid, []).append((now - since[aid], float(demand[aid, 0])))
                 demand[aid, 0] = g
                 since[aid] = now
                 resized[aid] = True
@@ -532,11 +535,11 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
                 if learner is not None:  # what the live orchestrator learns as an action ends
                     key, kind, is_elastic = learn_key[aid]
                     seconds = now - start[aid]
-                    mean_grant = None
-                    if is_elastic:
-                        area = held_before[aid, 0] + demand[aid, 0] * (now - since[aid])
-                        mean_grant = area / seconds if seconds > 0 else float(demand[aid, 0])
-                    learner.learn(key, kind, is_elastic, seconds, mean_grant)
+                    grants = None
+                    if is_elastic:  # each grant it held, for how long
+                        grants = held_segments.pop(aid, [])
+                        grants.append((now - since[aid], float(demand[aid, 0])))
+                    learner.learn(key, kind, is_elastic, seconds, grants)
             apply(sched.complete(finished, now), now)
             for aid in finished:
                 advance(aid, now, to_submit, ended)

@@ -105,6 +105,26 @@ def test_an_estimate_stays_within_what_the_core_takes() -> None:
     scheduler.submit([tangram.Action(1, {"cpu": 0.25}, quarter.model, elastic="cpu", max_units=1)], 0.0)
 
 
+def test_a_resized_run_is_learned_from_each_grant_it_held() -> None:
+    """Runs that grew or shrank while running, given as (seconds, grant) segments: under
+    Amdahl's law each segment did its seconds over (1 - p) + p / g of the work, so exact
+    runs fit exactly. Their time-averaged grant would not: the speed is concave in the
+    grant, so a run that grew would look less parallel than it is."""
+    est = RunTimeEstimates()
+    call = Call(fn=solve, resources={"cpu": 1.0}, elastic="cpu", max_units=8)
+    p, unit = 0.6, 10.0
+    for a, b, share in ((1.0, 8.0, 0.2), (2.0, 4.0, 0.5), (8.0, 1.0, 0.3), (1.0, 2.0, 0.7), (4.0, 8.0, 0.4),
+                        (3.0, 6.0, 0.5)):
+        # `share` of the work at grant a, the rest at b
+        first, second = share * amdahl(unit, p, a), (1 - share) * amdahl(unit, p, b)
+        est.observe(call, first + second, [(first, a), (second, b)])
+    got = est.estimate(call)
+    assert got.fitted and got.parallel == pytest.approx(p) and got.model.seconds == pytest.approx(unit, rel=0.01)
+    for bad in ([], [(1.0, 0.0)], [(-1.0, 2.0)], [(1.0, math.nan)], [("x", 1.0)], [(1.0,)]):
+        est.observe(call, 1.0, bad)  # not learned
+    assert est.estimate(call).runs == got.runs
+
+
 def test_elasticity_is_assumed_until_grants_vary_then_fitted() -> None:
     rng = random.Random(7)
     est = RunTimeEstimates()
@@ -133,6 +153,8 @@ def test_elasticity_is_assumed_until_grants_vary_then_fitted() -> None:
     assert got.fitted and got.parallel == pytest.approx(0.6) and got.model.seconds == pytest.approx(10.0, rel=0.01)
     half = exact.estimate(Call(fn=solve, resources={"cpu": 0.5}, elastic="cpu", max_units=8))
     assert half.model.seconds == pytest.approx(amdahl(10.0, 0.6, 0.5), rel=0.01)
+    # ... the same curve: 4 s serial and 6 s parallel at one unit are 4 and 12 at half of one.
+    assert half.model.parallel_fraction == pytest.approx(12.0 / 16.0)
     # A call that gets slower with more cores fits p = 0; one with no serial part p = 1.
     for p_true, name in ((-0.5, "slower"), (1.0, "perfect")):
         c = Call(fn=solve, key=name, resources={"cpu": 1.0}, elastic="cpu", max_units=8)
@@ -285,10 +307,11 @@ def test_learned_run_times_order_the_queue_shortest_first() -> None:
     asyncio.run(main())
 
 
-def test_an_elastic_call_learns_from_its_mean_grant_across_resizes() -> None:
+def test_an_elastic_call_learns_from_each_grant_it_held_across_resizes() -> None:
     """A suite starts alone on 4 cores and, a third of the way through, limits itself to
     one (as a worker pool with one task left does): the core resizes it. What is learned
-    is the run at its time-averaged grant, between the start grant and the final one."""
+    is the run over both grants, each for as long as it was held: its effective grant
+    lies between the start grant and the final one."""
     async def main() -> None:
         async with orchestrator(cpu=4) as orch:
             call = Call(fn=sleep_for, args=(0.3,), key="suite", resources={"cpu": 1.0}, elastic="cpu", max_units=4)
@@ -303,8 +326,8 @@ def test_an_elastic_call_learns_from_its_mean_grant_across_resizes() -> None:
             assert got.source == "learned" and isinstance(got.model, Amdahl)
             # T1 = run / (1 - p + p / g): the g it was learned at.
             p = PRIOR_PARALLEL
-            mean_grant = p / ((rec.end - rec.start) / got.model.seconds - (1 - p))
-            assert 1.0 + 0.5 < mean_grant < 4.0 - 0.5  # about 2: 4 for 0.1 s, then 1 for 0.2 s
+            effective_grant = p / ((rec.end - rec.start) / got.model.seconds - (1 - p))
+            assert 1.0 + 0.3 < effective_grant < 4.0 - 0.5  # 4 for 0.1 s, then 1 for 0.2 s
 
     asyncio.run(main())
 
