@@ -29,7 +29,8 @@ Rules, in words:
   "malleable" an elastic action's min is first rounded up to a whole unit (at most its max).
 * Order. Waiting actions go by (-priority, key, seq), seq counting accepted submits.
   order "estimate": `key = est_ns + (now_ns * aging_permille) // 1000`, now_ns being the
-  submit batch's time and aging_permille = to_milli(aging); order "arrival": key = 0.
+  submit batch's time and aging_permille = to_milli(aging), without est_ns for an action
+  under a quota (its queue keeps arrival order); order "arrival": key = 0.
 * Bins and partitions. Placement packs actions into bins; each bin belongs to one node
   and one partition, and a partition's bins go in node order (a node's bins in the order
   made). bins "node": one bin per node, one partition. bins "trajectory_slots" (needs a
@@ -691,7 +692,8 @@ class ReferenceScheduler:
                     svc.mean_gap_ns = gap if svc.mean_gap_ns < 0 else (7 * svc.mean_gap_ns + gap) // 8
                 svc.last_request_ns = t
             a.est_ns = to_ns(self._seconds(a, self._order_units(a)))
-            key = a.est_ns + (t * self.aging_permille) // 1000 if self.rules.order == "estimate" else 0
+            key = ((a.est_ns if a.quota == -1 else 0) + (t * self.aging_permille) // 1000
+                   if self.rules.order == "estimate" else 0)
             a.order = (-a.priority, key, self.seq)
             self.seq += 1
             a.submitted_max = a.elastic_max

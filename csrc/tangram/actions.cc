@@ -300,7 +300,9 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
     detail.model = s.model;
     detail.submitted_max = s.elastic_max;
     detail.est_ns = to_ns(seconds(slot, order_units(r)));
-    const std::int64_t key = detail.est_ns * estimate_weight + aging_offset;
+    // Under a quota every request costs the quota the same, so shortest-first would not
+    // shorten its queue, only starve its long calls: they keep arrival order (OrderRule).
+    const std::int64_t key = (classes[c].quota == kNone ? detail.est_ns * estimate_weight : 0) + aging_offset;
     detail.order = OrderKey{key, next_seq++, now, -s.priority, slot};
     *by_id.find(s.id) = slot;
     ++*trajectory_live.insert(s.trajectory, 0).first;

@@ -17,7 +17,9 @@ namespace tangram {
 // The order waiting actions are tried in: (-priority, key, seq) with seq counting submits.
 enum class OrderRule : std::uint8_t {
   kArrival = 0,   // key = 0: submission order within a priority
-  kEstimate = 1,  // key = estimated run time + aging * submit time (shortest first, aged)
+  kEstimate = 1,  // key = estimated run time + aging * submit time (shortest first, aged);
+                  // an action under a quota: key = aging * submit time (every request
+                  // costs its quota the same, so its queue keeps arrival order)
 };
 
 // What placement packs into.

@@ -51,6 +51,30 @@ TEST(Quota, BurstThenRate) {
   EXPECT_EQ(h.s.next_wakeup(), S(2));
 }
 
+// Under tangram's shortest-first order, a quota's queue keeps arrival order: every
+// request costs the quota one request, so a short call that came later does not pass a
+// long one (it would only make long calls wait longest). Actions without a quota still go
+// shortest first.
+TEST(Quota, QueueKeepsArrivalOrderUnderShortestFirst) {
+  Harness h(quota_inventory({"api", 1.0, 1, 0, 0}), policy_of(PolicyKind::kTangram));
+  EXPECT_EQ(h.submit({quota_action(1)}, 0), (Decisions{start(1).on(0).at(0)}));
+  ActionSpec long_call = quota_action(2);
+  ActionSpec short_call = quota_action(3);
+  short_call.model.seconds = 1.0;
+  EXPECT_EQ(h.submit({long_call}, 0.1), Decisions{});
+  EXPECT_EQ(h.submit({short_call}, 0.2), Decisions{});
+  EXPECT_EQ(h.tick(1), (Decisions{start(2).on(0).at(1)}));
+  EXPECT_EQ(h.tick(2), (Decisions{start(3).on(0).at(2)}));
+
+  // The same two without a quota, on a node one of them fills: the short one first.
+  Harness cpu(cpu_inventory(1, 1), policy_of(PolicyKind::kTangram));
+  EXPECT_EQ(cpu.submit({action(1, {U(1)}, 100)}, 0), (Decisions{start(1).on(0).at(0)}));
+  ActionSpec short_action = action(3, {U(1)}, 1);
+  EXPECT_EQ(cpu.submit({action(2, {U(1)}, 100)}, 0.1), Decisions{});
+  EXPECT_EQ(cpu.submit({short_action}, 0.2), Decisions{});
+  EXPECT_EQ(cpu.complete({1}, 100), (Decisions{start(3).on(0).at(100)}));
+}
+
 // The concurrency cap: at most max_concurrency run at once; a completion or a cancel of a
 // running one lets exactly the next in; next_wakeup() stays kNever (only an end can help).
 TEST(Quota, ConcurrencyCap) {
