@@ -1,10 +1,13 @@
 """What tangram loses when nobody declares run times: the simulator's built-in workloads
 planned with the true models (oracle), with run times learned within the step from
 finished runs (learned: what the orchestrator does for a call without a runtime, starting
-cold), and with declared run times that are off by a lognormal error (noisy:SIGMA).
+cold), with run times learned so but each elastic kind's true parallel fraction
+(learned-runtimes: what learning the elasticity costs, apart from the run times), and with
+declared run times that are off by a lognormal error (noisy:SIGMA).
 
     python bench/sim_estimates.py [--workloads coding,deepsearch,multireward] [--seeds 10]
-        [--estimates learned,noisy:0.3,noisy:1.0] [--policies tangram,optimus] [--json out.json]
+        [--estimates learned,learned-runtimes,noisy:0.3,noisy:1.0] [--policies tangram,optimus]
+        [--json out.json]
 
 Per workload at its default load, per policy and way of estimating: mean ACT, p99 ACT
 and step duration (means over seeds 0..N-1, each seed a paired comparison on the same
@@ -31,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", default="coding,deepsearch,multireward")
     parser.add_argument("--seeds", type=int, default=10)
-    parser.add_argument("--estimates", default="learned,noisy:0.3,noisy:1.0")
+    parser.add_argument("--estimates", default="learned,learned-runtimes,noisy:0.3,noisy:1.0")
     parser.add_argument("--policies", default="tangram,optimus")
     parser.add_argument("--json")
     args = parser.parse_args(argv)

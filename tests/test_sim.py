@@ -638,7 +638,10 @@ def test_estimates_oracle_noisy_and_learned() -> None:
     same = (learned.grant == oracle.grant) & ~learned.rejected & (learned.label == ENV)
     unresized = same & np.isclose(learned.run, oracle.run)
     assert unresized.sum() > 0.5 * (learned.label == ENV).sum()
-    for bad, match in (("exact", "oracle, learned or noisy"), ("noisy:-1", "SIGMA >= 0"), ("noisy:x", "SIGMA")):
+    # learned-runtimes: run times learned, elasticity the truth; the estimator says so.
+    told = sim.simulate(w, "tangram", seed=2, estimates="learned-runtimes")
+    assert told.row()["estimates"] == "learned-runtimes" and told.row()["actions"] == oracle.row()["actions"]
+    for bad, match in (("exact", "oracle, learned, learned-runtimes or noisy"), ("noisy:-1", "SIGMA >= 0"), ("noisy:x", "SIGMA")):
         with pytest.raises(tangram.ValidationError, match=match):
             sim.simulate(w, "tangram", seed=2, estimates=bad)
 
@@ -651,8 +654,8 @@ def test_learned_estimates_start_cold_and_learn_each_kind(monkeypatch: pytest.Mo
     planned: list[object] = []
 
     class Recording(engine.RunTimeEstimates):
-        def plan(self, key: str, kind: str, elastic: bool, minimum: float):  # type: ignore[no-untyped-def]
-            estimate = super().plan(key, kind, elastic, minimum)
+        def plan(self, key: str, kind: str, elastic: bool, minimum: float, parallel=None):  # type: ignore[no-untyped-def]
+            estimate = super().plan(key, kind, elastic, minimum, parallel)
             planned.append((key, estimate.source, estimate.model))
             return estimate
 
@@ -670,4 +673,4 @@ def test_cli_estimates(capsys) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(SystemExit) as e:
         sim.cli_main(["--policies", "tangram", "--batch", "32", "--estimates", "guess"])
     assert e.value.code == 2
-    assert "oracle, learned or noisy" in capsys.readouterr().err
+    assert "oracle, learned, learned-runtimes or noisy" in capsys.readouterr().err

@@ -244,6 +244,13 @@ class _History:
                 best, best_var = i, var
         return best
 
+    def estimate_at(self, key: str, minimum: float, parallel: float) -> Estimate:
+        """The estimate under a known parallel fraction (the grid value nearest it)."""
+        index = _nearest(self.grid, parallel)
+        log_unit = min(max(round(self.sums[index] / self.weight / _STEP) * _STEP, _LOG_MIN), _LOG_MAX)
+        p = self.grid[index]
+        return Estimate(_model(math.exp(log_unit), p, minimum), "learned", key, self.runs, p, False)
+
     def estimate(self, key: str, minimum: float) -> Estimate:
         estimate = self.estimates.get(minimum)
         if estimate is None:
@@ -323,13 +330,20 @@ class RunTimeEstimates:
         call's key when known (its Estimate's), else derived again."""
         self.learn(key_of(call) if key is None else key, call.kind, call.elastic is not None, seconds, grants)
 
-    def plan(self, key: str, kind: str, elastic: bool, minimum: float) -> Estimate:
+    def plan(self, key: str, kind: str, elastic: bool, minimum: float, parallel: float | None = None) -> Estimate:
         """The estimate for a run of `key` (of `kind`; elastic or fixed; `minimum` units of
-        its elastic kind)."""
+        its elastic kind). `parallel`: an elastic run's parallel fraction when it is known
+        (the simulator's diagnosis of what the fitted one costs): its run time is then
+        learned at the grid fraction nearest it."""
         history = self._histories.get((key, elastic))
         if history is not None and history.runs:
+            if elastic and parallel is not None:
+                return history.estimate_at(key, minimum, parallel)
             return history.estimate(key, minimum)
-        parallel = PRIOR_PARALLEL if elastic else None
+        if not elastic:
+            parallel = None
+        elif parallel is None:
+            parallel = PRIOR_PARALLEL
         kind_history = self._kinds.get(kind)
         if kind_history is not None and kind_history.runs:
             return Estimate(_model(kind_history.unit_seconds, parallel, minimum), "kind", key, kind_history.runs,

@@ -117,8 +117,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--estimates", default="oracle",
                         help="what the core is told of run times: oracle (the workload's models, the default), "
                              "learned (nothing: learned within the step from finished runs, as the live "
-                             "orchestrator does for calls without a runtime) or noisy:SIGMA (the models' seconds "
-                             "times a lognormal error of log-sd SIGMA)")
+                             "orchestrator does for calls without a runtime), learned-runtimes (run times "
+                             "learned so, each elastic kind's true parallel fraction declared: what learning the "
+                             "elasticity costs) or noisy:SIGMA (the models' seconds times a lognormal error of "
+                             "log-sd SIGMA)")
     parser.add_argument("--seeds", type=parse_seeds, default=None,
                         help="a count N: seeds 0..N-1; or seeds and inclusive ranges, comma-separated: 3,7 or "
                              "100-104 or 1,5-7 (non-negative integers; one seed S alone: S-S; a seed given twice "

@@ -302,8 +302,11 @@ class SimResult:
 
 
 def parse_estimates(text: str) -> tuple[str, float]:
-    """`oracle`, `learned` or `noisy:SIGMA` (SIGMA a finite number >= 0) -> (mode, sigma)."""
-    if text in ("oracle", "learned"):
+    """`oracle`, `learned`, `learned-runtimes` or `noisy:SIGMA` (SIGMA a finite number >= 0)
+    -> (mode, sigma). `learned-runtimes` learns run times as `learned` does but plans each
+    elastic action with its kind's true parallel fraction: what the learned elasticity
+    costs, apart from the learned run times."""
+    if text in ("oracle", "learned", "learned-runtimes"):
         return text, 0.0
     if isinstance(text, str) and text.startswith("noisy:"):
         try:
@@ -313,7 +316,7 @@ def parse_estimates(text: str) -> tuple[str, float]:
         if math.isfinite(sigma) and sigma >= 0:
             return "noisy", sigma
         raise ValidationError("estimates", f"noisy:SIGMA needs a finite SIGMA >= 0, got {text!r}")
-    raise ValidationError("estimates", f"must be oracle, learned or noisy:SIGMA, got {text!r}")
+    raise ValidationError("estimates", f"must be oracle, learned, learned-runtimes or noisy:SIGMA, got {text!r}")
 
 
 def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
@@ -370,7 +373,7 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
     planned_factor = np.ones(total)  # noisy: the error of the run time the core is told
     if mode == "noisy":
         planned_factor = np.random.default_rng([seed, 0x6E6F697379]).lognormal(-sigma * sigma / 2, sigma, total)
-    learner = RunTimeEstimates() if mode == "learned" else None
+    learner = RunTimeEstimates() if mode in ("learned", "learned-runtimes") else None
     held_segments: dict[int, list[tuple[float, float]]] = {}  # aid -> (seconds, grant) before its last resize
     learn_key: dict[int, tuple[str, str, bool]] = {}  # action id -> its key, kind and elasticity
 
@@ -385,7 +388,8 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
             true_parallel[aid], true_minimum[aid] = p, minimum
         if learner is not None:
             learn_key[aid] = (key, kind, p is not None)
-            return learner.plan(key, kind, p is not None, minimum).model
+            declared = p if mode == "learned-runtimes" else None  # the true fraction, for the diagnosis
+            return learner.plan(key, kind, p is not None, minimum, parallel=declared).model
         secs = secs * float(planned_factor[aid])
         return Constant(secs) if p is None else Amdahl(secs, p)
 

@@ -125,6 +125,20 @@ def test_a_resized_run_is_learned_from_each_grant_it_held() -> None:
     assert est.estimate(call).runs == got.runs
 
 
+def test_a_known_parallel_fraction_plans_the_run_time_learned_under_it() -> None:
+    """plan(parallel=p) (the simulator's learned-runtimes diagnosis): the run time at one
+    unit learned under that p, whatever p the fit chose."""
+    est = RunTimeEstimates()
+    for g in (1.0, 2.0, 4.0, 8.0):
+        est.learn("k", "env", True, amdahl(10.0, 0.6, g), g)
+    told = est.plan("k", "env", True, 1.0, parallel=0.6)
+    assert told.parallel == 0.6 and told.model.seconds == pytest.approx(10.0, rel=0.01)
+    other = est.plan("k", "env", True, 1.0, parallel=0.9)
+    assert other.parallel == 0.9 and other.model.parallel_fraction == 0.9
+    assert other.model.seconds != pytest.approx(10.0, rel=0.05)  # the same runs, read under another p
+    assert est.plan("new", "other", True, 2.0, parallel=0.6).model == Amdahl.from_one_unit(1.0, 0.6, 2.0)  # prior
+
+
 def test_elasticity_is_assumed_until_grants_vary_then_fitted() -> None:
     rng = random.Random(7)
     est = RunTimeEstimates()
