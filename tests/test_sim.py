@@ -10,6 +10,7 @@ import pytest
 
 import tangram
 import tangram.sim as sim
+from tangram.runtime.estimates import PRIOR_PARALLEL
 from tangram.sim.engine import ENV, REWARD
 
 POLICIES = ("tangram", "fifo", "trajectory", "isolated")
@@ -638,7 +639,6 @@ def test_estimates_oracle_noisy_and_learned() -> None:
     same = (learned.grant == oracle.grant) & ~learned.rejected & (learned.label == ENV)
     unresized = same & np.isclose(learned.run, oracle.run)
     assert unresized.sum() > 0.5 * (learned.label == ENV).sum()
-    # learned-runtimes: run times learned, elasticity the truth; the estimator says so.
     told = sim.simulate(w, "tangram", seed=2, estimates="learned-runtimes")
     assert told.row()["estimates"] == "learned-runtimes" and told.row()["actions"] == oracle.row()["actions"]
     for bad, match in (("exact", "oracle, learned, learned-runtimes or noisy"), ("noisy:-1", "SIGMA >= 0"), ("noisy:x", "SIGMA")):
@@ -665,6 +665,31 @@ def test_learned_estimates_start_cold_and_learn_each_kind(monkeypatch: pytest.Mo
     assert list(r.finish[:3]) == [2.0, 4.0, 6.0]  # the truth, whatever was planned
     assert [(k, s) for k, s, _ in planned] == [("cmd", "prior"), ("cmd", "learned"), ("cmd", "learned")]
     assert [m for _, _, m in planned] == [1.0, pytest.approx(2.0, rel=0.01), pytest.approx(2.0, rel=0.01)]
+
+
+def test_learned_runtimes_plan_each_elastic_kind_with_its_true_fraction(monkeypatch: pytest.MonkeyPatch) -> None:
+    """learned-runtimes: the run times are learned, but every elastic action is planned with
+    its kind's true parallel fraction; under learned the fraction starts at the prior."""
+    import tangram.sim.engine as engine
+
+    planned: list[tuple[str, float]] = []
+
+    class Recording(engine.RunTimeEstimates):
+        def plan(self, key, kind, elastic, minimum, parallel=None):  # type: ignore[no-untyped-def]
+            estimate = super().plan(key, kind, elastic, minimum, parallel)
+            if elastic:
+                planned.append((key, estimate.model.parallel_fraction))
+            return estimate
+
+    monkeypatch.setattr(engine, "RunTimeEstimates", Recording)
+    w = small_coding(64).with_value("cores", 8)
+    truth = {k.name: k.parallel_fraction for k in w.actions if k.elastic}
+    sim.simulate(w, "tangram", seed=2, estimates="learned-runtimes")
+    assert planned and {key for key, _ in planned} == set(truth)
+    assert all(p == pytest.approx(truth[key]) for key, p in planned)  # minimum 1: the fraction as declared
+    planned.clear()
+    sim.simulate(w, "tangram", seed=2, estimates="learned")
+    assert planned[0][1] == pytest.approx(PRIOR_PARALLEL) and any(p != pytest.approx(truth[k]) for k, p in planned)
 
 
 def test_cli_estimates(capsys) -> None:  # type: ignore[no-untyped-def]

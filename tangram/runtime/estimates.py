@@ -220,13 +220,16 @@ class _History:
         else:
             parallel, fitted = self.grid[index], self.elastic
         self.index = index
-        # In steps of 1%: an estimate that did not move by that plans with an equal model,
-        # so the orchestrator keeps its encoded template of the call (a new one costs an
-        # encode).
-        log_unit = min(max(round(self.sums[index] / w / _STEP) * _STEP, _LOG_MIN), _LOG_MAX)
-        self.unit_seconds = math.exp(log_unit)
+        self.unit_seconds = self._unit_seconds(index)
         self.parallel, self.fitted = parallel, fitted
         self.estimates.clear()
+
+    def _unit_seconds(self, index: int) -> float:
+        """The run time at one unit under the grid's index-th p: the scaled runs' geometric
+        mean, in steps of 1% (an estimate that did not move by that plans with an equal
+        model, so the orchestrator keeps its encoded template of the call; a new one costs
+        an encode), within [MIN_ESTIMATE, MAX_ESTIMATE]."""
+        return math.exp(min(max(round(self.sums[index] / self.weight / _STEP) * _STEP, _LOG_MIN), _LOG_MAX))
 
     def _fit(self) -> int | None:
         """The grid index of the fitted p, or None while the runs say nothing about it."""
@@ -247,9 +250,8 @@ class _History:
     def estimate_at(self, key: str, minimum: float, parallel: float) -> Estimate:
         """The estimate under a known parallel fraction (the grid value nearest it)."""
         index = _nearest(self.grid, parallel)
-        log_unit = min(max(round(self.sums[index] / self.weight / _STEP) * _STEP, _LOG_MIN), _LOG_MAX)
         p = self.grid[index]
-        return Estimate(_model(math.exp(log_unit), p, minimum), "learned", key, self.runs, p, False)
+        return Estimate(_model(self._unit_seconds(index), p, minimum), "learned", key, self.runs, p, False)
 
     def estimate(self, key: str, minimum: float) -> Estimate:
         estimate = self.estimates.get(minimum)
