@@ -3,23 +3,40 @@
 A `Call` that leaves `runtime` unset (None) is planned with an estimate from the records
 of earlier actions with the same key: `Call.key` when given, else one derived from what
 it runs (`key_of`). The core keeps receiving plain models (seconds, or tangram.Amdahl for
-an elastic call); estimation happens here, at submit (a dictionary lookup) and when an
-action ends (an update of its key's statistics), never in the core's decisions.
+an elastic call); estimation happens here, at submit (a dictionary lookup), as an action
+starts or is resized (a note of its grant) and when it ends (an update of its key's
+statistics), never in the core's decisions.
 
 Each successful run is its running seconds t and the grant g of its elastic kind (1 for
-a fixed call); a run that was resized gives each grant it held, for how long. Per key,
+a fixed call); a run that was resized gives each grant it held, for how long. The
+orchestrator (and the simulator) reports each run as it starts, is resized and ends
+(`started`, `resized`, `finished`), so the runs still going inform the fit too. Per key,
 separately for its elastic and its fixed calls, the estimator keeps exponentially weighted
 sums over those runs (each run's weight halves every HALF_LIFE runs of the key), for every
 parallel fraction p on PARALLEL_GRID (only p = 0 for a fixed call), of y = log(t / ((1 - p)
 + p / g)): the logarithm of the run scaled to one unit under Amdahl's law (for a resized
-run, the sum over its segments of their seconds over (1 - p) + p / g).
+run, the sum over its segments of their seconds over (1 - p) + p / g), of y squared, and
+of y + log((1 - p) + p / g_last), g_last its last grant (for the likelihood's Jacobian;
+log t for a run never resized).
 
-- Elasticity: p is the grid value under which the scaled runs vary least. A key runs
-  inputs of different sizes, but their sizes do not move with the grant, so they add the
-  same variance at every p, and only the grant's effect tells the values apart (a
-  least-squares line through the run times themselves is thrown off by those sizes). The
-  fit needs MIN_FIT runs, and grants spread enough: the standard deviation of log g must
-  be at least half of log MIN_SPREAD. Until then, an elastic call is planned with
+- Elasticity: p is the grid value of greatest likelihood, the scaled runs taken as
+  lognormal (a key runs inputs of different sizes, but their sizes do not move with the
+  grant, so only the grant's effect tells the values apart; a least-squares line through
+  the run times themselves is thrown off by those sizes). But a run's grant is tied to
+  how long it runs in two ways, each of which would bias p low if the fit ignored it:
+  - Censoring. Early in a burst, the runs that have ended are the short ones, and a run
+    at a small grant ends early only when its input is small, so a larger grant looks
+    less useful than it is. The runs still going count as censored: each contributes
+    the probability that its run, scaled to one unit, is longer than what it has done so
+    far (a Tobit model, fitted by Newton's method). That fit costs array operations
+    over the runs still going, so it is made when the key's runs have grown by
+    1/CENSORED_EVERY since the last (in between, p holds), over at most CENSORED_RUNS
+    of them (every k-th, each weighing k).
+  - Resizes. A run that is still going is grown when cores free up, so long runs hold
+    larger grants; the likelihood of a resized run has the Jacobian of its scaling (its
+    speed at its last grant), which the least-variance fit would leave out.
+  The fit needs MIN_FIT runs, and grants spread enough: the standard deviation of log g
+  must be at least half of log MIN_SPREAD. Until then, an elastic call is planned with
   PRIOR_PARALLEL.
 - Run time: T1 = exp(mean y), the geometric mean of the scaled runs (a lognormal's
   median). It is robust: once a key has MIN_FIT runs, each new y is clipped to within
@@ -53,7 +70,9 @@ import json
 import math
 import os
 import sqlite3
-from typing import Any, Iterable, Mapping, Sequence, Union
+from typing import Any, Hashable, Iterable, Mapping, Sequence, Union
+
+import numpy as np
 
 from .._errors import ValidationError
 from .._model import Amdahl, given
@@ -67,8 +86,13 @@ MIN_FIT = 4
 MIN_SPREAD = 1.25
 PRIOR_SECONDS = 1.0
 PRIOR_PARALLEL = 0.8
+CENSORED_EVERY = 16  # the censored fit is made again when a key's runs grew by 1/16
+CENSORED_RUNS = 128  # ... over at most this many of its runs still going
+CENSORED_ROUNDS = 30  # Newton rounds of the censored fit at most (it stops sooner once it settles)
+CENSORED_SETTLED = 1e-6  # ... once the likelihood gains less than this (relative)
+VAR_FLOOR = 1e-9  # the least variance of scaled log runs (runs that all scale alike)
 SAVE_EVERY = 10.0
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: statistics carry the Jacobian sums (a version-1 file still loads)
 _DECAY = 0.5 ** (1 / HALF_LIFE)
 _STEP = math.log(1.01)  # estimates move in steps of 1%
 _PRIOR_FIRST = tuple(sorted(range(len(PARALLEL_GRID)), key=lambda i: abs(PARALLEL_GRID[i] - PRIOR_PARALLEL)))
@@ -142,11 +166,26 @@ class Estimate:
         return f"run time unknown (no run of {self.key!r} or its kind yet): planned as {planned}"
 
 
+class _Run:
+    """A run still going, as the estimator sees it: its key and the key's history, its
+    start, its grant since `since`, and the (seconds, grant) segments before (when resized)."""
+
+    __slots__ = ("key", "history", "start", "since", "grant", "segments")
+
+    def __init__(self, key: str, history: "_History", now: float, grant: float) -> None:
+        self.key = key
+        self.history = history
+        self.start = self.since = now
+        self.grant = grant
+        self.segments: list[tuple[float, float]] | None = None
+
+
 class _History:
     """The decaying statistics of one key's runs (elastic or fixed), and what they give."""
 
     __slots__ = ("kind", "elastic", "grid", "runs", "weight", "log_grant", "log_grant_sq", "sums", "squares",
-                 "index", "unit_seconds", "parallel", "fitted", "estimates")
+                 "jacobians", "index", "unit_seconds", "parallel", "fitted", "estimates", "going", "next_censored",
+                 "censored")
 
     def __init__(self, kind: str, elastic: bool, state: list[float] | None = None) -> None:
         self.kind = kind
@@ -155,28 +194,37 @@ class _History:
         self.runs = 0  # every run observed
         n = len(self.grid)
         if state is None:
-            state = [0.0] * (3 + 2 * n)
-        # weight, sum of log g and of its square, then per p: sums of y and of y squared
+            state = [0.0] * (3 + 3 * n)
+        elif len(state) == 3 + 2 * n:  # version 1: no Jacobian sums, exact for runs never resized (log t)
+            state = [*state, *[state[3]] * n]
+        # weight, sum of log g and of its square, then per p: sums of y, of y squared, and
+        # of y plus the log slowdown at the last grant
         self.weight, self.log_grant, self.log_grant_sq = state[0], state[1], state[2]
         self.sums, self.squares = list(state[3:3 + n]), list(state[3 + n:3 + 2 * n])
+        self.jacobians = list(state[3 + 2 * n:3 + 3 * n])
         self.unit_seconds = PRIOR_SECONDS
         self.parallel = PRIOR_PARALLEL if elastic else 0.0
         self.index = _nearest(self.grid, self.parallel)  # grid index of the p in use
         self.fitted = False
         self.estimates: dict[float, Estimate] = {}  # minimum -> estimate, until the next update
+        self.going: dict[Hashable, _Run] = {}  # this key's runs still going
+        self.next_censored = 0  # runs at which the censored fit is made again
+        self.censored: tuple[np.ndarray, np.ndarray] | None = None  # its means and variances, where the next starts
         self.refit()
 
     def state(self) -> list[float]:
-        return [self.weight, self.log_grant, self.log_grant_sq, *self.sums, *self.squares]
+        return [self.weight, self.log_grant, self.log_grant_sq, *self.sums, *self.squares, *self.jacobians]
 
-    def add(self, grants: Grants, seconds: float) -> None:
+    def add(self, grants: Grants, seconds: float, now: float | None = None) -> None:
         self.runs += 1
         seconds = max(seconds, 1e-6)  # a run of 0 s (a cached answer) is a run of a microsecond
         log_t = math.log(seconds)
         if isinstance(grants, float):
             log_g = math.log(grants)
+            last = grants
         else:  # the time average, for the grants' spread
             log_g = math.log(sum(s * g for s, g in grants) / sum(s for s, _ in grants))
+            last = grants[-1][1]
         slowdowns = [math.log(_slowdown(grants, p)) for p in self.grid]
         w = self.weight
         # Winsorised once the key has MIN_FIT runs (this one counted already): a stuck run
@@ -191,12 +239,14 @@ class _History:
         self.weight = self.weight * decay + 1.0
         self.log_grant = self.log_grant * decay + log_g
         self.log_grant_sq = self.log_grant_sq * decay + log_g * log_g
-        sums, squares = self.sums, self.squares
+        sums, squares, jacobians = self.sums, self.squares, self.jacobians
         for i, slowdown in enumerate(slowdowns):
             y = log_t - slowdown
             sums[i] = sums[i] * decay + y
             squares[i] = squares[i] * decay + y * y
-        self.refit()
+            p = self.grid[i]
+            jacobians[i] = jacobians[i] * decay + y + math.log((1.0 - p) + p / last)
+        self.refit(now)
 
     def merge(self, other: "_History") -> None:
         self.estimates.clear()
@@ -206,13 +256,16 @@ class _History:
         self.log_grant_sq += other.log_grant_sq
         self.sums = [a + b for a, b in zip(self.sums, other.sums)]
         self.squares = [a + b for a, b in zip(self.squares, other.squares)]
+        self.jacobians = [a + b for a, b in zip(self.jacobians, other.jacobians)]
         self.refit()
 
-    def refit(self) -> None:
+    def refit(self, now: float | None = None) -> None:
+        """Fits again after a run ended at `now` (None: runs loaded or merged, when the
+        runs still going are not counted)."""
         w = self.weight
         if w <= 0:
             return
-        index = self._fit() if self.elastic else 0
+        index = self._fit(now) if self.elastic else 0
         if index is None:
             # The statistics are kept on the grid: the nearest grid value stands in for the prior.
             parallel, fitted = PRIOR_PARALLEL, False
@@ -231,7 +284,7 @@ class _History:
         an encode), within [MIN_ESTIMATE, MAX_ESTIMATE]."""
         return math.exp(min(max(round(self.sums[index] / self.weight / _STEP) * _STEP, _LOG_MIN), _LOG_MAX))
 
-    def _fit(self) -> int | None:
+    def _fit(self, now: float | None) -> int | None:
         """The grid index of the fitted p, or None while the runs say nothing about it."""
         w = self.weight
         if self.runs < MIN_FIT:
@@ -239,12 +292,48 @@ class _History:
         mean_log_g = self.log_grant / w
         if self.log_grant_sq / w - mean_log_g * mean_log_g < (math.log(MIN_SPREAD) / 2) ** 2:
             return None
-        best, best_var = None, math.inf
-        for i in _PRIOR_FIRST:  # nearest the prior first, so that a tie goes to it
-            mean = self.sums[i] / w
-            var = self.squares[i] / w - mean * mean
-            if var < best_var * (1 - 1e-12):
-                best, best_var = i, var
+        if now is None or not self.going:
+            return self._most_likely(None)
+        if self.fitted and self.runs < self.next_censored:
+            return self.index  # held until the runs grew enough to fit again
+        self.next_censored = self.runs + max(1, self.runs // CENSORED_EVERY)
+        return self._most_likely(self._censored_bounds(now))
+
+    def _censored_bounds(self, now: float) -> tuple[np.ndarray, float]:
+        """Each run still going (at most CENSORED_RUNS, every k-th), scaled to one unit
+        under each grid p: the logarithm of what it has done so far, a lower bound on its
+        scaled run time (grid x runs); and the weight of each."""
+        going = list(self.going.values())
+        step = -(-len(going) // CENSORED_RUNS)
+        going = going[::step]
+        p = np.asarray(self.grid)[:, None]
+        grants = np.fromiter((r.grant for r in going), float, len(going))
+        elapsed = np.fromiter((now - r.since for r in going), float, len(going))
+        units = elapsed / ((1.0 - p) + p / grants)
+        for j, run in enumerate(going):
+            for seconds, grant in run.segments or ():
+                units[:, j] += seconds / ((1.0 - p[:, 0]) + p[:, 0] / grant)
+        return np.log(np.maximum(units, 1e-9)), float(step)
+
+    def _most_likely(self, censored: tuple[np.ndarray, float] | None) -> int:
+        """The grid index of greatest likelihood: the ended runs' scaled logs normal, with
+        the Jacobian of the scaling; the runs still going (`censored`: their lower bounds
+        and weight) censored."""
+        w = self.weight
+        sums, squares = np.asarray(self.sums), np.asarray(self.squares)
+        mu = sums / w
+        var = np.maximum(squares / w - mu * mu, VAR_FLOOR)
+        if censored is None:
+            likelihood = -0.5 * w * np.log(var)
+        else:
+            start = (mu, var) if self.censored is None else self.censored  # the runs changed little since
+            mu, var, likelihood = _censored_normal(w, sums, squares, *censored, *start)
+            self.censored = (mu, var)
+        likelihood = likelihood - np.asarray(self.jacobians)
+        best = _PRIOR_FIRST[0]
+        for i in _PRIOR_FIRST[1:]:  # nearest the prior first, so that a tie goes to it
+            if likelihood[i] > likelihood[best] + 1e-9 * abs(likelihood[best]):
+                best = i
         return best
 
     def estimate_at(self, key: str, minimum: float, parallel: float) -> Estimate:
@@ -260,6 +349,70 @@ class _History:
             estimate = self.estimates[minimum] = Estimate(_model(self.unit_seconds, parallel, minimum), "learned", key,
                                                           self.runs, parallel, self.fitted)
         return estimate
+
+
+# log P(Z > a) for a standard normal Z, through erfc's Chebyshev fit of Numerical Recipes
+# (2nd ed., section 6.2, erfcc: relative error below 1.2e-7), written in logarithms so that
+# it neither underflows nor loses digits far in the tail (numpy has no erfc).
+_ERFC_FIT = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807, -1.13520398, 1.48851587,
+             -0.82215223, 0.17087277)
+_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+def _log_upper_tail(a: np.ndarray) -> np.ndarray:
+    x = a / math.sqrt(2.0)
+    z = np.abs(x)
+    t = 1.0 / (1.0 + 0.5 * z)
+    poly = np.zeros_like(z)
+    for c in reversed(_ERFC_FIT[1:]):
+        poly = (poly + c) * t
+    log_erfc_z = np.log(t) - z * z + poly + _ERFC_FIT[0]  # log erfc(|x|)
+    log_erfc = np.where(x >= 0, log_erfc_z, np.log(2.0 - np.exp(np.minimum(log_erfc_z, 0.0))))
+    return log_erfc - math.log(2.0)
+
+
+def _censored_normal(weight: float, sums: np.ndarray, squares: np.ndarray, bounds: np.ndarray, k: float,
+                     mu: np.ndarray, var: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row (a grid p): the normal of greatest likelihood given ended values (their
+    weight, sums and sums of squares) and censored ones (`bounds`, each weighing k: each
+    value is above its bound), from (mu, var); returns its means, variances and log
+    likelihoods (less a constant). Newton's method on (mu / sd, 1 / sd), in which this
+    likelihood is concave (Olsen 1978), halving a step that would not gain."""
+    beta, gamma = mu / np.sqrt(var), 1.0 / np.sqrt(var)
+
+    def likelihood(beta: np.ndarray, gamma: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        z = gamma[:, None] * bounds - beta[:, None]
+        log_tail = _log_upper_tail(z)
+        ended = weight * np.log(gamma) - 0.5 * (gamma * gamma * squares - 2 * gamma * beta * sums + beta * beta * weight)
+        return ended + k * log_tail.sum(axis=1), np.exp(-0.5 * z * z - _LOG_SQRT_2PI - log_tail)  # and E[x | x > z]
+
+    value, mills = likelihood(beta, gamma)
+    for _ in range(CENSORED_ROUNDS):
+        z = gamma[:, None] * bounds - beta[:, None]
+        curvature = mills * (mills - z)  # of -log P(x > z), in (0, 1)
+        d_beta = gamma * sums - beta * weight + k * mills.sum(axis=1)
+        d_gamma = weight / gamma - (gamma * squares - beta * sums) - k * (mills * bounds).sum(axis=1)
+        h_bb = -weight - k * curvature.sum(axis=1)
+        h_bg = sums + k * (curvature * bounds).sum(axis=1)
+        h_gg = -weight / (gamma * gamma) - squares - k * (curvature * bounds * bounds).sum(axis=1)
+        det = h_bb * h_gg - h_bg * h_bg
+        step_beta = -(h_gg * d_beta - h_bg * d_gamma) / det
+        step_gamma = -(h_bb * d_gamma - h_bg * d_beta) / det
+        scale = np.ones_like(beta)
+        while True:
+            new_beta, new_gamma = beta + scale * step_beta, np.maximum(gamma + scale * step_gamma, 1e-3 * gamma)
+            new_value, new_mills = likelihood(new_beta, new_gamma)
+            worse = ~(new_value >= value)
+            if not worse.any() or scale.min() < 1e-6:
+                break
+            scale = np.where(worse, scale * 0.5, scale)
+        gain = np.where(worse, 0.0, new_value - value)
+        keep = ~worse
+        beta, gamma = np.where(keep, new_beta, beta), np.where(keep, new_gamma, gamma)
+        value, mills = np.where(keep, new_value, value), np.where(keep[:, None], new_mills, mills)
+        if np.all(gain <= CENSORED_SETTLED * np.abs(value)):
+            break
+    return beta / gamma, np.maximum(1.0 / (gamma * gamma), VAR_FLOOR), value
 
 
 def _valid_grants(grants: Any) -> Grants | None:
@@ -309,6 +462,7 @@ class RunTimeEstimates:
         self._histories: dict[tuple[str, bool], _History] = {}
         self._kinds: dict[str, _History] = {}  # kind -> its runs at one unit, every key together
         self._dirty: set[tuple[str, bool]] = set()
+        self._going: dict[Hashable, _Run] = {}  # runs started and not finished
         self.path = None if path is None else os.fspath(path)
         self._db: sqlite3.Connection | None = None
         if self.path is not None:
@@ -352,11 +506,14 @@ class RunTimeEstimates:
                             parallel)
         return Estimate(_model(PRIOR_SECONDS, parallel, minimum), "prior", key, 0, parallel)
 
-    def learn(self, key: str, kind: str, elastic: bool, seconds: float, grants: Grants | None) -> None:
+    def learn(self, key: str, kind: str, elastic: bool, seconds: float, grants: Grants | None,
+              now: float | None = None) -> None:
         """One successful run of `key`: `seconds` of running at `grants` units of its elastic
         kind (ignored for a fixed one): one grant, or the run's (seconds, grant) segments when
-        it was resized. A run time that is not a finite non-negative number, or an elastic
-        run without positive grants, is not learned."""
+        it was resized. `now`: when it ended, on the clock of `started` (its key's runs still
+        going then count in the fit); None for a run not reported as it went. A run time
+        that is not a finite non-negative number, or an elastic run without positive
+        grants, is not learned."""
         if not (math.isfinite(seconds) and seconds >= 0):
             return
         if elastic:
@@ -365,15 +522,60 @@ class RunTimeEstimates:
                 return
         else:
             grants = 1.0
-        history = self._histories.get((key, elastic))
-        if history is None:
-            history = self._histories[(key, elastic)] = _History(kind, elastic)
-        history.add(grants, seconds)
+        history = self._history(key, kind, elastic)
+        history.add(grants, seconds, now)
         kind_history = self._kinds.get(kind)
         if kind_history is None:
             kind_history = self._kinds[kind] = _History(kind, False)
         kind_history.add(1.0, seconds / _slowdown(grants, history.parallel) if elastic else seconds)
         self._dirty.add((key, elastic))
+
+    def _history(self, key: str, kind: str, elastic: bool) -> _History:
+        history = self._histories.get((key, elastic))
+        if history is None:
+            history = self._histories[(key, elastic)] = _History(kind, elastic)
+        return history
+
+    # ------------------------------------------------------------ runs as they go
+    def started(self, run: Hashable, key: str, kind: str, elastic: bool, grant: float, now: float) -> None:
+        """Run `run` (any id unique among the runs going) of `key` started at `now` (any
+        clock, the same for every call) at `grant` units of its elastic kind (ignored for a
+        fixed call). Until it finishes it counts in its key's fit as censored: longer than
+        what it has done so far."""
+        self.finished(run, now, ok=False)  # a run reported again started again
+        grant = float(grant) if elastic else 1.0
+        if not (math.isfinite(grant) and grant > 0 and math.isfinite(now)):
+            return  # as learn: a run without a positive grant is not learned
+        history = self._history(key, kind, elastic)
+        going = self._going[run] = _Run(key, history, now, grant)
+        if elastic:
+            history.going[run] = going
+
+    def resized(self, run: Hashable, grant: float, now: float) -> None:
+        """Run `run` holds `grant` units from `now` on (a run not going: ignored)."""
+        going = self._going.get(run)
+        if going is None or not (math.isfinite(grant) and grant > 0):
+            return
+        if going.segments is None:
+            going.segments = []
+        going.segments.append((max(now - going.since, 0.0), going.grant))
+        going.since, going.grant = now, float(grant)
+
+    def finished(self, run: Hashable, now: float, ok: bool = True) -> None:
+        """Run `run` ended at `now`: learned when `ok` (it succeeded), else forgotten (a
+        failure, a cancel or a requeue says nothing of its run time). A run not going is
+        ignored."""
+        going = self._going.pop(run, None)
+        if going is None:
+            return
+        history = going.history
+        history.going.pop(run, None)
+        if not ok:
+            return
+        grants: Grants = going.grant
+        if going.segments is not None:
+            grants = [*going.segments, (max(now - going.since, 0.0), going.grant)]
+        self.learn(going.key, history.kind, history.elastic, now - going.start, grants, now)
 
     # ------------------------------------------------------------ persistence
     def _open(self) -> None:
@@ -442,7 +644,7 @@ class RunTimeEstimates:
                 data = json.load(f)
         except ValueError as e:
             raise ValidationError("estimates", f"{where!r} is not JSON: {e}") from None
-        if not isinstance(data, Mapping) or data.get("tangram_estimates") != FORMAT_VERSION:
+        if not isinstance(data, Mapping) or data.get("tangram_estimates") not in (1, FORMAT_VERSION):
             raise ValidationError("estimates", f"{where!r} is not a tangram estimates file (version {FORMAT_VERSION})")
         if data.get("parallel_grid") != list(PARALLEL_GRID):
             raise ValidationError("estimates.parallel_grid", f"{where!r} was written with another grid of parallel "
@@ -468,7 +670,8 @@ class RunTimeEstimates:
             if kind_history is None:
                 kind_history = self._kinds[kind] = _History(kind, False)
             i = loaded.index
-            at_one_unit = _History(kind, False, [loaded.weight, 0.0, 0.0, loaded.sums[i], loaded.squares[i]])
+            at_one_unit = _History(kind, False, [loaded.weight, 0.0, 0.0, loaded.sums[i], loaded.squares[i],
+                                                 loaded.sums[i]])
             at_one_unit.runs = runs
             kind_history.merge(at_one_unit)
             if not replace:
@@ -488,12 +691,14 @@ def _check_entry(entry: Any, where: str) -> tuple[str, bool, str, int, list[floa
         raise ValidationError(f"{where}.kind", f"must be a string, got {given(kind)}")
     if isinstance(runs, bool) or not isinstance(runs, int) or runs < 0:
         raise ValidationError(f"{where}.runs", f"must be a non-negative integer, got {given(runs)}")
-    size = 3 + 2 * (len(PARALLEL_GRID) if elastic else 1)
-    if not (isinstance(state, list) and len(state) == size and all(
+    n = len(PARALLEL_GRID) if elastic else 1
+    size = 3 + 3 * n  # (3 + 2n: version 1, without the Jacobian sums)
+    if not (isinstance(state, list) and len(state) in (size, 3 + 2 * n) and all(
             isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in state)):
         what = "an elastic" if elastic else "a fixed"
         raise ValidationError(f"{where}.statistics",
-                              f"must be a list of {size} finite numbers for {what} key, got {given(state)}")
+                              f"must be a list of {size} finite numbers for {what} key ({size - n} in a version-1 "
+                              f"file), got {given(state)}")
     if state[0] < 0 or state[0] > runs:
         raise ValidationError(f"{where}.statistics", f"its weight {state[0]:g} must be between 0 and the runs ({runs})")
     return key, elastic, kind, runs, [float(v) for v in state]

@@ -86,7 +86,7 @@ class _Live:
     """Book-keeping of one live action (the orchestrator's, not the caller's)."""
 
     __slots__ = ("id", "call", "future", "manager", "template", "record", "in_core", "running", "task",
-                 "timer", "cancel_reason", "watch", "placement", "estimate", "grant_segments", "grant_since")
+                 "timer", "cancel_reason", "watch", "placement", "estimate")
 
     def __init__(self, action_id: int, call: Call, future: asyncio.Future[Any], manager: ResourceManager,
                  template: int, record: ActionRecord, estimate: Estimate) -> None:
@@ -104,9 +104,6 @@ class _Live:
         self.cancel_reason: str | None = None  # "timeout", "cancelled" or "closed"
         self.watch: Any = None  # the future's done callback that turns a caller's cancel into ours
         self.placement: Placement | None = None  # while it runs: what it was given (resizes change it)
-        # (seconds, grant) of its running before grant_since, once resized (for a learned estimate)
-        self.grant_segments: list[tuple[float, float]] | None = None
-        self.grant_since = 0.0
 
 
 class Orchestrator:
@@ -582,7 +579,8 @@ class Orchestrator:
         record.node = placement.node_name
         record.device = placement.device
         record.grant = grant
-        lv.grant_segments, lv.grant_since = None, record.start
+        if lv.estimate.source != "declared":  # its run informs the estimate from now on
+            self.estimates.started(lv.id, lv.estimate.key, call.kind, call.elastic is not None, grant, record.start)
         lv.running = True
         self._count(call.kind, 0, -1)
         self._count(call.kind, 1, +1)
@@ -616,11 +614,7 @@ class Orchestrator:
         elif elastic_kind == self._memory:
             changes["memory"] = grant
         lv.placement = dataclasses.replace(old, **changes)
-        now = self._now()
-        if lv.grant_segments is None:
-            lv.grant_segments = []
-        lv.grant_segments.append((now - lv.grant_since, old.grant))
-        lv.grant_since = now
+        self.estimates.resized(lv.id, grant, self._now())
         lv.record.grant = grant
         try:
             lv.manager.resize(LiveAction(lv.id, lv.call), lv.placement)
@@ -671,6 +665,7 @@ class Orchestrator:
         lv.running = False
         lv.task = None
         lv.cancel_reason = None
+        self.estimates.finished(lv.id, self._now(), ok=False)  # its run ended unfinished
         lv.in_core = False
         record = lv.record
         record.start = record.node = record.device = record.grant = None
@@ -727,8 +722,8 @@ class Orchestrator:
             lv.timer.cancel()
         kind = lv.call.kind
         if lv.running:
-            if outcome == "ok" and lv.estimate.source != "declared":
-                self._learn(lv, record.end)
+            if lv.estimate.source != "declared":
+                self.estimates.finished(lv.id, record.end, ok=outcome == "ok")
             self._count(kind, 1, -1)
             self._pending_complete.append(lv.id)
             self._kick()
@@ -744,16 +739,6 @@ class Orchestrator:
             else:
                 lv.future.set_exception(error)
         self.records.finish(record)
-
-    def _learn(self, lv: _Live, end: float) -> None:
-        """A successful run of a call without a declared run time, for its estimate."""
-        seconds = end - lv.record.start  # type: ignore[operator]
-        grants: Any = None
-        if lv.call.elastic is not None and lv.placement is not None:
-            grants = lv.placement.grant
-            if lv.grant_segments is not None:  # resized: each grant for as long as it held
-                grants = [*lv.grant_segments, (end - lv.grant_since, grants)]
-        self.estimates.observe(lv.call, seconds, grants, lv.estimate.key)
 
     def _save_estimates(self) -> None:
         self._save_timer = self._loop.call_later(SAVE_EVERY, self._save_estimates)  # type: ignore[union-attr]

@@ -374,7 +374,6 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
     if mode == "noisy":
         planned_factor = np.random.default_rng([seed, 0x6E6F697379]).lognormal(-sigma * sigma / 2, sigma, total)
     learner = RunTimeEstimates() if mode in ("learned", "learned-runtimes") else None
-    held_segments: dict[int, list[tuple[float, float]]] = {}  # aid -> (seconds, grant) before its last resize
     learn_key: dict[int, tuple[str, str, bool]] = {}  # action id -> its key, kind and elasticity
 
     def true_runtime(aid: int, g: float) -> float:
@@ -473,6 +472,9 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
                 if label[aid] == ENV and math.isnan(traj_first_start[t]):
                     traj_first_start[t] = now
                 since[aid] = now
+                if learner is not None:  # as the live orchestrator reports a run as it goes
+                    key, kind_name, is_elastic = learn_key[aid]
+                    learner.started(aid, key, kind_name, is_elastic, g, now)
                 push(now + t_run, _FINISH, aid)
             elif kind == 1:
                 restores += 1
@@ -489,7 +491,7 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
                 work_left[aid] = max(left, 0.0)
                 held_before[aid] += demand[aid] * (now - since[aid])
                 if learner is not None:
-                    held_segments.setdefault(aid, []).append((now - since[aid], float(demand[aid, 0])))
+                    learner.resized(aid, g, now)
                 demand[aid, 0] = g
                 since[aid] = now
                 resized[aid] = True
@@ -537,13 +539,7 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
             for aid in finished:
                 finish[aid] = now
                 if learner is not None:  # what the live orchestrator learns as an action ends
-                    key, kind, is_elastic = learn_key[aid]
-                    seconds = now - start[aid]
-                    grants = None
-                    if is_elastic:  # each grant it held, for how long
-                        grants = held_segments.pop(aid, [])
-                        grants.append((now - since[aid], float(demand[aid, 0])))
-                    learner.learn(key, kind, is_elastic, seconds, grants)
+                    learner.finished(aid, now)
             apply(sched.complete(finished, now), now)
             for aid in finished:
                 advance(aid, now, to_submit, ended)
