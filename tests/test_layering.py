@@ -14,6 +14,7 @@ The layers, lowest first:
              the one place where a module may name a higher layer)
   runtime    tangram.runtime.*: the orchestrator and its resource managers
   server     tangram.server.*: `tangram serve` and its client
+  integrations  tangram.integrations.*: the RL frameworks' adapters (they use the client)
   ray        tangram.ray.*: the Ray backend
   sim        tangram.sim.*: the virtual-time simulator
   demo       tangram.demo.*: `tangram demo`
@@ -54,6 +55,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("face", ("tangram",)),
     ("runtime", ("tangram.runtime.",)),
     ("server", ("tangram.server.",)),
+    ("integrations", ("tangram.integrations.",)),
     ("ray", ("tangram.ray.",)),
     ("sim", ("tangram.sim.",)),
     ("demo", ("tangram.demo.",)),

@@ -36,6 +36,9 @@ SUBMODULE_API = {
     "Server": "tangram.server",
     "PolicyRules": "tangram.reference",
     "ReferenceScheduler": "tangram.reference",
+    "TangramCodeTool": "tangram.integrations.verl",
+    "TangramSandbox": "tangram.integrations.slime",
+    "TangramCodeEnv": "tangram.integrations.skyrl",
 }
 
 # Bare names in the docs that are not tangram's: where they come from.
@@ -48,6 +51,12 @@ NOT_TANGRAM = {
     "Protocol": "typing",
     "RayActorError": "ray.exceptions",
     "ActorUnavailableError": "ray.exceptions",
+    "BaseTool": "veRL's tool interface (verl.tools.base_tool)",
+    "Sandbox": "slime's sandbox protocol (slime.agent.sandbox)",
+    "BaseTextEnv": "skyrl-gym's environment class (skyrl_gym.envs.base_text_env)",
+    # Sandbox Fusion's status values (tangram.runtime.run_code)
+    "Success": "Sandbox Fusion", "Failed": "Sandbox Fusion", "SandboxError": "Sandbox Fusion",
+    "Finished": "Sandbox Fusion", "TimeLimitExceeded": "Sandbox Fusion", "Error": "Sandbox Fusion",
 }
 
 

@@ -2,6 +2,7 @@
 
     tangram serve [--config FILE] [--host 127.0.0.1] [--port 7450] [--token T]
                   [--policy P] [--max-frame BYTES] [--grace SECONDS] [--manager KIND=NAME]
+                  [--sandbox-fusion-port PORT]
 
 The server is an Orchestrator plus a listener. Each connection submits actions with ids in
 its own range; the server submits them to the orchestrator as they arrive (the frames read
@@ -50,6 +51,7 @@ from ..runtime.orchestrator import ActionHandle, Orchestrator, OrchestratorClose
 from ..runtime.records import ActionRecord
 from . import protocol as P
 from .protocol import AuthenticationError, FrameTooLarge, ProtocolError
+from .sandbox_fusion import SandboxFusionEndpoint
 
 _TRAJECTORY_LIMIT = 1 << P.ID_BITS
 _ID_MASK = (1 << P.ID_BITS) - 1
@@ -72,6 +74,10 @@ class Server:
                   unless `host` is a loopback address
     max_frame     the largest frame accepted from an authenticated client, in bytes
     hello_timeout seconds a new connection has to authenticate
+    sandbox_fusion_port
+                  also serve Sandbox Fusion's HTTP API on this port, on the same host and
+                  orchestrator, with the same token (tangram.server.sandbox_fusion; 0 picks
+                  a free port, None: not served); then `sandbox_fusion.address`
 
     `await start()` (or `async with`), then `address`; `await close(grace)` to stop.
     """
@@ -80,7 +86,7 @@ class Server:
                  token: str | None = None, policy: str | None = None, inventory: Inventory | None = None,
                  managers: Sequence[ResourceManager] | Mapping[str, ResourceManager] = (),
                  default_managers: bool = True, max_frame: int = P.DEFAULT_MAX_FRAME,
-                 hello_timeout: float = 10.0) -> None:
+                 hello_timeout: float = 10.0, sandbox_fusion_port: int | None = None) -> None:
         if not isinstance(max_frame, int) or max_frame < 1024:
             raise ValidationError("max_frame", f"must be an integer of at least 1024 bytes, got {max_frame!r}")
         if token is not None and not isinstance(token, str):
@@ -93,6 +99,8 @@ class Server:
         self.orchestrator = Orchestrator(config, inventory=inventory, policy=policy, managers=managers,
                                          default_managers=default_managers)
         self.address: tuple[str, int] | None = None
+        self.sandbox_fusion_port = sandbox_fusion_port
+        self.sandbox_fusion: SandboxFusionEndpoint | None = None
         self._listener: asyncio.AbstractServer | None = None
         self._connections: set[_Connection] = set()
         self._by_number: dict[int, _Connection] = {}  # authenticated connections, by number
@@ -119,7 +127,16 @@ class Server:
         try:
             self._listener = await loop.create_server(lambda: _Connection(self), self.host, self.port,
                                                       reuse_address=True)
+            if self.sandbox_fusion_port is not None:
+                # Its trajectories are a connection number's range, as a client's are.
+                number = next(self._numbers)
+                self.sandbox_fusion = SandboxFusionEndpoint(
+                    self.orchestrator, host=self.host, port=self.sandbox_fusion_port, token=self.token,
+                    trajectories=(number << P.ID_BITS, 1 << P.ID_BITS))
+                await self.sandbox_fusion.start()
         except BaseException:
+            if self._listener is not None:
+                self._listener.close()
             await self.orchestrator.close()
             raise
         sockname = self._listener.sockets[0].getsockname()
@@ -155,7 +172,12 @@ class Server:
         self._closing = True
         if self._listener is not None:
             self._listener.close()
+        endpoint = self.sandbox_fusion
+        if endpoint is not None:
+            endpoint.stop_accepting()
         live = [h.future for c in list(self._connections) for h in c.live.values()]
+        if endpoint is not None:
+            live += endpoint.live()
         if grace > 0 and live:
             everything = asyncio.ensure_future(asyncio.gather(*(asyncio.shield(f) for f in live),
                                                               return_exceptions=True))
@@ -168,6 +190,8 @@ class Server:
         if requests:
             await asyncio.wait(requests, timeout=max(grace, 1.0))
         await self.orchestrator.close()
+        if endpoint is not None:  # its requests were answered as the orchestrator ended their actions
+            await endpoint.close()
         for _ in range(3):  # the futures' done callbacks queue the last results
             await asyncio.sleep(0)
         for task in list(self._background):
@@ -633,6 +657,9 @@ def _parser() -> argparse.ArgumentParser:
                         help=f"largest frame accepted from a client, bytes (default {P.DEFAULT_MAX_FRAME})")
     parser.add_argument("--grace", type=non_negative_seconds, default=10.0,
                         help="seconds running actions get to finish at shutdown (default 10)")
+    parser.add_argument("--sandbox-fusion-port", type=port, default=None, metavar="PORT",
+                        help="also serve Sandbox Fusion's HTTP API (POST /run_code, GET /v1/ping) on PORT, same host, "
+                             "orchestrator and token (Sandbox Fusion's own default port is 8080; 0 picks a free one)")
     parser.add_argument("--manager", action="append", default=[], metavar="KIND=NAME",
                         help="serve KIND's actions with manager NAME (a registered name, or module:Class), e.g. "
                              "cpu=mock to measure the protocol alone (options from the config's [managers.NAME]); "
@@ -657,7 +684,7 @@ def cli_main(argv: list[str] | None = None) -> int:
             except TypeError as e:  # options the manager does not take
                 raise ValidationError(f"managers.{name}", f"bad options for {cls.__name__}: {e}") from None
         server = Server(config, host=args.host, port=args.port, token=token, policy=args.policy,
-                        managers=managers, max_frame=args.max_frame)
+                        managers=managers, max_frame=args.max_frame, sandbox_fusion_port=args.sandbox_fusion_port)
         gc.set_threshold(*GC_THRESHOLDS)
         return asyncio.run(_serve(server, args.grace))
     except (TangramError, OSError) as e:
@@ -727,6 +754,9 @@ async def _serve(server: Server, grace: float) -> int:
     print(f"tangram serve: listening on {P.format_address(*server.address)} (policy {orch.policy}; managers "
           f"{', '.join(f'{k}={type(m).__name__}' for k, m in orch.managers.items())}; "
           f"token {'required' if server.token else 'not required'})", flush=True)
+    if server.sandbox_fusion is not None and server.sandbox_fusion.address is not None:
+        host, port = server.sandbox_fusion.address
+        print(f"tangram serve: Sandbox Fusion API on http://{P.format_address(host, port)}/run_code", flush=True)
     await stop.wait()
     await server.close(grace)
     _note("tangram serve: stopped")

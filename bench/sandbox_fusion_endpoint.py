@@ -1,0 +1,217 @@
+"""Sandbox Fusion requests through tangram's endpoint, against a plain pool of workers behind
+a minimal server of the same HTTP library.
+
+    python bench/sandbox_fusion_endpoint.py [--requests 200] [--clients 32] [--sequential 40]
+        [--repeat 3] [--json PATH]
+
+The requests are what a veRL rollout's code reward sends (verl/utils/reward_score/
+sandbox_fusion/utils.py): one POST /run_code per test case, each over a new connection
+(veRL posts with requests.post, no session), with compile_timeout, run_timeout and
+memory_limit_MB set, from a thread pool. Each program is a small CPU-bound Python program
+of our own (a sum of squares, 5-60 ms of computing on top of the interpreter's start) that
+prints its result; every answer is checked against the expected output.
+
+Two servers, each a subprocess on loopback, run in turn in every repetition:
+  tangram  `tangram serve --sandbox-fusion-port 0` with its defaults on this machine (the
+           CPU manager: a fresh sandbox per request, cgroup isolation where it is available)
+  pool     a minimal aiohttp server whose handler runs the same program runner
+           (tangram.runtime.run_code.run_code) in a concurrent.futures.ProcessPoolExecutor
+           with one worker per core: no scheduler, no sandbox, nothing isolated
+
+Two phases per server:
+  sequential  one client, one request at a time (`--sequential` of them): the latency of
+              a request with the machine otherwise idle, and the overhead: latency minus
+              the program's own time (its compile and run steps' execution_time, which
+              include the interpreter's start), i.e. HTTP, scheduling and sandbox
+  burst       `--requests` requests from `--clients` threads at once, as a rollout's
+              reward step sends them: requests per second over the burst, p50 and p99
+              latency
+
+Reports medians over the repetitions, and tangram's ratios to the pool. (Not named
+sandbox_fusion.py: pytest puts bench/ on sys.path, where that name would hide the
+sandbox-fusion client package from the tests.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import json
+import os
+import re
+import select
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import requests
+
+PROGRAM = "import sys\nn = int(sys.stdin.readline())\nprint(sum(i * i for i in range(n)))\n"
+SIZES = (100_000, 200_000, 400_000, 800_000)  # about 5 to 60 ms of computing here
+
+
+def expected(n: int) -> str:
+    return f"{sum(i * i for i in range(n))}\n"
+
+
+def verl_request(n: int) -> str:
+    """The body veRL's call_sandbox_api sends (json.dumps of its payload)."""
+    return json.dumps({"compile_timeout": 30, "run_timeout": 30, "code": PROGRAM, "stdin": str(n),
+                       "memory_limit_MB": 1024, "language": "python", "files": {}, "fetch_files": []})
+
+
+def post(url: str, n: int) -> tuple[float, float]:
+    """One request as veRL sends it: its latency and the program's own seconds."""
+    headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    began = time.perf_counter()
+    response = requests.post(url, headers=headers, data=verl_request(n), timeout=120)
+    latency = time.perf_counter() - began
+    response.raise_for_status()
+    body = response.json()
+    run = body.get("run_result") or {}
+    if body.get("status") != "Success" or run.get("stdout") != expected(n):
+        raise RuntimeError(f"wrong answer for n={n}: {body}")
+    own = sum((step or {}).get("execution_time") or 0.0 for step in (body.get("compile_result"), run))
+    return latency, own
+
+
+def measure(url: str, sequential: int, burst: int, clients: int) -> dict[str, float]:
+    seq = [post(url, SIZES[i % len(SIZES)]) for i in range(sequential)]
+    overhead = sorted(latency - own for latency, own in seq)
+    with concurrent.futures.ThreadPoolExecutor(clients) as threads:
+        began = time.perf_counter()
+        results = list(threads.map(lambda i: post(url, SIZES[i % len(SIZES)]), range(burst)))
+        wall = time.perf_counter() - began
+    latencies = sorted(latency for latency, _ in results)
+    return {
+        "sequential_p50": statistics.median(latency for latency, _ in seq),
+        "overhead_p50": statistics.median(overhead),
+        "overhead_p99": overhead[min(len(overhead) - 1, int(0.99 * len(overhead)))],
+        "burst_requests_per_s": burst / wall,
+        "burst_p50": statistics.median(latencies),
+        "burst_p99": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+    }
+
+
+# ------------------------------------------------------------------ the servers
+def start_tangram() -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen([sys.executable, "-m", "tangram", "serve", "--port", "0", "--sandbox-fusion-port", "0",
+                             "--grace", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    return proc, _url(proc, r"Sandbox Fusion API on (http://\S+/run_code)")
+
+
+def start_pool() -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen([sys.executable, __file__, "--serve-pool"], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    return proc, _url(proc, r"pool on (http://\S+/run_code)")
+
+
+def _url(proc: subprocess.Popen[str], pattern: str) -> str:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+        line = proc.stdout.readline() if ready else ""
+        match = re.search(pattern, line)
+        if match:
+            return match.group(1)
+        if proc.poll() is not None:
+            break
+    proc.kill()
+    raise RuntimeError("the server did not start")
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def serve_pool() -> None:
+    """The baseline: aiohttp and a process pool of one worker per core, nothing else."""
+    from aiohttp import web
+
+    from tangram.runtime.run_code import check_request, run_code
+
+    os.chdir(tempfile.mkdtemp(prefix="sandbox-fusion-pool-"))
+    pool = concurrent.futures.ProcessPoolExecutor(os.cpu_count() or 1)
+
+    async def run(request: web.Request) -> web.Response:
+        checked = check_request(await request.json())
+        answer = await asyncio.get_running_loop().run_in_executor(pool, run_code, checked)
+        return web.json_response(answer)
+
+    async def main() -> None:
+        list(pool.map(abs, range(os.cpu_count() or 1)))  # the workers start before the step
+        app = web.Application()
+        app.router.add_post("/run_code", run)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=4096)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        print(f"pool on http://{host}:{port}/run_code", flush=True)
+        stopped = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopped.set)
+        await stopped.wait()
+        await runner.cleanup()
+
+    asyncio.run(main())
+    pool.shutdown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=200, help="requests in the burst (default 200)")
+    parser.add_argument("--clients", type=int, default=32, help="threads sending the burst (default 32)")
+    parser.add_argument("--sequential", type=int, default=40, help="requests sent one at a time (default 40)")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--serve-pool", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_pool:
+        serve_pool()
+        return
+    runs: dict[str, list[dict[str, float]]] = {"tangram": [], "pool": []}
+    for rep in range(args.repeat):
+        for way in (("tangram", "pool") if rep % 2 == 0 else ("pool", "tangram")):
+            proc, url = (start_tangram if way == "tangram" else start_pool)()
+            try:
+                post(url, SIZES[0])  # a first request: imports and caches warm
+                result = measure(url, args.sequential, args.requests, args.clients)
+            finally:
+                stop(proc)
+            runs[way].append(result)
+            print(f"  repetition {rep + 1}, {way}: " + ", ".join(f"{k} {v:.4g}" for k, v in result.items()),
+                  flush=True)
+    medians = {way: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for way, rs in runs.items()}
+    print(f"\nSandbox Fusion requests on {os.cpu_count()} CPUs: {args.sequential} one at a time, then a burst of "
+          f"{args.requests} from {args.clients} clients; medians of {args.repeat} repetitions\n")
+    print("| server | one at a time: p50 latency | overhead p50 | overhead p99 | burst: requests/s | p50 latency "
+          "| p99 latency |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for way, m in medians.items():
+        print(f"| {way} | {m['sequential_p50'] * 1e3:.1f} ms | {m['overhead_p50'] * 1e3:.2f} ms | "
+              f"{m['overhead_p99'] * 1e3:.2f} ms | {m['burst_requests_per_s']:.1f} | {m['burst_p50'] * 1e3:.0f} ms | "
+              f"{m['burst_p99'] * 1e3:.0f} ms |")
+    t, p = medians["tangram"], medians["pool"]
+    print(f"\ntangram/pool: requests/s {t['burst_requests_per_s'] / p['burst_requests_per_s']:.2f}x, burst p50 "
+          f"{t['burst_p50'] / p['burst_p50']:.2f}x, p99 {t['burst_p99'] / p['burst_p99']:.2f}x; tangram's overhead "
+          f"beyond the program at p50: {t['overhead_p50'] * 1e3:.2f} ms")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"cpus": os.cpu_count(), "requests": args.requests, "clients": args.clients,
+                       "sequential": args.sequential, "repeat": args.repeat, "runs": runs, "medians": medians}, f,
+                      indent=1)
+            f.write("\n")
+
+
+if __name__ == "__main__":
+    main()

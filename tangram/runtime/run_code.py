@@ -1,0 +1,297 @@
+"""Running a program the way Sandbox Fusion's `POST /run_code` does, inside a sandbox.
+
+A request is the Sandbox Fusion request (`RunCodeRequest`: code, language, stdin,
+compile_timeout, run_timeout, memory_limit_MB, files, fetch_files); the result is its
+response (`RunCodeResponse`: status, message, compile_result, run_result, executor_pod_name,
+files), with the same status values:
+
+    status              Success (every step finished with return code 0), Failed (a
+                        non-zero return code or a time limit), SandboxError (the sandbox
+                        could not run it: a missing compiler, a bad file path)
+    compile_result,     per step: status Finished / TimeLimitExceeded / Error,
+    run_result          execution_time (wall seconds), return_code, stdout, stderr
+                        (compile_result is null for interpreted languages; run_result is
+                        null when compiling failed)
+
+`check_request` validates a request as the endpoint receives it (a ValidationError naming
+the field); `run_code_call` makes it one tangram action (a Call whose function runs in the
+trajectory's sandbox); `run_code` is that function. It writes `files` (base64) into a
+working directory, writes the code to a file, compiles it when the language has a compile
+step, runs it with `stdin`, and reads back `fetch_files`:
+
+- in a fresh directory inside the sandbox, removed afterwards (`keep_files=False`: a
+  request of its own), or in the sandbox's own directory (`keep_files=True`: a session,
+  whose requests see each other's files);
+- each step in a process group of its own, killed at its timeout (partial output kept);
+- stdout and stderr through files, not pipes, and at most OUTPUT_LIMIT bytes of each read
+  back (as Sandbox Fusion: 1 MiB), decoded as UTF-8 with invalid bytes replaced;
+- memory_limit_MB > 0: RLIMIT_AS of that many MiB on each step's process (as Sandbox
+  Fusion), and the action's memory demand, so the core places it where that fits.
+
+Languages: LANGUAGES below, each with the file its code goes to, its compile step (if
+any) and its run step; a language Sandbox Fusion knows but this table does not, or whose
+compiler or interpreter is not on the machine, is a SandboxError naming it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Mapping
+
+from .._errors import ValidationError
+from .._model import given
+from .call import Call
+
+# Every language name Sandbox Fusion's server accepts (its `Language` literal); others are
+# a validation error, as there (HTTP 422).
+SANDBOX_FUSION_LANGUAGES = (
+    "python", "cpp", "nodejs", "go", "go_test", "java", "php", "csharp", "bash", "typescript", "sql", "rust", "cuda",
+    "lua", "R", "perl", "D_ut", "ruby", "scala", "julia", "pytest", "junit", "kotlin_script", "jest", "verilog",
+    "python_gpu", "lean", "swift", "racket")
+
+# language -> (source file, compile argv or None, run argv); "{src}" and "{exe}" are
+# replaced by the source file and the program built from it. "python" runs the
+# sandbox's own interpreter.
+LANGUAGES: dict[str, tuple[str, tuple[str, ...] | None, tuple[str, ...]]] = {
+    "python": ("main.py", None, ("{python}", "{src}")),
+    "pytest": ("test_main.py", None, ("{python}", "-m", "pytest", "-q", "{src}")),
+    "bash": ("main.sh", None, ("bash", "{src}")),
+    "cpp": ("main.cpp", ("g++", "-std=c++17", "{src}", "-o", "{exe}", "-lpthread"), ("{exe}",)),
+    "go": ("main.go", ("go", "build", "-o", "{exe}", "{src}"), ("{exe}",)),
+    "java": ("Main.java", ("javac", "{src}"), ("java", "-cp", ".", "-ea", "Main")),
+    "rust": ("main.rs", ("rustc", "{src}", "-o", "{exe}"), ("{exe}",)),
+    "nodejs": ("main.js", None, ("node", "{src}")),
+    "typescript": ("main.ts", None, ("tsx", "{src}")),
+    "php": ("main.php", None, ("php", "-f", "{src}")),
+    "perl": ("main.pl", None, ("perl", "{src}")),
+    "ruby": ("main.rb", None, ("ruby", "{src}")),
+    "lua": ("main.lua", None, ("lua", "{src}")),
+    "R": ("main.R", None, ("Rscript", "{src}")),
+    "julia": ("main.jl", None, ("julia", "{src}")),
+}
+
+OUTPUT_LIMIT = 1 << 20  # bytes of stdout and of stderr read back per step
+DEFAULT_COMPILE_TIMEOUT = 10.0  # Sandbox Fusion's defaults, seconds
+DEFAULT_RUN_TIMEOUT = 10.0
+MAX_TIMEOUT = 86400.0
+# The action's own timeout is the request's two timeouts plus this: the steps' timeouts
+# are enforced inside, so the action's only catches a sandbox that stopped answering.
+ACTION_TIMEOUT_SLACK = 10.0
+
+
+def check_request(request: Any) -> dict[str, Any]:
+    """A Sandbox Fusion request (a JSON object) made whole: defaults filled in, every field
+    checked (ValidationError naming it, as `request.FIELD`). Fields it does not know are
+    ignored, as Sandbox Fusion's server ignores them."""
+    if not isinstance(request, Mapping):
+        raise ValidationError("request", f"must be a JSON object, got {given(request)}")
+    code = request.get("code")
+    if not isinstance(code, str):
+        raise ValidationError("request.code", f"is required, a string; got {given(code)}")
+    language = request.get("language")
+    if language not in SANDBOX_FUSION_LANGUAGES:
+        raise ValidationError("request.language", f"must be one of Sandbox Fusion's languages "
+                                                  f"({', '.join(SANDBOX_FUSION_LANGUAGES)}); got {given(language)}")
+    out: dict[str, Any] = {"code": code, "language": language}
+    for name, default in (("compile_timeout", DEFAULT_COMPILE_TIMEOUT), ("run_timeout", DEFAULT_RUN_TIMEOUT)):
+        value = request.get(name, default)
+        if value is None:
+            value = default
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                and 0 < value <= MAX_TIMEOUT):
+            raise ValidationError(f"request.{name}", f"must be a number of seconds in (0, {MAX_TIMEOUT:g}], "
+                                                     f"got {given(value)}")
+        out[name] = float(value)
+    memory = request.get("memory_limit_MB", -1)
+    if memory is None:
+        memory = -1
+    if isinstance(memory, float) and memory.is_integer():
+        memory = int(memory)
+    if not isinstance(memory, int) or isinstance(memory, bool) or not (memory == -1 or 0 < memory <= 1 << 30):
+        raise ValidationError("request.memory_limit_MB", f"must be -1 (no limit) or a positive number of MiB, "
+                                                         f"got {given(memory)}")
+    out["memory_limit_MB"] = memory
+    stdin = request.get("stdin")
+    if stdin is not None and not isinstance(stdin, str):
+        raise ValidationError("request.stdin", f"must be a string or null, got {given(stdin)}")
+    out["stdin"] = stdin
+    files = request.get("files") or {}
+    if not isinstance(files, Mapping):
+        raise ValidationError("request.files", f"must be an object of path -> base64 content, got {given(files)}")
+    checked: dict[str, bytes] = {}
+    for path, content in files.items():
+        if content is None:  # skipped, as Sandbox Fusion does
+            continue
+        _check_path(f"request.files[{path!r}]", path)
+        if not isinstance(content, str):
+            raise ValidationError(f"request.files[{path!r}]", f"must be base64 text or null, got {given(content)}")
+        try:
+            checked[path] = base64.b64decode(content, validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise ValidationError(f"request.files[{path!r}]", f"is not base64: {e}") from None
+    out["files"] = checked
+    fetch = request.get("fetch_files") or []
+    if not isinstance(fetch, list):
+        raise ValidationError("request.fetch_files", f"must be a list of paths, got {given(fetch)}")
+    for i, path in enumerate(fetch):
+        _check_path(f"request.fetch_files[{i}]", path)
+    out["fetch_files"] = list(fetch)
+    return out
+
+
+def _check_path(field: str, path: Any) -> None:
+    """A file path inside the working directory: relative, without '..', not empty."""
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise ValidationError(field, f"must be a non-empty path, got {given(path)}")
+    parts = path.replace("\\", "/").split("/")
+    if path.startswith("/") or ".." in parts:
+        raise ValidationError(field, f"must be a path inside the sandbox's working directory (relative, without "
+                                     f"'..'), got {path!r}")
+
+
+def run_code_call(request: Mapping[str, Any], trajectory: int = 0, keep_files: bool = False,
+                  cpu: float = 1.0, kind: str = "code") -> Call:
+    """One checked request (`check_request`) as a tangram action in `trajectory`'s sandbox.
+    Its run time is learned per language (key "code:LANGUAGE"); its timeout is the
+    request's two timeouts plus ACTION_TIMEOUT_SLACK; memory_limit_MB > 0 is its memory
+    demand."""
+    resources: dict[str, float] = {"cpu": cpu}
+    if request["memory_limit_MB"] > 0:
+        resources["memory"] = float(request["memory_limit_MB"])
+    timeout = request["compile_timeout"] + request["run_timeout"] + ACTION_TIMEOUT_SLACK
+    return Call(fn=run_code, args=(request, keep_files), resources=resources, timeout=timeout,
+                trajectory=trajectory, kind=kind, key=f"{kind}:{request['language']}")
+
+
+def run_code(request: Mapping[str, Any], keep_files: bool = False) -> dict[str, Any]:
+    """Runs one checked request (`check_request`) in the current directory (the sandbox's):
+    returns the Sandbox Fusion response as a dict (see the module docstring)."""
+    language = request["language"]
+    entry = LANGUAGES.get(language)
+    if entry is None:
+        return _sandbox_error(f"language {language!r} is not run by tangram's endpoint (it runs "
+                              f"{', '.join(LANGUAGES)})")
+    source, compile_argv, run_argv = entry
+    workdir = os.getcwd() if keep_files else tempfile.mkdtemp(prefix="run_code-", dir=os.getcwd())
+    try:
+        for path, content in request["files"].items():
+            target = os.path.join(workdir, path)
+            os.makedirs(os.path.dirname(target) or workdir, exist_ok=True)
+            with open(target, "wb") as f:
+                f.write(content)
+        with open(os.path.join(workdir, source), "w", encoding="utf-8") as f:
+            f.write(request["code"])
+        names = {"src": source, "exe": os.path.join(workdir, "main.out"), "python": sys.executable}
+        memory = request["memory_limit_MB"]
+        compile_result = None
+        if compile_argv is not None:
+            compile_result = _step(compile_argv, names, workdir, None, request["compile_timeout"], memory)
+            if compile_result["status"] == "Error":
+                return _sandbox_error(compile_result["stderr"], compile_result=compile_result)
+            if compile_result["status"] != "Finished" or compile_result["return_code"] != 0:
+                return _response("Failed", compile_result, None, _fetch(workdir, request["fetch_files"]))
+        run_result = _step(run_argv, names, workdir, request["stdin"], request["run_timeout"], memory)
+        files = _fetch(workdir, request["fetch_files"])
+        if run_result["status"] == "Error":
+            return _sandbox_error(run_result["stderr"], compile_result, run_result, files)
+        ok = run_result["status"] == "Finished" and run_result["return_code"] == 0
+        return _response("Success" if ok else "Failed", compile_result, run_result, files)
+    finally:
+        if keep_files:
+            try:
+                os.unlink(os.path.join(workdir, source))
+            except OSError:
+                pass
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _step(argv: tuple[str, ...], names: Mapping[str, str], workdir: str, stdin: str | None, timeout: float,
+          memory_mib: int) -> dict[str, Any]:
+    """Runs one step (a compile or the run): a CommandRunResult as a dict."""
+    argv = tuple(a.format(**names) for a in argv)
+    if shutil.which(argv[0], path=os.environ.get("PATH")) is None and not os.path.isabs(argv[0]):
+        return _command("Error", None, None, "", f"{argv[0]} is not installed on this machine")
+    limit = memory_mib << 20 if memory_mib > 0 else 0
+
+    def in_child() -> None:
+        if limit:
+            import resource
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    with tempfile.TemporaryFile(dir=workdir) as out, tempfile.TemporaryFile(dir=workdir) as err:
+        stdin_file = None
+        if stdin is not None:
+            stdin_file = tempfile.TemporaryFile(dir=workdir)
+            stdin_file.write(stdin.encode("utf-8"))
+            stdin_file.seek(0)
+        began = time.monotonic()
+        try:
+            proc = subprocess.Popen(argv, cwd=workdir, stdin=stdin_file if stdin_file is not None else subprocess.DEVNULL,
+                                    stdout=out, stderr=err, start_new_session=True, close_fds=True,
+                                    preexec_fn=in_child if limit else None)
+        except OSError as e:
+            return _command("Error", None, None, "", f"cannot run {argv[0]}: {e}")
+        finally:
+            if stdin_file is not None:
+                stdin_file.close()
+        try:
+            proc.wait(timeout=timeout)
+            status = "Finished"
+        except subprocess.TimeoutExpired:
+            status = "TimeLimitExceeded"
+        finally:
+            try:  # the step's whole process group: what it left running, or all of it at a timeout
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            proc.wait()
+        elapsed = time.monotonic() - began
+        return _command(status, elapsed, proc.returncode if status == "Finished" else None, _read(out), _read(err))
+
+
+def _read(f: Any) -> str:
+    f.seek(0)
+    return f.read(OUTPUT_LIMIT).decode("utf-8", errors="replace")
+
+
+def _fetch(workdir: str, paths: list[str]) -> dict[str, str]:
+    """The fetch_files that exist as regular files, base64 (missing ones are left out, as
+    Sandbox Fusion does)."""
+    files = {}
+    for path in paths:
+        full = os.path.join(workdir, path)
+        if os.path.isfile(full):
+            with open(full, "rb") as f:
+                files[path] = base64.b64encode(f.read()).decode("ascii")
+    return files
+
+
+def _command(status: str, seconds: float | None, code: int | None, stdout: str, stderr: str) -> dict[str, Any]:
+    return {"status": status, "execution_time": seconds, "return_code": code, "stdout": stdout, "stderr": stderr}
+
+
+def _response(status: str, compile_result: dict[str, Any] | None, run_result: dict[str, Any] | None,
+              files: dict[str, str], message: str = "") -> dict[str, Any]:
+    return {"status": status, "message": message, "compile_result": compile_result, "run_result": run_result,
+            "executor_pod_name": None, "files": files}
+
+
+def _sandbox_error(message: str, compile_result: dict[str, Any] | None = None,
+                   run_result: dict[str, Any] | None = None, files: dict[str, str] | None = None) -> dict[str, Any]:
+    return _response("SandboxError", compile_result, run_result, files or {}, message)
+
+
+def sandbox_error(message: str) -> dict[str, Any]:
+    """The response of a request the sandbox could not run (the endpoint's, for an action
+    that failed, timed out or was cancelled)."""
+    return _sandbox_error(message)

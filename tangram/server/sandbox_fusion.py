@@ -1,0 +1,305 @@
+"""Sandbox Fusion's HTTP API, served by tangram: `tangram serve --sandbox-fusion-port PORT`.
+
+Sandbox Fusion's `POST /run_code` is what RL frameworks send code execution to (veRL's
+code rewards and tool, SkyRL's verifiers and tools, the `sandbox-fusion` client). This
+endpoint takes the same requests and answers with the same responses and status values
+(tangram.runtime.run_code), so pointing such a framework at tangram is one URL. Each
+request is one tangram action: the requests that arrive in one event-loop iteration reach
+the core as one batch, are ordered and placed with every other action of the orchestrator,
+and run in a sandbox (the CPU manager's, with its isolation).
+
+Routes:
+
+    POST /run_code      a RunCodeRequest -> a RunCodeResponse (HTTP 200 whatever the
+                        program did; 422 with {"detail": [...]} for a request that does not
+                        validate, as Sandbox Fusion's server answers)
+    GET  /v1/ping       "pong" (Sandbox Fusion's health check)
+    GET  /              200 (what SkyRL's liveness check asks)
+    POST /end_session   {"session_id": ...}: ends a session now (its sandbox is removed)
+
+Sessions: a request without a session id runs in a fresh sandbox of its own, removed when
+it ends. With one (the `X-Tangram-Session` header, or a `session_id` field in the JSON
+body, which Sandbox Fusion's server would ignore) the requests of a session share one
+trajectory's sandbox: its files persist from one request to the next, and they run one at
+a time in the order they arrive. A session ends at `POST /end_session` or after
+`session_idle` seconds without a request.
+
+Errors of the action itself come back in-band, as Sandbox Fusion reports its own: a
+SandboxError with the reason in `message` (the action failed, crashed, timed out past the
+request's timeouts, or was cancelled when the server shut down); memory past
+memory_limit_MB is a Failed run with return code -9.
+
+Safety: the same rules as the TCP server. It listens where `tangram serve` does (127.0.0.1
+unless told otherwise, and anywhere else only with a token). With a token, every request
+must carry it, as `Authorization: Bearer TOKEN` or, for clients that cannot set headers
+(veRL and SkyRL take a URL), as the first segment of the path: `http://HOST:PORT/TOKEN/run_code`.
+Request bodies are limited to `max_body` bytes (`files` come base64).
+
+Built on aiohttp (aiohttp.web): a well-kept asyncio HTTP server that joins the server's
+running event loop through a public API (AppRunner, TCPSite) without taking over its
+signal handling, and is already installed wherever Ray or the sandbox-fusion client is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+from typing import Any
+
+from .._errors import TangramError, ValidationError
+from ..runtime.errors import ActionCancelled, ActionTimeout, ResourceLimitExceeded
+from ..runtime.orchestrator import Orchestrator
+from ..runtime.run_code import check_request, run_code_call, sandbox_error
+
+DEFAULT_PORT = 8080  # Sandbox Fusion's (SkyRL's verifier assumes it)
+DEFAULT_MAX_BODY = 64 << 20
+DEFAULT_SESSION_IDLE = 600.0
+SESSION_HEADER = "X-Tangram-Session"
+
+
+def _web() -> Any:
+    """aiohttp.web, imported when the endpoint starts (a Client's import of tangram.server
+    does not pay for it)."""
+    try:
+        from aiohttp import web
+    except ImportError:  # pragma: no cover - a dependency of arl-tangram; this names it if it went missing
+        raise ValidationError("sandbox_fusion", "the Sandbox Fusion endpoint needs aiohttp (a dependency of "
+                                                "arl-tangram): pip install aiohttp") from None
+    return web
+
+
+class _Session:
+    __slots__ = ("trajectory", "lock", "used", "running", "ended")
+
+    def __init__(self, trajectory: int) -> None:
+        self.trajectory = trajectory
+        self.lock = asyncio.Lock()  # one request at a time, in arrival order (asyncio's locks are fair)
+        self.used = time.monotonic()
+        self.running = 0  # its requests not answered yet
+        self.ended = False  # its sandbox goes when the last of them is answered
+
+
+class SandboxFusionEndpoint:
+    """The Sandbox Fusion API in front of a started `orchestrator` (see the module
+    docstring). `trajectories`: the first trajectory id it may use and how many (the
+    server gives it a range of its own; an embedding caller, one its own trajectories do
+    not use). `await start()`, then `address`; `await close()` to stop."""
+
+    def __init__(self, orchestrator: Orchestrator, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
+                 token: str | None = None, trajectories: tuple[int, int] = (1 << 40, 1 << 32),
+                 max_body: int = DEFAULT_MAX_BODY, session_idle: float = DEFAULT_SESSION_IDLE) -> None:
+        if not isinstance(max_body, int) or isinstance(max_body, bool) or max_body < 1024:
+            raise ValidationError("max_body", f"must be an integer of at least 1024 bytes, got {max_body!r}")
+        if not (isinstance(session_idle, (int, float)) and session_idle > 0):
+            raise ValidationError("session_idle", f"must be a positive number of seconds, got {session_idle!r}")
+        self.orchestrator = orchestrator
+        self.host, self.port = host, port
+        self.token = token or None
+        self.max_body = max_body
+        self.session_idle = float(session_idle)
+        self.address: tuple[str, int] | None = None
+        self._first, self._count = trajectories
+        self._next = 0
+        self._sessions: dict[str, _Session] = {}
+        self._runner: Any = None
+        self._reaper: asyncio.Task[None] | None = None
+        self._endings: set[asyncio.Task[None]] = set()
+        self._live: set[asyncio.Future[Any]] = set()  # the actions of requests not answered yet
+        self._closing = False
+
+    # ---------------------------------------------------------------- lifecycle
+    async def start(self) -> "SandboxFusionEndpoint":
+        from .server import is_loopback
+
+        if not is_loopback(self.host) and self.token is None:
+            raise ValidationError("token", f"refusing to serve Sandbox Fusion on {self.host or 'every interface'!r} "
+                                           "without a token: any host that reaches the port could run code")
+        web = _web()
+        authorize = self._authorize
+
+        async def authorized(request: Any, handler: Any) -> Any:
+            return await authorize(request, handler)
+
+        app = web.Application(client_max_size=self.max_body, middlewares=[web.middleware(authorized)])
+        for prefix in ("", "/{token}"):
+            app.router.add_post(prefix + "/run_code", self._run_code)
+            app.router.add_post(prefix + "/end_session", self._end_session)
+            app.router.add_get(prefix + "/v1/ping", self._ping)
+        app.router.add_get("/", self._root)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
+        await self._runner.setup()
+        # veRL opens a connection per request: a deep backlog keeps a burst from being refused.
+        site = web.TCPSite(self._runner, self.host, self.port, backlog=4096, reuse_address=True)
+        try:
+            await site.start()
+        except BaseException:
+            await self._runner.cleanup()
+            raise
+        host, port = self._runner.addresses[0][:2]  # the port chosen for port 0
+        self.address = (host, port)
+        self._reaper = asyncio.get_running_loop().create_task(self._reap_idle_sessions())
+        return self
+
+    def stop_accepting(self) -> None:
+        """New requests are answered at once with a SandboxError (shutting down); the ones
+        running go on."""
+        self._closing = True
+
+    def live(self) -> list[asyncio.Future[Any]]:
+        """The actions of the requests not answered yet (for a shutdown's grace)."""
+        return list(self._live)
+
+    async def close(self) -> None:
+        """Stops taking requests (the ones running get their answers, as their actions
+        end), closes the listener and ends every session. Idempotent."""
+        if self._runner is None:
+            return
+        self._closing = True
+        if self._reaper is not None:
+            self._reaper.cancel()
+        runner, self._runner = self._runner, None
+        await runner.cleanup()
+        for session_id in list(self._sessions):
+            self._end(session_id)
+        if self._endings:
+            await asyncio.gather(*self._endings, return_exceptions=True)
+
+    # ---------------------------------------------------------------- requests
+    async def _authorize(self, request: Any, handler: Any) -> Any:
+        web = _web()
+        if self.token is not None and request.path != "/":
+            given = request.match_info.get("token")
+            if given is None:
+                header = request.headers.get("Authorization", "")
+                given = header[7:] if header.startswith("Bearer ") else None
+            if given is None or not hmac.compare_digest(given.encode(), self.token.encode()):
+                return web.json_response({"detail": "a token is required (Authorization: Bearer TOKEN, or "
+                                                    "http://HOST:PORT/TOKEN/run_code)"}, status=401)
+        elif request.match_info.get("token") is not None:
+            return web.json_response({"detail": "not found"}, status=404)
+        return await handler(request)
+
+    async def _ping(self, request: Any) -> Any:
+        return _web().json_response("pong")
+
+    async def _root(self, request: Any) -> Any:
+        return _web().json_response({"server": "tangram", "api": "Sandbox Fusion", "run_code": "POST /run_code"})
+
+    async def _run_code(self, request: Any) -> Any:
+        web = _web()
+        try:
+            body = await request.json()
+        except ValueError as e:
+            return _invalid(["body"], f"not JSON: {e}", "json_invalid")
+        try:
+            checked = check_request(body)
+        except ValidationError as e:
+            return _invalid(["body", *e.field.split(".")[1:]], e.reason, "value_error")
+        session_id = request.headers.get(SESSION_HEADER) or body.get("session_id")
+        if session_id is not None and not (isinstance(session_id, str) and session_id):
+            return _invalid(["body", "session_id"], "must be a non-empty string", "value_error")
+        if self._closing:
+            return web.json_response(sandbox_error("the server is shutting down"))
+        if session_id is None:
+            trajectory = self._new_trajectory()
+            try:
+                return web.json_response(await self._run(checked, trajectory, False))
+            finally:
+                self._end_trajectory(trajectory)
+        session = self._sessions.get(session_id)
+        if session is None:
+            session = self._sessions[session_id] = _Session(self._new_trajectory())
+        session.running += 1
+        try:
+            async with session.lock:
+                return web.json_response(await self._run(checked, session.trajectory, True))
+        finally:
+            session.running -= 1
+            session.used = time.monotonic()
+            if session.ended and not session.running:
+                self._end_trajectory(session.trajectory)
+
+    async def _run(self, checked: dict[str, Any], trajectory: int, keep_files: bool) -> dict[str, Any]:
+        """One request as one action; its result, or the in-band error its end says."""
+        call = run_code_call(checked, trajectory, keep_files)
+        try:
+            handle = self.orchestrator.submit(call)
+        except TangramError as e:  # it can never run here (more memory than any node has...)
+            return sandbox_error(f"tangram cannot run this request: {e}")
+        self._live.add(handle.future)
+        try:
+            return await handle.future  # type: ignore[no-any-return]
+        except ResourceLimitExceeded as e:
+            if e.limit == "memory":  # the program went past memory_limit_MB and was killed
+                return {"status": "Failed", "message": "", "compile_result": None,
+                        "run_result": {"status": "Finished", "execution_time": None, "return_code": -9,
+                                       "stdout": "", "stderr": f"memory limit exceeded: {e.reason}"},
+                        "executor_pod_name": None, "files": {}}
+            return sandbox_error(str(e))
+        except ActionTimeout as e:
+            return sandbox_error(f"the sandbox did not answer within the request's timeouts: {e}")
+        except ActionCancelled as e:
+            return sandbox_error(f"cancelled: {e}")
+        except TangramError as e:
+            return sandbox_error(str(e))
+        except asyncio.CancelledError:  # the client went away: so does its action
+            handle.cancel()
+            raise
+        finally:
+            self._live.discard(handle.future)
+
+    async def _end_session(self, request: Any) -> Any:
+        web = _web()
+        try:
+            body = await request.json()
+        except ValueError as e:
+            return _invalid(["body"], f"not JSON: {e}", "json_invalid")
+        session_id = body.get("session_id") if isinstance(body, dict) else None
+        if not isinstance(session_id, str) or not session_id:
+            return _invalid(["body", "session_id"], "is required, a non-empty string", "value_error")
+        ended = self._end(session_id)
+        return web.json_response({"session_id": session_id, "ended": ended})
+
+    # ---------------------------------------------------------------- trajectories
+    def _new_trajectory(self) -> int:
+        trajectory = self._first + self._next
+        self._next = (self._next + 1) % self._count
+        return trajectory
+
+    def _end_trajectory(self, trajectory: int) -> None:
+        task = asyncio.get_running_loop().create_task(self._ending(trajectory))
+        self._endings.add(task)
+        task.add_done_callback(self._endings.discard)
+
+    async def _ending(self, trajectory: int) -> None:
+        try:
+            await self.orchestrator.end_trajectory(trajectory)
+        except TangramError:  # the orchestrator closed first: it ended every sandbox itself
+            pass
+
+    def _end(self, session_id: str) -> bool:
+        """Ends a session: its sandbox goes now, or when its last request is answered."""
+        session = self._sessions.pop(session_id, None)
+        if session is None:
+            return False
+        session.ended = True
+        if not session.running:
+            self._end_trajectory(session.trajectory)
+        return True
+
+    async def _reap_idle_sessions(self) -> None:
+        while True:
+            await asyncio.sleep(min(self.session_idle, 30.0))
+            idle_since = time.monotonic() - self.session_idle
+            for session_id, session in list(self._sessions.items()):
+                if session.running == 0 and session.used < idle_since:
+                    self._end(session_id)
+
+
+def _invalid(location: list[str], message: str, kind: str) -> Any:
+    """HTTP 422 in the shape FastAPI (Sandbox Fusion's server) gives a request that does
+    not validate."""
+    return _web().json_response({"detail": [{"loc": location, "msg": message, "type": kind}]}, status=422,
+                                dumps=json.dumps)
