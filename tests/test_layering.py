@@ -4,7 +4,8 @@ layers below it, and a private (underscore) name stays in the module that define
 The layers, lowest first:
 
   base       tangram._compiled, tangram._core (the compiled core), tangram._errors,
-             tangram._records, tangram._arguments (the command lines' argument types)
+             tangram._records, tangram._arguments (the command lines' argument types),
+             tangram.worker and tangram._run_code (what sandboxes import)
   devices    tangram.devices: GPU discovery (NVML, or the TANGRAM_FAKE_GPUS inventory)
   model      tangram._model: inventory, elasticity models, actions
   scheduler  tangram.scheduler, tangram.reference, tangram._numpy_placement
@@ -48,7 +49,7 @@ PACKAGE = Path(tangram.__file__).resolve().parent
 # Lowest first. A name ending in "." covers a package and every module under it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("tangram._compiled", "tangram._core", "tangram._errors", "tangram._records", "tangram._arguments",
-              "tangram.worker")),
+              "tangram.worker", "tangram._run_code")),
     ("devices", ("tangram.devices",)),
     ("model", ("tangram._model",)),
     ("scheduler", ("tangram.scheduler", "tangram.reference", "tangram._numpy_placement")),

@@ -28,7 +28,7 @@ step, runs it with `stdin`, and reads back `fetch_files`:
 - memory_limit_MB > 0: RLIMIT_AS of that many MiB on each step's process (as Sandbox
   Fusion), and the action's memory demand, so the core places it where that fits.
 
-Languages: LANGUAGES below, each with the file its code goes to, its compile step (if
+Languages: LANGUAGES (in tangram._run_code, the part that runs in the sandbox), each with the file its code goes to, its compile step (if
 any) and its run step; a language Sandbox Fusion knows but this table does not, or whose
 compiler or interpreter is not on the machine, is a SandboxError naming it.
 """
@@ -38,18 +38,15 @@ from __future__ import annotations
 import base64
 import binascii
 import math
-import os
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
-import time
 from typing import Any, Mapping
 
 from .._errors import ValidationError
 from .._model import given
+from .._run_code import LANGUAGES, OUTPUT_LIMIT, run_code, sandbox_error
 from .call import Call
+
+__all__ = ["LANGUAGES", "OUTPUT_LIMIT", "SANDBOX_FUSION_LANGUAGES", "check_request", "run_code", "run_code_call",
+           "sandbox_error"]
 
 # Every language name Sandbox Fusion's server accepts (its `Language` literal); others are
 # a validation error, as there (HTTP 422).
@@ -58,28 +55,6 @@ SANDBOX_FUSION_LANGUAGES = (
     "lua", "R", "perl", "D_ut", "ruby", "scala", "julia", "pytest", "junit", "kotlin_script", "jest", "verilog",
     "python_gpu", "lean", "swift", "racket")
 
-# language -> (source file, compile argv or None, run argv); "{src}" and "{exe}" are
-# replaced by the source file and the program built from it. "python" runs the
-# sandbox's own interpreter.
-LANGUAGES: dict[str, tuple[str, tuple[str, ...] | None, tuple[str, ...]]] = {
-    "python": ("main.py", None, ("{python}", "{src}")),
-    "pytest": ("test_main.py", None, ("{python}", "-m", "pytest", "-q", "{src}")),
-    "bash": ("main.sh", None, ("bash", "{src}")),
-    "cpp": ("main.cpp", ("g++", "-std=c++17", "{src}", "-o", "{exe}", "-lpthread"), ("{exe}",)),
-    "go": ("main.go", ("go", "build", "-o", "{exe}", "{src}"), ("{exe}",)),
-    "java": ("Main.java", ("javac", "{src}"), ("java", "-cp", ".", "-ea", "Main")),
-    "rust": ("main.rs", ("rustc", "{src}", "-o", "{exe}"), ("{exe}",)),
-    "nodejs": ("main.js", None, ("node", "{src}")),
-    "typescript": ("main.ts", None, ("tsx", "{src}")),
-    "php": ("main.php", None, ("php", "-f", "{src}")),
-    "perl": ("main.pl", None, ("perl", "{src}")),
-    "ruby": ("main.rb", None, ("ruby", "{src}")),
-    "lua": ("main.lua", None, ("lua", "{src}")),
-    "R": ("main.R", None, ("Rscript", "{src}")),
-    "julia": ("main.jl", None, ("julia", "{src}")),
-}
-
-OUTPUT_LIMIT = 1 << 20  # bytes of stdout and of stderr read back per step
 DEFAULT_COMPILE_TIMEOUT = 10.0  # Sandbox Fusion's defaults, seconds
 DEFAULT_RUN_TIMEOUT = 10.0
 MAX_TIMEOUT = 86400.0
@@ -172,126 +147,3 @@ def run_code_call(request: Mapping[str, Any], trajectory: int = 0, keep_files: b
                 trajectory=trajectory, kind=kind, key=f"{kind}:{request['language']}")
 
 
-def run_code(request: Mapping[str, Any], keep_files: bool = False) -> dict[str, Any]:
-    """Runs one checked request (`check_request`) in the current directory (the sandbox's):
-    returns the Sandbox Fusion response as a dict (see the module docstring)."""
-    language = request["language"]
-    entry = LANGUAGES.get(language)
-    if entry is None:
-        return _sandbox_error(f"language {language!r} is not run by tangram's endpoint (it runs "
-                              f"{', '.join(LANGUAGES)})")
-    source, compile_argv, run_argv = entry
-    workdir = os.getcwd() if keep_files else tempfile.mkdtemp(prefix="run_code-", dir=os.getcwd())
-    try:
-        for path, content in request["files"].items():
-            target = os.path.join(workdir, path)
-            os.makedirs(os.path.dirname(target) or workdir, exist_ok=True)
-            with open(target, "wb") as f:
-                f.write(content)
-        with open(os.path.join(workdir, source), "w", encoding="utf-8") as f:
-            f.write(request["code"])
-        names = {"src": source, "exe": os.path.join(workdir, "main.out"), "python": sys.executable}
-        memory = request["memory_limit_MB"]
-        compile_result = None
-        if compile_argv is not None:
-            compile_result = _step(compile_argv, names, workdir, None, request["compile_timeout"], memory)
-            if compile_result["status"] == "Error":
-                return _sandbox_error(compile_result["stderr"], compile_result=compile_result)
-            if compile_result["status"] != "Finished" or compile_result["return_code"] != 0:
-                return _response("Failed", compile_result, None, _fetch(workdir, request["fetch_files"]))
-        run_result = _step(run_argv, names, workdir, request["stdin"], request["run_timeout"], memory)
-        files = _fetch(workdir, request["fetch_files"])
-        if run_result["status"] == "Error":
-            return _sandbox_error(run_result["stderr"], compile_result, run_result, files)
-        ok = run_result["status"] == "Finished" and run_result["return_code"] == 0
-        return _response("Success" if ok else "Failed", compile_result, run_result, files)
-    finally:
-        if keep_files:
-            try:
-                os.unlink(os.path.join(workdir, source))
-            except OSError:
-                pass
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _step(argv: tuple[str, ...], names: Mapping[str, str], workdir: str, stdin: str | None, timeout: float,
-          memory_mib: int) -> dict[str, Any]:
-    """Runs one step (a compile or the run): a CommandRunResult as a dict."""
-    argv = tuple(a.format(**names) for a in argv)
-    if shutil.which(argv[0], path=os.environ.get("PATH")) is None and not os.path.isabs(argv[0]):
-        return _command("Error", None, None, "", f"{argv[0]} is not installed on this machine")
-    limit = memory_mib << 20 if memory_mib > 0 else 0
-
-    def in_child() -> None:
-        if limit:
-            import resource
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
-    with tempfile.TemporaryFile(dir=workdir) as out, tempfile.TemporaryFile(dir=workdir) as err:
-        stdin_file = None
-        if stdin is not None:
-            stdin_file = tempfile.TemporaryFile(dir=workdir)
-            stdin_file.write(stdin.encode("utf-8"))
-            stdin_file.seek(0)
-        began = time.monotonic()
-        try:
-            proc = subprocess.Popen(argv, cwd=workdir, stdin=stdin_file if stdin_file is not None else subprocess.DEVNULL,
-                                    stdout=out, stderr=err, start_new_session=True, close_fds=True,
-                                    preexec_fn=in_child if limit else None)
-        except OSError as e:
-            return _command("Error", None, None, "", f"cannot run {argv[0]}: {e}")
-        finally:
-            if stdin_file is not None:
-                stdin_file.close()
-        try:
-            proc.wait(timeout=timeout)
-            status = "Finished"
-        except subprocess.TimeoutExpired:
-            status = "TimeLimitExceeded"
-        finally:
-            try:  # the step's whole process group: what it left running, or all of it at a timeout
-                os.killpg(proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
-            proc.wait()
-        elapsed = time.monotonic() - began
-        return _command(status, elapsed, proc.returncode if status == "Finished" else None, _read(out), _read(err))
-
-
-def _read(f: Any) -> str:
-    f.seek(0)
-    return f.read(OUTPUT_LIMIT).decode("utf-8", errors="replace")
-
-
-def _fetch(workdir: str, paths: list[str]) -> dict[str, str]:
-    """The fetch_files that exist as regular files, base64 (missing ones are left out, as
-    Sandbox Fusion does)."""
-    files = {}
-    for path in paths:
-        full = os.path.join(workdir, path)
-        if os.path.isfile(full):
-            with open(full, "rb") as f:
-                files[path] = base64.b64encode(f.read()).decode("ascii")
-    return files
-
-
-def _command(status: str, seconds: float | None, code: int | None, stdout: str, stderr: str) -> dict[str, Any]:
-    return {"status": status, "execution_time": seconds, "return_code": code, "stdout": stdout, "stderr": stderr}
-
-
-def _response(status: str, compile_result: dict[str, Any] | None, run_result: dict[str, Any] | None,
-              files: dict[str, str], message: str = "") -> dict[str, Any]:
-    return {"status": status, "message": message, "compile_result": compile_result, "run_result": run_result,
-            "executor_pod_name": None, "files": files}
-
-
-def _sandbox_error(message: str, compile_result: dict[str, Any] | None = None,
-                   run_result: dict[str, Any] | None = None, files: dict[str, str] | None = None) -> dict[str, Any]:
-    return _response("SandboxError", compile_result, run_result, files or {}, message)
-
-
-def sandbox_error(message: str) -> dict[str, Any]:
-    """The response of a request the sandbox could not run (the endpoint's, for an action
-    that failed, timed out or was cancelled)."""
-    return _sandbox_error(message)

@@ -17,11 +17,17 @@ Routes:
     GET  /              200 (what SkyRL's liveness check asks)
     POST /end_session   {"session_id": ...}: ends a session now (its sandbox is removed)
 
-Sessions: a request without a session id runs in a fresh sandbox of its own, removed when
-it ends. With one (the `X-Tangram-Session` header, or a `session_id` field in the JSON
-body, which Sandbox Fusion's server would ignore) the requests of a session share one
-trajectory's sandbox: its files persist from one request to the next, and they run one at
-a time in the order they arrive. A session ends at `POST /end_session` or after
+Sandboxes: a request without a session id runs in a sandbox of its own, in a fresh
+working directory that is removed when it ends, with every process of each of its steps
+killed as the step ends. That sandbox is pooled: one that earlier requests without a
+session left that way (given back only when their action ended by answering; one that
+crashed or timed out is ended), so that a request does not pay for starting a sandbox
+process. `fresh_sandboxes=True` (`tangram serve --sandbox-fusion-fresh`) gives each such
+request a new sandbox, ended after it, for programs that must not share even a sandbox
+process. With a session id (the `X-Tangram-Session` header, or a `session_id` field in
+the JSON body, which Sandbox Fusion's server would ignore) the requests of a session share
+one trajectory's sandbox: its files persist from one request to the next, and they run
+one at a time in the order they arrive. A session ends at `POST /end_session` or after
 `session_idle` seconds without a request.
 
 Errors of the action itself come back in-band, as Sandbox Fusion reports its own: a
@@ -56,6 +62,7 @@ from ..runtime.run_code import check_request, run_code_call, sandbox_error
 DEFAULT_PORT = 8080  # Sandbox Fusion's (SkyRL's verifier assumes it)
 DEFAULT_MAX_BODY = 64 << 20
 DEFAULT_SESSION_IDLE = 600.0
+DEFAULT_IDLE_SANDBOXES = 64  # pooled sandboxes kept for requests without a session, at most
 SESSION_HEADER = "X-Tangram-Session"
 
 
@@ -89,7 +96,8 @@ class SandboxFusionEndpoint:
 
     def __init__(self, orchestrator: Orchestrator, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
                  token: str | None = None, trajectories: tuple[int, int] = (1 << 40, 1 << 32),
-                 max_body: int = DEFAULT_MAX_BODY, session_idle: float = DEFAULT_SESSION_IDLE) -> None:
+                 max_body: int = DEFAULT_MAX_BODY, session_idle: float = DEFAULT_SESSION_IDLE,
+                 fresh_sandboxes: bool = False, idle_sandboxes: int = DEFAULT_IDLE_SANDBOXES) -> None:
         if not isinstance(max_body, int) or isinstance(max_body, bool) or max_body < 1024:
             raise ValidationError("max_body", f"must be an integer of at least 1024 bytes, got {max_body!r}")
         if not (isinstance(session_idle, (int, float)) and session_idle > 0):
@@ -99,6 +107,11 @@ class SandboxFusionEndpoint:
         self.token = token or None
         self.max_body = max_body
         self.session_idle = float(session_idle)
+        self.fresh_sandboxes = bool(fresh_sandboxes)
+        if not isinstance(idle_sandboxes, int) or isinstance(idle_sandboxes, bool) or idle_sandboxes < 0:
+            raise ValidationError("idle_sandboxes", f"must be a non-negative integer, got {idle_sandboxes!r}")
+        self.idle_sandboxes = idle_sandboxes
+        self._idle: list[int] = []  # pooled sandboxes' trajectories, waiting for a request without a session
         self.address: tuple[str, int] | None = None
         self._first, self._count = trajectories
         self._next = 0
@@ -163,6 +176,9 @@ class SandboxFusionEndpoint:
         await runner.cleanup()
         for session_id in list(self._sessions):
             self._end(session_id)
+        idle, self._idle = self._idle, []
+        for trajectory in idle:
+            self._end_trajectory(trajectory)
         if self._endings:
             await asyncio.gather(*self._endings, return_exceptions=True)
 
@@ -203,52 +219,67 @@ class SandboxFusionEndpoint:
         if self._closing:
             return web.json_response(sandbox_error("the server is shutting down"))
         if session_id is None:
-            trajectory = self._new_trajectory()
-            try:
-                return web.json_response(await self._run(checked, trajectory, False))
-            finally:
-                self._end_trajectory(trajectory)
+            return web.json_response(await self._run_alone(checked))
         session = self._sessions.get(session_id)
         if session is None:
             session = self._sessions[session_id] = _Session(self._new_trajectory())
         session.running += 1
         try:
             async with session.lock:
-                return web.json_response(await self._run(checked, session.trajectory, True))
+                answer, _ = await self._run(checked, session.trajectory, True)
+                return web.json_response(answer)
         finally:
             session.running -= 1
             session.used = time.monotonic()
             if session.ended and not session.running:
                 self._end_trajectory(session.trajectory)
 
-    async def _run(self, checked: dict[str, Any], trajectory: int, keep_files: bool) -> dict[str, Any]:
-        """One request as one action; its result, or the in-band error its end says."""
+    async def _run(self, checked: dict[str, Any], trajectory: int, keep_files: bool) -> tuple[dict[str, Any], bool]:
+        """One request as one action: its result, or the in-band error its end says; and
+        whether the action ended by answering (its sandbox is as the request found it)."""
         call = run_code_call(checked, trajectory, keep_files)
         try:
             handle = self.orchestrator.submit(call)
         except TangramError as e:  # it can never run here (more memory than any node has...)
-            return sandbox_error(f"tangram cannot run this request: {e}")
+            return sandbox_error(f"tangram cannot run this request: {e}"), True
         self._live.add(handle.future)
         try:
-            return await handle.future  # type: ignore[no-any-return]
+            return await handle.future, True
         except ResourceLimitExceeded as e:
             if e.limit == "memory":  # the program went past memory_limit_MB and was killed
                 return {"status": "Failed", "message": "", "compile_result": None,
                         "run_result": {"status": "Finished", "execution_time": None, "return_code": -9,
                                        "stdout": "", "stderr": f"memory limit exceeded: {e.reason}"},
-                        "executor_pod_name": None, "files": {}}
-            return sandbox_error(str(e))
+                        "executor_pod_name": None, "files": {}}, False
+            return sandbox_error(str(e)), False
         except ActionTimeout as e:
-            return sandbox_error(f"the sandbox did not answer within the request's timeouts: {e}")
+            return sandbox_error(f"the sandbox did not answer within the request's timeouts: {e}"), False
         except ActionCancelled as e:
-            return sandbox_error(f"cancelled: {e}")
+            return sandbox_error(f"cancelled: {e}"), False
         except TangramError as e:
-            return sandbox_error(str(e))
+            return sandbox_error(str(e)), False
         except asyncio.CancelledError:  # the client went away: so does its action
             handle.cancel()
             raise
         finally:
             self._live.discard(handle.future)
+
+    async def _run_alone(self, checked: dict[str, Any]) -> dict[str, Any]:
+        """A request without a session: in a sandbox of its own, fresh (`fresh_sandboxes`)
+        or pooled: an idle one that earlier requests without a session left as they found
+        it, taken last in first out (a new one when none is idle), given back when the
+        action ends by answering, ended otherwise (a crash, a timeout, a kill)."""
+        pooled = not self.fresh_sandboxes
+        trajectory = self._idle.pop() if pooled and self._idle else self._new_trajectory()
+        clean = False
+        try:
+            answer, clean = await self._run(checked, trajectory, False)
+            return answer
+        finally:
+            if pooled and clean and not self._closing and len(self._idle) < self.idle_sandboxes:
+                self._idle.append(trajectory)
+            else:
+                self._end_trajectory(trajectory)
 
     async def _end_session(self, request: Any) -> Any:
         web = _web()

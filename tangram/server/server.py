@@ -2,7 +2,7 @@
 
     tangram serve [--config FILE] [--host 127.0.0.1] [--port 7450] [--token T]
                   [--policy P] [--max-frame BYTES] [--grace SECONDS] [--manager KIND=NAME]
-                  [--sandbox-fusion-port PORT]
+                  [--sandbox-fusion-port PORT] [--sandbox-fusion-fresh]
 
 The server is an Orchestrator plus a listener. Each connection submits actions with ids in
 its own range; the server submits them to the orchestrator as they arrive (the frames read
@@ -78,6 +78,9 @@ class Server:
                   also serve Sandbox Fusion's HTTP API on this port, on the same host and
                   orchestrator, with the same token (tangram.server.sandbox_fusion; 0 picks
                   a free port, None: not served); then `sandbox_fusion.address`
+    sandbox_fusion_fresh
+                  a new sandbox for each of its requests without a session, rather than
+                  a pooled one
 
     `await start()` (or `async with`), then `address`; `await close(grace)` to stop.
     """
@@ -86,7 +89,8 @@ class Server:
                  token: str | None = None, policy: str | None = None, inventory: Inventory | None = None,
                  managers: Sequence[ResourceManager] | Mapping[str, ResourceManager] = (),
                  default_managers: bool = True, max_frame: int = P.DEFAULT_MAX_FRAME,
-                 hello_timeout: float = 10.0, sandbox_fusion_port: int | None = None) -> None:
+                 hello_timeout: float = 10.0, sandbox_fusion_port: int | None = None,
+                 sandbox_fusion_fresh: bool = False) -> None:
         if not isinstance(max_frame, int) or max_frame < 1024:
             raise ValidationError("max_frame", f"must be an integer of at least 1024 bytes, got {max_frame!r}")
         if token is not None and not isinstance(token, str):
@@ -100,6 +104,7 @@ class Server:
                                          default_managers=default_managers)
         self.address: tuple[str, int] | None = None
         self.sandbox_fusion_port = sandbox_fusion_port
+        self.sandbox_fusion_fresh = sandbox_fusion_fresh
         self.sandbox_fusion: SandboxFusionEndpoint | None = None
         self._listener: asyncio.AbstractServer | None = None
         self._connections: set[_Connection] = set()
@@ -132,7 +137,7 @@ class Server:
                 number = next(self._numbers)
                 self.sandbox_fusion = SandboxFusionEndpoint(
                     self.orchestrator, host=self.host, port=self.sandbox_fusion_port, token=self.token,
-                    trajectories=(number << P.ID_BITS, 1 << P.ID_BITS))
+                    trajectories=(number << P.ID_BITS, 1 << P.ID_BITS), fresh_sandboxes=self.sandbox_fusion_fresh)
                 await self.sandbox_fusion.start()
         except BaseException:
             if self._listener is not None:
@@ -660,6 +665,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--sandbox-fusion-port", type=port, default=None, metavar="PORT",
                         help="also serve Sandbox Fusion's HTTP API (POST /run_code, GET /v1/ping) on PORT, same host, "
                              "orchestrator and token (Sandbox Fusion's own default port is 8080; 0 picks a free one)")
+    parser.add_argument("--sandbox-fusion-fresh", action="store_true",
+                        help="run each Sandbox Fusion request without a session in a new sandbox, ended after it "
+                             "(default: a pooled one, in a fresh directory, its processes killed)")
     parser.add_argument("--manager", action="append", default=[], metavar="KIND=NAME",
                         help="serve KIND's actions with manager NAME (a registered name, or module:Class), e.g. "
                              "cpu=mock to measure the protocol alone (options from the config's [managers.NAME]); "
@@ -684,7 +692,8 @@ def cli_main(argv: list[str] | None = None) -> int:
             except TypeError as e:  # options the manager does not take
                 raise ValidationError(f"managers.{name}", f"bad options for {cls.__name__}: {e}") from None
         server = Server(config, host=args.host, port=args.port, token=token, policy=args.policy,
-                        managers=managers, max_frame=args.max_frame, sandbox_fusion_port=args.sandbox_fusion_port)
+                        managers=managers, max_frame=args.max_frame, sandbox_fusion_port=args.sandbox_fusion_port,
+                        sandbox_fusion_fresh=args.sandbox_fusion_fresh)
         gc.set_threshold(*GC_THRESHOLDS)
         return asyncio.run(_serve(server, args.grace))
     except (TangramError, OSError) as e:

@@ -301,6 +301,29 @@ def test_a_session_keeps_its_sandbox_and_a_request_without_one_gets_a_fresh_one(
     assert post(read, headers=session)["run_result"]["stdout"] == "none\n"  # a new sandbox for the id
 
 
+def parent_pids(url: str, n: int) -> list[int]:
+    """The sandbox worker each of n requests without a session ran in (its program's parent)."""
+    body = {"code": "import os; open('left.txt', 'w').write('x'); print(os.getppid(), sorted(os.listdir('.')))",
+            "language": "python"}
+    answers = [requests.post(url + "/run_code", json=body, timeout=30).json()["run_result"]["stdout"] for _ in range(n)]
+    assert all(a.endswith("['left.txt', 'main.py']\n") for a in answers), answers  # a fresh directory every time
+    return [int(a.split()[0]) for a in answers]
+
+
+def test_requests_without_a_session_reuse_pooled_sandboxes(endpoint: Endpoint) -> None:
+    assert len(set(parent_pids(endpoint.url, 4))) == 1
+
+
+def test_fresh_sandboxes_when_asked(tmp_path: Path) -> None:
+    config = tmp_path / "server.toml"
+    config.write_text(INVENTORY)
+    served = Endpoint(config, "--grace", "0", "--sandbox-fusion-fresh")
+    try:
+        assert len(set(parent_pids(served.url, 3))) == 3
+    finally:
+        assert served.stop() == 0, served.stderr
+
+
 def test_a_burst_of_concurrent_requests_all_answer(endpoint: Endpoint) -> None:
     def one(i: int) -> Any:
         body = {"code": f"print(sum(range({i} * 1000)))", "language": "python"}
