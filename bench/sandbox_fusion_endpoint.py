@@ -21,11 +21,14 @@ Two servers, each a subprocess on loopback, run in turn in every repetition:
 Two phases per server:
   sequential  one client, one request at a time (`--sequential` of them, a one-line
               shell program, `echo`): the latency of a request with the machine otherwise
-              idle, and the overhead: latency minus the program's own time (its run step's
-              execution_time), i.e. the client's HTTP, the server's, writing the program
-              out and starting it, and for tangram the scheduling and the sandbox. The two
-              servers share everything but the last: tangram's overhead beyond the pool's
-              is what the endpoint adds
+              idle, and the overhead beyond the program: at the client, latency minus the
+              program's own time (its run step's execution_time: starting the program
+              and running it), i.e. the client's HTTP, the server's, and everything the
+              server does around the program; in the server, its time on the request
+              (the Server-Timing header both servers send: from the handler's start to
+              the answer encoded) minus the program's, i.e. the endpoint's own work:
+              for tangram, parsing and checking the request, scheduling, the sandbox's
+              round trip, writing the program out and reading its output back
   bursts      `--requests` requests from `--clients` threads at once, as a rollout's
               reward step sends them, twice: requests per second over the burst, mean,
               p50 and p99 latency. The first burst makes tangram start a sandbox per
@@ -72,8 +75,9 @@ def verl_request(n: int) -> str:
                        "memory_limit_MB": 1024, "language": language, "files": {}, "fetch_files": []})
 
 
-def post(url: str, n: int) -> tuple[float, float]:
-    """One request as veRL sends it: its latency and the program's own seconds."""
+def post(url: str, n: int) -> tuple[float, float, float]:
+    """One request as veRL sends it: its latency, the program's own seconds, and the
+    server's seconds on it (its Server-Timing header)."""
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
     began = time.perf_counter()
     response = requests.post(url, headers=headers, data=verl_request(n), timeout=120)
@@ -84,23 +88,27 @@ def post(url: str, n: int) -> tuple[float, float]:
     if body.get("status") != "Success" or run.get("stdout") != (expected(n) if n else "ok\n"):
         raise RuntimeError(f"wrong answer for n={n}: {body}")
     own = sum((step or {}).get("execution_time") or 0.0 for step in (body.get("compile_result"), run))
-    return latency, own
+    timing = re.search(r"total;dur=([0-9.]+)", response.headers.get("Server-Timing", ""))
+    return latency, own, float(timing.group(1)) / 1e3 if timing else float("nan")
 
 
 def measure(url: str, sequential: int, burst: int, clients: int) -> dict[str, float]:
     seq = [post(url, 0) for _ in range(sequential)]
-    overhead = sorted(latency - own for latency, own in seq)
+    overhead = sorted(latency - own for latency, own, _ in seq)
+    server = sorted(total - own for _, own, total in seq)
     out = {
-        "sequential_p50": statistics.median(latency for latency, _ in seq),
+        "sequential_p50": statistics.median(latency for latency, _, _ in seq),
         "overhead_p50": statistics.median(overhead),
         "overhead_p99": overhead[min(len(overhead) - 1, int(0.99 * len(overhead)))],
+        "server_overhead_p50": statistics.median(server),
+        "server_overhead_p99": server[min(len(server) - 1, int(0.99 * len(server)))],
     }
     for name in ("first", "again"):  # the same burst twice: the second finds the first one's sandboxes
         with concurrent.futures.ThreadPoolExecutor(clients) as threads:
             began = time.perf_counter()
             results = list(threads.map(lambda i: post(url, SIZES[i % len(SIZES)]), range(burst)))
             wall = time.perf_counter() - began
-        latencies = sorted(latency for latency, _ in results)
+        latencies = sorted(latency for latency, _, _ in results)
         out |= {f"{name}_requests_per_s": burst / wall, f"{name}_mean": statistics.fmean(latencies),
                 f"{name}_p50": statistics.median(latencies),
                 f"{name}_p99": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]}
@@ -152,9 +160,12 @@ def serve_pool() -> None:
     pool = concurrent.futures.ProcessPoolExecutor(os.cpu_count() or 1)
 
     async def run(request: web.Request) -> web.Response:
+        began = time.perf_counter()
         checked = check_request(await request.json())
         answer = await asyncio.get_running_loop().run_in_executor(pool, run_code, checked)
-        return web.json_response(answer)
+        response = web.json_response(answer)
+        response.headers["Server-Timing"] = f"total;dur={(time.perf_counter() - began) * 1e3:.3f}"  # as tangram's
+        return response
 
     async def main() -> None:
         list(pool.map(abs, range(os.cpu_count() or 1)))  # the workers start before the step
@@ -203,11 +214,12 @@ def main() -> None:
     medians = {way: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for way, rs in runs.items()}
     print(f"\nSandbox Fusion requests on {os.cpu_count()} CPUs: {args.sequential} one at a time, then a burst of "
           f"{args.requests} from {args.clients} clients; medians of {args.repeat} repetitions\n")
-    print("| server | one at a time: p50 latency | overhead p50 | overhead p99 |")
-    print("|---|---:|---:|---:|")
+    print("| server | one at a time: p50 latency | overhead p50 | overhead p99 | server's p50 | server's p99 |")
+    print("|---|---:|---:|---:|---:|---:|")
     for way, m in medians.items():
         print(f"| {way} | {m['sequential_p50'] * 1e3:.1f} ms | {m['overhead_p50'] * 1e3:.2f} ms | "
-              f"{m['overhead_p99'] * 1e3:.2f} ms |")
+              f"{m['overhead_p99'] * 1e3:.2f} ms | {m['server_overhead_p50'] * 1e3:.2f} ms | "
+              f"{m['server_overhead_p99'] * 1e3:.2f} ms |")
     print("\n| server | burst | requests/s | mean latency | p50 latency | p99 latency |")
     print("|---|---|---:|---:|---:|---:|")
     for name in ("first", "again"):
@@ -215,8 +227,9 @@ def main() -> None:
             print(f"| {way} | {name} | {m[name + '_requests_per_s']:.1f} | {m[name + '_mean'] * 1e3:.0f} ms | "
                   f"{m[name + '_p50'] * 1e3:.0f} ms | {m[name + '_p99'] * 1e3:.0f} ms |")
     t, p = medians["tangram"], medians["pool"]
-    print(f"\noverhead beyond the program at p50: tangram {t['overhead_p50'] * 1e3:.2f} ms, the pool "
-          f"{p['overhead_p50'] * 1e3:.2f} ms: tangram's own {(t['overhead_p50'] - p['overhead_p50']) * 1e3:+.2f} ms")
+    print(f"\noverhead beyond the program at p50: at the client tangram {t['overhead_p50'] * 1e3:.2f} ms, the pool "
+          f"{p['overhead_p50'] * 1e3:.2f} ms; in the server tangram {t['server_overhead_p50'] * 1e3:.2f} ms, the pool "
+          f"{p['server_overhead_p50'] * 1e3:.2f} ms")
     for name in ("first", "again"):
         print(f"{name} burst, tangram/pool: requests/s {t[name + '_requests_per_s'] / p[name + '_requests_per_s']:.2f}x,"
               f" mean latency {t[name + '_mean'] / p[name + '_mean']:.2f}x, p50 {t[name + '_p50'] / p[name + '_p50']:.2f}x,"

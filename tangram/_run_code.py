@@ -41,9 +41,19 @@ LANGUAGES: dict[str, tuple[str, tuple[str, ...] | None, tuple[str, ...]]] = {
 OUTPUT_LIMIT = 1 << 20  # bytes of stdout and of stderr read back per step
 
 
-def run_code(request: Mapping[str, Any], keep_files: bool = False) -> dict[str, Any]:
+def run_code(request: Mapping[str, Any], keep_files: bool = False, scrub: bool = False) -> dict[str, Any]:
     """Runs one checked request (`check_request`) in the current directory (the sandbox's):
-    returns the Sandbox Fusion response as a dict (see the module docstring)."""
+    returns the Sandbox Fusion response as a dict (see the module docstring). `scrub`
+    (a sandbox pooled between requests without a session): afterwards, every process the
+    steps left behind is killed, those that detached themselves too, and the sandbox's
+    directory is emptied, so the next request finds the sandbox as a new one."""
+    if scrub:
+        _adopt_orphans()
+        try:
+            return run_code(request, keep_files=False)
+        finally:
+            _kill_descendants()
+            _empty(os.getcwd())
     language = request["language"]
     entry = LANGUAGES.get(language)
     if entry is None:
@@ -82,6 +92,63 @@ def run_code(request: Mapping[str, Any], keep_files: bool = False) -> dict[str, 
                 pass
         else:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _adopt_orphans() -> None:
+    """Makes this process a child subreaper (Linux prctl PR_SET_CHILD_SUBREAPER): a process
+    a step detached (setsid, a double fork) becomes its child when its parent exits, where
+    `_kill_descendants` finds it."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):  # not Linux: the steps' process groups are still killed
+        pass
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(c) for c in f.read().split()]
+    except OSError:
+        pass
+    return found
+
+
+def _kill_descendants() -> None:
+    """Kills and reaps every child of this process, and the children they leave it (as a
+    subreaper it inherits them), until none is left."""
+    for _ in range(100):
+        children = _children(os.getpid())
+        if not children:
+            return
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for pid in children:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+
+
+def _empty(directory: str) -> None:
+    """Removes what `directory` holds; its `.tmp` (the sandbox's TMPDIR) stays, emptied."""
+    for entry in os.listdir(directory):
+        path = os.path.join(directory, entry)
+        if entry == ".tmp" and os.path.isdir(path) and not os.path.islink(path):
+            _empty(path)
+        elif os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 
 
 def _step(argv: tuple[str, ...], names: Mapping[str, str], workdir: str, stdin: str | None, timeout: float,

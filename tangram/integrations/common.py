@@ -11,6 +11,9 @@ code (`connect_sync`). `use(orchestrator)` sets the process's own orchestrator i
 Programs run as Sandbox Fusion requests do (tangram.runtime.run_code): one request, one
 action, in a trajectory's sandbox; the adapters keep a trajectory per tool instance,
 episode or sandbox, so its files persist across its calls, and end it when it is released.
+A program without a trajectory of its own (a test case of a reward) runs in a pooled
+sandbox, scrubbed after it (tangram.runtime.run_code.SandboxPool), as the Sandbox Fusion
+endpoint runs a request without a session.
 """
 
 from __future__ import annotations
@@ -23,13 +26,15 @@ import threading
 import weakref
 from typing import Any, Mapping, Sequence
 
-from ..runtime.run_code import check_request, run_code_call
+from .._errors import TangramError
+from ..runtime.run_code import SandboxPool, check_request, error_answer, run_code_call
 
 _trajectories = itertools.count(1)
-_lock = threading.Lock()
+_lock = threading.RLock()  # (pools take trajectories under it)
 _chosen: Any = None  # the orchestrator set with `use`
 _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()  # one Client per loop
 _sync_client: Any = None
+_pools: dict[int, tuple[Any, SandboxPool]] = {}  # id(orchestrator) -> it and its pooled sandboxes
 
 
 def use(orchestrator: Any) -> None:
@@ -87,34 +92,77 @@ def code_request(code: str, language: str = "python", stdin: str | None = None, 
                           "run_timeout": timeout, "memory_limit_MB": memory_limit_mb})
 
 
+def _pool(orch: Any) -> SandboxPool:
+    """The sandboxes kept on `orch` for programs without a trajectory of their own."""
+    with _lock:
+        entry = _pools.get(id(orch))
+        if entry is None or entry[0] is not orch:
+            entry = _pools[id(orch)] = (orch, SandboxPool(new_trajectory))
+        return entry[1]
+
+
 async def run_code(code: str, language: str = "python", *, stdin: str | None = None, trajectory: int | None = None,
                    timeout: float = 30.0, memory_limit_mb: int = 1024, orchestrator: Any = None) -> dict[str, Any]:
-    """Runs a program as one tangram action and returns its Sandbox Fusion response. In
-    `trajectory`'s sandbox (its files kept across calls) when given, else in a sandbox of
-    its own, ended after."""
+    """Runs a program as one tangram action and returns its Sandbox Fusion response (an
+    action that ends in an error answers as tangram.runtime.run_code.error_answer says).
+    In `trajectory`'s sandbox (its files kept across calls) when given, else in a pooled
+    sandbox, scrubbed after it (tangram.runtime.run_code.SandboxPool)."""
     orch = orchestrator if orchestrator is not None else await connect()
     request = code_request(code, language, stdin, timeout, memory_limit_mb)
-    own = trajectory is None
-    t = new_trajectory() if own else trajectory
+    if trajectory is not None:
+        try:
+            return await orch.run(run_code_call(request, trajectory, keep_files=True))  # type: ignore[no-any-return]
+        except TangramError as e:
+            return error_answer(e)
+    pool = _pool(orch)
+    t, answered = pool.take(), False
     try:
-        return await orch.run(run_code_call(request, t, keep_files=not own))  # type: ignore[no-any-return]
+        answer = await orch.run(run_code_call(request, t, scrub=True))
+        answered = True
+        return answer  # type: ignore[no-any-return]
+    except TangramError as e:
+        return error_answer(e)
     finally:
-        if own:
+        if not pool.give_back(t, answered):
             await orch.end_trajectory(t)
 
 
 def run_code_sync(code: str, language: str = "python", *, stdin: str | None = None, trajectory: int | None = None,
                   timeout: float = 30.0, memory_limit_mb: int = 1024, orchestrator: Any = None) -> dict[str, Any]:
     """`run_code` for synchronous callers (a SyncClient or SyncOrchestrator)."""
+    return _run_many_sync([code_request(code, language, stdin, timeout, memory_limit_mb)], trajectory, orchestrator)[0]
+
+
+def _run_many_sync(requests: Sequence[dict[str, Any]], trajectory: int | None, orchestrator: Any) -> list[dict[str, Any]]:
+    """Checked requests submitted together from a synchronous caller: in `trajectory`'s
+    sandbox, one after another, or each in a pooled sandbox."""
     orch = orchestrator if orchestrator is not None else connect_sync()
-    request = code_request(code, language, stdin, timeout, memory_limit_mb)
-    own = trajectory is None
-    t = new_trajectory() if own else trajectory
-    try:
-        return orch.run(run_code_call(request, t, keep_files=not own))  # type: ignore[no-any-return]
-    finally:
-        if own:
-            orch.end_trajectory(t)
+    if trajectory is not None:
+        answers = []
+        for request in requests:
+            try:
+                answers.append(orch.run(run_code_call(request, trajectory, keep_files=True)))
+            except TangramError as e:
+                answers.append(error_answer(e))
+        return answers
+    pool = _pool(orch)
+    with _lock:
+        taken = [pool.take() for _ in requests]
+    handles = [orch.submit(run_code_call(request, t, scrub=True)) for request, t in zip(requests, taken)]
+    answers, ended = [], []
+    for handle, t in zip(handles, taken):
+        try:
+            answers.append(handle.result())
+            answered = True
+        except TangramError as e:
+            answers.append(error_answer(e))
+            answered = False
+        with _lock:
+            if not pool.give_back(t, answered):
+                ended.append(t)
+    for t in ended:
+        orch.end_trajectory(t)
+    return answers
 
 
 def tool_text(response: Mapping[str, Any]) -> str:
@@ -176,16 +224,8 @@ def score_tests_sync(code: str, tests: Any, language: str = "python", *, timeout
     inputs, outputs = parse_tests(tests)
     if not inputs:
         return 0.0, []
-    orch = orchestrator if orchestrator is not None else connect_sync()
-    trajectories = [new_trajectory() for _ in inputs]
-    try:
-        handles = [orch.submit(run_code_call(code_request(code, language, stdin, timeout, memory_limit_mb), t))
-                   for stdin, t in zip(inputs, trajectories)]
-        answers = [h.result() for h in handles]
-    finally:
-        for t in trajectories:
-            orch.end_trajectory(t)
-    return _grade(answers, outputs)
+    requests = [code_request(code, language, stdin, timeout, memory_limit_mb) for stdin in inputs]
+    return _grade(_run_many_sync(requests, None, orchestrator), outputs)
 
 
 def _grade(answers: Sequence[Mapping[str, Any]], outputs: Sequence[str]) -> tuple[float, list[dict[str, Any]]]:

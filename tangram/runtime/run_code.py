@@ -21,7 +21,9 @@ step, runs it with `stdin`, and reads back `fetch_files`:
 
 - in a fresh directory inside the sandbox, removed afterwards (`keep_files=False`: a
   request of its own), or in the sandbox's own directory (`keep_files=True`: a session,
-  whose requests see each other's files);
+  whose requests see each other's files); `scrub=True` (a sandbox pooled between requests
+  without a session) then also kills every process the request left, those that
+  detached themselves too, and empties the sandbox's directory;
 - each step in a process group of its own, killed at its timeout (partial output kept);
 - stdout and stderr through files, not pipes, and at most OUTPUT_LIMIT bytes of each read
   back (as Sandbox Fusion: 1 MiB), decoded as UTF-8 with invalid bytes replaced;
@@ -38,15 +40,16 @@ from __future__ import annotations
 import base64
 import binascii
 import math
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from .._errors import ValidationError
 from .._model import given
 from .._run_code import LANGUAGES, OUTPUT_LIMIT, run_code, sandbox_error
 from .call import Call
+from .errors import ActionCancelled, ActionTimeout, ResourceLimitExceeded
 
-__all__ = ["LANGUAGES", "OUTPUT_LIMIT", "SANDBOX_FUSION_LANGUAGES", "check_request", "run_code", "run_code_call",
-           "sandbox_error"]
+__all__ = ["LANGUAGES", "OUTPUT_LIMIT", "SANDBOX_FUSION_LANGUAGES", "SandboxPool", "check_request", "error_answer",
+           "run_code", "run_code_call", "sandbox_error"]
 
 # Every language name Sandbox Fusion's server accepts (its `Language` literal); others are
 # a validation error, as there (HTTP 422).
@@ -134,8 +137,9 @@ def _check_path(field: str, path: Any) -> None:
 
 
 def run_code_call(request: Mapping[str, Any], trajectory: int = 0, keep_files: bool = False,
-                  cpu: float = 1.0, kind: str = "code") -> Call:
-    """One checked request (`check_request`) as a tangram action in `trajectory`'s sandbox.
+                  cpu: float = 1.0, kind: str = "code", scrub: bool = False) -> Call:
+    """One checked request (`check_request`) as a tangram action in `trajectory`'s sandbox
+    (`keep_files` and `scrub`: see run_code).
     Its run time is learned per language (key "code:LANGUAGE"); its timeout is the
     request's two timeouts plus ACTION_TIMEOUT_SLACK; memory_limit_MB > 0 is its memory
     demand."""
@@ -143,7 +147,53 @@ def run_code_call(request: Mapping[str, Any], trajectory: int = 0, keep_files: b
     if request["memory_limit_MB"] > 0:
         resources["memory"] = float(request["memory_limit_MB"])
     timeout = request["compile_timeout"] + request["run_timeout"] + ACTION_TIMEOUT_SLACK
-    return Call(fn=run_code, args=(request, keep_files), resources=resources, timeout=timeout,
+    return Call(fn=run_code, args=(request, keep_files, scrub), resources=resources, timeout=timeout,
                 trajectory=trajectory, kind=kind, key=f"{kind}:{request['language']}")
 
 
+
+
+def error_answer(error: BaseException) -> dict[str, Any]:
+    """The Sandbox Fusion answer for an action that ended in `error` instead of answering:
+    a program killed by its memory limit is a Failed run with return code -9 (as a killed
+    process's); anything else (a crash, a timeout past the request's own, a cancel, a call
+    tangram cannot place) is a SandboxError saying why."""
+    if isinstance(error, ResourceLimitExceeded) and error.limit == "memory":
+        return {"status": "Failed", "message": "", "compile_result": None,
+                "run_result": {"status": "Finished", "execution_time": None, "return_code": -9, "stdout": "",
+                               "stderr": f"memory limit exceeded: {error.reason}"},
+                "executor_pod_name": None, "files": {}}
+    if isinstance(error, ActionTimeout):
+        return sandbox_error(f"the sandbox did not answer within the request's timeouts: {error}")
+    if isinstance(error, ActionCancelled):
+        return sandbox_error(f"cancelled: {error}")
+    return sandbox_error(str(error))
+
+
+class SandboxPool:
+    """Sandboxes kept for requests without a session: a request takes one (the last given
+    back first, else a new trajectory from `new_trajectory`), runs with `scrub=True` (what
+    it left is killed and removed as it ends), and gives it back; one whose action did not
+    end by answering (a crash, a timeout, a kill) is not kept, nor more than `limit`. A
+    request so pays for a sandbox process's start only when more run at once than ever
+    before."""
+
+    def __init__(self, new_trajectory: Callable[[], int], limit: int = 64) -> None:
+        self._new = new_trajectory
+        self.limit = limit
+        self._idle: list[int] = []
+
+    def take(self) -> int:
+        return self._idle.pop() if self._idle else self._new()
+
+    def give_back(self, trajectory: int, answered: bool) -> bool:
+        """Keeps `trajectory`'s sandbox for the next request; False: the caller ends it."""
+        if answered and len(self._idle) < self.limit:
+            self._idle.append(trajectory)
+            return True
+        return False
+
+    def drain(self) -> list[int]:
+        """Every sandbox kept, for the caller to end; none is kept afterwards."""
+        idle, self._idle = self._idle, []
+        return idle

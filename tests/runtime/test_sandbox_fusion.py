@@ -314,6 +314,23 @@ def test_requests_without_a_session_reuse_pooled_sandboxes(endpoint: Endpoint) -
     assert len(set(parent_pids(endpoint.url, 4))) == 1
 
 
+def test_a_pooled_sandbox_is_scrubbed_between_requests(endpoint: Endpoint) -> None:
+    """What a request leaves in its pooled sandbox is gone for the next: files beside its
+    directory, and a process that detached itself (a new session, its parent exited)."""
+    leave = ("import os, subprocess\n"
+             "open('../escaped.txt', 'w').write('x')\n"
+             "p = subprocess.Popen(['sh', '-c', 'sleep 300 >/dev/null & echo $!'], start_new_session=True, "
+             "stdout=subprocess.PIPE, text=True)\n"
+             "print(os.getppid(), p.stdout.readline().strip())\n")
+    post = lambda code: requests.post(endpoint.url + "/run_code", json={"code": code, "language": "python"},  # noqa: E731
+                                      timeout=30).json()["run_result"]["stdout"].split()
+    worker, detached = map(int, post(leave))
+    look = "import os; print(os.getppid(), os.path.exists('../escaped.txt'), sorted(os.listdir('..')))"
+    again, exists, *listing = post(look)
+    assert int(again) == worker and exists == "False"  # the same pooled sandbox, emptied
+    assert _dies(detached)
+
+
 def test_fresh_sandboxes_when_asked(tmp_path: Path) -> None:
     config = tmp_path / "server.toml"
     config.write_text(INVENTORY)
