@@ -29,7 +29,11 @@ from typing import Any, Mapping, Sequence
 from .._errors import TangramError
 from ..runtime.run_code import SandboxPool, check_request, error_answer, run_code_call
 
-_trajectories = itertools.count(1)
+# The adapters' trajectory ids: from 3 x 2**30 up, so that they do not meet the ids a
+# caller uses itself on the same orchestrator or client (keep those below), and stay
+# below 2**32, the most a Client's trajectory id may be.
+FIRST_TRAJECTORY = 3 << 30
+_trajectories = itertools.count(FIRST_TRAJECTORY)
 _lock = threading.RLock()  # (pools take trajectories under it)
 _chosen: Any = None  # the orchestrator set with `use`
 _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()  # one Client per loop
@@ -40,7 +44,8 @@ _pools: dict[int, tuple[Any, SandboxPool]] = {}  # id(orchestrator) -> it and it
 def use(orchestrator: Any) -> None:
     """Makes `orchestrator` (an Orchestrator or Client for async callers, a
     SyncOrchestrator or SyncClient for synchronous ones) the one this process's adapters
-    run on; None goes back to $TANGRAM_ADDRESS."""
+    run on; None goes back to $TANGRAM_ADDRESS. The adapters' trajectories start at
+    FIRST_TRAJECTORY: the caller's own trajectories on it must stay below."""
     global _chosen
     _chosen = orchestrator
 
@@ -79,8 +84,8 @@ def connect_sync() -> Any:
 
 
 def new_trajectory() -> int:
-    """A trajectory id no other caller in this process uses (a Client's ids are its own on
-    the server)."""
+    """A trajectory id no other adapter call in this process uses, from FIRST_TRAJECTORY up
+    (a Client's ids are its own on the server)."""
     with _lock:
         return next(_trajectories)
 

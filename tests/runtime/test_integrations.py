@@ -127,6 +127,7 @@ def test_slime_reward_and_sandbox(address: str) -> None:
                                                            metadata={"tests": TESTS})) == pytest.approx(1 / 3)
         async with slime.TangramSandbox() as sb:
             assert sb.sandbox_id.startswith("tangram-")
+            assert common.FIRST_TRAJECTORY <= sb.trajectory < 1 << 32  # clear of a caller's own, a Client's range
             await sb.write_file("dir/notes.txt", "hello")
             assert await sb.read_file("dir/notes.txt") == "hello"
             assert await sb.read_file("missing.txt") == ""
