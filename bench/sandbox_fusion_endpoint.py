@@ -1,8 +1,8 @@
 """Sandbox Fusion requests through tangram's endpoint, against a plain pool of workers behind
 a minimal server of the same HTTP library.
 
-    python bench/sandbox_fusion_endpoint.py [--requests 200] [--clients 32] [--sequential 40]
-        [--repeat 3] [--json PATH]
+    python bench/sandbox_fusion_endpoint.py [--requests 200] [--clients 32] [--sequential 100]
+        [--repeat 3] [--tangram-cpu CORES] [--json PATH]
 
 The requests are what a veRL rollout's code reward sends (verl/utils/reward_score/
 sandbox_fusion/utils.py): one POST /run_code per test case, each over a new connection
@@ -13,7 +13,8 @@ prints its result; every answer is checked against the expected output.
 
 Two servers, each a subprocess on loopback, run in turn in every repetition:
   tangram  `tangram serve --sandbox-fusion-port 0` with its defaults on this machine (the
-           CPU manager: a fresh sandbox per request, cgroup isolation where it is available)
+           CPU manager, cgroup isolation where it is available; pooled sandboxes; each
+           request guaranteed `--tangram-cpu` cores, default 1)
   pool     a minimal aiohttp server whose handler runs the same program runner
            (tangram.runtime.run_code.run_code) in a concurrent.futures.ProcessPoolExecutor
            with one worker per core: no scheduler, no sandbox, nothing isolated
@@ -116,9 +117,10 @@ def measure(url: str, sequential: int, burst: int, clients: int) -> dict[str, fl
 
 
 # ------------------------------------------------------------------ the servers
-def start_tangram() -> tuple[subprocess.Popen[str], str]:
+def start_tangram(cpu: float) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen([sys.executable, "-m", "tangram", "serve", "--port", "0", "--sandbox-fusion-port", "0",
-                             "--grace", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                             "--sandbox-fusion-cpu", str(cpu), "--grace", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
     return proc, _url(proc, r"Sandbox Fusion API on (http://\S+/run_code)")
 
 
@@ -192,6 +194,8 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=32, help="threads sending the burst (default 32)")
     parser.add_argument("--sequential", type=int, default=100, help="requests sent one at a time (default 100)")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--tangram-cpu", type=float, default=1.0,
+                        help="cores each request is guaranteed by tangram (--sandbox-fusion-cpu; default 1)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--serve-pool", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -201,7 +205,7 @@ def main() -> None:
     runs: dict[str, list[dict[str, float]]] = {"tangram": [], "pool": []}
     for rep in range(args.repeat):
         for way in (("tangram", "pool") if rep % 2 == 0 else ("pool", "tangram")):
-            proc, url = (start_tangram if way == "tangram" else start_pool)()
+            proc, url = start_tangram(args.tangram_cpu) if way == "tangram" else start_pool()
             try:
                 post(url, SIZES[0])  # a first request of each kind: imports and caches warm
                 post(url, 0)
@@ -236,7 +240,8 @@ def main() -> None:
               f" p99 {t[name + '_p99'] / p[name + '_p99']:.2f}x")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"cpus": os.cpu_count(), "requests": args.requests, "clients": args.clients,
+            json.dump({"cpus": os.cpu_count(), "tangram_cpu": args.tangram_cpu, "requests": args.requests,
+                       "clients": args.clients,
                        "sequential": args.sequential, "repeat": args.repeat, "runs": runs, "medians": medians}, f,
                       indent=1)
             f.write("\n")

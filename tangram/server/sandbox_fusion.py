@@ -94,12 +94,19 @@ class SandboxFusionEndpoint:
     """The Sandbox Fusion API in front of a started `orchestrator` (see the module
     docstring). `trajectories`: the first trajectory id it may use and how many (the
     server gives it a range of its own; an embedding caller, one its own trajectories do
-    not use). `await start()`, then `address`; `await close()` to stop."""
+    not use). `cpu`: the cores each request is guaranteed (its action's minimum demand;
+    it may use more that nobody else is guaranteed). The default, one core, lets a
+    single-threaded program run at full speed whatever else runs, so that its run_timeout
+    means what it says; 0.5 runs two requests per core when every core is taken, which
+    hides the hand-over between one request and the next (bench/sandbox_fusion_endpoint.py
+    --tangram-cpu) at the price of programs that run up to twice as long under load.
+    `await start()`, then `address`; `await close()` to stop."""
 
     def __init__(self, orchestrator: Orchestrator, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
                  token: str | None = None, trajectories: tuple[int, int] = (1 << 40, 1 << 32),
                  max_body: int = DEFAULT_MAX_BODY, session_idle: float = DEFAULT_SESSION_IDLE,
-                 fresh_sandboxes: bool = False, idle_sandboxes: int = DEFAULT_IDLE_SANDBOXES) -> None:
+                 fresh_sandboxes: bool = False, idle_sandboxes: int = DEFAULT_IDLE_SANDBOXES,
+                 cpu: float = 1.0) -> None:
         if not isinstance(max_body, int) or isinstance(max_body, bool) or max_body < 1024:
             raise ValidationError("max_body", f"must be an integer of at least 1024 bytes, got {max_body!r}")
         if not (isinstance(session_idle, (int, float)) and session_idle > 0):
@@ -110,6 +117,9 @@ class SandboxFusionEndpoint:
         self.max_body = max_body
         self.session_idle = float(session_idle)
         self.fresh_sandboxes = bool(fresh_sandboxes)
+        if isinstance(cpu, bool) or not isinstance(cpu, (int, float)) or not 0 < cpu <= 1024:
+            raise ValidationError("sandbox_fusion.cpu", f"must be a number of cores in (0, 1024], got {cpu!r}")
+        self.cpu = float(cpu)
         if not isinstance(idle_sandboxes, int) or isinstance(idle_sandboxes, bool) or idle_sandboxes < 0:
             raise ValidationError("idle_sandboxes", f"must be a non-negative integer, got {idle_sandboxes!r}")
         self.idle_sandboxes = idle_sandboxes
@@ -248,7 +258,7 @@ class SandboxFusionEndpoint:
                    scrub: bool = False) -> tuple[dict[str, Any], bool]:
         """One request as one action: its result, or the in-band error its end says; and
         whether the action ended by answering (a scrubbed sandbox is then as new)."""
-        call = run_code_call(checked, trajectory, keep_files, scrub=scrub)
+        call = run_code_call(checked, trajectory, keep_files, cpu=self.cpu, scrub=scrub)
         try:
             handle = self.orchestrator.submit(call)
         except TangramError as e:  # it can never run here (more memory than any node has...)

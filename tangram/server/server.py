@@ -2,7 +2,7 @@
 
     tangram serve [--config FILE] [--host 127.0.0.1] [--port 7450] [--token T]
                   [--policy P] [--max-frame BYTES] [--grace SECONDS] [--manager KIND=NAME]
-                  [--sandbox-fusion-port PORT] [--sandbox-fusion-fresh]
+                  [--sandbox-fusion-port PORT] [--sandbox-fusion-fresh] [--sandbox-fusion-cpu CORES]
 
 The server is an Orchestrator plus a listener. Each connection submits actions with ids in
 its own range; the server submits them to the orchestrator as they arrive (the frames read
@@ -81,6 +81,8 @@ class Server:
     sandbox_fusion_fresh
                   a new sandbox for each of its requests without a session, rather than
                   a pooled one
+    sandbox_fusion_cpu
+                  the cores each of its requests is guaranteed (default 1)
 
     `await start()` (or `async with`), then `address`; `await close(grace)` to stop.
     """
@@ -90,7 +92,7 @@ class Server:
                  managers: Sequence[ResourceManager] | Mapping[str, ResourceManager] = (),
                  default_managers: bool = True, max_frame: int = P.DEFAULT_MAX_FRAME,
                  hello_timeout: float = 10.0, sandbox_fusion_port: int | None = None,
-                 sandbox_fusion_fresh: bool = False) -> None:
+                 sandbox_fusion_fresh: bool = False, sandbox_fusion_cpu: float = 1.0) -> None:
         if not isinstance(max_frame, int) or max_frame < 1024:
             raise ValidationError("max_frame", f"must be an integer of at least 1024 bytes, got {max_frame!r}")
         if token is not None and not isinstance(token, str):
@@ -105,6 +107,7 @@ class Server:
         self.address: tuple[str, int] | None = None
         self.sandbox_fusion_port = sandbox_fusion_port
         self.sandbox_fusion_fresh = sandbox_fusion_fresh
+        self.sandbox_fusion_cpu = sandbox_fusion_cpu
         self.sandbox_fusion: SandboxFusionEndpoint | None = None
         self._listener: asyncio.AbstractServer | None = None
         self._connections: set[_Connection] = set()
@@ -137,7 +140,8 @@ class Server:
                 number = next(self._numbers)
                 self.sandbox_fusion = SandboxFusionEndpoint(
                     self.orchestrator, host=self.host, port=self.sandbox_fusion_port, token=self.token,
-                    trajectories=(number << P.ID_BITS, 1 << P.ID_BITS), fresh_sandboxes=self.sandbox_fusion_fresh)
+                    trajectories=(number << P.ID_BITS, 1 << P.ID_BITS), fresh_sandboxes=self.sandbox_fusion_fresh,
+                    cpu=self.sandbox_fusion_cpu)
                 await self.sandbox_fusion.start()
         except BaseException:
             if self._listener is not None:
@@ -668,6 +672,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--sandbox-fusion-fresh", action="store_true",
                         help="run each Sandbox Fusion request without a session in a new sandbox, ended after it "
                              "(default: a pooled one, in a fresh directory, its processes killed)")
+    parser.add_argument("--sandbox-fusion-cpu", type=float, default=1.0, metavar="CORES",
+                        help="cores each Sandbox Fusion request is guaranteed (default 1: a single-threaded program "
+                             "runs at full speed, so its run_timeout holds under load; 0.5 runs two per core when "
+                             "every core is taken)")
     parser.add_argument("--manager", action="append", default=[], metavar="KIND=NAME",
                         help="serve KIND's actions with manager NAME (a registered name, or module:Class), e.g. "
                              "cpu=mock to measure the protocol alone (options from the config's [managers.NAME]); "
@@ -693,7 +701,7 @@ def cli_main(argv: list[str] | None = None) -> int:
                 raise ValidationError(f"managers.{name}", f"bad options for {cls.__name__}: {e}") from None
         server = Server(config, host=args.host, port=args.port, token=token, policy=args.policy,
                         managers=managers, max_frame=args.max_frame, sandbox_fusion_port=args.sandbox_fusion_port,
-                        sandbox_fusion_fresh=args.sandbox_fusion_fresh)
+                        sandbox_fusion_fresh=args.sandbox_fusion_fresh, sandbox_fusion_cpu=args.sandbox_fusion_cpu)
         gc.set_threshold(*GC_THRESHOLDS)
         return asyncio.run(_serve(server, args.grace))
     except (TangramError, OSError) as e:

@@ -389,3 +389,21 @@ def test_shutdown_answers_a_running_request(tmp_path: Path) -> None:
         answer = pending.result(timeout=30).json()
     assert code == 0, served.stderr
     assert answer["status"] == "SandboxError" and "cancel" in answer["message"]
+
+
+def test_the_cores_each_request_is_guaranteed(tmp_path: Path) -> None:
+    """--sandbox-fusion-cpu: each request's action demands that many cores (it may use
+    more nobody else is guaranteed); a value the CPU manager cannot take is refused at start."""
+    config = tmp_path / "server.toml"
+    config.write_text(INVENTORY)
+    served = Endpoint(config, "--grace", "0", "--sandbox-fusion-cpu", "0.5")
+    try:
+        body = {"code": "import os; print(os.environ['TANGRAM_GRANT'])", "language": "python"}
+        answer = requests.post(served.url + "/run_code", json=body, timeout=30).json()
+        assert answer["status"] == "Success" and float(answer["run_result"]["stdout"]) == 0.5
+    finally:
+        assert served.stop() == 0, served.stderr
+    refused = subprocess.run([sys.executable, "-P", "-m", "tangram", "serve", "--port", "0", "--sandbox-fusion-port",
+                              "0", "--sandbox-fusion-cpu", "0", "--config", str(config)], capture_output=True,
+                             text=True, timeout=60)
+    assert refused.returncode == 2 and "sandbox_fusion.cpu" in refused.stderr
