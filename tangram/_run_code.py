@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import os
+import resource  # imported here, not in the forked child: a child's import costs every request milliseconds
 import shutil
 import signal
 import subprocess
@@ -160,9 +161,7 @@ def _step(argv: tuple[str, ...], names: Mapping[str, str], workdir: str, stdin: 
     limit = memory_mib << 20 if memory_mib > 0 else 0
 
     def in_child() -> None:
-        if limit:
-            import resource
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
     with tempfile.TemporaryFile(dir=workdir) as out, tempfile.TemporaryFile(dir=workdir) as err:
         stdin_file = None
