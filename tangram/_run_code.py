@@ -58,8 +58,8 @@ def run_code(request: Mapping[str, Any], keep_files: bool = False, scrub: bool =
     language = request["language"]
     entry = LANGUAGES.get(language)
     if entry is None:
-        return _sandbox_error(f"language {language!r} is not run by tangram's endpoint (it runs "
-                              f"{', '.join(LANGUAGES)})")
+        return sandbox_error(f"language {language!r} is not run by tangram's endpoint (it runs "
+                             f"{', '.join(LANGUAGES)})")
     source, compile_argv, run_argv = entry
     workdir = os.getcwd() if keep_files else tempfile.mkdtemp(prefix="run_code-", dir=os.getcwd())
     try:
@@ -76,13 +76,13 @@ def run_code(request: Mapping[str, Any], keep_files: bool = False, scrub: bool =
         if compile_argv is not None:
             compile_result = _step(compile_argv, names, workdir, None, request["compile_timeout"], memory)
             if compile_result["status"] == "Error":
-                return _sandbox_error(compile_result["stderr"], compile_result=compile_result)
+                return sandbox_error(compile_result["stderr"], compile_result=compile_result)
             if compile_result["status"] != "Finished" or compile_result["return_code"] != 0:
                 return _response("Failed", compile_result, None, _fetch(workdir, request["fetch_files"]))
         run_result = _step(run_argv, names, workdir, request["stdin"], request["run_timeout"], memory)
         files = _fetch(workdir, request["fetch_files"])
         if run_result["status"] == "Error":
-            return _sandbox_error(run_result["stderr"], compile_result, run_result, files)
+            return sandbox_error(run_result["stderr"], compile_result, run_result, files)
         ok = run_result["status"] == "Finished" and run_result["return_code"] == 0
         return _response("Success" if ok else "Failed", compile_result, run_result, files)
     finally:
@@ -221,12 +221,9 @@ def _response(status: str, compile_result: dict[str, Any] | None, run_result: di
             "executor_pod_name": None, "files": files}
 
 
-def _sandbox_error(message: str, compile_result: dict[str, Any] | None = None,
-                   run_result: dict[str, Any] | None = None, files: dict[str, str] | None = None) -> dict[str, Any]:
-    return _response("SandboxError", compile_result, run_result, files or {}, message)
-
-
-def sandbox_error(message: str) -> dict[str, Any]:
+def sandbox_error(message: str, compile_result: dict[str, Any] | None = None,
+                  run_result: dict[str, Any] | None = None, files: dict[str, str] | None = None) -> dict[str, Any]:
     """The response of a request the sandbox could not run (the endpoint's too, for an
     action that failed, timed out or was cancelled)."""
-    return _sandbox_error(message)
+    return _response("SandboxError", compile_result, run_result, files or {}, message)
+

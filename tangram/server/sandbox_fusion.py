@@ -122,7 +122,6 @@ class SandboxFusionEndpoint:
         self.cpu = float(cpu)
         if not isinstance(idle_sandboxes, int) or isinstance(idle_sandboxes, bool) or idle_sandboxes < 0:
             raise ValidationError("idle_sandboxes", f"must be a non-negative integer, got {idle_sandboxes!r}")
-        self.idle_sandboxes = idle_sandboxes
         self._pool = SandboxPool(self._new_trajectory, idle_sandboxes)  # for requests without a session
         self.address: tuple[str, int] | None = None
         self._first, self._count = trajectories
