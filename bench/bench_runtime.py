@@ -12,7 +12,7 @@ import asyncio
 
 import pytest
 
-import runtime_overhead as ro  # bench/ is on sys.path under pytest's rootdir conftest-less import
+from . import runtime_overhead as ro
 
 ACTIONS = 500
 

@@ -12,8 +12,8 @@ Programs run as Sandbox Fusion requests do (tangram.runtime.run_code): one reque
 action, in a trajectory's sandbox; the adapters keep a trajectory per tool instance,
 episode or sandbox, so its files persist across its calls, and end it when it is released.
 A program without a trajectory of its own (a test case of a reward) runs in a pooled
-sandbox, scrubbed after it (tangram.runtime.run_code.SandboxPool), as the Sandbox Fusion
-endpoint runs a request without a session.
+sandbox, scrubbed after it (Call.pooled), as the Sandbox Fusion endpoint runs a request
+without a session.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import weakref
 from typing import Any, Mapping, Sequence
 
 from .._errors import TangramError
-from ..runtime.run_code import SandboxPool, check_request, error_answer, run_code_call
+from ..runtime.run_code import TrajectoryPool, check_request, error_answer, run_code_call
 
 # The adapters' trajectory ids: from 3 x 2**30 up, so that they do not meet the ids a
 # caller uses itself on the same orchestrator or client (keep those below), and stay
@@ -38,7 +38,7 @@ _lock = threading.RLock()  # (pools take trajectories under it)
 _chosen: Any = None  # the orchestrator set with `use`
 _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()  # one Client per loop
 _sync_client: Any = None
-_pools: dict[int, tuple[Any, SandboxPool]] = {}  # id(orchestrator) -> it and its pooled sandboxes
+_pools: dict[int, tuple[Any, TrajectoryPool]] = {}  # id(orchestrator) -> it and the ids of its pooled calls
 
 
 def use(orchestrator: Any) -> None:
@@ -97,12 +97,12 @@ def code_request(code: str, language: str = "python", stdin: str | None = None, 
                           "run_timeout": timeout, "memory_limit_MB": memory_limit_mb})
 
 
-def _pool(orch: Any) -> SandboxPool:
-    """The sandboxes kept on `orch` for programs without a trajectory of their own."""
+def _pool(orch: Any) -> TrajectoryPool:
+    """The trajectory ids of the programs without a trajectory of their own on `orch`."""
     with _lock:
         entry = _pools.get(id(orch))
         if entry is None or entry[0] is not orch:
-            entry = _pools[id(orch)] = (orch, SandboxPool(new_trajectory))
+            entry = _pools[id(orch)] = (orch, TrajectoryPool(new_trajectory))
         return entry[1]
 
 
@@ -111,7 +111,7 @@ async def run_code(code: str, language: str = "python", *, stdin: str | None = N
     """Runs a program as one tangram action and returns its Sandbox Fusion response (an
     action that ends in an error answers as tangram.runtime.run_code.error_answer says).
     In `trajectory`'s sandbox (its files kept across calls) when given, else in a pooled
-    sandbox, scrubbed after it (tangram.runtime.run_code.SandboxPool)."""
+    sandbox, scrubbed after it (Call.pooled)."""
     orch = orchestrator if orchestrator is not None else await connect()
     request = code_request(code, language, stdin, timeout, memory_limit_mb)
     if trajectory is not None:
@@ -120,16 +120,15 @@ async def run_code(code: str, language: str = "python", *, stdin: str | None = N
         except TangramError as e:
             return error_answer(e)
     pool = _pool(orch)
-    t, answered = pool.take(), False
+    with _lock:
+        t = pool.take()
     try:
-        answer = await orch.run(run_code_call(request, t, scrub=True))
-        answered = True
-        return answer  # type: ignore[no-any-return]
+        return await orch.run(run_code_call(request, t, pooled=True))  # type: ignore[no-any-return]
     except TangramError as e:
         return error_answer(e)
     finally:
-        if not pool.give_back(t, answered):
-            await orch.end_trajectory(t)
+        with _lock:
+            pool.give_back(t)
 
 
 def run_code_sync(code: str, language: str = "python", *, stdin: str | None = None, trajectory: int | None = None,
@@ -153,20 +152,15 @@ def _run_many_sync(requests: Sequence[dict[str, Any]], trajectory: int | None, o
     pool = _pool(orch)
     with _lock:
         taken = [pool.take() for _ in requests]
-    handles = [orch.submit(run_code_call(request, t, scrub=True)) for request, t in zip(requests, taken)]
-    answers, ended = [], []
+    handles = [orch.submit(run_code_call(request, t, pooled=True)) for request, t in zip(requests, taken)]
+    answers = []
     for handle, t in zip(handles, taken):
         try:
             answers.append(handle.result())
-            answered = True
         except TangramError as e:
             answers.append(error_answer(e))
-            answered = False
         with _lock:
-            if not pool.give_back(t, answered):
-                ended.append(t)
-    for t in ended:
-        orch.end_trajectory(t)
+            pool.give_back(t)
     return answers
 
 

@@ -43,6 +43,10 @@ class Call:
     the action must run on (a multi-node inventory: where its trajectory's sandbox lives);
     None lets the core choose. `idempotent` says whether the call may run more than once:
     False keeps it from being rerun elsewhere when its node is lost (docs/ray.md).
+    `pooled` runs it in any idle sandbox of a pool the CPU manager keeps, taken when the
+    action starts, instead of its trajectory's: for calls that leave the sandbox as they
+    found it (tangram.runtime.run_code's scrub), so that many concurrent stateless calls
+    need only as many sandboxes as run at once.
     """
 
     fn: Callable[..., Any] | None = None
@@ -66,6 +70,7 @@ class Call:
     affinity: str | None = None  # node name the action must run on (its trajectory's sandbox node)
     idempotent: bool = True  # may run twice: a lost node's requeue reruns it (docs/ray.md)
     key: str | None = None  # what run-time estimates are learned under (None: derived, see estimates.key_of)
+    pooled: bool = False  # any idle pooled sandbox, taken as it starts, not the trajectory's (see above)
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
         # Pickled as the class and its field values in order, not a dict of field names:
@@ -127,6 +132,8 @@ def validate_call(call: Any) -> None:
         raise ValidationError("call.key", f"must be a string or None, got {given(call.key)}")
     if call.idempotent is not True and call.idempotent is not False:
         raise ValidationError("call.idempotent", f"must be True or False, got {given(call.idempotent)}")
+    if call.pooled is not True and call.pooled is not False:
+        raise ValidationError("call.pooled", f"must be True or False, got {given(call.pooled)}")
 
 
 def _check_command(command: Any) -> None:

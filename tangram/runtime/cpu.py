@@ -66,6 +66,7 @@ _MILLI = 1000
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 CPU_LIMITS = ("guarantee", "ceiling")
 DEFAULT_WARM_SANDBOXES = 4
+POOLED_IDLE_LIMIT = 64  # idle pooled sandboxes kept (Call.pooled); one given back past it is ended
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _ids = itertools.count(1)
 
@@ -210,8 +211,11 @@ class CpuManager(ResourceManager):
         self.inventory_cores: float | None = None
         self._cgroups: ManagerCgroups | None = None
         self._dir: str | None = None
+        # Keyed by trajectory; pooled sandboxes (Call.pooled) by -1, -2, ... (POOLED_IDLE_LIMIT)
         self._sandboxes: dict[int, Sandbox] = {}
-        self._grants: dict[int, GrantChannel] = {}  # per trajectory, beside its sandbox
+        self._grants: dict[int, GrantChannel] = {}  # beside each sandbox
+        self._pooled_idle: list[int] = []  # keys of the pooled sandboxes no action holds
+        self._pooled_made = 0
         self._running: dict[int, _Running] = {}  # action id -> what a resize changes
         self._warm: WarmWorkers | None = None
         self._warm_cgroup: SandboxCgroup | None = None  # idle warm workers: the lowest weight
@@ -269,6 +273,7 @@ class CpuManager(ResourceManager):
         if self._state == "closed":
             return
         self._state = "closed"
+        self._pooled_idle.clear()
         errors: list[Any] = []
         try:
             errors = await asyncio.gather(*(self._end(t) for t in list(self._sandboxes)), return_exceptions=True)
@@ -351,9 +356,15 @@ class CpuManager(ResourceManager):
         """The warm workers waiting for a new trajectory."""
         return [] if self._warm is None else [w.proc.pid for w in self._warm.idle]
 
+    @property
+    def pooled_sandbox_count(self) -> int:
+        """Pooled sandboxes (Call.pooled) there are now, idle or running an action."""
+        return sum(1 for key in self._sandboxes if key < 0)
+
     def sandbox_dir(self, trajectory: int) -> str:
+        """The directory of `trajectory`'s sandbox (a negative key: a pooled sandbox's)."""
         assert self._dir is not None, "start() first"
-        return os.path.join(self._dir, f"t{trajectory}")
+        return os.path.join(self._dir, f"t{trajectory}" if trajectory >= 0 else f"pool{-trajectory}")
 
     # ------------------------------------------------------------------ actions
     def _sandbox(self, trajectory: int) -> Sandbox:
@@ -361,7 +372,8 @@ class CpuManager(ResourceManager):
         if sb is None:
             if self._state != "running":
                 raise ManagerError("managers.cpu", "start() the manager first" if self._state == "new" else "the manager is closed")
-            cg = None if self._cgroups is None else self._cgroups.sandbox(f"sb-{trajectory}")
+            name = f"sb-{trajectory}" if trajectory >= 0 else f"sb-pool{-trajectory}"
+            cg = None if self._cgroups is None else self._cgroups.sandbox(name)
             grant = self._grants.get(trajectory)
             if grant is None:
                 grant = self._grants[trajectory] = GrantChannel(self.sandbox_dir(trajectory), self._limit_from_action)
@@ -376,22 +388,49 @@ class CpuManager(ResourceManager):
         if (call.fn is None) == (call.command is None):
             raise ActionFailed(action.id, "a CPU call needs exactly one of fn and command", "ValueError")
         while True:
-            sb = self._sandbox(call.trajectory)
+            key = self._take_pooled() if call.pooled else call.trajectory
+            sb = self._sandbox(key)
             async with sb.lock:  # a trajectory's actions are sequential; never interleave two
                 if sb.closed:  # its trajectory ended while this one waited: a fresh sandbox
                     continue
-                running = self._running[action.id] = _Running(sb, self._grants[call.trajectory],
+                running = self._running[action.id] = _Running(sb, self._grants[key],
                                                               self.pool.take(placement.cores), placement.cores)
+                answered = False
                 try:
-                    return await self._run(action, placement, running)
+                    result = await self._run(action, placement, running)
+                    answered = True
+                    return result
                 finally:
                     del self._running[action.id]
                     running.grant.stop()
                     if sb.cgroup is not None:
                         sb.cgroup.idle(self.ceiling)
                     self.pool.release(running.charge)
+                    if call.pooled:
+                        self._give_back_pooled(key, answered)
                     if not self._running and self._warm is not None:
                         self._warm.refill_soon()  # the node is idle: replace the taken ones
+
+    def _take_pooled(self) -> int:
+        """An idle pooled sandbox's key, or a new one's: pooled sandboxes are as many as
+        pooled actions have run at once."""
+        if self._pooled_idle:
+            return self._pooled_idle.pop()
+        self._pooled_made += 1
+        return -self._pooled_made
+
+    def _give_back_pooled(self, key: int, answered: bool) -> None:
+        """Keeps a pooled sandbox for the next pooled action when its action answered (the
+        call left it as it found it) and it still runs; else (a failure, a crash, a kill, a
+        timeout, more idle than POOLED_IDLE_LIMIT) ends it, in the background."""
+        sb = self._sandboxes.get(key)
+        if (answered and sb is not None and sb.alive and self._state == "running"
+                and len(self._pooled_idle) < POOLED_IDLE_LIMIT):
+            self._pooled_idle.append(key)
+            return
+        task = asyncio.get_running_loop().create_task(self._end(key))
+        self._reaping.add(task)
+        task.add_done_callback(self._reaping.discard)
 
     def resize(self, action: LiveAction, placement: Placement) -> None:
         """The core changed a running action's grant to `placement.cores`: its weight (or,

@@ -44,12 +44,12 @@ from typing import Any, Callable, Mapping
 
 from .._errors import ValidationError
 from .._model import given
-from .._run_code import LANGUAGES, OUTPUT_LIMIT, run_code, sandbox_error
+from .._run_code import LANGUAGES, OUTPUT_LIMIT, run_code, run_code_timed, sandbox_error
 from .call import Call
 from .errors import ActionCancelled, ActionTimeout, ResourceLimitExceeded
 
-__all__ = ["LANGUAGES", "OUTPUT_LIMIT", "SANDBOX_FUSION_LANGUAGES", "SandboxPool", "check_request", "error_answer",
-           "run_code", "run_code_call", "sandbox_error"]
+__all__ = ["LANGUAGES", "OUTPUT_LIMIT", "SANDBOX_FUSION_LANGUAGES", "TrajectoryPool", "check_request", "error_answer",
+           "run_code", "run_code_call", "run_code_timed", "sandbox_error"]
 
 # Every language name Sandbox Fusion's server accepts (its `Language` literal); others are
 # a validation error, as there (HTTP 422).
@@ -137,9 +137,11 @@ def _check_path(field: str, path: Any) -> None:
 
 
 def run_code_call(request: Mapping[str, Any], trajectory: int = 0, keep_files: bool = False,
-                  cpu: float = 1.0, kind: str = "code", scrub: bool = False) -> Call:
+                  cpu: float = 1.0, kind: str = "code", pooled: bool = False, timed: bool = False) -> Call:
     """One checked request (`check_request`) as a tangram action in `trajectory`'s sandbox
-    (`keep_files` and `scrub`: see run_code).
+    (`keep_files`: see run_code); `pooled`: in any idle pooled sandbox instead
+    (Call.pooled), scrubbed after the request (run_code's `scrub`); `timed`: its result is
+    run_code_timed's (the answer and the seconds running it took in the sandbox).
     Its run time is learned per language (key "code:LANGUAGE"); its timeout is the
     request's two timeouts plus ACTION_TIMEOUT_SLACK; memory_limit_MB > 0 is its memory
     demand."""
@@ -147,10 +149,8 @@ def run_code_call(request: Mapping[str, Any], trajectory: int = 0, keep_files: b
     if request["memory_limit_MB"] > 0:
         resources["memory"] = float(request["memory_limit_MB"])
     timeout = request["compile_timeout"] + request["run_timeout"] + ACTION_TIMEOUT_SLACK
-    return Call(fn=run_code, args=(request, keep_files, scrub), resources=resources, timeout=timeout,
-                trajectory=trajectory, kind=kind, key=f"{kind}:{request['language']}")
-
-
+    return Call(fn=run_code_timed if timed else run_code, args=(request, keep_files, pooled), resources=resources,
+                timeout=timeout, trajectory=trajectory, kind=kind, key=f"{kind}:{request['language']}", pooled=pooled)
 
 
 def error_answer(error: BaseException) -> dict[str, Any]:
@@ -170,30 +170,25 @@ def error_answer(error: BaseException) -> dict[str, Any]:
     return sandbox_error(str(error))
 
 
-class SandboxPool:
-    """Sandboxes kept for requests without a session: a request takes one (the last given
-    back first, else a new trajectory from `new_trajectory`), runs with `scrub=True` (what
-    it left is killed and removed as it ends), and gives it back; one whose action did not
-    end by answering (a crash, a timeout, a kill) is not kept, nor more than `limit`. A
-    request so pays for a sandbox process's start only when more run at once than ever
-    before."""
+class TrajectoryPool:
+    """Trajectory ids for requests without a session, whose calls are pooled (Call.pooled:
+    the CPU manager gives each a pooled sandbox as it starts, so the ids hold none): a
+    request takes one (the last given back first, else a new one from `new_trajectory`)
+    and gives it back once its action has ended. The ids are as many as requests were in
+    flight at once; the core keeps a little state per trajectory, so they are reused, not
+    made anew for every request."""
 
-    def __init__(self, new_trajectory: Callable[[], int], limit: int = 64) -> None:
+    def __init__(self, new_trajectory: Callable[[], int]) -> None:
         self._new = new_trajectory
-        self.limit = limit
         self._idle: list[int] = []
 
     def take(self) -> int:
         return self._idle.pop() if self._idle else self._new()
 
-    def give_back(self, trajectory: int, answered: bool) -> bool:
-        """Keeps `trajectory`'s sandbox for the next request; False: the caller ends it."""
-        if answered and len(self._idle) < self.limit:
-            self._idle.append(trajectory)
-            return True
-        return False
+    def give_back(self, trajectory: int) -> None:
+        self._idle.append(trajectory)
 
     def drain(self) -> list[int]:
-        """Every sandbox kept, for the caller to end; none is kept afterwards."""
+        """Every id given back, for the caller to end; none is kept afterwards."""
         idle, self._idle = self._idle, []
         return idle

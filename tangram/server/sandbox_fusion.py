@@ -13,19 +13,21 @@ Routes:
     POST /run_code      a RunCodeRequest -> a RunCodeResponse (HTTP 200 whatever the
                         program did; 422 with {"detail": [...]} for a request that does not
                         validate, as Sandbox Fusion's server answers); a Server-Timing
-                        header says the server's time on it
+                        header says the server's time on it and the part running it
     GET  /v1/ping       "pong" (Sandbox Fusion's health check)
     GET  /              200 (what SkyRL's liveness check asks)
     POST /end_session   {"session_id": ...}: ends a session now (its sandbox is removed)
 
 Sandboxes: a request without a session id runs in a sandbox of its own, in a fresh
-working directory. That sandbox is pooled, so that a request does not pay for starting a
-sandbox process: once a request's action has answered, every process it left is killed
-(those that detached themselves too: the sandbox worker adopts orphans) and the sandbox's
-directory is emptied, and the sandbox waits for the next request without a session; one
-whose action crashed or timed out is ended instead. `fresh_sandboxes=True` (`tangram
-serve --sandbox-fusion-fresh`) gives each such request a new sandbox, ended after it, for
-programs that must not share even the sandbox's worker process.
+working directory. That sandbox is pooled (Call.pooled): the CPU manager hands the
+request's action an idle one as it starts, so that a request does not pay for starting a
+sandbox process and a burst needs only as many sandboxes as run at once. Once a request
+has answered, every process it left is killed (those that detached themselves too: the
+sandbox worker adopts orphans) and the sandbox's directory is emptied, and the sandbox
+waits for the next request without a session; one whose action crashed or timed out is
+ended instead. `fresh_sandboxes=True` (`tangram serve --sandbox-fusion-fresh`) gives each
+such request a new sandbox, ended after it, for programs that must not share even the
+sandbox's worker process.
 
 Sessions: with a session id (the `X-Tangram-Session` header, or a `session_id` field in
 the JSON body, which Sandbox Fusion's server would ignore) the requests of a session share
@@ -59,13 +61,13 @@ from typing import Any
 
 from .._errors import TangramError, ValidationError
 from ..runtime.orchestrator import Orchestrator
-from ..runtime.run_code import SandboxPool, check_request, error_answer, run_code_call, sandbox_error
+from ..runtime.run_code import TrajectoryPool, check_request, error_answer, run_code_call, sandbox_error
 
 DEFAULT_PORT = 8080  # Sandbox Fusion's (SkyRL's verifier assumes it)
 DEFAULT_MAX_BODY = 64 << 20
 DEFAULT_SESSION_IDLE = 600.0
-DEFAULT_IDLE_SANDBOXES = 64  # pooled sandboxes kept for requests without a session, at most
 SESSION_HEADER = "X-Tangram-Session"
+RUN_SECONDS = "tangram_run_seconds"  # the aiohttp request's key for Server-Timing's `run`
 
 
 def _web() -> Any:
@@ -98,15 +100,14 @@ class SandboxFusionEndpoint:
     it may use more that nobody else is guaranteed). The default, one core, lets a
     single-threaded program run at full speed whatever else runs, so that its run_timeout
     means what it says; 0.5 runs two requests per core when every core is taken, which
-    hides the hand-over between one request and the next (bench/sandbox_fusion_endpoint.py
+    hides the hand-over between one request and the next (bench/sandbox_fusion.py
     --tangram-cpu) at the price of programs that run up to twice as long under load.
     `await start()`, then `address`; `await close()` to stop."""
 
     def __init__(self, orchestrator: Orchestrator, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
                  token: str | None = None, trajectories: tuple[int, int] = (1 << 40, 1 << 32),
                  max_body: int = DEFAULT_MAX_BODY, session_idle: float = DEFAULT_SESSION_IDLE,
-                 fresh_sandboxes: bool = False, idle_sandboxes: int = DEFAULT_IDLE_SANDBOXES,
-                 cpu: float = 1.0) -> None:
+                 fresh_sandboxes: bool = False, cpu: float = 1.0) -> None:
         if not isinstance(max_body, int) or isinstance(max_body, bool) or max_body < 1024:
             raise ValidationError("max_body", f"must be an integer of at least 1024 bytes, got {max_body!r}")
         if not (isinstance(session_idle, (int, float)) and session_idle > 0):
@@ -120,9 +121,7 @@ class SandboxFusionEndpoint:
         if isinstance(cpu, bool) or not isinstance(cpu, (int, float)) or not 0 < cpu <= 1024:
             raise ValidationError("sandbox_fusion.cpu", f"must be a number of cores in (0, 1024], got {cpu!r}")
         self.cpu = float(cpu)
-        if not isinstance(idle_sandboxes, int) or isinstance(idle_sandboxes, bool) or idle_sandboxes < 0:
-            raise ValidationError("idle_sandboxes", f"must be a non-negative integer, got {idle_sandboxes!r}")
-        self._pool = SandboxPool(self._new_trajectory, idle_sandboxes)  # for requests without a session
+        self._pool = TrajectoryPool(self._new_trajectory)  # for requests without a session
         self.address: tuple[str, int] | None = None
         self._first, self._count = trajectories
         self._next = 0
@@ -214,12 +213,16 @@ class SandboxFusionEndpoint:
         return _web().json_response({"server": "tangram", "api": "Sandbox Fusion", "run_code": "POST /run_code"})
 
     async def _run_code(self, request: Any) -> Any:
-        """POST /run_code. Its answer carries a Server-Timing header (total;dur=MS: from the
-        handler's start to the answer encoded), which clients ignore and
-        bench/sandbox_fusion_endpoint.py reads for the endpoint's own time."""
+        """POST /run_code. Its answer carries a Server-Timing header, which clients ignore
+        and bench/sandbox_fusion.py reads for the endpoint's own time: `total`
+        (from the handler's start to the answer encoded) and, for a request that ran,
+        `run` (running it in the sandbox: tangram._run_code.run_code_timed), in ms."""
         began = time.perf_counter()
         response = await self._answer(request)
-        response.headers["Server-Timing"] = f"total;dur={(time.perf_counter() - began) * 1e3:.3f}"
+        timing = f"total;dur={(time.perf_counter() - began) * 1e3:.3f}"
+        if RUN_SECONDS in request:
+            timing += f", run;dur={request[RUN_SECONDS] * 1e3:.3f}"
+        response.headers["Server-Timing"] = timing
         return response
 
     async def _answer(self, request: Any) -> Any:
@@ -238,59 +241,57 @@ class SandboxFusionEndpoint:
         if self._closing:
             return web.json_response(sandbox_error("the server is shutting down"))
         if session_id is None:
-            return web.json_response(await self._run_alone(checked))
+            return web.json_response(await self._run_alone(checked, request))
         session = self._sessions.get(session_id)
         if session is None:
             session = self._sessions[session_id] = _Session(self._new_trajectory())
         session.running += 1
         try:
             async with session.lock:
-                answer, _ = await self._run(checked, session.trajectory, True)
-                return web.json_response(answer)
+                return web.json_response(await self._run(checked, session.trajectory, True, note=request))
         finally:
             session.running -= 1
             session.used = time.monotonic()
             if session.ended and not session.running:
                 self._end_trajectory(session.trajectory)
 
-    async def _run(self, checked: dict[str, Any], trajectory: int, keep_files: bool,
-                   scrub: bool = False) -> tuple[dict[str, Any], bool]:
-        """One request as one action: its result, or the in-band error its end says; and
-        whether the action ended by answering (a scrubbed sandbox is then as new)."""
-        call = run_code_call(checked, trajectory, keep_files, cpu=self.cpu, scrub=scrub)
+    async def _run(self, checked: dict[str, Any], trajectory: int, keep_files: bool, pooled: bool = False,
+                   note: Any = None) -> dict[str, Any]:
+        """One request as one action: its result, or the in-band error its end says. The
+        seconds running it took in the sandbox go to note[RUN_SECONDS] (the aiohttp request)."""
+        call = run_code_call(checked, trajectory, keep_files, cpu=self.cpu, pooled=pooled, timed=True)
         try:
             handle = self.orchestrator.submit(call)
         except TangramError as e:  # it can never run here (more memory than any node has...)
-            return sandbox_error(f"tangram cannot run this request: {e}"), True
+            return sandbox_error(f"tangram cannot run this request: {e}")
         self._live.add(handle.future)
         try:
-            return await handle.future, True
+            answer, seconds = await handle.future
+            if note is not None:
+                note[RUN_SECONDS] = seconds
+            return answer
         except TangramError as e:
-            return error_answer(e), False
+            return error_answer(e)
         except asyncio.CancelledError:  # the client went away: so does its action
             handle.cancel()
             raise
         finally:
             self._live.discard(handle.future)
 
-    async def _run_alone(self, checked: dict[str, Any]) -> dict[str, Any]:
-        """A request without a session: in a pooled sandbox (SandboxPool), or in a new one
-        ended after it (`fresh_sandboxes`)."""
+    async def _run_alone(self, checked: dict[str, Any], note: Any) -> dict[str, Any]:
+        """A request without a session: in a pooled sandbox (Call.pooled, scrubbed after
+        it), or in a new one ended after it (`fresh_sandboxes`)."""
         if self.fresh_sandboxes:
             trajectory = self._new_trajectory()
             try:
-                answer, _ = await self._run(checked, trajectory, False)
-                return answer
+                return await self._run(checked, trajectory, False, note=note)
             finally:
                 self._end_trajectory(trajectory)
         trajectory = self._pool.take()
-        answered = False
         try:
-            answer, answered = await self._run(checked, trajectory, False, scrub=True)
-            return answer
+            return await self._run(checked, trajectory, False, pooled=True, note=note)
         finally:
-            if self._closing or not self._pool.give_back(trajectory, answered):
-                self._end_trajectory(trajectory)
+            self._pool.give_back(trajectory)
 
     async def _end_session(self, request: Any) -> Any:
         web = _web()

@@ -604,6 +604,35 @@ def test_concurrent_actions_of_one_trajectory_are_serialised(mechanism: str) -> 
     with_manager(mechanism, body)
 
 
+def test_pooled_calls_share_as_many_sandboxes_as_run_at_once(mechanism: str) -> None:
+    """Call.pooled: the sandbox is taken as the action starts, so 12 calls of 12
+    trajectories, at most 3 running at once, need 3 sandboxes; one whose action did not
+    answer is not used again; the pooled ones go with the manager."""
+    async def body(mgr: CpuManager) -> None:
+        gate = asyncio.Semaphore(3)  # what the core does: at most 3 start at once
+
+        async def pooled(i: int, fn: Any = os.getpid) -> Any:
+            async with gate:
+                return await run(mgr, Call(fn=fn, trajectory=100 + i, pooled=True))
+
+        pids = await asyncio.gather(*(pooled(i) for i in range(12)))
+        assert mgr.pooled_sandbox_count == 3 and len(set(pids)) == 3
+        assert mgr.sandbox_count == 3  # no trajectory of the 12 holds one
+        assert (await run(mgr, Call(fn=os.getcwd, trajectory=5, pooled=True))).startswith(mgr._dir + "/pool")
+
+        def broken() -> None:
+            raise ValueError("left the sandbox in a state nobody knows")
+
+        with pytest.raises(ActionFailed):
+            await run(mgr, Call(fn=broken, trajectory=7, pooled=True))
+        await asyncio.sleep(0.2)  # its sandbox is ended in the background
+        assert mgr.pooled_sandbox_count == 2
+        after = set(await asyncio.gather(*(pooled(i) for i in range(12))))
+        assert len(after) == 3 and len(after & set(pids)) == 2  # the two kept, and a new one
+
+    with_manager(mechanism, body)
+
+
 # ---------------------------------------------------------------------------- failures
 def test_a_function_that_raises_is_action_failed(mechanism: str) -> None:
     async def body(mgr: CpuManager) -> None:

@@ -8,6 +8,7 @@ they parse them, sessions, concurrent bursts, tokens and shutdown."""
 from __future__ import annotations
 
 import base64
+import resource
 import concurrent.futures
 import json
 import os
@@ -98,6 +99,29 @@ def test_memory_limit_is_the_programs_address_space(in_tmp: Path) -> None:
     assert "MemoryError" in out["run_result"]["stderr"]
     fits = run(code="x = bytearray(20 << 20)\nprint(len(x))", language="python", memory_limit_MB=200)
     assert fits["status"] == "Success"
+
+
+@pytest.mark.parametrize("way", ["own limit", "prlimit", "preexec_fn"])
+def test_each_way_of_setting_the_memory_limit_sets_it_soft_and_hard(in_tmp: Path, way: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The limit is the program's, soft and hard (it cannot raise it), whichever way the
+    sandbox sets it (tangram._run_code._spawn); the sandbox's own limit is as before."""
+    from tangram import _run_code
+
+    if way == "own limit" and not _run_code._may_raise_limits():
+        pytest.skip("this process lacks CAP_SYS_RESOURCE: it could not raise its own limit again")
+    if way == "prlimit" and _run_code._prlimit() is None:
+        pytest.skip("util-linux's prlimit is not installed")
+    monkeypatch.setattr(_run_code, "_may_raise_limits", lambda: way == "own limit")
+    if way == "preexec_fn":
+        monkeypatch.setattr(_run_code, "_prlimit", lambda: None)
+    before = resource.getrlimit(resource.RLIMIT_AS)
+    seen = run(code="import resource\nprint(*resource.getrlimit(resource.RLIMIT_AS))", language="python",
+               memory_limit_MB=300)
+    assert seen["run_result"]["stdout"].split() == [str(300 << 20)] * 2
+    out = run(code="x = bytearray(400 << 20)", language="python", memory_limit_MB=300)
+    assert out["status"] == "Failed" and "MemoryError" in out["run_result"]["stderr"]
+    assert resource.getrlimit(resource.RLIMIT_AS) == before
 
 
 def test_files_go_in_and_come_back(in_tmp: Path) -> None:
@@ -341,15 +365,21 @@ def test_fresh_sandboxes_when_asked(tmp_path: Path) -> None:
         assert served.stop() == 0, served.stderr
 
 
-def test_a_burst_of_concurrent_requests_all_answer(endpoint: Endpoint) -> None:
+def test_a_burst_of_concurrent_requests_all_answer_from_as_many_sandboxes_as_run_at_once(endpoint: Endpoint) -> None:
+    """48 requests, 24 at a time, on 2 cores at one core each: 2 run at once, so 2 pooled
+    sandboxes serve them all (each program prints its parent, the sandbox's worker)."""
     def one(i: int) -> Any:
-        body = {"code": f"print(sum(range({i} * 1000)))", "language": "python"}
+        body = {"code": f"import os\nprint(sum(range({i} * 1000)))\nprint(os.getppid())", "language": "python"}
         return i, requests.post(endpoint.url + "/run_code", json=body, timeout=120).json()
 
     with concurrent.futures.ThreadPoolExecutor(24) as pool:
         answers = list(pool.map(one, range(48)))
+    workers = set()
     for i, answer in answers:
-        assert answer["status"] == "Success" and answer["run_result"]["stdout"] == f"{sum(range(i * 1000))}\n"
+        total, worker = answer["run_result"]["stdout"].split()
+        assert answer["status"] == "Success" and total == f"{sum(range(i * 1000))}"
+        workers.add(worker)
+    assert len(workers) <= 2
 
 
 def test_a_token_is_required_when_set(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """Sandbox Fusion requests through tangram's endpoint, against a plain pool of workers behind
 a minimal server of the same HTTP library.
 
-    python bench/sandbox_fusion_endpoint.py [--requests 200] [--clients 32] [--sequential 100]
+    python bench/sandbox_fusion.py [--requests 200] [--clients 32] [--sequential 100]
         [--repeat 3] [--tangram-cpu CORES] [--json PATH]
 
 The requests are what a veRL rollout's code reward sends (verl/utils/reward_score/
@@ -16,29 +16,29 @@ Two servers, each a subprocess on loopback, run in turn in every repetition:
            CPU manager, cgroup isolation where it is available; pooled sandboxes; each
            request guaranteed `--tangram-cpu` cores, default 1)
   pool     a minimal aiohttp server whose handler runs the same program runner
-           (tangram.runtime.run_code.run_code) in a concurrent.futures.ProcessPoolExecutor
+           (tangram.runtime.run_code.run_code_timed) in a concurrent.futures.ProcessPoolExecutor
            with one worker per core: no scheduler, no sandbox, nothing isolated
 
 Two phases per server:
   sequential  one client, one request at a time (`--sequential` of them, a one-line
               shell program, `echo`): the latency of a request with the machine otherwise
-              idle, and the overhead beyond the program: at the client, latency minus the
-              program's own time (its run step's execution_time: starting the program
-              and running it), i.e. the client's HTTP, the server's, and everything the
-              server does around the program; in the server, its time on the request
-              (the Server-Timing header both servers send: from the handler's start to
-              the answer encoded) minus the program's, i.e. the endpoint's own work:
-              for tangram, parsing and checking the request, scheduling, the sandbox's
-              round trip, writing the program out and reading its output back
+              idle, and what it costs beyond running the code. Both servers send a
+              Server-Timing header with `total` (from the handler's start to the answer
+              encoded) and `run` (running the request in the worker: writing its files,
+              starting and running the program, reading its output back, and for tangram
+              scrubbing the pooled sandbox; tangram._run_code.run_code_timed). Reported:
+              the endpoint's overhead, total - run: parsing and checking the request and
+              handing it to the worker and back (for tangram: scheduling it, the sandbox's
+              round trip); running it beyond the program, run - the run step's
+              execution_time; and at the client, latency - execution_time (its HTTP, a
+              new connection each, the server's, and everything around the program)
   bursts      `--requests` requests from `--clients` threads at once, as a rollout's
               reward step sends them, twice: requests per second over the burst, mean,
               p50 and p99 latency. The first burst makes tangram start a sandbox per
               request running at once (pooled afterwards, see tangram.server.sandbox_fusion);
               the second, like every later step of a rollout, finds them
 
-Reports medians over the repetitions, and tangram's ratios to the pool. (Not named
-sandbox_fusion.py: pytest puts bench/ on sys.path, where that name would hide the
-sandbox-fusion client package from the tests.)
+Reports medians over the repetitions, and tangram's ratios to the pool.
 """
 
 from __future__ import annotations
@@ -76,9 +76,9 @@ def verl_request(n: int) -> str:
                        "memory_limit_MB": 1024, "language": language, "files": {}, "fetch_files": []})
 
 
-def post(url: str, n: int) -> tuple[float, float, float]:
-    """One request as veRL sends it: its latency, the program's own seconds, and the
-    server's seconds on it (its Server-Timing header)."""
+def post(url: str, n: int) -> tuple[float, float, float, float]:
+    """One request as veRL sends it: its latency, the program's own seconds, the server's
+    seconds on it and the part running it (its Server-Timing header: total and run)."""
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
     began = time.perf_counter()
     response = requests.post(url, headers=headers, data=verl_request(n), timeout=120)
@@ -89,31 +89,36 @@ def post(url: str, n: int) -> tuple[float, float, float]:
     if body.get("status") != "Success" or run.get("stdout") != (expected(n) if n else "ok\n"):
         raise RuntimeError(f"wrong answer for n={n}: {body}")
     own = sum((step or {}).get("execution_time") or 0.0 for step in (body.get("compile_result"), run))
-    timing = re.search(r"total;dur=([0-9.]+)", response.headers.get("Server-Timing", ""))
-    return latency, own, float(timing.group(1)) / 1e3 if timing else float("nan")
+    timing = dict(re.findall(r"(\w+);dur=([0-9.]+)", response.headers.get("Server-Timing", "")))
+    return latency, own, float(timing["total"]) / 1e3, float(timing["run"]) / 1e3
 
 
 def measure(url: str, sequential: int, burst: int, clients: int) -> dict[str, float]:
     seq = [post(url, 0) for _ in range(sequential)]
-    overhead = sorted(latency - own for latency, own, _ in seq)
-    server = sorted(total - own for _, own, total in seq)
+    overhead = sorted(latency - own for latency, own, _, _ in seq)
+    endpoint = sorted(total - run for _, _, total, run in seq)
+    running = sorted(run - own for _, own, _, run in seq)
     out = {
-        "sequential_p50": statistics.median(latency for latency, _, _ in seq),
+        "sequential_p50": statistics.median(latency for latency, _, _, _ in seq),
         "overhead_p50": statistics.median(overhead),
-        "overhead_p99": overhead[min(len(overhead) - 1, int(0.99 * len(overhead)))],
-        "server_overhead_p50": statistics.median(server),
-        "server_overhead_p99": server[min(len(server) - 1, int(0.99 * len(server)))],
+        "overhead_p99": _p99(overhead),
+        "endpoint_overhead_p50": statistics.median(endpoint),
+        "endpoint_overhead_p99": _p99(endpoint),
+        "runner_p50": statistics.median(running),
     }
-    for name in ("first", "again"):  # the same burst twice: the second finds the first one's sandboxes
+    for name in ("first", "again") if burst else ():  # the same burst twice: the second finds the first one's sandboxes
         with concurrent.futures.ThreadPoolExecutor(clients) as threads:
             began = time.perf_counter()
             results = list(threads.map(lambda i: post(url, SIZES[i % len(SIZES)]), range(burst)))
             wall = time.perf_counter() - began
-        latencies = sorted(latency for latency, _, _ in results)
+        latencies = sorted(latency for latency, _, _, _ in results)
         out |= {f"{name}_requests_per_s": burst / wall, f"{name}_mean": statistics.fmean(latencies),
-                f"{name}_p50": statistics.median(latencies),
-                f"{name}_p99": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]}
+                f"{name}_p50": statistics.median(latencies), f"{name}_p99": _p99(latencies)}
     return out
+
+
+def _p99(ordered: list[float]) -> float:
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
 
 # ------------------------------------------------------------------ the servers
@@ -156,7 +161,7 @@ def serve_pool() -> None:
     """The baseline: aiohttp and a process pool of one worker per core, nothing else."""
     from aiohttp import web
 
-    from tangram.runtime.run_code import check_request, run_code
+    from tangram.runtime.run_code import check_request, run_code_timed
 
     os.chdir(tempfile.mkdtemp(prefix="sandbox-fusion-pool-"))
     pool = concurrent.futures.ProcessPoolExecutor(os.cpu_count() or 1)
@@ -164,9 +169,10 @@ def serve_pool() -> None:
     async def run(request: web.Request) -> web.Response:
         began = time.perf_counter()
         checked = check_request(await request.json())
-        answer = await asyncio.get_running_loop().run_in_executor(pool, run_code, checked)
+        answer, seconds = await asyncio.get_running_loop().run_in_executor(pool, run_code_timed, checked)
         response = web.json_response(answer)
-        response.headers["Server-Timing"] = f"total;dur={(time.perf_counter() - began) * 1e3:.3f}"  # as tangram's
+        response.headers["Server-Timing"] = (f"total;dur={(time.perf_counter() - began) * 1e3:.3f}, "  # as tangram's
+                                             f"run;dur={seconds * 1e3:.3f}")
         return response
 
     async def main() -> None:
@@ -190,7 +196,7 @@ def serve_pool() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--requests", type=int, default=200, help="requests in the burst (default 200)")
+    parser.add_argument("--requests", type=int, default=200, help="requests in the burst (default 200; 0: no bursts)")
     parser.add_argument("--clients", type=int, default=32, help="threads sending the burst (default 32)")
     parser.add_argument("--sequential", type=int, default=100, help="requests sent one at a time (default 100)")
     parser.add_argument("--repeat", type=int, default=3)
@@ -218,23 +224,25 @@ def main() -> None:
     medians = {way: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for way, rs in runs.items()}
     print(f"\nSandbox Fusion requests on {os.cpu_count()} CPUs: {args.sequential} one at a time, then a burst of "
           f"{args.requests} from {args.clients} clients; medians of {args.repeat} repetitions\n")
-    print("| server | one at a time: p50 latency | overhead p50 | overhead p99 | server's p50 | server's p99 |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| server | one at a time: p50 latency | at the client: overhead p50 | p99 | endpoint's overhead p50 | "
+          "p99 | running it, beyond the program: p50 |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for way, m in medians.items():
         print(f"| {way} | {m['sequential_p50'] * 1e3:.1f} ms | {m['overhead_p50'] * 1e3:.2f} ms | "
-              f"{m['overhead_p99'] * 1e3:.2f} ms | {m['server_overhead_p50'] * 1e3:.2f} ms | "
-              f"{m['server_overhead_p99'] * 1e3:.2f} ms |")
-    print("\n| server | burst | requests/s | mean latency | p50 latency | p99 latency |")
-    print("|---|---|---:|---:|---:|---:|")
-    for name in ("first", "again"):
+              f"{m['overhead_p99'] * 1e3:.2f} ms | {m['endpoint_overhead_p50'] * 1e3:.2f} ms | "
+              f"{m['endpoint_overhead_p99'] * 1e3:.2f} ms | {m['runner_p50'] * 1e3:.2f} ms |")
+    bursts = ("first", "again") if args.requests else ()
+    if bursts:
+        print("\n| server | burst | requests/s | mean latency | p50 latency | p99 latency |")
+        print("|---|---|---:|---:|---:|---:|")
+    for name in bursts:
         for way, m in medians.items():
             print(f"| {way} | {name} | {m[name + '_requests_per_s']:.1f} | {m[name + '_mean'] * 1e3:.0f} ms | "
                   f"{m[name + '_p50'] * 1e3:.0f} ms | {m[name + '_p99'] * 1e3:.0f} ms |")
     t, p = medians["tangram"], medians["pool"]
-    print(f"\noverhead beyond the program at p50: at the client tangram {t['overhead_p50'] * 1e3:.2f} ms, the pool "
-          f"{p['overhead_p50'] * 1e3:.2f} ms; in the server tangram {t['server_overhead_p50'] * 1e3:.2f} ms, the pool "
-          f"{p['server_overhead_p50'] * 1e3:.2f} ms")
-    for name in ("first", "again"):
+    print(f"\nthe endpoint's overhead beyond running the code at p50: tangram {t['endpoint_overhead_p50'] * 1e3:.2f} ms, "
+          f"the pool {p['endpoint_overhead_p50'] * 1e3:.2f} ms")
+    for name in bursts:
         print(f"{name} burst, tangram/pool: requests/s {t[name + '_requests_per_s'] / p[name + '_requests_per_s']:.2f}x,"
               f" mean latency {t[name + '_mean'] / p[name + '_mean']:.2f}x, p50 {t[name + '_p50'] / p[name + '_p50']:.2f}x,"
               f" p99 {t[name + '_p99'] / p[name + '_p99']:.2f}x")
