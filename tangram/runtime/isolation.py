@@ -437,6 +437,7 @@ class SandboxCgroup:
             raise ManagerError("managers.cpu.isolation", f"cannot create the sandbox cgroup {self.dirs['cpuset']}: {e.strerror}") from None
         mem = self.dirs["memory"]
         self._oom_file = os.path.join(mem, "memory.events" if self.v2 else "memory.oom_control")
+        self._oom_fd = -1  # kept open: read twice per action with a memory limit, a pread each
         self._memsw = None if self.v2 else os.path.join(mem, "memory.memsw.limit_in_bytes")
         if self._memsw is not None and not os.path.exists(self._memsw):
             self._memsw = None
@@ -524,7 +525,9 @@ class SandboxCgroup:
     def oom_kills(self) -> int:
         """Tasks of this cgroup killed by the OOM killer so far (the kernel's count)."""
         try:
-            text = _read(self._oom_file)
+            if self._oom_fd < 0:
+                self._oom_fd = os.open(self._oom_file, os.O_RDONLY | os.O_CLOEXEC)
+            text = os.pread(self._oom_fd, 4096, 0).decode()
         except OSError:
             return 0
         for line in text.splitlines():
@@ -562,6 +565,9 @@ class SandboxCgroup:
 
     def remove(self) -> None:
         self.kill_all()
+        if self._oom_fd >= 0:
+            os.close(self._oom_fd)
+            self._oom_fd = -1
         for d in reversed(self.unique):
             _rmdir(d)
 
