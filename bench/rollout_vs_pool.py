@@ -1,7 +1,7 @@
 """A coding rollout of real programs: tangram against the process pool a user would write.
 
     python bench/rollout_vs_pool.py [--trajectories 8 32] [--repeat 3] [--aging A]
-        [--runtimes declared|learned] [--json PATH]
+        [--runtimes declared|learned] [--sandboxes trajectory|pooled] [--json PATH]
 
 Each trajectory alternates "generation" (a seeded 20-120 ms sleep, the policy model) with a
 tool call, over `--turns` turns:
@@ -20,7 +20,10 @@ Three ways to run the same rollout, interleaved in every repetition, in this one
               submitted to the pool at once. No scheduling, no sandboxes, no limits.
   tangram     the orchestrator (policy `tangram`, CPU manager with its defaults: grants are
               guarantees, running elastic actions are resized; a warm worker per
-              trajectory, started before the step). A run is an elastic action
+              trajectory, started before the step; with `--sandboxes pooled` every
+              call is pooled instead, Call.pooled: the programs keep no state between
+              calls, so a call runs in any idle sandbox, taken as it starts, and the
+              sandboxes are as many as actions run at once). A run is an elastic action
               from the minimum demand up to one core (a single-threaded program); a suite an
               elastic action from the same minimum up to every core, run by
               `tangram.worker.shared_executor()` in the trajectory's sandbox.
@@ -202,7 +205,7 @@ async def warm_workers_idle(mgr: CpuManager) -> None:
 
 
 async def with_tangram(plans: list[list[Turn]], cores: int, policy: str, cpu_limit: str, label: str,
-                       aging: float | None = None, learned: bool = False) -> Run:
+                       aging: float | None = None, learned: bool = False, pooled: bool = False) -> Run:
     run = Run(label, len(plans))
     slot = math.floor(cores * 1000 / len(plans)) / 1000  # in whole milli-cores: n slots fit the node
     options: dict[str, float] = {"trajectory_slot_cpu": slot} if policy == "trajectory" else {}
@@ -221,11 +224,13 @@ async def with_tangram(plans: list[list[Turn]], cores: int, policy: str, cpu_lim
             if len(turn.programs) == 1:
                 call = Call(fn=run_program, args=(turn.programs[0].source,), resources={"cpu": slot},
                             elastic="cpu", max_units=max(slot, 1.0),
-                            runtime=None if learned else Amdahl.from_one_unit(seconds, 1.0, slot), trajectory=t, kind="run")
+                            runtime=None if learned else Amdahl.from_one_unit(seconds, 1.0, slot), trajectory=t, kind="run",
+                            pooled=pooled)
                 return [await orch.run(call)]
             call = Call(fn=run_suite, args=([p.source for p in turn.programs],), resources={"cpu": slot},
                         elastic="cpu", max_units=float(cores),
-                        runtime=None if learned else Amdahl.from_one_unit(seconds, 0.95, slot), trajectory=t, kind="suite")
+                        runtime=None if learned else Amdahl.from_one_unit(seconds, 0.95, slot), trajectory=t, kind="suite",
+                        pooled=pooled)
             return await orch.run(call)
         await rollout(plans, act, run)
         for t in range(len(plans)):
@@ -238,13 +243,13 @@ WAYS = ("pool", "tangram", "trajectory")
 
 
 async def repetition(plans: list[list[Turn]], cores: int, ways: tuple[str, ...], aging: float | None,
-                     learned: bool = False) -> list[Run]:
+                     learned: bool = False, pooled: bool = False) -> list[Run]:
     runs = []
     for way in ways:
         if way == "pool":
             runs.append(await with_pool(plans, cores))
         elif way == "tangram":
-            runs.append(await with_tangram(plans, cores, "tangram", "guarantee", way, aging, learned))
+            runs.append(await with_tangram(plans, cores, "tangram", "guarantee", way, aging, learned, pooled))
         elif way == "trajectory":
             runs.append(await with_tangram(plans, cores, "trajectory", "ceiling", way, learned=learned))
     return runs
@@ -263,13 +268,15 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "programs": {"count": len(catalog), "seconds_min": min(p.seconds for p in catalog),
                      "seconds_max": max(p.seconds for p in catalog)},
         "turns": args.turns, "repeat": args.repeat, "tangram_aging": args.aging, "runtimes": args.runtimes,
+        "sandboxes": args.sandboxes,
         "results": {}}
     for n in args.trajectories:
         plans = workload(catalog, n, args.turns, args.seed)
         runs: dict[str, list[Run]] = {w: [] for w in args.ways}
         for rep in range(args.repeat):
             order = list(args.ways[rep % len(args.ways):] + args.ways[:rep % len(args.ways)])  # rotate who goes first
-            for r in await repetition(plans, cores, tuple(order), args.aging, args.runtimes == "learned"):
+            for r in await repetition(plans, cores, tuple(order), args.aging, args.runtimes == "learned",
+                                      args.sandboxes == "pooled"):
                 if r.wrong:
                     raise SystemExit(f"{r.way}: {r.wrong} wrong results with {n} trajectories")
                 runs[r.way].append(r)
@@ -321,6 +328,9 @@ if __name__ == "__main__":
     parser.add_argument("--aging", type=float, help="the tangram policy's aging (default: the policy's own)")
     parser.add_argument("--runtimes", choices=("declared", "learned"), default="declared",
                         help="declared: calls carry the calibrated run times (default); learned: they carry none")
+    parser.add_argument("--sandboxes", choices=("trajectory", "pooled"), default="trajectory",
+                        help="tangram's calls run in their trajectory's sandbox (default) or in pooled ones "
+                             "(Call.pooled: the programs keep no state between calls)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     args.ways = tuple(args.ways)

@@ -211,7 +211,7 @@ class CpuManager(ResourceManager):
         self.inventory_cores: float | None = None
         self._cgroups: ManagerCgroups | None = None
         self._dir: str | None = None
-        # Keyed by trajectory; pooled sandboxes (Call.pooled) by -1, -2, ... (POOLED_IDLE_LIMIT)
+        # Keyed by trajectory; pooled sandboxes (Call.pooled) by -1, -2, ...
         self._sandboxes: dict[int, Sandbox] = {}
         self._grants: dict[int, GrantChannel] = {}  # beside each sandbox
         self._pooled_idle: list[int] = []  # keys of the pooled sandboxes no action holds
