@@ -7,6 +7,7 @@ they parse them, sessions, concurrent bursts, tokens and shutdown."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import resource
 import concurrent.futures
@@ -236,6 +237,25 @@ def test_the_sandbox_fusion_client_runs_against_it(endpoint: Endpoint) -> None:
     failed = sandbox_fusion.run_code(RunCodeRequest(code="raise SystemExit(2)", language="python"),
                                      endpoint=endpoint.url, max_attempts=1)
     assert failed.status == RunStatus.Failed and failed.run_result.return_code == 2
+
+
+def test_the_clients_concurrent_and_async_calls_run_against_it(endpoint: Endpoint) -> None:
+    """The client's way of sending many requests (run_concurrent: a thread pool over
+    POST /run_code, its batch) and its async client (aiohttp)."""
+    sandbox_fusion = pytest.importorskip("sandbox_fusion")
+    from sandbox_fusion import RunCodeRequest, RunStatus, run_code_async, run_concurrent
+
+    requests_ = [RunCodeRequest(code=f"print({i} * {i})", language="python") for i in range(12)]
+    answers = run_concurrent(sandbox_fusion.run_code, kwargs=[{"request": r, "endpoint": endpoint.url,
+                                                               "max_attempts": 1} for r in requests_], concurrency=6)
+    assert [a.run_result.stdout for a in answers] == [f"{i * i}\n" for i in range(12)]
+
+    async def both() -> list[Any]:
+        return await asyncio.gather(*(run_code_async(r, endpoint=endpoint.url, max_attempts=1) for r in requests_[:4]))
+
+    answers = asyncio.run(both())
+    assert all(a.status == RunStatus.Success for a in answers)
+    assert [a.run_result.stdout for a in answers] == [f"{i * i}\n" for i in range(4)]
 
 
 def verl_result(url: str, code: str, stdin: str | None, expected: str | None, language: str = "python",
