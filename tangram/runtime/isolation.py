@@ -426,6 +426,7 @@ class SandboxCgroup:
         self.v2 = mgr.v2
         self.dirs = {c: os.path.join(d, name) for c, d in mgr.dirs.items()}
         self.unique = list(dict.fromkeys(self.dirs.values()))
+        self._oom_fd = -1  # kept open: read twice per action with a memory limit, a pread each (remove closes it)
         try:
             for d in self.unique:
                 _mkdir(d)
@@ -437,7 +438,6 @@ class SandboxCgroup:
             raise ManagerError("managers.cpu.isolation", f"cannot create the sandbox cgroup {self.dirs['cpuset']}: {e.strerror}") from None
         mem = self.dirs["memory"]
         self._oom_file = os.path.join(mem, "memory.events" if self.v2 else "memory.oom_control")
-        self._oom_fd = -1  # kept open: read twice per action with a memory limit, a pread each
         self._memsw = None if self.v2 else os.path.join(mem, "memory.memsw.limit_in_bytes")
         if self._memsw is not None and not os.path.exists(self._memsw):
             self._memsw = None

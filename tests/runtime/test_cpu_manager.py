@@ -176,6 +176,23 @@ def test_detect_and_forcing(monkeypatch: pytest.MonkeyPatch) -> None:
             assert err.field == "isolation" and forced in err.reason
 
 
+def test_a_sandbox_cgroup_that_cannot_be_made_is_a_manager_error(tmp_path: Any) -> None:
+    """A cgroup directory the kernel refuses: ManagerError naming it, and what was made is
+    removed (nothing half-built is left to fail on)."""
+    from types import SimpleNamespace
+
+    from tangram.runtime.isolation import SandboxCgroup
+
+    parent = tmp_path / "cpu"
+    parent.mkdir()
+    mgr = SimpleNamespace(v2=True, dirs={"cpu": str(parent), "cpuset": str(parent), "memory": str(tmp_path / "gone")},
+                          mems="0")
+    with pytest.raises(ManagerError) as e:
+        SandboxCgroup(mgr, "sb-1")  # type: ignore[arg-type]
+    assert e.value.field == "managers.cpu.isolation" and "sb-1" in str(e.value)
+    assert not (parent / "sb-1").exists()
+
+
 def test_pool_prefers_exclusive_cpus_and_releases_exactly() -> None:
     pool = CpuPool([0, 1, 2, 3])
     a = pool.take(2)
