@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import errno
+import functools
 import os
 import resource  # imported here, not in the forked child: a child's import costs every request milliseconds
 import shutil
@@ -211,7 +212,7 @@ def _spawn(argv: tuple[str, ...], workdir: str, stdin: Any, out: Any, err: Any, 
     """Starts a step in a session of its own; `limit` > 0: under an RLIMIT_AS of that many
     bytes, soft and hard (the program cannot raise it). A preexec_fn setting it in the
     child would make subprocess fork instead of vfork, which copies this process's page
-    tables: milliseconds per step (bench/sandbox_fusion.py). So, fastest first:
+    tables: milliseconds per step. So, fastest first:
     - a single-threaded process allowed to raise its hard limit again (CAP_SYS_RESOURCE)
       lowers its own for the moment of the start, and the child inherits it (with other
       threads, an allocation of theirs could fail meanwhile);
@@ -250,22 +251,19 @@ def _prlimit() -> str | None:
 
 
 _CAP_SYS_RESOURCE = 24
-_raise_limits: bool | None = None
 
 
+@functools.cache
 def _may_raise_limits() -> bool:
     """Whether this process holds CAP_SYS_RESOURCE (root in a container often does not)."""
-    global _raise_limits
-    if _raise_limits is None:
-        _raise_limits = False
-        try:
-            with open("/proc/self/status") as f:
-                for line in f:
-                    if line.startswith("CapEff:"):
-                        _raise_limits = bool(int(line.split()[1], 16) >> _CAP_SYS_RESOURCE & 1)
-        except (OSError, ValueError):
-            pass
-    return _raise_limits
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> _CAP_SYS_RESOURCE & 1)
+    except (OSError, ValueError):
+        pass
+    return False
 
 
 def _read(f: Any) -> str:
