@@ -1,7 +1,7 @@
 """A coding rollout of real programs: tangram against the process pool a user would write.
 
     python bench/rollout_vs_pool.py [--trajectories 8 32] [--repeat 3] [--aging A]
-        [--runtimes declared|learned] [--sandboxes trajectory|pooled] [--json PATH]
+        [--runtimes declared|learned] [--sandboxes trajectory|pooled] [--pace] [--json PATH]
 
 Each trajectory alternates "generation" (a seeded 20-120 ms sleep, the policy model) with a
 tool call, over `--turns` turns:
@@ -37,7 +37,9 @@ user measures: one program's time on one core), as Amdahl models: a run's is per
 parallel up to its one core, a suite's 95% parallel. With `--runtimes learned` the calls
 declare none, as a user who measured nothing writes them: each run starts cold and plans
 with what it learns from its own finished actions (tangram.runtime.estimates: one estimate
-for every run, one for every suite).
+for every run, one for every suite). With `--pace`, tangram's calls carry a priority that
+keeps the trajectories at one pace (Call.priority: minus the calls the trajectory has made,
+so the calls of the trajectories furthest behind go first), as the pool's arrival order does.
 
 Reports per way and trajectory count: average, p50 and p99 ACT (action completion time:
 from the call to its result), step duration (the rollout's wall time, from the first call
@@ -205,7 +207,8 @@ async def warm_workers_idle(mgr: CpuManager) -> None:
 
 
 async def with_tangram(plans: list[list[Turn]], cores: int, policy: str, cpu_limit: str, label: str,
-                       aging: float | None = None, learned: bool = False, pooled: bool = False) -> Run:
+                       aging: float | None = None, learned: bool = False, pooled: bool = False,
+                       pace: bool = False) -> Run:
     run = Run(label, len(plans))
     slot = math.floor(cores * 1000 / len(plans)) / 1000  # in whole milli-cores: n slots fit the node
     options: dict[str, float] = {"trajectory_slot_cpu": slot} if policy == "trajectory" else {}
@@ -218,19 +221,22 @@ async def with_tangram(plans: list[list[Turn]], cores: int, policy: str, cpu_lim
                                              "env": {TIMELINE: timeline}}})
     async with Orchestrator(config) as orch:
         await warm_workers_idle(orch.managers["cpu"])  # type: ignore[arg-type]
+        calls_made = [0] * len(plans)
 
         async def act(t: int, turn: Turn) -> list[Any]:
             seconds = sum(p.seconds for p in turn.programs)
+            calls_made[t] += 1
+            priority = -calls_made[t] if pace else 0
             if len(turn.programs) == 1:
                 call = Call(fn=run_program, args=(turn.programs[0].source,), resources={"cpu": slot},
                             elastic="cpu", max_units=max(slot, 1.0),
                             runtime=None if learned else Amdahl.from_one_unit(seconds, 1.0, slot), trajectory=t, kind="run",
-                            pooled=pooled)
+                            pooled=pooled, priority=priority)
                 return [await orch.run(call)]
             call = Call(fn=run_suite, args=([p.source for p in turn.programs],), resources={"cpu": slot},
                         elastic="cpu", max_units=float(cores),
                         runtime=None if learned else Amdahl.from_one_unit(seconds, 0.95, slot), trajectory=t, kind="suite",
-                        pooled=pooled)
+                        pooled=pooled, priority=priority)
             return await orch.run(call)
         await rollout(plans, act, run)
         for t in range(len(plans)):
@@ -243,13 +249,13 @@ WAYS = ("pool", "tangram", "trajectory")
 
 
 async def repetition(plans: list[list[Turn]], cores: int, ways: tuple[str, ...], aging: float | None,
-                     learned: bool = False, pooled: bool = False) -> list[Run]:
+                     learned: bool = False, pooled: bool = False, pace: bool = False) -> list[Run]:
     runs = []
     for way in ways:
         if way == "pool":
             runs.append(await with_pool(plans, cores))
         elif way == "tangram":
-            runs.append(await with_tangram(plans, cores, "tangram", "guarantee", way, aging, learned, pooled))
+            runs.append(await with_tangram(plans, cores, "tangram", "guarantee", way, aging, learned, pooled, pace))
         elif way == "trajectory":
             runs.append(await with_tangram(plans, cores, "trajectory", "ceiling", way, learned=learned))
     return runs
@@ -268,7 +274,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "programs": {"count": len(catalog), "seconds_min": min(p.seconds for p in catalog),
                      "seconds_max": max(p.seconds for p in catalog)},
         "turns": args.turns, "repeat": args.repeat, "tangram_aging": args.aging, "runtimes": args.runtimes,
-        "sandboxes": args.sandboxes,
+        "sandboxes": args.sandboxes, "pace": args.pace,
         "results": {}}
     for n in args.trajectories:
         plans = workload(catalog, n, args.turns, args.seed)
@@ -276,7 +282,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         for rep in range(args.repeat):
             order = list(args.ways[rep % len(args.ways):] + args.ways[:rep % len(args.ways)])  # rotate who goes first
             for r in await repetition(plans, cores, tuple(order), args.aging, args.runtimes == "learned",
-                                      args.sandboxes == "pooled"):
+                                      args.sandboxes == "pooled", args.pace):
                 if r.wrong:
                     raise SystemExit(f"{r.way}: {r.wrong} wrong results with {n} trajectories")
                 runs[r.way].append(r)
@@ -298,7 +304,8 @@ def report(r: dict[str, Any]) -> str:
              f"{r['programs']['count']} programs of {1e3 * r['programs']['seconds_min']:.0f}-"
              f"{1e3 * r['programs']['seconds_max']:.0f} ms, medians of {r['repeat']} repetitions" +
              (f"; tangram's aging {r['tangram_aging']}" if r.get("tangram_aging") is not None else "") +
-             ("; run times learned, not declared" if r.get("runtimes") == "learned" else ""), "",
+             ("; run times learned, not declared" if r.get("runtimes") == "learned" else "") +
+             ("; tangram's calls paced by trajectory" if r.get("pace") else ""), "",
              "| trajectories | way | mean ACT | p50 ACT | p99 ACT | step | actions/s | cores busy | program CPU |",
              "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for n, cell in r["results"].items():
@@ -331,6 +338,9 @@ if __name__ == "__main__":
     parser.add_argument("--sandboxes", choices=("trajectory", "pooled"), default="trajectory",
                         help="tangram's calls run in their trajectory's sandbox (default) or in pooled ones "
                              "(Call.pooled: the programs keep no state between calls)")
+    parser.add_argument("--pace", action="store_true",
+                        help="tangram's calls go first for the trajectories that have made the fewest "
+                             "(Call.priority), keeping the trajectories at one pace")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     args.ways = tuple(args.ways)
