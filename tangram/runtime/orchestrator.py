@@ -153,6 +153,10 @@ class Orchestrator:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
         self._device_ops: dict[tuple[int, int], asyncio.Task[None]] = {}
+        # The latest eviction decided on each (node, device) while its offload runs: the core
+        # frees an evicted service's memory when it decides, so an action placed into that
+        # memory starts only once the offload (and every device op before it) is done.
+        self._offloads: dict[tuple[int, int], asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._counts: dict[str, list[int]] = {}  # kind -> [waiting, running]
         self._state = "new"
@@ -588,7 +592,8 @@ class Orchestrator:
         # 3.12's eager tasks): an action that ends without suspending (a no-op, a cached
         # answer, a failed precondition) is finished here, with no task and no event-loop
         # hop; one that suspends continues in a task from where it stopped.
-        coro = self._execute(lv, placement)
+        offload = self._offloads.get((node, device)) if device >= 0 and call.gpu_memory > 0 else None
+        coro = self._execute(lv, placement, offload)
         context = contextvars.copy_context()
         try:
             waiting_on = context.run(coro.send, None)
@@ -630,8 +635,10 @@ class Orchestrator:
             return {}
         return gpu.device_environment(node, device, float(lv.call.gpu_memory))  # type: ignore[attr-defined]
 
-    async def _execute(self, lv: _Live, placement: Placement) -> None:
+    async def _execute(self, lv: _Live, placement: Placement, offload: asyncio.Task[None] | None = None) -> None:
         try:
+            if offload is not None:  # its memory is still being freed (asyncio.wait: a cancel leaves the offload be)
+                await asyncio.wait((offload,))
             result = await lv.manager.execute(LiveAction(lv.id, lv.call), placement)
         except asyncio.CancelledError:
             reason = lv.cancel_reason
@@ -771,6 +778,10 @@ class Orchestrator:
         self._device_ops[(node, device)] = task
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        if op == "evict":
+            key = (node, device)
+            self._offloads[key] = task
+            task.add_done_callback(lambda t: self._offloads.pop(key) if self._offloads.get(key) is t else None)
 
     def _arm_timer(self) -> None:
         wakeup = self._core.next_wakeup

@@ -16,7 +16,8 @@ from tangram import Amdahl, Call, Inventory, Orchestrator, Quota, RuntimeConfig,
 from tangram.demo import search, server_stats, start_search_server, stop_search_server
 from tangram.runtime import ActionCancelled, ActionTimeout, CommandResult
 from tangram.runtime.cpu import CpuManager
-from tangram.runtime.gpu import FunctionService, GpuManager
+from tangram.runtime.gpu import FunctionService, GpuManager, ServiceHooks
+from tangram.runtime.manager import MockManager
 
 CORES = len(os.sched_getaffinity(0))
 
@@ -152,6 +153,52 @@ def test_reward_service_batches_on_its_device() -> None:
                                      for r in reports])
             assert scores == [i / 10 for i in range(10)]
             assert sum(batches) == 10 and max(batches) <= 4 and len(batches) < 10
+
+    asyncio.run(main())
+
+
+def test_gpu_action_placed_into_evicted_memory_starts_after_the_offload() -> None:
+    """The core frees an evicted service's memory when it decides; the action it places
+    there starts only when the service's offload has returned (on hardware, sooner is an
+    out-of-memory error). A 40,000 MiB action beside a 60,000 MiB service on an 81,920 MiB
+    device: the idle service is evicted for it, and its offload takes 0.3 s."""
+    offloaded: list[float] = []
+
+    class SlowOffload(ServiceHooks):
+        def load(self, device):  # type: ignore[no-untyped-def]
+            return "weights"
+
+        def offload(self, handle):  # type: ignore[no-untyped-def]
+            time.sleep(0.3)
+            offloaded.append(time.perf_counter())
+
+        def restore(self, handle, device):  # type: ignore[no-untyped-def]
+            pass
+
+        def batch(self, handle, inputs):  # type: ignore[no-untyped-def]
+            return inputs
+
+    async def main() -> None:
+        inventory = local_inventory(services=[Service("big", memory=60000, restore_seconds=0.0)], gpus=[81920])
+        managers = {"gpu": GpuManager(services={"big": SlowOffload()}, devices="inventory"), "mock": MockManager()}
+        async with Orchestrator(inventory=inventory, default_managers=False, managers=managers) as orch:
+            assert await orch.run(Call(args=("x",), service="big", resources={}, gpu_memory=64, kind="reward")) == "x"
+            started = await orch.run(Call(fn=time.perf_counter, resources={}, gpu_memory=40000, manager="mock"))
+            record = [r for r in orch.records if r.kind == "env"][-1]
+            assert record.device == 0 and record.outcome == "ok"
+            assert orch.scheduler is not None and orch.scheduler.service_location("big") is None  # evicted for it
+            assert len(offloaded) == 1 and started >= offloaded[0]
+            # Timed out while it waits for the next offload: a timeout, and the offload
+            # still runs to its end.
+            assert await orch.run(Call(args=("y",), service="big", resources={}, gpu_memory=64, kind="reward")) == "y"
+            with pytest.raises(ActionTimeout):
+                await orch.run(Call(fn=time.perf_counter, resources={}, gpu_memory=40000, manager="mock", timeout=0.05))
+            assert [r.outcome for r in orch.records if r.kind == "env"][-1] == "timeout"
+            for _ in range(100):
+                if len(offloaded) == 2:
+                    break
+                await asyncio.sleep(0.01)
+            assert len(offloaded) == 2
 
     asyncio.run(main())
 
