@@ -44,7 +44,7 @@ class PyScheduler {
               py::array_t<std::int64_t, py::array::c_style | py::array::forcecast> capacity,
               std::vector<std::vector<std::int64_t>> gpus,
               std::vector<std::tuple<std::string, double, std::int64_t, std::int64_t, std::int64_t>> quotas,
-              std::vector<std::tuple<std::string, std::int64_t, double, std::int32_t>> services,
+              std::vector<std::tuple<std::string, std::int64_t, double, std::int32_t, double>> services,
               const std::string& policy, double aging, std::int32_t candidates, double min_relative_gain,
               double starvation_seconds, std::int64_t trajectory_slot_cpu,
               std::vector<std::pair<std::uint32_t, double>> pools, py::dtype decision_dtype,
@@ -142,7 +142,7 @@ class PyScheduler {
                                   const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& capacity,
                                   const std::vector<std::vector<std::int64_t>>& gpus,
                                   const std::vector<std::tuple<std::string, double, std::int64_t, std::int64_t, std::int64_t>>& quotas,
-                                  const std::vector<std::tuple<std::string, std::int64_t, double, std::int32_t>>& services) {
+                                  const std::vector<std::tuple<std::string, std::int64_t, double, std::int32_t, double>>& services) {
     Inventory inv;
     inv.kinds = kinds;
     const std::size_t N = names.size(), K = kinds.size();
@@ -157,7 +157,8 @@ class PyScheduler {
       inv.nodes.push_back(std::move(node));
     }
     for (const auto& [name, rate, burst, conc, tpm] : quotas) inv.quotas.push_back(QuotaSpec{name, rate, burst, conc, tpm});
-    for (const auto& [name, mem, restore, batch] : services) inv.services.push_back(ServiceSpec{name, mem, restore, batch});
+    for (const auto& [name, mem, restore, batch, offload] : services)
+      inv.services.push_back(ServiceSpec{name, mem, restore, batch, offload});
     return inv;
   }
 
@@ -257,7 +258,8 @@ void register_scheduler(py::module_& m) {
                     py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>,
                     std::vector<std::vector<std::int64_t>>,
                     std::vector<std::tuple<std::string, double, std::int64_t, std::int64_t, std::int64_t>>,
-                    std::vector<std::tuple<std::string, std::int64_t, double, std::int32_t>>, const std::string&, double,
+                    std::vector<std::tuple<std::string, std::int64_t, double, std::int32_t, double>>, const std::string&,
+                    double,
                     std::int32_t, double, double, std::int64_t, std::vector<std::pair<std::uint32_t, double>>, py::dtype,
                     std::optional<std::vector<std::pair<std::string, std::string>>>>(),
            py::kw_only(), py::arg("kinds"), py::arg("node_names"), py::arg("capacity"), py::arg("gpus"),

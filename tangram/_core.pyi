@@ -27,7 +27,7 @@ class Scheduler:
         capacity: npt.ArrayLike,
         gpus: Sequence[Sequence[int]],
         quotas: Sequence[tuple[str, float, int, int, int]],
-        services: Sequence[tuple[str, int, float, int]],
+        services: Sequence[tuple[str, int, float, int, float]],
         policy: str,
         aging: float,
         candidates: int,

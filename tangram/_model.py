@@ -70,14 +70,25 @@ class Service:
 
     name: str
     memory: float  # MiB of GPU memory while resident
-    restore_seconds: float = 0.0
+    restore_seconds: float = 0.0  # its restore's own time (host -> device)
     max_batch: int = 1  # actions it runs at once
+    # Its offload's time when evicted (device -> host); None: as long as its restore (the
+    # same bytes over the same link). A device's restores and offloads run one after
+    # another, so a restore into an evicted service's memory is ready after both.
+    offload_seconds: float | None = None
 
     def __post_init__(self) -> None:
         check_string(self.name, "service.name")
         check_number(self.memory, "service.memory")
         check_number(self.restore_seconds, "service.restore_seconds")
         check_integer(self.max_batch, "service.max_batch", bits=32)
+        if self.offload_seconds is not None:
+            check_number(self.offload_seconds, "service.offload_seconds")
+
+    @property
+    def offload(self) -> float:
+        """Seconds its offload takes: offload_seconds, else restore_seconds."""
+        return self.restore_seconds if self.offload_seconds is None else self.offload_seconds
 
 
 @dataclass(frozen=True)

@@ -152,8 +152,11 @@ Rules, in words:
   each bin, each running action that grew gets a RESIZE decision.
 * Restore. Candidate devices (home only, under "home"): online, memory >= service +
   gpu_memory, on a node with a bin of the action's partition whose capacity covers the
-  demand. Prefer a device with room now, minimising (no unbound bin of the node in the
-  partition has free room for the demand now, memory left over), first device on ties.
+  demand. A device's restores and offloads run one after another: each device keeps when
+  its last one ends (ops_end); a restore begins at max(now, ops_end), an eviction adds the
+  victim's offload_ns to max(now, ops_end). Prefer a device with room now, minimising (no
+  unbound bin of the node in the partition has free room for the demand now, when the
+  restore would begin, memory left over), first device on ties.
   Otherwise evict on one device: eligible victims are other services resident there with
   nothing running and ready since before the last pass (so never one still restoring,
   nor one whose actions have not yet had a pass to start), ranked idle (nothing waiting)
@@ -164,9 +167,11 @@ Rules, in words:
   queued est_ns per restore_ns (max 1) ascending (cross-multiplied integers), then index;
   take victims in rank order until the room suffices; choose the
   device minimising (node lacks room now, victims with waiting actions, their queued ns,
-  likely restores, victim count, device), where likely restores is the float sum, in
-  victim order, of restore_ns / expected gap over the idle victims asked for before. Evict decisions (time = now) precede the restore decision (time
-  = ready = now + restore_ns).
+  when the restore would begin after the victims' offloads, likely restores, victim count,
+  device), where likely restores is the float sum, in victim order, of restore_ns /
+  expected gap over the idle victims asked for before. Evict decisions (time = now) precede
+  the restore decision (time = ready = max(now, ops_end after the evictions) +
+  restore_ns), and ops_end becomes ready.
 * GPU room for an action. A service action short of gpu_memory on its service's device
   evicts there by the same greedy plan (its own service kept). Any other GPU action
   evicts on the device with the cheapest plan (victims with waiting actions, queued ns,
@@ -348,6 +353,7 @@ class _Service:
     memory: int
     restore_ns: int
     max_batch: int
+    offload_ns: int = 0
     home: int = -1  # its only device under service_devices "home"
     device: int = -1  # global device index while resident or restoring
     ready_ns: int = 0
@@ -467,13 +473,14 @@ class ReferenceScheduler:
                 self.dev_local.append(g)
                 self.dev_total.append(int(m))
         self.dev_free = list(self.dev_total)
+        self.dev_ops_end = [0] * len(self.dev_total)  # per device: when its last restore or offload ends
         self.quotas = []
         for q, spec in enumerate(quotas):
             self.quotas.append(_Quota(spec, f"inventory.quotas[{q}]"))
             if any(o.name == spec[0] for o in self.quotas[:-1]):
                 raise ValidationError(f"inventory.quotas[{q}].name", f"duplicate quota {spec[0]!r}")
         self.services = []
-        for s, (name, memory, restore_seconds, max_batch) in enumerate(services):
+        for s, (name, memory, restore_seconds, max_batch, offload_seconds) in enumerate(services):
             f = f"inventory.services[{s}]"
             if any(o.name == name for o in self.services):
                 raise ValidationError(f"{f}.name", f"duplicate service {name!r}")
@@ -481,11 +488,13 @@ class ReferenceScheduler:
                 raise ValidationError(f"{f}.memory", "must be in [0, 1e12] MiB")
             if not math.isfinite(restore_seconds) or not 0 <= restore_seconds <= MAX_SECONDS:
                 raise ValidationError(f"{f}.restore_seconds", "must be a finite number in [0, 1e9]")
+            if not math.isfinite(offload_seconds) or not 0 <= offload_seconds <= MAX_SECONDS:
+                raise ValidationError(f"{f}.offload_seconds", "must be a finite number in [0, 1e9]")
             if max_batch < 1:
                 raise ValidationError(f"{f}.max_batch", "must be at least 1")
             if not self.dev_node:
                 raise ValidationError(f, "a GPU service needs at least one GPU in the inventory")
-            self.services.append(_Service(name, int(memory), to_ns(restore_seconds), int(max_batch)))
+            self.services.append(_Service(name, int(memory), to_ns(restore_seconds), int(max_batch), to_ns(offload_seconds)))
         pf = f"policy({policy})"
         if not math.isfinite(aging) or not 0 <= aging <= 4:
             raise ValidationError(f"{pf}.aging", "must be a finite number in [0, 4]")
@@ -802,6 +811,7 @@ class ReferenceScheduler:
             self.dev_local.append(g)
             self.dev_total.append(m)
             self.dev_free.append(m)
+            self.dev_ops_end.append(0)
         return n, self._pass([])
 
     def _append_node(self, name: str) -> int:
@@ -1252,6 +1262,7 @@ class ReferenceScheduler:
         d = self.services[s].device
         self.services[s].device = -1
         self.dev_free[d] += self.services[s].memory
+        self.dev_ops_end[d] = max(self.now_ns, self.dev_ops_end[d]) + self.services[s].offload_ns
         out.append(self._decision(EVICT, node=self.dev_node[d], device=self.dev_local[d], service=s, time=self.now_ns))
 
     def _restore(self, a: _Action, out: list) -> bool:
@@ -1269,22 +1280,27 @@ class ReferenceScheduler:
             leaves = self._node_leaves(a.partition, self.dev_node[d])
             return 0 if any(not self._bound(b) and _covers(self.bins[b].free, a.demand) for b in leaves) else 1
 
+        def begins(d: int) -> int:  # after the device's earlier restores and offloads
+            return max(self.now_ns, self.dev_ops_end[d])
+
         devices = [d for d in self._service_devices(s) if usable(d)]
-        room_now = [(busy_node(d), self.dev_free[d] - need, d) for d in devices if self.dev_free[d] >= need]
+        room_now = [(busy_node(d), begins(d), self.dev_free[d] - need, d) for d in devices if self.dev_free[d] >= need]
         if room_now:
-            target = min(room_now)[2]
+            target = min(room_now)[3]
         else:
             plans = []
             for d in devices:
                 ok, busy, queued, likely, victims = self._plan_room(d, need, s)
                 if ok:
-                    plans.append(((busy_node(d), busy, queued, likely, len(victims), d), victims))
+                    ready = begins(d) + sum(self.services[v].offload_ns for v in victims)
+                    plans.append(((busy_node(d), busy, queued, ready, likely, len(victims), d), victims))
             if not plans:
                 return False
             (*_, target), victims = min(plans)
             for v in victims:
                 self._evict(v, out)
-        svc.device, svc.ready_ns = target, self.now_ns + svc.restore_ns
+        svc.device, svc.ready_ns = target, begins(target) + svc.restore_ns
+        self.dev_ops_end[target] = svc.ready_ns
         self.dev_free[target] -= need
         out.append(self._decision(RESTORE, node=self.dev_node[target], device=self.dev_local[target], service=s,
                                   time=svc.ready_ns))

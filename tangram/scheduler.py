@@ -191,7 +191,8 @@ def core_arguments(inventory: Inventory, policy: Policy) -> dict[str, object]:
               for n, node in enumerate(inventory.nodes)],
         quotas=[(q.name, float(q.rate), int(q.burst), int(q.max_concurrency), int(q.tokens_per_minute))
                 for q in inventory.quotas],
-        services=[(s.name, _milli(s.memory, f"inventory.services[{i}].memory"), float(s.restore_seconds), int(s.max_batch))
+        services=[(s.name, _milli(s.memory, f"inventory.services[{i}].memory"), float(s.restore_seconds), int(s.max_batch),
+                   float(s.offload))
                   for i, s in enumerate(inventory.services)],
         policy=policy.name,
         aging=float(policy.aging),

@@ -233,7 +233,8 @@ def test_documented_config_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert config.estimates == "estimates.db"
     assert config.inventory is not None and config.quotas == [] and config.services == []
     assert config.inventory.quotas == [Quota("search", rate=20, burst=5, max_concurrency=8, tokens_per_minute=0)]
-    assert config.inventory.services == [Service("reward-7b", memory=16000, restore_seconds=4, max_batch=64)]
+    assert config.inventory.services == [Service("reward-7b", memory=16000, restore_seconds=4, max_batch=64,
+                                                 offload_seconds=4)]
     assert config.inventory.nodes == [Node("n0", {"cpu": 16, "memory": 65536}, [Gpu(81920)])]
     assert isinstance(config.service_hooks["reward-7b"], Hooks)
     assert config.managers == {"cpu": {"output_limit": 1048576}}

@@ -402,7 +402,49 @@ def test_services_restore_and_evict():
     d = s.complete(1, 7)
     assert [(x.kind, x.service) for x in d] == [("evict", "rm0"), ("restore", "rm1")]
     assert s.service_location("rm0") is None and s.service_location("rm1") == (0, 0)
-    assert [x.action for x in s.tick(9)] == [2]
+    # rm1's restore goes into rm0's memory: it begins when rm0's offload ends (as long as
+    # its restore unless it says otherwise), so it is ready at 7 + 2 + 2.
+    assert d[1].time == pytest.approx(11.0)
+    assert [x.action for x in s.tick(9)] == []
+    assert [x.action for x in s.tick(11)] == [2]
+
+
+def test_a_device_runs_its_restores_and_offloads_in_order():
+    # Two 4,000 MiB devices, three services restored at once (c first: the shortest span).
+    # A restore begins when its device's earlier restores and offloads end, so a goes to
+    # the idle device (best fit alone would stack it on c's) and b waits for c's restore.
+    inv = Inventory(nodes=[Node("g", {"cpu": 8}, [Gpu(4000), Gpu(4000)])],
+                    services=[Service("a", 1000, restore_seconds=2.0), Service("b", 1000, restore_seconds=2.0),
+                              Service("c", 1000, restore_seconds=1.0)])
+    s = Scheduler(inv)
+    d = s.submit([Action(i, {"cpu": 1}, 1.0, service=name) for i, name in enumerate("abc", 1)], 0)
+    assert [(x.service, x.device, x.time) for x in d if x.kind == "restore"] == [("c", 0, 1.0), ("a", 1, 2.0),
+                                                                                 ("b", 0, 3.0)]
+    assert [sorted(x.action for x in s.tick(t)) for t in (1, 2, 3)] == [[3], [1], [2]]
+
+
+def test_eviction_prefers_the_device_whose_offload_ends_first():
+    # Each device holds one idle service; a third needs a whole device. The plans are alike
+    # (one idle victim each, asked for as often), so the restore goes where the victim's
+    # offload ends first: device 1, though device 0 comes first.
+    inv = Inventory(nodes=[Node("g", {"cpu": 8}, [Gpu(4000), Gpu(4000)])],
+                    services=[Service("slow", 4000, restore_seconds=1.0, offload_seconds=5.0),
+                              Service("fast", 4000, restore_seconds=1.0, offload_seconds=0.5),
+                              Service("big", 4000, restore_seconds=1.0)])
+    s = Scheduler(inv)
+    d = s.submit([Action(1, {"cpu": 1}, 1.0, service="slow"), Action(2, {"cpu": 1}, 1.0, service="fast")], 0)
+    assert [(x.service, x.device) for x in d if x.kind == "restore"] == [("slow", 0), ("fast", 1)]
+    assert sorted(x.action for x in s.tick(1)) == [1, 2]
+    s.complete([1, 2], 2)
+    d = s.submit(Action(3, {"cpu": 1}, 1.0, service="big"), 3)
+    assert [(x.kind, x.service, x.device) for x in d] == [("evict", "fast", 1), ("restore", "big", 1)]
+    assert d[-1].time == pytest.approx(3.0 + 0.5 + 1.0)
+    with pytest.raises(tangram.ValidationError) as e:
+        Service("x", 1000, offload_seconds="slow")  # type: ignore[arg-type]
+    assert e.value.field == "service.offload_seconds"
+    with pytest.raises(tangram.ValidationError) as e:
+        Scheduler(Inventory(nodes=[Node("g", {"cpu": 8}, [Gpu(4000)])], services=[Service("x", 1000, offload_seconds=-1)]))
+    assert e.value.field == "inventory.services[0].offload_seconds"
 
 
 def test_service_action_over_token_budget_is_rejected():

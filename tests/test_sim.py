@@ -167,6 +167,41 @@ def test_reward_waits_for_restore() -> None:
         assert r.restores == 1
 
 
+@pytest.mark.parametrize("offload, second_act", [(None, 8.0), (0.5, 6.5), (0.0, 6.0)])
+def test_restore_into_evicted_memory_waits_for_the_offload(offload, second_act) -> None:  # type: ignore[no-untyped-def]
+    # One 1,500 MiB GPU, two 1,000 MiB services (restore 2 s), a 1 s reward on each. The
+    # first restores and runs (ACT 3); the second's restore goes into the first's memory,
+    # so it begins when the first's offload ends (as the live orchestrator runs a device's
+    # operations in order): ACT 3 + offload + 2 + 1, the offload as long as the restore
+    # unless the service says otherwise.
+    services = [{"name": n, "gpu_memory": 1000, "restore_seconds": 2.0, "max_batch": 1} for n in ("a", "b")]
+    if offload is not None:
+        for sv in services:
+            sv["offload_seconds"] = offload
+    w = tiny(turns={"dist": "fixed", "value": 0},
+             reward={"cpu": 0.1, "memory": 10, "seconds": 1.0, "services": services},
+             inventory={"cpu_nodes": 1, "cpu_node": {"cpu": 1, "memory": 1000},
+                        "gpu_nodes": 1, "gpu_node": {"cpu": 2, "memory": 1000, "gpus": [1500]}})
+    step = w.sample(0)
+    if len(set(step.reward_service.tolist())) < 2:
+        pytest.skip("both rewards drew the same service")
+    for policy in POLICIES:
+        r = sim.simulate(w, policy, seed=0, step=step)
+        assert sorted(r.act.tolist()) == pytest.approx([3.0, second_act]), policy
+        assert r.evictions == 1
+
+
+def test_offload_seconds_validated() -> None:
+    bad = {"cpu": 0.1, "memory": 10, "seconds": 1.0,
+           "services": [{"name": "a", "gpu_memory": 1000, "offload_seconds": -1}]}
+    with pytest.raises(tangram.ValidationError) as e:
+        tiny(reward=bad)
+    assert e.value.field == "workload.reward.services[0].offload_seconds"
+    with pytest.raises(tangram.ValidationError) as e:
+        tiny(reward={"replicas": 2, "gpu_memory": 1000, "offload_seconds": "slow", "seconds": 1.0})
+    assert e.value.field == "workload.reward.offload_seconds"
+
+
 def test_reward_batch_limit() -> None:
     # Two trajectories, one replica with max_batch 1, no restore: the second reward waits.
     w = tiny(turns={"dist": "fixed", "value": 0},
@@ -508,8 +543,9 @@ def test_savings_search_known_answer() -> None:
 
 def test_savings_search_gpus_known_answer() -> None:
     # Two reward services of 1,000 MiB on 1,500 MiB GPUs, two trajectories (one reward on
-    # each, 1 s, restore 2 s). On one GPU the second service waits for the first's eviction:
-    # ACTs 3 and 6; on two GPUs both restore at once: 3 and 3.
+    # each, 1 s, restore 2 s, offload as long). On one GPU the second service waits for the
+    # first's eviction and offload: ACTs 3 and 3 + 2 + 2 + 1 = 8; on two GPUs both restore
+    # at once: 3 and 3.
     w = tiny(turns={"dist": "fixed", "value": 0},
              reward={"cpu": 0.1, "memory": 10, "seconds": 1.0,
                      "services": [{"name": "a", "gpu_memory": 1000, "restore_seconds": 2.0, "max_batch": 1},
@@ -522,7 +558,7 @@ def test_savings_search_gpus_known_answer() -> None:
     rows = sim.savings_search(w, ["tangram", "isolated"], "isolated", "gpus", [0])
     assert rows[0]["baseline_avg_act"] == pytest.approx(3.0)
     assert [r["needed"] for r in rows] == [2, 2]
-    assert [p["avg_act"] for p in rows[0]["probes"]] == pytest.approx([4.5, 3.0])
+    assert [p["avg_act"] for p in rows[0]["probes"]] == pytest.approx([5.5, 3.0])
 
 
 def test_smallest_meeting_bisection() -> None:

@@ -51,6 +51,7 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
   }
   node_first_dev[N] = static_cast<std::int32_t>(dev_node.size());
   dev_free = dev_total;
+  dev_ops_end.assign(dev_total.size(), 0);
   has_gpus = !dev_node.empty();
   D = K + (has_gpus ? 1 : 0);
   node_max_dev_free.assign(N, 0);
@@ -77,10 +78,13 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
     if (spec.memory < 0 || spec.memory > kMaxMilli) throw Error(ErrorCode::kInvalidArgument, f + ".memory", "must be in [0, 1e12] MiB");
     if (!std::isfinite(spec.restore_seconds) || spec.restore_seconds < 0 || spec.restore_seconds > kMaxSeconds)
       throw Error(ErrorCode::kInvalidArgument, f + ".restore_seconds", "must be a finite number in [0, 1e9]");
+    if (!std::isfinite(spec.offload_seconds) || spec.offload_seconds < 0 || spec.offload_seconds > kMaxSeconds)
+      throw Error(ErrorCode::kInvalidArgument, f + ".offload_seconds", "must be a finite number in [0, 1e9]");
     if (spec.max_batch < 1) throw Error(ErrorCode::kInvalidArgument, f + ".max_batch", "must be at least 1");
     if (!has_gpus) throw Error(ErrorCode::kInvalidArgument, f, "a GPU service needs at least one GPU in the inventory");
     ServiceRec rec;
     rec.restore_ns = to_ns(spec.restore_seconds);
+    rec.offload_ns = to_ns(spec.offload_seconds);
     services.push_back(rec);
   }
 
@@ -326,6 +330,7 @@ std::int32_t Scheduler::Impl::add_node(NodeSpec spec) {
     dev_local.push_back(static_cast<std::int32_t>(g));
     dev_total.push_back(spec.gpus[g].memory);
     dev_free.push_back(spec.gpus[g].memory);
+    dev_ops_end.push_back(0);
     most = std::max(most, spec.gpus[g].memory);
   }
   node_first_dev.push_back(static_cast<std::int32_t>(dev_node.size()));

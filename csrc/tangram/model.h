@@ -36,9 +36,15 @@ struct QuotaSpec {
 struct ServiceSpec {
   std::string name;
   Quantity memory = 0;         // device memory while resident, milli-MiB
-  double restore_seconds = 0;  // time from a restore decision until it can run actions
+  double restore_seconds = 0;  // its restore's own time, host -> device
   std::int32_t max_batch = 1;  // actions it runs at once while resident
+  double offload_seconds = 0;  // its offload's time when evicted, device -> host
 };
+// A device's restores and offloads run one after another, in decision order (the runtime
+// carries them out so: an offload must free the memory a restore goes into): a restore is
+// ready restore_seconds after the device's earlier operations end, and an eviction keeps
+// the device busy for offload_seconds. The memory an eviction frees is free for the core at
+// once; an action placed there starts when the offload ends (the runtime waits for it).
 
 struct Inventory {
   std::vector<std::string> kinds;  // resource kinds, e.g. {"cpu", "memory"}; names unique

@@ -222,6 +222,7 @@ struct ServiceRec {
   TimeNs queued_ns = 0;  // estimated work of waiting actions
   std::int32_t home_device = kNone;  // ServiceDevices::kHome
   TimeNs restore_ns = 0;
+  TimeNs offload_ns = 0;
   TimeNs last_request_ns = -1;  // its latest action's submit (-1: never asked for)
   TimeNs mean_gap_ns = -1;      // between its actions' submits, a moving average (-1: fewer than two)
 };
@@ -254,6 +255,8 @@ struct Scheduler::Impl {
   // GPUs (global device index)
   std::vector<std::int32_t> dev_node, dev_local;
   std::vector<Quantity> dev_total, dev_free;
+  // Per device: when its last restore or offload ends (ServiceSpec: they run in order).
+  std::vector<TimeNs> dev_ops_end;
   std::vector<std::int32_t> node_first_dev;  // node -> first global device
   std::vector<Quantity> node_max_dev_free, node_max_dev_total;
 

@@ -92,6 +92,7 @@ void Scheduler::Impl::evict(std::int32_t v, std::vector<Decision>& out) {
   const std::int32_t d = services[v].device;
   services[v].device = kNone;
   dev_free[d] += inv.services[v].memory;
+  dev_ops_end[d] = std::max(now, dev_ops_end[d]) + services[v].offload_ns;
   Decision e;
   e.kind = DecisionKind::kEvict;
   e.service = v;
@@ -129,12 +130,15 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
     part.free_tree.find(part.node_lo[n], part.node_hi[n], demand.data(), 1, no_skip, found);
     return found.empty() ? 1 : 0;
   };
-  // 1. A device with room already: best fit. 2. Else the cheapest eviction plan.
+  // When a restore on d could begin: after d's earlier restores and offloads.
+  auto begins = [&](std::int32_t d) { return std::max(now, dev_ops_end[d]); };
+  // 1. A device with room already: the soonest free, then best fit. 2. Else the cheapest
+  // eviction plan.
   std::int32_t target = kNone;
-  std::pair<std::int64_t, Quantity> best_fit{2, 0};
+  std::tuple<std::int64_t, TimeNs, Quantity> best_fit{2, 0, 0};
   for (std::int32_t d = dlo; d < dhi; ++d)
     if (dev_free[d] >= need && usable(d)) {
-      std::pair<std::int64_t, Quantity> fit{busy_node(d), dev_free[d] - need};
+      std::tuple<std::int64_t, TimeNs, Quantity> fit{busy_node(d), begins(d), dev_free[d] - need};
       if (fit < best_fit) {
         best_fit = fit;
         target = d;
@@ -142,13 +146,15 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
     }
   RoomPlan chosen;
   if (target == kNone) {
-    std::tuple<std::int64_t, std::int64_t, std::int64_t, double, std::size_t, std::int32_t> best{INT64_MAX, 0, 0, 0,
-                                                                                                  0, 0};
+    std::tuple<std::int64_t, std::int64_t, std::int64_t, TimeNs, double, std::size_t, std::int32_t> best{
+        INT64_MAX, 0, 0, 0, 0, 0, 0};
     for (std::int32_t d = dlo; d < dhi; ++d) {
       if (!usable(d)) continue;
       RoomPlan plan = plan_room(d, need, svc_id);
       if (!plan.ok) continue;
-      auto cost = std::make_tuple(busy_node(d), plan.busy, plan.queued, plan.likely, plan.victims.size(), d);
+      TimeNs ready = begins(d);  // after the victims' offloads
+      for (std::int32_t v : plan.victims) ready += services[v].offload_ns;
+      auto cost = std::make_tuple(busy_node(d), plan.busy, plan.queued, ready, plan.likely, plan.victims.size(), d);
       if (cost < best) {
         best = cost;
         target = d;
@@ -159,7 +165,8 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
     for (std::int32_t v : chosen.victims) evict(v, out);
   }
   svc.device = target;
-  svc.ready_ns = now + svc.restore_ns;
+  svc.ready_ns = begins(target) + svc.restore_ns;
+  dev_ops_end[target] = svc.ready_ns;
   dev_free[target] -= need;
   refresh_node_devices(dev_node[target]);
   if (!chosen.victims.empty()) release_on_node(dev_node[target], kNone);

@@ -19,6 +19,7 @@ and GPUs) with the `tangram` policy and the built-in managers. A file, for insta
     name = "reward-7b"
     memory = 16000          # MiB of GPU memory while resident
     restore_seconds = 4     # the core's estimate of a restore
+    offload_seconds = 4     # and of an offload when evicted (default: as long as a restore)
     max_batch = 64
     hooks = "mypackage.reward:RewardModel"   # a ServiceHooks class or instance
 

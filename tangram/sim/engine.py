@@ -63,7 +63,7 @@ def build_inventory(w: Workload) -> Inventory:
     if w.reward is not None:
         r = w.reward
         services = [Service(sv.name, memory=sv.gpu_memory, restore_seconds=sv.restore_seconds,
-                            max_batch=sv.max_batch) for sv in r.services]
+                            max_batch=sv.max_batch, offload_seconds=sv.offload_seconds) for sv in r.services]
     quotas = [Quota(q.name, rate=q.rate, burst=q.burst, max_concurrency=q.max_concurrency,
                     tokens_per_minute=q.tokens_per_minute) for q in w.quotas]
     return Inventory(nodes=nodes, quotas=quotas, services=services)

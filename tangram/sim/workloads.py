@@ -177,6 +177,7 @@ class RewardService:
     max_batch: int
     weight: float = 1.0  # popularity (routing "popularity")
     seconds: Dist | None = None  # run time of one of its reward actions; None: the reward's
+    offload_seconds: float | None = None  # its offload when evicted; None: as long as its restore
 
 
 @dataclass(frozen=True)
@@ -297,16 +298,16 @@ class Workload:
             w = "workload.reward"
             shared = ("cpu", "memory", "seconds")
             r = _object(obj["reward"], w, (*shared, "services", "replicas", "gpu_memory", "restore_seconds",
-                                           "max_batch"), required=("seconds",))
+                                           "offload_seconds", "max_batch"), required=("seconds",))
             if "services" in r:
-                for key in ("replicas", "gpu_memory", "restore_seconds", "max_batch"):
+                for key in ("replicas", "gpu_memory", "restore_seconds", "offload_seconds", "max_batch"):
                     if key in r:  # it would be ignored: each service has its own
                         raise ValidationError(f"{w}.{key}", "not with reward.services: give it per service")
                 services = []
                 for i, sv in enumerate(_list(r, "services", w, required=True)):
                     ws = f"{w}.services[{i}]"
-                    _object(sv, ws, ("name", "gpu_memory", "restore_seconds", "max_batch", "weight", "seconds"),
-                            required=("gpu_memory",))
+                    _object(sv, ws, ("name", "gpu_memory", "restore_seconds", "offload_seconds", "max_batch",
+                                     "weight", "seconds"), required=("gpu_memory",))
                     services.append(RewardService(
                         name=_string(sv, "name", ws, f"reward-{i}"),
                         gpu_memory=_number(sv, "gpu_memory", ws),
@@ -314,6 +315,7 @@ class Workload:
                         max_batch=int(_number(sv, "max_batch", ws, 1, integer=True, positive=True)),
                         weight=_number(sv, "weight", ws, 1.0),
                         seconds=Dist.parse(sv["seconds"], f"{ws}.seconds") if "seconds" in sv else None,
+                        offload_seconds=_number(sv, "offload_seconds", ws) if "offload_seconds" in sv else None,
                     ))
                 if len({sv.name for sv in services}) != len(services):
                     raise ValidationError(f"{w}.services", "service names must be unique")
@@ -321,12 +323,14 @@ class Workload:
                     raise ValidationError(f"{w}.services", "weights must not all be zero")
                 routing = "popularity"
             else:
-                _object(r, w, (*shared, "replicas", "gpu_memory", "restore_seconds", "max_batch"),
+                _object(r, w, (*shared, "replicas", "gpu_memory", "restore_seconds", "offload_seconds", "max_batch"),
                         required=("gpu_memory",))
                 replicas = int(_number(r, "replicas", w, 1, integer=True, positive=True))
                 mem, restore = _number(r, "gpu_memory", w), _number(r, "restore_seconds", w, 0.0)
+                offload = _number(r, "offload_seconds", w) if "offload_seconds" in r else None
                 batch = int(_number(r, "max_batch", w, 1, integer=True, positive=True))
-                services = [RewardService(f"reward-{i}", mem, restore, batch) for i in range(replicas)]
+                services = [RewardService(f"reward-{i}", mem, restore, batch, offload_seconds=offload)
+                            for i in range(replicas)]
                 routing = "round_robin"
             reward = Reward(
                 services=tuple(services),

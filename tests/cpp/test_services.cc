@@ -27,6 +27,7 @@ struct GpuRun {
   // running actions.
   std::vector<std::pair<std::int32_t, std::int32_t>> where;
   std::vector<TimeNs> ready;
+  std::map<std::pair<std::int32_t, std::int32_t>, TimeNs> ops_end;  // (node, device) -> its last restore or offload's end
   std::vector<int> running_on;
   std::map<ActionId, std::int32_t> service_of;
   std::set<std::pair<TimeNs, ActionId>> finishing;
@@ -41,7 +42,7 @@ struct GpuRun {
     // Too small for any service: plain GPU actions also find memory here.
     inv.nodes.push_back(NodeSpec{"c", {U(16)}, {{U(4000)}}});
     for (int s = 0; s < kServices; ++s)
-      inv.services.push_back({"svc" + std::to_string(s), U(9000 + 1400 * s), 0.25 * (1 + s % 3), 1 + s % 3});
+      inv.services.push_back({"svc" + std::to_string(s), U(9000 + 1400 * s), 0.25 * (1 + s % 3), 1 + s % 3, 0.125 * (s % 2)});
     inv.quotas.push_back({"api", 20.0, 4, 8, 0});
     return inv;
   }
@@ -75,8 +76,13 @@ struct GpuRun {
       switch (d.kind) {
         case DecisionKind::kRestore:
           ASSERT_EQ(where[d.service].first, kNone) << "restore of a resident service " << d.service;
-          // Ready exactly restore_seconds after the event that decided it.
-          ASSERT_EQ(d.time, now + S(inv.services[d.service].restore_seconds)) << "service " << d.service;
+          // Ready exactly restore_seconds after the device's earlier restores and offloads end
+          // (or the event that decided it, if they have).
+          {
+            TimeNs& end = ops_end[{d.node, d.device}];
+            ASSERT_EQ(d.time, std::max(now, end) + S(inv.services[d.service].restore_seconds)) << "service " << d.service;
+            end = d.time;
+          }
           where[d.service] = {d.node, d.device};
           ready[d.service] = d.time;
           ++restores;
@@ -86,6 +92,10 @@ struct GpuRun {
           ASSERT_EQ(running_on[d.service], 0) << "evicted service " << d.service << " has running actions";
           ASSERT_LE(ready[d.service], now) << "evicted service " << d.service << " while restoring";
           ASSERT_EQ(where[d.service], std::make_pair(d.node, d.device));
+          {
+            TimeNs& end = ops_end[{d.node, d.device}];
+            end = std::max(now, end) + S(inv.services[d.service].offload_seconds);
+          }
           where[d.service] = {kNone, kNone};
           ++evicts;
           break;
@@ -438,6 +448,30 @@ TEST(Regressions, IdleServiceEvictedForPlainGpuAction) {
   EXPECT_EQ(h.submit({a}, 4), (Decisions{evict(0).on(0, 0).at(4), start(3).on(0, 0).at(4)}));
   EXPECT_EQ(h.s.service_location(1), std::make_pair(0, 0));
   EXPECT_EQ(h.s.gpu_free(0, 0), U(6000) - U(500));
+}
+
+// A device's restores and offloads run one after another (ServiceSpec): a restore into an
+// evicted service's memory is ready after the victim's offload and its own restore, and
+// of two devices with alike eviction plans the one whose offload ends first is cleared
+// (device order alone would clear device 0).
+TEST(Services, RestoreIntoEvictedMemoryWaitsForTheOffload) {
+  Inventory inv = cpu_inventory(1, 4);
+  inv.nodes[0].gpus = {{U(4000)}, {U(4000)}};
+  inv.services = {{"slow", U(4000), 1.0, 1, 5.0}, {"fast", U(4000), 1.0, 1, 0.5}, {"big", U(4000), 1.0, 1, 1.0}};
+  Harness h(inv, policy_of(PolicyKind::kTangram));
+  std::vector<ActionSpec> first;
+  for (ActionId id = 1; id <= 2; ++id) {
+    first.push_back(action(id, {U(1)}, 1));
+    first.back().service = static_cast<std::int32_t>(id - 1);
+  }
+  EXPECT_EQ(h.submit(first, 0), (Decisions{restore(0).on(0, 0).at(1), restore(1).on(0, 1).at(1)}));
+  h.tick(1);
+  h.complete({1, 2}, 2);
+  ActionSpec big = action(3, {U(1)}, 1);
+  big.service = 2;
+  EXPECT_EQ(h.submit({big}, 3), (Decisions{evict(1).on(0, 1).at(3), restore(2).on(0, 1).at(4.5)}));
+  EXPECT_EQ(h.tick(4), Decisions{});
+  EXPECT_EQ(h.tick(4.5), (Decisions{start(3).on(0, 1).service(2).at(4.5)}));
 }
 
 }  // namespace

@@ -164,6 +164,7 @@ class Harness {
       svc.memory = tangram::kMilli * in_.ConsumeIntegralInRange<Quantity>(0, 40) * 1024;
       svc.restore_seconds = in_.ConsumeIntegralInRange<int>(0, 20) / 2.0;
       svc.max_batch = in_.ConsumeIntegralInRange<std::int32_t>(1, 4);
+      svc.offload_seconds = in_.ConsumeIntegralInRange<int>(0, 20) / 4.0;
       inv.services.push_back(std::move(svc));
     }
     if (in_.ConsumeBool()) {
