@@ -5,6 +5,19 @@ memory. A GPU in MIG mode is not schedulable itself: each of its MIG instances i
 schedulable device, with its own memory and its `MIG-...` UUID. Without a driver (NVML fails
 to initialise, or nvidia-ml-py is missing) there are no devices.
 
+A device's schedulable memory is what NVML reports free when it is discovered: its total
+less what the driver reserves (NVML's v2 memory info reports that apart; v1 counts it as
+used) and what other processes already hold, so tangram never plans with memory it cannot
+have. Each process that uses CUDA also holds a context of a few hundred MiB on its device:
+a service's `memory` and an action's `gpu_memory` should include it.
+
+An inherited CUDA_VISIBLE_DEVICES limits NVML discovery as it limits CUDA, in its order:
+comma-separated entries, each a GPU's NVML index (its PCI bus order, which is CUDA's order
+on a machine whose GPUs are alike or with CUDA_DEVICE_ORDER=PCI_BUS_ID; a GPU in MIG mode
+gives all its instances), a GPU or MIG UUID, or a unique UUID prefix. Set but empty: no
+devices. An entry that names no device, or one named twice, is a ValidationError naming
+CUDA_VISIBLE_DEVICES (CUDA would silently drop it and every entry after it).
+
 A fake inventory is selected explicitly with the environment variable TANGRAM_FAKE_GPUS,
 which then wins over NVML, so that every GPU path runs on a machine without one. Its syntax
 is a comma-separated list of physical GPUs, each either
@@ -23,7 +36,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ._errors import ValidationError
@@ -40,17 +53,20 @@ class GpuDevice:
       "MIG-fake-1-0" for fake ones). memory_mib: its memory. nvml_index: the NVML index of
       the physical GPU holding it (for a MIG instance, its parent's). mig_index: the MIG
       device index under that parent, None for a whole GPU. parent_uuid: the parent GPU's
-      UUID for a MIG instance. source: "nvml", "fake" or "given".
+      UUID for a MIG instance. source: "nvml", "fake" or "given". total_mib and
+      reserved_mib: NVML's total and driver-reserved memory, when NVML reported them.
     """
 
     index: int
     uuid: str
     name: str
-    memory_mib: float
+    memory_mib: float  # schedulable: free when discovered
     nvml_index: int
     mig_index: int | None = None
     parent_uuid: str | None = None
     source: str = "given"
+    total_mib: float | None = None  # NVML's total (None: not from NVML)
+    reserved_mib: float | None = None  # what the driver reserves (NVML v2; None: not reported)
 
     @property
     def mig(self) -> bool:
@@ -68,6 +84,10 @@ class GpuDevice:
         if self.mig:
             d["parent_index"] = self.parent_index
             d["parent_uuid"] = self.parent_uuid
+        if self.total_mib is not None:
+            d["total_mib"] = self.total_mib
+        if self.reserved_mib is not None:
+            d["reserved_mib"] = self.reserved_mib
         return d
 
 
@@ -108,6 +128,54 @@ def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, (bytes, bytearray)) else str(value)
 
 
+def _memory(pynvml: Any, handle: Any) -> tuple[float, float, float | None]:
+    """(free, total, reserved) MiB of a device: NVML's v2 memory info where the driver has it
+    (it reports the driver's reservation apart), else v1 (reserved counted as used)."""
+    version = getattr(pynvml, "nvmlMemory_v2", None)
+    if version is not None:
+        try:
+            m = pynvml.nvmlDeviceGetMemoryInfo(handle, version=version)
+            return m.free / 2**20, m.total / 2**20, m.reserved / 2**20
+        except (pynvml.NVMLError, TypeError, AttributeError):
+            pass  # an older driver or binding: v1
+    m = pynvml.nvmlDeviceGetMemoryInfo(handle)
+    return m.free / 2**20, m.total / 2**20, None
+
+
+VISIBLE_ENV = "CUDA_VISIBLE_DEVICES"
+
+
+def visible(devices: list[GpuDevice], spec: str | None) -> list[GpuDevice]:
+    """`devices` limited and ordered by a CUDA_VISIBLE_DEVICES value (module docstring),
+    re-indexed; all of them when `spec` is None."""
+    if spec is None:
+        return devices
+    chosen: list[GpuDevice] = []
+    for entry in (e.strip() for e in spec.split(",")):
+        if not entry:
+            if spec.strip():
+                raise ValidationError(VISIBLE_ENV, f"an empty entry in {spec!r}")
+            continue
+        if entry.isdigit():
+            found = [d for d in devices if d.nvml_index == int(entry)]
+        else:
+            found = [d for d in devices if d.uuid == entry] or [d for d in devices if d.uuid.startswith(entry)]
+            if len(found) > 1:
+                raise ValidationError(VISIBLE_ENV, f"{entry!r} is the prefix of more than one device's UUID")
+            if not found:  # a GPU in MIG mode, by its UUID: its instances
+                found = [d for d in devices if d.parent_uuid is not None and d.parent_uuid.startswith(entry)]
+                if len({d.parent_uuid for d in found}) > 1:
+                    raise ValidationError(VISIBLE_ENV, f"{entry!r} is the prefix of more than one GPU's UUID")
+        if not found:
+            names = ", ".join(f"{d.nvml_index}: {d.uuid}" for d in devices) or "none"
+            raise ValidationError(VISIBLE_ENV, f"{entry!r} names no GPU of this machine (NVML sees {names})")
+        for d in found:
+            if d in chosen:
+                raise ValidationError(VISIBLE_ENV, f"{entry!r} names {d.uuid} again")
+            chosen.append(d)
+    return [replace(d, index=i) for i, d in enumerate(chosen)]
+
+
 def _discover_nvml() -> list[GpuDevice]:
     try:
         import pynvml  # nvidia-ml-py
@@ -133,8 +201,9 @@ def _discover_nvml() -> list[GpuDevice]:
                 except pynvml.NVMLError:
                     mig = False  # MIG not supported by this GPU
                 if not mig:
-                    memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**20
-                    devices.append(GpuDevice(len(devices), uuid, name, memory, i, source="nvml"))
+                    free, total, reserved = _memory(pynvml, handle)
+                    devices.append(GpuDevice(len(devices), uuid, name, free, i, source="nvml", total_mib=total,
+                                             reserved_mib=reserved))
                     continue
                 found: list[GpuDevice] = []
                 for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
@@ -142,9 +211,10 @@ def _discover_nvml() -> list[GpuDevice]:
                         mh = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, j)
                     except pynvml.NVMLError:
                         continue  # no MIG instance in this slot
+                    free, total, reserved = _memory(pynvml, mh)
                     found.append(GpuDevice(len(devices) + len(found), _text(pynvml.nvmlDeviceGetUUID(mh)),
-                                           _text(pynvml.nvmlDeviceGetName(mh)),
-                                           pynvml.nvmlDeviceGetMemoryInfo(mh).total / 2**20, i, j, uuid, "nvml"))
+                                           _text(pynvml.nvmlDeviceGetName(mh)), free, i, j, uuid, "nvml",
+                                           total_mib=total, reserved_mib=reserved))
                 if not found:
                     log.warning("GPU %d (%s) is in MIG mode with no MIG instance: not schedulable", i, uuid)
                 devices.extend(found)
@@ -152,7 +222,7 @@ def _discover_nvml() -> list[GpuDevice]:
                 log.warning("GPU %d skipped: NVML error %s", i, e)
     finally:
         pynvml.nvmlShutdown()
-    return devices
+    return visible(devices, os.environ.get(VISIBLE_ENV))
 
 
 def discover(source: str = "auto") -> list[GpuDevice]:
@@ -167,8 +237,10 @@ def discover(source: str = "auto") -> list[GpuDevice]:
     "81920,mig:40960+40960" is three devices: GPU-fake-0, MIG-fake-1-0, MIG-fake-1-1. A
     malformed value raises ValidationError naming TANGRAM_FAKE_GPUS.
 
-    NVML: every GPU; a GPU in MIG mode contributes its MIG instances instead of itself.
-    NVML is always shut down again; a GPU whose queries fail is skipped with a warning.
+    NVML: every GPU; a GPU in MIG mode contributes its MIG instances instead of itself;
+    each with the memory free at discovery; limited and ordered by an inherited
+    CUDA_VISIBLE_DEVICES (module docstring). NVML is always shut down again; a GPU whose
+    queries fail is skipped with a warning.
     """
     if source not in ("auto", "fake", "nvml"):
         raise ValidationError("source", f"expected 'auto', 'fake' or 'nvml', got {source!r}")
@@ -178,4 +250,4 @@ def discover(source: str = "auto") -> list[GpuDevice]:
     return _discover_nvml()
 
 
-__all__ = ["FAKE_ENV", "GpuDevice", "discover", "parse_fake"]
+__all__ = ["FAKE_ENV", "VISIBLE_ENV", "GpuDevice", "discover", "parse_fake", "visible"]

@@ -10,10 +10,11 @@ Grants (`grant_environment`)
     A placement on a device is carried to the action's process by its environment:
     CUDA_VISIBLE_DEVICES is the device's UUID (GPU-... for a whole GPU, MIG-... for a MIG
     instance), which stays right whatever the process's device numbering. A memory slice
-    of a shared (non-MIG) GPU is enforced only where an MPS control daemon runs
-    (`mps_active`): CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (the slice's share of the GPU) and
-    CUDA_MPS_PINNED_DEVICE_MEM_LIMIT cap it. Without MPS a slice is a scheduling share: the
-    core never over-commits the device, but nothing stops a process from using more.
+    of a shared (non-MIG) GPU is enforced only where an MPS control daemon answers
+    (`mps_active`): CUDA_MPS_PINNED_DEVICE_MEM_LIMIT caps its memory, and the daemon's pipe
+    directory goes with it (a sandbox's environment is scrubbed). Compute is shared as MPS
+    shares it, without a thread cap. Without MPS a slice is a scheduling share: the core
+    never over-commits the device, but nothing stops a process from using more.
 
 Services (`ServiceHooks`, `GpuManager`)
     A service (a reward model) is user code behind five blocking hooks: load (once, on its
@@ -33,13 +34,15 @@ import functools
 import logging
 import math
 import os
+import socket
+import stat
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from .._errors import ValidationError
 from .._model import Inventory
-from ..devices import FAKE_ENV, GpuDevice, discover, parse_fake
+from ..devices import FAKE_ENV, VISIBLE_ENV, GpuDevice, discover, parse_fake, visible
 from .call import Call, Placement, require_service_input
 from .errors import ActionFailed, ManagerError
 from .manager import LiveAction, ResourceManager
@@ -49,18 +52,39 @@ log = logging.getLogger("tangram.gpu")
 MPS_DEFAULT_PIPE_DIRECTORY = "/tmp/nvidia-mps"
 
 
+def mps_pipe_directory(pipe_directory: str | None = None) -> str:
+    """Where MPS clients find the daemon: `pipe_directory`, else CUDA_MPS_PIPE_DIRECTORY,
+    else the default /tmp/nvidia-mps."""
+    return pipe_directory or os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_DEFAULT_PIPE_DIRECTORY
+
+
 def mps_active(pipe_directory: str | None = None) -> bool:
-    """Whether an MPS control daemon is reachable: its control pipe exists in
-    `pipe_directory`, else CUDA_MPS_PIPE_DIRECTORY, else the default /tmp/nvidia-mps."""
-    directory = pipe_directory or os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_DEFAULT_PIPE_DIRECTORY
-    return os.path.exists(os.path.join(directory, "control"))
+    """Whether an MPS control daemon answers in `mps_pipe_directory(pipe_directory)`: its
+    control socket accepts a connection. A socket file that a crashed daemon left behind
+    refuses it. (A control endpoint that is not a socket, as older daemons made, counts
+    when it exists.)"""
+    path = os.path.join(mps_pipe_directory(pipe_directory), "control")
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    if not stat.S_ISSOCK(mode):
+        return True
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        try:
+            s.connect(path)
+        except OSError:  # refused: nobody listens there any more
+            return False
+    return True
 
 
 def _mib_text(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
-def grant_environment(device: GpuDevice, gpu_memory_mib: float, mps: bool) -> dict[str, str]:
+def grant_environment(device: GpuDevice, gpu_memory_mib: float, mps: bool,
+                      mps_pipe: str | None = None) -> dict[str, str]:
     """The environment that carries a grant of `gpu_memory_mib` MiB on `device` to a process.
 
     - CUDA_VISIBLE_DEVICES: the device's UUID, GPU-... for a whole GPU or MIG-... for a MIG
@@ -68,23 +92,27 @@ def grant_environment(device: GpuDevice, gpu_memory_mib: float, mps: bool) -> di
       server).
     - TANGRAM_GPU_MEMORY_MIB: the MiB granted (the device's memory when the grant covers
       it; 0 when nothing was asked for).
+    - Under MPS (`mps` true), CUDA_MPS_PIPE_DIRECTORY: where the daemon is
+      (`mps_pipe_directory(mps_pipe)`), since a sandbox's environment is scrubbed and a
+      client that cannot find the daemon runs outside MPS, unlimited.
     - A memory slice (0 < gpu_memory_mib < the device's memory) of a shared, non-MIG GPU
-      under MPS (`mps` true) is also capped: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE is the
-      slice's proportional share of the GPU's threads (an integer, at least 1), and
-      CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=<MiB>M" its memory (ordinal 0: the one device
-      CUDA_VISIBLE_DEVICES leaves visible). Without MPS a slice is only a scheduling
-      share: the core never over-commits the device, but nothing enforces the limit. A
-      MIG instance is isolated by the hardware; a slice of it is a scheduling share too.
+      under MPS is also capped: CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=<MiB>M" (ordinal 0: the
+      one device CUDA_VISIBLE_DEVICES leaves visible). Its compute is not capped
+      (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE is a ceiling, and memory says nothing of how many
+      SMs an action needs: 16 GiB of an H200 would be about 11% of them): MPS shares the
+      SMs among the running clients. Without MPS a slice is only a scheduling share: the
+      core never over-commits the device, but nothing enforces the limit. A MIG instance
+      is isolated by the hardware; a slice of it is a scheduling share too.
     """
     gpu_memory_mib = float(gpu_memory_mib)
     if math.isnan(gpu_memory_mib) or gpu_memory_mib < 0:
         raise ValidationError("gpu_memory", f"must be a non-negative number of MiB, got {gpu_memory_mib!r}")
     granted = min(gpu_memory_mib, device.memory_mib)
     env = {"CUDA_VISIBLE_DEVICES": device.uuid, "TANGRAM_GPU_MEMORY_MIB": _mib_text(granted)}
-    if mps and not device.mig and 0 < gpu_memory_mib < device.memory_mib:
-        share = gpu_memory_mib / device.memory_mib
-        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(min(100, max(1, math.floor(100 * share + 0.5))))
-        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={max(1, math.floor(gpu_memory_mib))}M"
+    if mps:
+        env["CUDA_MPS_PIPE_DIRECTORY"] = mps_pipe_directory(mps_pipe)
+        if not device.mig and 0 < gpu_memory_mib < device.memory_mib:
+            env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={max(1, math.floor(gpu_memory_mib))}M"
     return env
 
 
@@ -246,6 +274,7 @@ class GpuManager(ResourceManager):
         self.devices: list[GpuDevice] = []
         self.node = 0
         self.mps = False
+        self.mps_pipe = mps_pipe_directory()
         self._services: dict[str, _ServiceState] = {}
         self._offloading: dict[int, set[asyncio.Future[None]]] = {}
         self._attached = False
@@ -269,6 +298,7 @@ class GpuManager(ResourceManager):
         gpus = list(inventory.nodes[self.node].gpus) if inventory.nodes else []
         self.devices = self._resolve_devices(gpus, inventory.nodes[self.node].name if inventory.nodes else "")
         self.mps = mps_active() if self._mps_option is None else bool(self._mps_option)
+        self.mps_pipe = mps_pipe_directory()
         self._services = {s.name: _ServiceState(s.name, self.hooks[s.name], max(1, int(s.max_batch)))
                           for s in inventory.services}
         self._attached = True
@@ -535,7 +565,7 @@ class GpuManager(ResourceManager):
         if device is None or device < 0:
             return {}
         dev = self._check_device(node, device, "a GPU grant")
-        return grant_environment(dev, float(gpu_memory or 0.0), self.mps)
+        return grant_environment(dev, float(gpu_memory or 0.0), self.mps, self.mps_pipe)
 
     # ---------------------------------------------------------------- lifecycle
     async def close(self) -> None:
@@ -572,13 +602,13 @@ class GpuManager(ResourceManager):
             "devices": [d.describe() for d in self.devices],
             "mig": any(d.mig for d in self.devices),
             "mps": self.mps,
-            "slices": "enforced by MPS (thread percentage and pinned memory limit)" if self.mps
-                      else "scheduling shares only (no MPS daemon)",
+            "slices": f"memory enforced by MPS (pinned memory limit; daemon at {self.mps_pipe}), compute shared"
+                      if self.mps else "scheduling shares only (no MPS daemon)",
             "batch_window": self.batch_window,
             "services": {name: {"max_batch": st.max_batch, "resident_on": self.resident(name), "batches": st.batches}
                          for name, st in self._services.items()},
         }
 
 
-__all__ = ["FAKE_ENV", "FunctionService", "GpuDevice", "GpuManager", "ServiceHooks", "discover", "grant_environment",
-           "mps_active", "parse_fake"]
+__all__ = ["FAKE_ENV", "VISIBLE_ENV", "FunctionService", "GpuDevice", "GpuManager", "ServiceHooks", "discover",
+           "grant_environment", "mps_active", "mps_pipe_directory", "parse_fake", "visible"]

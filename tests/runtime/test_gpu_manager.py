@@ -34,6 +34,7 @@ def run(coro):  # type: ignore[no-untyped-def]
 @pytest.fixture
 def no_fake(monkeypatch):  # type: ignore[no-untyped-def]
     monkeypatch.delenv("TANGRAM_FAKE_GPUS", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # discovery follows it: tests set it themselves
 
 
 def test_fake_inventory_whole_and_mig(monkeypatch):
@@ -80,11 +81,14 @@ def test_discover_source(monkeypatch, no_fake):
 
 
 class FakeNvml:
-    """A simulated NVML driver: GPU 0 a whole 80 GiB GPU without MIG support, GPU 1 an
-    A100 in MIG mode with instances in slots 0 and 2 (slot 1 empty). Installed as the
-    `pynvml` module, so discovery runs its real NVML code path against it."""
+    """A simulated NVML driver: GPU 0 a whole 80 GiB GPU without MIG support, with 512 MiB
+    reserved by the driver and 1,024 MiB held by another process; GPU 1 an A100 in MIG mode
+    with instances in slots 0 and 2 (slot 1 empty; 64 MiB of the second in use), whose
+    handles report v1 memory info only. Installed as the `pynvml` module, so discovery
+    runs its real NVML code path against it."""
 
     NVML_DEVICE_MIG_ENABLE = 1
+    MEMORY_V2 = 0x2000028
 
     class NVMLError(Exception):
         def __init__(self, value: int) -> None:
@@ -95,20 +99,29 @@ class FakeNvml:
         self.init_fails = init_fails
         self.calls: list[str] = []
         self.initialised = 0
-        mem = types.SimpleNamespace
+        def mem(total: int, used: int = 0, reserved: int = 0) -> types.SimpleNamespace:  # MiB
+            return types.SimpleNamespace(total=total * 2**20, used=(used + reserved) * 2**20,
+                                         free=(total - used - reserved) * 2**20)
+
+        def mem2(total: int, used: int, reserved: int) -> types.SimpleNamespace:  # v2: reserved apart
+            return types.SimpleNamespace(total=total * 2**20, reserved=reserved * 2**20, used=used * 2**20,
+                                         free=(total - used - reserved) * 2**20)
+
         self.gpus = {
-            0: {"uuid": b"GPU-aaaa", "name": b"NVIDIA H100 80GB HBM3", "mem": mem(total=81559 * 2**20), "mig": None},
-            1: {"uuid": "GPU-bbbb", "name": "NVIDIA A100-SXM4-40GB", "mem": mem(total=40960 * 2**20), "mig": [1, 1],
+            0: {"uuid": b"GPU-aaaa", "name": b"NVIDIA H100 80GB HBM3", "mem": mem(81559, 1024, 512),
+                "mem2": mem2(81559, 1024, 512), "mig": None},
+            1: {"uuid": "GPU-bbbb", "name": "NVIDIA A100-SXM4-40GB", "mem": mem(40960), "mig": [1, 1],
                 "instances": {0: {"uuid": "MIG-1111", "name": "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
-                                  "mem": mem(total=19968 * 2**20)},
+                                  "mem": mem(19968)},
                               2: {"uuid": b"MIG-2222", "name": "NVIDIA A100-SXM4-40GB MIG 1g.5gb",
-                                  "mem": mem(total=4864 * 2**20)}}},
+                                  "mem": mem(4864, 64)}}},
         }
 
     def module(self) -> types.ModuleType:
         m = types.ModuleType("pynvml")
         m.NVMLError = self.NVMLError  # type: ignore[attr-defined]
         m.NVML_DEVICE_MIG_ENABLE = 1  # type: ignore[attr-defined]
+        m.nvmlMemory_v2 = self.MEMORY_V2  # type: ignore[attr-defined]
         for name in ("nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",
                      "nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMigMode",
                      "nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetMigDeviceHandleByIndex"):
@@ -150,8 +163,13 @@ class FakeNvml:
     def nvmlDeviceGetName(self, handle: Any) -> Any:
         return self._info(handle)["name"]
 
-    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any:
-        return self._info(handle)["mem"]
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> Any:
+        if version is None:
+            return self._info(handle)["mem"]
+        assert version == self.MEMORY_V2
+        if "mem2" not in self._info(handle):
+            raise self.NVMLError(3)  # NVML_ERROR_NOT_SUPPORTED
+        return self._info(handle)["mem2"]
 
     def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:
         mode = self._info(handle)["mig"]
@@ -173,18 +191,48 @@ def test_nvml_discovery_with_mig(monkeypatch, no_fake):
     nvml = FakeNvml()
     monkeypatch.setitem(sys.modules, "pynvml", nvml.module())
     devs = discover()
+    # Schedulable: what is free, not NVML's total (the driver's reservation, reported apart
+    # by v2 where the handle has it, and other processes' memory are not tangram's).
     assert devs == [
-        GpuDevice(0, "GPU-aaaa", "NVIDIA H100 80GB HBM3", 81559.0, 0, None, None, "nvml"),
-        GpuDevice(1, "MIG-1111", "NVIDIA A100-SXM4-40GB MIG 3g.20gb", 19968.0, 1, 0, "GPU-bbbb", "nvml"),
-        GpuDevice(2, "MIG-2222", "NVIDIA A100-SXM4-40GB MIG 1g.5gb", 4864.0, 1, 2, "GPU-bbbb", "nvml"),
+        GpuDevice(0, "GPU-aaaa", "NVIDIA H100 80GB HBM3", 80023.0, 0, None, None, "nvml", 81559.0, 512.0),
+        GpuDevice(1, "MIG-1111", "NVIDIA A100-SXM4-40GB MIG 3g.20gb", 19968.0, 1, 0, "GPU-bbbb", "nvml", 19968.0),
+        GpuDevice(2, "MIG-2222", "NVIDIA A100-SXM4-40GB MIG 1g.5gb", 4800.0, 1, 2, "GPU-bbbb", "nvml", 4864.0),
     ]
+    assert devs[0].describe()["total_mib"] == 81559.0 and devs[0].describe()["reserved_mib"] == 512.0
     assert nvml.calls == ["init", "shutdown"] and nvml.initialised == 0
     assert discover("nvml") == devs
-    assert list(Inventory.local().nodes[0].gpus) == [Gpu(81559.0), Gpu(19968.0), Gpu(4864.0)]
+    assert list(Inventory.local().nodes[0].gpus) == [Gpu(80023.0), Gpu(19968.0), Gpu(4800.0)]
     # The fake inventory is an explicit choice: it wins over the driver.
     monkeypatch.setenv("TANGRAM_FAKE_GPUS", "1000")
     assert [d.uuid for d in discover()] == ["GPU-fake-0"]
     assert discover("nvml") == devs
+
+
+@pytest.mark.parametrize("spec, uuids", [
+    ("1", ["MIG-1111", "MIG-2222"]),  # an NVML index: the GPU, or all its MIG instances
+    ("GPU-aaaa", ["GPU-aaaa"]),
+    ("MIG-2222,0", ["MIG-2222", "GPU-aaaa"]),  # in its order
+    ("GPU-a", ["GPU-aaaa"]),  # a unique prefix, as CUDA takes it
+    ("GPU-bbbb", ["MIG-1111", "MIG-2222"]),  # a GPU in MIG mode by its UUID
+    (" 0 , MIG-1111 ", ["GPU-aaaa", "MIG-1111"]),
+    ("", []),  # set and empty: CUDA sees no device
+])
+def test_nvml_discovery_follows_cuda_visible_devices(monkeypatch, no_fake, spec, uuids):
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml().module())
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", spec)
+    devs = discover()
+    assert [d.uuid for d in devs] == uuids and [d.index for d in devs] == list(range(len(uuids)))
+    assert [g.memory for g in Inventory.local().nodes[0].gpus] == [d.memory_mib for d in devs]
+
+
+@pytest.mark.parametrize("spec, why", [("7", "names no GPU"), ("0,GPU-aaaa", "again"), ("MIG-", "more than one"),
+                                       ("0,,1", "empty entry"), ("GPU-zz", "names no GPU")])
+def test_cuda_visible_devices_that_name_no_device(monkeypatch, no_fake, spec, why):
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml().module())
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", spec)
+    with pytest.raises(tangram.ValidationError) as e:
+        discover()
+    assert e.value.field == "CUDA_VISIBLE_DEVICES" and why in str(e.value)
 
 
 def test_nvml_failing_gpu_is_skipped_and_nvml_shut_down(monkeypatch, no_fake, caplog):
@@ -223,9 +271,20 @@ def test_real_nvml_on_this_machine(no_fake):
 
 
 def test_mps_active(tmp_path, monkeypatch):
-    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    import socket
+
+    pipe = tmp_path / "mps"  # a short path: a UNIX socket's name is at most 107 bytes
+    pipe.mkdir()
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(pipe))
     assert not mps_active()
-    (tmp_path / "control").touch()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as daemon:  # a daemon listening
+        daemon.bind(str(pipe / "control"))
+        daemon.listen()
+        assert mps_active() and mps_active(str(pipe))
+    assert (pipe / "control").exists()  # what a crashed daemon leaves behind: nobody answers
+    assert not mps_active()
+    (pipe / "control").unlink()
+    (pipe / "control").touch()  # a control endpoint that is not a socket counts when it exists
     assert mps_active()
     assert not mps_active(str(tmp_path / "elsewhere"))
 
@@ -237,31 +296,36 @@ WHOLE = GpuDevice(0, "GPU-aaaa", "H100", 81920.0, 0)
 MIG = GpuDevice(1, "MIG-1111", "A100 MIG 3g.20gb", 20480.0, 1, 0, "GPU-bbbb")
 
 
+PIPE = {"CUDA_MPS_PIPE_DIRECTORY": "/run/mps"}  # where the daemon is, carried into the scrubbed sandbox
+
+
 def test_grant_whole_device():
     for mps in (False, True):
-        assert grant_environment(WHOLE, 81920, mps) == {"CUDA_VISIBLE_DEVICES": "GPU-aaaa",
-                                                        "TANGRAM_GPU_MEMORY_MIB": "81920"}
+        assert grant_environment(WHOLE, 81920, mps, "/run/mps") == {
+            "CUDA_VISIBLE_DEVICES": "GPU-aaaa", "TANGRAM_GPU_MEMORY_MIB": "81920", **(PIPE if mps else {})}
         assert grant_environment(WHOLE, 1e6, mps)["TANGRAM_GPU_MEMORY_MIB"] == "81920"
 
 
 def test_grant_mig_instance():
     for mps in (False, True):  # the hardware isolates a MIG instance; a slice of it is a share
-        assert grant_environment(MIG, 20480, mps) == {"CUDA_VISIBLE_DEVICES": "MIG-1111",
-                                                      "TANGRAM_GPU_MEMORY_MIB": "20480"}
-        assert grant_environment(MIG, 5120, mps) == {"CUDA_VISIBLE_DEVICES": "MIG-1111",
-                                                     "TANGRAM_GPU_MEMORY_MIB": "5120"}
+        assert grant_environment(MIG, 20480, mps, "/run/mps") == {
+            "CUDA_VISIBLE_DEVICES": "MIG-1111", "TANGRAM_GPU_MEMORY_MIB": "20480", **(PIPE if mps else {})}
+        assert grant_environment(MIG, 5120, mps, "/run/mps") == {
+            "CUDA_VISIBLE_DEVICES": "MIG-1111", "TANGRAM_GPU_MEMORY_MIB": "5120", **(PIPE if mps else {})}
 
 
 def test_grant_slice_with_and_without_mps():
     assert grant_environment(WHOLE, 20480, mps=False) == {"CUDA_VISIBLE_DEVICES": "GPU-aaaa",
                                                           "TANGRAM_GPU_MEMORY_MIB": "20480"}
-    assert grant_environment(WHOLE, 20480, mps=True) == {
+    # Memory capped; compute not (no thread percentage: memory is no measure of SMs).
+    assert grant_environment(WHOLE, 20480, mps=True, mps_pipe="/run/mps") == {
         "CUDA_VISIBLE_DEVICES": "GPU-aaaa", "TANGRAM_GPU_MEMORY_MIB": "20480",
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=20480M"}
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=20480M", **PIPE}
     tiny = grant_environment(WHOLE, 100.5, mps=True)
-    assert tiny["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "1"  # at least 1
     assert tiny["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=100M" and tiny["TANGRAM_GPU_MEMORY_MIB"] == "100.5"
-    assert grant_environment(WHOLE, 0, mps=True) == {"CUDA_VISIBLE_DEVICES": "GPU-aaaa", "TANGRAM_GPU_MEMORY_MIB": "0"}
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in tiny
+    assert grant_environment(WHOLE, 0, mps=True, mps_pipe="/run/mps") == {
+        "CUDA_VISIBLE_DEVICES": "GPU-aaaa", "TANGRAM_GPU_MEMORY_MIB": "0", **PIPE}
     for bad in (-1.0, math.nan):
         with pytest.raises(tangram.ValidationError):
             grant_environment(WHOLE, bad, mps=True)
@@ -806,8 +870,11 @@ def test_attach_discovers_devices(monkeypatch, no_fake):
     assert [d.uuid for d in m.devices] == ["GPU-fake-0", "GPU-fake-1"]
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml().module())
     monkeypatch.delenv("TANGRAM_FAKE_GPUS")
+    with pytest.raises(ManagerError) as e:  # NVML's total, not what is free: the driver's and another's
+        GpuManager(services={"rm": Recorder()}, node="n1").attach(inv(gpus=(81559.0, 19968.0, 4800.0), nodes=2))
+    assert e.value.field == "devices[0]" and "GPU-aaaa has 80023 MiB" in e.value.reason
     m = GpuManager(services={"rm": Recorder()}, node="n1")
-    m.attach(inv(gpus=(81559.0, 19968.0, 4864.0), nodes=2))
+    m.attach(inv(gpus=(80023.0, 19968.0, 4800.0), nodes=2))
     assert m.node == 1 and [d.uuid for d in m.devices] == ["GPU-aaaa", "MIG-1111", "MIG-2222"]
     assert m.describe()["source"] == "nvml" and m.describe()["mig"] is True
     m = GpuManager(services={"rm": Recorder()}, devices="inventory")
@@ -828,10 +895,13 @@ def test_device_environment(tmp_path, monkeypatch):
     with pytest.raises(ManagerError):
         m.device_environment(1, 0, 100)
     (tmp_path / "control").touch()
-    m = manager({"rm": Recorder()})  # MPS detected at attach
+    m = manager({"rm": Recorder()})  # MPS detected at attach, and its pipe directory carried
     env = m.device_environment(0, 0, 40960)
-    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50" and env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=40960M"
-    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in manager({"rm": Recorder()}, mps=False).device_environment(0, 0, 1)
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=40960M" and env["CUDA_MPS_PIPE_DIRECTORY"] == str(tmp_path)
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in env
+    assert str(tmp_path) in m.describe()["slices"]
+    plain = manager({"rm": Recorder()}, mps=False).device_environment(0, 0, 1)
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in plain and "CUDA_MPS_PIPE_DIRECTORY" not in plain
 
 
 def test_describe():
