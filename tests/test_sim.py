@@ -561,6 +561,20 @@ def test_savings_search_gpus_known_answer() -> None:
     assert [p["avg_act"] for p in rows[0]["probes"]] == pytest.approx([5.5, 3.0])
 
 
+def test_savings_search_does_not_count_rejected_actions() -> None:
+    # multireward at 16 trajectories: under `trajectory` every reward is rejected (it can
+    # never run there), and a rejected action ends at once. Its ACT of 0 must not make that
+    # inventory meet the baseline's average ACT.
+    w = sim.builtin("multireward").with_batch(16)
+    rows = sim.savings_search(w, ["tangram", "trajectory"], "isolated", "gpus", [0], cap=6)
+    trajectory = rows[1]
+    assert all(p["rejected"] > 0 for p in trajectory["probes"])
+    assert not trajectory["reached"] and "it rejects actions it can never run" in trajectory["statement"]
+    assert rows[0]["reached"] and all(p["rejected"] == 0 for p in rows[0]["probes"])
+    with pytest.raises(ValueError, match="rejects"):
+        sim.savings_search(w, ["tangram"], "trajectory", "gpus", [0], cap=6)
+
+
 def test_smallest_meeting_bisection() -> None:
     calls: list[int] = []
 

@@ -220,9 +220,12 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         if args.cap is not None and args.cap < bval:
             parser.error(f"--cap: {args.cap} is below the baseline's inventory {bval} of {args.resource}")
         t0 = time.perf_counter()
-        with Progress(None, f"savings {w.name}/{args.resource}", progress) as bar:
-            rows = savings_search(w, policies, args.baseline, args.resource, seeds,
-                                  baseline_value=args.baseline_value, cap=args.cap, progress=bar)
+        try:
+            with Progress(None, f"savings {w.name}/{args.resource}", progress) as bar:
+                rows = savings_search(w, policies, args.baseline, args.resource, seeds,
+                                      baseline_value=args.baseline_value, cap=args.cap, progress=bar)
+        except ValueError as e:  # a baseline that rejects actions sets no target
+            parser.error(f"--baseline: {e}")
         print(savings_table(rows))
         print(f"searched in {time.perf_counter() - t0:.1f} s of wall time")
         if args.json:

@@ -162,8 +162,15 @@ class _Evaluator:
                 "sd": float(np.std(acts, ddof=1)) if len(acts) > 1 else 0.0,
                 "avg_act_per_seed": acts,
                 "step_duration": float(np.mean([r["step_duration"] for r in rows])),
+                "rejected": int(sum(r["rejected"] for r in rows)),  # actions that could never run
             }
         return self.cache[key]
+
+    def act_if_all_ran(self, policy: str, value: int) -> float:
+        """The mean ACT, or infinity when the inventory rejected actions (a rejected action
+        ends at once: its ACT of 0 would make an inventory too small to run it look fast)."""
+        probe = self(policy, value)
+        return probe["avg_act"] if probe["rejected"] == 0 else math.inf
 
 
 def smallest_meeting(f: Callable[[int], float], target: float, lo: int, hi: int,
@@ -210,12 +217,15 @@ def savings_search(workload: Workload, policies: Sequence[str], baseline: str, r
         raise ValueError(f"cap {hi} is below the baseline's inventory {bval}")
     ev = _Evaluator(workload, resource, list(seeds), progress)
     base = ev(baseline, bval)
+    if base["rejected"]:
+        raise ValueError(f"the {baseline} baseline rejects {base['rejected']} action(s) it can never run at "
+                         f"{bval} {RESOURCE_WORDS[resource]} per node: its average ACT is no target")
     target = base["avg_act"]
     per_node = workload.total(resource) // default  # nodes the value is multiplied by
     word = RESOURCE_WORDS[resource]
     out = []
     for p in policies:
-        needed, method = smallest_meeting(lambda v, p=p: ev(p, v)["avg_act"], target, 1, hi)
+        needed, method = smallest_meeting(lambda v, p=p: ev.act_if_all_ran(p, v), target, 1, hi)
         probes = sorted((v for (q, _), v in ev.cache.items() if q == p), key=lambda d: d["value"])
         row: dict[str, Any] = {
             "workload": workload.name,
@@ -239,9 +249,12 @@ def savings_search(workload: Workload, policies: Sequence[str], baseline: str, r
             "probes": probes,
         }
         if needed is None:
+            rejecting = [d["value"] * per_node for d in probes if d["rejected"]]
             row["statement"] = (f"{p} does not reach the {baseline} baseline's average ACT "
                                 f"({target:.3f} s at {bval * per_node} {word}) with up to "
-                                f"{hi * per_node} {word}")
+                                f"{hi * per_node} {word}" +
+                                (f"; it rejects actions it can never run with {', '.join(map(str, rejecting))} {word}"
+                                 if rejecting else ""))
         else:
             pct = 100.0 * needed / bval
             more = " (more than the baseline)" if needed > bval else ""
