@@ -398,6 +398,17 @@ _shared: GrantedExecutor | None = None
 _shared_lock = threading.Lock()
 
 
+def _forget_shared_in_child() -> None:
+    # A forked child (a GPU action's process, a worker of another pool) has a copy of the
+    # executor without its threads: it makes its own if it needs one.
+    global _shared, _shared_lock
+    _shared, _shared_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_shared_in_child)
+
+
 def shared_executor() -> GrantedExecutor:
     """This process's GrantedExecutor, made at the first call and kept: a function action
     runs in its trajectory's long-lived sandbox worker, so the trajectory's later actions

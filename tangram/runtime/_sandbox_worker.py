@@ -23,7 +23,13 @@ action, strictly in turn.
                 ("error", type_name, message, traceback) | ("memory", message)
 
 Functions run in this process, so module state persists across a trajectory's actions;
-`env` is set in os.environ for the duration of the call. Commands run as children (a
+`env` is set in os.environ for the duration of the call. A function with a GPU grant (`env`
+sets CUDA_VISIBLE_DEVICES) runs in a child forked for it instead: CUDA reads its device and
+MPS limits once, when it initialises, and keeps its context until the process ends, so a
+trajectory's later GPU actions would keep its first device and limits and its context
+would stay resident, counted by nobody. The child sees the worker's module state; what it
+changes ends with it. (The worker itself must not initialise CUDA: a forked child cannot.)
+Commands run as children (a
 string through /bin/sh, a sequence as an argv) in the sandbox's directory, with os.environ
 plus `env`; their stdout/stderr are kept up to output_limit bytes each and drained past it.
 """
@@ -70,14 +76,7 @@ class Worker:
         return pickle.loads(payload)
 
     def send(self, msg: tuple) -> None:
-        try:
-            payload = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception:
-            try:
-                payload = cloudpickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
-            except Exception as e:
-                payload = pickle.dumps(("error", type(e).__name__, f"the result cannot be pickled: {e}",
-                                        traceback.format_exc()), protocol=pickle.HIGHEST_PROTOCOL)
+        payload = _encode(msg)
         self.sock.sendall(_HEADER.pack(len(payload)) + payload)
 
     # --------------------------------------------------------------- main loop
@@ -130,23 +129,15 @@ class Worker:
 
     def run_fn(self, fn, args, kwargs, env, cpus, memory) -> tuple:  # type: ignore[no-untyped-def]
         self.pin(cpus)
+        if "CUDA_VISIBLE_DEVICES" in env:
+            return self.run_fn_in_child(fn, args, kwargs, env, memory)
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         old_limit = None
         if memory > 0:
             old_limit = _limit_address_space(memory)
         try:
-            result = fn(*args, **kwargs)
-            if type(result).__name__ == "coroutine":  # an async def: run it to completion here
-                import asyncio
-                result = asyncio.run(result)
-            return ("ok", result)
-        except MemoryError as e:
-            if old_limit is not None:
-                return ("memory", f"MemoryError under a limit of {memory >> 20} MiB (RLIMIT_AS): {e}")
-            return ("error", "MemoryError", f"MemoryError: {e}", traceback.format_exc())
-        except BaseException as e:
-            return ("error", type(e).__name__, f"{type(e).__name__}: {e}", traceback.format_exc())
+            return _call(fn, args, kwargs, memory if old_limit is not None else 0)
         finally:
             if old_limit is not None:
                 import resource
@@ -159,6 +150,31 @@ class Worker:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
+
+    def run_fn_in_child(self, fn, args, kwargs, env, memory) -> tuple:  # type: ignore[no-untyped-def]
+        """A GPU action: the call in a child forked for it, its reply back through a pipe."""
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: its own CUDA state, gone with it
+            try:
+                os.close(read_end)
+                os.environ.update(env)
+                if memory > 0:
+                    _limit_address_space(memory)
+                payload = _encode(_call(fn, args, kwargs, memory))
+                with os.fdopen(write_end, "wb") as out:
+                    out.write(payload)
+            finally:
+                os._exit(0)
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as reply:
+            payload = reply.read()
+        _, status = os.waitpid(pid, 0)
+        if payload:
+            return pickle.loads(payload)
+        how = f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else \
+            f"exit code {os.WEXITSTATUS(status)}"
+        return ("error", "ChildProcessError", f"the process running this GPU action died ({how})", "")
 
     def run_cmd(self, command, env, cpus, memory) -> tuple:  # type: ignore[no-untyped-def]
         self.pin(cpus)
@@ -260,6 +276,36 @@ class Worker:
             if pidfd >= 0:
                 os.close(pidfd)
         return bytes(bufs[0]), bytes(bufs[1]), truncated
+
+
+def _call(fn, args, kwargs, memory_limit: int) -> tuple:  # type: ignore[no-untyped-def]
+    """A function's reply: ("ok", value), ("memory", ...) when it ran out of the
+    `memory_limit` bytes it ran under (0: none), or ("error", ...)."""
+    try:
+        result = fn(*args, **kwargs)
+        if type(result).__name__ == "coroutine":  # an async def: run it to completion here
+            import asyncio
+            result = asyncio.run(result)
+        return ("ok", result)
+    except MemoryError as e:
+        if memory_limit:
+            return ("memory", f"MemoryError under a limit of {memory_limit >> 20} MiB (RLIMIT_AS): {e}")
+        return ("error", "MemoryError", f"MemoryError: {e}", traceback.format_exc())
+    except BaseException as e:
+        return ("error", type(e).__name__, f"{type(e).__name__}: {e}", traceback.format_exc())
+
+
+def _encode(msg: tuple) -> bytes:
+    """A reply as pickle bytes: pickle, else cloudpickle (a value of a function defined in the
+    call), else an error saying why the result cannot travel."""
+    try:
+        return pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        try:
+            return cloudpickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:
+            return pickle.dumps(("error", type(e).__name__, f"the result cannot be pickled: {e}",
+                                 traceback.format_exc()), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _limit_address_space(extra: int) -> tuple[int, int]:

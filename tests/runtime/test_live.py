@@ -14,7 +14,7 @@ import pytest
 
 from tangram import Amdahl, Call, Inventory, Orchestrator, Quota, RuntimeConfig, Service
 from tangram.demo import search, server_stats, start_search_server, stop_search_server
-from tangram.runtime import ActionCancelled, ActionTimeout, CommandResult
+from tangram.runtime import ActionCancelled, ActionFailed, ActionTimeout, CommandResult
 from tangram.runtime.cpu import CpuManager
 from tangram.runtime.gpu import FunctionService, GpuManager, ServiceHooks
 from tangram.runtime.manager import MockManager
@@ -199,6 +199,46 @@ def test_gpu_action_placed_into_evicted_memory_starts_after_the_offload() -> Non
                     break
                 await asyncio.sleep(0.01)
             assert len(offloaded) == 2
+
+    asyncio.run(main())
+
+
+def _cuda_device_and_pid() -> tuple[str, int]:
+    """What a CUDA program sees: CUDA reads CUDA_VISIBLE_DEVICES once, when it initialises
+    in a process, and keeps that device (simulated by an environment variable set on first
+    use, which lives as long as the process)."""
+    return os.environ.setdefault("FAKE_CUDA_INITIALISED_ON", os.environ["CUDA_VISIBLE_DEVICES"]), os.getpid()
+
+
+def test_each_gpu_function_action_gets_its_own_device_in_a_fresh_process() -> None:
+    """A trajectory's GPU function actions on two devices, one after another in its
+    sandbox: each runs in a process forked for it, so each sees its own device (a CUDA
+    context made in the trajectory's long-lived worker would keep the first) and the state
+    it made ends with it."""
+    async def main() -> None:
+        inventory = local_inventory(gpus=[1000, 1000])
+        gpu = GpuManager(devices="inventory")
+        async with Orchestrator(inventory=inventory, default_managers=False, managers={"gpu": gpu},
+                                config=RuntimeConfig(managers={"cpu": {}})) as orch:
+            def gpu_call(fn, trajectory: int) -> Call:  # type: ignore[no-untyped-def]
+                return Call(fn=fn, resources={"cpu": 0.1}, gpu_memory=1000, trajectory=trajectory)
+
+            worker_pid = await orch.run(Call(fn=os.getpid, resources={"cpu": 0.1}, trajectory=0))
+            blocker = asyncio.ensure_future(orch.run(gpu_call(lambda: time.sleep(0.5), 1)))  # device 0
+            await asyncio.sleep(0.2)
+            first, first_pid = await orch.run(gpu_call(_cuda_device_and_pid, 0))  # device 1: 0 is taken
+            await blocker
+            second, second_pid = await orch.run(gpu_call(_cuda_device_and_pid, 0))  # device 0: the first free
+            assert (first, second) == ("GPU-fake-1", "GPU-fake-0")
+            assert worker_pid not in (first_pid, second_pid) and first_pid != second_pid
+            after = await orch.run(Call(fn=lambda: (os.getpid(), os.environ.get("FAKE_CUDA_INITIALISED_ON")),
+                                        resources={"cpu": 0.1}, trajectory=0))
+            assert after == (worker_pid, None)  # the trajectory's worker never took a device
+            with pytest.raises(ActionFailed, match="exit code 3"):  # its process dies: the action fails
+                await orch.run(gpu_call(lambda: os._exit(3), 0))
+            with pytest.raises(ActionFailed, match="ValueError: invalid literal"):
+                await orch.run(gpu_call(lambda: int("no GPU"), 0))
+            assert await orch.run(Call(fn=os.getpid, resources={"cpu": 0.1}, trajectory=0)) == worker_pid
 
     asyncio.run(main())
 
