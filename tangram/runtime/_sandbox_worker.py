@@ -29,6 +29,9 @@ MPS limits once, when it initialises, and keeps its context until the process en
 trajectory's later GPU actions would keep its first device and limits and its context
 would stay resident, counted by nobody. The child sees the worker's module state; what it
 changes ends with it. (The worker itself must not initialise CUDA: a forked child cannot.)
+A GPU action (function or command) never runs under RLIMIT_AS, the affinity mode's memory
+limit: CUDA reserves far more address space than it uses, and its initialisation fails
+under the limit. Its host memory is enforced only by a cgroup.
 Commands run as children (a
 string through /bin/sh, a sequence as an argv) in the sandbox's directory, with os.environ
 plus `env`; their stdout/stderr are kept up to output_limit bytes each and drained past it.
@@ -130,7 +133,7 @@ class Worker:
     def run_fn(self, fn, args, kwargs, env, cpus, memory) -> tuple:  # type: ignore[no-untyped-def]
         self.pin(cpus)
         if "CUDA_VISIBLE_DEVICES" in env:
-            return self.run_fn_in_child(fn, args, kwargs, env, memory)
+            return self.run_fn_in_child(fn, args, kwargs, env)
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         old_limit = None
@@ -151,17 +154,16 @@ class Worker:
                 else:
                     os.environ[k] = v
 
-    def run_fn_in_child(self, fn, args, kwargs, env, memory) -> tuple:  # type: ignore[no-untyped-def]
-        """A GPU action: the call in a child forked for it, its reply back through a pipe."""
+    def run_fn_in_child(self, fn, args, kwargs, env) -> tuple:  # type: ignore[no-untyped-def]
+        """A GPU action: the call in a child forked for it (no RLIMIT_AS: see the module's
+        docstring), its reply back through a pipe."""
         read_end, write_end = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: its own CUDA state, gone with it
             try:
                 os.close(read_end)
                 os.environ.update(env)
-                if memory > 0:
-                    _limit_address_space(memory)
-                payload = _encode(_call(fn, args, kwargs, memory))
+                payload = _encode(_call(fn, args, kwargs, 0))
                 with os.fdopen(write_end, "wb") as out:
                     out.write(payload)
             finally:
@@ -182,7 +184,7 @@ class Worker:
         child_env.update(env)
         pass_fds = self.jobserver(child_env)
         preexec = None
-        if memory > 0:
+        if memory > 0 and "CUDA_VISIBLE_DEVICES" not in env:  # a GPU command: no RLIMIT_AS (docstring)
             def preexec() -> None:
                 import resource
                 resource.setrlimit(resource.RLIMIT_AS, (memory, memory))

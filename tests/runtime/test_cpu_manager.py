@@ -911,6 +911,29 @@ def test_memory_limit(mechanism: str) -> None:
     with_manager(mechanism, body)
 
 
+def address_space_limit() -> int:
+    import resource
+    return resource.getrlimit(resource.RLIMIT_AS)[0]
+
+
+def test_gpu_actions_never_run_under_rlimit_as(mechanism: str) -> None:
+    """CUDA reserves far more address space than it uses: a GPU action (its placement sets
+    CUDA_VISIBLE_DEVICES) runs without the affinity mode's RLIMIT_AS (a cgroup, where there
+    is one, still limits its memory)."""
+    import resource
+
+    async def body(mgr: CpuManager) -> None:
+        gpu = {"CUDA_VISIBLE_DEVICES": "GPU-fake-0"}
+        assert await run(mgr, Call(fn=address_space_limit), memory=100, env=gpu) == resource.RLIM_INFINITY
+        r = await run(mgr, Call(command="ulimit -v"), memory=100, env=gpu)
+        assert r.stdout.strip() == b"unlimited"
+        if not mgr.isolation.cgroup:  # type: ignore[union-attr]
+            assert await run(mgr, Call(fn=address_space_limit), memory=100) != resource.RLIM_INFINITY
+            assert (await run(mgr, Call(command="ulimit -v"), memory=100)).stdout.strip() != b"unlimited"
+
+    with_manager(mechanism, body)
+
+
 def test_output_is_capped_and_drained(mechanism: str) -> None:
     async def body(mgr: CpuManager) -> None:
         r = await run(mgr, Call(command="head -c 3000000 /dev/zero; head -c 5000 /dev/zero >&2; echo done >&2"))
