@@ -213,6 +213,11 @@ class _ServiceState:
     flusher: asyncio.Task[None] | None = None
     executor: concurrent.futures.ThreadPoolExecutor | None = None
     batches: int = 0
+    stuck: str | None = None  # a hook ran past hook_timeout: its thread still runs it
+
+
+class HookTimeout(RuntimeError):
+    """A service hook ran past the GPU manager's hook_timeout."""
 
 
 def _resolve_hooks(name: str, hooks: Any) -> ServiceHooks:
@@ -247,6 +252,12 @@ class GpuManager(ResourceManager):
     after the first (0: only the requests issued in the same event-loop iteration join).
     `node`: the inventory node (index or name) that is this machine. `mps`: whether MPS
     enforces memory slices; by default whether its control daemon is reachable.
+    `hook_timeout`: seconds any one hook call may take (None: no limit). A hook past it
+    fails what waited for it (a restore's waiting actions, a batch's actions, an eviction:
+    a ManagerError), and the service is out of use from then on: its hooks run one at a
+    time in its own thread, which a Python thread cannot be made to leave, so every later
+    call of the service fails at once, naming the hook that did not return (and the
+    process exits only once it has returned).
 
     A service action (`call.service`) takes its input as its one positional argument and
     returns the output its service's `batch` hook gave for it. GPU actions without a
@@ -258,7 +269,8 @@ class GpuManager(ResourceManager):
 
     def __init__(self, services: Mapping[str, Any] | None = None,
                  devices: Sequence[GpuDevice | float] | str | None = None,
-                 batch_window: float = 0.0, node: int | str = 0, mps: bool | None = None) -> None:
+                 batch_window: float = 0.0, node: int | str = 0, mps: bool | None = None,
+                 hook_timeout: float | None = 600.0) -> None:
         services = dict(services or {})
         self.hooks: dict[str, ServiceHooks] = {str(k): _resolve_hooks(str(k), v) for k, v in services.items()}
         try:
@@ -268,6 +280,14 @@ class GpuManager(ResourceManager):
         if not math.isfinite(batch_window) or batch_window < 0:
             raise ManagerError("batch_window", f"must be a non-negative number of seconds, got {batch_window!r}")
         self.batch_window = batch_window
+        if hook_timeout is not None:
+            try:
+                hook_timeout = float(hook_timeout)
+            except (TypeError, ValueError):
+                hook_timeout = math.nan
+            if not math.isfinite(hook_timeout) or hook_timeout <= 0:
+                raise ManagerError("hook_timeout", f"must be a positive number of seconds or None, got {hook_timeout!r}")
+        self.hook_timeout = hook_timeout
         self._devices_option = devices
         self._node_option = node
         self._mps_option = mps
@@ -369,9 +389,19 @@ class GpuManager(ResourceManager):
         return self.devices[device]
 
     async def _call(self, st: _ServiceState, fn: Callable[..., Any], *args: Any) -> Any:
+        """A hook call in the service's thread, within hook_timeout."""
+        if st.stuck is not None:
+            raise HookTimeout(st.stuck)
         if st.executor is None:
             st.executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"tangram-gpu-{st.name}")
-        return await asyncio.get_running_loop().run_in_executor(st.executor, functools.partial(fn, *args))
+        future = asyncio.get_running_loop().run_in_executor(st.executor, functools.partial(fn, *args))
+        try:
+            return await asyncio.wait_for(future, self.hook_timeout)
+        except asyncio.TimeoutError:
+            st.stuck = (f"its {getattr(fn, '__name__', 'hook')} hook ran past hook_timeout={self.hook_timeout:g} s "
+                        f"and still runs; the service is out of use")
+            log.error("services.%s: %s", st.name, st.stuck)
+            raise HookTimeout(st.stuck) from None
 
     # ---------------------------------------------------------------- residency
     async def restore(self, service: str, node: int, device: int) -> None:
@@ -605,6 +635,7 @@ class GpuManager(ResourceManager):
             "slices": f"memory enforced by MPS (pinned memory limit; daemon at {self.mps_pipe}), compute shared"
                       if self.mps else "scheduling shares only (no MPS daemon)",
             "batch_window": self.batch_window,
+            "hook_timeout": self.hook_timeout,
             "services": {name: {"max_batch": st.max_batch, "resident_on": self.resident(name), "batches": st.batches}
                          for name, st in self._services.items()},
         }

@@ -511,6 +511,34 @@ def test_restore_failure_fails_waiting_actions_then_retries():
     assert [e[0] for e in rec.events] == ["load", "load", "batch", "close"]
 
 
+def test_a_hook_past_hook_timeout_fails_what_waits_and_takes_the_service_out_of_use():
+    rec = Recorder()
+    rec.hold = threading.Event()  # load blocks until released: a hung restore
+    m = manager({"rm": rec}, hook_timeout=0.2)
+
+    async def main() -> None:
+        waiting = asyncio.create_task(m.execute(act(1, 1), place(1, 0)))
+        await ticks()
+        with pytest.raises(ManagerError) as e:
+            await m.restore("rm", 0, 0)
+        assert e.value.field == "services.rm" and "hook_timeout=0.2 s" in e.value.reason
+        with pytest.raises(ActionFailed) as f:
+            await waiting
+        assert "could not be made resident" in f.value.reason and f.value.error_type == "HookTimeout"
+        with pytest.raises(ManagerError) as e:  # out of use: at once, naming what did not return
+            await asyncio.wait_for(m.restore("rm", 0, 0), 0.1)
+        assert "its load hook ran past hook_timeout" in e.value.reason
+        assert m.describe()["hook_timeout"] == 0.2
+        rec.hold.set()  # the hook returns at last; what it returned is dropped
+        await m.close()  # nothing was ever loaded: no close hook to run
+
+    run(main())
+    for bad in (0, -1, "soon", math.nan):
+        with pytest.raises(ManagerError) as e:
+            GpuManager(hook_timeout=bad)  # type: ignore[arg-type]
+        assert e.value.field == "hook_timeout"
+
+
 def test_move_restore_waits_for_eviction_elsewhere():
     # The orchestrator orders restores and evictions per device, not across devices: a
     # restore on device 1 may run before the eviction from device 0 it follows.
