@@ -158,6 +158,7 @@ class Worker:
         """A GPU action: the call in a child forked for it (no RLIMIT_AS: see the module's
         docstring), its reply back through a pipe."""
         read_end, write_end = os.pipe()
+        _flush_output()  # the child must not write what the worker printed a second time
         pid = os.fork()
         if pid == 0:  # the child: its own CUDA state, gone with it
             try:
@@ -167,6 +168,7 @@ class Worker:
                 with os.fdopen(write_end, "wb") as out:
                     out.write(payload)
             finally:
+                _flush_output()  # what the function printed goes to the worker's log
                 os._exit(0)
         os.close(write_end)
         with os.fdopen(read_end, "rb") as reply:
@@ -295,6 +297,14 @@ def _call(fn, args, kwargs, memory_limit: int) -> tuple:  # type: ignore[no-unty
         return ("error", "MemoryError", f"MemoryError: {e}", traceback.format_exc())
     except BaseException as e:
         return ("error", type(e).__name__, f"{type(e).__name__}: {e}", traceback.format_exc())
+
+
+def _flush_output() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
 
 
 def _encode(msg: tuple) -> bytes:

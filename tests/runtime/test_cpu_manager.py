@@ -544,6 +544,25 @@ def test_warm_workers_preload_modules(mechanism: str) -> None:
     with_manager(mechanism, body, warm_sandboxes=1, preload=["tangram.worker", "colorsys", "no_such_module_here"])
 
 
+def print_then(value: str) -> str:
+    print(f"printed {value}")  # not flushed: the worker's log gets it all the same
+    return value
+
+
+# A GPU function action runs in a child forked for it; what it prints reaches the worker's
+# log once, and what the worker printed before is not written again.
+def test_gpu_function_output_reaches_the_log_once(mechanism: str) -> None:
+    async def body(mgr: CpuManager) -> None:
+        assert await run(mgr, Call(fn=print_then, args=("by the worker",), trajectory=4)) == "by the worker"
+        gpu = {"CUDA_VISIBLE_DEVICES": "GPU-fake-0"}
+        assert await run(mgr, Call(fn=print_then, args=("on a GPU",), trajectory=4), env=gpu) == "on a GPU"
+        await run(mgr, Call(fn=lambda: sys.stdout.flush(), trajectory=4))
+        log = await run(mgr, Call(fn=read, args=(mgr.sandbox_dir(4) + ".log",), trajectory=4))
+        assert log.count("printed by the worker") == 1 and log.count("printed on a GPU") == 1
+
+    with_manager(mechanism, body)
+
+
 def print_and_exit() -> None:
     print("last words", flush=True)
     os._exit(5)
