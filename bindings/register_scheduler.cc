@@ -44,7 +44,7 @@ class PyScheduler {
               py::array_t<std::int64_t, py::array::c_style | py::array::forcecast> capacity,
               std::vector<std::vector<std::int64_t>> gpus,
               std::vector<std::tuple<std::string, double, std::int64_t, std::int64_t, std::int64_t>> quotas,
-              std::vector<std::tuple<std::string, std::int64_t, double, std::int32_t, double>> services,
+              std::vector<std::tuple<std::string, std::int64_t, double, std::int32_t, double, std::int64_t, bool>> services,
               const std::string& policy, double aging, std::int32_t candidates, double min_relative_gain,
               double starvation_seconds, std::int64_t trajectory_slot_cpu,
               std::vector<std::pair<std::uint32_t, double>> pools, py::dtype decision_dtype,
@@ -120,6 +120,10 @@ class PyScheduler {
     sched_.tick(time_field(now), out_);
     return decisions();
   }
+  py::array service_restored(std::int32_t service, std::int32_t node, std::int32_t device, double now) {
+    sched_.service_restored(service, node, device, time_field(now), out_);
+    return decisions();
+  }
   py::array set_node_online(std::int32_t node, bool online, double now) {
     sched_.set_node_online(node, online, time_field(now), out_);
     return decisions();
@@ -142,7 +146,7 @@ class PyScheduler {
                                   const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& capacity,
                                   const std::vector<std::vector<std::int64_t>>& gpus,
                                   const std::vector<std::tuple<std::string, double, std::int64_t, std::int64_t, std::int64_t>>& quotas,
-                                  const std::vector<std::tuple<std::string, std::int64_t, double, std::int32_t, double>>& services) {
+                                  const std::vector<std::tuple<std::string, std::int64_t, double, std::int32_t, double, std::int64_t, bool>>& services) {
     Inventory inv;
     inv.kinds = kinds;
     const std::size_t N = names.size(), K = kinds.size();
@@ -157,8 +161,8 @@ class PyScheduler {
       inv.nodes.push_back(std::move(node));
     }
     for (const auto& [name, rate, burst, conc, tpm] : quotas) inv.quotas.push_back(QuotaSpec{name, rate, burst, conc, tpm});
-    for (const auto& [name, mem, restore, batch, offload] : services)
-      inv.services.push_back(ServiceSpec{name, mem, restore, batch, offload});
+    for (const auto& [name, mem, restore, batch, offload, asleep, movable] : services)
+      inv.services.push_back(ServiceSpec{name, mem, restore, batch, offload, asleep, movable});
     return inv;
   }
 
@@ -258,7 +262,7 @@ void register_scheduler(py::module_& m) {
                     py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>,
                     std::vector<std::vector<std::int64_t>>,
                     std::vector<std::tuple<std::string, double, std::int64_t, std::int64_t, std::int64_t>>,
-                    std::vector<std::tuple<std::string, std::int64_t, double, std::int32_t, double>>, const std::string&,
+                    std::vector<std::tuple<std::string, std::int64_t, double, std::int32_t, double, std::int64_t, bool>>, const std::string&,
                     double,
                     std::int32_t, double, double, std::int64_t, std::vector<std::pair<std::uint32_t, double>>, py::dtype,
                     std::optional<std::vector<std::pair<std::string, std::string>>>>(),
@@ -273,6 +277,11 @@ void register_scheduler(py::module_& m) {
       .def("limit", &PyScheduler::limit, py::arg("ids"), py::arg("limits"), py::arg("now"))
       .def("end_trajectories", &PyScheduler::end_trajectories, py::arg("ids"), py::arg("now"))
       .def("tick", &PyScheduler::tick, py::arg("now"))
+      .def("service_restored", &PyScheduler::service_restored, py::arg("service"), py::arg("node"), py::arg("device"),
+           py::arg("now"))
+      .def("set_service_times", [](PyScheduler& s, std::int32_t svc, double restore, double offload) {
+        s.core().set_service_times(svc, restore, offload);
+      }, py::arg("service"), py::arg("restore_seconds"), py::arg("offload_seconds"))
       .def("set_node_online", &PyScheduler::set_node_online, py::arg("node"), py::arg("online"), py::arg("now"))
       .def("add_node", &PyScheduler::add_node, py::arg("name"), py::arg("capacity"), py::arg("gpus"), py::arg("now"))
       .def("node_online", [](PyScheduler& s, std::int32_t node) { return s.core().node_online(node); }, py::arg("node"))

@@ -76,6 +76,13 @@ class Service:
     # same bytes over the same link). A device's restores and offloads run one after
     # another, so a restore into an evicted service's memory is ready after both.
     offload_seconds: float | None = None
+    # MiB it keeps on its device while offloaded (a sleeping inference server keeps its
+    # CUDA context and allocator pool); at most `memory`, and non-zero only if not movable.
+    asleep_memory: float = 0.0
+    # Whether a restore may go to another device than the one it first loaded on. A server
+    # process cannot move its CUDA context (tangram.runtime.inference): False pins it to
+    # its first device, until that device's node goes offline (then it loads afresh).
+    movable: bool = True
 
     def __post_init__(self) -> None:
         check_string(self.name, "service.name")
@@ -84,6 +91,9 @@ class Service:
         check_integer(self.max_batch, "service.max_batch", bits=32)
         if self.offload_seconds is not None:
             check_number(self.offload_seconds, "service.offload_seconds")
+        check_number(self.asleep_memory, "service.asleep_memory")
+        if not isinstance(self.movable, bool):
+            raise ValidationError("service.movable", f"must be True or False, got {self.movable!r}")
 
     @property
     def offload(self) -> float:

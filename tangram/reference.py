@@ -64,6 +64,16 @@ Rules, in words:
 * Offline nodes. An offline node's bins take no placement and its GPUs no restore.
   A pass first evicts (in service order) every service resident on an offline node with
   none of its actions running; until then its actions wait for it.
+* Asleep memory and movability. An eviction frees memory - asleep_memory (the rest stays
+  on the device). A restore of an unmovable service (movable False) pins it to the device
+  it goes to. While pinned, its restores consider only that device when it is usable (as
+  in Restore, below, for the head); a restore there takes memory - asleep_memory. When the
+  pinned device is not usable, it restores as a movable one would, taking its whole
+  memory, and the device it leaves gets its asleep memory back.
+* Runtime reports. service_restored(s, node, device, now): if s is restoring on that
+  device with ready > now, it is ready now, and the device's ops_end becomes now when it
+  was that ready; then a pass. set_service_times(s, restore, offload) replaces its
+  restore_ns and offload_ns (no pass).
 * Restore order (restore "queues_first"). Before the walk, offloaded services with
   waiting actions are restored (Restore, below, for the service's first waiting action
   in order): starving first (that action has waited >= starvation_ns), then most waiting
@@ -354,7 +364,10 @@ class _Service:
     restore_ns: int
     max_batch: int
     offload_ns: int = 0
+    asleep: int = 0  # milli-MiB kept on its device while offloaded (unmovable only)
+    movable: bool = True
     home: int = -1  # its only device under service_devices "home"
+    pinned: int = -1  # an unmovable one: the device its process runs on
     device: int = -1  # global device index while resident or restoring
     ready_ns: int = 0
     last_request_ns: int = -1  # its latest action's submit (-1: never asked for)
@@ -480,7 +493,7 @@ class ReferenceScheduler:
             if any(o.name == spec[0] for o in self.quotas[:-1]):
                 raise ValidationError(f"inventory.quotas[{q}].name", f"duplicate quota {spec[0]!r}")
         self.services = []
-        for s, (name, memory, restore_seconds, max_batch, offload_seconds) in enumerate(services):
+        for s, (name, memory, restore_seconds, max_batch, offload_seconds, asleep, movable) in enumerate(services):
             f = f"inventory.services[{s}]"
             if any(o.name == name for o in self.services):
                 raise ValidationError(f"{f}.name", f"duplicate service {name!r}")
@@ -492,9 +505,15 @@ class ReferenceScheduler:
                 raise ValidationError(f"{f}.offload_seconds", "must be a finite number in [0, 1e9]")
             if max_batch < 1:
                 raise ValidationError(f"{f}.max_batch", "must be at least 1")
+            if not 0 <= asleep <= memory:
+                raise ValidationError(f"{f}.asleep_memory", "must be in [0, memory]")
+            if asleep > 0 and movable:
+                raise ValidationError(f"{f}.asleep_memory", "memory kept while offloaded stays on its device: the "
+                                                           "service must not be movable")
             if not self.dev_node:
                 raise ValidationError(f, "a GPU service needs at least one GPU in the inventory")
-            self.services.append(_Service(name, int(memory), to_ns(restore_seconds), int(max_batch), to_ns(offload_seconds)))
+            self.services.append(_Service(name, int(memory), to_ns(restore_seconds), int(max_batch), to_ns(offload_seconds),
+                                          int(asleep), bool(movable)))
         pf = f"policy({policy})"
         if not math.isfinite(aging) or not 0 <= aging <= 4:
             raise ValidationError(f"{pf}.aging", "must be a finite number in [0, 4]")
@@ -781,6 +800,32 @@ class ReferenceScheduler:
     def tick(self, now: float) -> np.ndarray:
         self._start_event(self._start_check(now))
         return self._pass([])
+
+    def service_restored(self, service: int, node: int, device: int, now: float) -> np.ndarray:
+        t = self._start_check(now)
+        if not 0 <= service < len(self.services):
+            raise UnknownNameError("service", f"no service with index {service}")
+        if not 0 <= node < self.N:
+            raise UnknownNameError("node", f"no node with index {node}")
+        devices = self._devices_of(node)
+        if not 0 <= device < len(devices):
+            raise UnknownNameError("device", f"node {node} has no GPU {device}")
+        self._start_event(t)
+        svc, d = self.services[service], devices[device]
+        if svc.device == d and svc.ready_ns > t:
+            if self.dev_ops_end[d] == svc.ready_ns:
+                self.dev_ops_end[d] = t
+            svc.ready_ns = t
+        return self._pass([])
+
+    def set_service_times(self, service: int, restore_seconds: float, offload_seconds: float) -> None:
+        if not 0 <= service < len(self.services):
+            raise UnknownNameError("service", f"no service with index {service}")
+        for name, value in (("restore_seconds", restore_seconds), ("offload_seconds", offload_seconds)):
+            if not math.isfinite(value) or not 0 <= value <= MAX_SECONDS:
+                raise ValidationError(name, "must be a finite number in [0, 1e9]")
+        self.services[service].restore_ns = to_ns(restore_seconds)
+        self.services[service].offload_ns = to_ns(offload_seconds)
 
     def set_node_online(self, node: int, online: bool, now: float) -> np.ndarray:
         t = self._start_check(now)
@@ -1248,7 +1293,7 @@ class ReferenceScheduler:
         for o in idle:
             if room >= need:
                 break
-            room += self.services[o].memory
+            room += self.services[o].memory - self.services[o].asleep
             victims.append(o)
         likely = 0.0
         for o in victims:
@@ -1261,7 +1306,7 @@ class ReferenceScheduler:
     def _evict(self, s: int, out: list) -> None:
         d = self.services[s].device
         self.services[s].device = -1
-        self.dev_free[d] += self.services[s].memory
+        self.dev_free[d] += self.services[s].memory - self.services[s].asleep
         self.dev_ops_end[d] = max(self.now_ns, self.dev_ops_end[d]) + self.services[s].offload_ns
         out.append(self._decision(EVICT, node=self.dev_node[d], device=self.dev_local[d], service=s, time=self.now_ns))
 
@@ -1269,11 +1314,13 @@ class ReferenceScheduler:
         """Make a's service resident somewhere it may live, evicting greedily if needed."""
         s = a.service
         svc = self.services[s]
-        need = svc.memory
+
+        def need_on(d: int) -> int:  # where it is pinned it keeps its asleep memory
+            return svc.memory - (svc.asleep if d == svc.pinned else 0)
 
         def usable(d: int) -> bool:
             n = self.dev_node[d]
-            return (self.dev_total[d] >= need + a.gpu_memory and self.online[n]
+            return (self.dev_total[d] >= svc.memory + a.gpu_memory and self.online[n]
                     and any(_covers(self.bins[b].capacity, a.demand) for b in self._node_leaves(a.partition, n)))
 
         def busy_node(d: int) -> int:  # 1 when no free bin of the node holds the action's demand now
@@ -1283,14 +1330,16 @@ class ReferenceScheduler:
         def begins(d: int) -> int:  # after the device's earlier restores and offloads
             return max(self.now_ns, self.dev_ops_end[d])
 
-        devices = [d for d in self._service_devices(s) if usable(d)]
-        room_now = [(busy_node(d), begins(d), self.dev_free[d] - need, d) for d in devices if self.dev_free[d] >= need]
+        devices = [svc.pinned] if svc.pinned >= 0 and usable(svc.pinned) else [
+            d for d in self._service_devices(s) if usable(d)]
+        room_now = [(busy_node(d), begins(d), self.dev_free[d] - need_on(d), d) for d in devices
+                    if self.dev_free[d] >= need_on(d)]
         if room_now:
             target = min(room_now)[3]
         else:
             plans = []
             for d in devices:
-                ok, busy, queued, likely, victims = self._plan_room(d, need, s)
+                ok, busy, queued, likely, victims = self._plan_room(d, need_on(d), s)
                 if ok:
                     ready = begins(d) + sum(self.services[v].offload_ns for v in victims)
                     plans.append(((busy_node(d), busy, queued, ready, likely, len(victims), d), victims))
@@ -1299,9 +1348,13 @@ class ReferenceScheduler:
             (*_, target), victims = min(plans)
             for v in victims:
                 self._evict(v, out)
+        self.dev_free[target] -= need_on(target)
+        if svc.pinned >= 0 and svc.pinned != target:  # its old process is given up
+            self.dev_free[svc.pinned] += svc.asleep
+        if not svc.movable:
+            svc.pinned = target
         svc.device, svc.ready_ns = target, begins(target) + svc.restore_ns
         self.dev_ops_end[target] = svc.ready_ns
-        self.dev_free[target] -= need
         out.append(self._decision(RESTORE, node=self.dev_node[target], device=self.dev_local[target], service=s,
                                   time=svc.ready_ns))
         return True

@@ -192,7 +192,7 @@ def core_arguments(inventory: Inventory, policy: Policy) -> dict[str, object]:
         quotas=[(q.name, float(q.rate), int(q.burst), int(q.max_concurrency), int(q.tokens_per_minute))
                 for q in inventory.quotas],
         services=[(s.name, _milli(s.memory, f"inventory.services[{i}].memory"), float(s.restore_seconds), int(s.max_batch),
-                   float(s.offload))
+                   float(s.offload), _milli(s.asleep_memory, f"inventory.services[{i}].asleep_memory"), bool(s.movable))
                   for i, s in enumerate(inventory.services)],
         policy=policy.name,
         aging=float(policy.aging),
@@ -454,6 +454,19 @@ class Scheduler:
     def tick(self, now: float) -> Decisions:
         return self._wrap(self._core.tick(now))
 
+    # ---------------------------------------------------------------- services
+    def service_restored(self, service: int | str, node: int | str, device: int, now: float) -> Decisions:
+        """The runtime finished restoring `service` on (node, device) sooner than the core
+        planned: it is ready now (its waiting actions need not wait out restore_seconds).
+        A report matching no restore in progress changes nothing. Returns the decisions of
+        the pass that follows."""
+        return self._wrap(self._core.service_restored(self._service(service), self._node(node), int(device), now))
+
+    def set_service_times(self, service: int | str, restore_seconds: float, offload_seconds: float) -> None:
+        """New estimates of a service's restore and offload times (seconds, as measured),
+        for the restores and evictions decided from now on."""
+        self._core.set_service_times(self._service(service), float(restore_seconds), float(offload_seconds))
+
     # ---------------------------------------------------------------- node membership
     def set_node_online(self, node: int | str, online: bool, now: float) -> Decisions:
         """Takes a node out of placement (False) or brings it back (True). An offline node
@@ -548,7 +561,9 @@ class Scheduler:
             raise UnknownNameError("kind", f"no resource kind named {kind!r}")
         return self._encoder.kind_index[kind]
 
-    def _service(self, service: str) -> int:
+    def _service(self, service: int | str) -> int:
+        if not isinstance(service, str):
+            return int(service)
         if service not in self._encoder.service_index:
             raise UnknownNameError("service", f"no service named {service!r}")
         return self._encoder.service_index[service]

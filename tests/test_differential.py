@@ -97,6 +97,9 @@ class Harness:
         self.pools = np.array([pool_capacity(policy, self.bins, self.kinds, list(row)) for row in self.capacity.tolist()])
         self.online = [True] * len(self.names)
         self.service_memory = [s[1] for s in args["services"]]
+        self.service_asleep = [s[5] for s in args["services"]]  # milli-MiB kept offloaded (unmovable ones)
+        self.service_movable = [s[6] for s in args["services"]]
+        self.service_home: dict[int, tuple[int, int]] = {}  # an unmovable service's device: its last restore's
         self.now = 0.0
         self.next_id = 1
         self.state: dict[int, str] = {}  # every id ever submitted: waiting/running/terminal
@@ -214,6 +217,20 @@ class Harness:
                 self.slot_node.pop(t, None)
             self.apply(out)
 
+    def service_restored(self, service: int) -> None:
+        """The runtime reports `service` restored where the core placed it (or, when it is
+        offloaded, on node 0's first device: a report that matches nothing)."""
+        node, device = self.service_at.get(service, (0, 0))
+        out = self.both("service_restored", service, node, device, self.now)
+        if out is not None:
+            self.apply(out)
+
+    def set_service_times(self, service: int, restore: float, offload: float) -> None:
+        for sched in (self.core, self.ref):
+            sched.set_service_times(service, restore, offload)
+        self.log.append(("set_service_times", (service, restore, offload), np.zeros(0, DECISION_DTYPE)))
+        self.check()
+
     def set_node_online(self, node: int, online: bool) -> None:
         out = self.both("set_node_online", node, online, self.now)
         if out is not None:
@@ -247,9 +264,12 @@ class Harness:
                 elif self.bins == "trajectory_slots":  # a trajectory's actions share its slot
                     assert self.slot_node.setdefault(self.spec[i]["trajectory"], node) == node
             elif kind == RESTORE:
-                assert int(d["service"]) not in self.service_at
+                s = int(d["service"])
+                assert s not in self.service_at
                 assert self.online[int(d["node"])], "a restore on an offline node"
-                self.service_at[int(d["service"])] = (int(d["node"]), int(d["device"]))
+                self.service_at[s] = (int(d["node"]), int(d["device"]))
+                if not self.service_movable[s]:  # pinned there (a process elsewhere is given up)
+                    self.service_home[s] = self.service_at[s]
                 assert d["time"] >= self.core.now
             elif kind == EVICT:
                 assert self.service_at.pop(int(d["service"])) == (int(d["node"]), int(d["device"]))
@@ -311,6 +331,9 @@ class Harness:
                 if node == n:
                     assert self.online[n], "a service left on an offline node with nothing running"
                     dev_used[dev] += self.service_memory[s]
+            for s, (node, dev) in self.service_home.items():
+                if node == n and s not in self.service_at:
+                    dev_used[dev] += self.service_asleep[s]
             for d, total in enumerate(self.gpus[n]):
                 assert self.core.gpu_free(n, d) == self.ref.gpu_free(n, d) == total - dev_used[d]
 
@@ -338,9 +361,13 @@ def inventories(draw, gpu_heavy: bool, elastic_heavy: bool = False) -> Inventory
     any_gpu = any(n.gpus for n in nodes)
     memories = [500, 1000, 1500, 2500] if gpu_heavy else [0, 1000, 2000, 2500, 3000, 5000]
     count = draw(st.integers(2, 3)) if gpu_heavy else draw(st.integers(0, 3)) if any_gpu else 0
-    services = [Service(f"s{i}", draw(st.sampled_from(memories)), draw(st.sampled_from([0.0, 0.0, 0.5, 2.0])),
-                        draw(st.integers(1, 3)))
-                for i in range(count)]
+    services = []
+    for i in range(count):
+        memory = draw(st.sampled_from(memories))
+        movable = draw(st.sampled_from([True, True, False]))  # unmovable: an inference server process
+        asleep = 0 if movable else draw(st.sampled_from([0, memory // 5, memory // 2]))
+        services.append(Service(f"s{i}", memory, draw(st.sampled_from([0.0, 0.0, 0.5, 2.0])), draw(st.integers(1, 3)),
+                                asleep_memory=asleep, movable=movable))
     quotas = [Quota(f"q{i}", rate=draw(st.sampled_from([0.0, 0.5, 2.0, 10.0])), burst=draw(st.integers(1, 3)),
                     max_concurrency=draw(st.integers(0, 3)), tokens_per_minute=draw(st.sampled_from([0, 60, 1000])))
               for i in range(draw(st.integers(0, 0 if elastic_heavy else 2)))]
@@ -436,7 +463,7 @@ def events(draw, h: Harness, inv: Inventory) -> None:
         else:
             h.now += step
         event = draw(st.sampled_from(["submit"] * 4 + ["complete"] * 3 + ["end"] * 2 + [
-            "complete_all", "cancel", "tick", "online", "add_node", "invalid", "limit"]))
+            "complete_all", "cancel", "tick", "online", "add_node", "invalid", "limit", "restored", "times"]))
         if event == "submit":
             h.submit(draw_actions(draw, h, inv))
         elif event == "complete" and h.live("running"):
@@ -464,6 +491,11 @@ def events(draw, h: Harness, inv: Inventory) -> None:
             invalid_event(draw, h, inv)
         elif event == "limit" and (drawn := h.draw_limit(lambda xs: draw(st.sampled_from(xs)))) is not None:
             h.limit([drawn[0]], [drawn[1]])
+        elif event == "restored" and h.service_memory:
+            h.service_restored(draw(st.integers(0, len(h.service_memory) - 1)))
+        elif event == "times" and h.service_memory:
+            h.set_service_times(draw(st.integers(0, len(h.service_memory) - 1)),
+                                draw(st.sampled_from([0.0, 0.1, 1.0, 3.0])), draw(st.sampled_from([0.0, 0.2, 2.0])))
         else:
             h.tick()
     h.drain()

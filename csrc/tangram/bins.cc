@@ -81,6 +81,11 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
     if (!std::isfinite(spec.offload_seconds) || spec.offload_seconds < 0 || spec.offload_seconds > kMaxSeconds)
       throw Error(ErrorCode::kInvalidArgument, f + ".offload_seconds", "must be a finite number in [0, 1e9]");
     if (spec.max_batch < 1) throw Error(ErrorCode::kInvalidArgument, f + ".max_batch", "must be at least 1");
+    if (spec.asleep_memory < 0 || spec.asleep_memory > spec.memory)
+      throw Error(ErrorCode::kInvalidArgument, f + ".asleep_memory", "must be in [0, memory]");
+    if (spec.asleep_memory > 0 && spec.movable)
+      throw Error(ErrorCode::kInvalidArgument, f + ".asleep_memory",
+                  "memory kept while offloaded stays on its device: the service must not be movable");
     if (!has_gpus) throw Error(ErrorCode::kInvalidArgument, f, "a GPU service needs at least one GPU in the inventory");
     ServiceRec rec;
     rec.restore_ns = to_ns(spec.restore_seconds);

@@ -179,6 +179,9 @@ void Scheduler::Impl::check() const {
     if (services[s].running != svc_running[s]) fail("service running count");
     if (services[s].device != kNone) dev_used[services[s].device] += inv.services[s].memory;
     else if (services[s].running) fail("offloaded service with running actions");
+    else if (services[s].pinned_device != kNone) dev_used[services[s].pinned_device] += inv.services[s].asleep_memory;
+    if (services[s].device != kNone && services[s].pinned_device != kNone && services[s].device != services[s].pinned_device)
+      fail("unmovable service resident away from its process's device");
   }
   for (std::size_t d = 0; d < dev_node.size(); ++d) {
     if (dev_free[d] < 0) fail("GPU memory exceeded on device " + std::to_string(d));

@@ -39,6 +39,15 @@ struct ServiceSpec {
   double restore_seconds = 0;  // its restore's own time, host -> device
   std::int32_t max_batch = 1;  // actions it runs at once while resident
   double offload_seconds = 0;  // its offload's time when evicted, device -> host
+  // Device memory it keeps while offloaded, milli-MiB (an inference server asleep keeps
+  // its CUDA context and allocator pool); at most `memory`. Non-zero only when not movable.
+  Quantity asleep_memory = 0;
+  // Whether a restore may go to another device than its last one. A server process cannot
+  // move its CUDA context: false pins it to the device it was restored on (its
+  // asleep_memory stays there) while the action it is restored for could run there; else
+  // (an offline node, a demand that device's node can never hold) the process is given
+  // up and the restore is a fresh load on another device.
+  bool movable = true;
 };
 // A device's restores and offloads run one after another, in decision order (the runtime
 // carries them out so: an offload must free the memory a restore goes into): a restore is

@@ -153,6 +153,40 @@ void Scheduler::tick(TimeNs now, std::vector<Decision>& out) {
   impl_->pass(out);
 }
 
+void Scheduler::service_restored(std::int32_t service, std::int32_t node, std::int32_t device, TimeNs now,
+                                 std::vector<Decision>& out) {
+  out.clear();
+  Impl& m = *impl_;
+  m.validate_now(now);
+  if (service < 0 || service >= static_cast<std::int32_t>(m.services.size()))
+    throw Error(ErrorCode::kUnknownName, "service", "no service with index " + std::to_string(service));
+  if (node < 0 || node >= static_cast<std::int32_t>(m.inv.nodes.size()))
+    throw Error(ErrorCode::kUnknownName, "node", "no node with index " + std::to_string(node));
+  const std::int32_t d = m.node_first_dev[node] + device;
+  if (device < 0 || d >= m.node_first_dev[node + 1])
+    throw Error(ErrorCode::kUnknownName, "device", "node " + std::to_string(node) + " has no GPU " + std::to_string(device));
+  m.messages.clear();
+  m.now = now;
+  ServiceRec& svc = m.services[service];
+  if (svc.device == d && svc.ready_ns > now) {
+    if (m.dev_ops_end[d] == svc.ready_ns) m.dev_ops_end[d] = now;
+    svc.ready_ns = now;
+  }
+  m.pass(out);
+}
+
+void Scheduler::set_service_times(std::int32_t service, double restore_seconds, double offload_seconds) {
+  Impl& m = *impl_;
+  if (service < 0 || service >= static_cast<std::int32_t>(m.services.size()))
+    throw Error(ErrorCode::kUnknownName, "service", "no service with index " + std::to_string(service));
+  if (!std::isfinite(restore_seconds) || restore_seconds < 0 || restore_seconds > kMaxSeconds)
+    throw Error(ErrorCode::kInvalidArgument, "restore_seconds", "must be a finite number in [0, 1e9]");
+  if (!std::isfinite(offload_seconds) || offload_seconds < 0 || offload_seconds > kMaxSeconds)
+    throw Error(ErrorCode::kInvalidArgument, "offload_seconds", "must be a finite number in [0, 1e9]");
+  m.services[service].restore_ns = to_ns(restore_seconds);
+  m.services[service].offload_ns = to_ns(offload_seconds);
+}
+
 void Scheduler::set_node_online(std::int32_t node, bool online, TimeNs now, std::vector<Decision>& out) {
   out.clear();
   Impl& m = *impl_;

@@ -47,6 +47,18 @@ class Scheduler {
                         std::vector<Decision>& out);
   // Time passed: restores finish, quotas refill.
   void tick(TimeNs now, std::vector<Decision>& out);
+  // The runtime finished restoring `service` on (node, device) sooner than planned: it is
+  // ready now, and the device's operations end now when that restore was the last one, so
+  // its waiting actions start without waiting out the estimate. A report that matches no
+  // restore in progress (the service is elsewhere, offloaded, or already ready) changes
+  // nothing; the runtime still holds each action until the restore it waits for is done.
+  // Runs a pass.
+  void service_restored(std::int32_t service, std::int32_t node, std::int32_t device, TimeNs now,
+                        std::vector<Decision>& out);
+  // New estimates of `service`'s restore and offload times, in seconds (what the runtime
+  // measured), for the restores and evictions decided from now on. Throws Error for an
+  // unknown service or a time outside [0, 1e9].
+  void set_service_times(std::int32_t service, double restore_seconds, double offload_seconds);
   // Running elastic actions say how many units of their elastic kind they can use from now
   // on (a worker pool with fewer tasks left than its grant, or more again when it gets
   // more): each one's maximum becomes limits[i] milli-units, within [its minimum, the

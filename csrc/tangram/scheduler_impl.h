@@ -221,6 +221,7 @@ struct ServiceRec {
   std::int64_t waiting = 0;
   TimeNs queued_ns = 0;  // estimated work of waiting actions
   std::int32_t home_device = kNone;  // ServiceDevices::kHome
+  std::int32_t pinned_device = kNone;  // an unmovable one: where its process runs (keeping asleep_memory)
   TimeNs restore_ns = 0;
   TimeNs offload_ns = 0;
   TimeNs last_request_ns = -1;  // its latest action's submit (-1: never asked for)
@@ -533,6 +534,7 @@ struct Scheduler::Impl {
                      std::int32_t device, std::vector<Decision>& out);
   void evict(std::int32_t svc_id, std::vector<Decision>& out);
   void evict_offline_services(std::vector<Decision>& out);
+  Quantity evict_frees(std::int32_t svc_id) const;
 
   // ---- spare.cc: spare elastic units
   // A candidate for spare units: an action started in this pass (its kStart's index in

@@ -27,6 +27,11 @@ void Scheduler::Impl::evict_offline_services(std::vector<Decision>& out) {
   }
 }
 
+// Device memory an eviction of service s frees (what it keeps asleep stays).
+Quantity Scheduler::Impl::evict_frees(std::int32_t s) const {
+  return inv.services[s].memory - inv.services[s].asleep_memory;
+}
+
 // Greedy eviction plan for `need` milli-MiB on device d: never a service with running
 // actions, still restoring or ready only since the last pass (nor `keep`); idle ones
 // (nothing waiting) first, those by the restore time their eviction will likely cost
@@ -77,7 +82,7 @@ Scheduler::Impl::RoomPlan Scheduler::Impl::plan_room(std::int32_t d, Quantity ne
   });
   for (std::size_t i = 0; i < cands.size() && room < need; ++i) {
     const ServiceRec& o = services[cands[i]];
-    room += inv.services[cands[i]].memory;
+    room += evict_frees(cands[i]);
     plan.busy += o.waiting > 0 ? 1 : 0;
     plan.queued += o.queued_ns;
     const TimeNs gap = expected_gap(o);
@@ -91,7 +96,7 @@ Scheduler::Impl::RoomPlan Scheduler::Impl::plan_room(std::int32_t d, Quantity ne
 void Scheduler::Impl::evict(std::int32_t v, std::vector<Decision>& out) {
   const std::int32_t d = services[v].device;
   services[v].device = kNone;
-  dev_free[d] += inv.services[v].memory;
+  dev_free[d] += evict_frees(v);
   dev_ops_end[d] = std::max(now, dev_ops_end[d]) + services[v].offload_ns;
   Decision e;
   e.kind = DecisionKind::kEvict;
@@ -106,7 +111,11 @@ void Scheduler::Impl::evict(std::int32_t v, std::vector<Decision>& out) {
 // Emits the evict and restore decisions; false when no device can make room now.
 bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vector<Decision>& out) {
   ServiceRec& svc = services[svc_id];
-  const Quantity need = inv.services[svc_id].memory;
+  const ServiceSpec& spec = inv.services[svc_id];
+  // Its whole memory must fit the device; restored where it is pinned (an unmovable one
+  // asleep there) it takes only what it does not keep asleep.
+  const Quantity full = spec.memory;
+  auto need_on = [&](std::int32_t d) { return full - (d == svc.pinned_device ? spec.asleep_memory : 0); };
   const Partition& part = partitions[head.partition];
   std::int32_t dlo = svc.home_device != kNone ? svc.home_device : 0;
   std::int32_t dhi = svc.home_device != kNone ? svc.home_device + 1 : static_cast<std::int32_t>(dev_node.size());
@@ -115,7 +124,7 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
   std::vector<Quantity> demand(head.demand, head.demand + K);
   if (has_gpus) demand.push_back(0);
   auto usable = [&](std::int32_t d) {
-    if (dev_total[d] < need + head.gpu_memory) return false;
+    if (dev_total[d] < full + head.gpu_memory) return false;
     std::int32_t n = dev_node[d];
     if (!node_online[n]) return false;
     if (part.node_lo[n] < 0) return false;
@@ -132,13 +141,17 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
   };
   // When a restore on d could begin: after d's earlier restores and offloads.
   auto begins = [&](std::int32_t d) { return std::max(now, dev_ops_end[d]); };
+  // An unmovable service restores where it is pinned while its head could ever run there;
+  // else (an offline node, a head whose demand that node or device can never hold) its
+  // process there is given up, and it loads afresh on a device of its own range.
+  if (svc.pinned_device != kNone && usable(svc.pinned_device)) dlo = svc.pinned_device, dhi = dlo + 1;
   // 1. A device with room already: the soonest free, then best fit. 2. Else the cheapest
   // eviction plan.
   std::int32_t target = kNone;
   std::tuple<std::int64_t, TimeNs, Quantity> best_fit{2, 0, 0};
   for (std::int32_t d = dlo; d < dhi; ++d)
-    if (dev_free[d] >= need && usable(d)) {
-      std::tuple<std::int64_t, TimeNs, Quantity> fit{busy_node(d), begins(d), dev_free[d] - need};
+    if (dev_free[d] >= need_on(d) && usable(d)) {
+      std::tuple<std::int64_t, TimeNs, Quantity> fit{busy_node(d), begins(d), dev_free[d] - need_on(d)};
       if (fit < best_fit) {
         best_fit = fit;
         target = d;
@@ -150,7 +163,7 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
         INT64_MAX, 0, 0, 0, 0, 0, 0};
     for (std::int32_t d = dlo; d < dhi; ++d) {
       if (!usable(d)) continue;
-      RoomPlan plan = plan_room(d, need, svc_id);
+      RoomPlan plan = plan_room(d, need_on(d), svc_id);
       if (!plan.ok) continue;
       TimeNs ready = begins(d);  // after the victims' offloads
       for (std::int32_t v : plan.victims) ready += services[v].offload_ns;
@@ -164,10 +177,15 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
     if (target == kNone) return false;
     for (std::int32_t v : chosen.victims) evict(v, out);
   }
+  dev_free[target] -= need_on(target);
+  if (svc.pinned_device != kNone && svc.pinned_device != target) {  // its old process is given up
+    dev_free[svc.pinned_device] += spec.asleep_memory;
+    refresh_node_devices(dev_node[svc.pinned_device]);
+  }
+  if (!spec.movable) svc.pinned_device = target;
   svc.device = target;
   svc.ready_ns = begins(target) + svc.restore_ns;
   dev_ops_end[target] = svc.ready_ns;
-  dev_free[target] -= need;
   refresh_node_devices(dev_node[target]);
   if (!chosen.victims.empty()) release_on_node(dev_node[target], kNone);
   Decision d;

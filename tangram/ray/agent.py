@@ -283,11 +283,11 @@ class NodeAgent:
         if self.gpu is not None:
             await asyncio.gather(*(self.gpu.end_trajectory(t) for t in ids))
 
-    async def restore(self, service: str, device: int) -> None:
-        await self.gpu.restore(service, 0, device)
+    async def restore(self, service: str, device: int) -> float | None:
+        return await self.gpu.restore(service, 0, device)
 
-    async def evict(self, service: str, device: int) -> None:
-        await self.gpu.evict(service, 0, device)
+    async def evict(self, service: str, device: int) -> float | None:
+        return await self.gpu.evict(service, 0, device)
 
     # ------------------------------------------------------------------ state
     def describe(self) -> dict[str, Any]:

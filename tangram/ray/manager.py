@@ -347,17 +347,17 @@ class RayManager(ResourceManager):
             st.resizes.append((action.id, placement.grant, placement.cores))
             self._kick()
 
-    async def restore(self, service: str, node: int, device: int) -> None:
+    async def restore(self, service: str, node: int, device: int) -> float | None:
         st = self._by_index.get(node)
         if st is None or st.lost:
-            return  # the core evicts services of offline nodes; nothing to do there
-        await st.agent.restore.remote(service, device)
+            return None  # the core evicts services of offline nodes; nothing to do there
+        return await st.agent.restore.remote(service, device)
 
-    async def evict(self, service: str, node: int, device: int) -> None:
+    async def evict(self, service: str, node: int, device: int) -> float | None:
         st = self._by_index.get(node)
         if st is None or st.lost:
-            return
-        await st.agent.evict.remote(service, device)
+            return None
+        return await st.agent.evict.remote(service, device)
 
     async def end_trajectory(self, trajectory: int) -> None:
         self._sticky.pop(trajectory, None)

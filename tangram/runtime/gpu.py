@@ -36,6 +36,7 @@ import math
 import os
 import socket
 import stat
+import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping, Sequence
@@ -404,11 +405,12 @@ class GpuManager(ResourceManager):
             raise HookTimeout(st.stuck) from None
 
     # ---------------------------------------------------------------- residency
-    async def restore(self, service: str, node: int, device: int) -> None:
+    async def restore(self, service: str, node: int, device: int) -> float | None:
         """Make `service` resident on `device`: its `load` hook the first time, else its
         `restore` hook. Actions placed there wait until the hook returns. A restore while
         the service is still resident elsewhere waits for that residency to be evicted
-        (the orchestrator orders operations per device, not across devices)."""
+        (the orchestrator orders operations per device, not across devices). Returns the
+        seconds the restore hook took (None for a load, or when already resident)."""
         st = self._state(service)
         dev = self._check_device(node, device, f"restore of {service!r}")
         loop = asyncio.get_running_loop()
@@ -422,7 +424,7 @@ class GpuManager(ResourceManager):
             if not r.ready.done():
                 await asyncio.shield(r.ready)
             if r.ready.result() is None:
-                return
+                return None
             st.residency = None  # it failed: try again
         ready = st.awaiting.pop(device, None) or loop.create_future()
         if ready.done():
@@ -434,10 +436,12 @@ class GpuManager(ResourceManager):
             async with st.lock:
                 if offloads:  # another service's memory on this device is still being freed
                     await asyncio.gather(*(asyncio.shield(f) for f in offloads))
+                began = time.perf_counter()
                 if first:
                     st.handle = await self._call(st, st.hooks.load, dev)
                 else:
                     await self._call(st, st.hooks.restore, st.handle, dev)
+                seconds = time.perf_counter() - began
         except asyncio.CancelledError:
             if not ready.done():
                 ready.set_result(RuntimeError("the restore was cancelled"))
@@ -448,10 +452,12 @@ class GpuManager(ResourceManager):
             raise ManagerError(f"services.{service}", f"{'load' if first else 'restore'} hook failed on device "
                                                       f"{device} ({dev.uuid}): {type(e).__name__}: {e}") from e
         ready.set_result(None)
+        return None if first else seconds
 
-    async def evict(self, service: str, node: int, device: int) -> None:
+    async def evict(self, service: str, node: int, device: int) -> float | None:
         """Offload `service` from `device` (its `offload` hook). The core never evicts a
-        service with running actions there: that is a ManagerError."""
+        service with running actions there: that is a ManagerError. Returns the seconds
+        the offload hook took (None when its restore had failed: nothing was resident)."""
         st = self._state(service)
         self._check_device(node, device, f"eviction of {service!r}")
         if st.active[device]:
@@ -471,12 +477,14 @@ class GpuManager(ResourceManager):
                 if not r.ready.done():  # defensive: the restore always settles before releasing the lock
                     await asyncio.shield(r.ready)
                 if r.ready.result() is not None:
-                    return  # its restore failed: nothing is resident
+                    return None  # its restore failed: nothing is resident
+                began = time.perf_counter()
                 try:
                     await self._call(st, st.hooks.offload, st.handle)
                 except Exception as e:
                     raise ManagerError(f"services.{service}", f"offload hook failed on device {device}: "
                                                               f"{type(e).__name__}: {e}") from e
+                return time.perf_counter() - began
         finally:
             if not done.done():
                 done.set_result(None)

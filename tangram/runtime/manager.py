@@ -93,12 +93,16 @@ class ResourceManager(abc.ABC):
         come for an action whose `execute` has just returned: ignore it then. Default:
         nothing changes for the process (the core's accounting still moves)."""
 
-    async def restore(self, service: str, node: int, device: int) -> None:
-        """Make a GPU service resident on (node, device). Only managers of services get it."""
+    async def restore(self, service: str, node: int, device: int) -> float | None:
+        """Make a GPU service resident on (node, device). Only managers of services get it.
+        Returns the seconds its restore took, measured (the orchestrator learns the
+        service's restore time from them), or None when nothing was measured (a first load,
+        which is no restore, or a service already resident)."""
         raise ManagerError(f"managers.{self.name}", "this manager has no services to restore")
 
-    async def evict(self, service: str, node: int, device: int) -> None:
-        """Offload a resident GPU service from (node, device); none of its actions run."""
+    async def evict(self, service: str, node: int, device: int) -> float | None:
+        """Offload a resident GPU service from (node, device); none of its actions run.
+        Returns the seconds its offload took, measured, or None."""
         raise ManagerError(f"managers.{self.name}", "this manager has no services to evict")
 
     async def end_trajectory(self, trajectory: int) -> None:
@@ -144,11 +148,13 @@ class MockManager(ResourceManager):
         finally:
             self.running -= 1
 
-    async def restore(self, service: str, node: int, device: int) -> None:
+    async def restore(self, service: str, node: int, device: int) -> float | None:
         self.events.append(("restore", service, node, device))
+        return None
 
-    async def evict(self, service: str, node: int, device: int) -> None:
+    async def evict(self, service: str, node: int, device: int) -> float | None:
         self.events.append(("evict", service, node, device))
+        return None
 
     async def end_trajectory(self, trajectory: int) -> None:
         self.events.append(("end_trajectory", trajectory))

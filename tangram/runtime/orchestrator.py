@@ -184,6 +184,8 @@ class Orchestrator:
         self._node_names = [n.name for n in self.inventory.nodes]
         self._kind_index = self.scheduler.encoder.kind_index
         self._service_names = [s.name for s in self.inventory.services]
+        for service in range(len(self._service_names)):  # times learned in earlier runs
+            self._apply_service_times(service)
         self._cpu = self._kind_index.get("cpu", -1)
         self._memory = self._kind_index.get("memory", -1)
         for m in self.managers.values():
@@ -558,9 +560,9 @@ class Orchestrator:
                 if lv is not None:  # else it ended and its completion is still on the way to the core
                     self._resize(lv, grant, elastic_kind)
             elif kind == RESTORE:
-                self._device_op("restore", self._service_names[service], node, device)
+                self._device_op("restore", service, node, device)
             elif kind == EVICT:
-                self._device_op("evict", self._service_names[service], node, device)
+                self._device_op("evict", service, node, device)
 
     def _start(self, lv: _Live, node: int, device: int, grant: float, elastic_kind: int) -> None:
         call = lv.call
@@ -760,8 +762,10 @@ class Orchestrator:
             counts = self._counts[kind] = [0, 0]
         counts[column] += delta
 
-    def _device_op(self, op: str, service: str, node: int, device: int) -> None:
-        """Restores and evictions on one device run in the order the core decided them."""
+    def _device_op(self, op: str, service: int, node: int, device: int) -> None:
+        """Restores and evictions on one device run in the order the core decided them. A
+        restore done is reported to the core (ready now, if it planned later), and the
+        seconds the manager measured teach the service's restore and offload times."""
         manager = self.managers.get("gpu")
         if manager is None:
             # Service calls routed to another manager (Call.manager): residency is then the
@@ -772,7 +776,12 @@ class Orchestrator:
         async def run() -> None:
             if previous is not None:
                 await asyncio.gather(previous, return_exceptions=True)
-            await getattr(manager, op)(service, node, device)
+            seconds = await getattr(manager, op)(self._service_names[service], node, device)
+            if isinstance(seconds, (int, float)):
+                self._learn_service_time(service, "restore" if op == "restore" else "offload", float(seconds))
+            if op == "restore" and self._state == "running":
+                self._handle(self._core.service_restored(service, node, device, max(self._now(), self._core.now)))
+                self._flush()
 
         task = self._loop.create_task(run())  # type: ignore[union-attr]
         self._device_ops[(node, device)] = task
@@ -782,6 +791,27 @@ class Orchestrator:
             key = (node, device)
             self._offloads[key] = task
             task.add_done_callback(lambda t: self._offloads.pop(key) if self._offloads.get(key) is t else None)
+
+    # ---------------------------------------------------------------- service times
+    def _service_time_key(self, service: int, what: str) -> str:
+        return f"service:{self._service_names[service]}:{what}"
+
+    def _service_time(self, service: int, what: str) -> float:
+        """A service's restore or offload seconds: learned from the ones measured (here or
+        in earlier runs sharing the estimates database), else as the inventory declares."""
+        estimate = self.estimates.plan(self._service_time_key(service, what), f"service-{what}", False, 0.0)
+        if estimate.source == "learned":
+            return float(estimate.model)
+        declared = self.inventory.services[service]
+        return float(declared.restore_seconds if what == "restore" else declared.offload)
+
+    def _learn_service_time(self, service: int, what: str, seconds: float) -> None:
+        self.estimates.learn(self._service_time_key(service, what), f"service-{what}", False, seconds, None)
+        self._apply_service_times(service)
+
+    def _apply_service_times(self, service: int) -> None:
+        restore, offload = self._service_time(service, "restore"), self._service_time(service, "offload")
+        self._core.set_service_times(service, restore, offload)
 
     def _arm_timer(self) -> None:
         wakeup = self._core.next_wakeup

@@ -474,5 +474,110 @@ TEST(Services, RestoreIntoEvictedMemoryWaitsForTheOffload) {
   EXPECT_EQ(h.tick(4.5), (Decisions{start(3).on(0, 1).service(2).at(4.5)}));
 }
 
+// An unmovable service (an inference server process) keeps asleep_memory on its device
+// while offloaded: the eviction frees only the rest, and its next restore goes back to the
+// same device, taking only the rest again, even when another device is empty.
+TEST(Services, UnmovableServiceKeepsItsAsleepMemoryAndItsDevice) {
+  Inventory inv = cpu_inventory(1, 4);
+  inv.nodes[0].gpus = {{U(4000)}, {U(4000)}};
+  tangram::ServiceSpec server{"server", U(3000), 1.0, 1, 1.0};
+  server.asleep_memory = U(500);
+  server.movable = false;
+  inv.services = {server, {"other", U(3000), 1.0, 1, 1.0}};
+  Harness h(inv, policy_of(PolicyKind::kFifo));
+  ActionSpec a = action(1, {U(1)}, 1);
+  a.service = 0;
+  EXPECT_EQ(h.submit({a}, 0), (Decisions{restore(0).on(0, 0).at(1)}));
+  h.tick(1);
+  h.complete({1}, 2);
+  // A plain action needing 3,500 MiB on the device: the server is evicted, but only
+  // 2,500 MiB come back, so the action goes to device 1.
+  ActionSpec big = action(2, {U(1)}, 1);
+  big.gpu_memory = U(3500);
+  EXPECT_EQ(h.submit({big}, 3), (Decisions{start(2).on(0, 1).at(3)}));
+  ActionSpec plain = action(3, {U(1)}, 1);
+  plain.gpu_memory = U(3000);
+  EXPECT_EQ(h.submit({plain}, 4), (Decisions{evict(0).on(0, 0).at(4), start(3).on(0, 0).at(4)}));
+  EXPECT_EQ(h.s.gpu_free(0, 0), U(500));  // 4,000 - 3,000 for the action - 500 kept asleep
+  h.complete({2, 3}, 5);
+  EXPECT_EQ(h.s.gpu_free(0, 1), U(4000));
+  // Back on device 0 (where its process is), though device 1 is empty: it takes 2,500 MiB.
+  ActionSpec again = action(4, {U(1)}, 1);
+  again.service = 0;
+  EXPECT_EQ(h.submit({again}, 6), (Decisions{restore(0).on(0, 0).at(7)}));
+  EXPECT_EQ(h.s.gpu_free(0, 0), U(1000));
+}
+
+// When the node of an unmovable service's process goes offline, its process is given up:
+// its next restore is a fresh load on another device, which takes its whole memory.
+TEST(Services, UnmovableServiceMovesWhenItsNodeGoesOffline) {
+  Inventory inv = cpu_inventory(2, 4);
+  inv.nodes[0].gpus = {{U(4000)}};
+  inv.nodes[1].gpus = {{U(4000)}};
+  tangram::ServiceSpec server{"server", U(3000), 1.0, 1, 1.0};
+  server.asleep_memory = U(500);
+  server.movable = false;
+  inv.services = {server};
+  Harness h(inv, policy_of(PolicyKind::kFifo));
+  ActionSpec a = action(1, {U(1)}, 1);
+  a.service = 0;
+  EXPECT_EQ(h.submit({a}, 0), (Decisions{restore(0).on(0, 0).at(1)}));
+  h.tick(1);
+  h.complete({1}, 2);
+  EXPECT_EQ(h.online(0, false, 3), (Decisions{evict(0).on(0, 0).at(3)}));
+  EXPECT_EQ(h.s.gpu_free(0, 0), U(3500));  // 500 MiB kept asleep
+  ActionSpec b = action(2, {U(1)}, 1);
+  b.service = 0;
+  EXPECT_EQ(h.submit({b}, 4), (Decisions{restore(0).on(1, 0).at(5)}));
+  EXPECT_EQ(h.s.gpu_free(0, 0), U(4000));  // the old process's memory is given back
+  EXPECT_EQ(h.s.gpu_free(1, 0), U(1000));
+}
+
+// A restore the runtime reports done sooner than planned is ready at once; measured times
+// replace the declared ones for later restores.
+TEST(Services, ReportedRestoreIsReadyAtOnceAndMeasuredTimesApply) {
+  Inventory inv = cpu_inventory(1, 4);
+  inv.nodes[0].gpus = {{U(4000)}};
+  inv.services = {{"reward", U(3000), 4.0, 1, 4.0}};
+  Harness h(inv, policy_of(PolicyKind::kTangram));
+  ActionSpec a = action(1, {U(1)}, 1);
+  a.service = 0;
+  EXPECT_EQ(h.submit({a}, 0), (Decisions{restore(0).on(0, 0).at(4)}));
+  h.s.service_restored(0, 0, 0, S(0.5), h.out);
+  h.s.check_invariants();
+  EXPECT_EQ(h.out, (Decisions{start(1).on(0, 0).service(0).at(0.5)}));
+  h.s.service_restored(0, 0, 0, S(0.6), h.out);  // nothing restoring: changes nothing
+  EXPECT_EQ(h.out, Decisions{});
+  h.s.set_service_times(0, 0.25, 0.125);
+  EXPECT_THROW(h.s.set_service_times(0, -1.0, 0.0), Error);
+  EXPECT_THROW(h.s.set_service_times(1, 1.0, 0.0), Error);
+  h.complete({1}, 1);
+  ActionSpec plain = action(2, {U(1)}, 1);
+  plain.gpu_memory = U(2000);
+  EXPECT_EQ(h.submit({plain}, 2), (Decisions{evict(0).on(0, 0).at(2), start(2).on(0, 0).at(2)}));
+  h.complete({2}, 3);
+  ActionSpec b = action(3, {U(1)}, 1);
+  b.service = 0;
+  EXPECT_EQ(h.submit({b}, 3), (Decisions{restore(0).on(0, 0).at(3.25)}));
+}
+
+// Memory kept asleep must fit the service and belongs to an unmovable one.
+TEST(Services, AsleepMemoryValidated) {
+  Inventory inv = cpu_inventory(1, 4);
+  inv.nodes[0].gpus = {{U(4000)}};
+  tangram::ServiceSpec s{"s", U(1000), 1.0, 1, 1.0};
+  s.asleep_memory = U(100);
+  inv.services = {s};
+  try {
+    Scheduler bad(inv, policy_of(PolicyKind::kTangram));
+    FAIL() << "a movable service with asleep memory was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.field(), "inventory.services[0].asleep_memory");
+  }
+  inv.services[0].movable = false;
+  inv.services[0].asleep_memory = U(1001);
+  EXPECT_THROW(Scheduler(inv, policy_of(PolicyKind::kTangram)), Error);
+}
+
 }  // namespace
 }  // namespace tangram_test

@@ -165,6 +165,10 @@ class Harness {
       svc.restore_seconds = in_.ConsumeIntegralInRange<int>(0, 20) / 2.0;
       svc.max_batch = in_.ConsumeIntegralInRange<std::int32_t>(1, 4);
       svc.offload_seconds = in_.ConsumeIntegralInRange<int>(0, 20) / 4.0;
+      if (in_.ConsumeIntegralInRange<int>(0, 2) == 0) {  // an inference server: pinned, keeps memory asleep
+        svc.movable = false;
+        svc.asleep_memory = svc.memory / in_.ConsumeIntegralInRange<Quantity>(1, 8) * in_.ConsumeIntegralInRange<int>(0, 1);
+      }
       inv.services.push_back(std::move(svc));
     }
     if (in_.ConsumeBool()) {
@@ -278,6 +282,7 @@ class Harness {
       case 10: end_trajectories(); break;
       case 11: tick(); break;
       case 12: limit(); break;
+      case 13: service_report(); break;
       default: query(); break;
     }
   }
@@ -536,6 +541,29 @@ class Harness {
     const TimeNs now = next_time();
     try {
       sched_->tick(now, out_);
+    } catch (const tangram::Error&) {
+      refused();
+      return;
+    }
+    apply(now);
+  }
+
+  // The runtime's reports: a restore done (sooner than planned, or matching nothing), or
+  // measured restore and offload times (sometimes invalid: refused).
+  void service_report() {
+    if (services_ == 0) return;
+    const std::int32_t svc = in_.ConsumeIntegralInRange<std::int32_t>(0, services_);  // services_: unknown
+    if (in_.ConsumeBool()) {
+      try {
+        sched_->set_service_times(svc, in_.ConsumeIntegralInRange<int>(-1, 20) / 2.0, in_.ConsumeIntegralInRange<int>(0, 20) / 4.0);
+      } catch (const tangram::Error&) {
+        refused();
+      }
+      return;
+    }
+    const TimeNs now = next_time();
+    try {
+      sched_->service_restored(svc, in_.ConsumeIntegralInRange<std::int32_t>(0, nodes_), in_.ConsumeIntegralInRange<std::int32_t>(0, 1), now, out_);
     } catch (const tangram::Error&) {
       refused();
       return;

@@ -203,6 +203,56 @@ def test_gpu_action_placed_into_evicted_memory_starts_after_the_offload() -> Non
     asyncio.run(main())
 
 
+def test_a_restore_done_early_is_ready_at_once_and_its_measured_time_is_learned(tmp_path) -> None:
+    """The core plans a restore as restore_seconds long; the service's actions start when
+    the restore hook has returned, not when that estimate runs out (a 30 s guess for a
+    0.05 s restore here). The measured restore and offload times replace the declared ones,
+    and persist in the estimates database for the next run."""
+    class TimedHooks(ServiceHooks):
+        def load(self, device):  # type: ignore[no-untyped-def]
+            return "weights"
+
+        def offload(self, handle):  # type: ignore[no-untyped-def]
+            time.sleep(0.02)
+
+        def restore(self, handle, device):  # type: ignore[no-untyped-def]
+            time.sleep(0.05)
+
+        def batch(self, handle, inputs):  # type: ignore[no-untyped-def]
+            return inputs
+
+    database = tmp_path / "estimates.sqlite"
+
+    async def main() -> float:
+        inventory = local_inventory(services=[Service("reward", memory=6000, restore_seconds=30.0)], gpus=[8000])
+        managers = {"gpu": GpuManager(services={"reward": TimedHooks()}, devices="inventory"), "mock": MockManager()}
+        async with Orchestrator(inventory=inventory, default_managers=False, managers=managers,
+                                config=RuntimeConfig(estimates=str(database))) as orch:
+            began = time.perf_counter()
+            assert await orch.run(Call(args=("a",), service="reward", resources={}, kind="reward")) == "a"  # load
+            # A plain action needing the service's memory evicts it; the next call restores it.
+            await orch.run(Call(fn=lambda: None, resources={}, gpu_memory=4000, manager="mock", runtime=0.01))
+            assert orch.scheduler is not None and orch.scheduler.service_location("reward") is None
+            assert await orch.run(Call(args=("b",), service="reward", resources={}, kind="reward")) == "b"
+            elapsed = time.perf_counter() - began
+            learned = {e["key"]: e for e in orch.estimates.entries()}
+            assert {"service:reward:restore", "service:reward:offload"} <= set(learned)
+            assert 0.04 <= orch._service_time(0, "restore") < 1.0
+            assert 0.01 <= orch._service_time(0, "offload") < 1.0
+            return elapsed
+
+    assert asyncio.run(main()) < 30.0  # a load and a restore, neither waiting out the 30 s estimate
+
+    async def again() -> None:  # a new run starts with the times learned before
+        inventory = local_inventory(services=[Service("reward", memory=6000, restore_seconds=30.0)], gpus=[8000])
+        managers = {"gpu": GpuManager(services={"reward": TimedHooks()}, devices="inventory")}
+        async with Orchestrator(inventory=inventory, default_managers=False, managers=managers,
+                                config=RuntimeConfig(estimates=str(database))) as orch:
+            assert 0.04 <= orch._service_time(0, "restore") < 1.0
+
+    asyncio.run(again())
+
+
 def _cuda_device_and_pid() -> tuple[str, int]:
     """What a CUDA program sees: CUDA reads CUDA_VISIBLE_DEVICES once, when it initialises
     in a process, and keeps that device (simulated by an environment variable set on first
