@@ -36,6 +36,7 @@ import math
 import os
 import socket
 import stat
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -152,7 +153,23 @@ class ServiceHooks(abc.ABC):
         """Run the model on `inputs`: one output per input, in the same order."""
 
     def close(self, handle: Any) -> None:
-        """Release the model (called once at shutdown, only if it was loaded)."""
+        """Release the model (called once at shutdown, only if it was loaded; and before
+        a restart, below)."""
+
+    def healthy(self, handle: Any) -> bool:
+        """Whether the loaded model still serves (e.g. its server process is alive and its
+        health endpoint answers). The manager asks after a batch hook raised, and before
+        the next batch on a device that reported an Xid error; False (or an exception)
+        restarts the service in place: `close`, then `load` on its device, while its
+        actions wait. Default: always healthy."""
+        return True
+
+    # Whether the manager may run several batches at once (a server that batches
+    # continuously); else one batch at a time, in this service's hook thread.
+    concurrent_batches: ClassVar[bool] = False
+    # Seconds any one hook call of this service may take, when it needs another limit than
+    # the manager's hook_timeout (a server's load waits for its startup); None: the manager's.
+    hook_timeout: float | None = None
 
 
 class FunctionService(ServiceHooks):
@@ -213,8 +230,93 @@ class _ServiceState:
     queue: collections.deque[_Request] = field(default_factory=collections.deque)
     flusher: asyncio.Task[None] | None = None
     executor: concurrent.futures.ThreadPoolExecutor | None = None
+    batch_executor: concurrent.futures.ThreadPoolExecutor | None = None  # concurrent batches
+    in_flight: set[asyncio.Task[None]] = field(default_factory=set)  # concurrent batches running
     batches: int = 0
     stuck: str | None = None  # a hook ran past hook_timeout: its thread still runs it
+    suspect: str | None = None  # an Xid on its device: check its health before the next batch
+    restarting: asyncio.Future[None] | None = None
+    restarts: int = 0
+
+
+# Xid errors after which a GPU needs a reset (NVIDIA's Xid catalogue): 48 double-bit ECC
+# error, 62 internal micro-controller halt, 64 ECC page retirement or row-remapping failure,
+# 74 NVLink error, 79 fallen off the bus, 95 uncontained ECC error, 119 and 120 GSP errors,
+# 140 unrecovered ECC error. Others (13, 31, 43: one process's fault) leave the device usable.
+FATAL_XIDS = frozenset({48, 62, 64, 74, 79, 95, 119, 120, 140})
+
+
+class XidWatch:
+    """Waits for NVML's critical Xid events on the physical GPUs behind `devices` (those
+    discovered through NVML), in a thread of its own, and hands each to `report(device,
+    xid)` in the event loop, for every device on that GPU (a MIG instance's Xid marks its
+    siblings too). A driver without event support is logged once and not watched."""
+
+    WAIT_MS = 500  # how often the thread looks at its stop flag
+
+    def __init__(self, devices: Sequence[GpuDevice], report: Callable[[int, int], None],
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.by_gpu: dict[int, list[int]] = {}
+        for d in devices:
+            if d.source == "nvml":
+                self.by_gpu.setdefault(d.nvml_index, []).append(d.index)
+        self.report = report
+        self.loop = loop
+        self.stopping = False
+        self.thread: threading.Thread | None = None
+        self.watching: list[int] = []  # the NVML indices whose events are registered
+
+    def start(self) -> None:
+        if self.by_gpu:
+            self.thread = threading.Thread(target=self._run, name="tangram-gpu-xid", daemon=True)
+            self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping = True
+        if self.thread is not None:
+            self.thread.join(timeout=2 * self.WAIT_MS / 1000)
+
+    def _run(self) -> None:
+        try:
+            import pynvml  # nvidia-ml-py
+            pynvml.nvmlInit()
+        except Exception as e:  # no driver now: nothing to watch
+            log.warning("Xid events not watched: NVML did not start: %s: %s", type(e).__name__, e)
+            return
+        events = None
+        try:
+            events = pynvml.nvmlEventSetCreate()
+            handles = {}
+            for index in sorted(self.by_gpu):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                try:
+                    pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, events)
+                except pynvml.NVMLError as e:
+                    log.warning("Xid events of GPU %d not watched: %s", index, e)
+                    continue
+                handles[index] = handle
+                self.watching.append(index)
+            wait = getattr(pynvml, "nvmlEventSetWait_v2", None) or pynvml.nvmlEventSetWait
+            while handles and not self.stopping:
+                try:
+                    data = wait(events, self.WAIT_MS)
+                except pynvml.NVMLError as e:
+                    if getattr(e, "value", None) == getattr(pynvml, "NVML_ERROR_TIMEOUT", 10):
+                        continue
+                    log.warning("Xid events no longer watched: %s", e)
+                    return
+                index = pynvml.nvmlDeviceGetIndex(data.device)
+                for device in self.by_gpu.get(index, ()):
+                    self.loop.call_soon_threadsafe(self.report, device, int(data.eventData))
+        except Exception as e:
+            log.warning("Xid events not watched: %s: %s", type(e).__name__, e)
+        finally:
+            try:
+                if events is not None:
+                    pynvml.nvmlEventSetFree(events)
+                pynvml.nvmlShutdown()
+            except Exception:
+                pass
 
 
 class HookTimeout(RuntimeError):
@@ -258,7 +360,10 @@ class GpuManager(ResourceManager):
     a ManagerError), and the service is out of use from then on: its hooks run one at a
     time in its own thread, which a Python thread cannot be made to leave, so every later
     call of the service fails at once, naming the hook that did not return (and the
-    process exits only once it has returned).
+    process exits only once it has returned). `watch_xids`: watch NVML's critical Xid
+    events of the NVML devices (`XidWatch`): services on a device that reported one are
+    checked before their next batch and restarted when unhealthy; the events are in
+    describe().
 
     A service action (`call.service`) takes its input as its one positional argument and
     returns the output its service's `batch` hook gave for it. GPU actions without a
@@ -271,7 +376,7 @@ class GpuManager(ResourceManager):
     def __init__(self, services: Mapping[str, Any] | None = None,
                  devices: Sequence[GpuDevice | float] | str | None = None,
                  batch_window: float = 0.0, node: int | str = 0, mps: bool | None = None,
-                 hook_timeout: float | None = 600.0) -> None:
+                 hook_timeout: float | None = 600.0, watch_xids: bool = True) -> None:
         services = dict(services or {})
         self.hooks: dict[str, ServiceHooks] = {str(k): _resolve_hooks(str(k), v) for k, v in services.items()}
         try:
@@ -299,6 +404,9 @@ class GpuManager(ResourceManager):
         self._services: dict[str, _ServiceState] = {}
         self._offloading: dict[int, set[asyncio.Future[None]]] = {}
         self._attached = False
+        self.watch_xids = bool(watch_xids)
+        self._xid_watch: XidWatch | None = None
+        self.xid_events: list[dict[str, Any]] = []
 
     # ---------------------------------------------------------------- setup
     def check_call(self, call: Call) -> None:
@@ -389,17 +497,21 @@ class GpuManager(ResourceManager):
             raise ManagerError("devices", f"{what} on device {device}; node {self.node} has {len(self.devices)}")
         return self.devices[device]
 
-    async def _call(self, st: _ServiceState, fn: Callable[..., Any], *args: Any) -> Any:
-        """A hook call in the service's thread, within hook_timeout."""
+    async def _call(self, st: _ServiceState, fn: Callable[..., Any], *args: Any,
+                    executor: concurrent.futures.Executor | None = None) -> Any:
+        """A hook call in the service's thread (or `executor`), within its hook timeout."""
         if st.stuck is not None:
             raise HookTimeout(st.stuck)
-        if st.executor is None:
-            st.executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"tangram-gpu-{st.name}")
-        future = asyncio.get_running_loop().run_in_executor(st.executor, functools.partial(fn, *args))
+        if executor is None:
+            if st.executor is None:
+                st.executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"tangram-gpu-{st.name}")
+            executor = st.executor
+        timeout = st.hooks.hook_timeout if st.hooks.hook_timeout is not None else self.hook_timeout
+        future = asyncio.get_running_loop().run_in_executor(executor, functools.partial(fn, *args))
         try:
-            return await asyncio.wait_for(future, self.hook_timeout)
+            return await asyncio.wait_for(future, timeout)
         except asyncio.TimeoutError:
-            st.stuck = (f"its {getattr(fn, '__name__', 'hook')} hook ran past hook_timeout={self.hook_timeout:g} s "
+            st.stuck = (f"its {getattr(fn, '__name__', 'hook')} hook ran past hook_timeout={timeout:g} s "
                         f"and still runs; the service is out of use")
             log.error("services.%s: %s", st.name, st.stuck)
             raise HookTimeout(st.stuck) from None
@@ -550,24 +662,49 @@ class GpuManager(ResourceManager):
             st.active[device] -= 1
 
     async def _flush(self, st: _ServiceState) -> None:
-        """Runs the service's queued requests, a batch at a time."""
+        """Runs the service's queued requests, a batch at a time (or, for hooks with
+        concurrent_batches, each batch as soon as it is formed, beside those in flight)."""
         while st.queue:
             await asyncio.sleep(0)  # let the requests started in this iteration join
             if self.batch_window > 0:
                 await asyncio.sleep(self.batch_window)
+            if st.restarting is not None:  # its queue waits for the restarted instance
+                await asyncio.shield(st.restarting)
+            if st.suspect is not None and st.residency is not None:
+                await self._check_health(st, st.suspect)
+            r = st.residency
+            if r is not None and r.ready.done() and r.ready.result() is not None:  # its restart failed
+                error = r.ready.result()
+                while st.queue:
+                    request = st.queue.popleft()
+                    if not request.future.done():
+                        request.future.set_exception(ActionFailed(
+                            request.action_id, f"service {st.name!r} could not be made resident on device {r.device}: "
+                                               f"{type(error).__name__}: {error}", type(error).__name__))
+                break
             batch: list[_Request] = []
             while st.queue and len(batch) < st.max_batch:
                 request = st.queue.popleft()
                 if not request.future.done():
                     batch.append(request)
-            if batch:
+            if not batch:
+                continue
+            if st.hooks.concurrent_batches:
+                if st.batch_executor is None:
+                    st.batch_executor = concurrent.futures.ThreadPoolExecutor(
+                        st.max_batch, thread_name_prefix=f"tangram-gpu-{st.name}-batch")
+                task = asyncio.get_running_loop().create_task(self._run_batch(st, batch, st.batch_executor))
+                st.in_flight.add(task)
+                task.add_done_callback(st.in_flight.discard)
+            else:
                 await self._run_batch(st, batch)
 
-    async def _run_batch(self, st: _ServiceState, batch: list[_Request]) -> None:
+    async def _run_batch(self, st: _ServiceState, batch: list[_Request],
+                         executor: concurrent.futures.Executor | None = None) -> None:
         st.batches += 1
         n = len(batch)
         try:
-            outputs = await self._call(st, st.hooks.batch, st.handle, [r.input for r in batch])
+            outputs = await self._call(st, st.hooks.batch, st.handle, [r.input for r in batch], executor=executor)
             if not isinstance(outputs, (list, tuple)):
                 raise TypeError(f"it returned {type(outputs).__name__}, not a list of outputs")
         except asyncio.CancelledError:
@@ -581,6 +718,8 @@ class GpuManager(ResourceManager):
                     r.future.set_exception(ActionFailed(r.action_id, f"service {st.name!r}: its batch hook raised on a "
                                                                      f"batch of {n}: {type(e).__name__}: {e}",
                                                         type(e).__name__, tb))
+            if not isinstance(e, HookTimeout):
+                await self._check_health(st, f"its batch hook raised {type(e).__name__}: {e}")
             return
         if len(outputs) != n:
             for r in batch:
@@ -592,6 +731,76 @@ class GpuManager(ResourceManager):
         for r, out in zip(batch, outputs):
             if not r.future.done():
                 r.future.set_result(out)
+
+    # ---------------------------------------------------------------- health
+    async def _check_health(self, st: _ServiceState, why: str) -> None:
+        """Asks the service's `healthy` hook; an unhealthy (or unanswering) service is
+        restarted in place. One check or restart at a time per service."""
+        if st.restarting is not None:
+            await asyncio.shield(st.restarting)
+            return
+        st.suspect = None
+        if st.handle is _UNLOADED or st.residency is None or st.stuck is not None:
+            return
+        try:
+            ok = bool(await self._call(st, st.hooks.healthy, st.handle))
+            problem = "its healthy hook said no"
+        except HookTimeout:
+            return  # out of use already
+        except Exception as e:
+            ok, problem = False, f"its healthy hook raised {type(e).__name__}: {e}"
+        if not ok:
+            await self._restart(st, f"{why}; {problem}")
+
+    async def _restart(self, st: _ServiceState, why: str) -> None:
+        """`close`, then `load` on its device: the core still holds it resident there.
+        Actions arriving meanwhile wait for the new instance; a failed load fails them
+        (and the service's next restore loads it again)."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        st.restarting = done
+        try:
+            r = st.residency
+            if r is None:
+                return
+            device = r.device
+            ready: asyncio.Future[BaseException | None] = loop.create_future()
+            st.residency = _Residency(device, ready)
+            log.warning("services.%s: restarting it on device %d: %s", st.name, device, why)
+            async with st.lock:  # batches still in flight on the broken instance fail
+                try:
+                    await self._call(st, st.hooks.close, st.handle)
+                except Exception as e:
+                    log.warning("services.%s: close hook failed before its restart: %s: %s", st.name,
+                                type(e).__name__, e)
+                st.handle = _UNLOADED
+                try:
+                    st.handle = await self._call(st, st.hooks.load, self.devices[device])
+                except Exception as e:
+                    ready.set_result(e)
+                    log.error("services.%s: its restart failed: load hook raised %s: %s", st.name,
+                              type(e).__name__, e)
+                else:
+                    ready.set_result(None)
+                    st.restarts += 1
+        finally:
+            st.restarting = None
+            done.set_result(None)
+
+    def device_fault(self, device: int, xid: int) -> None:
+        """An Xid error reported on `device` (XidWatch): every service resident there is
+        checked before its next batch (and restarted if unhealthy); the error is kept for
+        describe(). A device-fatal Xid (FATAL_XIDS) is logged as an error: the device
+        needs a reset, which tangram never does."""
+        fatal = xid in FATAL_XIDS
+        self.xid_events.append({"device": device, "xid": xid, "fatal": fatal, "time": time.time()})
+        (log.error if fatal else log.warning)("device %d (%s): Xid %d%s", device, self.devices[device].uuid, xid,
+                                             ": the device needs a reset" if fatal else "")
+        for st in self._services.values():
+            if st.residency is not None and st.residency.device == device:
+                st.suspect = f"Xid {xid} on device {device}"
+                if st.queue and (st.flusher is None or st.flusher.done()):
+                    st.flusher = asyncio.get_running_loop().create_task(self._flush(st))
 
     # ---------------------------------------------------------------- grants
     def device_environment(self, node: int | Placement, device: int | None = None,
@@ -606,13 +815,25 @@ class GpuManager(ResourceManager):
         return grant_environment(dev, float(gpu_memory or 0.0), self.mps, self.mps_pipe)
 
     # ---------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        """Starts watching Xid errors of the NVML devices (`watch_xids`)."""
+        if self.watch_xids and any(d.source == "nvml" for d in self.devices):
+            self._xid_watch = XidWatch(self.devices, self.device_fault, asyncio.get_running_loop())
+            self._xid_watch.start()
+
     async def close(self) -> None:
         """Runs every loaded service's `close` hook, then stops the worker threads."""
+        if self._xid_watch is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._xid_watch.stop)
+            self._xid_watch = None
         errors: list[tuple[str, BaseException]] = []
         for st in self._services.values():
             if st.flusher is not None and not st.flusher.done():
                 st.flusher.cancel()
                 await asyncio.gather(st.flusher, return_exceptions=True)
+            for task in list(st.in_flight):
+                task.cancel()
+            await asyncio.gather(*st.in_flight, return_exceptions=True)
             for fut in st.awaiting.values():
                 if not fut.done():
                     fut.set_result(RuntimeError("the gpu manager closed"))
@@ -624,9 +845,10 @@ class GpuManager(ResourceManager):
                         errors.append((st.name, e))
                     st.handle = _UNLOADED
                 st.residency = None
-            if st.executor is not None:
-                st.executor.shutdown(wait=False)
-                st.executor = None
+            for pool in (st.executor, st.batch_executor):
+                if pool is not None:
+                    pool.shutdown(wait=False)
+            st.executor = st.batch_executor = None
         if errors:
             name, e = errors[0]
             raise ManagerError(f"services.{name}", f"close hook failed: {type(e).__name__}: {e}"
@@ -644,10 +866,14 @@ class GpuManager(ResourceManager):
                       if self.mps else "scheduling shares only (no MPS daemon)",
             "batch_window": self.batch_window,
             "hook_timeout": self.hook_timeout,
-            "services": {name: {"max_batch": st.max_batch, "resident_on": self.resident(name), "batches": st.batches}
+            "services": {name: {"max_batch": st.max_batch, "resident_on": self.resident(name), "batches": st.batches,
+                                "restarts": st.restarts, "out_of_use": st.stuck}
                          for name, st in self._services.items()},
+            "xid_watch": self._xid_watch.watching if self._xid_watch is not None else [],
+            "xid_events": list(self.xid_events),
         }
 
 
-__all__ = ["FAKE_ENV", "VISIBLE_ENV", "FunctionService", "GpuDevice", "GpuManager", "ServiceHooks", "discover",
-           "grant_environment", "mps_active", "mps_pipe_directory", "parse_fake", "visible"]
+__all__ = ["FAKE_ENV", "FATAL_XIDS", "VISIBLE_ENV", "FunctionService", "GpuDevice", "GpuManager", "HookTimeout",
+           "ServiceHooks", "XidWatch", "discover", "grant_environment", "mps_active", "mps_pipe_directory", "parse_fake",
+           "visible"]

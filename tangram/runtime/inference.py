@@ -66,9 +66,15 @@ How to declare the matching `tangram.Service`
     - `restore_seconds` and `offload_seconds`: the wake-up's and the sleep's time
       (`ServerHandle.last_wake_seconds` and `last_sleep_seconds` measure them).
 
-Timeouts: the gpu manager gives each hook call `hook_timeout` seconds (600 by default) and
-puts a service whose hook overran out of use; keep it above `startup_timeout` (a load and a
-cold start wait that long for the server's health) and above the longest batch.
+Timeouts: the gpu manager puts a service whose hook call overran its limit out of use. An
+`InferenceServer` sets its own limit (`hook_timeout`, a ServiceHooks attribute): a minute
+more than the longest of `startup_timeout` (a load and a cold start wait that long for the
+server's health), `request_timeout` (each scoring request) and twice `stop_timeout`.
+
+Health: the manager asks `healthy` (the process is alive and /health answers 200) after a
+batch failed, and before the next batch on a device that reported an Xid error; an
+unhealthy server is restarted in place (close, then load on its device). Batches run
+concurrently (`concurrent_batches`): a server batches continuously.
 
 Errors are `InferenceServerError` (a `tangram.TangramError`): its field names the setting
 or the endpoint, and a server that exited is reported with its exit code and the last lines
@@ -185,7 +191,7 @@ def _exit_text(code: int) -> str:
 
 class InferenceServer(ServiceHooks):
     """A reward-model HTTP server as a GPU service (module docstring): offload is its sleep,
-    restore its wake-up. `VllmServer` and `SglangServer` fill in the protocol; a subclass
+    restore its wake-up; its batches run concurrently. `VllmServer` and `SglangServer` fill in the protocol; a subclass
     for another server defines `sleep_server` and `wake_server` (with `send` for its
     requests) and the class attributes `default_score_path`, `input_key`, `server_env`
     and `required_flag`.
@@ -213,6 +219,7 @@ class InferenceServer(ServiceHooks):
     server_env: ClassVar[Mapping[str, str]] = {}  # environment the protocol needs
     health_path: ClassVar[str] = "/health"
     required_flag: ClassVar[str | None] = None  # the server's flag without which it cannot sleep
+    concurrent_batches: ClassVar[bool] = True  # the server batches continuously
 
     def __init__(self, *, command: Sequence[str] | None = None, url: str | None = None,
                  score_path: str | None = None, request: Callable[[Any], Any] | None = None,
@@ -248,6 +255,9 @@ class InferenceServer(ServiceHooks):
         self.startup_timeout = _positive_seconds(startup_timeout, "startup_timeout")
         self.request_timeout = _positive_seconds(request_timeout, "request_timeout")
         self.stop_timeout = _positive_seconds(stop_timeout, "stop_timeout")
+        # The gpu manager's limit for these hooks: a load waits startup_timeout for health,
+        # a batch request_timeout per request, a close stop_timeout twice at most.
+        self.hook_timeout = max(self.startup_timeout, self.request_timeout, 2 * self.stop_timeout) + 60.0
         env = dict(env or {})
         for key, value in env.items():
             if not isinstance(key, str) or not isinstance(value, str):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import queue
 import sys
 import threading
 import types
@@ -712,6 +713,207 @@ def test_service_survives_a_failed_batch():
     assert run(main()) == (0, 20)
 
 
+class Flaky(Recorder):
+    """A Recorder whose instance can break: `broken` makes its batches raise and its
+    healthy hook say no, until a load makes a new instance."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.broken = False
+        self.loads = 0
+        self.health_checks = 0
+
+    def load(self, device):  # type: ignore[no-untyped-def]
+        self.loads += 1
+        self.broken = False
+        return {**super().load(device), "instance": self.loads}
+
+    def batch(self, handle, inputs):  # type: ignore[no-untyped-def]
+        if self.broken:
+            raise ConnectionError("the server is gone")
+        return [(handle["instance"], x) for x in inputs]
+
+    def healthy(self, handle):  # type: ignore[no-untyped-def]
+        self.health_checks += 1
+        return not self.broken
+
+
+def test_an_unhealthy_service_is_restarted_in_place():
+    """A batch fails and the healthy hook says no: the service is closed and loaded again on
+    its device (the core still holds it there), and later actions run on the new instance."""
+    hooks = Flaky()
+    m = manager({"rm": hooks})
+
+    async def main() -> Any:
+        await m.restore("rm", 0, 1)
+        assert await m.execute(act(1, "a"), place(1, 1)) == (1, "a")
+        hooks.broken = True
+        with pytest.raises(ActionFailed, match="the server is gone"):
+            await m.execute(act(2, "b"), place(2, 1))
+        return await m.execute(act(3, "c"), place(3, 1))
+
+    assert run(main()) == (2, "c")
+    assert hooks.loads == 2 and hooks.health_checks == 1
+    assert [e[0] for e in hooks.events].count("close") == 1 and ("load", 1) in hooks.events[-2:]
+    assert m.describe()["services"]["rm"]["restarts"] == 1
+
+
+def test_a_healthy_service_is_not_restarted_after_a_failed_batch():
+    rec = Recorder(fail_batch=ValueError("bad input"))
+    m = manager({"rm": rec})
+
+    async def main() -> None:
+        await m.restore("rm", 0, 0)
+        with pytest.raises(ActionFailed):
+            await m.execute(act(1, 1), place(1, 0))
+
+    run(main())
+    assert [e[0] for e in rec.events] == ["load", "batch"] and m.describe()["services"]["rm"]["restarts"] == 0
+
+
+def test_a_failed_restart_fails_what_waits_and_the_next_restore_loads_again():
+    hooks = Flaky()
+    m = manager({"rm": hooks})
+
+    async def main() -> Any:
+        await m.restore("rm", 0, 0)
+        hooks.broken = True
+        hooks.fail_restore = RuntimeError("no memory for a new instance")
+        with pytest.raises(ActionFailed, match="the server is gone"):
+            await m.execute(act(1, 1), place(1, 0))
+        with pytest.raises(ActionFailed, match="no memory for a new instance"):
+            await m.execute(act(2, 2), place(2, 0))
+        await m.evict("rm", 0, 0)  # nothing resident: the failed restart left none
+        hooks.fail_restore = None
+        await m.restore("rm", 0, 0)
+        return await m.execute(act(3, 3), place(3, 0))
+
+    assert run(main()) == (3, 3)
+
+
+class Concurrent(Recorder):
+    concurrent_batches = True
+
+    def batch(self, handle, inputs):  # type: ignore[no-untyped-def]
+        self._enter("batch", handle["on"], tuple(inputs))
+        try:
+            self.entered.set()
+            assert self.gate is not None and self.gate.wait(WAIT)
+            return [x for x in inputs]
+        finally:
+            self.running -= 1
+
+
+def test_concurrent_batches_run_side_by_side():
+    """Hooks with concurrent_batches (a server batching continuously): a request arriving
+    while a batch is in flight goes out at once, in a batch of its own."""
+    hooks = Concurrent()
+    hooks.gate = threading.Event()
+    m = manager({"rm": hooks}, max_batch=4)
+
+    async def main() -> list[Any]:
+        await m.restore("rm", 0, 0)
+        first = asyncio.ensure_future(m.execute(act(1, 1), place(1, 0)))
+        await until(hooks.entered.is_set)
+        second = asyncio.ensure_future(m.execute(act(2, 2), place(2, 0)))
+        await until(lambda: len([e for e in hooks.events if e[0] == "batch"]) == 2)
+        hooks.gate.set()
+        return await asyncio.gather(first, second)
+
+    assert run(main()) == [1, 2]
+    assert hooks.overlap and len({t for t in hooks.threads if "batch" in t}) == 2
+
+
+def test_hooks_may_set_their_own_hook_timeout():
+    rec = Recorder()
+    rec.hook_timeout = 0.05  # type: ignore[misc]
+    rec.hold = threading.Event()
+    m = manager({"rm": rec}, hook_timeout=600)
+
+    async def main() -> None:
+        with pytest.raises(ManagerError, match=r"hook_timeout=0.05 s"):
+            await m.restore("rm", 0, 0)
+
+    run(main())
+    rec.hold.set()
+
+
+class XidNvml(FakeNvml):
+    """FakeNvml with NVML's event API: `emit(gpu, xid)` queues a critical Xid event."""
+
+    NVML_ERROR_TIMEOUT = 10
+    nvmlEventTypeXidCriticalError = 8
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: "queue.Queue[Any]" = queue.Queue()
+        self.registered: list[int] = []
+        self.freed = False
+
+    def module(self) -> types.ModuleType:
+        m = super().module()
+        for name in ("nvmlEventSetCreate", "nvmlDeviceRegisterEvents", "nvmlEventSetWait_v2", "nvmlEventSetFree",
+                     "nvmlDeviceGetIndex"):
+            setattr(m, name, getattr(self, name))
+        m.NVML_ERROR_TIMEOUT = self.NVML_ERROR_TIMEOUT  # type: ignore[attr-defined]
+        m.nvmlEventTypeXidCriticalError = self.nvmlEventTypeXidCriticalError  # type: ignore[attr-defined]
+        return m
+
+    def emit(self, gpu: int, xid: int) -> None:
+        self.events.put(types.SimpleNamespace(device=("gpu", gpu), eventType=self.nvmlEventTypeXidCriticalError,
+                                              eventData=xid))
+
+    def nvmlEventSetCreate(self) -> str:
+        self._live()
+        return "events"
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, types_: int, events: str) -> None:
+        assert types_ == self.nvmlEventTypeXidCriticalError and events == "events"
+        self.registered.append(handle[1])
+
+    def nvmlEventSetWait_v2(self, events: str, timeout_ms: int) -> Any:
+        try:
+            return self.events.get(timeout=timeout_ms / 1000)
+        except queue.Empty:
+            raise self.NVMLError(self.NVML_ERROR_TIMEOUT) from None
+
+    def nvmlEventSetFree(self, events: str) -> None:
+        self.freed = True
+
+    def nvmlDeviceGetIndex(self, handle: Any) -> int:
+        return handle[1]
+
+
+def test_xid_errors_are_watched_and_make_services_there_prove_their_health(monkeypatch, no_fake):
+    """NVML reports Xid 79 (fallen off the bus) on GPU 0: the manager records it as fatal,
+    and the service resident there is asked for its health before its next batch
+    (unhealthy: restarted). GPU 1's MIG instances are watched through their parent."""
+    nvml = XidNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", nvml.module())
+    hooks = Flaky()
+    m = GpuManager(services={"rm": hooks})
+    m.attach(Inventory([Node("n0", {"cpu": 8}, [Gpu(d.memory_mib) for d in discover()])],
+                       services=[Service("rm", 10000, 1.0)]))
+
+    async def main() -> Any:
+        await m.start()
+        await m.restore("rm", 0, 0)
+        assert await m.execute(act(1, "a"), place(1, 0)) == (1, "a")
+        await until(lambda: sorted(nvml.registered) == [0, 1])
+        hooks.broken = True  # what the Xid did to its process
+        nvml.emit(0, 79)
+        await until(lambda: m.xid_events)
+        result = await m.execute(act(2, "b"), place(2, 0))
+        await m.close()
+        return result
+
+    assert run(main()) == (2, "b")  # on the restarted instance, without a failed batch first
+    assert hooks.health_checks == 1 and m.describe()["services"]["rm"]["restarts"] == 1
+    event = m.xid_events[0]
+    assert (event["device"], event["xid"], event["fatal"]) == (0, 79, True)
+    assert nvml.freed and nvml.initialised == 0
+
+
 def test_batch_wrong_output_count():
     rec = Recorder(outputs=["only one"])
     m = manager({"rm": rec}, max_batch=4)
@@ -937,4 +1139,5 @@ def test_describe():
     d = m.describe()
     assert d["source"] == "fake" and d["mig"] is False and d["node"] == 0 and d["batch_window"] == 0.01
     assert [x["uuid"] for x in d["devices"]] == ["GPU-fake-0", "GPU-fake-1"]
-    assert d["services"] == {"rm": {"max_batch": 4, "resident_on": None, "batches": 0}}
+    assert d["services"] == {"rm": {"max_batch": 4, "resident_on": None, "batches": 0, "restarts": 0, "out_of_use": None}}
+    assert d["xid_events"] == [] and d["xid_watch"] == []

@@ -402,3 +402,30 @@ def test_two_servers_share_a_device_through_the_orchestrator(tmp_path: Path) -> 
             assert h.closed and h.pid is not None and wait_gone(h.pid)
 
     asyncio.run(asyncio.wait_for(main(), 120))
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_server_that_dies_is_restarted_by_the_gpu_manager(protocol: str, tmp_path: Path) -> None:
+    """Its process exits at the second scoring request: that action fails, the manager finds
+    it unhealthy and starts it again on its device, and the next action is served."""
+    server = CLASSES[protocol](command=command(protocol, "--exit-after", "1"), response=score,
+                               log=tmp_path / "server.log", stop_timeout=2)
+    service = Service("rm", memory=600, restore_seconds=0.05, max_batch=1, asleep_memory=100, movable=False)
+    inventory = Inventory.uniform(1, {"cpu": 2, "memory": 4096}, gpus=[1000], services=[service])
+
+    def call(text: str) -> Call:
+        return Call(args=(text,), service="rm", resources={}, kind="reward")
+
+    async def main() -> None:
+        gpu = GpuManager(services={"rm": server}, devices="inventory")
+        async with Orchestrator(inventory=inventory, default_managers=False, managers={"gpu": gpu}) as orch:
+            assert await orch.run(call("ab")) == (2.0, "GPU-fake-0")
+            first = server.handles[0].pid
+            with pytest.raises(Exception, match="exited with code 4"):
+                await orch.run(call("abc"))
+            assert await orch.run(call("abcd")) == (4.0, "GPU-fake-0")  # on a new process
+            assert len(server.handles) == 2 and server.handles[1].pid != first
+            assert gpu.describe()["services"]["rm"]["restarts"] == 1
+        assert wait_gone(server.handles[1].pid)
+
+    asyncio.run(asyncio.wait_for(main(), 60))
