@@ -83,6 +83,10 @@ class Service:
     # process cannot move its CUDA context (tangram.runtime.inference): False pins it to
     # its first device, until that device's node goes offline (then it loads afresh).
     movable: bool = True
+    # Identical copies (each its own residency, e.g. its own server process): the core
+    # schedules "name#0" .. "name#{replicas-1}" (`instances`), and a call naming the
+    # service goes to one of them (the orchestrator picks the one that serves it soonest).
+    replicas: int = 1
 
     def __post_init__(self) -> None:
         check_string(self.name, "service.name")
@@ -94,6 +98,14 @@ class Service:
         check_number(self.asleep_memory, "service.asleep_memory")
         if not isinstance(self.movable, bool):
             raise ValidationError("service.movable", f"must be True or False, got {self.movable!r}")
+        check_integer(self.replicas, "service.replicas", bits=16)
+        if self.replicas < 1:
+            raise ValidationError("service.replicas", f"must be at least 1, got {self.replicas}")
+
+    @property
+    def instances(self) -> list[str]:
+        """The names the core schedules: its own name, or name#0, name#1, ... for replicas."""
+        return [self.name] if self.replicas == 1 else [f"{self.name}#{r}" for r in range(self.replicas)]
 
     @property
     def offload(self) -> float:
@@ -114,6 +126,18 @@ class Inventory:
         check_items(self.nodes, "inventory.nodes", Node)
         check_items(self.quotas, "inventory.quotas", Quota)
         check_items(self.services, "inventory.services", Service)
+        seen: set[str] = set()
+        for i, service in enumerate(self.services):
+            for name in service.instances:
+                if name in seen:
+                    raise ValidationError(f"inventory.services[{i}].name", f"duplicate service {name!r}")
+                seen.add(name)
+
+    @property
+    def service_instances(self) -> list[tuple[str, "Service"]]:
+        """(name, service) for each instance the core schedules, in order: a service, or
+        each of its replicas."""
+        return [(name, s) for s in self.services for name in s.instances]
 
     @property
     def kinds(self) -> list[str]:

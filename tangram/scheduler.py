@@ -191,9 +191,9 @@ def core_arguments(inventory: Inventory, policy: Policy) -> dict[str, object]:
               for n, node in enumerate(inventory.nodes)],
         quotas=[(q.name, float(q.rate), int(q.burst), int(q.max_concurrency), int(q.tokens_per_minute))
                 for q in inventory.quotas],
-        services=[(s.name, _milli(s.memory, f"inventory.services[{i}].memory"), float(s.restore_seconds), int(s.max_batch),
+        services=[(name, _milli(s.memory, f"inventory.services[{i}].memory"), float(s.restore_seconds), int(s.max_batch),
                    float(s.offload), _milli(s.asleep_memory, f"inventory.services[{i}].asleep_memory"), bool(s.movable))
-                  for i, s in enumerate(inventory.services)],
+                  for i, s in enumerate(inventory.services) for name in s.instances],
         policy=policy.name,
         aging=float(policy.aging),
         candidates=int(policy.candidates),
@@ -256,7 +256,12 @@ class RecordEncoder:
         self.kinds = inventory.kinds
         self.kind_index = {k: i for i, k in enumerate(self.kinds)}
         self.node_index = {n.name: i for i, n in enumerate(inventory.nodes)}
-        self.service_index = {s.name: i for i, s in enumerate(inventory.services)}
+        self.service_index = {name: i for i, (name, _) in enumerate(inventory.service_instances)}
+        # A replicated service's name: the indices of its replicas. An Action naming it runs
+        # on replica id % replicas (the orchestrator names a replica itself, the one that
+        # serves the call soonest).
+        self.service_replicas = {s.name: [self.service_index[name] for name in s.instances]
+                                 for s in inventory.services if s.replicas > 1}
         self.quota_index = {q.name: i for i, q in enumerate(inventory.quotas)}
         self.dtype = action_dtype(len(self.kinds))
         self._add_table = add_table
@@ -325,7 +330,11 @@ class RecordEncoder:
             else:
                 raise ValidationError(f"{f}.affinity", f"must be a node name or index, got {given(a.affinity)}")
         if a.service is not None:
-            r["service"] = self._lookup(self.service_index, a.service, "service", f"{f}.service")
+            replicas = self.service_replicas.get(a.service) if isinstance(a.service, str) else None
+            if replicas is not None:
+                r["service"] = replicas[int(a.id) % len(replicas)]
+            else:
+                r["service"] = self._lookup(self.service_index, a.service, "service", f"{f}.service")
         if a.quota is not None:
             r["quota"] = self._lookup(self.quota_index, a.quota, "quota", f"{f}.quota")
         self._encode_model(r, a, f, minimum)
@@ -395,7 +404,7 @@ class Scheduler:
         self.policy = resolve_policy(policy, policy_options)
         self._core = _core.Scheduler(**core_arguments(inventory, self.policy), decision_dtype=DECISION_DTYPE)
         self._encoder = RecordEncoder(inventory, self._core.add_table)
-        self._services = [s.name for s in inventory.services]
+        self._services = [name for name, _ in inventory.service_instances]
         self.kinds = self._encoder.kinds
 
     # ---------------------------------------------------------------- events

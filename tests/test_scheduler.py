@@ -447,6 +447,37 @@ def test_eviction_prefers_the_device_whose_offload_ends_first():
     assert e.value.field == "inventory.services[0].offload_seconds"
 
 
+def test_replicated_service_is_one_core_service_per_replica():
+    """Service(replicas=2): the core schedules rm#0 and rm#1, each with its own residency; an
+    Action naming rm runs on replica id % 2, one naming a replica on that one."""
+    inv = Inventory(nodes=[Node("g", {"cpu": 8}, [Gpu(1000), Gpu(1000)])],
+                    services=[Service("rm", 800, restore_seconds=1.0, replicas=2)])
+    s = Scheduler(inv)
+    d = s.submit([Action(1, {"cpu": 1}, 1.0, service="rm"), Action(2, {"cpu": 1}, 1.0, service="rm")], 0.0)
+    assert sorted((x.kind, x.service, x.device) for x in d) == [("restore", "rm#0", 0), ("restore", "rm#1", 1)]
+    d = s.tick(1.0)
+    assert sorted((x.action, x.service) for x in d) == [(1, "rm#1"), (2, "rm#0")]
+    d = s.submit([Action(3, {"cpu": 1}, 1.0, service="rm#1")], 1.0)
+    assert s.service_location("rm#0") is not None and s.service_location("rm#1") is not None
+    with pytest.raises(tangram.UnknownNameError, match="no service named 'rm'"):
+        s.service_location("rm")
+
+
+@pytest.mark.parametrize("replicas, field", [(0, "service.replicas"), (1.5, "service.replicas"),
+                                             (True, "service.replicas")])
+def test_replicas_validated(replicas, field):  # type: ignore[no-untyped-def]
+    with pytest.raises(tangram.ValidationError) as e:
+        Service("rm", 1000, replicas=replicas)
+    assert e.value.field == field
+
+
+def test_replica_names_must_not_clash():
+    with pytest.raises(tangram.ValidationError) as e:
+        Inventory(nodes=[Node("g", {"cpu": 8}, [Gpu(1000)])],
+                  services=[Service("rm", 100, replicas=2), Service("rm#1", 100)])
+    assert e.value.field == "inventory.services[1].name" and "rm#1" in str(e.value)
+
+
 def test_service_action_over_token_budget_is_rejected():
     inv = Inventory(nodes=[Node("g", {"cpu": 8}, [Gpu(10000)])], services=[Service("rm", 1000)],
                     quotas=[Quota("llm", tokens_per_minute=100)])

@@ -18,9 +18,12 @@ and GPUs) with the `tangram` policy and the built-in managers. A file, for insta
     [[services]]
     name = "reward-7b"
     memory = 16000          # MiB of GPU memory while resident
-    restore_seconds = 4     # the core's estimate of a restore
+    restore_seconds = 4     # the core's first estimate of a restore (then: the measured ones)
     offload_seconds = 4     # and of an offload when evicted (default: as long as a restore)
     max_batch = 64
+    replicas = 1            # identical copies, each with its own residency
+    asleep_memory = 0       # MiB it keeps on its device while offloaded (then movable = false)
+    movable = true          # false: a server process, restored on the device it sleeps on
     hooks = "mypackage.reward:RewardModel"   # a ServiceHooks class or instance
 
     [managers.cpu]          # keyword options of a manager's constructor

@@ -134,6 +134,9 @@ class ServiceHooks(abc.ABC):
     starts a worker process can give it `grant_environment(device, device.memory_mib,
     False)`). In-process CUDA code should select the device by UUID or PCI order
     (CUDA_DEVICE_ORDER=PCI_BUS_ID makes CUDA ordinals match `nvml_index`).
+
+    A replicated service (`Service(replicas=N)`) has one hooks object for its N instances:
+    keep each instance's state in the handle `load` returns, not in the object.
     """
 
     @abc.abstractmethod
@@ -428,8 +431,10 @@ class GpuManager(ResourceManager):
         self.devices = self._resolve_devices(gpus, inventory.nodes[self.node].name if inventory.nodes else "")
         self.mps = mps_active() if self._mps_option is None else bool(self._mps_option)
         self.mps_pipe = mps_pipe_directory()
-        self._services = {s.name: _ServiceState(s.name, self.hooks[s.name], max(1, int(s.max_batch)))
-                          for s in inventory.services}
+        # One state per instance the core schedules (a replicated service's replicas share
+        # its hooks object: each load returns the handle of its own instance).
+        self._services = {name: _ServiceState(name, self.hooks[s.name], max(1, int(s.max_batch)))
+                          for name, s in inventory.service_instances}
         self._attached = True
 
     def _resolve_node(self, inventory: Inventory) -> int:

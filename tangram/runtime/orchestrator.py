@@ -183,7 +183,13 @@ class Orchestrator:
         self._encoder = CallEncoder(self.scheduler.encoder)
         self._node_names = [n.name for n in self.inventory.nodes]
         self._kind_index = self.scheduler.encoder.kind_index
-        self._service_names = [s.name for s in self.inventory.services]
+        instances = self.inventory.service_instances
+        self._service_names = [name for name, _ in instances]
+        self._service_specs = [spec for _, spec in instances]  # per core service: its Service
+        self._replicas = {s.name: [self._service_names.index(n) for n in s.instances]
+                          for s in self.inventory.services if s.replicas > 1}
+        self._replica_load = [0] * len(instances)  # live actions routed to each replica
+        self._service_index = {name: i for i, name in enumerate(self._service_names)}
         for service in range(len(self._service_names)):  # times learned in earlier runs
             self._apply_service_times(service)
         self._cpu = self._kind_index.get("cpu", -1)
@@ -278,6 +284,8 @@ class Orchestrator:
         if manager is None:
             raise ManagerError("call.manager", f"no manager {name!r} in this orchestrator (have: {', '.join(self.managers)})")
         estimate = self.estimates.estimate(call)
+        if call.service in self._replicas:
+            call = self._route(call, estimate)
         template = self._encoder.template(call, estimate.model)
         manager.check_call(call)
         if action_id is None:
@@ -429,6 +437,9 @@ class Orchestrator:
         if call is not None:
             validate_call(call)
             estimate = self.estimates.estimate(call)
+            if call.service in self._replicas:
+                self._unroute(lv.call)
+                call = self._route(call, estimate)
             lv.template = self._encoder.template(call, estimate.model)
             lv.manager.check_call(call)
             lv.call, lv.estimate = call, estimate
@@ -730,6 +741,7 @@ class Orchestrator:
         if lv.timer is not None:
             lv.timer.cancel()
         kind = lv.call.kind
+        self._unroute(lv.call)
         if lv.running:
             if lv.estimate.source != "declared":
                 self.estimates.finished(lv.id, record.end, ok=outcome == "ok")
@@ -792,9 +804,32 @@ class Orchestrator:
             self._offloads[key] = task
             task.add_done_callback(lambda t: self._offloads.pop(key) if self._offloads.get(key) is t else None)
 
+    # ---------------------------------------------------------------- replicas
+    def _route(self, call: Call, estimate: Estimate) -> Call:
+        """The call, naming the replica of its service that would serve it soonest: the
+        least of (its restore time unless resident) + (calls routed to it and still live,
+        over its max_batch, whole batches) x this call's estimated run time; ties to the
+        lower replica."""
+        seconds = float(estimate.model) if isinstance(estimate.model, (int, float)) else 1.0
+        best, best_cost = -1, math.inf
+        for index in self._replicas[call.service]:  # type: ignore[index]
+            spec = self._service_specs[index]
+            restore = 0.0 if self._core.service_location(index)[0] >= 0 else self._service_time(index, "restore")
+            cost = restore + (self._replica_load[index] // max(1, spec.max_batch)) * seconds
+            if cost < best_cost:
+                best, best_cost = index, cost
+        self._replica_load[best] += 1
+        return dataclasses.replace(call, service=self._service_names[best])
+
+    def _unroute(self, call: Call) -> None:
+        if call.service is not None and call.service not in self._replicas:
+            index = self._service_index.get(call.service)
+            if index is not None and self._service_specs[index].replicas > 1:
+                self._replica_load[index] -= 1
+
     # ---------------------------------------------------------------- service times
     def _service_time_key(self, service: int, what: str) -> str:
-        return f"service:{self._service_names[service]}:{what}"
+        return f"service:{self._service_specs[service].name}:{what}"  # replicas share theirs
 
     def _service_time(self, service: int, what: str) -> float:
         """A service's restore or offload seconds: learned from the ones measured (here or
@@ -802,7 +837,7 @@ class Orchestrator:
         estimate = self.estimates.plan(self._service_time_key(service, what), f"service-{what}", False, 0.0)
         if estimate.source == "learned":
             return float(estimate.model)
-        declared = self.inventory.services[service]
+        declared = self._service_specs[service]
         return float(declared.restore_seconds if what == "restore" else declared.offload)
 
     def _learn_service_time(self, service: int, what: str, seconds: float) -> None:

@@ -253,6 +253,43 @@ def test_a_restore_done_early_is_ready_at_once_and_its_measured_time_is_learned(
     asyncio.run(again())
 
 
+def test_calls_to_a_replicated_service_go_to_the_replica_that_serves_them_soonest() -> None:
+    """Service(replicas=2) on two devices: a burst of calls naming the service is spread
+    over both replicas (each its own instance, loaded on its own device), every output
+    comes from the instance that ran it, and a lone call later goes to a resident replica
+    with nothing queued."""
+    class Instance(ServiceHooks):
+        def load(self, device):  # type: ignore[no-untyped-def]
+            return {"device": device.index}
+
+        def offload(self, handle):  # type: ignore[no-untyped-def]
+            pass
+
+        def restore(self, handle, device):  # type: ignore[no-untyped-def]
+            handle["device"] = device.index
+
+        def batch(self, handle, inputs):  # type: ignore[no-untyped-def]
+            time.sleep(0.02)
+            return [(handle["device"], x) for x in inputs]
+
+    async def main() -> None:
+        service = Service("rm", memory=600, restore_seconds=0.01, max_batch=2, replicas=2)
+        inventory = local_inventory(services=[service], gpus=[1000, 1000])
+        gpu = GpuManager(services={"rm": Instance()}, devices="inventory")
+        async with Orchestrator(inventory=inventory, default_managers=False, managers={"gpu": gpu}) as orch:
+            calls = [Call(args=(i,), service="rm", resources={}, kind="reward", runtime=0.02) for i in range(12)]
+            outputs = await orch.map(calls)
+            assert [x for _, x in outputs] == list(range(12))
+            devices = [device for device, _ in outputs]
+            assert devices.count(0) == devices.count(1) == 6  # balanced: whole batches of 2 each
+            described = gpu.describe()["services"]
+            assert {described["rm#0"]["resident_on"], described["rm#1"]["resident_on"]} == {0, 1}
+            assert orch._replica_load == [0, 0]  # every routed call ended
+            assert (await orch.run(calls[0]))[1] == 0
+
+    asyncio.run(main())
+
+
 def _cuda_device_and_pid() -> tuple[str, int]:
     """What a CUDA program sees: CUDA reads CUDA_VISIBLE_DEVICES once, when it initialises
     in a process, and keeps that device (simulated by an environment variable set on first
