@@ -44,12 +44,13 @@ class PyScheduler {
               py::array_t<std::int64_t, py::array::c_style | py::array::forcecast> capacity,
               std::vector<std::vector<std::int64_t>> gpus,
               std::vector<std::tuple<std::string, double, std::int64_t, std::int64_t, std::int64_t>> quotas,
-              std::vector<std::tuple<std::string, std::int64_t, double, std::int32_t, double, std::int64_t, bool>> services,
+              std::vector<std::tuple<std::string, std::int64_t, double, std::int32_t, double, std::int64_t, bool, std::int64_t>> services,
+              std::vector<std::int64_t> offload_memory,
               const std::string& policy, double aging, std::int32_t candidates, double min_relative_gain,
               double starvation_seconds, std::int64_t trajectory_slot_cpu,
               std::vector<std::pair<std::uint32_t, double>> pools, py::dtype decision_dtype,
               std::optional<std::vector<std::pair<std::string, std::string>>> rules)
-      : sched_(make_inventory(kinds, node_names, capacity, gpus, quotas, services),
+      : sched_(make_inventory(kinds, node_names, capacity, gpus, quotas, services, offload_memory),
                make_policy(policy, aging, candidates, min_relative_gain, starvation_seconds, trajectory_slot_cpu, pools,
                            rules)),
         decision_dtype_(std::move(decision_dtype)),
@@ -130,9 +131,10 @@ class PyScheduler {
   }
   // capacity: one milli-unit entry per kind; gpus: milli-MiB per GPU.
   py::tuple add_node(const std::string& name, std::vector<std::int64_t> capacity, std::vector<std::int64_t> gpus,
-                     double now) {
+                     double now, std::int64_t offload_memory) {
     NodeSpec node;
     node.name = name;
+    node.offload_memory = offload_memory;
     node.capacity = std::move(capacity);
     for (std::int64_t mem : gpus) node.gpus.push_back(GpuSpec{mem});
     std::int32_t index = sched_.add_node(std::move(node), time_field(now), out_);
@@ -146,7 +148,8 @@ class PyScheduler {
                                   const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& capacity,
                                   const std::vector<std::vector<std::int64_t>>& gpus,
                                   const std::vector<std::tuple<std::string, double, std::int64_t, std::int64_t, std::int64_t>>& quotas,
-                                  const std::vector<std::tuple<std::string, std::int64_t, double, std::int32_t, double, std::int64_t, bool>>& services) {
+                                  const std::vector<std::tuple<std::string, std::int64_t, double, std::int32_t, double, std::int64_t, bool, std::int64_t>>& services,
+                                  const std::vector<std::int64_t>& offload_memory) {
     Inventory inv;
     inv.kinds = kinds;
     const std::size_t N = names.size(), K = kinds.size();
@@ -161,8 +164,11 @@ class PyScheduler {
       inv.nodes.push_back(std::move(node));
     }
     for (const auto& [name, rate, burst, conc, tpm] : quotas) inv.quotas.push_back(QuotaSpec{name, rate, burst, conc, tpm});
-    for (const auto& [name, mem, restore, batch, offload, asleep, movable] : services)
-      inv.services.push_back(ServiceSpec{name, mem, restore, batch, offload, asleep, movable});
+    for (const auto& [name, mem, restore, batch, offload, asleep, movable, host] : services)
+      inv.services.push_back(ServiceSpec{name, mem, restore, batch, offload, asleep, movable, host});
+    if (!offload_memory.empty() && offload_memory.size() != N)
+      throw Error(ErrorCode::kInvalidArgument, "inventory.offload_memory", "needs one entry per node");
+    for (std::size_t n = 0; n < offload_memory.size(); ++n) inv.nodes[n].offload_memory = offload_memory[n];
     return inv;
   }
 
@@ -262,12 +268,12 @@ void register_scheduler(py::module_& m) {
                     py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>,
                     std::vector<std::vector<std::int64_t>>,
                     std::vector<std::tuple<std::string, double, std::int64_t, std::int64_t, std::int64_t>>,
-                    std::vector<std::tuple<std::string, std::int64_t, double, std::int32_t, double, std::int64_t, bool>>, const std::string&,
+                    std::vector<std::tuple<std::string, std::int64_t, double, std::int32_t, double, std::int64_t, bool, std::int64_t>>, std::vector<std::int64_t>, const std::string&,
                     double,
                     std::int32_t, double, double, std::int64_t, std::vector<std::pair<std::uint32_t, double>>, py::dtype,
                     std::optional<std::vector<std::pair<std::string, std::string>>>>(),
            py::kw_only(), py::arg("kinds"), py::arg("node_names"), py::arg("capacity"), py::arg("gpus"),
-           py::arg("quotas"), py::arg("services"), py::arg("policy"), py::arg("aging"), py::arg("candidates"),
+           py::arg("quotas"), py::arg("services"), py::arg("offload_memory"), py::arg("policy"), py::arg("aging"), py::arg("candidates"),
            py::arg("min_relative_gain"), py::arg("starvation_seconds"), py::arg("trajectory_slot_cpu"),
            py::arg("pools"), py::arg("decision_dtype"), py::arg("rules") = py::none())
       .def("add_table", &PyScheduler::add_table, py::arg("points"))
@@ -283,7 +289,8 @@ void register_scheduler(py::module_& m) {
         s.core().set_service_times(svc, restore, offload);
       }, py::arg("service"), py::arg("restore_seconds"), py::arg("offload_seconds"))
       .def("set_node_online", &PyScheduler::set_node_online, py::arg("node"), py::arg("online"), py::arg("now"))
-      .def("add_node", &PyScheduler::add_node, py::arg("name"), py::arg("capacity"), py::arg("gpus"), py::arg("now"))
+      .def("add_node", &PyScheduler::add_node, py::arg("name"), py::arg("capacity"), py::arg("gpus"), py::arg("now"),
+           py::arg("offload_memory") = -1)
       .def("node_online", [](PyScheduler& s, std::int32_t node) { return s.core().node_online(node); }, py::arg("node"))
       .def_property_readonly("next_wakeup", [](PyScheduler& s) -> py::object {
         TimeNs t = s.core().next_wakeup();

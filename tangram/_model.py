@@ -36,6 +36,9 @@ class Node:
     name: str
     resources: Mapping[str, float]
     gpus: Sequence[Gpu] = ()
+    # MiB of host RAM for the state of services offloaded from its GPUs (Service.host_memory:
+    # a sleeping server's weights backed up in pinned memory); None: not limited.
+    offload_memory: float | None = None
 
     def __post_init__(self) -> None:
         check_string(self.name, "node.name")
@@ -44,6 +47,8 @@ class Node:
             check_string(kind, "node.resources", "keyed by resource kind names (strings)")
             check_number(capacity, f"node.resources.{kind}")
         check_items(self.gpus, "node.gpus", Gpu)
+        if self.offload_memory is not None:
+            check_number(self.offload_memory, "node.offload_memory")
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,10 @@ class Service:
     # schedules "name#0" .. "name#{replicas-1}" (`instances`), and a call naming the
     # service goes to one of them (the orchestrator picks the one that serves it soonest).
     replicas: int = 1
+    # MiB of host RAM its offloaded state takes on the node it was evicted from (vLLM's
+    # sleep level 1 keeps the weights in pinned host memory): an eviction needs that much
+    # of the node's offload_memory, and its next restore gives it back.
+    host_memory: float = 0.0
 
     def __post_init__(self) -> None:
         check_string(self.name, "service.name")
@@ -98,6 +107,7 @@ class Service:
         check_number(self.asleep_memory, "service.asleep_memory")
         if not isinstance(self.movable, bool):
             raise ValidationError("service.movable", f"must be True or False, got {self.movable!r}")
+        check_number(self.host_memory, "service.host_memory")
         check_integer(self.replicas, "service.replicas", bits=16)
         if self.replicas < 1:
             raise ValidationError("service.replicas", f"must be at least 1, got {self.replicas}")

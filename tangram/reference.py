@@ -70,6 +70,11 @@ Rules, in words:
   in Restore, below, for the head); a restore there takes memory - asleep_memory. When the
   pinned device is not usable, it restores as a movable one would, taking its whole
   memory, and the device it leaves gets its asleep memory back.
+* Host memory of offloaded services. A node has offload_memory (-1: not limited); an
+  eviction from an online node holds the victim's host_memory there until its next
+  restore (from an offline node it holds nothing). A victim whose host memory would not
+  fit, with the plan's earlier victims', is passed over in the greedy plan; a service
+  that must move off a device too small for an action waits while it would not fit.
 * Runtime reports. service_restored(s, node, device, now): if s is restoring on that
   device with ready > now, it is ready now, and the device's ops_end becomes now when it
   was that ready; then a pass. set_service_times(s, restore, offload) replaces its
@@ -368,6 +373,8 @@ class _Service:
     movable: bool = True
     home: int = -1  # its only device under service_devices "home"
     pinned: int = -1  # an unmovable one: the device its process runs on
+    host: int = 0  # milli-MiB of host memory its offloaded state takes
+    host_node: int = -1  # offloaded: the node whose offload memory holds it
     device: int = -1  # global device index while resident or restoring
     ready_ns: int = 0
     last_request_ns: int = -1  # its latest action's submit (-1: never asked for)
@@ -448,8 +455,8 @@ def _first_repeat(ids: list[int]) -> int | None:
 class ReferenceScheduler:
     """The scheduling rules of tangram._core.Scheduler, naively (see the module docstring)."""
 
-    def __init__(self, *, kinds, node_names, capacity, gpus, quotas, services, policy, aging, candidates,
-                 min_relative_gain, starvation_seconds, trajectory_slot_cpu=0, pools=(),
+    def __init__(self, *, kinds, node_names, capacity, gpus, quotas, services, offload_memory, policy, aging,
+                 candidates, min_relative_gain, starvation_seconds, trajectory_slot_cpu=0, pools=(),
                  rules: PolicyRules | None = None) -> None:
         if rules is None:
             if policy not in POLICY_RULES:
@@ -473,9 +480,14 @@ class ReferenceScheduler:
         self.kinds, self.K = list(kinds), K
         self.node_names: list[str] = []
         self.online: list[bool] = []
+        self.offload_cap: list[int] = []  # per node: host memory for offloaded services (-1: not limited)
+        self.offload_used: list[int] = []
+        if offload_memory and len(offload_memory) != N:
+            raise ValidationError("inventory.offload_memory", "needs one entry per node")
         for n in range(N):
-            self._check_node(f"inventory.nodes[{n}]", [int(v) for v in capacity[n]], gpus[n])
-            self._append_node(node_names[n])
+            self._check_node(f"inventory.nodes[{n}]", [int(v) for v in capacity[n]], gpus[n],
+                             int(offload_memory[n]) if offload_memory else -1)
+            self._append_node(node_names[n], int(offload_memory[n]) if offload_memory else -1)
         # GPUs, numbered globally node by node.
         self.dev_node: list[int] = []
         self.dev_local: list[int] = []
@@ -493,7 +505,7 @@ class ReferenceScheduler:
             if any(o.name == spec[0] for o in self.quotas[:-1]):
                 raise ValidationError(f"inventory.quotas[{q}].name", f"duplicate quota {spec[0]!r}")
         self.services = []
-        for s, (name, memory, restore_seconds, max_batch, offload_seconds, asleep, movable) in enumerate(services):
+        for s, (name, memory, restore_seconds, max_batch, offload_seconds, asleep, movable, host) in enumerate(services):
             f = f"inventory.services[{s}]"
             if any(o.name == name for o in self.services):
                 raise ValidationError(f"{f}.name", f"duplicate service {name!r}")
@@ -505,6 +517,8 @@ class ReferenceScheduler:
                 raise ValidationError(f"{f}.offload_seconds", "must be a finite number in [0, 1e9]")
             if max_batch < 1:
                 raise ValidationError(f"{f}.max_batch", "must be at least 1")
+            if not 0 <= host <= MAX_MILLI:
+                raise ValidationError(f"{f}.host_memory", "must be in [0, 1e12] MiB")
             if not 0 <= asleep <= memory:
                 raise ValidationError(f"{f}.asleep_memory", "must be in [0, memory]")
             if asleep > 0 and movable:
@@ -513,7 +527,7 @@ class ReferenceScheduler:
             if not self.dev_node:
                 raise ValidationError(f, "a GPU service needs at least one GPU in the inventory")
             self.services.append(_Service(name, int(memory), to_ns(restore_seconds), int(max_batch), to_ns(offload_seconds),
-                                          int(asleep), bool(movable)))
+                                          int(asleep), bool(movable), host=int(host)))
         pf = f"policy({policy})"
         if not math.isfinite(aging) or not 0 <= aging <= 4:
             raise ValidationError(f"{pf}.aging", "must be a finite number in [0, 4]")
@@ -578,8 +592,9 @@ class ReferenceScheduler:
     def has_gpus(self) -> bool:
         return bool(self.dev_node)
 
-    def _check_node(self, f: str, capacity: list[int], gpus: Sequence[int]) -> None:
-        """Validates one node's capacity and GPUs (as the constructor and add_node do)."""
+    def _check_node(self, f: str, capacity: list[int], gpus: Sequence[int], offload: int = -1) -> None:
+        """Validates one node's capacity, GPUs and offload memory (as the constructor and
+        add_node do)."""
         if len(capacity) != self.K:
             raise ValidationError(f"{f}.capacity", f"has {len(capacity)} entries for {self.K} kinds")
         for k, v in enumerate(capacity):
@@ -588,6 +603,8 @@ class ReferenceScheduler:
         for g, m in enumerate(gpus):
             if not 0 < m <= MAX_MILLI:
                 raise ValidationError(f"{f}.gpus[{g}].memory", "must be in (0, 1e12] MiB")
+        if not -1 <= offload <= MAX_MILLI:
+            raise ValidationError(f"{f}.offload_memory", "must be in [0, 1e12] MiB, or unlimited")
 
     def _node_bins(self, capacity: list[int]) -> list[list[list[int]]]:
         """Per partition, the capacities of one node's bins under the rules."""
@@ -836,7 +853,8 @@ class ReferenceScheduler:
         self.online[node] = bool(online)
         return self._pass([])
 
-    def add_node(self, name: str, capacity: Sequence[int], gpus: Sequence[int], now: float) -> tuple[int, np.ndarray]:
+    def add_node(self, name: str, capacity: Sequence[int], gpus: Sequence[int], now: float,
+                 offload_memory: int = -1) -> tuple[int, np.ndarray]:
         """Appends an online node (its bins after every existing bin, its GPUs after every
         existing device); returns its index and the pass's decisions."""
         t = self._start_check(now)
@@ -845,9 +863,9 @@ class ReferenceScheduler:
         if name in self.node_names:
             raise ValidationError("node.name", f"duplicate node {name!r}")
         capacity, gpus = [int(v) for v in capacity], [int(m) for m in gpus]
-        self._check_node("node", capacity, gpus)
+        self._check_node("node", capacity, gpus, int(offload_memory))
         self._start_event(t)
-        n = self._append_node(name)
+        n = self._append_node(name, int(offload_memory))
         for p, caps in enumerate(self._node_bins(capacity)):
             for cap in caps:
                 self._append_bin(n, p, cap)
@@ -859,10 +877,16 @@ class ReferenceScheduler:
             self.dev_ops_end.append(0)
         return n, self._pass([])
 
-    def _append_node(self, name: str) -> int:
+    def _append_node(self, name: str, offload: int = -1) -> int:
         self.node_names.append(name)
         self.online.append(True)
+        self.offload_cap.append(offload)
+        self.offload_used.append(0)
         return len(self.node_names) - 1
+
+    def _offload_fits(self, node: int, extra: int) -> bool:
+        cap = self.offload_cap[node]
+        return cap < 0 or self.offload_used[node] + extra <= cap
 
     def node_online(self, node: int) -> bool:
         if not 0 <= node < self.N:
@@ -1078,6 +1102,8 @@ class ReferenceScheduler:
             if svc.device >= 0 and svc.ready_ns <= now and self.dev_total[svc.device] < svc.memory + a.gpu_memory:
                 if self._running(service=a.service) > 0:  # move it once its batch is done
                     return WAITS
+                if not self._offload_fits(self.dev_node[svc.device], svc.host):
+                    return WAITS
                 self._evict(a.service, out)
             if svc.device < 0 and not self._restore(a, out):
                 return WAITS
@@ -1290,9 +1316,16 @@ class ReferenceScheduler:
         idle = sorted((o for o, svc in enumerate(self.services) if o != keep and svc.device == d
                        and self._running(service=o) == 0 and svc.ready_ns <= self.prev_pass_ns),
                       key=functools.cmp_to_key(rank))
+        # The victims' host memory must fit the node's offload memory, less what `keep`
+        # gives back there when this plan is for its restore.
+        kept = self.services[keep] if keep >= 0 else None
+        host = -kept.host if kept is not None and kept.device < 0 and kept.host_node == self.dev_node[d] else 0
         for o in idle:
             if room >= need:
                 break
+            if not self._offload_fits(self.dev_node[d], host + self.services[o].host):
+                continue
+            host += self.services[o].host
             room += self.services[o].memory - self.services[o].asleep
             victims.append(o)
         likely = 0.0
@@ -1307,6 +1340,9 @@ class ReferenceScheduler:
         d = self.services[s].device
         self.services[s].device = -1
         self.dev_free[d] += self.services[s].memory - self.services[s].asleep
+        if self.online[self.dev_node[d]] and self.services[s].host > 0:  # an offline node's state is gone
+            self.offload_used[self.dev_node[d]] += self.services[s].host
+            self.services[s].host_node = self.dev_node[d]
         self.dev_ops_end[d] = max(self.now_ns, self.dev_ops_end[d]) + self.services[s].offload_ns
         out.append(self._decision(EVICT, node=self.dev_node[d], device=self.dev_local[d], service=s, time=self.now_ns))
 
@@ -1349,6 +1385,9 @@ class ReferenceScheduler:
             for v in victims:
                 self._evict(v, out)
         self.dev_free[target] -= need_on(target)
+        if svc.host_node >= 0:  # its offloaded state goes back to the device
+            self.offload_used[svc.host_node] -= svc.host
+            svc.host_node = -1
         if svc.pinned >= 0 and svc.pinned != target:  # its old process is given up
             self.dev_free[svc.pinned] += svc.asleep
         if not svc.movable:

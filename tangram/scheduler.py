@@ -192,8 +192,11 @@ def core_arguments(inventory: Inventory, policy: Policy) -> dict[str, object]:
         quotas=[(q.name, float(q.rate), int(q.burst), int(q.max_concurrency), int(q.tokens_per_minute))
                 for q in inventory.quotas],
         services=[(name, _milli(s.memory, f"inventory.services[{i}].memory"), float(s.restore_seconds), int(s.max_batch),
-                   float(s.offload), _milli(s.asleep_memory, f"inventory.services[{i}].asleep_memory"), bool(s.movable))
+                   float(s.offload), _milli(s.asleep_memory, f"inventory.services[{i}].asleep_memory"), bool(s.movable),
+                   _milli(s.host_memory, f"inventory.services[{i}].host_memory"))
                   for i, s in enumerate(inventory.services) for name in s.instances],
+        offload_memory=[-1 if n.offload_memory is None else _milli(n.offload_memory, f"inventory.nodes[{i}].offload_memory")
+                        for i, n in enumerate(inventory.nodes)],
         policy=policy.name,
         aging=float(policy.aging),
         candidates=int(policy.candidates),
@@ -498,7 +501,8 @@ class Scheduler:
                                    f"({', '.join(self.kinds)}); a joining node cannot add a kind")
         capacity = [_milli(node.resources.get(k, 0), f"node.resources.{k}") for k in self.kinds]
         gpus = [_milli(g.memory, f"node.gpus[{i}].memory") for i, g in enumerate(node.gpus)]
-        index, array = self._core.add_node(node.name, capacity, gpus, now)
+        offload = -1 if node.offload_memory is None else _milli(node.offload_memory, "node.offload_memory")
+        index, array = self._core.add_node(node.name, capacity, gpus, now, offload)
         self.inventory = Inventory(nodes=[*self.inventory.nodes, node], quotas=self.inventory.quotas,
                                    services=self.inventory.services)
         self._encoder.node_index[node.name] = index

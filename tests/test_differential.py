@@ -237,8 +237,8 @@ class Harness:
             self.online[node] = online
             self.apply(out)
 
-    def add_node(self, name: str, capacity: list[int], gpus: list[int]) -> None:
-        out = self.both("add_node", name, capacity, gpus, self.now)
+    def add_node(self, name: str, capacity: list[int], gpus: list[int], offload_memory: int = -1) -> None:
+        out = self.both("add_node", name, capacity, gpus, self.now, offload_memory)
         if out is not None:
             self.names.append(name)
             self.capacity = np.vstack([self.capacity, np.array([capacity], dtype=np.int64)])
@@ -349,7 +349,8 @@ def draw_node(draw, name: str, gpu_heavy: bool, custom: bool, elastic_heavy: boo
     sizes = [1000, 2000, 4000] if gpu_heavy else [1000, 4000, 4000, 8000]
     most = 0 if elastic_heavy and not gpu_heavy else 2
     gpus = [Gpu(draw(st.sampled_from(sizes))) for _ in range(draw(st.integers(1 if gpu_heavy else 0, most)))]
-    return Node(name, res, gpus)
+    offload = draw(st.sampled_from([None, None, 0, 500, 2000])) if gpus else None  # host RAM for offloaded state
+    return Node(name, res, gpus, offload_memory=offload)
 
 
 def inventories(draw, gpu_heavy: bool, elastic_heavy: bool = False) -> Inventory:
@@ -367,7 +368,8 @@ def inventories(draw, gpu_heavy: bool, elastic_heavy: bool = False) -> Inventory
         movable = draw(st.sampled_from([True, True, False]))  # unmovable: an inference server process
         asleep = 0 if movable else draw(st.sampled_from([0, memory // 5, memory // 2]))
         services.append(Service(f"s{i}", memory, draw(st.sampled_from([0.0, 0.0, 0.5, 2.0])), draw(st.integers(1, 3)),
-                                asleep_memory=asleep, movable=movable))
+                                asleep_memory=asleep, movable=movable,
+                                host_memory=draw(st.sampled_from([0, 0, 300, 1000]))))
     quotas = [Quota(f"q{i}", rate=draw(st.sampled_from([0.0, 0.5, 2.0, 10.0])), burst=draw(st.integers(1, 3)),
                     max_concurrency=draw(st.integers(0, 3)), tokens_per_minute=draw(st.sampled_from([0, 60, 1000])))
               for i in range(draw(st.integers(0, 0 if elastic_heavy else 2)))]
@@ -486,7 +488,8 @@ def events(draw, h: Harness, inv: Inventory) -> None:
         elif event == "add_node" and h.N < MAX_NODES:
             node = draw_node(draw, f"x{h.N}", gpu_heavy=False, custom="disk" in h.kinds)
             capacity = [to_milli(float(node.resources.get(k, 0))) for k in h.kinds]
-            h.add_node(node.name, capacity, [to_milli(g.memory) for g in node.gpus])
+            h.add_node(node.name, capacity, [to_milli(g.memory) for g in node.gpus],
+                       -1 if node.offload_memory is None else to_milli(node.offload_memory))
         elif event == "invalid":
             invalid_event(draw, h, inv)
         elif event == "limit" and (drawn := h.draw_limit(lambda xs: draw(st.sampled_from(xs)))) is not None:

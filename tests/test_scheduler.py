@@ -478,6 +478,35 @@ def test_replica_names_must_not_clash():
     assert e.value.field == "inventory.services[1].name" and "rm#1" in str(e.value)
 
 
+def test_offloaded_services_host_memory_must_fit_the_nodes_offload_memory():
+    """Node(offload_memory=1000), services holding 800 MiB of host memory while offloaded:
+    only one of them can be offloaded at a time, so the second one's eviction waits."""
+    inv = Inventory(nodes=[Node("g", {"cpu": 8}, [Gpu(4000), Gpu(4000)], offload_memory=1000)],
+                    services=[Service("a", 3000, 1.0, host_memory=800), Service("b", 3000, 1.0, host_memory=800)])
+    s = Scheduler(inv)
+    s.submit([Action(1, {"cpu": 1}, 1.0, service="a"), Action(2, {"cpu": 1}, 1.0, service="b")], 0.0)
+    s.tick(1.0)
+    s.complete([1, 2], 2.0)
+    d = s.submit([Action(3, {"cpu": 1}, 1.0, gpu_memory=3000), Action(4, {"cpu": 1}, 1.0, gpu_memory=3000)], 3.0)
+    assert [(x.kind, x.service or x.action) for x in d] == [("evict", "a"), ("start", 3)]
+    assert "waiting" in s.explain(4) and s.service_location("b") == (0, 1)
+    s.check_invariants()
+
+
+@pytest.mark.parametrize("make, field", [
+    (lambda: Node("g", {"cpu": 1}, [Gpu(1000)], offload_memory=-5), "inventory.nodes[0].offload_memory"),
+    (lambda: Node("g", {"cpu": 1}, [Gpu(1000)], offload_memory="lots"), "node.offload_memory"),
+    (lambda: Service("s", 100, host_memory=-1), "inventory.services[0].host_memory"),
+    (lambda: Service("s", 100, host_memory=None), "service.host_memory"),
+])
+def test_offload_and_host_memory_validated(make, field):  # type: ignore[no-untyped-def]
+    with pytest.raises(tangram.ValidationError) as e:
+        made = make()
+        node = made if isinstance(made, Node) else Node("g", {"cpu": 1}, [Gpu(1000)])
+        Scheduler(Inventory(nodes=[node], services=[made] if isinstance(made, Service) else []))
+    assert e.value.field == field
+
+
 def test_service_action_over_token_budget_is_rejected():
     inv = Inventory(nodes=[Node("g", {"cpu": 8}, [Gpu(10000)])], services=[Service("rm", 1000)],
                     quotas=[Quota("llm", tokens_per_minute=100)])

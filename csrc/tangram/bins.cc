@@ -38,7 +38,10 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
     for (std::size_t g = 0; g < node.gpus.size(); ++g)
       if (node.gpus[g].memory <= 0 || node.gpus[g].memory > kMaxMilli)
         throw Error(ErrorCode::kInvalidArgument, f + ".gpus[" + std::to_string(g) + "].memory", "must be in (0, 1e12] MiB");
+    if (node.offload_memory < -1 || node.offload_memory > kMaxMilli)
+      throw Error(ErrorCode::kInvalidArgument, f + ".offload_memory", "must be in [0, 1e12] MiB, or unlimited");
   }
+  node_offload_used.assign(N, 0);
   // devices
   node_first_dev.resize(N + 1);
   for (std::int32_t n = 0; n < N; ++n) {
@@ -81,6 +84,8 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
     if (!std::isfinite(spec.offload_seconds) || spec.offload_seconds < 0 || spec.offload_seconds > kMaxSeconds)
       throw Error(ErrorCode::kInvalidArgument, f + ".offload_seconds", "must be a finite number in [0, 1e9]");
     if (spec.max_batch < 1) throw Error(ErrorCode::kInvalidArgument, f + ".max_batch", "must be at least 1");
+    if (spec.host_memory < 0 || spec.host_memory > kMaxMilli)
+      throw Error(ErrorCode::kInvalidArgument, f + ".host_memory", "must be in [0, 1e12] MiB");
     if (spec.asleep_memory < 0 || spec.asleep_memory > spec.memory)
       throw Error(ErrorCode::kInvalidArgument, f + ".asleep_memory", "must be in [0, memory]");
     if (spec.asleep_memory > 0 && spec.movable)
@@ -346,6 +351,7 @@ std::int32_t Scheduler::Impl::add_node(NodeSpec spec) {
   scratch.assign(D, 0);
   inv.nodes.push_back(std::move(spec));
   node_online.push_back(1);
+  node_offload_used.push_back(0);
   node_parked.emplace_back();
   node_parked_count.push_back(0);
   node_released.push_back(0);

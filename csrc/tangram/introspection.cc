@@ -183,6 +183,17 @@ void Scheduler::Impl::check() const {
     if (services[s].device != kNone && services[s].pinned_device != kNone && services[s].device != services[s].pinned_device)
       fail("unmovable service resident away from its process's device");
   }
+  std::vector<Quantity> offload_used(inv.nodes.size(), 0);
+  for (std::size_t s = 0; s < services.size(); ++s) {
+    if (services[s].host_node == kNone) continue;
+    if (services[s].device != kNone) fail("a resident service holds offloaded host memory");
+    offload_used[services[s].host_node] += inv.services[s].host_memory;
+  }
+  for (std::size_t n = 0; n < inv.nodes.size(); ++n) {
+    if (offload_used[n] != node_offload_used[n]) fail("offload memory accounting on node " + std::to_string(n));
+    if (inv.nodes[n].offload_memory >= 0 && offload_used[n] > inv.nodes[n].offload_memory)
+      fail("offload memory exceeded on node " + std::to_string(n));
+  }
   for (std::size_t d = 0; d < dev_node.size(); ++d) {
     if (dev_free[d] < 0) fail("GPU memory exceeded on device " + std::to_string(d));
     if (dev_free[d] + dev_used[d] != dev_total[d]) fail("GPU free + used != total on device " + std::to_string(d));

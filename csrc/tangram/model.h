@@ -21,6 +21,9 @@ struct NodeSpec {
   std::string name;
   std::vector<Quantity> capacity;  // one entry per Inventory::kinds, milli-units
   std::vector<GpuSpec> gpus;
+  // Host RAM for the state of services offloaded from its GPUs (a sleeping server's weights
+  // backed up in pinned memory), milli-MiB; -1: not limited.
+  Quantity offload_memory = -1;
 };
 
 // A named API quota. Zero disables a limit.
@@ -48,6 +51,9 @@ struct ServiceSpec {
   // (an offline node, a demand that device's node can never hold) the process is given
   // up and the restore is a fresh load on another device.
   bool movable = true;
+  // Host RAM its offloaded state takes on the node it was evicted from, milli-MiB: an
+  // eviction needs that much of the node's offload_memory, which its next restore frees.
+  Quantity host_memory = 0;
 };
 // A device's restores and offloads run one after another, in decision order (the runtime
 // carries them out so: an offload must free the memory a restore goes into): a restore is

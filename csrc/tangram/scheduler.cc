@@ -215,6 +215,8 @@ std::int32_t Scheduler::add_node(NodeSpec node, TimeNs now, std::vector<Decision
   for (std::size_t g = 0; g < node.gpus.size(); ++g)
     if (node.gpus[g].memory <= 0 || node.gpus[g].memory > kMaxMilli)
       throw Error(ErrorCode::kInvalidArgument, f + ".gpus[" + std::to_string(g) + "].memory", "must be in (0, 1e12] MiB");
+  if (node.offload_memory < -1 || node.offload_memory > kMaxMilli)
+    throw Error(ErrorCode::kInvalidArgument, f + ".offload_memory", "must be in [0, 1e12] MiB, or unlimited");
   m.messages.clear();
   m.now = now;
   std::int32_t index = m.add_node(std::move(node));

@@ -222,6 +222,7 @@ struct ServiceRec {
   TimeNs queued_ns = 0;  // estimated work of waiting actions
   std::int32_t home_device = kNone;  // ServiceDevices::kHome
   std::int32_t pinned_device = kNone;  // an unmovable one: where its process runs (keeping asleep_memory)
+  std::int32_t host_node = kNone;  // offloaded: the node whose offload_memory holds its host_memory
   TimeNs restore_ns = 0;
   TimeNs offload_ns = 0;
   TimeNs last_request_ns = -1;  // its latest action's submit (-1: never asked for)
@@ -377,6 +378,7 @@ struct Scheduler::Impl {
   // the free trees (all -1, like a bound trajectory slot), so nothing is placed there; its
   // running actions keep their resources until the caller completes or cancels them.
   std::vector<std::uint8_t> node_online;  // per node
+  std::vector<Quantity> node_offload_used;  // per node: host_memory of the services offloaded there
   std::int32_t n_offline = 0;
 
   // ---- bins.cc: construction, bins and node membership
@@ -535,6 +537,11 @@ struct Scheduler::Impl {
   void evict(std::int32_t svc_id, std::vector<Decision>& out);
   void evict_offline_services(std::vector<Decision>& out);
   Quantity evict_frees(std::int32_t svc_id) const;
+  // Whether `extra` more host memory of offloaded services fits the node's offload_memory.
+  bool offload_fits(std::int32_t node, Quantity extra) const {
+    const Quantity cap = inv.nodes[node].offload_memory;
+    return cap < 0 || node_offload_used[node] + extra <= cap;
+  }
 
   // ---- spare.cc: spare elastic units
   // A candidate for spare units: an action started in this pass (its kStart's index in

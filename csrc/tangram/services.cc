@@ -80,8 +80,16 @@ Scheduler::Impl::RoomPlan Scheduler::Impl::plan_room(std::int32_t d, Quantity ne
     if (lhs != rhs) return lhs < rhs;
     return x < y;
   });
+  // The victims' host memory must fit the node's offload memory, less what `keep` gives
+  // back there when this plan is for its restore.
+  const ServiceRec* kept = keep != kNone ? &services[keep] : nullptr;
+  Quantity host = kept != nullptr && kept->device == kNone && kept->host_node == dev_node[d]
+                      ? -inv.services[keep].host_memory
+                      : 0;
   for (std::size_t i = 0; i < cands.size() && room < need; ++i) {
     const ServiceRec& o = services[cands[i]];
+    if (!offload_fits(dev_node[d], host + inv.services[cands[i]].host_memory)) continue;
+    host += inv.services[cands[i]].host_memory;
     room += evict_frees(cands[i]);
     plan.busy += o.waiting > 0 ? 1 : 0;
     plan.queued += o.queued_ns;
@@ -97,6 +105,10 @@ void Scheduler::Impl::evict(std::int32_t v, std::vector<Decision>& out) {
   const std::int32_t d = services[v].device;
   services[v].device = kNone;
   dev_free[d] += evict_frees(v);
+  if (node_online[dev_node[d]] && inv.services[v].host_memory > 0) {  // an offline node's state is gone
+    node_offload_used[dev_node[d]] += inv.services[v].host_memory;
+    services[v].host_node = dev_node[d];
+  }
   dev_ops_end[d] = std::max(now, dev_ops_end[d]) + services[v].offload_ns;
   Decision e;
   e.kind = DecisionKind::kEvict;
@@ -178,6 +190,10 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
     for (std::int32_t v : chosen.victims) evict(v, out);
   }
   dev_free[target] -= need_on(target);
+  if (svc.host_node != kNone) {  // its offloaded state goes back to the device
+    node_offload_used[svc.host_node] -= spec.host_memory;
+    svc.host_node = kNone;
+  }
   if (svc.pinned_device != kNone && svc.pinned_device != target) {  // its old process is given up
     dev_free[svc.pinned_device] += spec.asleep_memory;
     refresh_node_devices(dev_node[svc.pinned_device]);
@@ -296,7 +312,7 @@ bool Scheduler::Impl::service_admits(Class& cl, std::int32_t& device, std::vecto
   if (svc.device != kNone && svc.ready_ns <= now && dev_total[svc.device] < inv.services[cl.service].memory + cl.gpu_memory) {
     // Its device can never hold this action beside the service: move the service once
     // its running batch is done.
-    if (svc.running > 0) {
+    if (svc.running > 0 || !offload_fits(dev_node[svc.device], inv.services[cl.service].host_memory)) {
       cl.block = Block::kServiceNoRoom;
       return false;
     }

@@ -24,6 +24,7 @@ and GPUs) with the `tangram` policy and the built-in managers. A file, for insta
     replicas = 1            # identical copies, each with its own residency
     asleep_memory = 0       # MiB it keeps on its device while offloaded (then movable = false)
     movable = true          # false: a server process, restored on the device it sleeps on
+    host_memory = 0         # MiB of host RAM its offloaded state takes (Node offload_memory caps it)
     hooks = "mypackage.reward:RewardModel"   # a ServiceHooks class or instance
 
     [managers.cpu]          # keyword options of a manager's constructor

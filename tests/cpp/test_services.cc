@@ -561,6 +561,46 @@ TEST(Services, ReportedRestoreIsReadyAtOnceAndMeasuredTimesApply) {
   EXPECT_EQ(h.submit({b}, 3), (Decisions{restore(0).on(0, 0).at(3.25)}));
 }
 
+// Offloaded services hold host memory on the node they were evicted from: a victim whose
+// state would not fit the node's offload memory stays resident, and a restore gives its
+// own state's room back (so two services can take turns in room for one).
+TEST(Services, OffloadedStateMustFitTheNodesOffloadMemory) {
+  Inventory inv = cpu_inventory(1, 4);
+  inv.nodes[0].gpus = {{U(4000)}, {U(4000)}};
+  inv.nodes[0].offload_memory = U(1000);
+  tangram::ServiceSpec a{"a", U(3000), 1.0, 1, 1.0};
+  a.host_memory = U(800);
+  tangram::ServiceSpec b = a;
+  b.name = "b";
+  inv.services = {a, b};
+  Harness h(inv, policy_of(PolicyKind::kFifo));
+  ActionSpec first = action(1, {U(1)}, 1);
+  first.service = 0;
+  ActionSpec second = action(2, {U(1)}, 1);
+  second.service = 1;
+  EXPECT_EQ(h.submit({first, second}, 0), (Decisions{restore(0).on(0, 0).at(1), restore(1).on(0, 1).at(1)}));
+  h.tick(1);
+  h.complete({1, 2}, 2);
+  // Two plain actions needing 3,000 MiB each: a is evicted for the first (800 of 1,000 MiB
+  // of host memory); b cannot be (1,600 MiB would not fit), so the second waits for device 0.
+  ActionSpec big = action(3, {U(1)}, 1);
+  big.gpu_memory = U(3000);
+  ActionSpec big2 = action(4, {U(1)}, 1);
+  big2.gpu_memory = U(3000);
+  EXPECT_EQ(h.submit({big, big2}, 3), (Decisions{evict(0).on(0, 0).at(3), start(3).on(0, 0).at(3)}));
+  EXPECT_EQ(h.s.service_location(1), std::make_pair(0, 1));
+  EXPECT_EQ(h.complete({3}, 4), (Decisions{start(4).on(0, 0).at(4)}));
+  h.complete({4}, 5);
+  // a's restore gives its 800 MiB back; then b can be evicted, its state taking them.
+  ActionSpec again = action(5, {U(1)}, 1);
+  again.service = 0;
+  EXPECT_EQ(h.submit({again}, 6), (Decisions{restore(0).on(0, 0).at(7)}));
+  EXPECT_EQ(h.tick(7), (Decisions{start(5).on(0, 0).service(0).at(7)}));
+  ActionSpec plain = action(6, {U(1)}, 1);
+  plain.gpu_memory = U(3000);
+  EXPECT_EQ(h.submit({plain}, 8), (Decisions{evict(1).on(0, 1).at(8), start(6).on(0, 1).at(8)}));
+}
+
 // Memory kept asleep must fit the service and belongs to an unmovable one.
 TEST(Services, AsleepMemoryValidated) {
   Inventory inv = cpu_inventory(1, 4);

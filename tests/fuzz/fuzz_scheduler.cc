@@ -155,6 +155,7 @@ class Harness {
       const int gpus = in_.ConsumeIntegralInRange<int>(0, 2);
       for (int g = 0; g < gpus; ++g)
         node.gpus.push_back({tangram::kMilli * in_.ConsumeIntegralInRange<Quantity>(0, 80) * 1024});
+      if (in_.ConsumeBool()) node.offload_memory = tangram::kMilli * in_.ConsumeIntegralInRange<Quantity>(-1, 64) * 1024;
       inv.nodes.push_back(std::move(node));
     }
     const int services = in_.ConsumeIntegralInRange<int>(0, 2);
@@ -165,6 +166,7 @@ class Harness {
       svc.restore_seconds = in_.ConsumeIntegralInRange<int>(0, 20) / 2.0;
       svc.max_batch = in_.ConsumeIntegralInRange<std::int32_t>(1, 4);
       svc.offload_seconds = in_.ConsumeIntegralInRange<int>(0, 20) / 4.0;
+      svc.host_memory = tangram::kMilli * in_.ConsumeIntegralInRange<Quantity>(0, 3) * 8 * 1024;
       if (in_.ConsumeIntegralInRange<int>(0, 2) == 0) {  // an inference server: pinned, keeps memory asleep
         svc.movable = false;
         svc.asleep_memory = svc.memory / in_.ConsumeIntegralInRange<Quantity>(1, 8) * in_.ConsumeIntegralInRange<int>(0, 1);
