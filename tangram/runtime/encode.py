@@ -30,8 +30,15 @@ def shape_of(call: Call, runtime: Any) -> tuple[Any, ...]:
 
 
 class CallEncoder:
-    def __init__(self, encoder: RecordEncoder) -> None:
+    """`process_gpu_memory`: MiB the core adds to the gpu_memory of a GPU call that runs in
+    a process of its own (no service): its CUDA context, which it does not allocate itself
+    (GpuManager.context_mib); up to `largest_gpu` MiB (a call asking for nearly a whole
+    device gets the whole device)."""
+
+    def __init__(self, encoder: RecordEncoder, process_gpu_memory: float = 0.0, largest_gpu: float = 0.0) -> None:
         self._encoder = encoder
+        self.process_gpu_memory = process_gpu_memory
+        self.largest_gpu = largest_gpu
         self._index: dict[tuple[Any, ...], int] = {}
         self._templates = np.zeros(16, dtype=encoder.dtype)
         self._template_bytes: list[bytes] = []  # the same records as bytes, for one-action batches
@@ -48,8 +55,11 @@ class CallEncoder:
             pass
         except Exception:  # an unhashable model (or one whose hash fails): encode it every time
             key = None  # type: ignore[assignment]
+        gpu_memory = call.gpu_memory
+        if self.process_gpu_memory and call.service is None and isinstance(gpu_memory, (int, float)) and gpu_memory > 0:
+            gpu_memory = min(gpu_memory + self.process_gpu_memory, max(gpu_memory, self.largest_gpu))
         action = Action(0, dict(call.resources), runtime, elastic=call.elastic, max_units=call.max_units,
-                        priority=call.priority, gpu_memory=call.gpu_memory, service=call.service,
+                        priority=call.priority, gpu_memory=gpu_memory, service=call.service,
                         quota=call.quota, tokens=call.tokens, affinity=call.affinity)
         try:
             record = self._encoder.encode([action])

@@ -238,9 +238,14 @@ class _ServiceState:
     batches: int = 0
     stuck: str | None = None  # a hook ran past hook_timeout: its thread still runs it
     suspect: str | None = None  # an Xid on its device: check its health before the next batch
-    restarting: asyncio.Future[None] | None = None
+    checking: asyncio.Future[None] | None = None  # a health check (and restart) in progress
     restarts: int = 0
 
+
+# What a CUDA context takes on a device, in MiB, when nothing better is known: about 300 to
+# 600 MiB on recent GPUs with CUDA 12's lazy module loading, more with eager loading or
+# large libraries; bench/gpu_check.py's context_cost measures it on a machine.
+CUDA_CONTEXT_MIB = 512.0
 
 # Xid errors after which a GPU needs a reset (NVIDIA's Xid catalogue): 48 double-bit ECC
 # error, 62 internal micro-controller halt, 64 ECC page retirement or row-remapping failure,
@@ -363,7 +368,10 @@ class GpuManager(ResourceManager):
     a ManagerError), and the service is out of use from then on: its hooks run one at a
     time in its own thread, which a Python thread cannot be made to leave, so every later
     call of the service fails at once, naming the hook that did not return (and the
-    process exits only once it has returned). `watch_xids`: watch NVML's critical Xid
+    process exits only once it has returned). `context_mib`: device memory a GPU action's
+    process takes beyond what it allocates (its CUDA context), which the core adds to every
+    GPU action without a service; by default CUDA_CONTEXT_MIB on NVML devices, 0 on fake or
+    given ones (bench/gpu_check.py measures it on a real GPU). `watch_xids`: watch NVML's critical Xid
     events of the NVML devices (`XidWatch`): services on a device that reported one are
     checked before their next batch and restarted when unhealthy; the events are in
     describe().
@@ -379,7 +387,8 @@ class GpuManager(ResourceManager):
     def __init__(self, services: Mapping[str, Any] | None = None,
                  devices: Sequence[GpuDevice | float] | str | None = None,
                  batch_window: float = 0.0, node: int | str = 0, mps: bool | None = None,
-                 hook_timeout: float | None = 600.0, watch_xids: bool = True) -> None:
+                 hook_timeout: float | None = 600.0, watch_xids: bool = True,
+                 context_mib: float | None = None) -> None:
         services = dict(services or {})
         self.hooks: dict[str, ServiceHooks] = {str(k): _resolve_hooks(str(k), v) for k, v in services.items()}
         try:
@@ -408,6 +417,15 @@ class GpuManager(ResourceManager):
         self._offloading: dict[int, set[asyncio.Future[None]]] = {}
         self._attached = False
         self.watch_xids = bool(watch_xids)
+        if context_mib is not None:
+            try:
+                context_mib = float(context_mib)
+            except (TypeError, ValueError):
+                context_mib = math.nan
+            if not math.isfinite(context_mib) or context_mib < 0:
+                raise ManagerError("context_mib", f"must be a non-negative number of MiB or None, got {context_mib!r}")
+        self._context_option = context_mib
+        self.context_mib = 0.0
         self._xid_watch: XidWatch | None = None
         self.xid_events: list[dict[str, Any]] = []
 
@@ -431,6 +449,10 @@ class GpuManager(ResourceManager):
         self.devices = self._resolve_devices(gpus, inventory.nodes[self.node].name if inventory.nodes else "")
         self.mps = mps_active() if self._mps_option is None else bool(self._mps_option)
         self.mps_pipe = mps_pipe_directory()
+        if self._context_option is not None:
+            self.context_mib = self._context_option
+        else:  # real GPUs: a context's typical cost; fake or given ones: none
+            self.context_mib = CUDA_CONTEXT_MIB if any(d.source == "nvml" for d in self.devices) else 0.0
         # One state per instance the core schedules (a replicated service's replicas share
         # its hooks object: each load returns the handle of its own instance).
         self._services = {name: _ServiceState(name, self.hooks[s.name], max(1, int(s.max_batch)))
@@ -673,10 +695,10 @@ class GpuManager(ResourceManager):
             await asyncio.sleep(0)  # let the requests started in this iteration join
             if self.batch_window > 0:
                 await asyncio.sleep(self.batch_window)
-            if st.restarting is not None:  # its queue waits for the restarted instance
-                await asyncio.shield(st.restarting)
+            if st.checking is not None:  # its queue waits for the checked (or restarted) instance
+                await asyncio.shield(st.checking)
             if st.suspect is not None and st.residency is not None:
-                await self._check_health(st, st.suspect)
+                await self._check_health(st, st.suspect, self._begin_check(st))
             r = st.residency
             if r is not None and r.ready.done() and r.ready.result() is not None:  # its restart failed
                 error = r.ready.result()
@@ -718,13 +740,16 @@ class GpuManager(ResourceManager):
             raise
         except Exception as e:
             tb = traceback.format_exc()
+            # Before its actions learn of the failure (and their callers send more): later
+            # batches wait for the check.
+            check = None if isinstance(e, HookTimeout) else self._begin_check(st)
             for r in batch:
                 if not r.future.done():
                     r.future.set_exception(ActionFailed(r.action_id, f"service {st.name!r}: its batch hook raised on a "
                                                                      f"batch of {n}: {type(e).__name__}: {e}",
                                                         type(e).__name__, tb))
-            if not isinstance(e, HookTimeout):
-                await self._check_health(st, f"its batch hook raised {type(e).__name__}: {e}")
+            if check is not None or st.checking is not None:
+                await self._check_health(st, f"its batch hook raised {type(e).__name__}: {e}", check)
             return
         if len(outputs) != n:
             for r in batch:
@@ -738,59 +763,66 @@ class GpuManager(ResourceManager):
                 r.future.set_result(out)
 
     # ---------------------------------------------------------------- health
-    async def _check_health(self, st: _ServiceState, why: str) -> None:
+    def _begin_check(self, st: _ServiceState) -> asyncio.Future[None] | None:
+        """Marks a health check of the service as begun (its batches wait for it): the
+        future to settle when it ends, or None when one is already in progress."""
+        if st.checking is not None:
+            return None
+        st.checking = asyncio.get_running_loop().create_future()
+        return st.checking
+
+    async def _check_health(self, st: _ServiceState, why: str, mine: asyncio.Future[None] | None) -> None:
         """Asks the service's `healthy` hook; an unhealthy (or unanswering) service is
-        restarted in place. One check or restart at a time per service."""
-        if st.restarting is not None:
-            await asyncio.shield(st.restarting)
-            return
-        st.suspect = None
-        if st.handle is _UNLOADED or st.residency is None or st.stuck is not None:
+        restarted in place. `mine`: this check's mark (_begin_check); None: another check
+        is in progress, and this waits for it."""
+        if mine is None:
+            if st.checking is not None:
+                await asyncio.shield(st.checking)
             return
         try:
-            ok = bool(await self._call(st, st.hooks.healthy, st.handle))
-            problem = "its healthy hook said no"
-        except HookTimeout:
-            return  # out of use already
-        except Exception as e:
-            ok, problem = False, f"its healthy hook raised {type(e).__name__}: {e}"
-        if not ok:
-            await self._restart(st, f"{why}; {problem}")
+            st.suspect = None
+            if st.handle is _UNLOADED or st.residency is None or st.stuck is not None:
+                return
+            try:
+                ok = bool(await self._call(st, st.hooks.healthy, st.handle))
+                problem = "its healthy hook said no"
+            except HookTimeout:
+                return  # out of use already
+            except Exception as e:
+                ok, problem = False, f"its healthy hook raised {type(e).__name__}: {e}"
+            if not ok:
+                await self._restart(st, f"{why}; {problem}")
+        finally:
+            st.checking = None
+            mine.set_result(None)
 
     async def _restart(self, st: _ServiceState, why: str) -> None:
         """`close`, then `load` on its device: the core still holds it resident there.
         Actions arriving meanwhile wait for the new instance; a failed load fails them
         (and the service's next restore loads it again)."""
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[None] = loop.create_future()
-        st.restarting = done
-        try:
-            r = st.residency
-            if r is None:
-                return
-            device = r.device
-            ready: asyncio.Future[BaseException | None] = loop.create_future()
-            st.residency = _Residency(device, ready)
-            log.warning("services.%s: restarting it on device %d: %s", st.name, device, why)
-            async with st.lock:  # batches still in flight on the broken instance fail
-                try:
-                    await self._call(st, st.hooks.close, st.handle)
-                except Exception as e:
-                    log.warning("services.%s: close hook failed before its restart: %s: %s", st.name,
-                                type(e).__name__, e)
-                st.handle = _UNLOADED
-                try:
-                    st.handle = await self._call(st, st.hooks.load, self.devices[device])
-                except Exception as e:
-                    ready.set_result(e)
-                    log.error("services.%s: its restart failed: load hook raised %s: %s", st.name,
-                              type(e).__name__, e)
-                else:
-                    ready.set_result(None)
-                    st.restarts += 1
-        finally:
-            st.restarting = None
-            done.set_result(None)
+        r = st.residency
+        if r is None:
+            return
+        device = r.device
+        ready: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
+        st.residency = _Residency(device, ready)
+        log.warning("services.%s: restarting it on device %d: %s", st.name, device, why)
+        async with st.lock:  # batches still in flight on the broken instance fail
+            try:
+                await self._call(st, st.hooks.close, st.handle)
+            except Exception as e:
+                log.warning("services.%s: close hook failed before its restart: %s: %s", st.name,
+                            type(e).__name__, e)
+            st.handle = _UNLOADED
+            try:
+                st.handle = await self._call(st, st.hooks.load, self.devices[device])
+            except Exception as e:
+                ready.set_result(e)
+                log.error("services.%s: its restart failed: load hook raised %s: %s", st.name,
+                          type(e).__name__, e)
+            else:
+                ready.set_result(None)
+                st.restarts += 1
 
     def device_fault(self, device: int, xid: int) -> None:
         """An Xid error reported on `device` (XidWatch): every service resident there is
@@ -871,6 +903,7 @@ class GpuManager(ResourceManager):
                       if self.mps else "scheduling shares only (no MPS daemon)",
             "batch_window": self.batch_window,
             "hook_timeout": self.hook_timeout,
+            "context_mib": self.context_mib,
             "services": {name: {"max_batch": st.max_batch, "resident_on": self.resident(name), "batches": st.batches,
                                 "restarts": st.restarts, "out_of_use": st.stuck}
                          for name, st in self._services.items()},
@@ -879,6 +912,6 @@ class GpuManager(ResourceManager):
         }
 
 
-__all__ = ["FAKE_ENV", "FATAL_XIDS", "VISIBLE_ENV", "FunctionService", "GpuDevice", "GpuManager", "HookTimeout",
+__all__ = ["CUDA_CONTEXT_MIB", "FAKE_ENV", "FATAL_XIDS", "VISIBLE_ENV", "FunctionService", "GpuDevice", "GpuManager", "HookTimeout",
            "ServiceHooks", "XidWatch", "discover", "grant_environment", "mps_active", "mps_pipe_directory", "parse_fake",
            "visible"]

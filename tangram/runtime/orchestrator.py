@@ -197,6 +197,9 @@ class Orchestrator:
         for m in self.managers.values():
             m.attach(self.inventory)
             m.bind(self)
+        # A GPU call's process holds a CUDA context beside what it allocates: the core counts it.
+        self._encoder.process_gpu_memory = float(getattr(self.managers.get("gpu"), "context_mib", 0.0) or 0.0)
+        self._encoder.largest_gpu = max((float(g.memory) for n in self.inventory.nodes for g in n.gpus), default=0.0)
         started: list[ResourceManager] = []
         try:
             for m in self.managers.values():
@@ -412,6 +415,7 @@ class Orchestrator:
         index, decisions = self.scheduler.add_node(node, self._now())  # type: ignore[union-attr]
         self.inventory = self.scheduler.inventory  # type: ignore[union-attr]
         self._node_names.append(node.name)
+        self._encoder.largest_gpu = max([self._encoder.largest_gpu, *(float(g.memory) for g in node.gpus)])
         self._handle(decisions.array)
         self._arm_timer()
         return index

@@ -1141,3 +1141,16 @@ def test_describe():
     assert [x["uuid"] for x in d["devices"]] == ["GPU-fake-0", "GPU-fake-1"]
     assert d["services"] == {"rm": {"max_batch": 4, "resident_on": None, "batches": 0, "restarts": 0, "out_of_use": None}}
     assert d["xid_events"] == [] and d["xid_watch"] == []
+
+
+def test_context_mib_defaults_and_validation(monkeypatch, no_fake):
+    from tangram.runtime.gpu import CUDA_CONTEXT_MIB
+
+    assert manager().context_mib == 0.0  # fake devices hold no CUDA context
+    assert manager(context_mib=300).context_mib == 300.0
+    with pytest.raises(ManagerError, match="context_mib"):
+        GpuManager(context_mib=-1)
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml().module())
+    m = GpuManager(watch_xids=False)
+    m.attach(Inventory([Node("n0", {"cpu": 8}, [Gpu(d.memory_mib) for d in discover()])]))
+    assert m.context_mib == CUDA_CONTEXT_MIB and m.describe()["context_mib"] == CUDA_CONTEXT_MIB

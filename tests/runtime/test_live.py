@@ -290,6 +290,29 @@ def test_calls_to_a_replicated_service_go_to_the_replica_that_serves_them_soones
     asyncio.run(main())
 
 
+def test_a_gpu_actions_cuda_context_is_counted_on_its_device() -> None:
+    """GpuManager(context_mib=500): the core counts each GPU action's process's CUDA context
+    beside the memory it asks for, so two actions of 3,000 MiB do not share a 6,000 MiB
+    device (6,000 + 2 x 500 > 6,000); an action asking for the whole device still gets it."""
+    async def main() -> None:
+        inventory = local_inventory(gpus=[6000, 6000])
+        gpu = GpuManager(devices="inventory", context_mib=500)
+        async with Orchestrator(inventory=inventory, default_managers=False,
+                                managers={"gpu": gpu, "mock": MockManager()}) as orch:
+            def call(mib: float) -> Call:
+                return Call(fn=lambda: None, resources={}, gpu_memory=mib, manager="mock", runtime=0.2)
+
+            first, second = orch.submit(call(3000)), orch.submit(call(3000))
+            await asyncio.gather(first, second)
+            devices = sorted(r.device for r in orch.records)
+            assert devices == [0, 1]  # one per device: 3,500 + 3,500 would not fit one
+            assert gpu.describe()["context_mib"] == 500
+            await orch.run(call(6000))  # the whole device: not refused for its context
+            assert [r.outcome for r in orch.records] == ["ok"] * 3
+
+    asyncio.run(main())
+
+
 def _cuda_device_and_pid() -> tuple[str, int]:
     """What a CUDA program sees: CUDA reads CUDA_VISIBLE_DEVICES once, when it initialises
     in a process, and keeps that device (simulated by an environment variable set on first
