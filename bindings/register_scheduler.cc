@@ -125,6 +125,10 @@ class PyScheduler {
     sched_.service_restored(service, node, device, time_field(now), out_);
     return decisions();
   }
+  py::array set_device_online(std::int32_t node, std::int32_t device, bool online, double now) {
+    sched_.set_device_online(node, device, online, time_field(now), out_);
+    return decisions();
+  }
   py::array set_node_online(std::int32_t node, bool online, double now) {
     sched_.set_node_online(node, online, time_field(now), out_);
     return decisions();
@@ -288,6 +292,11 @@ void register_scheduler(py::module_& m) {
       .def("set_service_times", [](PyScheduler& s, std::int32_t svc, double restore, double offload) {
         s.core().set_service_times(svc, restore, offload);
       }, py::arg("service"), py::arg("restore_seconds"), py::arg("offload_seconds"))
+      .def("set_device_online", &PyScheduler::set_device_online, py::arg("node"), py::arg("device"), py::arg("online"),
+           py::arg("now"))
+      .def("device_online", [](PyScheduler& s, std::int32_t node, std::int32_t device) {
+        return s.core().device_online(node, device);
+      }, py::arg("node"), py::arg("device"))
       .def("set_node_online", &PyScheduler::set_node_online, py::arg("node"), py::arg("online"), py::arg("now"))
       .def("add_node", &PyScheduler::add_node, py::arg("name"), py::arg("capacity"), py::arg("gpus"), py::arg("now"),
            py::arg("offload_memory") = -1)

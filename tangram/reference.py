@@ -70,9 +70,14 @@ Rules, in words:
   in Restore, below, for the head); a restore there takes memory - asleep_memory. When the
   pinned device is not usable, it restores as a movable one would, taking its whole
   memory, and the device it leaves gets its asleep memory back.
+* Offline devices. set_device_online(node, device, False) fences a device's memory off:
+  its free memory, and whatever returns to it later (an action ending, an eviction), is
+  fenced, not free; it takes no restore nor plan (as an offline node's), and a service
+  resident there is evicted by the pass like one on an offline node. Back online, the
+  fenced memory is free again. Either way a pass follows.
 * Host memory of offloaded services. A node has offload_memory (-1: not limited); an
-  eviction from an online node holds the victim's host_memory there until its next
-  restore (from an offline node it holds nothing). A victim whose host memory would not
+  eviction from an online device holds the victim's host_memory on its node until its
+  next restore (from an offline node or device it holds nothing). A victim whose host memory would not
   fit, with the plan's earlier victims', is passed over in the greedy plan; a service
   that must move off a device too small for an action waits while it would not fit.
 * Runtime reports. service_restored(s, node, device, now): if s is restoring on that
@@ -499,6 +504,8 @@ class ReferenceScheduler:
                 self.dev_total.append(int(m))
         self.dev_free = list(self.dev_total)
         self.dev_ops_end = [0] * len(self.dev_total)  # per device: when its last restore or offload ends
+        self.dev_offline = [False] * len(self.dev_total)  # out of placement: its memory fenced off
+        self.dev_fenced = [0] * len(self.dev_total)
         self.quotas = []
         for q, spec in enumerate(quotas):
             self.quotas.append(_Quota(spec, f"inventory.quotas[{q}]"))
@@ -875,6 +882,8 @@ class ReferenceScheduler:
             self.dev_total.append(m)
             self.dev_free.append(m)
             self.dev_ops_end.append(0)
+            self.dev_offline.append(False)
+            self.dev_fenced.append(0)
         return n, self._pass([])
 
     def _append_node(self, name: str, offload: int = -1) -> int:
@@ -883,6 +892,37 @@ class ReferenceScheduler:
         self.offload_cap.append(offload)
         self.offload_used.append(0)
         return len(self.node_names) - 1
+
+    def _device_online(self, d: int) -> bool:
+        return self.online[self.dev_node[d]] and not self.dev_offline[d]
+
+    def _give_back(self, d: int, amount: int) -> None:
+        """Memory back to device d: free, or fenced off while the device is offline."""
+        if self.dev_offline[d]:
+            self.dev_fenced[d] += amount
+        else:
+            self.dev_free[d] += amount
+
+    def set_device_online(self, node: int, device: int, online: bool, now: float) -> np.ndarray:
+        t = self._start_check(now)
+        if not 0 <= node < self.N:
+            raise UnknownNameError("node", f"no node with index {node}")
+        devices = self._devices_of(node)
+        if not 0 <= device < len(devices):
+            raise UnknownNameError("device", f"node {node} has no GPU {device}")
+        self._start_event(t)
+        d = devices[device]
+        if self.dev_offline[d] == (not online):
+            return self._pass([])
+        self.dev_offline[d] = not online
+        if online:
+            self.dev_free[d], self.dev_fenced[d] = self.dev_free[d] + self.dev_fenced[d], 0
+        else:
+            self.dev_fenced[d], self.dev_free[d] = self.dev_fenced[d] + self.dev_free[d], 0
+        return self._pass([])
+
+    def device_online(self, node: int, device: int) -> bool:
+        return not self.dev_offline[self._devices_of(node)[device]]
 
     def _offload_fits(self, node: int, extra: int) -> bool:
         cap = self.offload_cap[node]
@@ -924,7 +964,7 @@ class ReferenceScheduler:
         if a.elastic_kind >= 0:
             free[a.elastic_kind] += a.grant - a.minimum
         if a.device >= 0 and a.gpu_memory > 0:
-            self.dev_free[a.device] += a.gpu_memory
+            self._give_back(a.device, a.gpu_memory)
 
     # ------------------------------------------------------------ validation
     def _decode(self, r: np.void, f: str) -> _Action:
@@ -1029,7 +1069,7 @@ class ReferenceScheduler:
         p = _Pass()
         p.resized.update(resized)  # limited by this event: not resized again in its pass
         for s, svc in enumerate(self.services):  # resident on an offline node, idle: offloaded
-            if svc.device >= 0 and not self.online[self.dev_node[svc.device]] and self._running(service=s) == 0:
+            if svc.device >= 0 and not self._device_online(svc.device) and self._running(service=s) == 0:
                 self._evict(s, out)
         if self.rules.restore == "queues_first":
             self._restore_queues(out)
@@ -1097,7 +1137,7 @@ class ReferenceScheduler:
         device = -1
         if a.service >= 0:
             svc = self.services[a.service]
-            if svc.device >= 0 and not self.online[self.dev_node[svc.device]]:
+            if svc.device >= 0 and not self._device_online(svc.device):
                 return WAITS  # evicted once its actions there have ended
             if svc.device >= 0 and svc.ready_ns <= now and self.dev_total[svc.device] < svc.memory + a.gpu_memory:
                 if self._running(service=a.service) > 0:  # move it once its batch is done
@@ -1339,8 +1379,8 @@ class ReferenceScheduler:
     def _evict(self, s: int, out: list) -> None:
         d = self.services[s].device
         self.services[s].device = -1
-        self.dev_free[d] += self.services[s].memory - self.services[s].asleep
-        if self.online[self.dev_node[d]] and self.services[s].host > 0:  # an offline node's state is gone
+        self._give_back(d, self.services[s].memory - self.services[s].asleep)
+        if self._device_online(d) and self.services[s].host > 0:  # from an offline node or device: its state is gone
             self.offload_used[self.dev_node[d]] += self.services[s].host
             self.services[s].host_node = self.dev_node[d]
         self.dev_ops_end[d] = max(self.now_ns, self.dev_ops_end[d]) + self.services[s].offload_ns
@@ -1356,7 +1396,7 @@ class ReferenceScheduler:
 
         def usable(d: int) -> bool:
             n = self.dev_node[d]
-            return (self.dev_total[d] >= svc.memory + a.gpu_memory and self.online[n]
+            return (self.dev_total[d] >= svc.memory + a.gpu_memory and self._device_online(d)
                     and any(_covers(self.bins[b].capacity, a.demand) for b in self._node_leaves(a.partition, n)))
 
         def busy_node(d: int) -> int:  # 1 when no free bin of the node holds the action's demand now
@@ -1389,7 +1429,7 @@ class ReferenceScheduler:
             self.offload_used[svc.host_node] -= svc.host
             svc.host_node = -1
         if svc.pinned >= 0 and svc.pinned != target:  # its old process is given up
-            self.dev_free[svc.pinned] += svc.asleep
+            self._give_back(svc.pinned, svc.asleep)
         if not svc.movable:
             svc.pinned = target
         svc.device, svc.ready_ns = target, begins(target) + svc.restore_ns
@@ -1417,7 +1457,7 @@ class ReferenceScheduler:
                 if not _covers(self.bins[b].free, a.demand):
                     continue
                 for d in self._devices_of(n):
-                    if self.dev_total[d] >= a.gpu_memory:
+                    if self.dev_total[d] >= a.gpu_memory and not self.dev_offline[d]:
                         ok, busy, queued, likely, victims = self._plan_room(d, a.gpu_memory, -1)
                         if ok and victims:
                             plans.append(((busy, queued, likely, len(victims), d), victims))

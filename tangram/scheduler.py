@@ -487,6 +487,16 @@ class Scheduler:
         only there wait for it. Returns the decisions of the pass that follows."""
         return self._wrap(self._core.set_node_online(self._node(node), bool(online), now))
 
+    def set_device_online(self, node: int | str, device: int, online: bool, now: float) -> Decisions:
+        """Takes one GPU out of placement (False: it needs a reset) or brings it back. Its
+        memory is fenced off: nothing new goes there, services resident there are evicted
+        once their actions there end, and actions running there keep their memory until
+        they end. Returns the decisions of the pass that follows."""
+        return self._wrap(self._core.set_device_online(self._node(node), int(device), bool(online), now))
+
+    def device_online(self, node: int | str, device: int) -> bool:
+        return self._core.device_online(self._node(node), int(device))
+
     def add_node(self, node: Node, now: float) -> tuple[int, Decisions]:
         """Appends a node (online) to the inventory and returns (its index, the decisions
         of the pass that follows: waiting work may start there). Its resources must use the

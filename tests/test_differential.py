@@ -96,6 +96,7 @@ class Harness:
         self.gpus = [list(g) for g in args["gpus"]]
         self.pools = np.array([pool_capacity(policy, self.bins, self.kinds, list(row)) for row in self.capacity.tolist()])
         self.online = [True] * len(self.names)
+        self.device_offline: set[tuple[int, int]] = set()  # (node, device) fenced off
         self.service_memory = [s[1] for s in args["services"]]
         self.service_asleep = [s[5] for s in args["services"]]  # milli-MiB kept offloaded (unmovable ones)
         self.service_movable = [s[6] for s in args["services"]]
@@ -231,6 +232,12 @@ class Harness:
         self.log.append(("set_service_times", (service, restore, offload), np.zeros(0, DECISION_DTYPE)))
         self.check()
 
+    def set_device_online(self, node: int, device: int, online: bool) -> None:
+        out = self.both("set_device_online", node, device, online, self.now)
+        if out is not None:
+            (self.device_offline.discard if online else self.device_offline.add)((node, device))
+            self.apply(out)
+
     def set_node_online(self, node: int, online: bool) -> None:
         out = self.both("set_node_online", node, online, self.now)
         if out is not None:
@@ -257,6 +264,8 @@ class Harness:
                 node = int(d["node"])
                 assert self.state[i] == "waiting", f"start of a {self.state[i]} action"
                 assert self.online[node], "a start on an offline node"
+                assert (d["device"] < 0 or d["service"] >= 0 or (node, int(d["device"])) not in self.device_offline), \
+                    "a GPU action started on an offline device"
                 self.state[i] = "running"
                 self.placed[i] = (node, int(d["elastic_kind"]), int(d["grant_milli"]))
                 if d["service"] >= 0:
@@ -267,6 +276,7 @@ class Harness:
                 s = int(d["service"])
                 assert s not in self.service_at
                 assert self.online[int(d["node"])], "a restore on an offline node"
+                assert (int(d["node"]), int(d["device"])) not in self.device_offline, "a restore on an offline device"
                 self.service_at[s] = (int(d["node"]), int(d["device"]))
                 if not self.service_movable[s]:  # pinned there (a process elsewhere is given up)
                     self.service_home[s] = self.service_at[s]
@@ -335,7 +345,8 @@ class Harness:
                 if node == n and s not in self.service_at:
                     dev_used[dev] += self.service_asleep[s]
             for d, total in enumerate(self.gpus[n]):
-                assert self.core.gpu_free(n, d) == self.ref.gpu_free(n, d) == total - dev_used[d]
+                free = 0 if (n, d) in self.device_offline else total - dev_used[d]  # an offline one's is fenced
+                assert self.core.gpu_free(n, d) == self.ref.gpu_free(n, d) == free
 
 
 # -------------------------------------------------------------------- random streams
@@ -465,7 +476,8 @@ def events(draw, h: Harness, inv: Inventory) -> None:
         else:
             h.now += step
         event = draw(st.sampled_from(["submit"] * 4 + ["complete"] * 3 + ["end"] * 2 + [
-            "complete_all", "cancel", "tick", "online", "add_node", "invalid", "limit", "restored", "times"]))
+            "complete_all", "cancel", "tick", "online", "add_node", "invalid", "limit", "restored", "times",
+            "device"]))
         if event == "submit":
             h.submit(draw_actions(draw, h, inv))
         elif event == "complete" and h.live("running"):
@@ -494,6 +506,11 @@ def events(draw, h: Harness, inv: Inventory) -> None:
             invalid_event(draw, h, inv)
         elif event == "limit" and (drawn := h.draw_limit(lambda xs: draw(st.sampled_from(xs)))) is not None:
             h.limit([drawn[0]], [drawn[1]])
+        elif event == "device" and any(h.gpus):
+            node = draw(st.sampled_from([n for n in range(h.N) if h.gpus[n]]))
+            device = draw(st.integers(0, len(h.gpus[node]) - 1))
+            h.set_device_online(node, device, draw(st.sampled_from([(node, device) in h.device_offline] * 3 +
+                                                                     [(node, device) not in h.device_offline])))
         elif event == "restored" and h.service_memory:
             h.service_restored(draw(st.integers(0, len(h.service_memory) - 1)))
         elif event == "times" and h.service_memory:

@@ -337,7 +337,7 @@ void Scheduler::Impl::finish(std::int32_t slot) {
   std::int32_t node = bin_node[r.bin];
   const bool frees_gpu_memory = r.device != kNone && cl.gpu_memory > 0;
   if (frees_gpu_memory) {
-    dev_free[r.device] += cl.gpu_memory;
+    give_back_gpu(r.device, cl.gpu_memory);
     refresh_node_devices(node);
   }
   // A trajectory slot stays bound (hidden from the free tree) until its trajectory ends.

@@ -55,6 +55,8 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
   node_first_dev[N] = static_cast<std::int32_t>(dev_node.size());
   dev_free = dev_total;
   dev_ops_end.assign(dev_total.size(), 0);
+  dev_offline.assign(dev_total.size(), 0);
+  dev_fenced.assign(dev_total.size(), 0);
   has_gpus = !dev_node.empty();
   D = K + (has_gpus ? 1 : 0);
   node_max_dev_free.assign(N, 0);
@@ -265,6 +267,23 @@ void Scheduler::Impl::set_node_online(std::int32_t node, bool online) {
   if (online) release_on_node(node, kNone);
 }
 
+// A device out of placement (online=false) fences its free memory off, and whatever
+// returns to it later; back online, the fenced memory is free again.
+void Scheduler::Impl::set_device_online(std::int32_t d, bool online) {
+  if (!dev_offline[d] == online) return;
+  dev_offline[d] = online ? 0 : 1;
+  n_offline_devices += online ? -1 : 1;
+  if (online) {
+    dev_free[d] += dev_fenced[d];
+    dev_fenced[d] = 0;
+  } else {
+    dev_fenced[d] += dev_free[d];
+    dev_free[d] = 0;
+  }
+  refresh_node_devices(dev_node[d]);
+  if (online) release_on_node(dev_node[d], kNone);
+}
+
 // A bin at the end of its partition's leaves, all of its capacity free.
 void Scheduler::Impl::append_bin(std::int32_t node, std::int32_t part, const std::vector<Quantity>& cap) {
   const std::int32_t b = static_cast<std::int32_t>(bin_node.size());
@@ -341,6 +360,8 @@ std::int32_t Scheduler::Impl::add_node(NodeSpec spec) {
     dev_total.push_back(spec.gpus[g].memory);
     dev_free.push_back(spec.gpus[g].memory);
     dev_ops_end.push_back(0);
+    dev_offline.push_back(0);
+    dev_fenced.push_back(0);
     most = std::max(most, spec.gpus[g].memory);
   }
   node_first_dev.push_back(static_cast<std::int32_t>(dev_node.size()));

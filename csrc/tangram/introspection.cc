@@ -196,7 +196,9 @@ void Scheduler::Impl::check() const {
   }
   for (std::size_t d = 0; d < dev_node.size(); ++d) {
     if (dev_free[d] < 0) fail("GPU memory exceeded on device " + std::to_string(d));
-    if (dev_free[d] + dev_used[d] != dev_total[d]) fail("GPU free + used != total on device " + std::to_string(d));
+    if (dev_free[d] + dev_used[d] + dev_fenced[d] != dev_total[d])
+      fail("GPU free + used + fenced != total on device " + std::to_string(d));
+    if (dev_offline[d] ? dev_free[d] != 0 : dev_fenced[d] != 0) fail("GPU fence out of sync on device " + std::to_string(d));
   }
   for (std::size_t q = 0; q < quotas.size(); ++q)
     if (quotas[q].running != quota_running[q]) fail("quota running count");
@@ -257,6 +259,9 @@ void Scheduler::Impl::check() const {
   std::int32_t offline = 0;
   for (std::uint8_t on : node_online) offline += on ? 0 : 1;
   if (offline != n_offline || node_online.size() != inv.nodes.size()) fail("offline node count");
+  std::int32_t offline_devices = 0;
+  for (std::uint8_t off : dev_offline) offline_devices += off ? 1 : 0;
+  if (offline_devices != n_offline_devices) fail("offline device count");
   for (std::size_t n = 0; n < node_count.size(); ++n)
     if (node_count[n] != node_parked_count[n]) fail("node parked count");
   for (std::size_t p = 0; p < part_count.size(); ++p)

@@ -375,7 +375,7 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
     if (cl.parked && cl.park_generation == due.generation) unpark(due.cls);
   }
   in_pass = true;
-  if (n_offline > 0 && !services.empty()) evict_offline_services(out);
+  if ((n_offline > 0 || n_offline_devices > 0) && !services.empty()) evict_offline_services(out);
   if (row.rules.restore == RestoreRule::kQueuesFirst && !services.empty()) restore_queues(out);
   // Walk the heads in policy order. A head pushed behind the cursor (a class woken by an
   // eviction) waits for the next pass, like any head this pass has already passed by.

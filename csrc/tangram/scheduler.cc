@@ -224,6 +224,32 @@ std::int32_t Scheduler::add_node(NodeSpec node, TimeNs now, std::vector<Decision
   return index;
 }
 
+void Scheduler::set_device_online(std::int32_t node, std::int32_t device, bool online, TimeNs now,
+                                  std::vector<Decision>& out) {
+  out.clear();
+  Impl& m = *impl_;
+  m.validate_now(now);
+  if (node < 0 || node >= static_cast<std::int32_t>(m.inv.nodes.size()))
+    throw Error(ErrorCode::kUnknownName, "node", "no node with index " + std::to_string(node));
+  const std::int32_t d = m.node_first_dev[node] + device;
+  if (device < 0 || d >= m.node_first_dev[node + 1])
+    throw Error(ErrorCode::kUnknownName, "device", "node " + std::to_string(node) + " has no GPU " + std::to_string(device));
+  m.messages.clear();
+  m.now = now;
+  m.set_device_online(d, online);
+  m.pass(out);
+}
+
+bool Scheduler::device_online(std::int32_t node, std::int32_t device) const {
+  const Impl& m = *impl_;
+  if (node < 0 || node >= static_cast<std::int32_t>(m.inv.nodes.size()))
+    throw Error(ErrorCode::kUnknownName, "node", "no node with index " + std::to_string(node));
+  const std::int32_t d = m.node_first_dev[node] + device;
+  if (device < 0 || d >= m.node_first_dev[node + 1])
+    throw Error(ErrorCode::kUnknownName, "device", "node " + std::to_string(node) + " has no GPU " + std::to_string(device));
+  return !m.dev_offline[d];
+}
+
 bool Scheduler::node_online(std::int32_t node) const {
   const Impl& m = *impl_;
   if (node < 0 || node >= static_cast<std::int32_t>(m.inv.nodes.size()))

@@ -85,6 +85,13 @@ class Scheduler {
   // at construction (trajectory slots, task pool shares). Indices of existing nodes, bins
   // and devices do not change. Throws Error for a bad or duplicate node; runs a pass.
   std::int32_t add_node(NodeSpec node, TimeNs now, std::vector<Decision>& out);
+  // Takes one GPU out of placement (online=false: it needs a reset, e.g. after a fatal Xid
+  // error) or brings it back. Its memory is fenced off: nothing new is placed or restored
+  // there; services resident on it are evicted once none of their actions runs there;
+  // actions running there keep their memory until the caller ends them, and it is fenced
+  // off as they end. Back online, the fenced memory is free again. Idempotent; runs a pass.
+  void set_device_online(std::int32_t node, std::int32_t device, bool online, TimeNs now, std::vector<Decision>& out);
+  bool device_online(std::int32_t node, std::int32_t device) const;
   bool node_online(std::int32_t node) const;
 
   // ---- queries

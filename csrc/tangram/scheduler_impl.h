@@ -380,6 +380,11 @@ struct Scheduler::Impl {
   std::vector<std::uint8_t> node_online;  // per node
   std::vector<Quantity> node_offload_used;  // per node: host_memory of the services offloaded there
   std::int32_t n_offline = 0;
+  // Per device: out of placement (a GPU that needs a reset); its memory is fenced off: what
+  // was free, and whatever comes back to it, goes to dev_fenced instead of dev_free.
+  std::vector<std::uint8_t> dev_offline;
+  std::vector<Quantity> dev_fenced;
+  std::int32_t n_offline_devices = 0;
 
   // ---- bins.cc: construction, bins and node membership
   Impl(Inventory inventory, PolicyConfig cfg);
@@ -537,6 +542,10 @@ struct Scheduler::Impl {
   void evict(std::int32_t svc_id, std::vector<Decision>& out);
   void evict_offline_services(std::vector<Decision>& out);
   Quantity evict_frees(std::int32_t svc_id) const;
+  bool device_online(std::int32_t d) const { return node_online[dev_node[d]] && !dev_offline[d]; }
+  // Memory back to device d: free, or fenced off while the device is offline.
+  void give_back_gpu(std::int32_t d, Quantity amount) { (dev_offline[d] ? dev_fenced[d] : dev_free[d]) += amount; }
+  void set_device_online(std::int32_t d, bool online);
   // Whether `extra` more host memory of offloaded services fits the node's offload_memory.
   bool offload_fits(std::int32_t node, Quantity extra) const {
     const Quantity cap = inv.nodes[node].offload_memory;

@@ -15,12 +15,12 @@
 
 namespace tangram {
 
-// A service resident on an offline node is offloaded once none of its actions runs there
-// (the caller ends those); until then its actions wait (try_head).
+// A service resident on an offline node or device is offloaded once none of its actions
+// runs there (the caller ends those); until then its actions wait (try_head).
 void Scheduler::Impl::evict_offline_services(std::vector<Decision>& out) {
   for (std::int32_t s = 0; s < static_cast<std::int32_t>(services.size()); ++s) {
     const ServiceRec& svc = services[s];
-    if (svc.device == kNone || svc.running > 0 || node_online[dev_node[svc.device]]) continue;
+    if (svc.device == kNone || svc.running > 0 || device_online(svc.device)) continue;
     const std::int32_t node = dev_node[svc.device];
     evict(s, out);
     refresh_node_devices(node);
@@ -104,8 +104,8 @@ Scheduler::Impl::RoomPlan Scheduler::Impl::plan_room(std::int32_t d, Quantity ne
 void Scheduler::Impl::evict(std::int32_t v, std::vector<Decision>& out) {
   const std::int32_t d = services[v].device;
   services[v].device = kNone;
-  dev_free[d] += evict_frees(v);
-  if (node_online[dev_node[d]] && inv.services[v].host_memory > 0) {  // an offline node's state is gone
+  give_back_gpu(d, evict_frees(v));
+  if (device_online(d) && inv.services[v].host_memory > 0) {  // from an offline node or device: its state is gone
     node_offload_used[dev_node[d]] += inv.services[v].host_memory;
     services[v].host_node = dev_node[d];
   }
@@ -138,7 +138,7 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
   auto usable = [&](std::int32_t d) {
     if (dev_total[d] < full + head.gpu_memory) return false;
     std::int32_t n = dev_node[d];
-    if (!node_online[n]) return false;
+    if (!device_online(d)) return false;
     if (part.node_lo[n] < 0) return false;
     found.clear();
     part.cap_tree.find(part.node_lo[n], part.node_hi[n], demand.data(), 1, no_skip, found);
@@ -195,7 +195,7 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
     svc.host_node = kNone;
   }
   if (svc.pinned_device != kNone && svc.pinned_device != target) {  // its old process is given up
-    dev_free[svc.pinned_device] += spec.asleep_memory;
+    give_back_gpu(svc.pinned_device, spec.asleep_memory);
     refresh_node_devices(dev_node[svc.pinned_device]);
   }
   if (!spec.movable) svc.pinned_device = target;
@@ -278,7 +278,7 @@ bool Scheduler::Impl::make_gpu_room(const Class& c, std::int32_t lo, std::int32_
       for (std::int32_t k = 0; k < K && fits; ++k) fits = f[k] >= c.demand[k];
       if (!fits) continue;
       for (std::int32_t d = node_first_dev[n]; d < node_first_dev[n + 1]; ++d) {
-        if (dev_total[d] < c.gpu_memory) continue;
+        if (dev_total[d] < c.gpu_memory || dev_offline[d]) continue;
         RoomPlan plan = plan_room(d, c.gpu_memory, kNone);
         if (!plan.ok || plan.victims.empty()) continue;
         auto cost = std::make_tuple(plan.busy, plan.queued, plan.likely, plan.victims.size(), d);
@@ -304,8 +304,8 @@ bool Scheduler::Impl::make_gpu_room(const Class& c, std::int32_t lo, std::int32_
 // class's Block says for what).
 bool Scheduler::Impl::service_admits(Class& cl, std::int32_t& device, std::vector<Decision>& out) {
   ServiceRec& svc = services[cl.service];
-  if (svc.device != kNone && !node_online[dev_node[svc.device]]) {
-    // Resident on an offline node: evicted once its running actions there have ended.
+  if (svc.device != kNone && !device_online(svc.device)) {
+    // Resident on an offline node or device: evicted once its running actions there have ended.
     cl.block = Block::kServiceOffline;
     return false;
   }

@@ -373,8 +373,8 @@ class GpuManager(ResourceManager):
     GPU action without a service; by default CUDA_CONTEXT_MIB on NVML devices, 0 on fake or
     given ones (bench/gpu_check.py measures it on a real GPU). `watch_xids`: watch NVML's critical Xid
     events of the NVML devices (`XidWatch`): services on a device that reported one are
-    checked before their next batch and restarted when unhealthy; the events are in
-    describe().
+    checked before their next batch and restarted when unhealthy, a device-fatal one
+    (FATAL_XIDS) takes the device out of placement; the events are in describe().
 
     A service action (`call.service`) takes its input as its one positional argument and
     returns the output its service's `batch` hook gave for it. GPU actions without a
@@ -827,12 +827,16 @@ class GpuManager(ResourceManager):
     def device_fault(self, device: int, xid: int) -> None:
         """An Xid error reported on `device` (XidWatch): every service resident there is
         checked before its next batch (and restarted if unhealthy); the error is kept for
-        describe(). A device-fatal Xid (FATAL_XIDS) is logged as an error: the device
-        needs a reset, which tangram never does."""
+        describe(). After a device-fatal Xid (FATAL_XIDS) the device needs a reset, which
+        tangram never does: it is taken out of placement (Orchestrator.set_device_online),
+        until someone puts it back."""
         fatal = xid in FATAL_XIDS
         self.xid_events.append({"device": device, "xid": xid, "fatal": fatal, "time": time.time()})
         (log.error if fatal else log.warning)("device %d (%s): Xid %d%s", device, self.devices[device].uuid, xid,
-                                             ": the device needs a reset" if fatal else "")
+                                             ": it needs a reset; out of placement" if fatal else "")
+        orchestrator = getattr(self, "orchestrator", None)
+        if fatal and orchestrator is not None and hasattr(orchestrator, "set_device_online"):
+            orchestrator.set_device_online(self.node, device, False)
         for st in self._services.values():
             if st.residency is not None and st.residency.device == device:
                 st.suspect = f"Xid {xid} on device {device}"

@@ -407,6 +407,16 @@ class Orchestrator:
         self._handle(self.scheduler.set_node_online(node, online, self._now()).array)  # type: ignore[union-attr]
         self._arm_timer()
 
+    def set_device_online(self, node: str | int, device: int, online: bool) -> None:
+        """Takes one GPU out of placement (False: it needs a reset, as after a fatal Xid
+        error) or back in (True). Its memory is fenced off; actions running there are not
+        ended by this, and services resident there are evicted once their actions end."""
+        if self._state != "running":
+            return
+        self._flush()
+        self._handle(self.scheduler.set_device_online(node, device, online, self._now()).array)  # type: ignore[union-attr]
+        self._arm_timer()
+
     def add_node(self, node: Node) -> int:
         """Adds a node (online) to the core's inventory; returns its index. Waiting work
         may start there at once. Managers are not told: the one that found the node

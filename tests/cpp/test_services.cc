@@ -601,6 +601,37 @@ TEST(Services, OffloadedStateMustFitTheNodesOffloadMemory) {
   EXPECT_EQ(h.submit({plain}, 8), (Decisions{evict(1).on(0, 1).at(8), start(6).on(0, 1).at(8)}));
 }
 
+// A device out of placement (a GPU that needs a reset) fences its memory off: nothing new
+// starts or is restored there, a service resident there is evicted once idle, memory
+// returning to it stays fenced; back online, it is all free again.
+TEST(Services, OfflineDeviceFencesItsMemory) {
+  Inventory inv = cpu_inventory(1, 4);
+  inv.nodes[0].gpus = {{U(4000)}, {U(4000)}};
+  inv.services = {{"reward", U(3000), 1.0, 1, 1.0}};
+  Harness h(inv, policy_of(PolicyKind::kFifo));
+  ActionSpec score = action(1, {U(1)}, 1);
+  score.service = 0;
+  ActionSpec gpu = action(2, {U(1)}, 1);
+  gpu.gpu_memory = U(500);
+  EXPECT_EQ(h.submit({score, gpu}, 0), (Decisions{restore(0).on(0, 0).at(1), start(2).on(0, 0).at(0)}));
+  h.tick(1);
+  h.s.set_device_online(0, 0, false, S(2), h.out);
+  h.s.check_invariants();
+  EXPECT_EQ(h.out, Decisions{});  // the service runs action 1 there: it stays until that ends
+  EXPECT_EQ(h.s.gpu_free(0, 0), 0);
+  EXPECT_FALSE(h.s.device_online(0, 0));
+  EXPECT_EQ(h.complete({1, 2}, 3), (Decisions{evict(0).on(0, 0).at(3)}));
+  EXPECT_EQ(h.s.gpu_free(0, 0), 0);  // what came back is fenced
+  ActionSpec again = action(3, {U(1)}, 1);
+  again.service = 0;
+  ActionSpec gpu2 = action(4, {U(1)}, 1);
+  gpu2.gpu_memory = U(500);
+  EXPECT_EQ(h.submit({again, gpu2}, 4), (Decisions{restore(0).on(0, 1).at(5), start(4).on(0, 1).at(4)}));
+  h.s.set_device_online(0, 0, true, S(6), h.out);
+  h.s.check_invariants();
+  EXPECT_EQ(h.s.gpu_free(0, 0), U(4000));
+}
+
 // Memory kept asleep must fit the service and belongs to an unmovable one.
 TEST(Services, AsleepMemoryValidated) {
   Inventory inv = cpu_inventory(1, 4);

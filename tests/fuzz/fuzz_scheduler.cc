@@ -277,7 +277,7 @@ class Harness {
 
   void step() {
     clock_before_ = sched_->now();
-    switch (in_.ConsumeIntegralInRange<int>(0, 15)) {
+    switch (in_.ConsumeIntegralInRange<int>(0, 17)) {
       case 0: case 1: case 2: case 3: case 4: submit(); break;
       case 5: case 6: case 7: case 8: complete(); break;
       case 9: cancel(); break;
@@ -285,6 +285,7 @@ class Harness {
       case 11: tick(); break;
       case 12: limit(); break;
       case 13: service_report(); break;
+      case 14: device_online(); break;
       default: query(); break;
     }
   }
@@ -566,6 +567,18 @@ class Harness {
     const TimeNs now = next_time();
     try {
       sched_->service_restored(svc, in_.ConsumeIntegralInRange<std::int32_t>(0, nodes_), in_.ConsumeIntegralInRange<std::int32_t>(0, 1), now, out_);
+    } catch (const tangram::Error&) {
+      refused();
+      return;
+    }
+    apply(now);
+  }
+
+  void device_online() {
+    const TimeNs now = next_time();
+    try {
+      sched_->set_device_online(in_.ConsumeIntegralInRange<std::int32_t>(0, nodes_), in_.ConsumeIntegralInRange<std::int32_t>(0, 2),
+                                in_.ConsumeBool(), now, out_);
     } catch (const tangram::Error&) {
       refused();
       return;

@@ -313,6 +313,31 @@ def test_a_gpu_actions_cuda_context_is_counted_on_its_device() -> None:
     asyncio.run(main())
 
 
+def test_a_fatal_xid_takes_its_device_out_of_placement() -> None:
+    """Xid 79 (fallen off the bus) reported on device 0: the orchestrator fences it off, so
+    GPU actions go to device 1 only, until the device is put back after its reset."""
+    async def main() -> None:
+        inventory = local_inventory(gpus=[4000, 4000])
+        gpu = GpuManager(devices="inventory")
+        async with Orchestrator(inventory=inventory, default_managers=False,
+                                managers={"gpu": gpu, "mock": MockManager()}) as orch:
+            def call() -> Call:
+                return Call(fn=lambda: None, resources={}, gpu_memory=3000, manager="mock", runtime=0.05)
+
+            gpu.device_fault(0, 79)
+            assert orch.scheduler is not None and not orch.scheduler.device_online(0, 0)
+            assert gpu.describe()["xid_events"][0]["fatal"]
+            await asyncio.gather(*(orch.submit(call()) for _ in range(3)))
+            assert [r.device for r in orch.records] == [1, 1, 1]  # one after another, on device 1
+            gpu.device_fault(1, 13)  # an application's fault: the device stays in use
+            assert orch.scheduler.device_online(0, 1)
+            orch.set_device_online(0, 0, True)
+            await asyncio.gather(*(orch.submit(call()) for _ in range(2)))
+            assert sorted(r.device for r in list(orch.records)[-2:]) == [0, 1]
+
+    asyncio.run(main())
+
+
 def _cuda_device_and_pid() -> tuple[str, int]:
     """What a CUDA program sees: CUDA reads CUDA_VISIBLE_DEVICES once, when it initialises
     in a process, and keeps that device (simulated by an environment variable set on first
