@@ -8,6 +8,7 @@ shape, when the template is made, through the same RecordEncoder the Scheduler u
 
 from __future__ import annotations
 
+import bisect
 import struct
 from typing import Any
 
@@ -32,13 +33,14 @@ def shape_of(call: Call, runtime: Any) -> tuple[Any, ...]:
 class CallEncoder:
     """`process_gpu_memory`: MiB the core adds to the gpu_memory of a GPU call that runs in
     a process of its own (no service): its CUDA context, which it does not allocate itself
-    (GpuManager.context_mib); up to `largest_gpu` MiB (a call asking for nearly a whole
-    device gets the whole device)."""
+    (GpuManager.context_mib); never past the smallest GPU (`set_gpus`) that holds what the
+    call asks for, so that every GPU that could hold the call still can (one asking for
+    nearly a whole GPU gets the whole GPU)."""
 
-    def __init__(self, encoder: RecordEncoder, process_gpu_memory: float = 0.0, largest_gpu: float = 0.0) -> None:
+    def __init__(self, encoder: RecordEncoder, process_gpu_memory: float = 0.0) -> None:
         self._encoder = encoder
         self.process_gpu_memory = process_gpu_memory
-        self.largest_gpu = largest_gpu
+        self.gpus: list[float] = []  # every GPU's memory, ascending
         self._index: dict[tuple[Any, ...], int] = {}
         self._templates = np.zeros(16, dtype=encoder.dtype)
         self._template_bytes: list[bytes] = []  # the same records as bytes, for one-action batches
@@ -57,7 +59,9 @@ class CallEncoder:
             key = None  # type: ignore[assignment]
         gpu_memory = call.gpu_memory
         if self.process_gpu_memory and call.service is None and isinstance(gpu_memory, (int, float)) and gpu_memory > 0:
-            gpu_memory = min(gpu_memory + self.process_gpu_memory, max(gpu_memory, self.largest_gpu))
+            fitting = bisect.bisect_left(self.gpus, gpu_memory)
+            if fitting < len(self.gpus):  # else the core refuses the call as it is
+                gpu_memory = min(gpu_memory + self.process_gpu_memory, self.gpus[fitting])
         action = Action(0, dict(call.resources), runtime, elastic=call.elastic, max_units=call.max_units,
                         priority=call.priority, gpu_memory=gpu_memory, service=call.service,
                         quota=call.quota, tokens=call.tokens, affinity=call.affinity)
@@ -80,6 +84,12 @@ class CallEncoder:
         if key is not None:
             self._index[key] = slot
         return slot
+
+    def set_gpus(self, memories: Any) -> None:
+        """The GPUs' memories (MiB), which cap what a call's CUDA context adds. Templates
+        made before keep theirs (live actions refer to them): more GPUs only lower a cap,
+        and every GPU a template fitted is still there."""
+        self.gpus = sorted(float(m) for m in memories)
 
     def records(self, templates: list[int], ids: list[int], trajectories: list[int]) -> np.ndarray:
         if len(templates) == 1:

@@ -148,8 +148,10 @@ class ServiceHooks(abc.ABC):
         """Move the model from its device to host memory, freeing the device memory."""
 
     @abc.abstractmethod
-    def restore(self, handle: Any, device: GpuDevice | None) -> None:
-        """Move the model from host memory onto `device` (possibly another one than before)."""
+    def restore(self, handle: Any, device: GpuDevice | None) -> bool | None:
+        """Move the model from host memory onto `device` (possibly another one than before).
+        Return False when it was a fresh load instead (e.g. a server process restarted):
+        the manager then does not count its time as a restore's."""
 
     @abc.abstractmethod
     def batch(self, handle: Any, inputs: list[Any]) -> list[Any]:
@@ -428,6 +430,7 @@ class GpuManager(ResourceManager):
         self.context_mib = 0.0
         self._xid_watch: XidWatch | None = None
         self.xid_events: list[dict[str, Any]] = []
+        self.offline_devices: set[int] = set()  # out of placement (a fatal Xid): their state is gone
 
     # ---------------------------------------------------------------- setup
     def check_call(self, call: Call) -> None:
@@ -579,7 +582,7 @@ class GpuManager(ResourceManager):
                 if first:
                     st.handle = await self._call(st, st.hooks.load, dev)
                 else:
-                    await self._call(st, st.hooks.restore, st.handle, dev)
+                    first = await self._call(st, st.hooks.restore, st.handle, dev) is False  # a fresh load
                 seconds = time.perf_counter() - began
         except asyncio.CancelledError:
             if not ready.done():
@@ -588,8 +591,9 @@ class GpuManager(ResourceManager):
         except Exception as e:
             if not ready.done():
                 ready.set_result(e)
-            raise ManagerError(f"services.{service}", f"{'load' if first else 'restore'} hook failed on device "
-                                                      f"{device} ({dev.uuid}): {type(e).__name__}: {e}") from e
+            hook = "load" if st.handle is _UNLOADED else "restore"
+            raise ManagerError(f"services.{service}", f"{hook} hook failed on device {device} ({dev.uuid}): "
+                                                      f"{type(e).__name__}: {e}") from e
         ready.set_result(None)
         return None if first else seconds
 
@@ -617,6 +621,9 @@ class GpuManager(ResourceManager):
                     await asyncio.shield(r.ready)
                 if r.ready.result() is not None:
                     return None  # its restore failed: nothing is resident
+                if device in self.offline_devices:  # a GPU that needs a reset: nothing to offload
+                    await self._give_up(st, f"device {device} is out of placement")
+                    return None
                 began = time.perf_counter()
                 try:
                     await self._call(st, st.hooks.offload, st.handle)
@@ -783,6 +790,15 @@ class GpuManager(ResourceManager):
             st.suspect = None
             if st.handle is _UNLOADED or st.residency is None or st.stuck is not None:
                 return
+            device = st.residency.device
+            if device in self.offline_devices:  # no restart on a GPU that needs a reset
+                loop = asyncio.get_running_loop()
+                failed: asyncio.Future[BaseException | None] = loop.create_future()
+                failed.set_result(RuntimeError(f"device {device} is out of placement ({why})"))
+                st.residency = _Residency(device, failed)
+                async with st.lock:
+                    await self._give_up(st, why)
+                return
             try:
                 ok = bool(await self._call(st, st.hooks.healthy, st.handle))
                 problem = "its healthy hook said no"
@@ -816,6 +832,9 @@ class GpuManager(ResourceManager):
             st.handle = _UNLOADED
             try:
                 st.handle = await self._call(st, st.hooks.load, self.devices[device])
+            except asyncio.CancelledError:
+                ready.set_result(RuntimeError("its restart was cancelled"))
+                raise
             except Exception as e:
                 ready.set_result(e)
                 log.error("services.%s: its restart failed: load hook raised %s: %s", st.name,
@@ -823,6 +842,23 @@ class GpuManager(ResourceManager):
             else:
                 ready.set_result(None)
                 st.restarts += 1
+
+    async def _give_up(self, st: _ServiceState, why: str) -> None:
+        """Closes the service's instance (its next restore loads it afresh). Under st.lock."""
+        if st.handle is _UNLOADED:
+            return
+        log.warning("services.%s: closing it: %s", st.name, why)
+        try:
+            await self._call(st, st.hooks.close, st.handle)
+        except Exception as e:
+            log.warning("services.%s: close hook failed: %s: %s", st.name, type(e).__name__, e)
+        st.handle = _UNLOADED
+
+    def set_device_online(self, device: int, online: bool) -> None:
+        """The orchestrator took `device` out of placement (False) or put it back: on an
+        offline device a service's eviction closes it instead of offloading it, and an
+        unhealthy one is not restarted there."""
+        (self.offline_devices.discard if online else self.offline_devices.add)(device)
 
     def device_fault(self, device: int, xid: int) -> None:
         """An Xid error reported on `device` (XidWatch): every service resident there is
@@ -835,8 +871,10 @@ class GpuManager(ResourceManager):
         (log.error if fatal else log.warning)("device %d (%s): Xid %d%s", device, self.devices[device].uuid, xid,
                                              ": it needs a reset; out of placement" if fatal else "")
         orchestrator = getattr(self, "orchestrator", None)
-        if fatal and orchestrator is not None and hasattr(orchestrator, "set_device_online"):
-            orchestrator.set_device_online(self.node, device, False)
+        if fatal:
+            self.offline_devices.add(device)
+            if orchestrator is not None and hasattr(orchestrator, "set_device_online"):
+                orchestrator.set_device_online(self.node, device, False)
         for st in self._services.values():
             if st.residency is not None and st.residency.device == device:
                 st.suspect = f"Xid {xid} on device {device}"

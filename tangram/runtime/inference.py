@@ -326,9 +326,10 @@ class InferenceServer(ServiceHooks):
         handle.sleeps += 1
         handle.last_sleep_seconds = time.monotonic() - started
 
-    def restore(self, handle: ServerHandle, device: GpuDevice | None) -> None:
+    def restore(self, handle: ServerHandle, device: GpuDevice | None) -> bool | None:
         """Wakes the server up; onto another device (or after its process died), starts it
-        afresh there: a cold start."""
+        afresh there: a cold start, which returns False (it is no restore: the gpu manager
+        does not learn restore times from it)."""
         self._check_open(handle)
         uuid = device.uuid if device is not None else None
         moved = uuid != handle.device_uuid
@@ -339,14 +340,15 @@ class InferenceServer(ServiceHooks):
                                                   f"start it there): declare its Service with movable=False")
         elif moved or handle.process is None or handle.process.poll() is not None:
             self._cold_start(handle, device, "moved" if moved else "died")
-            return
+            return False
         if not handle.asleep:
-            return  # awake already (an offload that failed before the server slept)
+            return None  # awake already (an offload that failed before the server slept)
         started = time.monotonic()
         self.wake_server(handle)
         handle.asleep = False
         handle.wakes += 1
         handle.last_wake_seconds = time.monotonic() - started
+        return None
 
     def batch(self, handle: ServerHandle, inputs: list[Any]) -> list[Any]:
         """One POST to the scoring endpoint per input, up to `concurrency` at once; the

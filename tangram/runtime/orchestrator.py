@@ -86,7 +86,7 @@ class _Live:
     """Book-keeping of one live action (the orchestrator's, not the caller's)."""
 
     __slots__ = ("id", "call", "future", "manager", "template", "record", "in_core", "running", "task",
-                 "timer", "cancel_reason", "watch", "placement", "estimate")
+                 "timer", "cancel_reason", "watch", "placement", "estimate", "replica")
 
     def __init__(self, action_id: int, call: Call, future: asyncio.Future[Any], manager: ResourceManager,
                  template: int, record: ActionRecord, estimate: Estimate) -> None:
@@ -97,6 +97,7 @@ class _Live:
         self.template = template
         self.record = record
         self.estimate = estimate  # the run time it is planned with, and where that came from
+        self.replica = -1  # the replica of a replicated service the orchestrator routed it to
         self.in_core = False  # submitted to the core (else still in the pending batch)
         self.running = False
         self.task: asyncio.Task[None] | None = None
@@ -153,6 +154,7 @@ class Orchestrator:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
         self._device_ops: dict[tuple[int, int], asyncio.Task[None]] = {}
+        self._service_ops: collections.Counter[int] = collections.Counter()  # restores and evictions decided, per service
         # The latest eviction decided on each (node, device) while its offload runs: the core
         # frees an evicted service's memory when it decides, so an action placed into that
         # memory starts only once the offload (and every device op before it) is done.
@@ -189,7 +191,6 @@ class Orchestrator:
         self._replicas = {s.name: [self._service_names.index(n) for n in s.instances]
                           for s in self.inventory.services if s.replicas > 1}
         self._replica_load = [0] * len(instances)  # live actions routed to each replica
-        self._service_index = {name: i for i, name in enumerate(self._service_names)}
         for service in range(len(self._service_names)):  # times learned in earlier runs
             self._apply_service_times(service)
         self._cpu = self._kind_index.get("cpu", -1)
@@ -199,7 +200,7 @@ class Orchestrator:
             m.bind(self)
         # A GPU call's process holds a CUDA context beside what it allocates: the core counts it.
         self._encoder.process_gpu_memory = float(getattr(self.managers.get("gpu"), "context_mib", 0.0) or 0.0)
-        self._encoder.largest_gpu = max((float(g.memory) for n in self.inventory.nodes for g in n.gpus), default=0.0)
+        self._encoder.set_gpus(float(g.memory) for n in self.inventory.nodes for g in n.gpus)
         started: list[ResourceManager] = []
         try:
             for m in self.managers.values():
@@ -287,8 +288,9 @@ class Orchestrator:
         if manager is None:
             raise ManagerError("call.manager", f"no manager {name!r} in this orchestrator (have: {', '.join(self.managers)})")
         estimate = self.estimates.estimate(call)
-        if call.service in self._replicas:
-            call = self._route(call, estimate)
+        replica = self._pick_replica(call, estimate)
+        if replica >= 0:
+            call = dataclasses.replace(call, service=self._service_names[replica])
         template = self._encoder.template(call, estimate.model)
         manager.check_call(call)
         if action_id is None:
@@ -301,6 +303,7 @@ class Orchestrator:
         record = ActionRecord(action_id, call.kind, call.trajectory, name, self._now(),
                               estimate=_DECLARED if estimate.source == "declared" else estimate.describe())
         lv = _Live(action_id, call, future, manager, template, record, estimate)
+        self._set_replica(lv, replica)
         self._live[action_id] = lv
         lv.watch = lambda f, i=action_id: self._on_future_done(f, i)
         future.add_done_callback(lv.watch)
@@ -414,6 +417,10 @@ class Orchestrator:
         if self._state != "running":
             return
         self._flush()
+        index = self.scheduler._node(node)  # type: ignore[union-attr]
+        gpu = self.managers.get("gpu")
+        if gpu is not None and getattr(gpu, "node", None) == index and hasattr(gpu, "set_device_online"):
+            gpu.set_device_online(device, online)  # before the core's evictions reach it
         self._handle(self.scheduler.set_device_online(node, device, online, self._now()).array)  # type: ignore[union-attr]
         self._arm_timer()
 
@@ -425,7 +432,7 @@ class Orchestrator:
         index, decisions = self.scheduler.add_node(node, self._now())  # type: ignore[union-attr]
         self.inventory = self.scheduler.inventory  # type: ignore[union-attr]
         self._node_names.append(node.name)
-        self._encoder.largest_gpu = max([self._encoder.largest_gpu, *(float(g.memory) for g in node.gpus)])
+        self._encoder.set_gpus([*self._encoder.gpus, *(float(g.memory) for g in node.gpus)])
         self._handle(decisions.array)
         self._arm_timer()
         return index
@@ -451,11 +458,13 @@ class Orchestrator:
         if call is not None:
             validate_call(call)
             estimate = self.estimates.estimate(call)
-            if call.service in self._replicas:
-                self._unroute(lv.call)
-                call = self._route(call, estimate)
-            lv.template = self._encoder.template(call, estimate.model)
+            replica = self._pick_replica(call, estimate)
+            if replica >= 0:
+                call = dataclasses.replace(call, service=self._service_names[replica])
+            template = self._encoder.template(call, estimate.model)
             lv.manager.check_call(call)
+            lv.template = template
+            self._set_replica(lv, replica)
             lv.call, lv.estimate = call, estimate
         if not lv.running:  # waiting: in the core's queue, or in the next batch
             self._withdraw(lv)
@@ -755,7 +764,7 @@ class Orchestrator:
         if lv.timer is not None:
             lv.timer.cancel()
         kind = lv.call.kind
-        self._unroute(lv.call)
+        self._set_replica(lv, -1)
         if lv.running:
             if lv.estimate.source != "declared":
                 self.estimates.finished(lv.id, record.end, ok=outcome == "ok")
@@ -798,6 +807,8 @@ class Orchestrator:
             # core's bookkeeping only, and nothing is there to carry it out.
             return
         previous = self._device_ops.get((node, device))
+        self._service_ops[service] += 1
+        decided = self._service_ops[service]
 
         async def run() -> None:
             if previous is not None:
@@ -805,7 +816,9 @@ class Orchestrator:
             seconds = await getattr(manager, op)(self._service_names[service], node, device)
             if isinstance(seconds, (int, float)):
                 self._learn_service_time(service, "restore" if op == "restore" else "offload", float(seconds))
-            if op == "restore" and self._state == "running":
+            # Reported only while it is the service's latest operation: the core may since have
+            # decided its eviction and another restore, which this report must not mark done.
+            if op == "restore" and self._state == "running" and self._service_ops[service] == decided:
                 self._handle(self._core.service_restored(service, node, device, max(self._now(), self._core.now)))
                 self._flush()
 
@@ -819,27 +832,32 @@ class Orchestrator:
             task.add_done_callback(lambda t: self._offloads.pop(key) if self._offloads.get(key) is t else None)
 
     # ---------------------------------------------------------------- replicas
-    def _route(self, call: Call, estimate: Estimate) -> Call:
-        """The call, naming the replica of its service that would serve it soonest: the
-        least of (its restore time unless resident) + (calls routed to it and still live,
-        over its max_batch, whole batches) x this call's estimated run time; ties to the
-        lower replica."""
+    def _pick_replica(self, call: Call, estimate: Estimate) -> int:
+        """For a call naming a replicated service, the replica that would serve it soonest:
+        the least of (its restore time unless resident) + (calls routed to it and still
+        live, over its max_batch, whole batches) x this call's estimated run time; ties to
+        the lower replica. -1 for any other call (one naming a replica goes there)."""
+        replicas = self._replicas.get(call.service) if isinstance(call.service, str) else None
+        if replicas is None:
+            return -1
         seconds = float(estimate.model) if isinstance(estimate.model, (int, float)) else 1.0
         best, best_cost = -1, math.inf
-        for index in self._replicas[call.service]:  # type: ignore[index]
+        for index in replicas:
             spec = self._service_specs[index]
             restore = 0.0 if self._core.service_location(index)[0] >= 0 else self._service_time(index, "restore")
             cost = restore + (self._replica_load[index] // max(1, spec.max_batch)) * seconds
             if cost < best_cost:
                 best, best_cost = index, cost
-        self._replica_load[best] += 1
-        return dataclasses.replace(call, service=self._service_names[best])
+        return best
 
-    def _unroute(self, call: Call) -> None:
-        if call.service is not None and call.service not in self._replicas:
-            index = self._service_index.get(call.service)
-            if index is not None and self._service_specs[index].replicas > 1:
-                self._replica_load[index] -= 1
+    def _set_replica(self, lv: _Live, replica: int) -> None:
+        """Moves the live action's count from the replica it was routed to (if any) to
+        `replica` (-1: none): the load _pick_replica weighs."""
+        if lv.replica >= 0:
+            self._replica_load[lv.replica] -= 1
+        lv.replica = replica
+        if replica >= 0:
+            self._replica_load[replica] += 1
 
     # ---------------------------------------------------------------- service times
     def _service_time_key(self, service: int, what: str) -> str:
@@ -856,7 +874,10 @@ class Orchestrator:
 
     def _learn_service_time(self, service: int, what: str, seconds: float) -> None:
         self.estimates.learn(self._service_time_key(service, what), f"service-{what}", False, seconds, None)
-        self._apply_service_times(service)
+        name = self._service_specs[service].name
+        for sibling, spec in enumerate(self._service_specs):  # its replicas share the estimate
+            if spec.name == name:
+                self._apply_service_times(sibling)
 
     def _apply_service_times(self, service: int) -> None:
         restore, offload = self._service_time(service, "restore"), self._service_time(service, "offload")

@@ -885,9 +885,9 @@ class XidNvml(FakeNvml):
 
 
 def test_xid_errors_are_watched_and_make_services_there_prove_their_health(monkeypatch, no_fake):
-    """NVML reports Xid 79 (fallen off the bus) on GPU 0: the manager records it as fatal,
-    and the service resident there is asked for its health before its next batch
-    (unhealthy: restarted). GPU 1's MIG instances are watched through their parent."""
+    """NVML reports Xid 43 (a process's fault) on GPU 0: the manager records it, and the
+    service resident there is asked for its health before its next batch (unhealthy:
+    restarted). GPU 1's MIG instances are watched through their parent."""
     nvml = XidNvml()
     monkeypatch.setitem(sys.modules, "pynvml", nvml.module())
     hooks = Flaky()
@@ -901,7 +901,7 @@ def test_xid_errors_are_watched_and_make_services_there_prove_their_health(monke
         assert await m.execute(act(1, "a"), place(1, 0)) == (1, "a")
         await until(lambda: sorted(nvml.registered) == [0, 1])
         hooks.broken = True  # what the Xid did to its process
-        nvml.emit(0, 79)
+        nvml.emit(0, 43)
         await until(lambda: m.xid_events)
         result = await m.execute(act(2, "b"), place(2, 0))
         await m.close()
@@ -910,8 +910,30 @@ def test_xid_errors_are_watched_and_make_services_there_prove_their_health(monke
     assert run(main()) == (2, "b")  # on the restarted instance, without a failed batch first
     assert hooks.health_checks == 1 and m.describe()["services"]["rm"]["restarts"] == 1
     event = m.xid_events[0]
-    assert (event["device"], event["xid"], event["fatal"]) == (0, 79, True)
+    assert (event["device"], event["xid"], event["fatal"]) == (0, 43, False)
     assert nvml.freed and nvml.initialised == 0
+
+
+def test_after_a_fatal_xid_a_service_there_is_closed_not_restarted():
+    """Xid 79 (fallen off the bus) on device 0: the service resident there is not restarted
+    on that GPU; its actions fail at once, naming the device, and its eviction (the core
+    evicts it once idle) closes it instead of offloading; its next restore is a fresh load."""
+    hooks = Flaky()
+    m = manager({"rm": hooks})
+
+    async def main() -> Any:
+        await m.restore("rm", 0, 0)
+        assert await m.execute(act(1, "a"), place(1, 0)) == (1, "a")
+        m.device_fault(0, 79)
+        with pytest.raises(ActionFailed, match="device 0 is out of placement"):
+            await m.execute(act(2, "b"), place(2, 0))
+        assert await m.evict("rm", 0, 0) is None
+        await m.restore("rm", 0, 1)
+        return await m.execute(act(3, "c"), place(3, 1))
+
+    assert run(main()) == (2, "c")  # a second load, on device 1
+    assert [e[0] for e in hooks.events].count("offload") == 0 and hooks.health_checks == 0
+    assert m.offline_devices == {0} and m.xid_events[0]["fatal"]
 
 
 def test_batch_wrong_output_count():

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from tangram import Amdahl, Call, Inventory, Orchestrator, Quota, RuntimeConfig, Service
+import tangram
+from tangram import Amdahl, Call, Inventory, Orchestrator, Quota, RuntimeConfig, Service, ValidationError
 from tangram.demo import search, server_stats, start_search_server, stop_search_server
 from tangram.runtime import ActionCancelled, ActionFailed, ActionTimeout, CommandResult
 from tangram.runtime.cpu import CpuManager
@@ -286,6 +287,12 @@ def test_calls_to_a_replicated_service_go_to_the_replica_that_serves_them_soones
             assert {described["rm#0"]["resident_on"], described["rm#1"]["resident_on"]} == {0, 1}
             assert orch._replica_load == [0, 0]  # every routed call ended
             assert (await orch.run(calls[0]))[1] == 0
+            assert (await orch.run(Call(args=(7,), service="rm#1", resources={}, kind="reward"))) == (1, 7)
+            with pytest.raises(ValidationError):  # refused at submit: nothing routed
+                orch.submit(Call(args=(1, 2), service="rm", resources={}, kind="reward"))
+            with pytest.raises(ValidationError):
+                orch.submit(calls[0], action_id=-1)
+            assert orch._replica_load == [0, 0]
 
     asyncio.run(main())
 
@@ -438,3 +445,22 @@ def test_search_server_rejects_beyond_its_limit() -> None:
         assert server_stats(port)["rejected"] == codes.count(429)
     finally:
         stop_search_server(server)
+
+
+def test_a_cuda_context_never_makes_a_call_too_big_for_a_gpu_that_holds_it() -> None:
+    """The context is added up to the smallest GPU that holds what the call asks for: a call
+    for a whole 40,960 MiB GPU still fits it beside 81,920 MiB ones."""
+    from tangram.runtime.encode import CallEncoder
+    from tangram.scheduler import Scheduler
+
+    inventory = Inventory([tangram.Node("small", {"cpu": 4}, [tangram.Gpu(40960)]),
+                           tangram.Node("big", {"cpu": 4}, [tangram.Gpu(81920)])])
+    encoder = CallEncoder(Scheduler(inventory).encoder, process_gpu_memory=512)
+    encoder.set_gpus([81920, 40960])
+
+    def planned(mib: float) -> float:
+        slot = encoder.template(Call(fn=print, resources={}, gpu_memory=mib), 1.0)
+        return float(encoder.records([slot], [1], [0])["gpu_memory"][0])
+
+    assert planned(40960) == 40960 and planned(40700) == 40960 and planned(30000) == 30512
+    assert planned(81500) == 81920 and planned(90000) == 90000  # too big for any: the core refuses it
