@@ -42,6 +42,9 @@ DECISION_DTYPE = np.dtype(
 )
 
 START, RESTORE, EVICT, REJECT, RESIZE = 0, 1, 2, 3, 4
+# An EVICT decision's `reason` when the service's state is given up, not offloaded (its
+# process closed; its next restore is a fresh load): csrc/tangram/model.h kDiscard.
+DISCARD = 1
 # RESIZE: a running action's new total grant of its elastic kind (policies whose `resize`
 # rule is "malleable", tangram's among them).
 DECISION_KINDS = ("start", "restore", "evict", "reject", "resize")

@@ -76,10 +76,16 @@ Rules, in words:
   resident there is evicted by the pass like one on an offline node. Back online, the
   fenced memory is free again. Either way a pass follows.
 * Host memory of offloaded services. A node has offload_memory (-1: not limited); an
-  eviction from an online device holds the victim's host_memory on its node until its
-  next restore (from an offline node or device it holds nothing). A victim whose host memory would not
-  fit, with the plan's earlier victims', is passed over in the greedy plan; a service
-  that must move off a device too small for an action waits while it would not fit.
+  eviction holds the victim's host_memory on its node until its next restore. Discards
+  (EVICT with reason DISCARD: the state given up, all of the service's memory free, an
+  unmovable one no longer pinned, nothing held) are: evictions from an offline node or
+  device; a plan's victim whose host memory would not fit beside the plan's earlier
+  victims' (less what the service being restored gives back there); a service moving off
+  a device too small for an action when its state would not fit. When a plan's victims
+  still leave it short, idle unmovable services asleep on the device (service order) are
+  discarded too, freeing their asleep memory (and host memory). A restore of an unmovable
+  service away from its pinned device discards its process there first (an EVICT of a
+  service not resident, reason DISCARD), after the restore's victims.
 * Runtime reports. service_restored(s, node, device, now): if s is restoring on that
   device with ready > now, it is ready now, and the device's ops_end becomes now when it
   was that ready; then a pass. set_service_times(s, restore, offload) replaces its
@@ -230,7 +236,7 @@ import numpy as np
 from . import _core
 from ._errors import DuplicateIdError, InvalidStateError, UnknownActionError, UnknownNameError, ValidationError
 from ._records import (
-    ACTION_HEADER_SIZE, DECISION_DTYPE, EVICT, MODEL_AMDAHL, MODEL_CALLBACK, MODEL_CONSTANT, MODEL_TABLE, REJECT,
+    ACTION_HEADER_SIZE, DECISION_DTYPE, DISCARD, EVICT, MODEL_AMDAHL, MODEL_CALLBACK, MODEL_CONSTANT, MODEL_TABLE, REJECT,
     RESIZE, RESTORE, START,
 )
 
@@ -1070,7 +1076,7 @@ class ReferenceScheduler:
         p.resized.update(resized)  # limited by this event: not resized again in its pass
         for s, svc in enumerate(self.services):  # resident on an offline node, idle: offloaded
             if svc.device >= 0 and not self._device_online(svc.device) and self._running(service=s) == 0:
-                self._evict(s, out)
+                self._evict(s, out, discard=True)  # its state there is gone
         if self.rules.restore == "queues_first":
             self._restore_queues(out)
         for a in sorted((a for a in self.actions.values() if not a.running), key=lambda a: a.order):
@@ -1142,9 +1148,7 @@ class ReferenceScheduler:
             if svc.device >= 0 and svc.ready_ns <= now and self.dev_total[svc.device] < svc.memory + a.gpu_memory:
                 if self._running(service=a.service) > 0:  # move it once its batch is done
                     return WAITS
-                if not self._offload_fits(self.dev_node[svc.device], svc.host):
-                    return WAITS
-                self._evict(a.service, out)
+                self._evict(a.service, out, discard=not self._offload_fits(self.dev_node[svc.device], svc.host))
             if svc.device < 0 and not self._restore(a, out):
                 return WAITS
             if svc.ready_ns > now or self._running(service=a.service) >= svc.max_batch:
@@ -1360,31 +1364,67 @@ class ReferenceScheduler:
         # gives back there when this plan is for its restore.
         kept = self.services[keep] if keep >= 0 else None
         host = -kept.host if kept is not None and kept.device < 0 and kept.host_node == self.dev_node[d] else 0
+        discard = []  # per victim: its state given up (no room for it in the node's offload memory)
         for o in idle:
             if room >= need:
                 break
-            if not self._offload_fits(self.dev_node[d], host + self.services[o].host):
-                continue
-            host += self.services[o].host
-            room += self.services[o].memory - self.services[o].asleep
+            kept_state = self._offload_fits(self.dev_node[d], host + self.services[o].host)
+            if kept_state:
+                host += self.services[o].host
+            room += self.services[o].memory - (self.services[o].asleep if kept_state else 0)
             victims.append(o)
+            discard.append(not kept_state)
         likely = 0.0
         for o in victims:
             gap = expected_gap(o)
             if n_waiting[o] == 0 and gap > 0:
                 likely += float(self.services[o].restore_ns) / float(gap)
-        return (room >= need, sum(1 for o in victims if n_waiting[o] > 0), sum(queued[o] for o in victims), likely,
-                victims)
+        busy, queued_ns = sum(1 for o in victims if n_waiting[o] > 0), sum(queued[o] for o in victims)
+        for o, svc in enumerate(self.services):  # idle unmovable ones asleep on d give their processes up
+            if room >= need:
+                break
+            if o != keep and svc.device < 0 and svc.pinned == d and n_waiting[o] == 0 and svc.asleep > 0:
+                room += svc.asleep
+                victims.append(o)
+                discard.append(True)
+        return room >= need, busy, queued_ns, likely, victims, discard
 
-    def _evict(self, s: int, out: list) -> None:
-        d = self.services[s].device
-        self.services[s].device = -1
-        self._give_back(d, self.services[s].memory - self.services[s].asleep)
-        if self._device_online(d) and self.services[s].host > 0:  # from an offline node or device: its state is gone
-            self.offload_used[self.dev_node[d]] += self.services[s].host
-            self.services[s].host_node = self.dev_node[d]
-        self.dev_ops_end[d] = max(self.now_ns, self.dev_ops_end[d]) + self.services[s].offload_ns
-        out.append(self._decision(EVICT, node=self.dev_node[d], device=self.dev_local[d], service=s, time=self.now_ns))
+    def _evict(self, s: int, out: list, discard: bool = False) -> None:
+        """Evicts resident s: its state offloaded (kept in host memory), or discarded."""
+        svc = self.services[s]
+        d = svc.device
+        svc.device = -1
+        if discard:
+            self._give_back(d, svc.memory)
+            svc.pinned = -1
+        else:
+            self._give_back(d, svc.memory - svc.asleep)
+            if svc.host > 0:
+                self.offload_used[self.dev_node[d]] += svc.host
+                svc.host_node = self.dev_node[d]
+        self.dev_ops_end[d] = max(self.now_ns, self.dev_ops_end[d]) + svc.offload_ns
+        out.append(self._decision(EVICT, node=self.dev_node[d], device=self.dev_local[d], service=s, time=self.now_ns,
+                                  reason=DISCARD if discard else -1))
+
+    def _discard_asleep(self, s: int, out: list) -> None:
+        """An unmovable s asleep on its pinned device gives its process up."""
+        svc = self.services[s]
+        d = svc.pinned
+        self._give_back(d, svc.asleep)
+        svc.pinned = -1
+        if svc.host_node >= 0:
+            self.offload_used[svc.host_node] -= svc.host
+            svc.host_node = -1
+        self.dev_ops_end[d] = max(self.now_ns, self.dev_ops_end[d])
+        out.append(self._decision(EVICT, node=self.dev_node[d], device=self.dev_local[d], service=s, time=self.now_ns,
+                                  reason=DISCARD))
+
+    def _evict_plan(self, victims: list[int], discard: list[bool], out: list) -> None:
+        for v, gone in zip(victims, discard):
+            if self.services[v].device < 0:
+                self._discard_asleep(v, out)
+            else:
+                self._evict(v, out, gone)
 
     def _restore(self, a: _Action, out: list) -> bool:
         """Make a's service resident somewhere it may live, evicting greedily if needed."""
@@ -1415,16 +1455,17 @@ class ReferenceScheduler:
         else:
             plans = []
             for d in devices:
-                ok, busy, queued, likely, victims = self._plan_room(d, need_on(d), s)
+                ok, busy, queued, likely, victims, discard = self._plan_room(d, need_on(d), s)
                 if ok:
                     ready = begins(d) + sum(self.services[v].offload_ns for v in victims)
-                    plans.append(((busy_node(d), busy, queued, ready, likely, len(victims), d), victims))
+                    plans.append(((busy_node(d), busy, queued, ready, likely, len(victims), d), victims, discard))
             if not plans:
                 return False
-            (*_, target), victims = min(plans)
-            for v in victims:
-                self._evict(v, out)
+            (*_, target), victims, discard = min(plans)
+            self._evict_plan(victims, discard, out)
         self.dev_free[target] -= need_on(target)
+        if svc.pinned >= 0 and svc.pinned != target:  # its old process is given up
+            self._discard_asleep(s, out)
         if svc.host_node >= 0:  # its offloaded state goes back to the device
             self.offload_used[svc.host_node] -= svc.host
             svc.host_node = -1
@@ -1445,7 +1486,7 @@ class ReferenceScheduler:
         if device >= 0:
             if self.dev_free[device] >= a.gpu_memory:
                 return False  # it waits for something else
-            ok, _, _, _, victims = self._plan_room(device, a.gpu_memory, a.service)
+            ok, _, _, _, victims, discard = self._plan_room(device, a.gpu_memory, a.service)
             if not ok:
                 return False
         else:
@@ -1458,14 +1499,13 @@ class ReferenceScheduler:
                     continue
                 for d in self._devices_of(n):
                     if self.dev_total[d] >= a.gpu_memory and not self.dev_offline[d]:
-                        ok, busy, queued, likely, victims = self._plan_room(d, a.gpu_memory, -1)
+                        ok, busy, queued, likely, victims, discard = self._plan_room(d, a.gpu_memory, -1)
                         if ok and victims:
-                            plans.append(((busy, queued, likely, len(victims), d), victims))
+                            plans.append(((busy, queued, likely, len(victims), d), victims, discard))
             if not plans:
                 return False
-            victims = min(plans)[1]
-        for v in victims:
-            self._evict(v, out)
+            _, victims, discard = min(plans)
+        self._evict_plan(victims, discard, out)
         return True
 
     def _grant_spare(self, p: _Pass, out: list) -> None:

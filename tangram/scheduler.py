@@ -17,6 +17,8 @@ from ._records import (
     ACTION_HEADER_SIZE,
     DECISION_DTYPE,
     DECISION_KINDS,
+    DISCARD,
+    EVICT,
     MODEL_AMDAHL,
     MODEL_CALLBACK,
     MODEL_CONSTANT,
@@ -87,7 +89,9 @@ class Decision:
     service: str | None
     grant: float  # units of the elastic kind granted; 0.0 when the action is not elastic
     time: float  # start or resize time, or when a restored service is ready
-    reason: str | None = None  # why a rejected action can never run
+    # Why a rejected action can never run; "discard" for an evict whose service's state is
+    # given up (its process closed: its next restore is a fresh load), not offloaded.
+    reason: str | None = None
 
 
 class Decisions(Sequence[Decision]):
@@ -121,7 +125,8 @@ class Decisions(Sequence[Decision]):
             service=self._services[svc] if svc >= 0 else None,
             grant=float(r["grant"]),
             time=float(r["time"]),
-            reason=self._messages[int(r["reason"])] if kind == REJECT else None,
+            reason=(self._messages[int(r["reason"])] if kind == REJECT
+                    else "discard" if kind == EVICT and int(r["reason"]) == DISCARD else None),
         )
 
     def __iter__(self) -> Iterator[Decision]:

@@ -29,7 +29,7 @@ from tangram import (
     UnknownActionError, UnknownNameError, ValidationError, _core,
 )
 from tangram._records import (
-    DECISION_DTYPE, EVICT, MODEL_AMDAHL, MODEL_CONSTANT, MODEL_TABLE, REJECT, RESIZE, RESTORE, START, empty_actions,
+    DECISION_DTYPE, DISCARD, EVICT, MODEL_AMDAHL, MODEL_CONSTANT, MODEL_TABLE, REJECT, RESIZE, RESTORE, START, empty_actions,
 )
 from tangram.reference import POLICY_RULES, PolicyRules, ReferenceScheduler, to_milli
 from tangram.scheduler import core_arguments
@@ -282,7 +282,13 @@ class Harness:
                     self.service_home[s] = self.service_at[s]
                 assert d["time"] >= self.core.now
             elif kind == EVICT:
-                assert self.service_at.pop(int(d["service"])) == (int(d["node"]), int(d["device"]))
+                s, where = int(d["service"]), (int(d["node"]), int(d["device"]))
+                if s in self.service_at:
+                    assert self.service_at.pop(s) == where
+                else:  # an unmovable service asleep there gives its process up
+                    assert d["reason"] == DISCARD and self.service_home.get(s) == where
+                if d["reason"] == DISCARD:
+                    self.service_home.pop(s, None)
             elif kind == RESIZE:
                 i = int(d["action"])
                 assert self.state[i] == "running", f"resize of a {self.state[i]} action"

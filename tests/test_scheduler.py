@@ -480,7 +480,8 @@ def test_replica_names_must_not_clash():
 
 def test_offloaded_services_host_memory_must_fit_the_nodes_offload_memory():
     """Node(offload_memory=1000), services holding 800 MiB of host memory while offloaded:
-    only one of them can be offloaded at a time, so the second one's eviction waits."""
+    only one of them can be offloaded at a time, so the second one is discarded (its state
+    given up: its next restore is a load) rather than offloaded."""
     inv = Inventory(nodes=[Node("g", {"cpu": 8}, [Gpu(4000), Gpu(4000)], offload_memory=1000)],
                     services=[Service("a", 3000, 1.0, host_memory=800), Service("b", 3000, 1.0, host_memory=800)])
     s = Scheduler(inv)
@@ -488,8 +489,9 @@ def test_offloaded_services_host_memory_must_fit_the_nodes_offload_memory():
     s.tick(1.0)
     s.complete([1, 2], 2.0)
     d = s.submit([Action(3, {"cpu": 1}, 1.0, gpu_memory=3000), Action(4, {"cpu": 1}, 1.0, gpu_memory=3000)], 3.0)
-    assert [(x.kind, x.service or x.action) for x in d] == [("evict", "a"), ("start", 3)]
-    assert "waiting" in s.explain(4) and s.service_location("b") == (0, 1)
+    assert [(x.kind, x.service or x.action, x.reason) for x in d] == [
+        ("evict", "a", None), ("start", 3, None), ("evict", "b", "discard"), ("start", 4, None)]
+    assert s.service_location("b") is None
     s.check_invariants()
 
 

@@ -125,8 +125,13 @@ struct Decision {
   std::int32_t elastic_kind = kNone;
   Quantity grant = 0;  // granted units of the elastic kind; 0 when the action is not elastic
   TimeNs time = 0;     // kStart, kResize: when; kRestore: when the service is ready
-  std::int32_t reason = kNone;  // kReject: index into the last call's messages
+  std::int32_t reason = kNone;  // kReject: index into the last call's messages; kEvict: kDiscard or kNone
 };
+// A kEvict whose service's state is given up rather than offloaded (its process closed;
+// its next restore is a fresh load): an offline node or device, no room for its state in
+// the node's offload memory, or an unmovable service's process asleep on a device that
+// needs the memory, or left for another device.
+inline constexpr std::int32_t kDiscard = 1;
 
 // Where an action stands.
 enum class ActionState : std::uint8_t { kUnknown = 0, kWaiting = 1, kRunning = 2 };

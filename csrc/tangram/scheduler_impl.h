@@ -535,11 +535,14 @@ struct Scheduler::Impl {
     // expected gap until its next request, summed in victim order (never asked for: 0).
     double likely = 0;
     std::vector<std::int32_t> victims;
+    std::vector<std::uint8_t> discard;  // per victim: its state is given up (evict or discard_asleep)
   };
   RoomPlan plan_room(std::int32_t device, Quantity need, std::int32_t keep) const;
   bool make_gpu_room(const Class& c, std::int32_t lo, std::int32_t hi, std::int32_t fixed_leaf,
                      std::int32_t device, std::vector<Decision>& out);
-  void evict(std::int32_t svc_id, std::vector<Decision>& out);
+  void evict(std::int32_t svc_id, std::vector<Decision>& out, bool discard = false);
+  void discard_asleep(std::int32_t svc_id, std::vector<Decision>& out);
+  void evict_plan(const RoomPlan& plan, std::vector<Decision>& out);
   void evict_offline_services(std::vector<Decision>& out);
   Quantity evict_frees(std::int32_t svc_id) const;
   bool device_online(std::int32_t d) const { return node_online[dev_node[d]] && !dev_offline[d]; }

@@ -15,14 +15,15 @@
 
 namespace tangram {
 
-// A service resident on an offline node or device is offloaded once none of its actions
-// runs there (the caller ends those); until then its actions wait (try_head).
+// A service resident on an offline node or device is evicted once none of its actions
+// runs there (the caller ends those); until then its actions wait (try_head). Its state
+// there is gone: a discard.
 void Scheduler::Impl::evict_offline_services(std::vector<Decision>& out) {
   for (std::int32_t s = 0; s < static_cast<std::int32_t>(services.size()); ++s) {
     const ServiceRec& svc = services[s];
     if (svc.device == kNone || svc.running > 0 || device_online(svc.device)) continue;
     const std::int32_t node = dev_node[svc.device];
-    evict(s, out);
+    evict(s, out, /*discard=*/true);
     refresh_node_devices(node);
   }
 }
@@ -38,6 +39,10 @@ Quantity Scheduler::Impl::evict_frees(std::int32_t s) const {
 // (least restore time per expected gap until their next request); then the least queued
 // work per unit of restore cost, then service order. The plan's `likely` sums that cost
 // over its idle victims, so the choice of device weighs popularity too.
+// A victim whose offloaded state would not fit the node's offload memory (beside the
+// earlier victims') is discarded instead: its state is given up, freeing all its memory.
+// When that is still short, idle unmovable services asleep on d (in service order) are
+// discarded too: their processes, and the memory they keep there, are given up.
 Scheduler::Impl::RoomPlan Scheduler::Impl::plan_room(std::int32_t d, Quantity need, std::int32_t keep) const {
   RoomPlan plan;
   Quantity room = dev_free[d];
@@ -88,34 +93,86 @@ Scheduler::Impl::RoomPlan Scheduler::Impl::plan_room(std::int32_t d, Quantity ne
                       : 0;
   for (std::size_t i = 0; i < cands.size() && room < need; ++i) {
     const ServiceRec& o = services[cands[i]];
-    if (!offload_fits(dev_node[d], host + inv.services[cands[i]].host_memory)) continue;
-    host += inv.services[cands[i]].host_memory;
-    room += evict_frees(cands[i]);
+    const bool kept_state = offload_fits(dev_node[d], host + inv.services[cands[i]].host_memory);
+    if (kept_state) host += inv.services[cands[i]].host_memory;
+    room += kept_state ? evict_frees(cands[i]) : inv.services[cands[i]].memory;
+    plan.discard.push_back(kept_state ? 0 : 1);
     plan.busy += o.waiting > 0 ? 1 : 0;
     plan.queued += o.queued_ns;
     const TimeNs gap = expected_gap(o);
     if (o.waiting == 0 && gap > 0) plan.likely += static_cast<double>(o.restore_ns) / static_cast<double>(gap);
     plan.victims.push_back(cands[i]);
   }
+  for (std::int32_t s = 0; s < static_cast<std::int32_t>(services.size()) && room < need; ++s) {
+    const ServiceRec& o = services[s];
+    if (s == keep || o.device != kNone || o.pinned_device != d || o.waiting > 0) continue;
+    if (inv.services[s].asleep_memory == 0) continue;
+    room += inv.services[s].asleep_memory;
+    plan.victims.push_back(s);
+    plan.discard.push_back(1);
+  }
   plan.ok = room >= need;
   return plan;
 }
 
-void Scheduler::Impl::evict(std::int32_t v, std::vector<Decision>& out) {
-  const std::int32_t d = services[v].device;
-  services[v].device = kNone;
-  give_back_gpu(d, evict_frees(v));
-  if (device_online(d) && inv.services[v].host_memory > 0) {  // from an offline node or device: its state is gone
-    node_offload_used[dev_node[d]] += inv.services[v].host_memory;
-    services[v].host_node = dev_node[d];
+void Scheduler::Impl::evict_plan(const RoomPlan& plan, std::vector<Decision>& out) {
+  for (std::size_t i = 0; i < plan.victims.size(); ++i) {
+    const std::int32_t v = plan.victims[i];
+    if (services[v].device == kNone) discard_asleep(v, out);
+    else evict(v, out, plan.discard[i] != 0);
   }
-  dev_ops_end[d] = std::max(now, dev_ops_end[d]) + services[v].offload_ns;
+}
+
+// An unmovable service asleep on its pinned device gives its process up: the memory it
+// keeps there (and its host memory) is free again, and its next restore is a fresh load.
+// Emits a kEvict with reason kDiscard for the device its process was on.
+void Scheduler::Impl::discard_asleep(std::int32_t v, std::vector<Decision>& out) {
+  ServiceRec& svc = services[v];
+  const std::int32_t d = svc.pinned_device;
+  give_back_gpu(d, inv.services[v].asleep_memory);
+  svc.pinned_device = kNone;
+  if (svc.host_node != kNone) {
+    node_offload_used[svc.host_node] -= inv.services[v].host_memory;
+    svc.host_node = kNone;
+  }
+  dev_ops_end[d] = std::max(now, dev_ops_end[d]);
+  refresh_node_devices(dev_node[d]);
   Decision e;
   e.kind = DecisionKind::kEvict;
   e.service = v;
   e.node = dev_node[d];
   e.device = dev_local[d];
   e.time = now;
+  e.reason = kDiscard;
+  out.push_back(e);
+}
+
+// Evicts resident service v: offloaded, its state kept in host memory (the memory it keeps
+// asleep stays on the device), or with `discard` its state given up (all of its memory
+// free; an unmovable one's process too, so it is no longer pinned).
+void Scheduler::Impl::evict(std::int32_t v, std::vector<Decision>& out, bool discard) {
+  ServiceRec& svc = services[v];
+  const ServiceSpec& spec = inv.services[v];
+  const std::int32_t d = svc.device;
+  svc.device = kNone;
+  if (discard) {
+    give_back_gpu(d, spec.memory);
+    svc.pinned_device = kNone;
+  } else {
+    give_back_gpu(d, evict_frees(v));
+    if (spec.host_memory > 0) {
+      node_offload_used[dev_node[d]] += spec.host_memory;
+      svc.host_node = dev_node[d];
+    }
+  }
+  dev_ops_end[d] = std::max(now, dev_ops_end[d]) + svc.offload_ns;
+  Decision e;
+  e.kind = DecisionKind::kEvict;
+  e.service = v;
+  e.node = dev_node[d];
+  e.device = dev_local[d];
+  e.time = now;
+  if (discard) e.reason = kDiscard;
   out.push_back(e);
 }
 
@@ -187,16 +244,13 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
       }
     }
     if (target == kNone) return false;
-    for (std::int32_t v : chosen.victims) evict(v, out);
+    evict_plan(chosen, out);
   }
   dev_free[target] -= need_on(target);
+  if (svc.pinned_device != kNone && svc.pinned_device != target) discard_asleep(svc_id, out);  // its old process
   if (svc.host_node != kNone) {  // its offloaded state goes back to the device
     node_offload_used[svc.host_node] -= spec.host_memory;
     svc.host_node = kNone;
-  }
-  if (svc.pinned_device != kNone && svc.pinned_device != target) {  // its old process is given up
-    give_back_gpu(svc.pinned_device, spec.asleep_memory);
-    refresh_node_devices(dev_node[svc.pinned_device]);
   }
   if (!spec.movable) svc.pinned_device = target;
   svc.device = target;
@@ -291,7 +345,7 @@ bool Scheduler::Impl::make_gpu_room(const Class& c, std::int32_t lo, std::int32_
     }
     if (target == kNone) return false;
   }
-  for (std::int32_t v : chosen.victims) evict(v, out);
+  evict_plan(chosen, out);
   refresh_node_devices(dev_node[target]);
   release_on_node(dev_node[target], kNone);
   return true;
@@ -312,12 +366,12 @@ bool Scheduler::Impl::service_admits(Class& cl, std::int32_t& device, std::vecto
   if (svc.device != kNone && svc.ready_ns <= now && dev_total[svc.device] < inv.services[cl.service].memory + cl.gpu_memory) {
     // Its device can never hold this action beside the service: move the service once
     // its running batch is done.
-    if (svc.running > 0 || !offload_fits(dev_node[svc.device], inv.services[cl.service].host_memory)) {
+    if (svc.running > 0) {
       cl.block = Block::kServiceNoRoom;
       return false;
     }
     const std::int32_t node = dev_node[svc.device];
-    evict(cl.service, out);
+    evict(cl.service, out, !offload_fits(node, inv.services[cl.service].host_memory));
     refresh_node_devices(node);
     release_on_node(node, kNone);
   }

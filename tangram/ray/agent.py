@@ -286,8 +286,8 @@ class NodeAgent:
     async def restore(self, service: str, device: int) -> float | None:
         return await self.gpu.restore(service, 0, device)
 
-    async def evict(self, service: str, device: int) -> float | None:
-        return await self.gpu.evict(service, 0, device)
+    async def evict(self, service: str, device: int, discard: bool = False) -> float | None:
+        return await self.gpu.evict(service, 0, device, discard)
 
     # ------------------------------------------------------------------ state
     def describe(self) -> dict[str, Any]:

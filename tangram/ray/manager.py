@@ -353,11 +353,11 @@ class RayManager(ResourceManager):
             return None  # the core evicts services of offline nodes; nothing to do there
         return await st.agent.restore.remote(service, device)
 
-    async def evict(self, service: str, node: int, device: int) -> float | None:
+    async def evict(self, service: str, node: int, device: int, discard: bool = False) -> float | None:
         st = self._by_index.get(node)
         if st is None or st.lost:
             return None
-        return await st.agent.evict.remote(service, device)
+        return await st.agent.evict.remote(service, device, discard)
 
     async def end_trajectory(self, trajectory: int) -> None:
         self._sticky.pop(trajectory, None)

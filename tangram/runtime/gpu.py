@@ -241,6 +241,7 @@ class _ServiceState:
     stuck: str | None = None  # a hook ran past hook_timeout: its thread still runs it
     suspect: str | None = None  # an Xid on its device: check its health before the next batch
     checking: asyncio.Future[None] | None = None  # a health check (and restart) in progress
+    process_device: int | None = None  # the device its loaded instance was last made resident on
     restarts: int = 0
 
 
@@ -584,6 +585,7 @@ class GpuManager(ResourceManager):
                 else:
                     first = await self._call(st, st.hooks.restore, st.handle, dev) is False  # a fresh load
                 seconds = time.perf_counter() - began
+                st.process_device = device
         except asyncio.CancelledError:
             if not ready.done():
                 ready.set_result(RuntimeError("the restore was cancelled"))
@@ -597,16 +599,30 @@ class GpuManager(ResourceManager):
         ready.set_result(None)
         return None if first else seconds
 
-    async def evict(self, service: str, node: int, device: int) -> float | None:
+    async def evict(self, service: str, node: int, device: int, discard: bool = False) -> float | None:
         """Offload `service` from `device` (its `offload` hook). The core never evicts a
         service with running actions there: that is a ManagerError. Returns the seconds
-        the offload hook took (None when its restore had failed: nothing was resident)."""
+        the offload hook took (None when its restore had failed: nothing was resident).
+        `discard`: its state is given up instead (the core's kDiscard): its `close` hook
+        runs, and its next restore is a load; also for a service not resident, whose
+        process sleeps on `device` (an unmovable one giving its process up)."""
         st = self._state(service)
         self._check_device(node, device, f"eviction of {service!r}")
         if st.active[device]:
             raise ManagerError(f"services.{service}", f"evict from device {device} while {st.active[device]} of its "
                                                       f"actions run there")
         r = st.residency
+        if discard and (r is None or r.device != device):  # its asleep process on `device`
+            done_asleep: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._offloading.setdefault(device, set()).add(done_asleep)
+            try:
+                async with st.lock:
+                    if st.residency is None and st.process_device == device:
+                        await self._give_up(st, f"its process asleep on device {device} is given up")
+            finally:
+                done_asleep.set_result(None)
+                self._offloading[device].discard(done_asleep)
+            return None
         if r is None or r.device != device:
             where = "offloaded" if r is None else f"resident on device {r.device}"
             raise ManagerError(f"services.{service}", f"evict from device {device}, but it is {where}")
@@ -621,8 +637,9 @@ class GpuManager(ResourceManager):
                     await asyncio.shield(r.ready)
                 if r.ready.result() is not None:
                     return None  # its restore failed: nothing is resident
-                if device in self.offline_devices:  # a GPU that needs a reset: nothing to offload
-                    await self._give_up(st, f"device {device} is out of placement")
+                if discard or device in self.offline_devices:  # its state is given up
+                    await self._give_up(st, f"device {device} is out of placement" if not discard
+                                        else "its state is discarded")
                     return None
                 began = time.perf_counter()
                 try:
@@ -853,6 +870,7 @@ class GpuManager(ResourceManager):
         except Exception as e:
             log.warning("services.%s: close hook failed: %s: %s", st.name, type(e).__name__, e)
         st.handle = _UNLOADED
+        st.process_device = None
 
     def set_device_online(self, device: int, online: bool) -> None:
         """The orchestrator took `device` out of placement (False) or put it back: on an

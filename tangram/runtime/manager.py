@@ -100,9 +100,11 @@ class ResourceManager(abc.ABC):
         which is no restore, or a service already resident)."""
         raise ManagerError(f"managers.{self.name}", "this manager has no services to restore")
 
-    async def evict(self, service: str, node: int, device: int) -> float | None:
+    async def evict(self, service: str, node: int, device: int, discard: bool = False) -> float | None:
         """Offload a resident GPU service from (node, device); none of its actions run.
-        Returns the seconds its offload took, measured, or None."""
+        Returns the seconds its offload took, measured, or None. `discard`: give its state
+        up instead (close it; its next restore is a load), also when it is not resident
+        but its process sleeps on that device."""
         raise ManagerError(f"managers.{self.name}", "this manager has no services to evict")
 
     async def end_trajectory(self, trajectory: int) -> None:
@@ -152,8 +154,8 @@ class MockManager(ResourceManager):
         self.events.append(("restore", service, node, device))
         return None
 
-    async def evict(self, service: str, node: int, device: int) -> float | None:
-        self.events.append(("evict", service, node, device))
+    async def evict(self, service: str, node: int, device: int, discard: bool = False) -> float | None:
+        self.events.append(("discard" if discard else "evict", service, node, device))
         return None
 
     async def end_trajectory(self, trajectory: int) -> None:

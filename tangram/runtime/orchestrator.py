@@ -34,7 +34,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from .._errors import TangramError, ValidationError
 from .._model import Inventory, Node
 from .._model import given as _given
-from .._records import EVICT, REJECT, RESIZE, RESTORE, START
+from .._records import DISCARD, EVICT, REJECT, RESIZE, RESTORE, START
 from ..scheduler import Scheduler, integer_in, record_limits
 from .call import Call, Placement, manager_for, validate_call
 from .config import RuntimeConfig
@@ -596,7 +596,7 @@ class Orchestrator:
             elif kind == RESTORE:
                 self._device_op("restore", service, node, device)
             elif kind == EVICT:
-                self._device_op("evict", service, node, device)
+                self._device_op("evict", service, node, device, discard=reason == DISCARD)
 
     def _start(self, lv: _Live, node: int, device: int, grant: float, elastic_kind: int) -> None:
         call = lv.call
@@ -797,7 +797,7 @@ class Orchestrator:
             counts = self._counts[kind] = [0, 0]
         counts[column] += delta
 
-    def _device_op(self, op: str, service: int, node: int, device: int) -> None:
+    def _device_op(self, op: str, service: int, node: int, device: int, discard: bool = False) -> None:
         """Restores and evictions on one device run in the order the core decided them. A
         restore done is reported to the core (ready now, if it planned later), and the
         seconds the manager measured teach the service's restore and offload times."""
@@ -813,7 +813,9 @@ class Orchestrator:
         async def run() -> None:
             if previous is not None:
                 await asyncio.gather(previous, return_exceptions=True)
-            seconds = await getattr(manager, op)(self._service_names[service], node, device)
+            name = self._service_names[service]
+            seconds = await (manager.evict(name, node, device, discard) if op == "evict"
+                             else manager.restore(name, node, device))
             if isinstance(seconds, (int, float)):
                 self._learn_service_time(service, "restore" if op == "restore" else "offload", float(seconds))
             # Reported only while it is the service's latest operation: the core may since have

@@ -184,6 +184,12 @@ inline Expect evict(std::int32_t service) {
   e.d.service = service;
   return e;
 }
+// An eviction that gives the service's state up (kDiscard): its next restore is a load.
+inline Expect discard(std::int32_t service) {
+  Expect e = evict(service);
+  e.d.reason = tangram::kDiscard;
+  return e;
+}
 
 // ---------------------------------------------------------------- views of decisions
 

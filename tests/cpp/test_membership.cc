@@ -110,7 +110,7 @@ TEST(NodeMembership, ServicesLeaveAnOfflineNodeAndGpuNodesCanJoin) {
   EXPECT_EQ(h.online(0, false, 2), Decisions{});  // still running there: not evicted
   EXPECT_EQ(h.s.service_location(0), std::make_pair(0, 0));
   EXPECT_EQ(h.s.explain(2), "waiting for service 'rm': its node is offline; it moves once its actions there have ended");
-  EXPECT_EQ(h.complete({1}, 3), (Decisions{evict(0).on(0, 0).at(3), restore(0).on(1, 0).at(4)}))
+  EXPECT_EQ(h.complete({1}, 3), (Decisions{discard(0).on(0, 0).at(3), restore(0).on(1, 0).at(4)}))
       << "started beside a service on an offline node";
   EXPECT_EQ(h.tick(4), (Decisions{start(2).on(1, 0).service(0).at(4)}));
   h.complete({2}, 5);

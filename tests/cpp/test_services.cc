@@ -508,8 +508,9 @@ TEST(Services, UnmovableServiceKeepsItsAsleepMemoryAndItsDevice) {
   EXPECT_EQ(h.s.gpu_free(0, 0), U(1000));
 }
 
-// When the node of an unmovable service's process goes offline, its process is given up:
-// its next restore is a fresh load on another device, which takes its whole memory.
+// When the node of an unmovable service's process goes offline, its process is given up
+// (a discard: all of its memory there is free): its next restore is a fresh load on
+// another device, which takes its whole memory.
 TEST(Services, UnmovableServiceMovesWhenItsNodeGoesOffline) {
   Inventory inv = cpu_inventory(2, 4);
   inv.nodes[0].gpus = {{U(4000)}};
@@ -524,8 +525,8 @@ TEST(Services, UnmovableServiceMovesWhenItsNodeGoesOffline) {
   EXPECT_EQ(h.submit({a}, 0), (Decisions{restore(0).on(0, 0).at(1)}));
   h.tick(1);
   h.complete({1}, 2);
-  EXPECT_EQ(h.online(0, false, 3), (Decisions{evict(0).on(0, 0).at(3)}));
-  EXPECT_EQ(h.s.gpu_free(0, 0), U(3500));  // 500 MiB kept asleep
+  EXPECT_EQ(h.online(0, false, 3), (Decisions{discard(0).on(0, 0).at(3)}));
+  EXPECT_EQ(h.s.gpu_free(0, 0), U(4000));
   ActionSpec b = action(2, {U(1)}, 1);
   b.service = 0;
   EXPECT_EQ(h.submit({b}, 4), (Decisions{restore(0).on(1, 0).at(5)}));
@@ -562,8 +563,8 @@ TEST(Services, ReportedRestoreIsReadyAtOnceAndMeasuredTimesApply) {
 }
 
 // Offloaded services hold host memory on the node they were evicted from: a victim whose
-// state would not fit the node's offload memory stays resident, and a restore gives its
-// own state's room back (so two services can take turns in room for one).
+// state would not fit the node's offload memory is discarded instead (its state given up),
+// and a restore gives its own state's room back (so two services take turns in room for one).
 TEST(Services, OffloadedStateMustFitTheNodesOffloadMemory) {
   Inventory inv = cpu_inventory(1, 4);
   inv.nodes[0].gpus = {{U(4000)}, {U(4000)}};
@@ -582,23 +583,29 @@ TEST(Services, OffloadedStateMustFitTheNodesOffloadMemory) {
   h.tick(1);
   h.complete({1, 2}, 2);
   // Two plain actions needing 3,000 MiB each: a is evicted for the first (800 of 1,000 MiB
-  // of host memory); b cannot be (1,600 MiB would not fit), so the second waits for device 0.
+  // of host memory); b's state would not fit too (1,600 MiB), so b is discarded.
   ActionSpec big = action(3, {U(1)}, 1);
   big.gpu_memory = U(3000);
   ActionSpec big2 = action(4, {U(1)}, 1);
   big2.gpu_memory = U(3000);
-  EXPECT_EQ(h.submit({big, big2}, 3), (Decisions{evict(0).on(0, 0).at(3), start(3).on(0, 0).at(3)}));
-  EXPECT_EQ(h.s.service_location(1), std::make_pair(0, 1));
-  EXPECT_EQ(h.complete({3}, 4), (Decisions{start(4).on(0, 0).at(4)}));
-  h.complete({4}, 5);
-  // a's restore gives its 800 MiB back; then b can be evicted, its state taking them.
+  EXPECT_EQ(h.submit({big, big2}, 3), (Decisions{evict(0).on(0, 0).at(3), start(3).on(0, 0).at(3),
+                                                 discard(1).on(0, 1).at(3), start(4).on(0, 1).at(3)}));
+  EXPECT_EQ(h.s.service_location(1), std::make_pair(kNone, kNone));
+  h.complete({3, 4}, 4);
+  // a's restore gives its 800 MiB back; then b, restored, can be evicted keeping its state.
   ActionSpec again = action(5, {U(1)}, 1);
   again.service = 0;
-  EXPECT_EQ(h.submit({again}, 6), (Decisions{restore(0).on(0, 0).at(7)}));
-  EXPECT_EQ(h.tick(7), (Decisions{start(5).on(0, 0).service(0).at(7)}));
-  ActionSpec plain = action(6, {U(1)}, 1);
+  ActionSpec other = action(6, {U(1)}, 1);
+  other.service = 1;
+  EXPECT_EQ(h.submit({again, other}, 6), (Decisions{restore(0).on(0, 0).at(7), restore(1).on(0, 1).at(7)}));
+  h.tick(7);
+  h.complete({5, 6}, 8);
+  ActionSpec plain = action(7, {U(1)}, 1);
   plain.gpu_memory = U(3000);
-  EXPECT_EQ(h.submit({plain}, 8), (Decisions{evict(1).on(0, 1).at(8), start(6).on(0, 1).at(8)}));
+  EXPECT_EQ(h.submit({plain}, 9), (Decisions{evict(0).on(0, 0).at(9), start(7).on(0, 0).at(9)}));
+  ActionSpec plain2 = action(8, {U(1)}, 1);
+  plain2.gpu_memory = U(3000);
+  EXPECT_EQ(h.submit({plain2}, 9), (Decisions{discard(1).on(0, 1).at(9), start(8).on(0, 1).at(9)}));
 }
 
 // A device out of placement (a GPU that needs a reset) fences its memory off: nothing new
@@ -620,7 +627,7 @@ TEST(Services, OfflineDeviceFencesItsMemory) {
   EXPECT_EQ(h.out, Decisions{});  // the service runs action 1 there: it stays until that ends
   EXPECT_EQ(h.s.gpu_free(0, 0), 0);
   EXPECT_FALSE(h.s.device_online(0, 0));
-  EXPECT_EQ(h.complete({1, 2}, 3), (Decisions{evict(0).on(0, 0).at(3)}));
+  EXPECT_EQ(h.complete({1, 2}, 3), (Decisions{discard(0).on(0, 0).at(3)}));
   EXPECT_EQ(h.s.gpu_free(0, 0), 0);  // what came back is fenced
   ActionSpec again = action(3, {U(1)}, 1);
   again.service = 0;

@@ -1176,3 +1176,24 @@ def test_context_mib_defaults_and_validation(monkeypatch, no_fake):
     m = GpuManager(watch_xids=False)
     m.attach(Inventory([Node("n0", {"cpu": 8}, [Gpu(d.memory_mib) for d in discover()])]))
     assert m.context_mib == CUDA_CONTEXT_MIB and m.describe()["context_mib"] == CUDA_CONTEXT_MIB
+
+
+def test_a_discard_closes_the_service_instead_of_offloading_it():
+    """The core's discard (its state given up): a resident service is closed, not
+    offloaded, and one whose process sleeps on the device is closed there; either way its
+    next restore is a load."""
+    rec = Recorder()
+    m = manager({"rm": rec})
+
+    async def main() -> None:
+        await m.restore("rm", 0, 0)
+        assert await m.evict("rm", 0, 0, discard=True) is None
+        await m.restore("rm", 0, 1)  # a load again
+        await m.evict("rm", 0, 1)  # offloaded: its process sleeps on device 1
+        await m.evict("rm", 0, 0, discard=True)  # not its device: nothing to give up
+        assert [e[0] for e in rec.events].count("close") == 1
+        await m.evict("rm", 0, 1, discard=True)  # its process there is given up
+        await m.restore("rm", 0, 1)
+
+    run(main())
+    assert [e[0] for e in rec.events] == ["load", "close", "load", "offload", "close", "load"]
