@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -212,6 +213,175 @@ def test_reward_batch_limit() -> None:
     for policy in POLICIES:
         r = sim.simulate(w, policy, seed=0)
         assert sorted(r.act.tolist()) == pytest.approx([1.0, 2.0]), policy
+
+
+# ------------------------------------------------------------------ GPU compute
+
+
+def _sharing(gain):  # type: ignore[no-untyped-def]
+    """Three rewards on one service on one GPU (resident at once: no restore time, batch 3),
+    no environment action, no noise. Alone they take A 2 s, B 3 s, C 1 s; A and B are
+    submitted at t = 0, C at t = 1 (its think time)."""
+    w = tiny(batch=3, turns={"dist": "fixed", "value": 0},
+             reward={"replicas": 1, "gpu_memory": 1000, "restore_seconds": 0.0, "max_batch": 3,
+                     "cpu": 0.1, "memory": 10, "seconds": 1.0, "gpu_batch_gain": gain},
+             inventory={"cpu_nodes": 1, "cpu_node": {"cpu": 1, "memory": 1000},
+                        "gpu_nodes": 1, "gpu_node": {"cpu": 2, "memory": 1000, "gpus": [4000]}})
+    step = w.sample(0)
+    step = dataclasses.replace(step, reward_seconds=np.array([2.0, 3.0, 1.0]), think=np.array([0.0, 0.0, 1.0]))
+    return w, step
+
+
+@pytest.mark.parametrize("gain, finishes, slowdown", [
+    # S = 2: with n running, each at 1 / (1 + (n - 1) / 2): 2/3 for two, 1/2 for three.
+    # 0-1: A and B at 2/3 (A has 4/3 left, B 7/3). 1: C starts, all three at 1/2; C (1 s
+    # of work) ends first, at 3, when A has 1/3 left and B 4/3. 3-3.5: A and B at 2/3, A
+    # ends at 3.5 with B at 1 left; B alone at full speed ends at 4.5. The device did
+    # 4/3 + 3 + 2/3 + 1 = 6 s of alone work, A's, B's and C's.
+    (2, [3.5, 4.5, 3.0], 1.75),  # runs over alone: 3.5 / 2, 4.5 / 3, 2 / 1
+    # S = 1, processor sharing with no gain: 0-1 at 1/2 (A 1.5 left, B 2.5); from 1 at 1/3,
+    # C ends at 4 (A 0.5 left, B 1.5); A at 1/2 ends at 5 (B 1 left); B alone ends at 6.
+    (1, [5.0, 6.0, 4.0], 2.5),
+    # No contention: each runs its time alone.
+    ("inf", [2.0, 3.0, 2.0], 1.0),
+])
+def test_rewards_share_a_gpu_hand_computed(gain, finishes, slowdown) -> None:  # type: ignore[no-untyped-def]
+    w, step = _sharing(gain)
+    for policy in sim.POLICY_NAMES:
+        r = sim.simulate(w, policy, seed=0, step=step)
+        np.testing.assert_allclose(r.start, [0.0, 0.0, 1.0], err_msg=policy)
+        np.testing.assert_allclose(r.finish, finishes, rtol=0, atol=1e-9, err_msg=policy)
+        np.testing.assert_allclose(r.run, r.finish - r.start, atol=1e-9)
+        np.testing.assert_allclose(r.best, [2.0, 3.0, 1.0])  # the bound: each alone
+        row = r.row()
+        assert row["gpu_batch_gain"] == (None if gain == "inf" else gain)
+        assert row["reward_slowdown"] == pytest.approx(slowdown)
+        assert row["peak_services_per_device"] == 1
+
+
+def test_rewards_on_different_gpus_do_not_share() -> None:
+    # Two replicas on two GPUs (trajectory i scores on replica i % 2), one reward each: each
+    # device runs one, at its speed alone, however small S is.
+    w = tiny(batch=2, turns={"dist": "fixed", "value": 0},
+             reward={"replicas": 2, "gpu_memory": 3000, "restore_seconds": 0.0, "max_batch": 4,
+                     "cpu": 0.1, "memory": 10, "seconds": 2.0, "gpu_batch_gain": 1},
+             inventory={"cpu_nodes": 1, "cpu_node": {"cpu": 1, "memory": 1000},
+                        "gpu_nodes": 1, "gpu_node": {"cpu": 2, "memory": 1000, "gpus": [4000, 4000]}})
+    r = sim.simulate(w, "tangram", seed=0)
+    np.testing.assert_allclose(r.finish, [2.0, 2.0])
+    # on one 8,000 MiB GPU both replicas fit: they share it, each at 1/2 (S = 1)
+    one = dict(w.source, inventory={"cpu_nodes": 1, "cpu_node": {"cpu": 1, "memory": 1000},
+                                    "gpu_nodes": 1, "gpu_node": {"cpu": 2, "memory": 1000, "gpus": [8000]}})
+    r = sim.simulate(sim.Workload.from_dict(one), "tangram", seed=0)
+    np.testing.assert_allclose(r.finish, [4.0, 4.0])
+    assert r.row()["peak_services_per_device"] == 2 and r.row()["reward_slowdown"] == pytest.approx(2.0)
+
+
+# Fingerprints of the simulator before GPU compute was modelled (tangram/sim at commit
+# 14474e4, with the core of that commit), seed 1: arrays submit, start, finish, grant, run
+# and best, and the row's ACTs, step, bounds, held cores, restores and evictions, hashed
+# bit for bit. deepsearch had 2 judge replicas then. A change to the core's decisions
+# changes these too: check such a change against that commit's tangram/sim, then update.
+_OLD_MODEL = {
+    ("coding", 64): {"tangram": "c09ab9ffbf1abce7", "fifo": "403c2195c02961e6", "trajectory": "2b139aecf8ac03c2",
+                     "isolated": "403c2195c02961e6", "optimus": "663e8b5508989eef"},
+    ("deepsearch", 48): {"tangram": "4dc2d39cc767db59", "fifo": "4fa2d5f99cbbe812",
+                         "trajectory": "e4302675aea296dd", "isolated": "4fa2d5f99cbbe812",
+                         "optimus": "b8cb48962a3cd73d"},
+    ("multireward", 256): {"tangram": "41fc764e3795c55d", "fifo": "2bbabaeb0e09513f",
+                           "trajectory": "cb10517d77d3e207", "isolated": "838986f9ba4c41a4",
+                           "optimus": "2bbabaeb0e09513f"},
+}
+
+
+def _fingerprint(r: sim.SimResult) -> str:
+    import hashlib
+
+    row = r.row()
+    arrays = np.concatenate([r.submit, r.start, r.finish, r.grant, r.run, r.best])
+    scalars = np.array([row[k] for k in ("avg_act", "p99_act", "step_duration", "step_bound", "lower_bound_act",
+                                         "cpu_held_seconds", "restores", "evictions")], dtype=float)
+    return hashlib.sha256(arrays.tobytes() + scalars.tobytes()).hexdigest()[:16]
+
+
+@pytest.mark.parametrize("name, batch", sorted(_OLD_MODEL))
+def test_no_contention_reproduces_the_model_without_gpu_compute(name: str, batch: int) -> None:
+    src = json.loads(json.dumps(sim.builtin(name).source))
+    src["reward"]["gpu_batch_gain"] = "inf"
+    if name == "deepsearch":
+        src["reward"]["replicas"] = 2
+    w = sim.Workload.from_dict(src).with_batch(batch)
+    got = {p: _fingerprint(sim.simulate(w, p, seed=1)) for p in sim.POLICY_NAMES}
+    assert got == _OLD_MODEL[(name, batch)]
+    # the same through with_gpu_batch_gain, and no reward's completion ever moved
+    r = sim.simulate(sim.Workload.from_dict(src).with_gpu_batch_gain(8).with_gpu_batch_gain(math.inf)
+                     .with_batch(batch), "tangram", seed=1)
+    assert _fingerprint(r) == _OLD_MODEL[(name, batch)]["tangram"]
+    rewards = r.label == REWARD
+    np.testing.assert_array_equal(r.run[rewards], r.best[rewards])
+    assert r.row()["reward_slowdown"] == 1.0
+
+
+def test_gpu_compute_slows_shared_rewards_and_repeats() -> None:
+    w = sim.builtin("multireward").with_batch(256)
+    assert w.reward is not None and w.reward.gpu_batch_gain == sim.DEFAULT_GPU_BATCH_GAIN
+    off = sim.simulate(w.with_gpu_batch_gain("inf"), "tangram", seed=2, step=w.sample(2))
+    for policy in sim.POLICY_NAMES:
+        a, b = sim.simulate(w, policy, seed=2), sim.simulate(w, policy, seed=2)
+        assert a.row() == b.row() and a.service_log == b.service_log  # deterministic for a seed
+        for f in ("submit", "start", "finish", "run"):
+            np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
+        _check_conservation(w, a, 2)
+        rewards = a.label == REWARD
+        assert (a.run[rewards] >= a.best[rewards] - 1e-9).all()  # never faster than alone
+        assert (a.run[rewards] > a.best[rewards] + 1e-6).any()  # shared devices slow some down
+        assert a.row()["gpu_batch_gain"] == sim.DEFAULT_GPU_BATCH_GAIN
+    assert off.row()["gpu_batch_gain"] is None
+    np.testing.assert_array_equal(off.run[off.label == REWARD], off.best[off.label == REWARD])
+
+
+def test_gpu_batch_gain_validated() -> None:
+    base = {"replicas": 1, "gpu_memory": 1000, "seconds": 1.0}
+    gpus = {"cpu_nodes": 1, "cpu_node": {"cpu": 1, "memory": 1000},
+            "gpu_nodes": 1, "gpu_node": {"cpu": 2, "memory": 1000, "gpus": [4000]}}
+    for bad in (0.5, 0, -2, "fast", None, True, [8]):
+        with pytest.raises(tangram.ValidationError) as e:
+            tiny(reward={**base, "gpu_batch_gain": bad}, inventory=gpus)
+        assert e.value.field == "workload.reward.gpu_batch_gain", bad
+    services = {"seconds": 1.0, "services": [{"name": "a", "gpu_memory": 1000}], "gpu_batch_gain": 0.9}
+    with pytest.raises(tangram.ValidationError, match="at least 1") as e:
+        tiny(reward=services, inventory=gpus)
+    assert e.value.field == "workload.reward.gpu_batch_gain"
+    w = tiny(reward={**base, "gpu_batch_gain": 1}, inventory=gpus)
+    assert w.reward is not None and w.reward.gpu_batch_gain == 1.0
+    for text in ("inf", "Infinity", math.inf):
+        assert tiny(reward={**base, "gpu_batch_gain": text}, inventory=gpus).reward.gpu_batch_gain == math.inf
+    assert tiny(reward=base, inventory=gpus).reward.gpu_batch_gain == sim.DEFAULT_GPU_BATCH_GAIN
+    with pytest.raises(tangram.ValidationError) as e:
+        w.with_gpu_batch_gain(float("nan"))
+    assert e.value.field == "gpu_batch_gain"
+    with pytest.raises(tangram.ValidationError, match="no reward services"):
+        tiny().with_gpu_batch_gain(8)
+
+
+def test_cli_gpu_batch_gain(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    args = ["--workload", "multireward", "--policies", "tangram", "--batch", "32", "--no-progress"]
+    rows = tmp_path / "rows.json"
+    assert sim.cli_main(args + ["--gpu-batch-gain", "inf", "--json", str(rows)]) == 0
+    assert json.loads(rows.read_text())[0]["gpu_batch_gain"] is None
+    assert sim.cli_main(args + ["--gpu-batch-gain", "2", "--json", str(rows)]) == 0
+    assert json.loads(rows.read_text())[0]["gpu_batch_gain"] == 2.0
+    for bad in ("0.5", "nan", "fast"):
+        with pytest.raises(SystemExit) as e:
+            sim.cli_main(args + ["--gpu-batch-gain", bad])
+        assert e.value.code == 2
+        assert "--gpu-batch-gain" in capsys.readouterr().err
+    plain = tmp_path / "plain.json"  # no reward services: nothing to model
+    plain.write_text(json.dumps(tiny().source))
+    with pytest.raises(SystemExit) as e:
+        sim.cli_main(["--workload", str(plain), "--gpu-batch-gain", "2", "--no-progress"])
+    assert e.value.code == 2
+    assert "no reward services" in capsys.readouterr().err
 
 
 def test_rejected_actions_fail_and_the_trajectory_goes_on() -> None:

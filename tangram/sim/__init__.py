@@ -4,9 +4,10 @@ core through the same events a live runtime sends, under each policy."""
 from .cli import cli_main
 from .engine import POLICY_NAMES, SimResult, build_inventory, make_policy, simulate, trajectory_slot_cpu
 from .experiments import Progress, act_timeline, run_many, savings_search, smallest_meeting
-from .workloads import Dist, QuotaSpec, RewardService, Step, Workload, builtin, builtin_names
+from .workloads import DEFAULT_GPU_BATCH_GAIN, Dist, QuotaSpec, RewardService, Step, Workload, builtin, builtin_names
 
 __all__ = [
+    "DEFAULT_GPU_BATCH_GAIN",
     "Dist",
     "POLICY_NAMES",
     "Progress",

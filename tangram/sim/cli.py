@@ -17,7 +17,7 @@ from .._arguments import ArgumentParser, name_list, positive_int, writable_dir, 
 from ..runtime.isolation import cpu_list  # "0-2,7": the seeds as --seeds takes them
 from .engine import POLICY_NAMES, parse_estimates
 from .experiments import RESOURCES, Progress, run_many
-from .workloads import Workload
+from .workloads import Workload, parse_gpu_batch_gain
 
 
 SWEEP_KEYS = ("batch", "gpus", "cores")
@@ -126,6 +126,10 @@ def _parser() -> argparse.ArgumentParser:
                              "100-104 or 1,5-7 (non-negative integers; one seed S alone: S-S; a seed given twice "
                              "is an error). Default 1 (seed 0); 3 for --report")
     parser.add_argument("--batch", type=positive_int, default=None, help="trajectories per step (the load)")
+    parser.add_argument("--gpu-batch-gain", type=_gain, default=None, metavar="S",
+                        help="the GPU compute model's saturation batch gain S (a number >= 1), for every "
+                             "workload run (default: each workload's reward.gpu_batch_gain); inf: no GPU "
+                             "compute contention (each reward runs at its speed alone)")
     parser.add_argument("--sweep", default=None,
                         help="a sweep, one table and one set of rows per value: batch=256,512,1024 (the load), "
                              "gpus=1,2,4 (GPUs per GPU node; the built-ins have one GPU node) or "
@@ -150,6 +154,18 @@ def _parser() -> argparse.ArgumentParser:
                              "policy x seed, and the savings searches")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return parser
+
+
+def _gain(text: str) -> float:
+    """--gpu-batch-gain: a number >= 1 or inf. Raises argparse.ArgumentTypeError."""
+    try:
+        value: float | str = float(text)
+    except ValueError:
+        value = text
+    try:
+        return parse_gpu_batch_gain(value, "--gpu-batch-gain")
+    except ValidationError as e:
+        raise argparse.ArgumentTypeError(e.reason) from None
 
 
 def _given(args: argparse.Namespace, *names: str) -> list[str]:
@@ -182,7 +198,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             parser.error(f"--report runs every built-in workload and policy; it does not take {', '.join(stray)}")
         writable_dir(args.report, "--report")
         seeds = args.seeds if args.seeds is not None else range(3)
-        path = write_report(args.report, seeds=seeds, progress=progress)
+        path = write_report(args.report, seeds=seeds, progress=progress, gpu_batch_gain=args.gpu_batch_gain)
         print(path.read_text(encoding="utf-8"))
         return 0
 
@@ -204,6 +220,11 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     w = Workload.load(args.workload or "coding")
     if args.batch is not None:
         w = w.with_batch(args.batch)
+    if args.gpu_batch_gain is not None:
+        try:
+            w = w.with_gpu_batch_gain(args.gpu_batch_gain)
+        except ValidationError as e:  # no reward services
+            parser.error(f"--gpu-batch-gain: {e.reason}")
 
     if args.savings:
         from .experiments import savings_search

@@ -23,6 +23,18 @@ A resize decision (policies with malleable grants) moves a running action's comp
 the share of its work done since its last grant change is that time over its run time at
 the old grant, and the rest runs at the new one. An action
 the core rejects (it can never fit) ends at once as failed; its trajectory carries on.
+
+GPU compute (docs/workloads.md, "GPU compute"): the reward actions running on one GPU
+device, of whichever services are resident there, share its compute as a processor-sharing
+queue with a batching gain. With n of them running there, each progresses at
+1 / (1 + (n - 1) / S) of its speed alone (its run time alone is its sampled seconds times
+its noise), S being the reward section's `gpu_batch_gain`; the device's throughput,
+n / (1 + (n - 1) / S), rises from 1 towards S. Whenever n changes on a device (a reward
+starts or ends there), every reward running there is re-timed as a resize is: the share of
+its work done since it was last timed, at the pace it had, is banked, and the rest runs at
+the new pace. The core is not told: it plans each reward with its run time alone, as it
+would a declared runtime. S = infinity turns the model off (every reward runs at its speed
+alone, whatever else runs on its device).
 """
 
 from __future__ import annotations
@@ -143,7 +155,11 @@ def bound_schedule(w: Workload, st: Step) -> dict[str, float]:
     their least core-seconds (the minimum grant: under Amdahl's law g x t(g) grows with g)
     over its cores; a quota's requests after its burst at its rate; the rewards' share of
     GPU memory (memory x run time / max_batch) over all of it; after a node or quota is
-    done, the shortest reward (think and run) still follows."""
+    done, the shortest reward (think and run) still follows. With the GPU compute model on
+    (a finite `gpu_batch_gain` S), two more: a device serves at most S alone-seconds of
+    reward work per second, so all of it takes at least its total over S x the devices; and
+    a service runs on one device at most `max_batch` at once, so its work alone takes at
+    least its total over max_batch / (1 + (max_batch - 1) / S)."""
     inv = w.inventory
     offsets = st.offsets
     n = w.batch
@@ -207,6 +223,13 @@ def bound_schedule(w: Workload, st: Step) -> dict[str, float]:
         out["bound_peak_gpu"] = peak
         out["bound_gpu_over"] = over / starts if starts else 0.0
         drained.append(sum(svcs[s].gpu_memory * (b - a) / svcs[s].max_batch for a, b, s in rew) / total)
+        gain = w.reward.gpu_batch_gain
+        if math.isfinite(gain):
+            work = [0.0] * len(svcs)  # alone-seconds per service
+            for a, b, s in rew:
+                work[s] += b - a
+            drained.append(sum(work) / (gain * len(inv.gpu_node.gpus) * inv.gpu_nodes))
+            drained += [x * (1 + (sv.max_batch - 1) / gain) / sv.max_batch for x, sv in zip(work, svcs) if x > 0]
     out["step_bound"] = max([longest, *drained])
     return out
 
@@ -245,6 +268,7 @@ class SimResult:
     cores: int = 0  # cores per CPU (sandbox) node of the inventory it ran on
     gpus: int = 0  # GPUs per GPU node (the built-ins have one GPU node: the total)
     estimates: str = "oracle"  # what the core was told of run times (see the module docstring)
+    gpu_batch_gain: float = math.inf  # S of the GPU compute model it ran under; inf: no contention
 
     @property
     def wait(self) -> np.ndarray:
@@ -276,6 +300,8 @@ class SimResult:
             "cores": self.cores,
             "gpus": self.gpus,
             "estimates": self.estimates,
+            # S of the GPU compute model; None (null): no contention modelled
+            "gpu_batch_gain": self.gpu_batch_gain if math.isfinite(self.gpu_batch_gain) else None,
             "actions": int(ok.sum()),
             "rejected": int(self.rejected.sum()),
             "avg_act": avg,
@@ -295,7 +321,25 @@ class SimResult:
             "cpu_held_seconds": self.cpu_held_seconds,
             "restores": self.restores,
             "evictions": self.evictions,
+            # GPU compute: how much slower than alone rewards ran, and co-location
+            "reward_slowdown": mean(np.divide(self.run, self.best, out=np.ones_like(self.run),
+                                              where=self.best > 0)[ok & (self.label == REWARD)]),
+            "peak_services_per_device": self.peak_services_per_device(),
         }
+
+    def peak_services_per_device(self) -> int:
+        """The most services resident (or restoring) on one GPU device at once, from the
+        restore and eviction decisions."""
+        resident: dict[tuple[int, int], set[int]] = {}
+        peak = 0
+        for _, kind, svc, node, device in self.service_log:
+            here = resident.setdefault((node, device), set())
+            if kind == 1:
+                here.add(svc)
+                peak = max(peak, len(here))
+            else:
+                here.discard(svc)
+        return peak
 
 
 # ------------------------------------------------------------------ simulation
@@ -325,6 +369,8 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
     `estimates`: what the core is told of run times (see the module docstring)."""
     mode, sigma = parse_estimates(estimates)
     w = workload
+    gain = w.reward.gpu_batch_gain if w.reward is not None else math.inf
+    contention = math.isfinite(gain)  # the GPU compute model (module docstring) is on
     pol = make_policy(w, policy) if isinstance(policy, str) else policy
     inventory = build_inventory(w)
     sched = Scheduler(inventory, pol)
@@ -357,14 +403,23 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
     demand = np.zeros((total, len(kinds)))  # held per kind (elastic kind = grant), now
     elastic = np.zeros(total, dtype=bool)
     max_units = np.zeros(total)
-    # Resizes: since when an action holds its current grant, the share of its work left
-    # then, what it held before (resource-seconds per kind), and the heap entry (its seq)
-    # of its pending completion; earlier entries of a resized action are stale.
+    # Moving a running action's completion (a resize, or a reward's GPU compute share
+    # changing): since when it runs at its current grant and pace, the share of its work
+    # left then, what it held before (resource-seconds per kind), and the heap entry (its
+    # seq) of its pending completion; earlier entries of a moved action are stale.
     since = np.zeros(total)
     work_left = np.ones(total)
     held_before = np.zeros((total, len(kinds)))
-    resized = np.zeros(total, dtype=bool)
+    moved = np.zeros(total, dtype=bool)
     finish_seq = np.full(total, -1, dtype=np.int64)
+    # GPU compute: each action's slowdown now (1 + (n - 1) / S for a reward sharing its
+    # device with n - 1 others; 1 otherwise), the rewards running on each (node, device) in
+    # start order, and the devices whose count changed at this instant.
+    pace = np.ones(total)
+    noise_at = np.ones(total)  # each started action's noise factor (noise_of), kept
+    on_device: dict[tuple[int, int], dict[int, None]] = {}
+    device_of: dict[int, tuple[int, int]] = {}
+    changed: dict[tuple[int, int], None] = {}
     # The truth an executor runs: seconds at the minimum, Amdahl's parallel fraction (0 for
     # a fixed action) and the minimum, per action.
     true_seconds = np.zeros(total)
@@ -444,6 +499,37 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
     def noise_of(aid: int) -> float:
         return float(st.noise[side_index(int(traj_of[aid]), _j_of(aid))])
 
+    def bank(aid: int, now: float) -> None:
+        """Before a running action's grant or pace changes: the share of its work done since
+        it was last timed (at the grant and pace it had) comes off its work left."""
+        before = true_runtime(aid, float(demand[aid, 0])) * noise_at[aid] * pace[aid]
+        left = work_left[aid] - (now - since[aid]) / before if before > 0 else 0.0
+        work_left[aid] = max(left, 0.0)
+        held_before[aid] += demand[aid] * (now - since[aid])
+        since[aid] = now
+        moved[aid] = True
+
+    def retime(aid: int, now: float) -> None:
+        """After bank() and the change: its completion moves to when its work left ends at
+        its grant and pace now (earlier heap entries go stale)."""
+        end = now + work_left[aid] * true_runtime(aid, float(demand[aid, 0])) * noise_at[aid] * pace[aid]
+        run[aid] = end - start[aid]
+        push(end, _FINISH, aid)
+
+    def share_compute(now: float) -> None:
+        """Every reward running on a device whose count changed at `now` runs on at its new
+        share of the device's compute."""
+        for key in changed:
+            running = on_device[key]
+            p = 1.0 + (len(running) - 1) / gain if running else 1.0
+            for aid in running:
+                if finish_seq[aid] >= 0 and pace[aid] == p:
+                    continue  # timed, and its pace is the same
+                bank(aid, now)
+                pace[aid] = p
+                retime(aid, now)
+        changed.clear()
+
     def apply(decisions, now: float) -> None:  # type: ignore[no-untyped-def]
         nonlocal restores, evictions
         arr = decisions.array
@@ -452,7 +538,7 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
             if kind == 0:  # start
                 aid = int(r["action"])
                 g = float(r["grant"])
-                noise = noise_of(aid)
+                noise = noise_at[aid] = noise_of(aid)
                 if elastic[aid]:
                     t_run = true_runtime(aid, g) * noise
                     best[aid] = true_runtime(aid, float(max_units[aid])) * noise
@@ -475,7 +561,13 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
                 if learner is not None:  # as the live orchestrator reports a run as it goes
                     key, kind_name, is_elastic = learn_key[aid]
                     learner.started(aid, key, kind_name, is_elastic, g, now)
-                push(now + t_run, _FINISH, aid)
+                if contention and label[aid] == REWARD:  # timed by share_compute() below
+                    device = (int(r["node"]), int(r["device"]))
+                    on_device.setdefault(device, {})[aid] = None
+                    device_of[aid] = device
+                    changed[device] = None
+                else:
+                    push(now + t_run, _FINISH, aid)
             elif kind == 1:
                 restores += 1
                 service_log.append((now, 1, int(r["service"]), int(r["node"]), int(r["device"])))
@@ -485,21 +577,15 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
             elif kind == 4:  # resize: the work left runs on at the new grant
                 aid = int(r["action"])
                 g = float(r["grant"])
-                noise = noise_of(aid)
-                before = true_runtime(aid, float(demand[aid, 0])) * noise
-                left = work_left[aid] - (now - since[aid]) / before if before > 0 else 0.0
-                work_left[aid] = max(left, 0.0)
-                held_before[aid] += demand[aid] * (now - since[aid])
+                bank(aid, now)
                 if learner is not None:
                     learner.resized(aid, g, now)
                 demand[aid, 0] = g
-                since[aid] = now
-                resized[aid] = True
-                end = now + work_left[aid] * true_runtime(aid, g) * noise
-                run[aid] = end - start[aid]
-                push(end, _FINISH, aid)
+                retime(aid, now)
             else:
                 rejected_now.append(int(r["action"]))
+        if changed:
+            share_compute(now)
 
     def _j_of(aid: int) -> int:
         if aid >= n_env:
@@ -540,6 +626,10 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
                 finish[aid] = now
                 if learner is not None:  # what the live orchestrator learns as an action ends
                     learner.finished(aid, now)
+                device = device_of.pop(aid, None)
+                if device is not None:  # the others there speed up (share_compute, in apply)
+                    del on_device[device][aid]
+                    changed[device] = None
             apply(sched.complete(finished, now), now)
             for aid in finished:
                 advance(aid, now, to_submit, ended)
@@ -570,7 +660,7 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
     handle(0.0, [], immediate, ended)
     while True:
         while heap and heap[0][2] == _FINISH and heap[0][1] != finish_seq[heap[0][3]]:
-            heapq.heappop(heap)  # a completion a resize moved
+            heapq.heappop(heap)  # a completion a resize or the GPU compute model moved
         wake = sched.next_wakeup
         nxt = heap[0][0] if heap else math.inf
         if wake is not None and now < wake < nxt:
@@ -586,7 +676,7 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
         while heap and heap[0][0] == now:
             _, entry, kind, x = heapq.heappop(heap)
             if kind == _FINISH and entry != finish_seq[x]:
-                continue  # moved by a resize
+                continue  # moved by a resize or a change of its GPU compute share
             (finished if kind == _FINISH else subs).append(x)
         handle(now, finished, subs, [])
 
@@ -600,9 +690,9 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
 
     step_duration = float(np.nanmax(traj_end)) if n else 0.0
     ok = ~rejected
-    if resized.any():  # each grant for as long as it was held
+    if moved.any():  # each grant for as long as it was held
         rows = demand * run[:, None]
-        r = np.flatnonzero(resized & ok)
+        r = np.flatnonzero(moved & ok)
         rows[r] = held_before[r] + demand[r] * (finish[r] - since[r])[:, None]
         held = rows[ok].sum(axis=0)
     else:
@@ -631,4 +721,5 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
         evictions=evictions, action_kind=action_kind, service=service_of,
         kind_names=tuple(k.name for k in w.actions), service_log=service_log, scheduler=sched,
         cores=w.value("cores"), gpus=w.value("gpus"), bound=bound_schedule(w, st), estimates=estimates,
+        gpu_batch_gain=gain,
     )

@@ -50,18 +50,39 @@ def _mean(rows: Sequence[dict[str, Any]], policy: str, key: str) -> float:
     return float(np.mean([r[key] for r in rows if r["policy"] == policy]))
 
 
+def _gain_text(gain: float) -> str:
+    return "inf" if math.isinf(gain) else f"{gain:g}"
+
+
+def _compute_note(gains: Sequence[float]) -> str:
+    """What the run assumed of GPU compute (docs/workloads.md, "GPU compute")."""
+    if not gains:
+        return ""
+    if all(math.isinf(g) for g in gains):
+        return ("GPU compute is not modelled in this run (`gpu_batch_gain` inf): each reward runs at its "
+                "speed alone, whatever else runs on its device.")
+    s = ", ".join(_gain_text(g) for g in gains)
+    return (f"Reward actions on one GPU device share its compute (saturation batch gain S = {s}: with n "
+            "running there, each at 1 / (1 + (n - 1) / S) of its speed alone); the core plans each reward "
+            "with its run time alone.")
+
+
 def workload_table(rows: list[dict[str, Any]], policies: Sequence[str]) -> list[str]:
     cols = [("avg ACT (s)", "avg_act"), ("p99 ACT (s)", "p99_act"), ("env ACT (s)", "act_env"),
-            ("reward ACT (s)", "act_reward"), ("step (s)", "step_duration"), ("ACT / bound", "act_ratio_to_bound"),
-            ("step / bound", "step_ratio_to_bound")]
-    out = ["| policy | " + " | ".join(c for c, _ in cols) + " | CPU util |",
-           "| --- | " + " | ".join("---:" for _ in cols) + " | ---: |"]
+            ("reward ACT (s)", "act_reward"), ("reward run / alone", "reward_slowdown"), ("step (s)", "step_duration"),
+            ("ACT / bound", "act_ratio_to_bound"), ("step / bound", "step_ratio_to_bound")]
+    out = ["| policy | " + " | ".join(c for c, _ in cols) + " | services / GPU | CPU util |",
+           "| --- | " + " | ".join("---:" for _ in cols) + " | ---: | ---: |"]
     for p in policies:
         rs = [r for r in rows if r["policy"] == p]
         cells = [_ms([r[k] for r in rs]) for _, k in cols]
         util = np.mean([r["utilisation"].get("cpu", math.nan) for r in rs])
-        out.append(f"| `{p}` | " + " | ".join(cells) + f" | {util:.1%} |")
+        peak = "/".join(str(r["peak_services_per_device"]) for r in rs)
+        out.append(f"| `{p}` | " + " | ".join(cells) + f" | {peak} | {util:.1%} |")
     lb = [r["lower_bound_act"] for r in rows if r["policy"] == policies[0]]
+    out.append("")
+    out.append("Reward run / alone: mean over rewards of the run time over the run time alone on an idle device "
+               "(GPU compute sharing). Services / GPU: the most services resident on one device at once, per seed.")
     out.append("")
     out.append(f"Lower bound on average ACT (every action at its best grant, no wait): {_ms(lb)} s.")
     sb = [r["step_bound"] for r in rows if r["policy"] == policies[0]]
@@ -174,18 +195,23 @@ def savings_section(rows: list[dict[str, Any]]) -> list[str]:
 def write_report(directory: str | Path, seeds: int | Sequence[int] = 3, progress: bool = True,
                  workloads: Sequence[str] = WORKLOADS, policies: Sequence[str] = POLICY_NAMES,
                  batch: int | None = None, savings: Sequence[tuple[Any, ...]] = SAVINGS,
-                 figures: bool = True, load_fractions: Sequence[float] = LOAD_FRACTIONS) -> Path:
+                 figures: bool = True, load_fractions: Sequence[float] = LOAD_FRACTIONS,
+                 gpu_batch_gain: float | None = None) -> Path:
     """Writes DIR/results.md (returned), DIR/rows.json, DIR/savings.json and, with
     matplotlib, the PNG figures. `seeds`: a count N (seeds 0..N-1) or the seeds themselves.
-    `batch` overrides every workload's load (tests)."""
+    `batch` overrides every workload's load (tests); `gpu_batch_gain` every workload's GPU
+    compute model (math.inf: no contention; None: each workload's own)."""
     seeds = range(seeds) if isinstance(seeds, int) else list(seeds)
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    loaded: dict[str, Workload] = {}
-    for name in workloads:
+    def load(name: str) -> Workload:
         w = builtin(name)
-        loaded[name] = w.with_batch(batch) if batch is not None else w
+        if batch is not None:
+            w = w.with_batch(batch)
+        return w.with_gpu_batch_gain(gpu_batch_gain) if gpu_batch_gain is not None else w
+
+    loaded = {name: load(name) for name in workloads}
     all_rows: list[dict[str, Any]] = []
     firsts: dict[str, dict[str, SimResult]] = {}
     with Progress(len(workloads) * len(policies) * len(seeds), "report runs", progress) as bar:
@@ -210,9 +236,7 @@ def write_report(directory: str | Path, seeds: int | Sequence[int] = 3, progress
     t_runs = time.perf_counter() - t0
     all_savings: list[list[dict[str, Any]]] = []
     for name, resource, baseline, bval, cap in savings:
-        w = builtin(name)
-        if batch is not None:
-            w = w.with_batch(batch)
+        w = load(name)
         with Progress(None, f"savings {name}/{resource} vs {baseline}", progress) as bar:
             all_savings.append(savings_search(w, policies, baseline, resource, seeds,
                                               baseline_value=bval, cap=cap, progress=bar))
@@ -258,13 +282,16 @@ def write_report(directory: str | Path, seeds: int | Sequence[int] = 3, progress
         json.dump([r for sv in all_savings for r in sv], f, indent=1)
         f.write("\n")
 
+    gains = sorted({w.reward.gpu_batch_gain for w in loaded.values() if w.reward is not None})
+    flag = "" if gpu_batch_gain is None else f" --gpu-batch-gain {_gain_text(gpu_batch_gain)}"
     md = ["# Simulator results", "",
-          f"Regenerate with `tangram sim --report {directory}` (this run: {len(seeds)} seed(s) per workload and "
+          f"Regenerate with `tangram sim --report {directory}{flag}` (this run: {len(seeds)} seed(s) per workload and "
           f"policy{', batch ' + str(batch) if batch is not None else ', each workload at its default load'}; "
           f"{elapsed:.0f} s of wall time, {t_runs:.0f} s of it for the runs, the rest for the savings searches). "
           "Seconds are virtual time, mean ± sd over seeds. Every workload parameter is a stated "
           "assumption documented in docs/workloads.md, not a measurement: these numbers say what the "
-          "policies do on those assumptions, not what the paper's testbed measured.",
+          "policies do on those assumptions, not what the paper's testbed measured. "
+          + _compute_note(gains),
           ""]
     if len(seeds) < 3:
         md += [f"Only {len(seeds)} seed(s): the spread is not meaningful.", ""]

@@ -24,6 +24,13 @@ from .._model import check_keys
 
 BUILTIN_DIR = Path(__file__).with_name("workloads")
 
+# The saturation batch gain S of a GPU device's compute (docs/workloads.md, "GPU compute"):
+# with n reward actions running on one device, each runs at 1 / (1 + (n - 1) / S) of its
+# speed alone there. An assumption, derived there from the roofline of a reward model's
+# prefill-only scoring; infinity turns the compute model off (no contention).
+DEFAULT_GPU_BATCH_GAIN = 8.0
+NO_CONTENTION = ("inf", "infinity")  # the JSON spellings of an infinite gain
+
 # ------------------------------------------------------------------ distributions
 
 
@@ -132,6 +139,20 @@ def _number(o: Mapping[str, Any], key: str, where: str, default: float | None = 
     return float(v)
 
 
+def parse_gpu_batch_gain(v: Any, where: str) -> float:
+    """A saturation batch gain S: a number >= 1 (1: the device's compute is shared with no
+    gain from running together), or "inf" / math.inf: no compute contention."""
+    if isinstance(v, str) and v.strip().lower() in NO_CONTENTION:
+        return math.inf
+    if not _is_number(v) or math.isnan(v):
+        raise ValidationError(where, f"must be a number >= 1 or \"inf\" (no GPU compute contention), "
+                                     f"got {_type_name(v)} {v!r}")
+    if v < 1:
+        raise ValidationError(where, f"must be at least 1 (a device's aggregate throughput never falls "
+                                     f"below one action's), got {v!r}")
+    return float(v)
+
+
 # ------------------------------------------------------------------ workload
 
 
@@ -191,7 +212,10 @@ class Reward:
     routing: str  # "round_robin" or "popularity"
     cpu: float  # host cores each reward action holds (the request's client side)
     memory: float  # host MiB each reward action holds
-    seconds: Dist  # run time of one reward action, before noise
+    seconds: Dist  # run time of one reward action alone on an idle device, before noise
+    # S: reward actions on one device share its compute, each at 1 / (1 + (n - 1) / S) of
+    # its speed alone with n running there; math.inf: no contention (each at full speed).
+    gpu_batch_gain: float = DEFAULT_GPU_BATCH_GAIN
 
     @property
     def replicas(self) -> int:
@@ -296,7 +320,7 @@ class Workload:
         reward = None
         if obj.get("reward") is not None:
             w = "workload.reward"
-            shared = ("cpu", "memory", "seconds")
+            shared = ("cpu", "memory", "seconds", "gpu_batch_gain")
             r = _object(obj["reward"], w, (*shared, "services", "replicas", "gpu_memory", "restore_seconds",
                                            "offload_seconds", "max_batch"), required=("seconds",))
             if "services" in r:
@@ -338,6 +362,8 @@ class Workload:
                 cpu=_number(r, "cpu", w, 0.0),
                 memory=_number(r, "memory", w, 0.0),
                 seconds=Dist.parse(r["seconds"], f"{w}.seconds"),
+                gpu_batch_gain=parse_gpu_batch_gain(r.get("gpu_batch_gain", DEFAULT_GPU_BATCH_GAIN),
+                                                    f"{w}.gpu_batch_gain"),
             )
             if not gpu_nodes or not inventory.gpu_node or not inventory.gpu_node.gpus:
                 raise ValidationError("workload.inventory.gpu_nodes", "a reward service needs GPU nodes with GPUs")
@@ -388,6 +414,13 @@ class Workload:
         if batch < 1:
             raise ValidationError("batch", "must be positive")
         return replace(self, batch=int(batch))
+
+    def with_gpu_batch_gain(self, gain: float | str) -> "Workload":
+        """The same workload with the reward section's `gpu_batch_gain` S (a number >= 1, or
+        math.inf / "inf": no GPU compute contention)."""
+        if self.reward is None:
+            raise ValidationError("gpu_batch_gain", f"workload {self.name!r} has no reward services")
+        return replace(self, reward=replace(self.reward, gpu_batch_gain=parse_gpu_batch_gain(gain, "gpu_batch_gain")))
 
     def with_gpus(self, gpus: int) -> "Workload":
         """The same workload with `gpus` devices on each GPU node (every device the size of
