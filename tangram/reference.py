@@ -181,8 +181,9 @@ Rules, in words:
   demand. A device's restores and offloads run one after another: each device keeps when
   its last one ends (ops_end); a restore begins at max(now, ops_end), an eviction adds the
   victim's offload_ns to max(now, ops_end). Prefer a device with room now, minimising (no
-  unbound bin of the node in the partition has free room for the demand now, when the
-  restore would begin, memory left over), first device on ties.
+  unbound bin of the node in the partition has free room for the demand now, services
+  resident on it with running or waiting actions, when the restore would begin, memory
+  left over), first device on ties.
   Otherwise evict on one device: eligible victims are other services resident there with
   nothing running and ready since before the last pass (so never one still restoring,
   nor one whose actions have not yet had a pass to start), ranked idle (nothing waiting)
@@ -1448,10 +1449,15 @@ class ReferenceScheduler:
 
         devices = [svc.pinned] if svc.pinned >= 0 and usable(svc.pinned) else [
             d for d in self._service_devices(s) if usable(d)]
-        room_now = [(busy_node(d), begins(d), self.dev_free[d] - need_on(d), d) for d in devices
+
+        def active_on(d: int) -> int:  # resident services with running or waiting actions
+            return sum(1 for o, other in enumerate(self.services) if other.device == d and (
+                self._running(service=o) > 0 or any(not b.running and b.service == o for b in self.actions.values())))
+
+        room_now = [(busy_node(d), active_on(d), begins(d), self.dev_free[d] - need_on(d), d) for d in devices
                     if self.dev_free[d] >= need_on(d)]
         if room_now:
-            target = min(room_now)[3]
+            target = min(room_now)[-1]
         else:
             plans = []
             for d in devices:

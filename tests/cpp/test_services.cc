@@ -639,6 +639,22 @@ TEST(Services, OfflineDeviceFencesItsMemory) {
   EXPECT_EQ(h.s.gpu_free(0, 0), U(4000));
 }
 
+// A restore goes to a device where no resident service has work, when one has room:
+// services on one device share its compute (best fit alone would pack b beside busy a).
+TEST(Services, RestoreAvoidsDevicesWhoseServicesAreBusy) {
+  Inventory inv = cpu_inventory(1, 4);
+  inv.nodes[0].gpus = {{U(10000)}, {U(10000)}};
+  inv.services = {{"a", U(3000), 1.0, 1, 1.0}, {"b", U(3000), 1.0, 1, 1.0}};
+  Harness h(inv, policy_of(PolicyKind::kFifo));
+  ActionSpec first = action(1, {U(1)}, 1);
+  first.service = 0;
+  EXPECT_EQ(h.submit({first}, 0), (Decisions{restore(0).on(0, 0).at(1)}));
+  h.tick(1);
+  ActionSpec second = action(2, {U(1)}, 1);
+  second.service = 1;
+  EXPECT_EQ(h.submit({second}, 2), (Decisions{restore(1).on(0, 1).at(3)}));
+}
+
 // Memory kept asleep must fit the service and belongs to an unmovable one.
 TEST(Services, AsleepMemoryValidated) {
   Inventory inv = cpu_inventory(1, 4);
