@@ -243,6 +243,7 @@ class _ServiceState:
     checking: asyncio.Future[None] | None = None  # a health check (and restart) in progress
     process_device: int | None = None  # the device its loaded instance was last made resident on
     restarts: int = 0
+    restart_failed_at: float | None = None  # monotonic time of its last failed restart (retried later)
 
 
 # What a CUDA context takes on a device, in MiB, when nothing better is known: about 300 to
@@ -386,6 +387,9 @@ class GpuManager(ResourceManager):
     """
 
     name: ClassVar[str] = "gpu"
+    # A failed restart leaves the service resident for the core, failing its actions at
+    # once; a request arriving this many seconds after the failure tries the load again.
+    RESTART_RETRY_SECONDS: ClassVar[float] = 10.0
 
     def __init__(self, services: Mapping[str, Any] | None = None,
                  devices: Sequence[GpuDevice | float] | str | None = None,
@@ -694,6 +698,9 @@ class GpuManager(ResourceManager):
             if not ready.done():
                 await asyncio.shield(ready)
             error = ready.result()
+            if error is not None and await self._retry_restart(st, device):
+                r = st.residency
+                error = r.ready.result() if r is not None and r.device == device else error
             if error is not None:
                 raise ActionFailed(aid, f"service {call.service!r} could not be made resident on device {device}: "
                                         f"{type(error).__name__}: {error}", type(error).__name__)
@@ -841,11 +848,12 @@ class GpuManager(ResourceManager):
         st.residency = _Residency(device, ready)
         log.warning("services.%s: restarting it on device %d: %s", st.name, device, why)
         async with st.lock:  # batches still in flight on the broken instance fail
-            try:
-                await self._call(st, st.hooks.close, st.handle)
-            except Exception as e:
-                log.warning("services.%s: close hook failed before its restart: %s: %s", st.name,
-                            type(e).__name__, e)
+            if st.handle is not _UNLOADED:
+                try:
+                    await self._call(st, st.hooks.close, st.handle)
+                except Exception as e:
+                    log.warning("services.%s: close hook failed before its restart: %s: %s", st.name,
+                                type(e).__name__, e)
             st.handle = _UNLOADED
             try:
                 st.handle = await self._call(st, st.hooks.load, self.devices[device])
@@ -854,11 +862,34 @@ class GpuManager(ResourceManager):
                 raise
             except Exception as e:
                 ready.set_result(e)
+                st.restart_failed_at = time.monotonic()
                 log.error("services.%s: its restart failed: load hook raised %s: %s", st.name,
                           type(e).__name__, e)
             else:
                 ready.set_result(None)
+                st.process_device = device
+                st.restart_failed_at = None
                 st.restarts += 1
+
+    async def _retry_restart(self, st: _ServiceState, device: int) -> bool:
+        """After a failed restart the core still holds the service resident, and its
+        actions fail at once; one arriving RESTART_RETRY_SECONDS after the failure loads it
+        again (one retry at a time). Whether a retry was made (and waited for)."""
+        r = st.residency
+        if (st.restart_failed_at is None or r is None or r.device != device or device in self.offline_devices
+                or st.stuck is not None or time.monotonic() - st.restart_failed_at < self.RESTART_RETRY_SECONDS):
+            return False
+        mine = self._begin_check(st)
+        if mine is None:  # a check or retry is in progress: wait for it
+            if st.checking is not None:
+                await asyncio.shield(st.checking)
+            return True
+        try:
+            await self._restart(st, "its last restart failed; trying again")
+        finally:
+            st.checking = None
+            mine.set_result(None)
+        return True
 
     async def _give_up(self, st: _ServiceState, why: str) -> None:
         """Closes the service's instance (its next restore loads it afresh). Under st.lock."""

@@ -791,6 +791,30 @@ def test_a_failed_restart_fails_what_waits_and_the_next_restore_loads_again():
     assert run(main()) == (3, 3)
 
 
+def test_a_failed_restart_is_tried_again_by_a_later_request():
+    """The core still holds the service resident after its restart failed: requests fail
+    at once, until one arrives RESTART_RETRY_SECONDS after the failure and loads it again."""
+    hooks = Flaky()
+    m = manager({"rm": hooks})
+    m.RESTART_RETRY_SECONDS = 0.2  # type: ignore[misc]
+
+    async def main() -> Any:
+        await m.restore("rm", 0, 0)
+        hooks.broken = True
+        hooks.fail_restore = RuntimeError("no memory for a new instance")
+        with pytest.raises(ActionFailed, match="the server is gone"):
+            await m.execute(act(1, 1), place(1, 0))
+        await until(lambda: m._services["rm"].restart_failed_at is not None)
+        hooks.fail_restore = None
+        with pytest.raises(ActionFailed, match="no memory for a new instance"):  # within the retry time
+            await m.execute(act(2, 2), place(2, 0))
+        await asyncio.sleep(0.25)
+        return await m.execute(act(3, 3), place(3, 0))
+
+    assert run(main()) == (3, 3)
+    assert m.describe()["services"]["rm"]["restarts"] == 1
+
+
 class Concurrent(Recorder):
     concurrent_batches = True
 
