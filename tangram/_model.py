@@ -75,7 +75,9 @@ class Service:
 
     name: str
     memory: float  # MiB of GPU memory while resident
-    restore_seconds: float = 0.0  # its restore's own time (host -> device)
+    # Its restore's own time (host -> device): the core's estimate until the runtime has
+    # measured restores of it, then theirs (tangram.runtime learns them).
+    restore_seconds: float = 0.0
     max_batch: int = 1  # actions it runs at once
     # Its offload's time when evicted (device -> host); None: as long as its restore (the
     # same bytes over the same link). A device's restores and offloads run one after

@@ -417,7 +417,7 @@ class Orchestrator:
         if self._state != "running":
             return
         self._flush()
-        index = self.scheduler._node(node)  # type: ignore[union-attr]
+        index = node if isinstance(node, int) else self._node_names.index(node) if node in self._node_names else -1
         gpu = self.managers.get("gpu")
         if gpu is not None and getattr(gpu, "node", None) == index and hasattr(gpu, "set_device_online"):
             gpu.set_device_online(device, online)  # before the core's evictions reach it
