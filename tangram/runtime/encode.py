@@ -19,7 +19,10 @@ from .._model import Action
 from ..scheduler import RecordEncoder, action_field_names
 from .call import Call
 
-_MAX_TEMPLATES = 4096  # a workload with more shapes than this re-encodes; memory stays bounded
+# Past this many shapes the templates are dropped, at the orchestrator's next safe point
+# (`collect`, once its pending submissions are with the core): memory stays bounded, and a
+# template is never reused while an action waiting to be submitted refers to it.
+_MAX_TEMPLATES = 4096
 _ID_AND_TRAJECTORY = struct.Struct("<QQ")  # the first two fields of an action record
 
 
@@ -42,6 +45,8 @@ class CallEncoder:
         self.process_gpu_memory = process_gpu_memory
         self.gpus: list[float] = []  # every GPU's memory, ascending
         self._index: dict[tuple[Any, ...], int] = {}
+        self._slots = 0  # templates made since the last collect
+        self.generation = 0  # bumped when collect drops the templates: older indices are stale
         self._templates = np.zeros(16, dtype=encoder.dtype)
         self._template_bytes: list[bytes] = []  # the same records as bytes, for one-action batches
         assert encoder.dtype.names[:2] == ("id", "trajectory") and encoder.dtype.fields["trajectory"][1] == 8
@@ -69,9 +74,8 @@ class CallEncoder:
             record = self._encoder.encode([action])
         except TangramError as e:
             raise call_field_names(e) from None
-        if len(self._index) >= _MAX_TEMPLATES:
-            self._index.clear()
-        slot = len(self._index)
+        slot = self._slots
+        self._slots += 1
         if slot >= len(self._templates):
             grown = np.zeros(2 * len(self._templates), dtype=self._templates.dtype)
             grown[: len(self._templates)] = self._templates
@@ -84,6 +88,17 @@ class CallEncoder:
         if key is not None:
             self._index[key] = slot
         return slot
+
+    def collect(self) -> bool:
+        """Drops every template once there are more than _MAX_TEMPLATES, starting a new
+        generation; call it only when no action waiting to be submitted holds a template
+        index (each holds its generation: an older one is encoded again). Whether it did."""
+        if self._slots < _MAX_TEMPLATES:
+            return False
+        self._index.clear()
+        self._slots = 0
+        self.generation += 1
+        return True
 
     def set_gpus(self, memories: Any) -> None:
         """The GPUs' memories (MiB), which cap what a call's CUDA context adds. Templates

@@ -86,7 +86,7 @@ class _Live:
     """Book-keeping of one live action (the orchestrator's, not the caller's)."""
 
     __slots__ = ("id", "call", "future", "manager", "template", "record", "in_core", "running", "task",
-                 "timer", "cancel_reason", "watch", "placement", "estimate", "replica")
+                 "timer", "cancel_reason", "watch", "placement", "estimate", "replica", "generation")
 
     def __init__(self, action_id: int, call: Call, future: asyncio.Future[Any], manager: ResourceManager,
                  template: int, record: ActionRecord, estimate: Estimate) -> None:
@@ -98,6 +98,7 @@ class _Live:
         self.record = record
         self.estimate = estimate  # the run time it is planned with, and where that came from
         self.replica = -1  # the replica of a replicated service the orchestrator routed it to
+        self.generation = 0  # of its template (CallEncoder.generation when it was made)
         self.in_core = False  # submitted to the core (else still in the pending batch)
         self.running = False
         self.task: asyncio.Task[None] | None = None
@@ -303,6 +304,7 @@ class Orchestrator:
         record = ActionRecord(action_id, call.kind, call.trajectory, name, self._now(),
                               estimate=_DECLARED if estimate.source == "declared" else estimate.describe())
         lv = _Live(action_id, call, future, manager, template, record, estimate)
+        lv.generation = self._encoder.generation
         self._set_replica(lv, replica)
         self._live[action_id] = lv
         lv.watch = lambda f, i=action_id: self._on_future_done(f, i)
@@ -463,7 +465,7 @@ class Orchestrator:
                 call = dataclasses.replace(call, service=self._service_names[replica])
             template = self._encoder.template(call, estimate.model)
             lv.manager.check_call(call)
-            lv.template = template
+            lv.template, lv.generation = template, self._encoder.generation
             self._set_replica(lv, replica)
             lv.call, lv.estimate = call, estimate
         if not lv.running:  # waiting: in the core's queue, or in the next batch
@@ -535,9 +537,14 @@ class Orchestrator:
         if self._pending_submit:
             batch, self._pending_submit = self._pending_submit, []
             self._submit_batch(batch, now)
+        self._encoder.collect()  # no action waiting to be submitted holds a template now
         self._arm_timer()
 
     def _submit_batch(self, batch: list[_Live], now: float) -> None:
+        generation = self._encoder.generation
+        for lv in batch:  # requeued since its templates were dropped: encoded again
+            if lv.generation != generation:
+                lv.template, lv.generation = self._encoder.template(lv.call, lv.estimate.model), generation
         try:
             records = self._encoder.records([lv.template for lv in batch], [lv.id for lv in batch],
                                             [lv.call.trajectory for lv in batch])

@@ -464,3 +464,31 @@ def test_a_cuda_context_never_makes_a_call_too_big_for_a_gpu_that_holds_it() -> 
 
     assert planned(40960) == 40960 and planned(40700) == 40960 and planned(30000) == 30512
     assert planned(81500) == 81920 and planned(90000) == 90000  # too big for any: the core refuses it
+
+
+def test_more_shapes_in_one_burst_than_templates_kept(monkeypatch) -> None:
+    """A burst with more distinct call shapes than the encoder keeps templates for (here
+    4): every action reaches the core with its own run time, none with another's template;
+    the templates are dropped only once the burst is with the core."""
+    import tangram.runtime.encode as encode
+
+    monkeypatch.setattr(encode, "_MAX_TEMPLATES", 4)
+
+    async def main() -> None:
+        gate = asyncio.Event()
+
+        async def held() -> None:
+            await gate.wait()
+
+        inventory = local_inventory()
+        async with Orchestrator(inventory=inventory, default_managers=False, managers={"mock": MockManager()}) as orch:
+            handles = [orch.submit(Call(fn=held, resources={}, manager="mock", runtime=float(i + 1))) for i in range(10)]
+            await asyncio.sleep(0.05)
+            assert orch.scheduler is not None
+            assert [orch.scheduler.runtime(h.id, 1.0) for h in handles] == [float(i + 1) for i in range(10)]
+            assert orch._encoder.generation == 1  # dropped after the burst was submitted
+            gate.set()
+            await asyncio.gather(*handles)
+            assert await orch.run(Call(fn=lambda: 7, resources={}, manager="mock", runtime=3.5)) == 7
+
+    asyncio.run(main())
