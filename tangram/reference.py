@@ -836,13 +836,9 @@ class ReferenceScheduler:
         t = self._start_check(now)
         if not 0 <= service < len(self.services):
             raise UnknownNameError("service", f"no service with index {service}")
-        if not 0 <= node < self.N:
-            raise UnknownNameError("node", f"no node with index {node}")
-        devices = self._devices_of(node)
-        if not 0 <= device < len(devices):
-            raise UnknownNameError("device", f"node {node} has no GPU {device}")
+        d = self._global_device(node, device)
         self._start_event(t)
-        svc, d = self.services[service], devices[device]
+        svc = self.services[service]
         if svc.device == d and svc.ready_ns > t:
             if self.dev_ops_end[d] == svc.ready_ns:
                 self.dev_ops_end[d] = t
@@ -912,13 +908,8 @@ class ReferenceScheduler:
 
     def set_device_online(self, node: int, device: int, online: bool, now: float) -> np.ndarray:
         t = self._start_check(now)
-        if not 0 <= node < self.N:
-            raise UnknownNameError("node", f"no node with index {node}")
-        devices = self._devices_of(node)
-        if not 0 <= device < len(devices):
-            raise UnknownNameError("device", f"node {node} has no GPU {device}")
+        d = self._global_device(node, device)
         self._start_event(t)
-        d = devices[device]
         if self.dev_offline[d] == (not online):
             return self._pass([])
         self.dev_offline[d] = not online
@@ -929,7 +920,22 @@ class ReferenceScheduler:
         return self._pass([])
 
     def device_online(self, node: int, device: int) -> bool:
-        return not self.dev_offline[self._devices_of(node)[device]]
+        return not self.dev_offline[self._global_device(node, device)]
+
+    def _global_device(self, node: int, device: int) -> int:
+        """The global index of GPU `device` of `node` (as the core checks it)."""
+        if not 0 <= node < self.N:
+            raise UnknownNameError("node", f"no node with index {node}")
+        devices = self._devices_of(node)
+        if not 0 <= device < len(devices):
+            raise UnknownNameError("device", f"node {node} has no GPU {device}")
+        return devices[device]
+
+    def _release_offloaded_state(self, svc: _Service) -> None:
+        """Its offloaded state leaves host memory (restored, or given up)."""
+        if svc.host_node >= 0:
+            self.offload_used[svc.host_node] -= svc.host
+            svc.host_node = -1
 
     def _offload_fits(self, node: int, extra: int) -> bool:
         cap = self.offload_cap[node]
@@ -1413,9 +1419,7 @@ class ReferenceScheduler:
         d = svc.pinned
         self._give_back(d, svc.asleep)
         svc.pinned = -1
-        if svc.host_node >= 0:
-            self.offload_used[svc.host_node] -= svc.host
-            svc.host_node = -1
+        self._release_offloaded_state(svc)
         self.dev_ops_end[d] = max(self.now_ns, self.dev_ops_end[d])
         out.append(self._decision(EVICT, node=self.dev_node[d], device=self.dev_local[d], service=s, time=self.now_ns,
                                   reason=DISCARD))
@@ -1472,9 +1476,7 @@ class ReferenceScheduler:
         self.dev_free[target] -= need_on(target)
         if svc.pinned >= 0 and svc.pinned != target:  # its old process is given up
             self._discard_asleep(s, out)
-        if svc.host_node >= 0:  # its offloaded state goes back to the device
-            self.offload_used[svc.host_node] -= svc.host
-            svc.host_node = -1
+        self._release_offloaded_state(svc)  # its offloaded state goes back to the device
         if svc.pinned >= 0 and svc.pinned != target:  # its old process is given up
             self._give_back(svc.pinned, svc.asleep)
         if not svc.movable:

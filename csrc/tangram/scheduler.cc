@@ -153,18 +153,31 @@ void Scheduler::tick(TimeNs now, std::vector<Decision>& out) {
   impl_->pass(out);
 }
 
+void Scheduler::Impl::check_service(std::int32_t service) const {
+  if (service < 0 || service >= static_cast<std::int32_t>(services.size()))
+    throw Error(ErrorCode::kUnknownName, "service", "no service with index " + std::to_string(service));
+}
+
+void Scheduler::Impl::check_node(std::int32_t node) const {
+  if (node < 0 || node >= static_cast<std::int32_t>(inv.nodes.size()))
+    throw Error(ErrorCode::kUnknownName, "node", "no node with index " + std::to_string(node));
+}
+
+std::int32_t Scheduler::Impl::global_device(std::int32_t node, std::int32_t device) const {
+  check_node(node);
+  const std::int32_t d = node_first_dev[node] + device;
+  if (device < 0 || d >= node_first_dev[node + 1])
+    throw Error(ErrorCode::kUnknownName, "device", "node " + std::to_string(node) + " has no GPU " + std::to_string(device));
+  return d;
+}
+
 void Scheduler::service_restored(std::int32_t service, std::int32_t node, std::int32_t device, TimeNs now,
                                  std::vector<Decision>& out) {
   out.clear();
   Impl& m = *impl_;
   m.validate_now(now);
-  if (service < 0 || service >= static_cast<std::int32_t>(m.services.size()))
-    throw Error(ErrorCode::kUnknownName, "service", "no service with index " + std::to_string(service));
-  if (node < 0 || node >= static_cast<std::int32_t>(m.inv.nodes.size()))
-    throw Error(ErrorCode::kUnknownName, "node", "no node with index " + std::to_string(node));
-  const std::int32_t d = m.node_first_dev[node] + device;
-  if (device < 0 || d >= m.node_first_dev[node + 1])
-    throw Error(ErrorCode::kUnknownName, "device", "node " + std::to_string(node) + " has no GPU " + std::to_string(device));
+  m.check_service(service);
+  const std::int32_t d = m.global_device(node, device);
   m.messages.clear();
   m.now = now;
   ServiceRec& svc = m.services[service];
@@ -177,8 +190,7 @@ void Scheduler::service_restored(std::int32_t service, std::int32_t node, std::i
 
 void Scheduler::set_service_times(std::int32_t service, double restore_seconds, double offload_seconds) {
   Impl& m = *impl_;
-  if (service < 0 || service >= static_cast<std::int32_t>(m.services.size()))
-    throw Error(ErrorCode::kUnknownName, "service", "no service with index " + std::to_string(service));
+  m.check_service(service);
   if (!std::isfinite(restore_seconds) || restore_seconds < 0 || restore_seconds > kMaxSeconds)
     throw Error(ErrorCode::kInvalidArgument, "restore_seconds", "must be a finite number in [0, 1e9]");
   if (!std::isfinite(offload_seconds) || offload_seconds < 0 || offload_seconds > kMaxSeconds)
@@ -191,8 +203,7 @@ void Scheduler::set_node_online(std::int32_t node, bool online, TimeNs now, std:
   out.clear();
   Impl& m = *impl_;
   m.validate_now(now);
-  if (node < 0 || node >= static_cast<std::int32_t>(m.inv.nodes.size()))
-    throw Error(ErrorCode::kUnknownName, "node", "no node with index " + std::to_string(node));
+  m.check_node(node);
   m.messages.clear();
   m.now = now;
   m.set_node_online(node, online);
@@ -229,11 +240,7 @@ void Scheduler::set_device_online(std::int32_t node, std::int32_t device, bool o
   out.clear();
   Impl& m = *impl_;
   m.validate_now(now);
-  if (node < 0 || node >= static_cast<std::int32_t>(m.inv.nodes.size()))
-    throw Error(ErrorCode::kUnknownName, "node", "no node with index " + std::to_string(node));
-  const std::int32_t d = m.node_first_dev[node] + device;
-  if (device < 0 || d >= m.node_first_dev[node + 1])
-    throw Error(ErrorCode::kUnknownName, "device", "node " + std::to_string(node) + " has no GPU " + std::to_string(device));
+  const std::int32_t d = m.global_device(node, device);
   m.messages.clear();
   m.now = now;
   m.set_device_online(d, online);
@@ -241,19 +248,12 @@ void Scheduler::set_device_online(std::int32_t node, std::int32_t device, bool o
 }
 
 bool Scheduler::device_online(std::int32_t node, std::int32_t device) const {
-  const Impl& m = *impl_;
-  if (node < 0 || node >= static_cast<std::int32_t>(m.inv.nodes.size()))
-    throw Error(ErrorCode::kUnknownName, "node", "no node with index " + std::to_string(node));
-  const std::int32_t d = m.node_first_dev[node] + device;
-  if (device < 0 || d >= m.node_first_dev[node + 1])
-    throw Error(ErrorCode::kUnknownName, "device", "node " + std::to_string(node) + " has no GPU " + std::to_string(device));
-  return !m.dev_offline[d];
+  return !impl_->dev_offline[impl_->global_device(node, device)];
 }
 
 bool Scheduler::node_online(std::int32_t node) const {
   const Impl& m = *impl_;
-  if (node < 0 || node >= static_cast<std::int32_t>(m.inv.nodes.size()))
-    throw Error(ErrorCode::kUnknownName, "node", "no node with index " + std::to_string(node));
+  m.check_node(node);
   return m.node_online[node] != 0;
 }
 
@@ -300,7 +300,7 @@ std::size_t Scheduler::class_count() const { return impl_->classes.size() - impl
 
 Quantity Scheduler::free(std::int32_t node, std::int32_t kind) const {
   const Impl& m = *impl_;
-  if (node < 0 || node >= static_cast<std::int32_t>(m.inv.nodes.size())) throw Error(ErrorCode::kUnknownName, "node", "no node with index " + std::to_string(node));
+  m.check_node(node);
   if (kind < 0 || kind >= m.K) throw Error(ErrorCode::kUnknownName, "kind", "no kind with index " + std::to_string(kind));
   Quantity total = 0;
   for (std::size_t b = 0; b < m.bin_node.size(); ++b)
@@ -309,16 +309,12 @@ Quantity Scheduler::free(std::int32_t node, std::int32_t kind) const {
 }
 
 Quantity Scheduler::gpu_free(std::int32_t node, std::int32_t device) const {
-  const Impl& m = *impl_;
-  if (node < 0 || node >= static_cast<std::int32_t>(m.inv.nodes.size())) throw Error(ErrorCode::kUnknownName, "node", "no node with index " + std::to_string(node));
-  std::int32_t d = m.node_first_dev[node] + device;
-  if (device < 0 || d >= m.node_first_dev[node + 1]) throw Error(ErrorCode::kUnknownName, "device", "node " + std::to_string(node) + " has no GPU " + std::to_string(device));
-  return m.dev_free[d];
+  return impl_->dev_free[impl_->global_device(node, device)];
 }
 
 std::pair<std::int32_t, std::int32_t> Scheduler::service_location(std::int32_t service) const {
   const Impl& m = *impl_;
-  if (service < 0 || service >= static_cast<std::int32_t>(m.services.size())) throw Error(ErrorCode::kUnknownName, "service", "no service with index " + std::to_string(service));
+  m.check_service(service);
   std::int32_t d = m.services[service].device;
   if (d == kNone) return {kNone, kNone};
   return {m.dev_node[d], m.dev_local[d]};
@@ -326,7 +322,7 @@ std::pair<std::int32_t, std::int32_t> Scheduler::service_location(std::int32_t s
 
 bool Scheduler::service_ready(std::int32_t service) const {
   const Impl& m = *impl_;
-  if (service < 0 || service >= static_cast<std::int32_t>(m.services.size())) throw Error(ErrorCode::kUnknownName, "service", "no service with index " + std::to_string(service));
+  m.check_service(service);
   return m.service_is_ready(m.services[service]);
 }
 

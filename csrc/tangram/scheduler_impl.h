@@ -542,10 +542,16 @@ struct Scheduler::Impl {
                      std::int32_t device, std::vector<Decision>& out);
   void evict(std::int32_t svc_id, std::vector<Decision>& out, bool discard = false);
   void discard_asleep(std::int32_t svc_id, std::vector<Decision>& out);
+  void release_offloaded_state(std::int32_t svc_id);
+  void emit_evict(std::int32_t svc_id, std::int32_t device, bool discard, std::vector<Decision>& out) const;
   void evict_plan(const RoomPlan& plan, std::vector<Decision>& out);
   void evict_offline_services(std::vector<Decision>& out);
   Quantity evict_frees(std::int32_t svc_id) const;
   bool device_online(std::int32_t d) const { return node_online[dev_node[d]] && !dev_offline[d]; }
+  // Argument checks of the public calls: Error naming the field when out of range.
+  void check_service(std::int32_t service) const;
+  void check_node(std::int32_t node) const;
+  std::int32_t global_device(std::int32_t node, std::int32_t device) const;  // node's GPU `device`
   // Memory back to device d: free, or fenced off while the device is offline.
   void give_back_gpu(std::int32_t d, Quantity amount) { (dev_offline[d] ? dev_fenced[d] : dev_free[d]) += amount; }
   void set_device_online(std::int32_t d, bool online);

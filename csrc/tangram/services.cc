@@ -131,19 +131,28 @@ void Scheduler::Impl::discard_asleep(std::int32_t v, std::vector<Decision>& out)
   const std::int32_t d = svc.pinned_device;
   give_back_gpu(d, inv.services[v].asleep_memory);
   svc.pinned_device = kNone;
-  if (svc.host_node != kNone) {
-    node_offload_used[svc.host_node] -= inv.services[v].host_memory;
-    svc.host_node = kNone;
-  }
+  release_offloaded_state(v);
   dev_ops_end[d] = std::max(now, dev_ops_end[d]);
   refresh_node_devices(dev_node[d]);
+  emit_evict(v, d, true, out);
+}
+
+// Its offloaded state leaves host memory (restored, or given up).
+void Scheduler::Impl::release_offloaded_state(std::int32_t v) {
+  ServiceRec& svc = services[v];
+  if (svc.host_node == kNone) return;
+  node_offload_used[svc.host_node] -= inv.services[v].host_memory;
+  svc.host_node = kNone;
+}
+
+void Scheduler::Impl::emit_evict(std::int32_t v, std::int32_t d, bool discard, std::vector<Decision>& out) const {
   Decision e;
   e.kind = DecisionKind::kEvict;
   e.service = v;
   e.node = dev_node[d];
   e.device = dev_local[d];
   e.time = now;
-  e.reason = kDiscard;
+  if (discard) e.reason = kDiscard;
   out.push_back(e);
 }
 
@@ -166,14 +175,7 @@ void Scheduler::Impl::evict(std::int32_t v, std::vector<Decision>& out, bool dis
     }
   }
   dev_ops_end[d] = std::max(now, dev_ops_end[d]) + svc.offload_ns;
-  Decision e;
-  e.kind = DecisionKind::kEvict;
-  e.service = v;
-  e.node = dev_node[d];
-  e.device = dev_local[d];
-  e.time = now;
-  if (discard) e.reason = kDiscard;
-  out.push_back(e);
+  emit_evict(v, d, discard, out);
 }
 
 // Makes `svc_id` resident (or restoring) somewhere, evicting greedily (plan_room).
@@ -257,10 +259,7 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
   }
   dev_free[target] -= need_on(target);
   if (svc.pinned_device != kNone && svc.pinned_device != target) discard_asleep(svc_id, out);  // its old process
-  if (svc.host_node != kNone) {  // its offloaded state goes back to the device
-    node_offload_used[svc.host_node] -= spec.host_memory;
-    svc.host_node = kNone;
-  }
+  release_offloaded_state(svc_id);  // its offloaded state goes back to the device
   if (!spec.movable) svc.pinned_device = target;
   svc.device = target;
   svc.ready_ns = begins(target) + svc.restore_ns;

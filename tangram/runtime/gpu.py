@@ -335,6 +335,17 @@ class HookTimeout(RuntimeError):
     """A service hook ran past the GPU manager's hook_timeout."""
 
 
+def _number_option(value: Any, field: str, requirement: str, ok: Callable[[float], bool]) -> float:
+    """A manager option as a finite float meeting `ok`, else a ManagerError naming it."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number) or not ok(number):
+        raise ManagerError(field, f"must be {requirement}, got {number!r}")
+    return number
+
+
 def _resolve_hooks(name: str, hooks: Any) -> ServiceHooks:
     if isinstance(hooks, str):
         import importlib
@@ -398,21 +409,10 @@ class GpuManager(ResourceManager):
                  context_mib: float | None = None) -> None:
         services = dict(services or {})
         self.hooks: dict[str, ServiceHooks] = {str(k): _resolve_hooks(str(k), v) for k, v in services.items()}
-        try:
-            batch_window = float(batch_window)
-        except (TypeError, ValueError):
-            batch_window = math.nan
-        if not math.isfinite(batch_window) or batch_window < 0:
-            raise ManagerError("batch_window", f"must be a non-negative number of seconds, got {batch_window!r}")
-        self.batch_window = batch_window
-        if hook_timeout is not None:
-            try:
-                hook_timeout = float(hook_timeout)
-            except (TypeError, ValueError):
-                hook_timeout = math.nan
-            if not math.isfinite(hook_timeout) or hook_timeout <= 0:
-                raise ManagerError("hook_timeout", f"must be a positive number of seconds or None, got {hook_timeout!r}")
-        self.hook_timeout = hook_timeout
+        self.batch_window = _number_option(batch_window, "batch_window", "a non-negative number of seconds",
+                                           lambda x: x >= 0)
+        self.hook_timeout = None if hook_timeout is None else _number_option(
+            hook_timeout, "hook_timeout", "a positive number of seconds or None", lambda x: x > 0)
         self._devices_option = devices
         self._node_option = node
         self._mps_option = mps
@@ -424,14 +424,8 @@ class GpuManager(ResourceManager):
         self._offloading: dict[int, set[asyncio.Future[None]]] = {}
         self._attached = False
         self.watch_xids = bool(watch_xids)
-        if context_mib is not None:
-            try:
-                context_mib = float(context_mib)
-            except (TypeError, ValueError):
-                context_mib = math.nan
-            if not math.isfinite(context_mib) or context_mib < 0:
-                raise ManagerError("context_mib", f"must be a non-negative number of MiB or None, got {context_mib!r}")
-        self._context_option = context_mib
+        self._context_option = None if context_mib is None else _number_option(
+            context_mib, "context_mib", "a non-negative number of MiB or None", lambda x: x >= 0)
         self.context_mib = 0.0
         self._xid_watch: XidWatch | None = None
         self.xid_events: list[dict[str, Any]] = []
