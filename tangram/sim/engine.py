@@ -50,6 +50,7 @@ from .._errors import ValidationError
 from .._model import Action, Amdahl, Constant, Gpu, Inventory, Node, Quota, Service
 from ..runtime.estimates import RunTimeEstimates
 from ..scheduler import POLICIES, Policy, Scheduler
+from .bounds import capacity_bound
 from .workloads import Step, Workload
 
 POLICY_NAMES = POLICIES  # every built-in policy, in the core's order
@@ -264,7 +265,7 @@ class SimResult:
     # (time, 1 restore / 2 evict, service index, node, device), in decision order
     service_log: list[tuple[float, int, int, int, int]] = field(default_factory=list, repr=False)
     scheduler: Scheduler | None = field(default=None, repr=False, compare=False)
-    bound: dict[str, float] = field(default_factory=dict)  # bound_schedule(): what the bound asks
+    bound: dict[str, Any] = field(default_factory=dict)  # bound_schedule() and bounds.capacity_bound()
     cores: int = 0  # cores per CPU (sandbox) node of the inventory it ran on
     gpus: int = 0  # GPUs per GPU node (the built-ins have one GPU node: the total)
     estimates: str = "oracle"  # what the core was told of run times (see the module docstring)
@@ -308,6 +309,10 @@ class SimResult:
             "p99_act": float(np.percentile(act, 99)) if len(act) else float("nan"),
             "lower_bound_act": lb,
             "act_ratio_to_bound": avg / lb if lb > 0 else float("nan"),
+            # the capacity bound counts every action: no ratio when some were rejected
+            "act_ratio_to_capacity_bound": (avg / self.bound["capacity_bound_act"]
+                                            if self.bound.get("capacity_bound_act", 0) > 0 and not self.rejected.any()
+                                            else float("nan")),
             "step_ratio_to_bound": (self.step_duration / self.bound["step_bound"]
                                     if self.bound.get("step_bound", 0) > 0 else float("nan")),
             **self.bound,
@@ -720,6 +725,7 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
         resource_seconds=resource_seconds, cpu_held_seconds=cpu_held, restores=restores,
         evictions=evictions, action_kind=action_kind, service=service_of,
         kind_names=tuple(k.name for k in w.actions), service_log=service_log, scheduler=sched,
-        cores=w.value("cores"), gpus=w.value("gpus"), bound=bound_schedule(w, st), estimates=estimates,
+        cores=w.value("cores"), gpus=w.value("gpus"), estimates=estimates,
+        bound={**bound_schedule(w, st), **capacity_bound(w, st)},
         gpu_batch_gain=gain,
     )

@@ -1,0 +1,316 @@
+"""A lower bound on a step's average ACT that counts capacity.
+
+The zero-wait bound (every action at its best grant, no wait) ignores capacity. This one
+does not, and it stays valid for any policy although the steps are closed loops (an action
+is submitted when its trajectory's previous one ends, so a policy that delays a trajectory
+also moves its later demand). The argument runs on completion times, which a delay cannot
+move earlier:
+
+1. A trajectory's actions' ACTs sum to its end E_t minus its think time (it starts at 0 and
+   alternates think and actions), so the average ACT is (sum of E_t - all think) / actions.
+2. For any action j of trajectory t, E_t >= C_j + tail_j, where C_j is j's completion and
+   tail_j the zero-wait time from there to the trajectory's end (the rest of its think and
+   its later actions at their best). So for any weights lambda over a trajectory's actions
+   summing to 1, E_t >= sum_j lambda_j (C_j + tail_j).
+3. No action is released before its zero-wait release r_j (everything before it took at
+   least its best time), and none finishes sooner than its best run time b_j after it
+   starts. Group the actions by the resource that limits them and bound each group's
+   sum_j lambda_j C_j with a relaxation of that resource (below); the groups' bounds add.
+
+Each resource is relaxed to one fluid machine of rate `mu` on which action j needs work
+q_j, no sooner than r_j and at most q_j / b_j per second:
+
+- a sandbox node: rate its cores, work the least core-seconds of the action (its minimum
+  grant times its run time there: under Amdahl's law g x t(g) grows with g);
+- a reward service: its copy runs on one device, at most `max_batch` at once, so rate
+  max_batch / (1 + (max_batch - 1) / S) seconds of work alone per second under the GPU
+  compute model (S the batch gain), work the reward's time alone, and nothing before its
+  first restore can end (services start offloaded);
+- all reward devices together: rate S per device (the most a device does at any batch);
+- an API quota: in flight at most max_concurrency (rate, work the request's run time); and
+  its token bucket, which lets the k-th start (in time order) happen no sooner than
+  (k - burst) / rate.
+
+For weighted completion times on such a machine with release dates the bound is Goemans's
+mean busy time relaxation (M. X. Goemans, "Improved approximation algorithms for
+scheduling with release dates", SODA 1997): every schedule's mean busy times M_j satisfy
+inequalities whose linear minimum is the preemptive schedule that always runs the released
+action of largest weight / work (WSPT), and C_j >= M_j + b_j / 2 because j runs at most at
+its best pace. With equal weights, shortest remaining work first (SRPT) is the exact
+minimum on the machine and bounds it too. Each group keeps the largest of its bounds and
+of sum lambda_j (r_j + b_j), so this bound is never below the zero-wait one.
+
+The bound is the largest over a few weightings lambda (all weight on the reward, on the
+last environment action, spread evenly, or evenly over the environment actions): each is
+valid, so their maximum is. What it cannot see is what no single-machine relaxation
+sees: GPU memory (services that do not fit together and must be swapped), a device's
+restores in series, the per-device split of compute, and elastic actions paying more
+core-seconds at larger grants for their speed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .workloads import Step, Workload
+
+
+# ------------------------------------------------------------------ one machine
+
+
+def wspt_mean_busy(release: np.ndarray, proc: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """Mean busy times of the preemptive WSPT schedule on one unit-speed machine: at every
+    moment the released job of the largest weight / processing time runs (ties: earlier
+    release, then index). Jobs with zero processing time have their release as mean busy
+    time."""
+    n = len(release)
+    busy = np.array(release, dtype=float)  # zero-length jobs: M = r
+    order = np.argsort(release, kind="stable")
+    left = np.array(proc, dtype=float)
+    acc = np.zeros(n)  # sum over pieces of length x mid-time
+    heap: list[tuple[float, float, int]] = []
+    now, i = 0.0, 0
+    while i < n or heap:
+        if not heap:
+            now = max(now, float(release[order[i]]))
+        while i < n and release[order[i]] <= now:
+            j = int(order[i])
+            i += 1
+            if proc[j] > 0:
+                heapq.heappush(heap, (-weight[j] / proc[j], float(release[j]), j))
+        if not heap:
+            continue
+        _, r, j = heap[0]
+        until = float(release[order[i]]) if i < n else math.inf
+        run = min(left[j], until - now)
+        acc[j] += run * (now + run / 2)
+        left[j] -= run
+        now += run
+        if left[j] <= 1e-12 * max(1.0, proc[j]):
+            heapq.heappop(heap)
+            busy[j] = acc[j] / proc[j]
+    return busy
+
+
+def srpt_completions(release: np.ndarray, proc: np.ndarray) -> np.ndarray:
+    """Completion times of shortest remaining processing time first on one unit-speed
+    machine: the minimum of their sum over every preemptive schedule."""
+    n = len(release)
+    done = np.array(release, dtype=float)
+    order = np.argsort(release, kind="stable")
+    heap: list[tuple[float, int]] = []
+    now, i = 0.0, 0
+    while i < n or heap:
+        if not heap:
+            now = max(now, float(release[order[i]]))
+        while i < n and release[order[i]] <= now:
+            j = int(order[i])
+            i += 1
+            if proc[j] > 0:
+                heapq.heappush(heap, (float(proc[j]), j))
+        if not heap:
+            continue
+        left, j = heap[0]
+        until = float(release[order[i]]) if i < n else math.inf
+        if now + left <= until:
+            heapq.heappop(heap)
+            now += left
+            done[j] = now
+        else:
+            heapq.heapreplace(heap, (left - (until - now), j))
+            now = until
+    return done
+
+
+def machine_bound(release: np.ndarray, best: np.ndarray, work: np.ndarray, rate: float,
+                  weight: np.ndarray) -> float:
+    """A lower bound on sum_j weight_j C_j over the jobs of one fluid machine of `rate`
+    (module docstring): each job needs `work`, no sooner than `release`, and takes at least
+    `best`."""
+    if len(release) == 0:
+        return 0.0
+    trivial = float(np.dot(weight, release + best))
+    proc = work / rate
+    m = wspt_mean_busy(release, proc, weight)
+    bounds = [trivial, float(np.dot(weight, m + np.maximum(best, proc) / 2))]
+    if np.all(weight == weight[0]):
+        bounds.append(float(weight[0] * srpt_completions(release, proc).sum()))
+    return max(bounds)
+
+
+def token_bound(release: np.ndarray, best: np.ndarray, weight: np.ndarray, rate: float,
+                burst: float) -> float:
+    """A lower bound on sum_j weight_j C_j for requests under a token bucket: the k-th start
+    in time order is no sooner than the k-th release nor (k - burst) / rate, and a request
+    ends at least `best` after its start; the largest weights take the earliest starts."""
+    if len(release) == 0 or rate <= 0:
+        return float(np.dot(weight, release + best)) if len(release) else 0.0
+    k = np.arange(1, len(release) + 1)
+    earliest = np.maximum(np.sort(release), (k - burst) / rate)
+    return float(np.dot(np.sort(weight)[::-1], earliest) + np.dot(weight, best))
+
+
+# ------------------------------------------------------------------ a step
+
+
+@dataclass
+class _Actions:
+    """A step's actions at zero wait, in trajectory order (each trajectory's environment
+    actions, then its reward)."""
+
+    traj: np.ndarray
+    release: np.ndarray  # zero-wait release
+    best: np.ndarray  # run time at the best grant (noise included)
+    tail: np.ndarray  # zero-wait time from its completion to its trajectory's end
+    is_reward: np.ndarray
+    think: float  # all think time of the step
+    groups: list[tuple[str, np.ndarray, np.ndarray, float]]  # (kind, ids, work, rate)
+    quota_buckets: list[tuple[np.ndarray, float, float]]  # (ids, rate, burst)
+
+
+def _actions(w: Workload, st: Step) -> _Actions:
+    inv = w.inventory
+    offsets = st.offsets
+    n = w.batch
+    traj, release, best, is_reward, work, node = [], [], [], [], [], []
+    quota_of: list[int] = []
+    quota_index = {q.name: i for i, q in enumerate(w.quotas)}
+    service_of: list[int] = []
+    ends = np.zeros(n)
+    think = 0.0
+    for t in range(n):
+        now = 0.0
+        for j in range(int(st.turns[t])):
+            aid = int(offsets[t]) + j
+            k = w.actions[int(st.kind[aid])]
+            noise = float(st.noise[aid + t])
+            secs = float(st.seconds[aid])
+            run = secs * ((1 - k.parallel_fraction) + k.parallel_fraction * k.cpu / k.max_units) if k.elastic else secs
+            now += float(st.think[aid + t])
+            think += float(st.think[aid + t])
+            traj.append(t)
+            release.append(now)
+            best.append(run * noise)
+            is_reward.append(False)
+            work.append(k.cpu * secs * noise)  # least core-seconds
+            node.append(t % inv.cpu_nodes)
+            quota_of.append(quota_index[k.quota] if k.quota else -1)
+            service_of.append(-1)
+            now += run * noise
+        if w.reward is not None:
+            i = int(offsets[t + 1]) + t
+            run = float(st.reward_seconds[t]) * float(st.noise[i])
+            now += float(st.think[i])
+            think += float(st.think[i])
+            traj.append(t)
+            release.append(now)
+            best.append(run)
+            is_reward.append(True)
+            work.append(run)
+            node.append(-1)
+            quota_of.append(-1)
+            service_of.append(int(st.reward_service[t]))
+            now += run
+        ends[t] = now
+    traj_a = np.array(traj, dtype=np.int64)
+    release_a, best_a, work_a = np.array(release), np.array(best), np.array(work)
+    node_a, quota_a, service_a = np.array(node), np.array(quota_of), np.array(service_of)
+    tail = ends[traj_a] - (release_a + best_a)
+    groups: list[tuple[str, np.ndarray, np.ndarray, float]] = []
+    buckets: list[tuple[np.ndarray, float, float]] = []
+    # Every action in exactly one group: quota requests under their quota, other
+    # environment actions under their sandbox node, rewards under their service.
+    for q, spec in enumerate(w.quotas):
+        ids = np.flatnonzero(quota_a == q)
+        if spec.max_concurrency > 0:
+            groups.append(("quota", ids, best_a[ids], float(spec.max_concurrency)))
+        if spec.rate > 0:
+            buckets.append((ids, float(spec.rate), float(spec.burst)))
+        if spec.max_concurrency <= 0 and spec.rate <= 0:
+            groups.append(("free", ids, best_a[ids], math.inf))
+    for c in range(inv.cpu_nodes):
+        ids = np.flatnonzero((node_a == c) & (quota_a < 0))
+        groups.append(("node", ids, work_a[ids], float(inv.cpu_node.cpu)))
+    if w.reward is not None:
+        gain = w.reward.gpu_batch_gain
+        for s, sv in enumerate(w.reward.services):
+            ids = np.flatnonzero(service_a == s)
+            rate = sv.max_batch / (1 + (sv.max_batch - 1) / gain) if math.isfinite(gain) else math.inf
+            # nothing of a service ends before its first restore (services start offloaded)
+            release_a[ids] = np.maximum(release_a[ids], sv.restore_seconds)
+            groups.append(("service", ids, work_a[ids], rate))
+        if math.isfinite(gain) and inv.gpu_node is not None and inv.gpu_nodes:
+            devices = len(inv.gpu_node.gpus) * inv.gpu_nodes
+            groups.append(("devices", np.flatnonzero(service_a >= 0), None, gain * devices))  # type: ignore[arg-type]
+    return _Actions(traj_a, release_a, best_a, tail, np.array(is_reward), think, groups, buckets)
+
+
+def _weightings(a: _Actions) -> dict[str, np.ndarray]:
+    n_traj = int(a.traj.max()) + 1 if len(a.traj) else 0
+    count = np.bincount(a.traj, minlength=n_traj).astype(float)
+    last = np.ones(len(a.traj), dtype=bool)
+    last[:-1] = a.traj[1:] != a.traj[:-1]
+    env = ~a.is_reward
+    env_count = np.bincount(a.traj[env], minlength=n_traj).astype(float)
+    last_env = env & np.append(~env[1:] | (a.traj[1:] != a.traj[:-1]), True)
+    out = {"last": last.astype(float), "even": 1.0 / count[a.traj]}
+    if env.any() and a.is_reward.any():
+        out["last environment"] = np.where(env_count[a.traj] > 0, last_env, last).astype(float)
+        out["even environment"] = np.where(env_count[a.traj] > 0, env / np.maximum(env_count[a.traj], 1), last)
+    return out
+
+
+def _bound_for(a: _Actions, lam: np.ndarray) -> float:
+    """A lower bound on the sum of trajectory ends, for weights `lam`."""
+    total = float(np.dot(lam, a.tail))
+    covered = np.zeros(len(lam), dtype=bool)
+    # Groups covering the same actions (a service and all devices; a quota's concurrency and
+    # its bucket) are alternatives: each bounds those actions' sum, keep the larger.
+    per_set: dict[tuple[int, ...], float] = {}
+    def keep(ids: np.ndarray, value: float) -> None:
+        per_set[tuple(ids.tolist())] = max(per_set.get(tuple(ids.tolist()), -math.inf), value)
+    services = 0.0
+    service_ids: list[np.ndarray] = []
+    for kind, ids, work, rate in a.groups:
+        if kind == "devices":
+            continue
+        value = (float(np.dot(lam[ids], a.release[ids] + a.best[ids])) if not math.isfinite(rate)
+                 else machine_bound(a.release[ids], a.best[ids], work, rate, lam[ids]))
+        if kind == "service":
+            services += value
+            service_ids.append(ids)
+        else:
+            keep(ids, value)
+    for ids, rate, burst in a.quota_buckets:
+        keep(ids, token_bound(a.release[ids], a.best[ids], lam[ids], rate, burst))
+    for kind, ids, _, rate in a.groups:
+        if kind == "devices":
+            services = max(services, machine_bound(a.release[ids], a.best[ids], a.best[ids], rate, lam[ids]))
+    for ids in service_ids:
+        covered[ids] = True
+    for key, value in per_set.items():
+        total += value
+        covered[list(key)] = True
+    total += services
+    rest = ~covered
+    total += float(np.dot(lam[rest], a.release[rest] + a.best[rest]))
+    return total
+
+
+def capacity_bound(w: Workload, st: Step) -> dict[str, float]:
+    """`capacity_bound_act`: a lower bound on the step's average ACT under any policy that
+    counts each resource's capacity (module docstring); `capacity_bound_weighting` names the
+    weighting that gave it."""
+    a = _actions(w, st)
+    if len(a.traj) == 0:
+        return {}
+    best_name, best_sum = "", -math.inf
+    for name, lam in _weightings(a).items():
+        value = _bound_for(a, lam)
+        if value > best_sum:
+            best_name, best_sum = name, value
+    return {"capacity_bound_act": (best_sum - a.think) / len(a.traj), "capacity_bound_weighting": best_name}
