@@ -645,7 +645,8 @@ def test_cli_sweep(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     rows = json.loads(out.read_text())
     assert [(r["load"], r["policy"]) for r in rows] == [(32, "tangram"), (32, "fifo"), (64, "tangram"), (64, "fifo")]
     assert all("act_by_kind" in r and "reward" in r["act_by_kind"] for r in rows)
-    assert capsys.readouterr().out.count("lower bound on avg ACT") == 2
+    text = capsys.readouterr().out
+    assert text.count("lower bound on avg ACT (best grant") == 2 and text.count("lower bound on avg ACT counting") == 2
     with pytest.raises(SystemExit):
         sim.cli_main(["--sweep", "nodes=1,2"])
 
@@ -832,7 +833,8 @@ def test_report_small(tmp_path) -> None:  # type: ignore[no-untyped-def]
     if have_mpl:
         assert (tmp_path / "savings_multireward_gpus_isolated4.png").exists()
         assert len(list(tmp_path.glob("*.png"))) == 8  # load_sweep.png included
-    assert "## Load sweep" in text and "## Why the lower bound is out of reach" in text
+    assert "## Load sweep" in text and "## Why the zero-wait bound is out of reach" in text
+    assert "ACT / capacity bound" in text and "capacity bound |" in text
     sweep = json.loads((tmp_path / "sweep.json").read_text())
     assert sorted({r["load"] for r in sweep}) == [4, 8, 16]
     assert all("bound_peak_cpu" in r for r in rows)

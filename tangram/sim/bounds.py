@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -157,19 +158,31 @@ def token_bound(release: np.ndarray, best: np.ndarray, weight: np.ndarray, rate:
 # ------------------------------------------------------------------ a step
 
 
+# One relaxation of a set of actions: given the weights of all actions, a lower bound on
+# the weighted sum of the set's completion times.
+Relaxation = Callable[[np.ndarray], float]
+
+
 @dataclass
 class _Actions:
     """A step's actions at zero wait, in trajectory order (each trajectory's environment
-    actions, then its reward)."""
+    actions, then its reward), and the relaxations that bound them."""
 
     traj: np.ndarray
-    release: np.ndarray  # zero-wait release
+    release: np.ndarray  # zero-wait release (a reward: not before its service's first restore)
     best: np.ndarray  # run time at the best grant (noise included)
     tail: np.ndarray  # zero-wait time from its completion to its trajectory's end
     is_reward: np.ndarray
     think: float  # all think time of the step
-    groups: list[tuple[str, np.ndarray, np.ndarray, float]]  # (kind, ids, work, rate)
-    quota_buckets: list[tuple[np.ndarray, float, float]]  # (ids, rate, burst)
+    # Disjoint sets of actions, each with its alternative relaxations (the largest counts).
+    sets: list[tuple[np.ndarray, list[Relaxation]]]
+
+
+def _machine(a_release: np.ndarray, a_best: np.ndarray, ids: np.ndarray, work: np.ndarray,
+             rate: float) -> Relaxation:
+    if not math.isfinite(rate):
+        return lambda lam: float(np.dot(lam[ids], a_release[ids] + a_best[ids]))
+    return lambda lam: machine_bound(a_release[ids], a_best[ids], work, rate, lam[ids])
 
 
 def _actions(w: Workload, st: Step) -> _Actions:
@@ -217,36 +230,40 @@ def _actions(w: Workload, st: Step) -> _Actions:
             now += run
         ends[t] = now
     traj_a = np.array(traj, dtype=np.int64)
-    release_a, best_a, work_a = np.array(release), np.array(best), np.array(work)
+    rel, best_a, work_a = np.array(release), np.array(best), np.array(work)
     node_a, quota_a, service_a = np.array(node), np.array(quota_of), np.array(service_of)
-    tail = ends[traj_a] - (release_a + best_a)
-    groups: list[tuple[str, np.ndarray, np.ndarray, float]] = []
-    buckets: list[tuple[np.ndarray, float, float]] = []
-    # Every action in exactly one group: quota requests under their quota, other
-    # environment actions under their sandbox node, rewards under their service.
+    tail = ends[traj_a] - (rel + best_a)
+    sets: list[tuple[np.ndarray, list[Relaxation]]] = []
+    # Quota requests under their quota (its concurrency, its token bucket), other
+    # environment actions under their sandbox node, rewards under their services or all the
+    # devices together.
     for q, spec in enumerate(w.quotas):
         ids = np.flatnonzero(quota_a == q)
-        if spec.max_concurrency > 0:
-            groups.append(("quota", ids, best_a[ids], float(spec.max_concurrency)))
+        alternatives = [_machine(rel, best_a, ids, best_a[ids],
+                                 float(spec.max_concurrency) if spec.max_concurrency > 0 else math.inf)]
         if spec.rate > 0:
-            buckets.append((ids, float(spec.rate), float(spec.burst)))
-        if spec.max_concurrency <= 0 and spec.rate <= 0:
-            groups.append(("free", ids, best_a[ids], math.inf))
+            alternatives.append(lambda lam, ids=ids, spec=spec: token_bound(
+                rel[ids], best_a[ids], lam[ids], float(spec.rate), float(spec.burst)))
+        sets.append((ids, alternatives))
     for c in range(inv.cpu_nodes):
         ids = np.flatnonzero((node_a == c) & (quota_a < 0))
-        groups.append(("node", ids, work_a[ids], float(inv.cpu_node.cpu)))
+        sets.append((ids, [_machine(rel, best_a, ids, work_a[ids], float(inv.cpu_node.cpu))]))
     if w.reward is not None:
         gain = w.reward.gpu_batch_gain
+        per_service: list[Relaxation] = []
         for s, sv in enumerate(w.reward.services):
             ids = np.flatnonzero(service_a == s)
-            rate = sv.max_batch / (1 + (sv.max_batch - 1) / gain) if math.isfinite(gain) else math.inf
             # nothing of a service ends before its first restore (services start offloaded)
-            release_a[ids] = np.maximum(release_a[ids], sv.restore_seconds)
-            groups.append(("service", ids, work_a[ids], rate))
+            rel[ids] = np.maximum(rel[ids], sv.restore_seconds)
+            rate = sv.max_batch / (1 + (sv.max_batch - 1) / gain) if math.isfinite(gain) else math.inf
+            per_service.append(_machine(rel, best_a, ids, work_a[ids], rate))
+        ids = np.flatnonzero(service_a >= 0)
+        alternatives = [lambda lam: sum(f(lam) for f in per_service)]
         if math.isfinite(gain) and inv.gpu_node is not None and inv.gpu_nodes:
             devices = len(inv.gpu_node.gpus) * inv.gpu_nodes
-            groups.append(("devices", np.flatnonzero(service_a >= 0), None, gain * devices))  # type: ignore[arg-type]
-    return _Actions(traj_a, release_a, best_a, tail, np.array(is_reward), think, groups, buckets)
+            alternatives.append(_machine(rel, best_a, ids, best_a[ids], gain * devices))
+        sets.append((ids, alternatives))
+    return _Actions(traj_a, rel, best_a, tail, np.array(is_reward), think, sets)
 
 
 def _weightings(a: _Actions) -> dict[str, np.ndarray]:
@@ -268,37 +285,11 @@ def _bound_for(a: _Actions, lam: np.ndarray) -> float:
     """A lower bound on the sum of trajectory ends, for weights `lam`."""
     total = float(np.dot(lam, a.tail))
     covered = np.zeros(len(lam), dtype=bool)
-    # Groups covering the same actions (a service and all devices; a quota's concurrency and
-    # its bucket) are alternatives: each bounds those actions' sum, keep the larger.
-    per_set: dict[tuple[int, ...], float] = {}
-    def keep(ids: np.ndarray, value: float) -> None:
-        per_set[tuple(ids.tolist())] = max(per_set.get(tuple(ids.tolist()), -math.inf), value)
-    services = 0.0
-    service_ids: list[np.ndarray] = []
-    for kind, ids, work, rate in a.groups:
-        if kind == "devices":
-            continue
-        value = (float(np.dot(lam[ids], a.release[ids] + a.best[ids])) if not math.isfinite(rate)
-                 else machine_bound(a.release[ids], a.best[ids], work, rate, lam[ids]))
-        if kind == "service":
-            services += value
-            service_ids.append(ids)
-        else:
-            keep(ids, value)
-    for ids, rate, burst in a.quota_buckets:
-        keep(ids, token_bound(a.release[ids], a.best[ids], lam[ids], rate, burst))
-    for kind, ids, _, rate in a.groups:
-        if kind == "devices":
-            services = max(services, machine_bound(a.release[ids], a.best[ids], a.best[ids], rate, lam[ids]))
-    for ids in service_ids:
+    for ids, alternatives in a.sets:
+        total += max(f(lam) for f in alternatives)
         covered[ids] = True
-    for key, value in per_set.items():
-        total += value
-        covered[list(key)] = True
-    total += services
-    rest = ~covered
-    total += float(np.dot(lam[rest], a.release[rest] + a.best[rest]))
-    return total
+    rest = ~covered  # in no set: bounded by their zero-wait completion alone
+    return total + float(np.dot(lam[rest], a.release[rest] + a.best[rest]))
 
 
 def capacity_bound(w: Workload, st: Step) -> dict[str, float]:

@@ -148,8 +148,8 @@ def bound_section(all_rows: list[dict[str, Any]], names: Sequence[str]) -> list[
 def sweep_section(rows: list[dict[str, Any]], policies: Sequence[str]) -> list[str]:
     """Average ACT per load (rows) and policy (columns): mean [min, max] over seeds."""
     loads = sorted({r["load"] for r in rows})
-    out = ["| trajectories | " + " | ".join(f"`{p}`" for p in policies) + " | lower bound |",
-           "| ---: | " + " | ".join("---:" for _ in policies) + " | ---: |"]
+    out = ["| trajectories | " + " | ".join(f"`{p}`" for p in policies) + " | zero-wait bound | capacity bound |",
+           "| ---: | " + " | ".join("---:" for _ in policies) + " | ---: | ---: |"]
     for load in loads:
         at = [r for r in rows if r["load"] == load]
         cells = []
@@ -157,7 +157,8 @@ def sweep_section(rows: list[dict[str, Any]], policies: Sequence[str]) -> list[s
             v = np.array([r["avg_act"] for r in at if r["policy"] == p])
             cells.append(f"{v.mean():.3f} [{v.min():.3f}, {v.max():.3f}]")
         lb = np.array([r["lower_bound_act"] for r in at if r["policy"] == policies[0]])
-        out.append(f"| {load} | " + " | ".join(cells) + f" | {lb.mean():.3f} |")
+        cb = np.array([r["capacity_bound_act"] for r in at if r["policy"] == policies[0]])
+        out.append(f"| {load} | " + " | ".join(cells) + f" | {lb.mean():.3f} | {cb.mean():.3f} |")
     losses = []
     for load in loads:
         for seed in sorted({r["seed"] for r in rows}):
