@@ -19,7 +19,8 @@ _spec.loader.exec_module(sim_grid)
 
 def _row(policy: str, seed: int, act: float, step: float = 10.0) -> dict:
     return {"workload": "w", "load": 8, "seed": seed, "policy": policy, "avg_act": act, "p99_act": act,
-            "step_duration": step, "lower_bound_act": 1.0, "step_bound": 5.0, "rejected": 0}
+            "step_duration": step, "lower_bound_act": 1.0, "capacity_bound_act": 1.5, "step_bound": 5.0,
+            "rejected": 0}
 
 
 def test_paired_margins_count_wins_ties_and_losses() -> None:
@@ -43,6 +44,7 @@ def test_paired_margins_count_wins_ties_and_losses() -> None:
     assert not cell["avg_act"]["holds"]  # -2.6% on average against optimus
     assert cell["step_duration"]["holds"]  # equal steps everywhere: all ties
     assert cell["act_to_bound"] == pytest.approx(2.0) and cell["step_to_bound"] == pytest.approx(2.0)
+    assert cell["act_to_capacity_bound"] == pytest.approx(2.0 / 1.5)
 
 
 def test_a_small_grid_runs_every_policy_and_writes_its_files(tmp_path: Path) -> None:
