@@ -113,3 +113,16 @@ def test_capacity_bound_counts_a_saturated_service() -> None:
     zero_wait = sim.simulate(w, "fifo", 0, step=st).row()["lower_bound_act"]
     assert out["capacity_bound_act"] > 1.2 * zero_wait
     assert out["capacity_bound_weighting"] == "last"
+
+
+def test_capacity_bound_counts_gpus_on_sandbox_nodes() -> None:
+    # Services may be restored on the sandbox nodes' GPUs too: the devices' rate counts them
+    # (with only the GPU node's one device counted, the bound was twice these policies' ACT).
+    from dataclasses import replace
+    base = sim.builtin("coding").with_batch(128).with_gpus(1).with_gpu_batch_gain(1)
+    inv = base.inventory
+    w = replace(base, inventory=replace(inv, cpu_node=replace(inv.cpu_node, gpus=(81920.0,))))
+    st = w.sample(0)
+    for policy in ("tangram", "optimus"):
+        row = sim.simulate(w, policy, 0, step=st).row()
+        assert row["rejected"] == 0 and row["avg_act"] >= row["capacity_bound_act"]

@@ -24,9 +24,10 @@ q_j, no sooner than r_j and at most q_j / b_j per second:
   grant times its run time there: under Amdahl's law g x t(g) grows with g);
 - a reward service: its copy runs on one device, at most `max_batch` at once, so rate
   max_batch / (1 + (max_batch - 1) / S) seconds of work alone per second under the GPU
-  compute model (S the batch gain), work the reward's time alone, and nothing before its
-  first restore can end (services start offloaded);
-- all reward devices together: rate S per device (the most a device does at any batch);
+  compute model (S the batch gain), work the reward's time alone, and nothing starts
+  before its first restore is done (services start offloaded);
+- all devices together (the sandbox nodes' GPUs too): rate S per device (the most a device
+  does at any batch);
 - an API quota: in flight at most max_concurrency (rate, work the request's run time); and
   its token bucket, which lets the k-th start (in time order) happen no sooner than
   (k - burst) / rate.
@@ -253,14 +254,16 @@ def _actions(w: Workload, st: Step) -> _Actions:
         per_service: list[Relaxation] = []
         for s, sv in enumerate(w.reward.services):
             ids = np.flatnonzero(service_a == s)
-            # nothing of a service ends before its first restore (services start offloaded)
+            # nothing of a service starts before its first restore is done (services start offloaded)
             rel[ids] = np.maximum(rel[ids], sv.restore_seconds)
-            rate = sv.max_batch / (1 + (sv.max_batch - 1) / gain) if math.isfinite(gain) else math.inf
+            rate = sv.max_batch / (1 + (sv.max_batch - 1) / gain)  # max_batch when S is inf
             per_service.append(_machine(rel, best_a, ids, work_a[ids], rate))
         ids = np.flatnonzero(service_a >= 0)
         alternatives = [lambda lam: sum(f(lam) for f in per_service)]
-        if math.isfinite(gain) and inv.gpu_node is not None and inv.gpu_nodes:
-            devices = len(inv.gpu_node.gpus) * inv.gpu_nodes
+        # every device a service can be restored on: sandbox nodes may have GPUs too
+        devices = len(inv.cpu_node.gpus) * inv.cpu_nodes
+        devices += len(inv.gpu_node.gpus) * inv.gpu_nodes if inv.gpu_node is not None else 0
+        if math.isfinite(gain) and devices:
             alternatives.append(_machine(rel, best_a, ids, best_a[ids], gain * devices))
         sets.append((ids, alternatives))
     return _Actions(traj_a, rel, best_a, tail, np.array(is_reward), think, sets)
