@@ -53,27 +53,29 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
-from .workloads import Step, Workload
+from .workloads import ActionKind, Step, Workload
 
 
 # ------------------------------------------------------------------ one machine
 
 
-def wspt_mean_busy(release: np.ndarray, proc: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """Mean busy times of the preemptive WSPT schedule on one unit-speed machine: at every
-    moment the released job of the largest weight / processing time runs (ties: earlier
-    release, then index). Jobs with zero processing time have their release as mean busy
-    time."""
+def _preemptive(release: np.ndarray, proc: np.ndarray,
+                weight: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Completion and mean busy times of a preemptive schedule on one unit-speed machine: at
+    every moment the released job of the largest weight / processing time runs (WSPT), or
+    with `weight` None the one of the shortest remaining time (SRPT); ties: earlier release,
+    then index. A job with no processing time ends, and is busy, at its release."""
     n = len(release)
-    busy = np.array(release, dtype=float)  # zero-length jobs: M = r
+    done = np.array(release, dtype=float)
+    busy = np.array(release, dtype=float)
     order = np.argsort(release, kind="stable")
     left = np.array(proc, dtype=float)
-    acc = np.zeros(n)  # sum over pieces of length x mid-time
+    acc = np.zeros(n)  # sum over its pieces of length x mid-time
     heap: list[tuple[float, float, int]] = []
     now, i = 0.0, 0
     while i < n or heap:
@@ -83,7 +85,8 @@ def wspt_mean_busy(release: np.ndarray, proc: np.ndarray, weight: np.ndarray) ->
             j = int(order[i])
             i += 1
             if proc[j] > 0:
-                heapq.heappush(heap, (-weight[j] / proc[j], float(release[j]), j))
+                key = float(proc[j]) if weight is None else -weight[j] / proc[j]
+                heapq.heappush(heap, (key, float(release[j]), j))
         if not heap:
             continue
         _, r, j = heap[0]
@@ -94,38 +97,22 @@ def wspt_mean_busy(release: np.ndarray, proc: np.ndarray, weight: np.ndarray) ->
         now += run
         if left[j] <= 1e-12 * max(1.0, proc[j]):
             heapq.heappop(heap)
-            busy[j] = acc[j] / proc[j]
-    return busy
+            done[j], busy[j] = now, acc[j] / proc[j]
+        elif weight is None:  # its remaining time is its key
+            heapq.heapreplace(heap, (float(left[j]), r, j))
+    return done, busy
+
+
+def wspt_mean_busy(release: np.ndarray, proc: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """Mean busy times of the preemptive WSPT schedule (largest weight / processing time
+    first): the minimum of sum weight x mean busy time over every preemptive schedule."""
+    return _preemptive(release, proc, weight)[1]
 
 
 def srpt_completions(release: np.ndarray, proc: np.ndarray) -> np.ndarray:
-    """Completion times of shortest remaining processing time first on one unit-speed
-    machine: the minimum of their sum over every preemptive schedule."""
-    n = len(release)
-    done = np.array(release, dtype=float)
-    order = np.argsort(release, kind="stable")
-    heap: list[tuple[float, int]] = []
-    now, i = 0.0, 0
-    while i < n or heap:
-        if not heap:
-            now = max(now, float(release[order[i]]))
-        while i < n and release[order[i]] <= now:
-            j = int(order[i])
-            i += 1
-            if proc[j] > 0:
-                heapq.heappush(heap, (float(proc[j]), j))
-        if not heap:
-            continue
-        left, j = heap[0]
-        until = float(release[order[i]]) if i < n else math.inf
-        if now + left <= until:
-            heapq.heappop(heap)
-            now += left
-            done[j] = now
-        else:
-            heapq.heapreplace(heap, (left - (until - now), j))
-            now = until
-    return done
+    """Completion times of shortest remaining processing time first: the minimum of their
+    sum over every preemptive schedule."""
+    return _preemptive(release, proc, None)[0]
 
 
 def machine_bound(release: np.ndarray, best: np.ndarray, work: np.ndarray, rate: float,
@@ -159,6 +146,45 @@ def token_bound(release: np.ndarray, best: np.ndarray, weight: np.ndarray, rate:
 # ------------------------------------------------------------------ a step
 
 
+@dataclass(frozen=True)
+class ZeroWaitAction:
+    """One action of a step's zero-wait schedule (every action at its best grant, no wait)."""
+
+    traj: int
+    kind: ActionKind | None  # None: the trajectory's reward
+    think: float  # the think time just before it
+    release: float
+    best: float  # run time at its best grant (elastic maximum), noise included
+    least_work: float  # core-seconds at its minimum grant; a reward: its time alone
+    service: int  # a reward's service index; -1 otherwise
+
+
+def zero_wait_walk(w: Workload, st: Step) -> Iterator[ZeroWaitAction]:
+    """The step's actions in trajectory order (each trajectory's environment actions, then
+    its reward), each trajectory starting at 0 and running its actions back to back after
+    their think times."""
+    offsets = st.offsets
+    for t in range(w.batch):
+        now = 0.0
+        for j in range(int(st.turns[t])):
+            aid = int(offsets[t]) + j
+            k = w.actions[int(st.kind[aid])]
+            noise = float(st.noise[aid + t])
+            secs = float(st.seconds[aid])
+            run = secs * ((1 - k.parallel_fraction) + k.parallel_fraction * k.cpu / k.max_units) if k.elastic else secs
+            think = float(st.think[aid + t])
+            now += think
+            yield ZeroWaitAction(t, k, think, now, run * noise, k.cpu * secs * noise, -1)
+            now += run * noise
+        if w.reward is not None:
+            i = int(offsets[t + 1]) + t
+            run = float(st.reward_seconds[t]) * float(st.noise[i])
+            think = float(st.think[i])
+            now += think
+            yield ZeroWaitAction(t, None, think, now, run, run, int(st.reward_service[t]))
+            now += run
+
+
 # One relaxation of a set of actions: given the weights of all actions, a lower bound on
 # the weighted sum of the set's completion times.
 Relaxation = Callable[[np.ndarray], float]
@@ -188,52 +214,20 @@ def _machine(a_release: np.ndarray, a_best: np.ndarray, ids: np.ndarray, work: n
 
 def _actions(w: Workload, st: Step) -> _Actions:
     inv = w.inventory
-    offsets = st.offsets
-    n = w.batch
-    traj, release, best, is_reward, work, node = [], [], [], [], [], []
-    quota_of: list[int] = []
+    walk = list(zero_wait_walk(w, st))
     quota_index = {q.name: i for i, q in enumerate(w.quotas)}
-    service_of: list[int] = []
-    ends = np.zeros(n)
-    think = 0.0
-    for t in range(n):
-        now = 0.0
-        for j in range(int(st.turns[t])):
-            aid = int(offsets[t]) + j
-            k = w.actions[int(st.kind[aid])]
-            noise = float(st.noise[aid + t])
-            secs = float(st.seconds[aid])
-            run = secs * ((1 - k.parallel_fraction) + k.parallel_fraction * k.cpu / k.max_units) if k.elastic else secs
-            now += float(st.think[aid + t])
-            think += float(st.think[aid + t])
-            traj.append(t)
-            release.append(now)
-            best.append(run * noise)
-            is_reward.append(False)
-            work.append(k.cpu * secs * noise)  # least core-seconds
-            node.append(t % inv.cpu_nodes)
-            quota_of.append(quota_index[k.quota] if k.quota else -1)
-            service_of.append(-1)
-            now += run * noise
-        if w.reward is not None:
-            i = int(offsets[t + 1]) + t
-            run = float(st.reward_seconds[t]) * float(st.noise[i])
-            now += float(st.think[i])
-            think += float(st.think[i])
-            traj.append(t)
-            release.append(now)
-            best.append(run)
-            is_reward.append(True)
-            work.append(run)
-            node.append(-1)
-            quota_of.append(-1)
-            service_of.append(int(st.reward_service[t]))
-            now += run
-        ends[t] = now
-    traj_a = np.array(traj, dtype=np.int64)
-    rel, best_a, work_a = np.array(release), np.array(best), np.array(work)
-    node_a, quota_a, service_a = np.array(node), np.array(quota_of), np.array(service_of)
+    traj_a = np.array([x.traj for x in walk], dtype=np.int64)
+    rel = np.array([x.release for x in walk])
+    best_a = np.array([x.best for x in walk])
+    work_a = np.array([x.least_work for x in walk])
+    is_reward = np.array([x.kind is None for x in walk])
+    node_a = np.where(is_reward, -1, traj_a % inv.cpu_nodes)
+    quota_a = np.array([quota_index[x.kind.quota] if x.kind is not None and x.kind.quota else -1 for x in walk])
+    service_a = np.array([x.service for x in walk])
+    ends = np.zeros(w.batch)
+    np.maximum.at(ends, traj_a, rel + best_a)
     tail = ends[traj_a] - (rel + best_a)
+    think = float(sum(x.think for x in walk))
     sets: list[tuple[np.ndarray, list[Relaxation]]] = []
     # Quota requests under their quota (its concurrency, its token bucket), other
     # environment actions under their sandbox node, rewards under their services or all the
@@ -266,7 +260,7 @@ def _actions(w: Workload, st: Step) -> _Actions:
         if math.isfinite(gain) and devices:
             alternatives.append(_machine(rel, best_a, ids, best_a[ids], gain * devices))
         sets.append((ids, alternatives))
-    return _Actions(traj_a, rel, best_a, tail, np.array(is_reward), think, sets)
+    return _Actions(traj_a, rel, best_a, tail, is_reward, think, sets)
 
 
 def _weightings(a: _Actions) -> dict[str, np.ndarray]:

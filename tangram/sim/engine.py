@@ -50,7 +50,7 @@ from .._errors import ValidationError
 from .._model import Action, Amdahl, Constant, Gpu, Inventory, Node, Quota, Service
 from ..runtime.estimates import RunTimeEstimates
 from ..scheduler import POLICIES, Policy, Scheduler
-from .bounds import capacity_bound
+from .bounds import capacity_bound, zero_wait_walk
 from .workloads import Step, Workload
 
 POLICY_NAMES = POLICIES  # every built-in policy, in the core's order
@@ -162,8 +162,6 @@ def bound_schedule(w: Workload, st: Step) -> dict[str, float]:
     a service runs on one device at most `max_batch` at once, so its work alone takes at
     least its total over max_batch / (1 + (max_batch - 1) / S)."""
     inv = w.inventory
-    offsets = st.offsets
-    n = w.batch
     cpu_ev: list[tuple[float, int, int, float]] = []
     quota_ev: list[tuple[float, int, int, float]] = []
     quota_index = {q.name: i for i, q in enumerate(w.quotas)}
@@ -172,33 +170,22 @@ def bound_schedule(w: Workload, st: Step) -> dict[str, float]:
     node_area = [0.0] * inv.cpu_nodes  # core-seconds at the minimum grant per sandbox node
     quota_calls = [0] * len(w.quotas)
     tail = math.inf  # the shortest reward's think and run time
-    for t in range(n):
-        now = 0.0
-        for j in range(int(st.turns[t])):
-            aid = int(offsets[t]) + j
-            k = w.actions[int(st.kind[aid])]
-            noise = float(st.noise[aid + t])
-            secs = float(st.seconds[aid])
-            if k.elastic:
-                run, cores = secs * ((1 - k.parallel_fraction) + k.parallel_fraction * k.cpu / k.max_units), k.max_units
-            else:
-                run, cores = secs, k.cpu
-            now += float(st.think[aid + t])
-            cpu_ev += [(now, 1, t % inv.cpu_nodes, cores), (now + run * noise, -1, t % inv.cpu_nodes, cores)]
-            node_area[t % inv.cpu_nodes] += k.cpu * secs * noise
-            if k.quota:
-                q = quota_index[k.quota]
-                quota_ev += [(now, 1, q, 1.0), (now + run * noise, -1, q, 1.0)]
-                quota_calls[q] += 1
-            now += run * noise
-        if w.reward is not None:
-            i = int(offsets[t + 1]) + t
-            run = float(st.reward_seconds[t]) * float(st.noise[i])
-            tail = min(tail, float(st.think[i]) + run)
-            now += float(st.think[i])
-            rew.append((now, now + run, int(st.reward_service[t])))
-            now += run
-        longest = max(longest, now)
+    for x in zero_wait_walk(w, st):
+        end = x.release + x.best
+        longest = max(longest, end)
+        k = x.kind
+        if k is None:
+            tail = min(tail, x.think + x.best)
+            rew.append((x.release, end, x.service))
+            continue
+        node = x.traj % inv.cpu_nodes
+        cores = k.max_units if k.elastic else k.cpu
+        cpu_ev += [(x.release, 1, node, cores), (end, -1, node, cores)]
+        node_area[node] += x.least_work
+        if k.quota:
+            q = quota_index[k.quota]
+            quota_ev += [(x.release, 1, q, 1.0), (end, -1, q, 1.0)]
+            quota_calls[q] += 1
     tail = 0.0 if math.isinf(tail) else tail
     drained = [area / inv.cpu_node.cpu + tail for area in node_area if area > 0]
     drained += [max(0.0, calls - q.burst) / q.rate + tail for q, calls in zip(w.quotas, quota_calls) if q.rate > 0]
