@@ -73,7 +73,7 @@ def test_token_bound_is_below_bucket_schedules() -> None:
     rng = np.random.default_rng(3)
     for _ in range(200):
         n = int(rng.integers(1, 12))
-        rate, burst = float(rng.choice([0.5, 2.0])), float(rng.integers(0, 4))
+        rate, burst = float(rng.choice([0.5, 2.0])), float(rng.integers(1, 4))  # the core's burst >= 1
         release, best, weight = rng.uniform(0, 5, n), rng.uniform(0.1, 2, n), rng.uniform(0, 2, n)
         bound = token_bound(release, best, weight, rate, burst)
         for order in (np.argsort(release), rng.permutation(n), np.argsort(-weight)):
@@ -87,6 +87,15 @@ def test_token_bound_is_below_bucket_schedules() -> None:
                     tokens = 1.0
                 start[j], tokens, clock = t, tokens - 1, t
             assert float(np.dot(weight, start + best)) >= bound - 1e-7
+
+
+def test_token_bound_keeps_no_tokens_beyond_the_burst() -> None:
+    # Three requests at 10 s under 1 request/s, burst 1: the bucket holds one token however
+    # long it was idle, so they start at 10, 11 and 12 (not all at 10).
+    release, best, weight = np.full(3, 10.0), np.ones(3), np.ones(3)
+    assert token_bound(release, best, weight, rate=1.0, burst=1.0) == pytest.approx(3 * 11 + 3)
+    # burst 2: two at once, the third a second later
+    assert token_bound(release, best, weight, rate=1.0, burst=2.0) == pytest.approx(10 + 10 + 11 + 3)
 
 
 @pytest.mark.parametrize("name", ["coding", "deepsearch", "multireward"])

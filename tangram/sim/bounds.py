@@ -30,7 +30,8 @@ q_j, no sooner than r_j and at most q_j / b_j per second:
   does at any batch);
 - an API quota: in flight at most max_concurrency (rate, work the request's run time); and
   its token bucket, which lets the k-th start (in time order) happen no sooner than
-  (k - burst) / rate.
+  (k - burst) / rate, nor than (k - j + 1 - burst) / rate after the j-th release for any
+  j <= k (tokens unused before the requests come are not kept beyond the burst).
 
 For weighted completion times on such a machine with release dates the bound is Goemans's
 mean busy time relaxation (M. X. Goemans, "Improved approximation algorithms for
@@ -133,13 +134,21 @@ def machine_bound(release: np.ndarray, best: np.ndarray, work: np.ndarray, rate:
 
 def token_bound(release: np.ndarray, best: np.ndarray, weight: np.ndarray, rate: float,
                 burst: float) -> float:
-    """A lower bound on sum_j weight_j C_j for requests under a token bucket: the k-th start
-    in time order is no sooner than the k-th release nor (k - burst) / rate, and a request
-    ends at least `best` after its start; the largest weights take the earliest starts."""
+    """A lower bound on sum_j weight_j C_j for requests under a token bucket (GCRA: `burst`
+    tokens at 0, one more every 1 / rate, at most `burst` kept). Between the j-th and the k-th
+    start in time order (j <= k) the bucket lets k - j + 1 starts through no faster than
+    burst at once and `rate` after, so the k-th start is no sooner than (k - burst) / rate
+    (from 0) nor r_(j) + (k - j + 1 - burst) / rate, r_(j) the j-th release (the j-th
+    start cannot precede it), nor the k-th release. A request ends at least `best` after its
+    start; the largest weights take the earliest starts."""
     if len(release) == 0 or rate <= 0:
         return float(np.dot(weight, release + best)) if len(release) else 0.0
     k = np.arange(1, len(release) + 1)
-    earliest = np.maximum(np.sort(release), (k - burst) / rate)
+    r = np.sort(release)
+    burst = max(float(burst), 1.0)  # the core's GCRA takes burst >= 1
+    # max over j <= k of r_(j) + (k - j + 1 - burst) / rate; j = 1 covers (k - burst) / rate
+    after_release = np.maximum.accumulate(r - k / rate) + (k + 1 - burst) / rate
+    earliest = np.maximum(r, after_release)
     return float(np.dot(np.sort(weight)[::-1], earliest) + np.dot(weight, best))
 
 
