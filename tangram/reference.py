@@ -47,7 +47,8 @@ Rules, in words:
   keeps it (hidden from everyone else) until end_trajectories; its later non-service
   actions may use only that bin ("fixed"), whatever their affinity. An elastic action
   started there takes the slot's free elastic units up to its max at once. Service
-  actions run beside their service in any bin no trajectory holds and bind nothing.
+  actions run beside their service and bind nothing: in their own trajectory's slot when
+  it is on that node, else in a bin no trajectory holds, else in another held slot.
 * Home devices. service_devices "home": service s may live only on device s % devices
   (devices as at construction); "any": on every device.
 * Classes. Waiting actions with identical admission constraints (demand vector, gpu
@@ -106,11 +107,15 @@ Rules, in words:
      on its scope node (its service's node, else its affinity node), or all of them.
      A scope node with no bin of its partition: no bins at all.
   4. candidates: a fixed slot if it is online and covers the demand (and, for a
-     non-service action, its node's largest free GPU memory >= gpu_memory). Otherwise,
-     unless its partition is held back: the first `candidates` bins in order that are not
-     bound to a trajectory, on online nodes not held back, whose free vector covers the
-     demand and, for a non-service action, whose node's largest free GPU memory >=
-     gpu_memory. A service action also needs gpu_memory free on its device.
+     non-service action, its node's largest free GPU memory >= gpu_memory). Under
+     trajectory slots a service action first takes its trajectory's held slot among its
+     bins if that is online and covers the demand. Otherwise, unless its partition is held
+     back: the first `candidates` bins in order that are not bound to a trajectory, on
+     online nodes not held back, whose free vector covers the demand and, for a
+     non-service action, whose node's largest free GPU memory >= gpu_memory; none, for a
+     service action under trajectory slots: the first `candidates` of its other bins bound
+     to a trajectory, online, covering the demand (held back or not). A service action
+     also needs gpu_memory free on its device.
   5. none, it needs GPU memory, it has bins and its partition is not held back: evict
      services for it by the greedy plan (below) and try it again from step 1.
      Still none, resize "malleable", it has bins and its partition is not held back: a
@@ -1166,7 +1171,18 @@ class ReferenceScheduler:
         # A trajectory's own slot is nobody else's: no starving action holds it back.
         masked = not own_slot and a.partition in p.held_partitions
         cands: list[int] = []
-        for b in bins if bins is not None and not masked else []:
+        # Trajectory slots: a service action runs in its own trajectory's held slot on its
+        # service's node first, else in a free slot there, else in another held one (held
+        # slots are never held back).
+        service_in_slots = a.service >= 0 and self.rules.bins == "trajectory_slots"
+        own = self.slot_of.get(a.trajectory, -1) if service_in_slots else -1
+
+        def held_fits(b: int) -> bool:
+            return self._bound(b) and self.online[self.bins[b].node] and _covers(self.bins[b].free, a.demand)
+
+        if bins is not None and own in bins and held_fits(own):
+            cands = [own]
+        for b in bins if bins is not None and not masked and not cands else []:
             if len(cands) == self.candidates:
                 break
             bin_ = self.bins[b]
@@ -1177,6 +1193,8 @@ class ReferenceScheduler:
             if device < 0 and self._node_max_gpu(bin_.node, self.dev_free) < a.gpu_memory:
                 continue
             cands.append(b)
+        if service_in_slots and bins is not None and not cands:
+            cands = [b for b in bins if b != own and held_fits(b)][:self.candidates]
         if device >= 0 and self.dev_free[device] < a.gpu_memory:
             cands = []
         if (not cands and a.gpu_memory > 0 and bins is not None and not masked

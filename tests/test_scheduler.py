@@ -587,6 +587,26 @@ def test_trajectory_policy_default_slot_is_one_core() -> None:
     assert reject.kind == "reject" and "cpu needs 2, largest is 1" in reject.reason
 
 
+# Regression: one machine with a GPU under the trajectory policy (the embedded layout).
+# Every slot is held by a trajectory waiting for its reward; the rewards run in those held
+# slots (each in its own trajectory's), so the trajectories end and the fifth gets a slot.
+# They used to wait for a free slot for ever.
+def test_trajectory_policy_rewards_run_when_every_slot_is_held() -> None:
+    inv = Inventory(nodes=[Node("n0", {"cpu": 4, "memory": 4096}, gpus=[Gpu(81920)])],
+                    services=[Service("rm", memory=16384, restore_seconds=1.0, max_batch=8)])
+    s = Scheduler(inv, "trajectory")
+    assert [x.action for x in s.submit([Action(t, {"cpu": 1}, 1.0, trajectory=t) for t in range(5)], 0)] == [0, 1, 2, 3]
+    assert list(s.complete([0, 1, 2, 3], 1.0)) == []
+    d = s.submit([Action(10 + t, {"cpu": 0.1}, 1.0, trajectory=t, service="rm") for t in range(4)], 1.0)
+    assert [x.kind for x in d] == ["restore"]
+    d = s.tick(2.0)  # the restore is done
+    assert sorted(x.action for x in d if x.kind == "start") == [10, 11, 12, 13]
+    assert list(s.complete([10, 11, 12, 13], 3.0)) == []
+    d = s.end_trajectories([0], 3.0)
+    assert [x.action for x in d] == [4]
+    s.check_invariants()
+
+
 # Invariant: the isolated policy's default is one pool of whole nodes for task 0 (every
 # Action's task by default): all of a node is there for it; another task has no pool and
 # the error names the field.

@@ -50,13 +50,14 @@ std::string Scheduler::Impl::explain(ActionId id) const {
       if (cl.affinity_node != kNone) os << " on node " << cl.affinity_node;
       if (cl.service != kNone) os << " beside service '" << inv.services[cl.service].name << "'";
       // Over the bins it could be placed in: online, on its affinity node if it has one,
-      // and not another trajectory's slot.
+      // and not another trajectory's slot (a service action may use those: held_slot_room).
       const Partition& part = partitions[cl.partition];
       auto own = trajectory_bin.find(cl.trajectory);
       const std::int32_t own_bin = cl.in_trajectory_slot && own != trajectory_bin.end() ? own->second : kNone;
+      const bool any_slot = cl.service != kNone;
       std::vector<Quantity> best(K, 0);
       for (std::int32_t b : part.bins) {
-        if (!node_online[bin_node[b]] || (bin_bound[b] && b != own_bin)) continue;
+        if (!node_online[bin_node[b]] || (bin_bound[b] && b != own_bin && !any_slot)) continue;
         if (cl.affinity_node != kNone && bin_node[b] != cl.affinity_node) continue;
         for (std::int32_t k = 0; k < K; ++k) best[k] = std::max(best[k], free_of(b)[k]);
       }

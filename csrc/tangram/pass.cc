@@ -136,7 +136,20 @@ inline Scheduler::Impl::Room Scheduler::Impl::find_room(Class& cl, std::int32_t 
   room.own_slot = room.fixed_leaf != kNone;
   room.masked = !room.own_slot && partition_masked[cl.partition] == pass_epoch;
   cand.clear();
-  if (!room.has_range || room.masked) return room;
+  // Trajectory slots: a service action runs in its own trajectory's held slot when that is
+  // on its service's node, else in a free slot there, else in another held one
+  // (held_slot_room). A starving head holds back free slots only, never held ones.
+  const bool service_in_slots = cl.service != kNone && row.rules.bins == BinLayout::kTrajectorySlots;
+  // A service action's GPU memory, if any, must fit its service's device.
+  auto gpu_fits = [&] {
+    if (!cand.empty() && device != kNone && dev_free[device] < cl.gpu_memory) cand.clear();
+    return room;
+  };
+  if (service_in_slots && room.has_range && held_slot_room(cl, room, true)) return gpu_fits();
+  if (!room.has_range || room.masked) {
+    if (service_in_slots && room.has_range) held_slot_room(cl, room, false);
+    return gpu_fits();
+  }
   const Partition& part = partitions[cl.partition];
   const std::int32_t lo = room.lo, hi = room.hi;
   if (room.fixed_leaf != kNone) {
@@ -176,8 +189,40 @@ inline Scheduler::Impl::Room Scheduler::Impl::find_room(Class& cl, std::int32_t 
       part.free_tree.find(lo, hi, scratch.data(), policy.candidates, skip, cand);
     }
   }
-  if (!cand.empty() && device != kNone && dev_free[device] < cl.gpu_memory) cand.clear();
-  return room;
+  if (cand.empty() && service_in_slots) held_slot_room(cl, room, false);
+  return gpu_fits();
+}
+
+// Trajectory slots: held slots of the service's node with room for a service action, as
+// `cand`: with `own`, its own trajectory's slot alone; else every other (up to
+// `candidates`). Every slot of a node can be held by trajectories that each wait for a
+// reward of that node's service (one machine, or services on sandbox nodes' GPUs); kept to
+// free slots those rewards would wait for ever. A reward is its service's work, which no
+// sandbox owns. True when it found one.
+bool Scheduler::Impl::held_slot_room(const Class& cl, const Room& room, bool own) {
+  if (room.fixed_leaf != kNone) return false;
+  const Partition& part = partitions[cl.partition];
+  auto fits = [&](std::int32_t leaf) {
+    const std::int32_t b = part.bins[leaf];
+    if (!bin_bound[b] || !node_online[bin_node[b]]) return false;
+    const Quantity* f = free_of(b);
+    for (std::int32_t k = 0; k < K; ++k)
+      if (f[k] < cl.demand[k]) return false;
+    return true;
+  };
+  auto it = trajectory_bin.find(slots[cl.waiting.head().slot].trajectory);
+  const std::int32_t own_leaf = it == trajectory_bin.end() ? kNone : bin_leaf[it->second];
+  if (own) {
+    if (own_leaf == kNone || own_leaf < room.lo || own_leaf >= room.hi || !fits(own_leaf)) return false;
+    cand.push_back(own_leaf);
+    return true;
+  }
+  for (std::int32_t leaf = room.lo; leaf < room.hi; ++leaf) {
+    if (leaf == own_leaf || !fits(leaf)) continue;
+    cand.push_back(leaf);
+    if (static_cast<std::int32_t>(cand.size()) == policy.candidates) break;
+  }
+  return !cand.empty();
 }
 
 // Nothing fits the head now. A starving head (waited starvation_seconds) holds back every

@@ -158,7 +158,9 @@ struct alignas(64) Class {
   bool parked = false;
   bool in_active = false;
   // Trajectory slots, non-service actions: the class runs in its trajectory's own slot. Service
-  // actions run beside their service, in any slot no trajectory holds, and bind nothing.
+  // actions run beside their service: in their own trajectory's slot when it is on that
+  // node, else in a free slot there, else in another held one (held_slot_room); they bind
+  // nothing.
   bool in_trajectory_slot = false;
   Block block = Block::kNotConsidered;
   std::int32_t park_node = kNone;  // while parked: the node it waits on, or kNone (partition)
@@ -493,6 +495,7 @@ struct Scheduler::Impl {
     bool masked = false;                // its whole partition is held back
   };
   Room find_room(Class& cl, std::int32_t device);
+  bool held_slot_room(const Class& cl, const Room& room, bool own);
   Try no_room(Class& cl, const Room& room, std::int32_t device);
   void note_quota_block(Class& cl, const QuotaState& q);
   bool quota_admits(Class& cl);

@@ -132,6 +132,58 @@ TEST(Regressions, TrajectoryServiceActionRunsOnItsServicesNode) {
   EXPECT_EQ(h.s.service_location(1), std::make_pair(1, 0));
 }
 
+// Under the trajectory policy every slot of the service's node may be held by trajectories
+// that each wait for a reward there (one machine with a GPU): the rewards run in held slots
+// with room, their own trajectory's first, instead of waiting for a free slot for ever.
+TEST(Regressions, TrajectoryServiceActionsRunInHeldSlots) {
+  Inventory inv = cpu_inventory(1, 4);
+  inv.nodes[0].gpus = {{U(1000)}};
+  inv.services = {{"s0", U(500), 0, 4}};
+  PolicyConfig p = policy_of(PolicyKind::kTrajectory);
+  p.trajectory_slot_cpu = U(2);
+  Harness h(inv, p);  // two slots of 2 cores, both held below
+  ActionSpec a = action(1, {U(2)}, 10), b = action(2, {U(1)}, 10), c = action(3, {U(1)}, 10);
+  a.trajectory = 1, b.trajectory = 2, c.trajectory = 3;
+  EXPECT_EQ(h.submit({a, b, c}, 0), (Decisions{start(1).on(0).at(0), start(2).on(0).at(0)}));
+  EXPECT_EQ(h.complete({1, 2}, 1), Decisions{});
+  EXPECT_EQ(h.s.state(3), ActionState::kWaiting);  // no free slot: trajectory 3 waits
+  ActionSpec r1 = action(11, {U(1)}, 10), r2 = action(12, {U(1)}, 10);
+  r1.trajectory = 1, r1.service = 0, r2.trajectory = 2, r2.service = 0;
+  EXPECT_EQ(h.submit({r1, r2}, 1), (Decisions{restore(0).on(0, 0).at(1), start(11).on(0, 0).service(0).at(1),
+                                             start(12).on(0, 0).service(0).at(1)}));
+  // Each runs in its own trajectory's slot: trajectory 1's holds 1 core more, no longer 2.
+  ActionSpec more = action(4, {U(2)}, 10);
+  more.trajectory = 1;
+  EXPECT_EQ(h.submit({more}, 1), Decisions{});
+  EXPECT_EQ(h.complete({11, 12}, 2), (Decisions{start(4).on(0).at(2)}));
+  // A reward of a trajectory with no slot runs in another's held slot with room.
+  ActionSpec r3 = action(13, {U(1)}, 10);
+  r3.trajectory = 5, r3.service = 0;
+  EXPECT_EQ(h.submit({r3}, 2), (Decisions{start(13).on(0, 0).service(0).at(2)}));
+  EXPECT_EQ(h.s.free(0, 0), U(1));
+}
+
+// A trajectory starving for a free slot holds back free slots only: the rewards of the
+// trajectories that hold every slot still run in their own, so those end and free one.
+TEST(Regressions, TrajectoryStarvingForASlotHoldsBackNoReward) {
+  Inventory inv = cpu_inventory(1, 4);
+  inv.nodes[0].gpus = {{U(1000)}};
+  inv.services = {{"s0", U(500), 0, 4}};
+  PolicyConfig p = policy_of(PolicyKind::kTrajectory);
+  p.trajectory_slot_cpu = U(2);
+  Harness h(inv, p);
+  ActionSpec a = action(1, {U(1)}, 10), b = action(2, {U(1)}, 10), c = action(3, {U(1)}, 10);
+  a.trajectory = 1, b.trajectory = 2, c.trajectory = 3;
+  EXPECT_EQ(h.submit({a, b, c}, 0), (Decisions{start(1).on(0).at(0), start(2).on(0).at(0)}));
+  EXPECT_EQ(h.complete({1, 2}, 100), Decisions{});  // trajectory 3 has waited 100 s: starving
+  ActionSpec r1 = action(11, {U(1)}, 10), r2 = action(12, {U(1)}, 10);
+  r1.trajectory = 1, r1.service = 0, r2.trajectory = 2, r2.service = 0;
+  EXPECT_EQ(h.submit({r1, r2}, 100), (Decisions{restore(0).on(0, 0).at(100), start(11).on(0, 0).service(0).at(100),
+                                               start(12).on(0, 0).service(0).at(100)}));
+  EXPECT_EQ(h.complete({11, 12}, 101), Decisions{});
+  EXPECT_EQ(h.end({1}, 101), (Decisions{start(3).on(0).at(101)}));
+}
+
 // FIFO keeps arrival order (run time plays no part) and grants exactly the minimum; the
 // tangram policy, given the same events, runs the shortest first.
 TEST(FifoPolicy, ArrivalOrderAndMinimumGrants) {
