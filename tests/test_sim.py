@@ -488,6 +488,49 @@ def _check_conservation(w: sim.Workload, r: sim.SimResult, seed: int) -> None:
     assert (r.action_kind[r.label == ENV] >= 0).all() and (r.service[r.label == ENV] == -1).all()
 
 
+def _variant(rng: np.random.Generator) -> sim.Workload:
+    """A built-in workload with its inventory, GPU compute, replicas and quota redrawn:
+    the layouts users bring (one sandbox node, GPUs on sandbox nodes, a GPU node with few
+    cores, small GPUs, little memory, a saturated quota)."""
+    name = str(rng.choice(["coding", "deepsearch", "multireward"]))
+    src = json.loads(json.dumps(sim.builtin(name).source))
+    src["batch"] = 48
+    inv = src["inventory"]
+    inv["cpu_nodes"] = int(rng.choice([1, 2, 4]))
+    inv["cpu_node"]["cpu"] = int(rng.choice([8, 16, 64]))
+    inv["cpu_node"]["memory"] = int(rng.choice([8192, 262144]))  # 8 GiB: memory-bound sandboxes
+    if rng.random() < 0.5:
+        inv["cpu_node"]["gpus"] = [81920] * int(rng.choice([1, 2]))
+    inv["gpu_node"]["gpus"] = [int(rng.choice([40960, 81920]))] * int(rng.choice([1, 2, 4]))
+    inv["gpu_node"]["cpu"] = int(rng.choice([2, 32]))
+    src["reward"]["gpu_batch_gain"] = [1, 8, "inf"][int(rng.integers(3))]
+    if "replicas" in src["reward"]:
+        src["reward"]["replicas"] = int(rng.choice([1, 2, 4]))
+    for q in src.get("quotas", []):
+        q.update(rate=int(rng.choice([5, 50])), burst=int(rng.choice([1, 50])), max_concurrency=int(rng.choice([0, 4])))
+    return sim.Workload.from_dict(src)
+
+
+# Random layouts of the built-ins under every policy: each action ends once (started and
+# finished, or rejected at once because no device could ever hold its service), nothing
+# is left waiting or running, and every pool is back to what a fresh scheduler has. Under
+# `trajectory`, rewards whose service sat on a node whose slots all trajectories held used
+# to wait for ever ("simulation stalled").
+@pytest.mark.parametrize("case", range(8))
+def test_random_layouts_run_to_the_end(case: int) -> None:
+    w = _variant(np.random.default_rng([7, case]))
+    for policy in POLICIES + ("optimus",):
+        r = sim.simulate(w, policy, seed=case)
+        s = r.scheduler
+        assert s is not None and s.waiting == 0 and s.running == 0, policy
+        done = ~r.rejected
+        assert not np.isnan(r.finish[done]).any() and np.isnan(r.start[r.rejected]).all(), policy
+        fresh = tangram.Scheduler(s.inventory, s.policy)
+        for n, node in enumerate(s.inventory.nodes):
+            for kind in node.resources:
+                assert s.free(n, kind) == fresh.free(n, kind), policy
+
+
 def _quota_violations(starts: np.ndarray, finishes: np.ndarray, rate: float, burst: int, cap: int) -> list[str]:
     """Checks GCRA from the recorded start times: in any window [s_i, s_j], at most
     burst + rate * (s_j - s_i) starts; and at most `cap` in flight at any instant."""
