@@ -140,9 +140,12 @@ Rules, in words:
      if the bin's free room holds it and the gain rule (below) passes it, with w = 1 and
      `others` the actions running on the bin.
   Every class blocked for resources (and a halt) makes its scope node (or, without one,
-  its partition) "contended"; one that waits for its quota or its service does not.
-* Spare units (spare "uncontended": on bins neither whose node nor whose partition is
-  contended; "every_bin": on every bin; "none": never). After the walk, in each such bin,
+  its partition) "contended", and keeps its demand there: per kind, the most any such class
+  asks for (a halt: all of every kind); one that waits for its quota or its service does
+  not.
+* Spare units (spare "uncontended": never into the room a waiting action asks for: a step
+  must leave free, of its kind, what the bin's contended node and partition keep;
+  "every_bin": on every bin; "none": never). After the walk, in each bin,
   elastic actions started there in this pass get one more step at a time (grow step: to
   the next whole unit, min(1000 - grant % 1000, max - grant)): each round to the one with
   the largest cut (first in start order on ties), among those where the bin's free room
@@ -247,6 +250,7 @@ from ._records import (
 )
 
 MAX_MILLI = 10**15  # 1e12 base units
+_NO_SPARE = 2**63 - 1  # a need no bin's free room covers: no spare units there
 MAX_SECONDS = 1e9
 ELASTIC_STEP = 1000
 NS_PER_MINUTE = 60_000_000_000
@@ -453,10 +457,19 @@ class _Pass:
         self.blocked_quotas: set = set()
         self.held_nodes: set = set()  # held back by a starving action with a scope node
         self.held_partitions: set = set()  # held back by a starving action without one
-        self.contended_nodes: set = set()
-        self.contended_partitions: set = set()
+        # contended node / partition -> the most of each kind a class waiting there asks for
+        self.contended_nodes: dict[int, list[int]] = {}
+        self.contended_partitions: dict[int, list[int]] = {}
         self.started: list = []  # (action, index of its decision)
         self.resized: set = set()  # ids of running actions whose grant changed in this pass
+
+    @staticmethod
+    def contend(where: dict[int, list[int]], key: int, demand: Sequence[int]) -> None:
+        """A class waiting for room at `key` (a node, or a partition) keeps its demand, per
+        kind, back from spare units there."""
+        need = where.setdefault(key, [0] * len(demand))
+        for k, x in enumerate(demand):
+            need[k] = max(need[k], x)
 
 
 def _first_repeat(ids: list[int]) -> int | None:
@@ -1097,17 +1110,17 @@ class ReferenceScheduler:
             outcome = self._try(a, p, out)
             if outcome == STARTED:
                 continue
-            if outcome == HALT:
-                p.contended_partitions.add(a.partition)
+            if outcome == HALT:  # every action behind it is held back: no spare units there
+                p.contend(p.contended_partitions, a.partition, [_NO_SPARE] * self.K)
                 break
             p.blocked_classes.add(a.cls)
             if outcome == WAITS:  # for a quota or a service: no claim on spare units
                 continue
             scope = self._scope_node(a)
             if scope < 0:
-                p.contended_partitions.add(a.partition)
+                p.contend(p.contended_partitions, a.partition, a.demand)
             else:
-                p.contended_nodes.add(scope)
+                p.contend(p.contended_nodes, scope, a.demand)
         if self.rules.spare != "none" and (p.started or self.freed_bins):
             self._grant_spare(p, out)
         self.freed_bins = set()
@@ -1291,13 +1304,14 @@ class ReferenceScheduler:
         a.grant += step
         self.bins[b].free[a.elastic_kind] -= step
 
-    def _step_cut(self, a: _Action, b: int, work: float, others: int) -> float:
+    def _step_cut(self, a: _Action, b: int, work: float, others: int, keep: list[int] | None = None) -> float:
         """The cut work x (t(g) - t(g + step)) of a's next grow step on bin b when its free
-        room holds the step, the cut is positive and the gain rule passes it; else 0."""
+        room holds the step and leaves `keep` (per kind) free, the cut is positive and the
+        gain rule passes it; else 0."""
         step = _grow_step(a, a.grant)
         k = a.elastic_kind
         free, capacity_k = self.bins[b].free, self.bins[b].capacity[k]
-        if step <= 0 or free[k] < step:
+        if step <= 0 or free[k] < step or (keep is not None and free[k] - step < keep[k]):
             return 0.0
         now_s = self._seconds(a, a.grant)
         next_s = self._seconds(a, a.grant + step)
@@ -1541,18 +1555,21 @@ class ReferenceScheduler:
         the running actions (by id) on online bins a complete or cancel freed room on since
         the last pass, not started or resized in this pass. Each running one that grew gets
         a RESIZE decision."""
-        def allowed(b: int) -> bool:
-            return self.rules.spare != "uncontended" or (self.bins[b].partition not in p.contended_partitions
-                                                         and self.bins[b].node not in p.contended_nodes)
+        def reserve(b: int) -> list[int]:  # what spare units leave free on b, per kind
+            if self.rules.spare != "uncontended":
+                return [0] * self.K
+            bin_ = self.bins[b]
+            needs = [p.contended_partitions.get(bin_.partition, [0] * self.K), p.contended_nodes.get(bin_.node, [0] * self.K)]
+            return [max(n[k] for n in needs) for k in range(self.K)]
 
         by_bin: dict[int, list] = {}  # bin -> [action, decision index or None, work left, grant before]
         for a, i in p.started:
-            if a.elastic_kind < 0 or a.grant >= a.elastic_max or not allowed(a.bin):
+            if a.elastic_kind < 0 or a.grant >= a.elastic_max:
                 continue
             by_bin.setdefault(a.bin, []).append((a, i, 1.0, a.grant))
         started = {a.id for a, _ in p.started}
         for b in sorted(self.freed_bins):
-            if not self.online[self.bins[b].node] or not allowed(b):
+            if not self.online[self.bins[b].node]:
                 continue
             running = sorted((x for x in self.actions.values() if x.running and x.bin == b and x.elastic_kind >= 0
                               and x.grant < x.elastic_max and x.id not in started and x.id not in p.resized),
@@ -1560,13 +1577,13 @@ class ReferenceScheduler:
             if running:
                 by_bin.setdefault(b, []).extend((x, None, self._work_now(x), x.grant) for x in running)
         for b in sorted(by_bin):
-            members, free = by_bin[b], self.bins[b].free
+            members, free, keep = by_bin[b], self.bins[b].free, reserve(b)
             others = sum(1 for x in self.actions.values() if x.running and x.bin == b) - 1
             while True:
                 best, best_cut = None, 0.0
                 for m in members:
                     a, work = m[0], m[2]
-                    cut = self._step_cut(a, b, work, others)
+                    cut = self._step_cut(a, b, work, others, keep)
                     if not cut > 0:
                         continue
                     if best is None or cut > best_cut:

@@ -296,6 +296,7 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
     r.state = ActionState::kWaiting;
     r.elastic_kind = s.elastic_kind;
     r.elastic_max = s.elastic_max;
+    if (s.elastic_kind != kNone) elastic_kind_seen[s.elastic_kind] = 1;
     detail = ActionDetail{};
     detail.model = s.model;
     detail.submitted_max = s.elastic_max;

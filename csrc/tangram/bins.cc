@@ -178,9 +178,14 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
   bin_released_at.assign(bin_node.size(), 0);
   bin_released_pass.assign(bin_node.size(), 0);
   node_contended.assign(N, 0);
+  node_need.assign(static_cast<std::size_t>(N) * K, 0);
   node_masked.assign(N, 0);
   partition_contended.assign(partitions.size(), 0);
+  partition_need.assign(partitions.size() * K, 0);
   partition_masked.assign(partitions.size(), 0);
+  elastic_kind_seen.assign(K, 0);
+  parked_need_pass.assign(partitions.size(), 0);
+  parked_need_rows.assign(partitions.size() * K, 0);
   scratch.resize(D);
 }
 
@@ -377,6 +382,7 @@ std::int32_t Scheduler::Impl::add_node(NodeSpec spec) {
   node_parked_count.push_back(0);
   node_released.push_back(0);
   node_contended.push_back(0);
+  node_need.resize(node_need.size() + K, 0);
   node_masked.push_back(0);
   for (auto& leaves : released_leaves) leaves.clear();  // leaf positions change below
   bin_released_at.assign(bin_node.size(), 0);

@@ -199,8 +199,7 @@ void Scheduler::Impl::unpark(std::int32_t c) {
   // Woken mid-pass behind the cursor: this pass has passed it by, as it would have passed
   // by a failed head, so it still waits there (for room, or for its refused quota).
   if (pass_cursor != nullptr && cl.waiting.head() < *pass_cursor && waits_for_room(cl)) {
-    if (cl.park_node == kNone) partition_contended[cl.partition] = pass_epoch;
-    else node_contended[cl.park_node] = pass_epoch;
+    contend(cl.partition, cl.park_node, cl.demand);
   }
 }
 

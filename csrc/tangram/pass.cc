@@ -374,8 +374,7 @@ inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::
     // It contends for room where it parks; with a quota, only if that quota is not refused
     // before its turn, which grant_spare judges from where it is parked.
     if (cl.quota == kNone) {
-      if (next_scope == kNone) partition_contended[cl.partition] = pass_epoch;
-      else node_contended[next_scope] = pass_epoch;
+      contend(cl.partition, next_scope, cl.demand);
     }
     park(c, next_scope);
   } else {
@@ -451,8 +450,7 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
           wc.fit_pass = 0;
           wc.pending_pass = 0;
           wc.block = Block::kResources;
-          if (wc.park_node == kNone) partition_contended[wc.partition] = pass_epoch;
-          else node_contended[wc.park_node] = pass_epoch;
+          contend(wc.partition, wc.park_node, wc.demand);
           continue;
         }
         // Woken: its head comes before every head in the heap, so it is tried now (what
@@ -492,7 +490,7 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
         const Class& wc = classes[pending_wakes[next_wake].cls];
         if (wc.parked && wc.pending_pass == pass_epoch) unpark(pending_wakes[next_wake].cls);
       }
-      partition_contended[classes[c].partition] = pass_epoch;
+      contend(classes[c].partition, kNone, nullptr);  // every head behind it is held back
       active_deferred.push_back(e);
       for (const ActiveEntry& rest : active)
         if (live(rest)) classes[rest.cls].block = Block::kHeldBack;
@@ -502,10 +500,7 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
     // Whoever still waits for resources has a claim on the bins it could use: no spare
     // units there. (Waiting for a quota or a service is waiting for something else.)
     std::int32_t node = scope_node(classes[c]);
-    if (r != Try::kWaits) {
-      if (node == kNone) partition_contended[classes[c].partition] = pass_epoch;
-      else node_contended[node] = pass_epoch;
-    }
+    if (r != Try::kWaits) contend(classes[c].partition, node, classes[c].demand);
     if (r == Try::kParked) park(c, node);
     else active_deferred.push_back(e);
   }

@@ -36,7 +36,7 @@ enum class BinLayout : std::uint8_t {
 // run time, while that cut passes the GainRule.
 enum class SpareRule : std::uint8_t {
   kNone = 0,         // every action runs at its minimum (its slot, under kTrajectorySlots)
-  kUncontended = 1,  // only on bins nobody still waits for
+  kUncontended = 1,  // never into the room, of its kind, that an action waiting for the bin asks for
   kEveryBin = 2,     // on every bin, whether or not others wait
 };
 

@@ -341,6 +341,9 @@ struct Scheduler::Impl {
   std::uint64_t search_epoch = 0;  // moves on at each pass and whenever room grows in one
   const OrderKey* pass_cursor = nullptr;  // the head being looked at, while a pass runs
   std::vector<std::uint64_t> node_contended, partition_contended;  // == pass_epoch when set
+  // While contended: the most of each kind (K per node / partition) a class waiting there
+  // asks for; spare units leave that much free (bin_reserve).
+  std::vector<Quantity> node_need, partition_need;
   std::vector<std::uint64_t> node_masked, partition_masked;
   bool any_mask = false;
   std::vector<std::uint8_t> quota_blocked;
@@ -576,20 +579,26 @@ struct Scheduler::Impl {
   void grant_spare(std::vector<Decision>& out);
   void top_up_start(std::int32_t slot, std::int32_t bin, Quantity* f);  // a fractional minimum to a whole unit (kMalleable)
   // The spare rule's test on `bin` (whose free room is `f`): the step's cut, or 0 when the
-  // GainRule refuses it (`others`: the other actions running on the bin).
-  double step_cut(std::int32_t slot, std::int32_t bin, const Quantity* f, double work, std::int64_t others) const;
-  // Whether spare units may go to actions on `bin` in this pass: under kUncontended only
-  // when nobody still waits for room that could use it (no class short of resources
-  // confined to its node, and none free to use any node of its partition).
-  bool spare_allowed(std::int32_t bin) const {
-    if (row.rules.spare != SpareRule::kUncontended) return true;
-    const std::int32_t node = bin_node[bin];
-    const std::int32_t part = bin_partition[bin];
-    return partition_contended[part] != pass_epoch && node_contended[node] != pass_epoch &&
-           !parked_waits_for_room(part, kNone) && !parked_waits_for_room(part, node);
-  }
+  // step would leave less than `reserve` (per kind; nullptr: none) free or the GainRule
+  // refuses it (`others`: the other actions running on the bin).
+  double step_cut(std::int32_t slot, std::int32_t bin, const Quantity* f, double work, std::int64_t others,
+                  const Quantity* reserve = nullptr) const;
+  // A class waits for room in partition `part`, on `node` (kNone: anywhere in it); its
+  // `demand` (nullptr: all of every kind, a starving head that halts the pass) is held
+  // back from spare units there.
+  void contend(std::int32_t part, std::int32_t node, const Quantity* demand);
+  // SpareRule::kUncontended: what spare units must leave free on `bin` in this pass, per
+  // kind: the most any class waiting for room there asks for. A waiter short of memory
+  // keeps back its cores, not all of them, so idle cores still speed up the running
+  // actions it waits on. Computed once per bin and pass.
+  const Quantity* bin_reserve(std::int32_t bin);
+  std::vector<std::uint64_t> parked_need_pass;  // by partition: the pass of its parked_need_rows row
+  std::vector<Quantity> parked_need_rows;       // by partition, K each: parked_need(part, kNone)
+  std::vector<std::uint64_t> reserve_pass;  // by bin: the pass its reserve_rows row is of
+  std::vector<Quantity> reserve_rows;       // by bin, K each
+  std::vector<std::uint8_t> elastic_kind_seen;  // by kind: some action was elastic in it
   std::vector<SpareMember> spare_running;  // scratch of grant_spare
-  bool parked_waits_for_room(std::int32_t part, std::int32_t node) const;
+  void parked_need(std::int32_t part, std::int32_t node, Quantity* reserve) const;
   // A head that cannot fit, tried now in this pass: false when it would wait for its quota
   // (refused for an earlier head of this pass) rather than for room.
   bool waits_for_room(const Class& k) const {

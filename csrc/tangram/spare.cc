@@ -9,34 +9,87 @@
 // Guarantees: a grant only grows, a step (to the next whole unit) at a time, to the
 // largest marginal cut in run time (while the GainRule passes it), never past elastic_max or
 // the bin's free room;
-// under SpareRule::kUncontended never on a bin somebody waits for; a running action grows
-// at most once per pass, and not in a pass that shrank it.
+// under SpareRule::kUncontended never into the room of a kind that an action waiting for
+// the bin asks for (bin_reserve); a running action grows at most once per pass, and not
+// in a pass that shrank it.
 #include "tangram/scheduler_impl.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <vector>
 
 namespace tangram {
 
-// Whether a class parked on `node` (or across partition `part` when kNone) still waits for
-// room in this pass: what a try at its turn would have found. A parked class fails for room
-// at its turn, unless its quota refused an earlier head in this pass: then it waits for the
-// quota (try_head looks at that first), which holds no room back.
-bool Scheduler::Impl::parked_waits_for_room(std::int32_t part, std::int32_t node) const {
+// The most of each kind any class parked on `node` (or across partition `part` when
+// kNone) asks for while it still waits for room in this pass, maxed into `reserve`: what a
+// try at its turn would have found. A parked class fails for room at its turn, unless its
+// quota refused an earlier head in this pass: then it waits for the quota (try_head looks
+// at that first), which holds no room back.
+void Scheduler::Impl::parked_need(std::int32_t part, std::int32_t node, Quantity* reserve) const {
   const std::int64_t count = node == kNone ? partitions[part].parked_count : node_parked_count[node];
-  if (count == 0) return false;
-  if (!quota_refused) return true;
-  auto waits = [&](std::int32_t c) {
+  if (count == 0) return;
+  auto take = [&](std::int32_t c) {
     const Class& k = classes[c];
-    if (!k.parked || k.park_node != node || (node == kNone && k.partition != part)) return false;  // stale entry
-    return waits_for_room(k);
+    if (!k.parked || k.park_node != node || (node == kNone && k.partition != part)) return;  // stale entry
+    if (quota_refused && !waits_for_room(k)) return;
+    for (std::int32_t x = 0; x < K; ++x) reserve[x] = std::max(reserve[x], k.demand[x]);
   };
-  if (node != kNone) return std::any_of(node_parked[node].begin(), node_parked[node].end(), waits);
+  if (node != kNone) {
+    for (std::int32_t c : node_parked[node]) take(c);
+    return;
+  }
   for (const std::vector<ClassHead>* list : {&partitions[part].parked, &partitions[part].parked_new})
-    for (const ClassHead& entry : *list)
-      if (waits(entry.cls)) return true;
-  return false;
+    for (const ClassHead& entry : *list) take(entry.cls);
+}
+
+void Scheduler::Impl::contend(std::int32_t part, std::int32_t node, const Quantity* demand) {
+  std::uint64_t& mark = node == kNone ? partition_contended[part] : node_contended[node];
+  Quantity* need = node == kNone ? &partition_need[static_cast<std::size_t>(part) * K]
+                                 : &node_need[static_cast<std::size_t>(node) * K];
+  if (mark != pass_epoch) {
+    mark = pass_epoch;
+    std::fill(need, need + K, 0);
+  }
+  for (std::int32_t k = 0; k < K; ++k)
+    need[k] = std::max(need[k], demand != nullptr ? demand[k] : std::numeric_limits<Quantity>::max());
+}
+
+// What spare units leave free on a bin (kUncontended), once per bin and pass. The parked classes are looked at only when
+// the classes that failed in this pass leave room to spare in an elastic kind (a full bin,
+// the usual case under load, costs no scan), those across the partition once per pass.
+const Quantity* Scheduler::Impl::bin_reserve(std::int32_t bin) {
+  const std::size_t at = static_cast<std::size_t>(bin) * K;
+  if (reserve_pass.size() <= static_cast<std::size_t>(bin)) {  // bins added since
+    reserve_pass.resize(bin_node.size(), 0);
+    reserve_rows.resize(bin_node.size() * K, 0);
+  }
+  if (reserve_pass[bin] == pass_epoch) return &reserve_rows[at];
+  reserve_pass[bin] = pass_epoch;
+  Quantity* reserve = &reserve_rows[at];
+  std::fill(reserve, reserve + K, 0);
+  if (row.rules.spare != SpareRule::kUncontended) return reserve;
+  const std::int32_t node = bin_node[bin];
+  const std::int32_t part = bin_partition[bin];
+  for (std::int32_t k = 0; k < K; ++k) {
+    if (partition_contended[part] == pass_epoch)
+      reserve[k] = std::max(reserve[k], partition_need[static_cast<std::size_t>(part) * K + k]);
+    if (node_contended[node] == pass_epoch) reserve[k] = std::max(reserve[k], node_need[static_cast<std::size_t>(node) * K + k]);
+  }
+  const Quantity* free = free_of(bin);
+  bool room = false;
+  for (std::int32_t k = 0; k < K && !room; ++k) room = elastic_kind_seen[k] && free[k] > reserve[k];
+  if (!room) return reserve;
+  if (parked_need_pass[part] != pass_epoch) {
+    parked_need_pass[part] = pass_epoch;
+    Quantity* across = &parked_need_rows[static_cast<std::size_t>(part) * K];
+    std::fill(across, across + K, 0);
+    parked_need(part, kNone, across);
+  }
+  for (std::int32_t k = 0; k < K; ++k)
+    reserve[k] = std::max(reserve[k], parked_need_rows[static_cast<std::size_t>(part) * K + k]);
+  parked_need(part, node, reserve);
+  return reserve;
 }
 
 // A start topped up to a whole unit (ResizeRule::kMalleable, a SpareRule other than
@@ -65,11 +118,11 @@ void Scheduler::Impl::top_up_start(std::int32_t slot, std::int32_t bin, Quantity
 // only a step that saves more than it costs the others; no constant trades one against the
 // other.
 double Scheduler::Impl::step_cut(std::int32_t slot, std::int32_t bin, const Quantity* f, double work,
-                                 std::int64_t others) const {
+                                 std::int64_t others, const Quantity* reserve) const {
   const ActionRec& a = slots[slot];
   const Quantity step = grow_step(a, a.grant);
   const std::int32_t k = a.elastic_kind;
-  if (step <= 0 || f[k] < step) return 0.0;
+  if (step <= 0 || f[k] < step || (reserve != nullptr && f[k] - step < reserve[k])) return 0.0;
   const double now_s = seconds(slot, a.grant);
   const double next_s = seconds(slot, a.grant + step);
   const double remaining = work * now_s;
@@ -96,11 +149,18 @@ void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
   std::map<std::int32_t, std::vector<SpareMember>> by_bin;
   for (std::size_t i = 0; i < started.size(); ++i) {
     const ActionRec& a = slots[started[i]];
-    if (a.elastic_kind == kNone || a.grant >= a.elastic_max || !spare_allowed(a.bin)) continue;
+    if (a.elastic_kind == kNone || a.grant >= a.elastic_max) continue;
+    if (free_of(a.bin)[a.elastic_kind] <= bin_reserve(a.bin)[a.elastic_kind]) continue;  // no unit to spare
     by_bin[a.bin].push_back(SpareMember{started[i], started_decision[i], 1.0, a.grant});
   }
   for (std::int32_t bin : freed_bins) {
-    if (!node_online[bin_node[bin]] || !spare_allowed(bin)) continue;
+    if (!node_online[bin_node[bin]]) continue;
+    // Room to spare, beyond what waiters ask for, in a kind some action is elastic in.
+    const Quantity* free = free_of(bin);
+    const Quantity* reserve = bin_reserve(bin);
+    bool room = false;
+    for (std::int32_t k = 0; k < K && !room; ++k) room = elastic_kind_seen[k] && free[k] > reserve[k];
+    if (!room) continue;
     std::vector<SpareMember>& running = spare_running;
     running.clear();
     for (std::int32_t s : bin_run[bin].running) {
@@ -118,6 +178,7 @@ void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
   }
   for (auto& [bin, members] : by_bin) {
     Quantity* f = free_of(bin);
+    const Quantity* reserve = bin_reserve(bin);
     // Every member is among the bin's running actions (kWait counts the others; the rows
     // with kRelative keep no such list).
     const std::int64_t others = malleable ? static_cast<std::int64_t>(bin_run[bin].running.size()) - 1 : 0;
@@ -125,7 +186,7 @@ void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
       std::size_t best = SIZE_MAX;
       double best_cut = 0;
       for (std::size_t i = 0; i < members.size(); ++i) {
-        const double cut = step_cut(members[i].slot, bin, f, members[i].work, others);
+        const double cut = step_cut(members[i].slot, bin, f, members[i].work, others, reserve);
         if (!(cut > 0)) continue;
         if (best == SIZE_MAX || cut > best_cut) {
           best = i;

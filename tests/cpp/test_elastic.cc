@@ -1,5 +1,5 @@
-// Elastic actions: spare units by largest marginal gain, only where nobody waits (tangram)
-// or always (optimus), bounded by elastic_max and the gain rule (the wait a step causes
+// Elastic actions: spare units by largest marginal gain, never into the room a waiting
+// action asks for (tangram) or always (optimus), bounded by elastic_max and the gain rule (the wait a step causes
 // others, or min_relative_gain); exact releases.
 #include <string>
 
@@ -79,6 +79,19 @@ TEST(Elastic, NoSpareUnitsWhileSomeoneWaits) {
   el.affinity_node = 1;
   // t(u) = 10 (0.1 + 0.9 / u): cuts 4.5, 1.5, 0.75 s, each over 5%: up to its bound, 4.
   EXPECT_EQ(h2.submit({waiter, el}, 1), (Decisions{start(12).on(1).grant(0, U(4)).at(1)}));
+}
+
+// A waiter short of memory keeps back the cores it asks for, not all of them: the idle
+// cores speed up the running elastic action whose memory it waits for.
+TEST(Elastic, MemoryWaitersKeepBackOnlyTheirCores) {
+  Harness h(cpu_mem_inventory(1, 8, 4096), policy_of(PolicyKind::kTangram));
+  // The elastic one is shorter, so it starts first and takes 3 GiB; the other needs 2 GiB
+  // and 2 cores and waits for memory. t(u) = 10 (0.1 + 0.9 / u): alone every step pays, so
+  // it grows to 8 - 2 = 6 cores, leaving the waiter's 2.
+  EXPECT_EQ(h.submit({amdahl(1, {U(1), U(3072)}, 0, U(8), 10, 0.9), action(2, {U(2), U(2048)}, 100)}, 0),
+            (Decisions{start(1).on(0).grant(0, U(6)).at(0)}));
+  EXPECT_EQ(h.s.free(0, 0), U(2));
+  EXPECT_EQ(h.complete({1}, 3), (Decisions{start(2).on(0).at(3)}));
 }
 
 // An action waiting for its quota (or its GPU service) waits for something other than cores:
