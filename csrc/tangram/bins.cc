@@ -299,6 +299,8 @@ void Scheduler::Impl::append_bin(std::int32_t node, std::int32_t part, const std
   bin_room.insert(bin_room.end(), cap.begin(), cap.end());  // free: all of it
   bin_room.insert(bin_room.end(), cap.begin(), cap.end());
   bin_bound.push_back(0);
+  reserve_pass.push_back(0);
+  reserve_rows.resize(reserve_rows.size() + K, 0);
   if (malleable) append_bin_resize_state();
 }
 

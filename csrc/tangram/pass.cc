@@ -200,7 +200,6 @@ inline Scheduler::Impl::Room Scheduler::Impl::find_room(Class& cl, std::int32_t 
 // free slots those rewards would wait for ever. A reward is its service's work, which no
 // sandbox owns. True when it found one.
 bool Scheduler::Impl::held_slot_room(const Class& cl, const Room& room, bool own) {
-  if (room.fixed_leaf != kNone) return false;
   const Partition& part = partitions[cl.partition];
   auto fits = [&](std::int32_t leaf) {
     const std::int32_t b = part.bins[leaf];

@@ -55,15 +55,12 @@ void Scheduler::Impl::contend(std::int32_t part, std::int32_t node, const Quanti
     need[k] = std::max(need[k], demand != nullptr ? demand[k] : std::numeric_limits<Quantity>::max());
 }
 
-// What spare units leave free on a bin (kUncontended), once per bin and pass. The parked classes are looked at only when
-// the classes that failed in this pass leave room to spare in an elastic kind (a full bin,
-// the usual case under load, costs no scan), those across the partition once per pass.
+// What spare units leave free on a bin (kUncontended), once per bin and pass. The parked
+// classes are looked at only when the classes that failed in this pass leave room to spare
+// in an elastic kind (a full bin, the usual case under load, costs no scan), those across
+// the partition once per pass.
 const Quantity* Scheduler::Impl::bin_reserve(std::int32_t bin) {
   const std::size_t at = static_cast<std::size_t>(bin) * K;
-  if (reserve_pass.size() <= static_cast<std::size_t>(bin)) {  // bins added since
-    reserve_pass.resize(bin_node.size(), 0);
-    reserve_rows.resize(bin_node.size() * K, 0);
-  }
   if (reserve_pass[bin] == pass_epoch) return &reserve_rows[at];
   reserve_pass[bin] = pass_epoch;
   Quantity* reserve = &reserve_rows[at];

@@ -132,16 +132,26 @@ TEST(Regressions, TrajectoryServiceActionRunsOnItsServicesNode) {
   EXPECT_EQ(h.s.service_location(1), std::make_pair(1, 0));
 }
 
+// One node of 4 cores and a GPU holding service s0 (restored at once, batches of 4).
+Inventory one_gpu_node_inventory() {
+  Inventory inv = cpu_inventory(1, 4);
+  inv.nodes[0].gpus = {{U(1000)}};
+  inv.services = {{"s0", U(500), 0, 4}};
+  return inv;
+}
+
+// The trajectory policy with two slots of 2 cores on such a node.
+PolicyConfig two_core_slots() {
+  PolicyConfig p = policy_of(PolicyKind::kTrajectory);
+  p.trajectory_slot_cpu = U(2);
+  return p;
+}
+
 // Under the trajectory policy every slot of the service's node may be held by trajectories
 // that each wait for a reward there (one machine with a GPU): the rewards run in held slots
 // with room, their own trajectory's first, instead of waiting for a free slot for ever.
 TEST(Regressions, TrajectoryServiceActionsRunInHeldSlots) {
-  Inventory inv = cpu_inventory(1, 4);
-  inv.nodes[0].gpus = {{U(1000)}};
-  inv.services = {{"s0", U(500), 0, 4}};
-  PolicyConfig p = policy_of(PolicyKind::kTrajectory);
-  p.trajectory_slot_cpu = U(2);
-  Harness h(inv, p);  // two slots of 2 cores, both held below
+  Harness h(one_gpu_node_inventory(), two_core_slots());  // both slots held below
   ActionSpec a = action(1, {U(2)}, 10), b = action(2, {U(1)}, 10), c = action(3, {U(1)}, 10);
   a.trajectory = 1, b.trajectory = 2, c.trajectory = 3;
   EXPECT_EQ(h.submit({a, b, c}, 0), (Decisions{start(1).on(0).at(0), start(2).on(0).at(0)}));
@@ -166,12 +176,7 @@ TEST(Regressions, TrajectoryServiceActionsRunInHeldSlots) {
 // A trajectory starving for a free slot holds back free slots only: the rewards of the
 // trajectories that hold every slot still run in their own, so those end and free one.
 TEST(Regressions, TrajectoryStarvingForASlotHoldsBackNoReward) {
-  Inventory inv = cpu_inventory(1, 4);
-  inv.nodes[0].gpus = {{U(1000)}};
-  inv.services = {{"s0", U(500), 0, 4}};
-  PolicyConfig p = policy_of(PolicyKind::kTrajectory);
-  p.trajectory_slot_cpu = U(2);
-  Harness h(inv, p);
+  Harness h(one_gpu_node_inventory(), two_core_slots());
   ActionSpec a = action(1, {U(1)}, 10), b = action(2, {U(1)}, 10), c = action(3, {U(1)}, 10);
   a.trajectory = 1, b.trajectory = 2, c.trajectory = 3;
   EXPECT_EQ(h.submit({a, b, c}, 0), (Decisions{start(1).on(0).at(0), start(2).on(0).at(0)}));
