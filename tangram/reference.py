@@ -1486,11 +1486,11 @@ class ReferenceScheduler:
         devices = [svc.pinned] if svc.pinned >= 0 and usable(svc.pinned) else [
             d for d in self._service_devices(s) if usable(d)]
 
-        def active_on(d: int) -> int:  # resident services with running or waiting actions
-            return sum(1 for o, other in enumerate(self.services) if other.device == d and (
-                self._running(service=o) > 0 or any(not b.running and b.service == o for b in self.actions.values())))
+        def actions_on(d: int) -> int:  # actions running or waiting at the services resident on d
+            here = {o for o, other in enumerate(self.services) if other.device == d}
+            return sum(1 for b in self.actions.values() if b.service in here)
 
-        room_now = [(busy_node(d), active_on(d), begins(d), self.dev_free[d] - need_on(d), d) for d in devices
+        room_now = [(busy_node(d), actions_on(d), begins(d), self.dev_free[d] - need_on(d), d) for d in devices
                     if self.dev_free[d] >= need_on(d)]
         if room_now:
             target = min(room_now)[-1]

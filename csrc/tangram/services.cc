@@ -216,21 +216,22 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
   // else (an offline node, a head whose demand that node or device can never hold) its
   // process there is given up, and it loads afresh on a device of its own range.
   if (svc.pinned_device != kNone && usable(svc.pinned_device)) dlo = svc.pinned_device, dhi = dlo + 1;
-  // Services resident on d with work (running or waiting actions): a restore beside them
-  // shares their compute (reward models' batches are compute-bound), so it goes elsewhere
-  // when another device has room.
-  auto active_on = [&](std::int32_t d) {
+  // Actions running or waiting at the services resident on d: they share d's compute with
+  // whatever is restored beside them (reward models' batches are compute-bound), so a
+  // restore goes where the fewest would share it. Counting actions, not busy services,
+  // keeps a restore off the device of one heavily used service.
+  auto actions_on = [&](std::int32_t d) {
     std::int64_t n = 0;
-    for (const ServiceRec& o : services) n += o.device == d && (o.running > 0 || o.waiting > 0) ? 1 : 0;
+    for (const ServiceRec& o : services) n += o.device == d ? o.running + o.waiting : 0;
     return n;
   };
-  // 1. A device with room already: the fewest active services, the soonest free, then best
+  // 1. A device with room already: the fewest actions there, the soonest free, then best
   // fit. 2. Else the cheapest eviction plan.
   std::int32_t target = kNone;
   std::tuple<std::int64_t, std::int64_t, TimeNs, Quantity> best_fit{2, 0, 0, 0};
   for (std::int32_t d = dlo; d < dhi; ++d)
     if (dev_free[d] >= need_on(d) && usable(d)) {
-      std::tuple<std::int64_t, std::int64_t, TimeNs, Quantity> fit{busy_node(d), active_on(d), begins(d),
+      std::tuple<std::int64_t, std::int64_t, TimeNs, Quantity> fit{busy_node(d), actions_on(d), begins(d),
                                                                     dev_free[d] - need_on(d)};
       if (fit < best_fit) {
         best_fit = fit;

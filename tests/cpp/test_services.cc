@@ -655,6 +655,35 @@ TEST(Services, RestoreAvoidsDevicesWhoseServicesAreBusy) {
   EXPECT_EQ(h.submit({second}, 2), (Decisions{restore(1).on(0, 1).at(3)}));
 }
 
+// Devices with room are ranked by the actions running or waiting at their services, not by
+// how many services have work: a restore avoids the device of one service busy with three
+// actions for one whose two services run one each (the busy-service count or best fit
+// alone would pick the first).
+TEST(Services, RestoreGoesWhereTheFewestActionsShareTheDevice) {
+  Inventory inv = cpu_inventory(1, 16);
+  inv.nodes[0].gpus = {{U(7000)}, {U(12000)}};
+  inv.services = {{"a", U(3000), 1.0, 4, 1.0}, {"b", U(3000), 1.0, 4, 1.0}, {"c", U(3000), 1.0, 4, 1.0},
+                  {"d", U(3000), 1.0, 4, 1.0}};
+  Harness h(inv, policy_of(PolicyKind::kFifo));
+  auto call = [](ActionId id, std::int32_t service) {
+    ActionSpec x = action(id, {U(1)}, 100);
+    x.service = service;
+    return x;
+  };
+  // a on the better fit; three of its actions run there.
+  EXPECT_EQ(h.submit({call(1, 0), call(2, 0), call(3, 0)}, 0), (Decisions{restore(0).on(0, 0).at(1)}));
+  h.tick(1);
+  // b beside no work; one action.
+  EXPECT_EQ(h.submit({call(4, 1)}, 2), (Decisions{restore(1).on(0, 1).at(3)}));
+  h.tick(3);
+  // c: device 0 shares with three actions, device 1 with one (best fit is device 0).
+  EXPECT_EQ(h.submit({call(5, 2)}, 4), (Decisions{restore(2).on(0, 1).at(5)}));
+  h.tick(5);
+  // d: device 0 has one busy service and three actions, device 1 two busy services and two.
+  EXPECT_EQ(h.submit({call(6, 3)}, 6), (Decisions{restore(3).on(0, 1).at(7)}));
+  h.s.check_invariants();
+}
+
 // Memory kept asleep must fit the service and belongs to an unmovable one.
 TEST(Services, AsleepMemoryValidated) {
   Inventory inv = cpu_inventory(1, 4);
