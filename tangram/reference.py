@@ -96,6 +96,13 @@ Rules, in words:
   in order): starving first (that action has waited >= starvation_ns), then most waiting
   actions per (restore_ns + queued est_ns // max_batch), cross-multiplied, then index.
   Restore "on_demand": only the walk restores.
+* Drains. A restore (for action a) that finds no device (Restore, below) when a has
+  waited >= starvation_ns drains one of the devices it considered: on each, the services
+  resident there other than a's, ready by the previous pass, sorted by running actions
+  then index, are taken until the device's free memory plus what their evictions free
+  covers what the restore takes there; of the devices where that suffices, the one whose
+  taken services run the fewest actions (then the lowest index). Those services start
+  nothing for the rest of the pass (their actions wait); the drains of a pass add up.
 * A pass walks the waiting actions once in order. For each (skipping blocked classes):
   1. its quota already blocked in this pass: waits.
   2. a service action: a service resident on an offline node: waits. A ready service
@@ -238,7 +245,7 @@ import bisect
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import ClassVar, Iterable, Sequence
+from typing import Callable, ClassVar, Iterable, Sequence
 
 import numpy as np
 
@@ -611,6 +618,7 @@ class ReferenceScheduler:
         self.seq = 0
         self.now_ns = 0
         self.prev_pass_ns = -1  # when the last pass ran: a service ready since then is not evictable yet
+        self.draining: set[int] = set()  # services drained for a starving one (_drain), this pass
         self.wakeup_ns: int | None = None
         self.messages: list[str] = []
         self.freed_bins: set[int] = set()  # resize "malleable": bins a complete or cancel freed room on
@@ -1098,6 +1106,7 @@ class ReferenceScheduler:
     # ------------------------------------------------------------ the pass
     def _pass(self, out: list, resized: Iterable[int] = ()) -> np.ndarray:
         p = _Pass()
+        self.draining = set()  # services drained for a starving one (_drain): none yet this pass
         p.resized.update(resized)  # limited by this event: not resized again in its pass
         for s, svc in enumerate(self.services):  # resident on an offline node, idle: offloaded
             if svc.device >= 0 and not self._device_online(svc.device) and self._running(service=s) == 0:
@@ -1176,7 +1185,7 @@ class ReferenceScheduler:
                 self._evict(a.service, out, discard=not self._offload_fits(self.dev_node[svc.device], svc.host))
             if svc.device < 0 and not self._restore(a, out):
                 return WAITS
-            if svc.ready_ns > now or self._running(service=a.service) >= svc.max_batch:
+            if svc.ready_ns > now or a.service in self.draining or self._running(service=a.service) >= svc.max_batch:
                 return WAITS
             device = svc.device
         own_slot = a.in_slot and a.trajectory in self.slot_of
@@ -1502,6 +1511,8 @@ class ReferenceScheduler:
                     ready = begins(d) + sum(self.services[v].offload_ns for v in victims)
                     plans.append(((busy_node(d), busy, queued, ready, likely, len(victims), d), victims, discard))
             if not plans:
+                if self.now_ns - a.submit_ns >= self.starvation_ns:
+                    self._drain(s, devices, need_on)
                 return False
             (*_, target), victims, discard = min(plans)
             self._evict_plan(victims, discard, out)
@@ -1518,6 +1529,24 @@ class ReferenceScheduler:
         out.append(self._decision(RESTORE, node=self.dev_node[target], device=self.dev_local[target], service=s,
                                   time=svc.ready_ns))
         return True
+
+    def _drain(self, s: int, devices: list[int], need_on: Callable[[int], int]) -> None:
+        """Service s starves for a device: the services in its way on the device where they
+        run the fewest actions start nothing for the rest of this pass."""
+        least, victims = -1, []
+        for d in devices:
+            in_way = sorted((o for o, other in enumerate(self.services) if o != s and other.device == d
+                             and other.ready_ns <= self.prev_pass_ns), key=lambda o: (self._running(service=o), o))
+            room, running, k = self.dev_free[d], 0, 0
+            while k < len(in_way) and room < need_on(d):
+                o = in_way[k]
+                room += self.services[o].memory - self.services[o].asleep
+                running += self._running(service=o)
+                k += 1
+            if room < need_on(d) or (least >= 0 and running >= least):
+                continue
+            least, victims = running, in_way[:k]
+        self.draining.update(victims)
 
     def _make_gpu_room(self, a: _Action, bins: list[int], own_slot: bool, device: int, p: _Pass, out: list) -> bool:
         """Evict services (greedy plan) for the GPU memory `a` needs: on its service's device, or

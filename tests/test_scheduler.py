@@ -587,6 +587,43 @@ def test_trajectory_policy_default_slot_is_one_core() -> None:
     assert reject.kind == "reject" and "cpu needs 2, largest is 1" in reject.reason
 
 
+# Regression: a service asked for once a second (each request runs 2 s, so it always has
+# one running) keeps the only GPU; another service that does not fit beside it used to wait
+# for as long as the stream lasted (600 s here), since no eviction takes a service with
+# running actions. Once it has waited starvation_seconds the busy one is drained: it starts
+# nothing new, its running actions end, it is evicted, and the starving one runs.
+@pytest.mark.parametrize("policy", tangram.POLICIES)
+def test_a_steady_stream_does_not_starve_another_service(policy: str) -> None:
+    inv = Inventory(nodes=[Node("n", {"cpu": 16}, gpus=[Gpu(10000)])],
+                    services=[Service("a", 6000, restore_seconds=1, max_batch=2),
+                              Service("b", 6000, restore_seconds=1, max_batch=2)])
+    s = Scheduler(inv, policy, starvation_seconds=10)
+    ends: dict[int, float] = {}
+
+    def note(decisions, now: float) -> None:
+        ends.update((d.action, now + 2.0) for d in decisions if d.kind == "start")
+
+    note(s.submit(Action(1, {"cpu": 1}, 2.0, service="a"), 0.0), 0.0)
+    note(s.tick(1.0), 1.0)
+    note(s.submit(Action(2, {"cpu": 1}, 1.0, service="b"), 1.5), 1.5)
+    now, explained = 1.5, set()
+    for i in range(3, 200):
+        now += 0.5
+        done = [a for a, end in ends.items() if end <= now]
+        for a in done:
+            ends.pop(a)
+        if done:
+            note(s.complete(done, now), now)
+        if i % 2:
+            note(s.submit(Action(i, {"cpu": 1}, 2.0, service="a"), now), now)
+        note(s.tick(now), now)
+        explained.update(s.explain(a) for a in range(3, i + 1) if a not in ends and s.explain(a).startswith("waiting"))
+        if 2 in ends:
+            break
+    assert 2 in ends and now <= 1.5 + 10 + 5, f"b still waits at {now} s: {s.explain(2)}"
+    assert any("starts nothing until it is evicted for service 'b'" in e for e in explained)
+
+
 # Regression: one machine with a GPU under the trajectory policy (the embedded layout).
 # Every slot is held by a trajectory waiting for its reward; the rewards run in those held
 # slots (each in its own trajectory's), so the trajectories end and the fifth gets a slot.

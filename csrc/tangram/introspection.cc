@@ -87,6 +87,12 @@ std::string Scheduler::Impl::explain(ActionId id) const {
     case Block::kServiceNoRoom:
       os << " for service '" << inv.services[cl.service].name << "': no GPU can make room for it now (resident services are busy)";
       break;
+    case Block::kServiceDraining: {
+      const ServiceRec& svc = services[cl.service];
+      os << " for service '" << inv.services[cl.service].name << "': it starts nothing until it is evicted for service '"
+         << inv.services[svc.draining_for].name << "', which has waited longer than starvation_seconds for GPU memory";
+      break;
+    }
     case Block::kServiceBatchFull:
       os << " for service '" << inv.services[cl.service].name << "': its batch is full (" << inv.services[cl.service].max_batch << " running)";
       break;

@@ -67,6 +67,7 @@ enum class Block : std::uint8_t {
   kServiceNoRoom,
   kServiceOffline,  // resident on a node taken offline: moves once its actions there end
   kServiceBatchFull,
+  kServiceDraining,  // resident, but drained for a starving service (restore())
 };
 
 // Policy order: (neg_priority, key, seq). Fields laid out so the struct packs into 32 bytes
@@ -229,6 +230,9 @@ struct ServiceRec {
   TimeNs offload_ns = 0;
   TimeNs last_request_ns = -1;  // its latest action's submit (-1: never asked for)
   TimeNs mean_gap_ns = -1;      // between its actions' submits, a moving average (-1: fewer than two)
+  // Drained for a starving service (restore()): it starts nothing while == pass_epoch.
+  std::uint64_t draining_pass = 0;
+  std::int32_t draining_for = kNone;  // the starving service it was last drained for
 };
 
 struct Scheduler::Impl {
@@ -532,6 +536,8 @@ struct Scheduler::Impl {
   bool uses_service_home() const { return row.rules.service_devices == ServiceDevices::kHome; }
   bool service_admits(Class& cl, std::int32_t& device, std::vector<Decision>& out);
   bool restore(std::int32_t svc_id, const Class& head_class, std::vector<Decision>& out);
+  template <class NeedOn, class Usable>
+  void drain(std::int32_t svc_id, std::int32_t dlo, std::int32_t dhi, NeedOn&& need_on, Usable&& usable);
   void restore_queues(std::vector<Decision>& out);
   struct RoomPlan {
     bool ok = false;

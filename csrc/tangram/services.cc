@@ -6,7 +6,9 @@
 // and kEvict decisions.
 // Guarantees: a service with running actions, still restoring, or ready only since the
 // last pass is never evicted; device memory is never over-committed; under
-// ServiceDevices::kHome a service lives only on its home device.
+// ServiceDevices::kHome a service lives only on its home device; a service that has waited
+// starvation_seconds for a device drains one (drain()), so no stream of requests to the
+// services in its way keeps it offloaded for good.
 #include "tangram/scheduler_impl.h"
 
 #include <algorithm>
@@ -255,7 +257,10 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
         chosen = std::move(plan);
       }
     }
-    if (target == kNone) return false;
+    if (target == kNone) {
+      if (now - head.waiting.head().submit_ns >= starvation_ns) drain(svc_id, dlo, dhi, need_on, usable);
+      return false;
+    }
     evict_plan(chosen, out);
   }
   dev_free[target] -= need_on(target);
@@ -276,6 +281,44 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
   out.push_back(d);
   if (svc.ready_ns > now) wakeup = std::min(wakeup, svc.ready_ns);
   return true;
+}
+
+// A service that has waited starvation_seconds finds no device that can make room: the
+// services in its way all have running actions, which plan_room never evicts, and a steady
+// stream of requests would keep them busy for as long as it lasts. So it drains the device
+// (in [dlo, dhi), usable) where the fewest running actions are in its way: the services
+// there that would have to go (fewest running actions first) start nothing new in this
+// pass, and the pass after, while it still waits, and so on. Once their running actions
+// have ended, plan_room evicts them for it. Services still restoring, or ready only since
+// the last pass, are not in the way (plan_room spares them too).
+template <class NeedOn, class Usable>
+void Scheduler::Impl::drain(std::int32_t svc_id, std::int32_t dlo, std::int32_t dhi, NeedOn&& need_on,
+                            Usable&& usable) {
+  std::int64_t least = INT64_MAX;
+  std::vector<std::int32_t> in_way, victims;
+  for (std::int32_t d = dlo; d < dhi; ++d) {
+    if (!usable(d)) continue;
+    in_way.clear();
+    for (std::int32_t o = 0; o < static_cast<std::int32_t>(services.size()); ++o)
+      if (o != svc_id && services[o].device == d && services[o].ready_ns <= prev_pass_now) in_way.push_back(o);
+    std::sort(in_way.begin(), in_way.end(), [&](std::int32_t x, std::int32_t y) {
+      return std::make_pair(services[x].running, x) < std::make_pair(services[y].running, y);
+    });
+    Quantity room = dev_free[d];
+    std::int64_t running = 0;
+    std::size_t k = 0;
+    for (; k < in_way.size() && room < need_on(d); ++k) {
+      room += evict_frees(in_way[k]);
+      running += services[in_way[k]].running;
+    }
+    if (room < need_on(d) || running >= least) continue;
+    least = running;
+    victims.assign(in_way.begin(), in_way.begin() + static_cast<std::ptrdiff_t>(k));
+  }
+  for (std::int32_t v : victims) {
+    services[v].draining_pass = pass_epoch;
+    services[v].draining_for = svc_id;
+  }
 }
 
 // RestoreRule::kQueuesFirst: a restore serves a service's whole queue, so offloaded services with waiting
@@ -392,6 +435,10 @@ bool Scheduler::Impl::service_admits(Class& cl, std::int32_t& device, std::vecto
     cl.block = Block::kServiceRestoring;
     cl.block_until = svc.ready_ns;
     wakeup = std::min(wakeup, svc.ready_ns);
+    return false;
+  }
+  if (svc.draining_pass == pass_epoch) {
+    cl.block = Block::kServiceDraining;
     return false;
   }
   if (svc.running >= inv.services[cl.service].max_batch) {

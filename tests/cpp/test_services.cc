@@ -684,6 +684,63 @@ TEST(Services, RestoreGoesWhereTheFewestActionsShareTheDevice) {
   h.s.check_invariants();
 }
 
+// A service asked for every second, each action running 2 s (so one always runs), holds the
+// only GPU; a service that does not fit beside it starves. Once its action has waited
+// starvation_seconds, the busy service starts nothing new (explain says for whom), is
+// evicted when its running actions end, and the starving one is restored. Without the drain
+// it waited for as long as the stream lasted.
+TEST(Services, SteadyStreamIsDrainedForAStarvingService) {
+  for (PolicyKind kind : {PolicyKind::kTangram, PolicyKind::kFifo}) {
+    Inventory inv = cpu_inventory(1, 16);
+    inv.nodes[0].gpus = {{U(10000)}};
+    inv.services = {{"a", U(6000), 1.0, 2, 1.0}, {"b", U(6000), 1.0, 2, 1.0}};
+    PolicyConfig p = policy_of(kind);
+    p.starvation_seconds = 10;
+    Harness h(inv, p);
+    auto call = [](ActionId id, std::int32_t service) {
+      ActionSpec x = action(id, {U(1)}, 2);
+      x.service = service;
+      return x;
+    };
+    std::map<ActionId, double> ends;  // running -> its end
+    auto note = [&](const Decisions& out, double now) {
+      for (const Decision& d : out)
+        if (d.kind == DecisionKind::kStart) ends[d.action] = now + 2;
+    };
+    note(h.submit({call(1, 0)}, 0), 0);
+    note(h.tick(1), 1);
+    note(h.submit({call(2, 1)}, 1.5), 1.5);
+    double b_restored = -1;
+    bool told = false;
+    for (int i = 3; i < 100 && b_restored < 0; ++i) {
+      const double now = 1.5 + 0.5 * (i - 2);
+      std::vector<ActionId> done;
+      for (auto it = ends.begin(); it != ends.end();)
+        if (it->second <= now) {
+          done.push_back(it->first);
+          it = ends.erase(it);
+        } else {
+          ++it;
+        }
+      std::vector<Decision> seen;
+      if (!done.empty()) seen = h.complete(done, now);
+      if (i % 2) {
+        const Decisions& out = h.submit({call(i, 0)}, now);
+        seen.insert(seen.end(), out.begin(), out.end());
+      }
+      note(seen, now);
+      for (const Decision& d : seen)
+        if (d.kind == DecisionKind::kRestore && d.service == 1) b_restored = now;
+      if (!ends.count(i) && i % 2 && h.s.explain(i).find("until it is evicted for service 'b'") != std::string::npos)
+        told = true;
+      h.s.check_invariants();
+    }
+    EXPECT_GT(b_restored, 11.5);  // not before it starved
+    EXPECT_LE(b_restored, 15.0);  // a's running actions end within 2 s of the drain
+    EXPECT_TRUE(told);
+  }
+}
+
 // Memory kept asleep must fit the service and belongs to an unmovable one.
 TEST(Services, AsleepMemoryValidated) {
   Inventory inv = cpu_inventory(1, 4);
