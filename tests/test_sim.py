@@ -280,8 +280,8 @@ def test_rewards_on_different_gpus_do_not_share() -> None:
 # Fingerprints of the simulator before GPU compute was modelled (tangram/sim at commit
 # 14474e4, with the core of commit 6aac0a3, whose restores spread over devices; multireward's
 # since the core ranks devices by the actions at their services), seed 1: arrays submit,
-# start, finish, grant, run and best, and the row's ACTs, step, bounds, held cores, restores and evictions, hashed
-# bit for bit. deepsearch had 2 judge replicas then. A change to the core's decisions
+# start, finish, grant, run and best, and the row's ACTs, step, bounds, held cores,
+# restores and evictions, hashed bit for bit. deepsearch had 2 judge replicas then. A change to the core's decisions
 # changes these too: check such a change against that commit's tangram/sim, then update.
 _OLD_MODEL = {
     ("coding", 64): {"tangram": "c09ab9ffbf1abce7", "fifo": "403c2195c02961e6", "trajectory": "2b139aecf8ac03c2",
