@@ -31,7 +31,12 @@ q_j, no sooner than r_j and at most q_j / b_j per second:
 - an API quota: in flight at most max_concurrency (rate, work the request's run time); and
   its token bucket, which lets the k-th start (in time order) happen no sooner than
   (k - burst) / rate, nor than (k - j + 1 - burst) / rate after the j-th release for any
-  j <= k (tokens unused before the requests come are not kept beyond the burst).
+  j <= k (tokens unused before the requests come are not kept beyond the burst). The
+  releases stay at zero wait there, so a third bound (`chain_token_bound`) counts how a
+  backlog carries along the trajectories: a request's lateness (start minus zero-wait
+  release) never decreases along its trajectory, and no more than burst + rate x tau
+  requests start by tau, so whichever requests have not started by tau make theirs and
+  every later one late, priced by a Lagrange multiplier on that count.
 
 For weighted completion times on such a machine with release dates the bound is Goemans's
 mean busy time relaxation (M. X. Goemans, "Improved approximation algorithms for
@@ -43,9 +48,9 @@ minimum on the machine and bounds it too. Each group keeps the largest of its bo
 of sum lambda_j (r_j + b_j), so this bound is never below the zero-wait one.
 
 The bound is the largest over a few weightings lambda (all weight on the reward, on the
-last environment action, spread evenly, or evenly over the environment actions): each is
-valid, so their maximum is. What it cannot see is what no single-machine relaxation
-sees: GPU memory (services that do not fit together and must be swapped), a device's
+last environment action, on the last quota request, spread evenly, or evenly over the
+environment actions): each is valid, so their maximum is. What it cannot see is what no
+single-machine relaxation sees: GPU memory (services that do not fit together and must be swapped), a device's
 restores in series, the per-device split of compute, and elastic actions paying more
 core-seconds at larger grants for their speed.
 """
@@ -152,6 +157,80 @@ def token_bound(release: np.ndarray, best: np.ndarray, weight: np.ndarray, rate:
     return float(np.dot(np.sort(weight)[::-1], earliest) + np.dot(weight, best))
 
 
+TAU_STEPS = np.array([0.0, 0.5])  # where between a level and its bucket's end tau is tried
+
+
+def chain_token_bound(chain: np.ndarray, release: np.ndarray, best: np.ndarray, weight: np.ndarray,
+                      rate: float, burst: float, probes: int = 64) -> float:
+    """A lower bound on sum_j weight_j C_j for requests under a token bucket (as
+    `token_bound`) that come in chains: `chain` names each request's trajectory, and a
+    request is submitted only after the previous action of its trajectory has ended.
+
+    Call a request's lateness its start minus its zero-wait release z_j. Lateness never
+    decreases along a trajectory: between two of its requests come the earlier one's run,
+    think times and other actions, none shorter than at zero wait. No more than
+    burst + rate x tau requests start by any time tau (the k-th start is no sooner than
+    (k - burst) / rate). So if a trajectory has started only p of its requests with
+    z_j <= tau by then, its (p+1)-th and every later one are late by at least tau - z_(p+1);
+    how many requests started is a budget, and a Lagrange multiplier mu on it gives, for
+    any mu >= 0 and any tau,
+
+        sum_j w_j lateness_j >= sum_t min_p [(tau - z_(t,p+1)) W_(t,p+1) + mu p] - mu (burst + rate tau),
+
+    W_(t,i) the weight of trajectory t's requests from its i-th on (p = all of them: cost
+    0). Any set of requests with z_j <= tau that is a prefix of every trajectory may stand
+    for "its requests with z_j <= tau": those up to a level, with tau from the level to
+    when the bucket has let them all through. The bound is sum_j w_j (z_j + best_j) plus
+    the largest of these over a few levels, tau and mu. `token_bound` keeps each release
+    at its zero-wait value and sees only where those bunch; this one sees a backlog carry
+    along the trajectories."""
+    base = float(np.dot(weight, release + best))
+    n = len(release)
+    if n == 0 or rate <= 0 or not np.any(weight > 0):
+        return base
+    burst = max(float(burst), 1.0)  # the core's GCRA takes burst >= 1
+    order = np.lexsort((release, chain))
+    chain, z, w = chain[order], release[order], weight[order]
+    heads = np.flatnonzero(np.r_[True, chain[1:] != chain[:-1]])
+    lengths = np.diff(np.r_[heads, n])
+    position = np.arange(n) - np.repeat(heads, lengths)  # p: requests of its chain before it
+    ends = np.repeat(heads + lengths, lengths)
+    from_here = np.cumsum(w[::-1])[::-1]
+    weight_from = from_here - np.r_[from_here, 0.0][ends]  # W: its weight and its chain's later ones
+    best_gain = 0.0
+    levels = np.unique(z)
+    for level in levels[np.unique(np.linspace(0, len(levels) - 1, probes).round().astype(int))]:
+        counted = z <= level  # the requests counted: a prefix of every chain
+        need = int(counted.sum())
+        cost_from = weight_from[counted]
+        z_counted = z[counted]
+        p = position[counted].astype(float)
+        groups = np.flatnonzero(np.r_[True, chain[counted][1:] != chain[counted][:-1]])
+        count = np.diff(np.r_[groups, need]).astype(float)
+        # any tau >= level counts: from level to when the bucket has let them all through
+        vanish = (need - burst) / rate
+        if vanish <= level:
+            continue
+        for tau in level + (vanish - level) * TAU_STEPS:
+            budget = burst + rate * tau
+            cost = (tau - z_counted) * cost_from
+
+            def dual(mu: float) -> float:
+                per_chain = np.minimum(np.minimum.reduceat(cost + mu * p, groups), mu * count)
+                return float(per_chain.sum()) - mu * budget
+
+            # concave in mu; above the largest cost every chain starts nothing, so the max is below
+            lo, hi = 0.0, float(cost.max()) + 1.0
+            for _ in range(40):  # golden section: any mu gives a valid bound, the search only tightens it
+                m1, m2 = lo + 0.382 * (hi - lo), lo + 0.618 * (hi - lo)
+                if dual(m1) < dual(m2):
+                    lo = m1
+                else:
+                    hi = m2
+            best_gain = max(best_gain, dual(lo), dual(0.5 * (lo + hi)))
+    return float(base + best_gain)
+
+
 # ------------------------------------------------------------------ a step
 
 
@@ -209,6 +288,7 @@ class _Actions:
     best: np.ndarray  # run time at the best grant (noise included)
     tail: np.ndarray  # zero-wait time from its completion to its trajectory's end
     is_reward: np.ndarray
+    quota: np.ndarray  # the API quota an environment action is a request against; -1: none
     think: float  # all think time of the step
     # Disjoint sets of actions, each with its alternative relaxations (the largest counts).
     sets: list[tuple[np.ndarray, list[Relaxation]]]
@@ -248,6 +328,8 @@ def _actions(w: Workload, st: Step) -> _Actions:
         if spec.rate > 0:
             alternatives.append(lambda lam, ids=ids, spec=spec: token_bound(
                 rel[ids], best_a[ids], lam[ids], float(spec.rate), float(spec.burst)))
+            alternatives.append(lambda lam, ids=ids, spec=spec: chain_token_bound(
+                traj_a[ids], rel[ids], best_a[ids], lam[ids], float(spec.rate), float(spec.burst)))
         sets.append((ids, alternatives))
     for c in range(inv.cpu_nodes):
         ids = np.flatnonzero((node_a == c) & (quota_a < 0))
@@ -269,7 +351,7 @@ def _actions(w: Workload, st: Step) -> _Actions:
         if math.isfinite(gain) and devices:
             alternatives.append(_machine(rel, best_a, ids, best_a[ids], gain * devices))
         sets.append((ids, alternatives))
-    return _Actions(traj_a, rel, best_a, tail, is_reward, think, sets)
+    return _Actions(traj_a, rel, best_a, tail, is_reward, quota_a, think, sets)
 
 
 def _weightings(a: _Actions) -> dict[str, np.ndarray]:
@@ -284,6 +366,16 @@ def _weightings(a: _Actions) -> dict[str, np.ndarray]:
     if env.any() and a.is_reward.any():
         out["last environment"] = np.where(env_count[a.traj] > 0, last_env, last).astype(float)
         out["even environment"] = np.where(env_count[a.traj] > 0, env / np.maximum(env_count[a.traj], 1), last)
+    requests = a.quota >= 0
+    if requests.any():
+        # each trajectory's last quota request (its last action if it makes none): the
+        # weighting under which a quota's backlog carries to the trajectory's end
+        later = np.zeros(len(a.traj), dtype=bool)  # another request of its trajectory follows
+        seen = np.zeros(n_traj, dtype=bool)
+        for j in np.flatnonzero(requests)[::-1]:
+            later[j] = seen[a.traj[j]]
+            seen[a.traj[j]] = True
+        out["last quota request"] = np.where(seen[a.traj], requests & ~later, last).astype(float)
     return out
 
 
