@@ -34,9 +34,10 @@ q_j, no sooner than r_j and at most q_j / b_j per second:
   j <= k (tokens unused before the requests come are not kept beyond the burst). The
   releases stay at zero wait there, so a third bound (`chain_token_bound`) counts how a
   backlog carries along the trajectories: a request's lateness (start minus zero-wait
-  release) never decreases along its trajectory, and no more than burst + rate x tau
-  requests start by tau, so whichever requests have not started by tau make theirs and
-  every later one late, priced by a Lagrange multiplier on that count.
+  release) never decreases along its trajectory, so each of a trajectory's requests
+  starts within its last one's lateness of its zero-wait release, and no more than
+  burst + rate x tau requests start by any tau; Lagrange multipliers on those counts, at
+  every moment at once, bound the least total lateness that fits.
 
 For weighted completion times on such a machine with release dates the bound is Goemans's
 mean busy time relaxation (M. X. Goemans, "Improved approximation algorithms for
@@ -157,78 +158,94 @@ def token_bound(release: np.ndarray, best: np.ndarray, weight: np.ndarray, rate:
     return float(np.dot(np.sort(weight)[::-1], earliest) + np.dot(weight, best))
 
 
-TAU_STEPS = np.array([0.0, 0.5])  # where between a level and its bucket's end tau is tried
+CHAIN_PAIRS = 8_000_000  # (candidate, request) pairs chain_token_bound may hold at once
 
 
 def chain_token_bound(chain: np.ndarray, release: np.ndarray, best: np.ndarray, weight: np.ndarray,
-                      rate: float, burst: float, probes: int = 64) -> float:
+                      rate: float, burst: float, moments: int = 64, rounds: int = 100) -> float:
     """A lower bound on sum_j weight_j C_j for requests under a token bucket (as
     `token_bound`) that come in chains: `chain` names each request's trajectory, and a
     request is submitted only after the previous action of its trajectory has ended.
 
     Call a request's lateness its start minus its zero-wait release z_j. Lateness never
-    decreases along a trajectory: between two of its requests come the earlier one's run,
-    think times and other actions, none shorter than at zero wait. No more than
-    burst + rate x tau requests start by any time tau (the k-th start is no sooner than
-    (k - burst) / rate). So if a trajectory has started only p of its requests with
-    z_j <= tau by then, its (p+1)-th and every later one are late by at least tau - z_(p+1);
-    how many requests started is a budget, and a Lagrange multiplier mu on it gives, for
-    any mu >= 0 and any tau,
+    decreases along a trajectory (between two of its requests come the earlier one's run,
+    think times and other actions, none shorter than at zero wait), so with L_t the
+    lateness of trajectory t's last request, every request of t starts by z_j + L_t. No
+    more than burst + rate x tau requests start by any time tau (the k-th start is no
+    sooner than (k - burst) / rate), hence at every tau
 
-        sum_j w_j lateness_j >= sum_t min_p [(tau - z_(t,p+1)) W_(t,p+1) + mu p] - mu (burst + rate tau),
+        sum_t #{j of t: z_j + L_t <= tau} <= burst + rate x tau,
 
-    W_(t,i) the weight of trajectory t's requests from its i-th on (p = all of them: cost
-    0). Any set of requests with z_j <= tau that is a prefix of every trajectory may stand
-    for "its requests with z_j <= tau": those up to a level, with tau from the level to
-    when the bucket has let them all through. The bound is sum_j w_j (z_j + best_j) plus
-    the largest of these over a few levels, tau and mu. `token_bound` keeps each release
-    at its zero-wait value and sees only where those bunch; this one sees a backlog carry
-    along the trajectories."""
+    and sum_j w_j C_j >= sum_j w_j (z_j + best_j) + sum_t w_t L_t, w_t the weight of t's
+    last request (earlier ones are late by at least 0). The least sum_t w_t L_t under those
+    constraints is bounded below by its Lagrangian dual: for multipliers mu_k >= 0 on a
+    grid of moments tau_k, each trajectory alone minimises w_t L_t plus the prices of the
+    requests its L_t leaves counted, less sum_k mu_k (burst + rate tau_k). Every choice of
+    the multipliers gives a valid bound; a projected subgradient ascent chooses them.
+    `token_bound` keeps each release at its zero-wait value and sees only where those
+    bunch; this one sees a backlog carry along the trajectories, at every moment at once."""
     base = float(np.dot(weight, release + best))
     n = len(release)
-    if n == 0 or rate <= 0 or not np.any(weight > 0):
+    if n == 0 or rate <= 0:
         return base
     burst = max(float(burst), 1.0)  # the core's GCRA takes burst >= 1
     order = np.lexsort((release, chain))
     chain, z, w = chain[order], release[order], weight[order]
+    last = np.r_[chain[1:] != chain[:-1], True]
     heads = np.flatnonzero(np.r_[True, chain[1:] != chain[:-1]])
     lengths = np.diff(np.r_[heads, n])
-    position = np.arange(n) - np.repeat(heads, lengths)  # p: requests of its chain before it
-    ends = np.repeat(heads + lengths, lengths)
-    from_here = np.cumsum(w[::-1])[::-1]
-    weight_from = from_here - np.r_[from_here, 0.0][ends]  # W: its weight and its chain's later ones
-    best_gain = 0.0
-    levels = np.unique(z)
-    for level in levels[np.unique(np.linspace(0, len(levels) - 1, probes).round().astype(int))]:
-        counted = z <= level  # the requests counted: a prefix of every chain
-        need = int(counted.sum())
-        cost_from = weight_from[counted]
-        z_counted = z[counted]
-        p = position[counted].astype(float)
-        groups = np.flatnonzero(np.r_[True, chain[counted][1:] != chain[counted][:-1]])
-        count = np.diff(np.r_[groups, need]).astype(float)
-        # any tau >= level counts: from level to when the bucket has let them all through
-        vanish = (need - burst) / rate
-        if vanish <= level:
-            continue
-        for tau in level + (vanish - level) * TAU_STEPS:
-            budget = burst + rate * tau
-            cost = (tau - z_counted) * cost_from
+    w_last = w[last]  # per trajectory, in the order of `heads`
+    # the moments: from the first release to when the bucket could have let every request through
+    end = (n - burst) / rate
+    if not np.any(w_last > 0) or end <= z[0]:
+        return base
+    # The pairs below number about moments x sum_t n_t^2: keep them within memory (fewer
+    # moments only loosen the bound).
+    moments = min(moments, CHAIN_PAIRS // max(1, int(np.dot(lengths, lengths))))
+    if moments < 8:
+        return base
+    taus = np.linspace(z[0], end, moments)
+    capacity = burst + rate * taus
+    # Candidates for L_t: 0, and each tau_k - z_j > 0 of its requests (just past it, the
+    # request is no longer counted at tau_k); between them a trajectory's cost only grows.
+    traj_of = np.repeat(np.arange(len(heads)), lengths)
+    k, j = np.nonzero(taus[:, None] > z[None, :])
+    cand_traj = np.r_[np.arange(len(heads)), traj_of[j]]
+    cand_late = np.r_[np.zeros(len(heads)), taus[k] - z[j]]
+    by_traj = np.argsort(cand_traj, kind="stable")
+    cand_traj, cand_late = cand_traj[by_traj], cand_late[by_traj]
+    cand_heads = np.flatnonzero(np.r_[True, cand_traj[1:] != cand_traj[:-1]])
+    cand_count = np.diff(np.r_[cand_heads, len(cand_traj)])
+    # every (candidate, request of its trajectory) pair: the first moment the request is
+    # still counted at, i.e. the first tau_k > z_j + L (moments from there on count it)
+    per_cand = lengths[cand_traj]
+    pair_cand = np.repeat(np.arange(len(cand_traj)), per_cand)
+    pair_req = heads[cand_traj].repeat(per_cand) + (np.arange(len(pair_cand)) - np.repeat(np.cumsum(per_cand) - per_cand, per_cand))
+    first_counted = np.searchsorted(taus, z[pair_req] + cand_late[pair_cand], side="right")
+    pair_heads = np.r_[0, np.cumsum(per_cand)[:-1]]
+    own = w_last[cand_traj] * cand_late
 
-            def dual(mu: float) -> float:
-                per_chain = np.minimum(np.minimum.reduceat(cost + mu * p, groups), mu * count)
-                return float(per_chain.sum()) - mu * budget
+    def dual(mu: np.ndarray) -> tuple[float, np.ndarray]:
+        counted_from = np.r_[np.cumsum(mu[::-1])[::-1], 0.0]  # price of a request counted from moment k on
+        cost = own + np.add.reduceat(counted_from[first_counted], pair_heads)
+        cheapest = np.minimum.reduceat(cost, cand_heads)
+        at_min = np.flatnonzero(cost <= np.repeat(cheapest, cand_count))
+        pick = at_min[np.searchsorted(at_min, cand_heads)]  # each trajectory's first cheapest candidate
+        # subgradient: requests counted at each moment under the minimisers, over capacity
+        starts_by = np.sort(z + cand_late[pick][traj_of])
+        over = np.searchsorted(starts_by, taus, side="left") - capacity
+        return float(cost[pick].sum() - np.dot(mu, capacity)), over
 
-            # concave in mu; above the largest cost every chain starts nothing, so the max is below
-            lo, hi = 0.0, float(cost.max()) + 1.0
-            for _ in range(40):  # golden section: any mu gives a valid bound, the search only tightens it
-                m1, m2 = lo + 0.382 * (hi - lo), lo + 0.618 * (hi - lo)
-                if dual(m1) < dual(m2):
-                    lo = m1
-                else:
-                    hi = m2
-            best_gain = max(best_gain, dual(lo), dual(0.5 * (lo + hi)))
-    return float(base + best_gain)
+    mu = np.zeros(moments)
+    gain = 0.0
+    step = 0.3 * float(w_last.max())  # the ascent's first step: converges in 100 rounds on deepsearch
+    for r in range(rounds):
+        value, over = dual(mu)
+        gain = max(gain, value)
+        if not np.any(over > 0) and not np.any(mu > 0):
+            break  # no moment is over the bucket: nothing to price
+        mu = np.maximum(0.0, mu + step / np.sqrt(1 + r) * over / max(1.0, float(np.abs(over).max())))
+    return float(base + gain)
 
 
 # ------------------------------------------------------------------ a step
