@@ -191,10 +191,9 @@ def chain_token_bound(chain: np.ndarray, release: np.ndarray, best: np.ndarray, 
     burst = max(float(burst), 1.0)  # the core's GCRA takes burst >= 1
     order = np.lexsort((release, chain))
     chain, z, w = chain[order], release[order], weight[order]
-    last = np.r_[chain[1:] != chain[:-1], True]
     heads = np.flatnonzero(np.r_[True, chain[1:] != chain[:-1]])
     lengths = np.diff(np.r_[heads, n])
-    w_last = w[last]  # per trajectory, in the order of `heads`
+    w_last = w[heads + lengths - 1]  # per trajectory, in the order of `heads`
     # the moments: from the first release to when the bucket could have let every request through
     end = (n - burst) / rate
     if not np.any(w_last > 0) or end <= z[0]:
@@ -219,10 +218,10 @@ def chain_token_bound(chain: np.ndarray, release: np.ndarray, best: np.ndarray, 
     # every (candidate, request of its trajectory) pair: the first moment the request is
     # still counted at, i.e. the first tau_k > z_j + L (moments from there on count it)
     per_cand = lengths[cand_traj]
+    pair_heads = np.cumsum(per_cand) - per_cand
     pair_cand = np.repeat(np.arange(len(cand_traj)), per_cand)
-    pair_req = heads[cand_traj].repeat(per_cand) + (np.arange(len(pair_cand)) - np.repeat(np.cumsum(per_cand) - per_cand, per_cand))
+    pair_req = np.repeat(heads[cand_traj] - pair_heads, per_cand) + np.arange(len(pair_cand))
     first_counted = np.searchsorted(taus, z[pair_req] + cand_late[pair_cand], side="right")
-    pair_heads = np.r_[0, np.cumsum(per_cand)[:-1]]
     own = w_last[cand_traj] * cand_late
 
     def dual(mu: np.ndarray) -> tuple[float, np.ndarray]:
