@@ -9,8 +9,7 @@ other, and diff the two files:
     python bench/decision_streams.py after.json    # (build B installed)
     diff before.json after.json
 
-About 20 s. A stream that cannot finish records its error text (trajectory slots are held
-until their trajectories end, which the churn benchmark never does at 64 nodes).
+About 20 s. A stream that cannot finish records its error text.
 """
 from __future__ import annotations
 

@@ -47,7 +47,7 @@ class PyScheduler {
               std::vector<std::tuple<std::string, std::int64_t, double, std::int32_t, double, std::int64_t, bool, std::int64_t>> services,
               std::vector<std::int64_t> offload_memory,
               const std::string& policy, double aging, std::int32_t candidates, double min_relative_gain,
-              double starvation_seconds, std::int64_t trajectory_slot_cpu,
+              double starvation_seconds, double trajectory_slot_cpu,
               std::vector<std::pair<std::uint32_t, double>> pools, py::dtype decision_dtype,
               std::optional<std::vector<std::pair<std::string, std::string>>> rules)
       : sched_(make_inventory(kinds, node_names, capacity, gpus, quotas, services, offload_memory),
@@ -177,7 +177,7 @@ class PyScheduler {
   }
 
   static PolicyConfig make_policy(const std::string& name, double aging, std::int32_t candidates, double gain,
-                                  double starvation, std::int64_t slot_cpu, std::vector<std::pair<std::uint32_t, double>> pools,
+                                  double starvation, double slot_cpu, std::vector<std::pair<std::uint32_t, double>> pools,
                                   const std::optional<std::vector<std::pair<std::string, std::string>>>& rules) {
     PolicyConfig p;
     // A built-in policy by name; or, with `rules`, a row of its own under that name.
@@ -274,7 +274,7 @@ void register_scheduler(py::module_& m) {
                     std::vector<std::tuple<std::string, double, std::int64_t, std::int64_t, std::int64_t>>,
                     std::vector<std::tuple<std::string, std::int64_t, double, std::int32_t, double, std::int64_t, bool, std::int64_t>>, std::vector<std::int64_t>, const std::string&,
                     double,
-                    std::int32_t, double, double, std::int64_t, std::vector<std::pair<std::uint32_t, double>>, py::dtype,
+                    std::int32_t, double, double, double, std::vector<std::pair<std::uint32_t, double>>, py::dtype,
                     std::optional<std::vector<std::pair<std::string, std::string>>>>(),
            py::kw_only(), py::arg("kinds"), py::arg("node_names"), py::arg("capacity"), py::arg("gpus"),
            py::arg("quotas"), py::arg("services"), py::arg("offload_memory"), py::arg("policy"), py::arg("aging"), py::arg("candidates"),
@@ -322,6 +322,8 @@ void register_scheduler(py::module_& m) {
       .def("gpu_free", [](PyScheduler& s, std::int32_t node, std::int32_t dev) { return s.core().gpu_free(node, dev); },
            py::arg("node"), py::arg("device"))
       .def("service_location", [](PyScheduler& s, std::int32_t svc) { return s.core().service_location(svc); }, py::arg("service"))
+      .def("trajectory_slot_node", [](PyScheduler& s, std::uint64_t t) { return s.core().trajectory_slot_node(t); },
+           py::arg("trajectory"))
       .def("service_ready", [](PyScheduler& s, std::int32_t svc) { return s.core().service_ready(svc); }, py::arg("service"))
       .def("runtime", [](PyScheduler& s, std::uint64_t id, double units) {
         return s.core().runtime(id, milli_field(units, [] { return std::string("units"); }));

@@ -35,17 +35,22 @@ Rules, in words:
   and one partition, and a partition's bins go in node order (a node's bins in the order
   made). bins "node": one bin per node, one partition. bins "trajectory_slots" (needs a
   "cpu" kind and trajectory_slot_cpu > 0): one partition; each node is cut into
-  floor(cpu / slot) slots of `slot` cpu, every other kind divided evenly
-  (`capacity // slots`); a node too small has no bin. bins "task_pools": one partition
+  `trajectory_slots(cpu, slot)` slots (the most that fit; slot_nano = floor(slot * 1e9 + 0.5),
+  `(2 * cpu * 10**6) // (2 * slot_nano - 1)`) of `to_milli(slot)` cpu each, every other
+  kind divided evenly (`capacity // slots`); a node too small has no bin. bins "task_pools": one partition
   per task pool (in the order given); each node is split among them by weight: per kind,
   pool p gets `(capacity * floor(weight_p / total * 1e6)) // 1e6`, then the units left
   over are spread evenly, the first `left % P` pools taking one more. An action's
   partition is its `task`'s pool (an unknown task is an UnknownNameError); `task` is a
   label otherwise. add_node makes a new node's bins the same way, after every existing bin.
 * Trajectory slots. Under bins "trajectory_slots" a non-service action runs "in its
-  trajectory's slot": the trajectory binds the bin its first such action starts in, and
-  keeps it (hidden from everyone else) until end_trajectories; its later non-service
-  actions may use only that bin ("fixed"), whatever their affinity. An elastic action
+  trajectory's slot": the trajectory binds the bin its first such action starts in
+  (unless lent, step 4), and keeps it (hidden from everyone else) until end_trajectories
+  or until it gives it up (step 3); its later non-service actions may use only that bin
+  ("fixed"), whatever their affinity. A slot let go while an action runs there in it as
+  a lent slot is taken over by the lowest such action id's trajectory that holds none
+  (that action then counts as in its own slot); else it is free, and the lent actions
+  still running there finish in it as in any free bin. An elastic action
   started there takes the slot's free elastic units up to its max at once. Service
   actions run beside their service and bind nothing: in their own trajectory's slot when
   it is on that node, else in a bin no trajectory holds, else in another held slot.
@@ -83,8 +88,9 @@ Rules, in words:
   device; a plan's victim whose host memory would not fit beside the plan's earlier
   victims' (less what the service being restored gives back there); a service moving off
   a device too small for an action when its state would not fit. When a plan's victims
-  still leave it short, idle unmovable services asleep on the device (service order) are
-  discarded too, freeing their asleep memory (and host memory). A restore of an unmovable
+  still leave it short, its unmovable victims (plan order) are discarded instead of
+  offloaded until it is not, then idle unmovable services asleep on the device (service
+  order) are discarded too, freeing their asleep memory (and host memory). A restore of an unmovable
   service away from its pinned device discards its process there first (an EVICT of a
   service not resident, reason DISCARD), after the restore's victims.
 * Runtime reports. service_restored(s, node, device, now): if s is restoring on that
@@ -94,7 +100,10 @@ Rules, in words:
 * Restore order (restore "queues_first"). Before the walk, offloaded services with
   waiting actions are restored (Restore, below, for the service's first waiting action
   in order): starving first (that action has waited >= starvation_ns), then most waiting
-  actions per (restore_ns + queued est_ns // max_batch), cross-multiplied, then index.
+  actions per (restore_ns + queued est_ns // max_batch), cross-multiplied, then index;
+  one whose first waiting action its quota would refuse now is left to the walk; and none
+  while the first waiting action (in order) of some class without a service that needs
+  gpu_memory has waited >= starvation_ns.
   Restore "on_demand": only the walk restores.
 * Drains. A restore (for action a) that finds no device (Restore, below) when a has
   waited >= starvation_ns drains one of the devices it considered: on each, the services
@@ -106,12 +115,18 @@ Rules, in words:
 * A pass walks the waiting actions once in order. For each (skipping blocked classes):
   1. its quota already blocked in this pass: waits.
   2. a service action: a service resident on an offline node: waits. A ready service
-     whose device is smaller than service memory + the action's gpu_memory is moved
-     (evicted, then restored) once nothing of it runs (until then: waits); an offloaded
-     service is restored (below; none possible: waits); a service still restoring, or
-     running max_batch actions: waits. It may run only on its service's node and device.
-  3. its bins: its trajectory's slot if bound (fixed); else the bins of its partition
-     on its scope node (its service's node, else its affinity node), or all of them.
+     whose device could never serve the action (smaller than service memory + the
+     action's gpu_memory, or on a node with no bin of the action's partition whose
+     capacity covers its demand) is moved (evicted, then restored) once nothing of it
+     runs (until then: waits); an offloaded service is restored (below; none possible:
+     waits) if the action's quota would admit it now (else the quota is blocked for the
+     pass and it waits); a service still restoring, or running max_batch actions: waits.
+     It may run only on its service's node and device.
+  3. its bins: a slot bound to its trajectory that can never hold it (capacity, or its
+     node's largest GPU below its gpu_memory) is first unbound when no non-borrowed
+     action of its trajectory runs there. Then: its trajectory's slot if bound (fixed);
+     else the bins of its partition on its scope node (its service's node, else its
+     affinity node), or all of them.
      A scope node with no bin of its partition: no bins at all.
   4. candidates: a fixed slot if it is online and covers the demand (and, for a
      non-service action, its node's largest free GPU memory >= gpu_memory). Under
@@ -121,10 +136,17 @@ Rules, in words:
      online nodes not held back, whose free vector covers the demand and, for a
      non-service action, whose node's largest free GPU memory >= gpu_memory; none, for a
      service action under trajectory slots: the first `candidates` of its other bins bound
-     to a trajectory, online, covering the demand (held back or not). A service action
+     to a trajectory, online, covering the demand (held back or not); none, for an action
+     in a trajectory slot whose trajectory holds none (and its partition is not held
+     back): the first `candidates` of its bins bound to a trajectory, on online nodes not
+     held back where no trajectory holding a slot has a live action, covering the demand,
+     whose node's largest free GPU memory >= gpu_memory: "lent", it starts there binding
+     nothing (and takes the slot's free elastic units as in its own). A service action
      also needs gpu_memory free on its device.
   5. none, it needs GPU memory, it has bins and its partition is not held back: evict
-     services for it by the greedy plan (below) and try it again from step 1.
+     services for it by the greedy plan (below; for a service action only if some bin of
+     its on an online node not held back covers its demand now; for an action in a
+     trajectory slot with none, lent slots count as its bins) and try it again from step 1.
      Still none, resize "malleable", it has bins and its partition is not held back: a
      shrink (below) on the first of its bins where one pays; then quota admission (step
      6; refused: it waits, nothing shrunk), the RESIZE decisions, and its start there
@@ -207,7 +229,11 @@ Rules, in words:
   (cross-multiplied integers; at each accepted submit of one of its actions a service's
   mean gap becomes the gap since its last request, then (7 x mean + gap) // 8); then by
   queued est_ns per restore_ns (max 1) ascending (cross-multiplied integers), then index;
-  take victims in rank order until the room suffices; choose the
+  take victims in rank order until the room suffices (still short: the victims that keep
+  asleep memory are discarded instead, in victim order, until it suffices); a plan that
+  falls short while a service there with nothing running became ready since the last
+  pass (prev_pass < ready <= now) sets the pass's wakeup to now + 1 ns (when anything
+  waits); choose the
   device minimising (node lacks room now, victims with waiting actions, their queued ns,
   when the restore would begin after the victims' offloads, likely restores, victim count,
   device), where likely restores is the float sum, in victim order, of restore_ns /
@@ -215,10 +241,11 @@ Rules, in words:
   the restore decision (time = ready = max(now, ops_end after the evictions) +
   restore_ns), and ops_end becomes ready.
 * GPU room for an action. A service action short of gpu_memory on its service's device
-  evicts there by the same greedy plan (its own service kept). Any other GPU action
+  evicts there by the same greedy plan (its own service kept), if some bin of its on an
+  online node not held back covers its demand now. Any other GPU action
   evicts on the device with the cheapest plan (victims with waiting actions, queued ns,
   likely restores, count, device) among devices with memory >= gpu_memory on the nodes of its bins (not
-  bound to another trajectory, online, not held back; its fixed slot too is skipped when
+  bound to another trajectory unless lent to it, online, not held back; its fixed slot too is skipped when
   its node is held back) whose free vector covers its demand now; only plans that evict
   someone.
 * Quotas (exact integers). GCRA: interval = max(1, to_ns(1 / rate)), tolerance = (burst -
@@ -313,6 +340,14 @@ POLICY_RULES: dict[str, PolicyRules] = {name: PolicyRules(**rules) for name, rul
 
 def to_milli(x: float) -> int:
     return math.floor(x * 1000.0 + 0.5)
+
+
+def trajectory_slots(cpu_milli: int, slot_cpu: float) -> int:
+    """How many trajectory slots of `slot_cpu` cores a node of `cpu_milli` milli-cores holds:
+    the most that fit, the slot taken at a billionth of a core with the benefit of its
+    rounding there (so cpu / n gives n slots), in integers."""
+    slot_nano = math.floor(slot_cpu * 1e9 + 0.5)
+    return (2 * cpu_milli * 1_000_000) // (2 * slot_nano - 1)
 
 
 def to_ns(seconds: float) -> int:
@@ -435,6 +470,7 @@ class _Action:
     priority: int = 0
     partition: int = 0
     in_slot: bool = False  # runs in its trajectory's slot
+    borrowed: bool = False  # started in a held slot lent to it (its trajectory held none)
     submit_ns: int = 0
     est_ns: int = 0
     order: tuple = ()
@@ -580,15 +616,17 @@ class ReferenceScheduler:
         self.aging_permille = to_milli(aging)
         self.starvation_ns = to_ns(starvation_seconds)
         # The bins' options, then every node's bins, partition by partition.
-        self.slot_cpu = int(trajectory_slot_cpu)
+        self.slot_cpu_cores = float(trajectory_slot_cpu)
         self.pools = [(int(task), float(weight)) for task, weight in pools]
         self.pool_partition: dict[int, int] = {}
         partitions = 1
         if rules.bins == "trajectory_slots":
             if "cpu" not in self.kinds:
                 raise UnknownNameError(pf, "trajectory slots need a 'cpu' kind")
-            if not 0 < self.slot_cpu <= MAX_MILLI:
-                raise ValidationError(f"{pf}.trajectory_slot_cpu", "must be positive")
+            if not math.isfinite(self.slot_cpu_cores) or not 0 < self.slot_cpu_cores <= 1e12:
+                raise ValidationError(f"{pf}.trajectory_slot_cpu", "must be a finite number in (0, 1e12]")
+            if to_milli(self.slot_cpu_cores) < 1:
+                raise ValidationError(f"{pf}.trajectory_slot_cpu", "must be at least 0.0005 cores (one milli-core)")
         elif rules.bins == "task_pools":
             if not self.pools:
                 raise ValidationError(f"{pf}.pools", "task pools need at least one pool")
@@ -618,6 +656,7 @@ class ReferenceScheduler:
         self.seq = 0
         self.now_ns = 0
         self.prev_pass_ns = -1  # when the last pass ran: a service ready since then is not evictable yet
+        self.spared_fresh = False  # this pass: a plan fell short sparing such a service
         self.draining: set[int] = set()  # services drained for a starving one (_drain), this pass
         self.wakeup_ns: int | None = None
         self.messages: list[str] = []
@@ -652,8 +691,9 @@ class ReferenceScheduler:
             return [[list(capacity)]]
         if self.rules.bins == "trajectory_slots":
             cpu = self.kinds.index("cpu")
-            slots = capacity[cpu] // self.slot_cpu
-            cap = [self.slot_cpu if k == cpu else (capacity[k] // slots if slots > 0 else 0) for k in range(self.K)]
+            slots = trajectory_slots(capacity[cpu], self.slot_cpu_cores)
+            slot = to_milli(self.slot_cpu_cores)
+            cap = [slot if k == cpu else (capacity[k] // slots if slots > 0 else 0) for k in range(self.K)]
             return [[list(cap) for _ in range(slots)]]
         # task pools: the floor of each share in parts per million, then what is left over
         # spread evenly, the first pools taking one more, so the shares sum to the node.
@@ -687,6 +727,23 @@ class ReferenceScheduler:
 
     def _bound(self, b: int) -> bool:
         return self.bins[b].bound_to is not None
+
+    def _lends(self, n: int) -> bool:
+        """Whether node n lends its held slots: no trajectory holding a slot there has a live
+        action."""
+        live = {a.trajectory for a in self.actions.values()}
+        return not any(self.bins[b].node == n and t in live for t, b in self.slot_of.items())
+
+    def _lent_to(self, a: _Action, b: int) -> bool:
+        """Whether held slot b is lent to a: a runs in a trajectory slot, its trajectory holds
+        none, and b's node lends."""
+        return a.in_slot and a.trajectory not in self.slot_of and self._lends(self.bins[b].node)
+
+    def _slot_never_holds(self, a: _Action, b: int) -> bool:
+        """Whether slot b can never hold a: by capacity, or GPU memory no device of its node has."""
+        return (not _covers(self.bins[b].capacity, a.demand)
+                or (a.gpu_memory > 0 and bool(self.dev_total)
+                    and self._node_max_gpu(self.bins[b].node, self.dev_total) < a.gpu_memory))
 
     def _devices_of(self, n: int) -> list[int]:
         return [d for d in range(len(self.dev_node)) if self.dev_node[d] == n]
@@ -850,9 +907,22 @@ class ReferenceScheduler:
                 raise InvalidStateError(f"trajectories[{i}]", f"trajectory {traj} still has {live} live action(s)")
         self._start_event(t)
         for traj in ids:
-            if traj in self.slot_of:  # its slot is free again
-                self.bins[self.slot_of.pop(traj)].bound_to = None
+            if traj in self.slot_of:  # its slot is free again (or taken over)
+                self._free_slot(self.slot_of.pop(traj))
         return self._pass([])
+
+    def _free_slot(self, b: int) -> None:
+        """Slot b's holder let it go: it is free, unless an action runs there in it as a lent
+        slot; then the lowest id's trajectory among those holding no slot takes it over."""
+        heirs = [a for a in self.actions.values() if a.running and a.bin == b and a.in_slot and a.borrowed
+                 and a.trajectory not in self.slot_of]
+        if not heirs:
+            self.bins[b].bound_to = None
+            return
+        heir = min(heirs, key=lambda a: a.id)
+        heir.borrowed = False
+        self.slot_of[heir.trajectory] = b
+        self.bins[b].bound_to = heir.trajectory
 
     def tick(self, now: float) -> np.ndarray:
         self._start_event(self._start_check(now))
@@ -1106,6 +1176,7 @@ class ReferenceScheduler:
     # ------------------------------------------------------------ the pass
     def _pass(self, out: list, resized: Iterable[int] = ()) -> np.ndarray:
         p = _Pass()
+        self.spared_fresh = False
         self.draining = set()  # services drained for a starving one (_drain): none yet this pass
         p.resized.update(resized)  # limited by this event: not resized again in its pass
         for s, svc in enumerate(self.services):  # resident on an offline node, idle: offloaded
@@ -1134,6 +1205,9 @@ class ReferenceScheduler:
             self._grant_spare(p, out)
         self.freed_bins = set()
         times = [s.ready_ns for s in self.services if s.device >= 0 and s.ready_ns > self.now_ns]
+        # A plan fell short sparing a service ready only since the last pass: the next may evict it.
+        if self.spared_fresh and any(not a.running for a in self.actions.values()):
+            times.append(self.now_ns + 1)
         times += [self.quotas[q].until for q in p.blocked_quotas if self.quotas[q].until is not None]
         self.wakeup_ns = min(times, default=None)
         self.prev_pass_ns = self.now_ns
@@ -1179,15 +1253,25 @@ class ReferenceScheduler:
             svc = self.services[a.service]
             if svc.device >= 0 and not self._device_online(svc.device):
                 return WAITS  # evicted once its actions there have ended
-            if svc.device >= 0 and svc.ready_ns <= now and self.dev_total[svc.device] < svc.memory + a.gpu_memory:
+            if svc.device >= 0 and svc.ready_ns <= now and not self._could_serve(a, svc.device):
                 if self._running(service=a.service) > 0:  # move it once its batch is done
                     return WAITS
                 self._evict(a.service, out, discard=not self._offload_fits(self.dev_node[svc.device], svc.host))
+            # A restore is made for an action its quota would admit now.
+            if svc.device < 0 and a.quota >= 0 and not self._quota_would_admit(a, p):
+                return WAITS
             if svc.device < 0 and not self._restore(a, out):
                 return WAITS
             if svc.ready_ns > now or a.service in self.draining or self._running(service=a.service) >= svc.max_batch:
                 return WAITS
             device = svc.device
+        if a.in_slot and a.trajectory in self.slot_of:
+            # A slot that can never hold it is given up once nothing of its trajectory runs there.
+            slot = self.slot_of[a.trajectory]
+            if self._slot_never_holds(a, slot) and not any(
+                    x.running and x.bin == slot and x.trajectory == a.trajectory and x.in_slot and not x.borrowed
+                    for x in self.actions.values()):
+                self._free_slot(self.slot_of.pop(a.trajectory))
         own_slot = a.in_slot and a.trajectory in self.slot_of
         bins = [self.slot_of[a.trajectory]] if own_slot else self._eligible(a)
         # A trajectory's own slot is nobody else's: no starving action holds it back.
@@ -1217,6 +1301,15 @@ class ReferenceScheduler:
             cands.append(b)
         if service_in_slots and bins is not None and not cands:
             cands = [b for b in bins if b != own and held_fits(b)][:self.candidates]
+        borrowed = False
+        if a.in_slot and not own_slot and bins is not None and not masked and not cands:
+            # Held slots lent to a trajectory that holds none, on nodes where no holder has
+            # anything live (no work in progress could free a slot for it there).
+            cands = [b for b in bins
+                     if self._bound(b) and self.online[self.bins[b].node] and self.bins[b].node not in p.held_nodes
+                     and self._lends(self.bins[b].node) and _covers(self.bins[b].free, a.demand)
+                     and self._node_max_gpu(self.bins[b].node, self.dev_free) >= a.gpu_memory][:self.candidates]
+            borrowed = bool(cands)
         if device >= 0 and self.dev_free[device] < a.gpu_memory:
             cands = []
         if (not cands and a.gpu_memory > 0 and bins is not None and not masked
@@ -1253,7 +1346,15 @@ class ReferenceScheduler:
             free, cap = self.bins[b].free, self.bins[b].capacity
             return sum(((free[k] - a.demand[k]) * 1024) // cap[k] for k in range(self.K) if cap[k] > 0)
 
-        return self._start(a, min(cands, key=score), device, p, out)  # best fit, first on ties
+        return self._start(a, min(cands, key=score), device, p, out, borrowed)  # best fit, first on ties
+
+    def _quota_would_admit(self, a: _Action, p: _Pass) -> bool:
+        """Whether a's quota admits it now (nothing taken); if not, the quota is blocked for the
+        rest of the pass."""
+        if self.quotas[a.quota].admits(self.now_ns, a.tokens, self._running(quota=a.quota)):
+            return True
+        p.blocked_quotas.add(a.quota)
+        return False
 
     def _admit_quota(self, a: _Action, p: _Pass) -> bool:
         """Takes a's request from its quota, or blocks the quota for the rest of the pass."""
@@ -1266,7 +1367,7 @@ class ReferenceScheduler:
         q.take(self.now_ns, a.tokens)
         return True
 
-    def _start(self, a: _Action, b: int, device: int, p: _Pass, out: list) -> str:
+    def _start(self, a: _Action, b: int, device: int, p: _Pass, out: list, borrowed: bool = False) -> str:
         now = self.now_ns
         bin_ = self.bins[b]
         if device < 0 and a.gpu_memory > 0:
@@ -1283,7 +1384,8 @@ class ReferenceScheduler:
             self._top_up_start(a, b)
         if a.gpu_memory > 0:
             self.dev_free[device] -= a.gpu_memory
-        if a.in_slot:
+        a.borrowed = borrowed
+        if a.in_slot and not borrowed:
             self.slot_of[a.trajectory] = b
             bin_.bound_to = a.trajectory
         a.running, a.bin, a.device = True, b, device
@@ -1347,6 +1449,12 @@ class ReferenceScheduler:
         max_batch) (cross-multiplied integers), then index; each with its first waiting
         action in policy order as the one it is restored for."""
         waiting = sorted((a for a in self.actions.values() if not a.running), key=lambda a: a.order)
+        class_heads: dict[tuple, _Action] = {}
+        for a in waiting:
+            class_heads.setdefault(a.cls, a)
+        if any(a.service < 0 and a.gpu_memory > 0 and self.now_ns - a.submit_ns >= self.starvation_ns
+               for a in class_heads.values()):
+            return  # a starving GPU action gets its memory in the walk, in policy order
         heads: dict[int, _Action] = {}
         for a in waiting:
             if a.service >= 0 and self.services[a.service].device < 0 and a.service not in heads:
@@ -1367,8 +1475,11 @@ class ReferenceScheduler:
             return -1 if x < y else (1 if x > y else 0)
 
         for s in sorted(heads, key=functools.cmp_to_key(rank)):
+            a = heads[s]
+            if a.quota >= 0 and not self.quotas[a.quota].admits(self.now_ns, a.tokens, self._running(quota=a.quota)):
+                continue  # its quota would refuse it now: the walk says why
             if self.services[s].device < 0:
-                self._restore(heads[s], out)
+                self._restore(a, out)
 
     def _plan_room(self, d: int, need: int, keep: int) -> tuple[bool, int, int, float, list[int]]:
         """Greedy victims on device d for `need`: (enough, busy victims, their queued ns, the
@@ -1422,6 +1533,12 @@ class ReferenceScheduler:
             room += self.services[o].memory - (self.services[o].asleep if kept_state else 0)
             victims.append(o)
             discard.append(not kept_state)
+        for i, o in enumerate(victims):  # still short: unmovable victims give their processes up
+            if room >= need:
+                break
+            if not discard[i] and self.services[o].asleep > 0:
+                room += self.services[o].asleep
+                discard[i] = True
         likely = 0.0
         for o in victims:
             gap = expected_gap(o)
@@ -1435,6 +1552,9 @@ class ReferenceScheduler:
                 room += svc.asleep
                 victims.append(o)
                 discard.append(True)
+        if room < need and any(o != keep and svc.device == d and self._running(service=o) == 0
+                               and self.prev_pass_ns < svc.ready_ns <= self.now_ns for o, svc in enumerate(self.services)):
+            self.spared_fresh = True
         return room >= need, busy, queued_ns, likely, victims, discard
 
     def _evict(self, s: int, out: list, discard: bool = False) -> None:
@@ -1472,6 +1592,13 @@ class ReferenceScheduler:
             else:
                 self._evict(v, out, gone)
 
+    def _could_serve(self, a: _Action, d: int) -> bool:
+        """Whether device d could ever serve service action a: big enough for its service
+        beside a's GPU memory, on a node with a bin of a's partition whose capacity covers
+        a's demand."""
+        return (self.dev_total[d] >= self.services[a.service].memory + a.gpu_memory
+                and any(_covers(self.bins[b].capacity, a.demand) for b in self._node_leaves(a.partition, self.dev_node[d])))
+
     def _restore(self, a: _Action, out: list) -> bool:
         """Make a's service resident somewhere it may live, evicting greedily if needed."""
         s = a.service
@@ -1481,9 +1608,7 @@ class ReferenceScheduler:
             return svc.memory - (svc.asleep if d == svc.pinned else 0)
 
         def usable(d: int) -> bool:
-            n = self.dev_node[d]
-            return (self.dev_total[d] >= svc.memory + a.gpu_memory and self._device_online(d)
-                    and any(_covers(self.bins[b].capacity, a.demand) for b in self._node_leaves(a.partition, n)))
+            return self._device_online(d) and self._could_serve(a, d)
 
         def busy_node(d: int) -> int:  # 1 when no free bin of the node holds the action's demand now
             leaves = self._node_leaves(a.partition, self.dev_node[d])
@@ -1555,6 +1680,9 @@ class ReferenceScheduler:
         if device >= 0:
             if self.dev_free[device] >= a.gpu_memory:
                 return False  # it waits for something else
+            if not any(self.online[self.bins[b].node] and self.bins[b].node not in p.held_nodes
+                       and _covers(self.bins[b].free, a.demand) for b in bins):
+                return False  # the memory freed would go unused: the rest of its demand does not fit now
             ok, _, _, _, victims, discard = self._plan_room(device, a.gpu_memory, a.service)
             if not ok:
                 return False
@@ -1562,7 +1690,7 @@ class ReferenceScheduler:
             plans = []
             for b in bins:
                 n = self.bins[b].node
-                if (not own_slot and self._bound(b)) or not self.online[n] or n in p.held_nodes:
+                if (not own_slot and self._bound(b) and not self._lent_to(a, b)) or not self.online[n] or n in p.held_nodes:
                     continue
                 if not _covers(self.bins[b].free, a.demand):
                     continue
@@ -1761,6 +1889,10 @@ class ReferenceScheduler:
 
     def gpu_free(self, node: int, device: int) -> int:
         return self.dev_free[self._devices_of(node)[device]]
+
+    def trajectory_slot_node(self, trajectory: int) -> int:
+        b = self.slot_of.get(trajectory)
+        return -1 if b is None else self.bins[b].node
 
     def service_location(self, service: int) -> tuple[int, int]:
         d = self.services[service].device

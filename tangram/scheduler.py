@@ -45,7 +45,9 @@ class Policy:
 
     trajectory_slot_cpu  "trajectory": cores in each trajectory's slot (default 1.0: one
                          core per trajectory, the fixed sandbox the policy stands for).
-                         Each node is cut into floor(cpu / slot) slots; its other kinds are
+                         Each node holds as many slots as fit its cores, counted from the
+                         value given (cores / n gives n slots), each of that many cores
+                         rounded to the milli-core as demands are; its other kinds are
                          divided evenly among them. Set it to the sandbox size you compare
                          against: Scheduler(inv, "trajectory", trajectory_slot_cpu=4).
     min_relative_gain    "optimus" (gain rule "relative"): a spare elastic unit is granted
@@ -207,7 +209,7 @@ def core_arguments(inventory: Inventory, policy: Policy) -> dict[str, object]:
         candidates=int(policy.candidates),
         min_relative_gain=float(policy.min_relative_gain),
         starvation_seconds=float(policy.starvation_seconds),
-        trajectory_slot_cpu=_milli(policy.trajectory_slot_cpu, "policy.trajectory_slot_cpu"),
+        trajectory_slot_cpu=_real(policy.trajectory_slot_cpu, "policy.trajectory_slot_cpu"),
         pools=_pools(policy.pools),
     )
 
@@ -576,6 +578,12 @@ class Scheduler:
     def service_location(self, service: str) -> tuple[int, int] | None:
         node, device = self._core.service_location(self._service(service))
         return None if node < 0 else (node, device)
+
+    def trajectory_slot(self, trajectory: int) -> int | None:
+        """Under "trajectory": the node of the slot the trajectory holds, or None when it holds
+        none (not started, ended, or running only in slots lent to it)."""
+        node = self._core.trajectory_slot_node(trajectory)
+        return None if node < 0 else node
 
     def runtime(self, action_id: int, units: float) -> float:
         """Seconds the live action's model gives for `units` of its elastic kind."""

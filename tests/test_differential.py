@@ -31,7 +31,7 @@ from tangram import (
 from tangram._records import (
     DECISION_DTYPE, DISCARD, EVICT, MODEL_AMDAHL, MODEL_CONSTANT, MODEL_TABLE, REJECT, RESIZE, RESTORE, START, empty_actions,
 )
-from tangram.reference import POLICY_RULES, PolicyRules, ReferenceScheduler, to_milli
+from tangram.reference import POLICY_RULES, PolicyRules, ReferenceScheduler, to_milli, trajectory_slots
 from tangram.scheduler import core_arguments
 
 FIELDS = ("kind", "action", "node", "device", "service", "elastic_kind", "grant_milli", "grant", "time", "reason")
@@ -58,12 +58,13 @@ def describe(args: tuple) -> str:
 
 def pool_capacity(policy: Policy, bins: str, kinds: list[str], capacity: list[int]) -> list[int]:
     """What a node's bins hold together under the policy (milli-units): trajectory slots
-    leave the remainder of the cores (and of each kind's even split) unused; the other
-    layouts' bins sum to the node."""
+    leave the remainder of the cores (and of each kind's even split) unused, or exceed the
+    cores by the rounding of a slot to the milli-core (under half a milli-core a slot); the
+    other layouts' bins sum to the node."""
     if bins != "trajectory_slots":
         return list(capacity)
     cpu = kinds.index("cpu")
-    slots = capacity[cpu] // to_milli(policy.trajectory_slot_cpu)
+    slots = trajectory_slots(capacity[cpu], policy.trajectory_slot_cpu)
     return [slots * to_milli(policy.trajectory_slot_cpu) if k == cpu else (c // slots) * slots if slots else 0
             for k, c in enumerate(capacity)]
 
@@ -107,10 +108,10 @@ class Harness:
         self.spec: dict[int, dict] = {}  # id -> demand (milli), trajectory, service
         self.placed: dict[int, tuple[int, int, int]] = {}  # running id -> (node, elastic_kind, grant)
         self.service_at: dict[int, tuple[int, int]] = {}
-        self.slot_node: dict[int, int] = {}  # trajectory policy: the node of each trajectory's slot
         self.trajectories: set[int] = set()
         self.log: list[tuple] = []  # (method, args, core decisions) of every accepted event
         self.elastic_heavy = False  # draw_actions: mostly elastic actions with room to grow
+        self.trajectory_ids = 5  # draw_actions: trajectories 1 to this
         self.check()
 
     @property
@@ -214,8 +215,6 @@ class Harness:
     def end_trajectories(self, ids: list[int]) -> None:
         out = self.both("end_trajectories", np.array(ids, dtype=np.uint64), self.now)
         if out is not None:
-            for t in ids:
-                self.slot_node.pop(t, None)
             self.apply(out)
 
     def service_restored(self, service: int) -> None:
@@ -270,8 +269,8 @@ class Harness:
                 self.placed[i] = (node, int(d["elastic_kind"]), int(d["grant_milli"]))
                 if d["service"] >= 0:
                     assert self.service_at[int(d["service"])] == (node, int(d["device"]))
-                elif self.bins == "trajectory_slots":  # a trajectory's actions share its slot
-                    assert self.slot_node.setdefault(self.spec[i]["trajectory"], node) == node
+                # (A trajectory's actions in its own slot stay there: the core's invariants
+                # check it, since a start in a lent slot or after a slot given up is elsewhere.)
             elif kind == RESTORE:
                 s = int(d["service"])
                 assert s not in self.service_at
@@ -321,6 +320,8 @@ class Harness:
             assert self.core.node_online(n) == self.ref.node_online(n) == self.online[n]
             for k in range(self.K):
                 assert self.core.free(n, k) == self.ref.free_milli(n, k) == self.pools[n, k] - used[n, k]
+        for t in self.trajectories:
+            assert self.core.trajectory_slot_node(t) == self.ref.trajectory_slot_node(t)
         for s in range(len(self.service_memory)):
             where = self.service_at.get(s, (-1, -1))
             assert tuple(self.core.service_location(s)) == self.ref.service_location(s) == where
@@ -371,7 +372,8 @@ def draw_node(draw, name: str, gpu_heavy: bool, custom: bool, elastic_heavy: boo
 
 
 def inventories(draw, gpu_heavy: bool, elastic_heavy: bool = False) -> Inventory:
-    """1-4 nodes, cpu + memory (+ disk), 0-2 GPUs each, 0-3 services, 0-2 quotas. GPU-heavy:
+    """1-4 nodes, cpu + memory (+ disk), 0-2 GPUs each, 0-3 services, 0-2 quotas (rates from
+    none to one request in 100 s). GPU-heavy:
     1-2 small GPUs on every node and 2-3 services competing for them. Elastic-heavy: nodes of
     2 to 16 cores and 4 or 16 GiB, no quota (and no GPU unless GPU-heavy too)."""
     custom = draw(st.booleans())
@@ -387,7 +389,7 @@ def inventories(draw, gpu_heavy: bool, elastic_heavy: bool = False) -> Inventory
         services.append(Service(f"s{i}", memory, draw(st.sampled_from([0.0, 0.0, 0.5, 2.0])), draw(st.integers(1, 3)),
                                 asleep_memory=asleep, movable=movable,
                                 host_memory=draw(st.sampled_from([0, 0, 300, 1000]))))
-    quotas = [Quota(f"q{i}", rate=draw(st.sampled_from([0.0, 0.5, 2.0, 10.0])), burst=draw(st.integers(1, 3)),
+    quotas = [Quota(f"q{i}", rate=draw(st.sampled_from([0.0, 0.5, 2.0, 10.0, 0.01])), burst=draw(st.integers(1, 3)),
                     max_concurrency=draw(st.integers(0, 3)), tokens_per_minute=draw(st.sampled_from([0, 60, 1000])))
               for i in range(draw(st.integers(0, 0 if elastic_heavy else 2)))]
     return Inventory(nodes, quotas, services)
@@ -404,7 +406,7 @@ def policies(draw, name: str, starvation: list[float]) -> Policy:
         candidates=draw(st.sampled_from([1, 2, 4])),
         min_relative_gain=draw(st.sampled_from([0.0, 0.05, 0.3])),
         starvation_seconds=draw(st.sampled_from(starvation)),
-        trajectory_slot_cpu=draw(st.sampled_from([0.5, 1.0, 1.0, 2.0, 2.5, 4.0])),
+        trajectory_slot_cpu=draw(st.sampled_from([0.5, 1.0, 1.0, 2.0, 2.5, 4.0, 1 / 3, 2 / 7, 0.3])),
         pools={t: draw(st.sampled_from([1.0, 0.5, 3.0, 2.5, 1 / 3])) for t in pool_tasks},
     )
 
@@ -418,7 +420,7 @@ def draw_actions(draw, h: Harness, inv: Inventory) -> np.ndarray:
     for r in rec:
         r["id"] = h.next_id
         h.next_id += 1
-        r["trajectory"] = draw(st.integers(1, 5))
+        r["trajectory"] = draw(st.integers(1, h.trajectory_ids))
         r["task"] = draw(st.sampled_from(tasks))
         r["priority"] = draw(st.sampled_from([0, 0, 0, 1, -1]))
         choices = {"cpu": [0, 0.5, 1, 1, 2, 3, 5, 100], "memory": [0, 0, 256, 1024, 4096], "disk": [0, 0, 1, 2]}

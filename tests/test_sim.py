@@ -125,15 +125,18 @@ def test_fifo_two_trajectories_one_core() -> None:
 
 
 def test_trajectory_two_trajectories_one_core() -> None:
-    # One 1-core slot: trajectory 0 holds it from t=0 until it ends at t=4 (its actions run
-    # 0-2 and 2-4); trajectory 1's first action waits for the slot until 4, runs 4-6, then
-    # 6-8. ACTs 2, 2, 6, 2: here, with no think time, the trajectory binding wins.
+    # One 1-core slot: trajectory 0 holds it from t=0 until it ends (its actions run 0-2 and
+    # 4-6). At t=2 its first action ends and its next one arrives in a later event: for that
+    # instant its holder has nothing live, so the slot is lent to trajectory 1's waiting
+    # action (2-4), and trajectory 0's next one waits for it. At 6 trajectory 0 ends while
+    # trajectory 1's second action runs in the lent slot (6-8): trajectory 1 takes it over.
+    # ACTs 2, 4, 4, 4; the slot is held 0-8.
     r = sim.simulate(tiny(), "trajectory", seed=0)
-    np.testing.assert_allclose(r.start, [0, 2, 4, 6])
-    np.testing.assert_allclose(r.act, [2, 2, 6, 2])
-    assert r.row()["avg_act"] == pytest.approx(3.0)
+    np.testing.assert_allclose(r.start, [0, 4, 2, 6])
+    np.testing.assert_allclose(r.act, [2, 4, 4, 4])
+    assert r.row()["avg_act"] == pytest.approx(3.5)
     assert r.row()["step_duration"] == pytest.approx(8.0)
-    assert r.cpu_held_seconds == pytest.approx(8.0)  # 1 core x (4 - 0) + 1 core x (8 - 4)
+    assert r.cpu_held_seconds == pytest.approx(8.0)  # 1 core x (6 - 0) + 1 core x (8 - 6)
 
 
 def test_elastic_grants() -> None:
@@ -407,8 +410,8 @@ def test_trajectory_starving_for_a_slot_does_not_block_bound_slots() -> None:
     s = tangram.Scheduler(inv, tangram.Policy("trajectory", trajectory_slot_cpu=1.0))
     s.submit([tangram.Action(1, {"cpu": 1}, 100.0, trajectory=1)], 0.0)
     s.submit([tangram.Action(2, {"cpu": 1}, 1.0, trajectory=2)], 0.0)  # waits for a slot
-    s.complete([1], 100.0)
-    d = s.submit([tangram.Action(3, {"cpu": 1}, 1.0, trajectory=1)], 110.0)  # its own slot is free
+    s.submit([tangram.Action(3, {"cpu": 1}, 1.0, trajectory=1)], 50.0)  # waits for its own slot
+    d = s.complete([1], 100.0)  # 2 starves; trajectory 1 still has work, so it lends nothing
     assert [int(x["action"]) for x in d.of_kind("start")] == [3]
 
 

@@ -306,7 +306,7 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
     const std::int64_t key = (classes[c].quota == kNone ? detail.est_ns * estimate_weight : 0) + aging_offset;
     detail.order = OrderKey{key, next_seq++, now, -s.priority, slot};
     *by_id.find(s.id) = slot;
-    ++*trajectory_live.insert(s.trajectory, 0).first;
+    if (++*trajectory_live.insert(s.trajectory, 0).first == 1) holder_live(s.trajectory, +1);
     ++n_waiting;
     Class& cl = classes[c];
     if (cl.service != kNone) {
@@ -343,10 +343,21 @@ void Scheduler::Impl::finish(std::int32_t slot) {
   }
   // A trajectory slot stays bound (hidden from the free tree) until its trajectory ends.
   if (!bin_bound[r.bin]) refresh_leaf(r.bin);
+  if (cl.in_trajectory_slot && !r.own_slot) --bin_lent_running[r.bin];
+  if (r.own_slot && --bin_holder_running[r.bin] == 0) {
+    // Nothing of its trajectory runs in the slot now: a class of it that the slot can never
+    // hold may give the slot up (try_head), so it is looked at again.
+    auto list = trajectory_classes.find(r.trajectory);
+    for (std::int32_t other : list->second)
+      if (classes[other].parked && slot_never_holds(classes[other], r.bin)) unpark(other);
+  }
   if (cl.quota != kNone) quotas[cl.quota].release();
   if (cl.service != kNone) services[cl.service].running -= 1;
   --n_running;
-  if (--*trajectory_live.find(r.trajectory) == 0) trajectory_live.erase(r.trajectory);
+  if (--*trajectory_live.find(r.trajectory) == 0) {
+    trajectory_live.erase(r.trajectory);
+    holder_live(r.trajectory, -1);
+  }
   by_id.erase(r.id);
   r.state = ActionState::kUnknown;
   free_slots.push_back(slot);
@@ -367,7 +378,10 @@ void Scheduler::Impl::unqueue(std::int32_t slot) {
     services[cl.service].queued_ns -= details[slot].est_ns;
   }
   --n_waiting;
-  if (--*trajectory_live.find(r.trajectory) == 0) trajectory_live.erase(r.trajectory);
+  if (--*trajectory_live.find(r.trajectory) == 0) {
+    trajectory_live.erase(r.trajectory);
+    holder_live(r.trajectory, -1);
+  }
   by_id.erase(r.id);
   r.state = ActionState::kUnknown;
   free_slots.push_back(slot);

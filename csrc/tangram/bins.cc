@@ -127,8 +127,11 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
       bool has_cpu = false;
       for (std::int32_t k = 0; k < K; ++k) has_cpu = has_cpu || inv.kinds[k] == "cpu";
       if (!has_cpu) throw Error(ErrorCode::kUnknownName, pf, "trajectory slots need a 'cpu' kind");
-      if (policy.trajectory_slot_cpu <= 0 || policy.trajectory_slot_cpu > kMaxMilli)
-        throw Error(ErrorCode::kInvalidArgument, pf + ".trajectory_slot_cpu", "must be positive");
+      if (!std::isfinite(policy.trajectory_slot_cpu) || policy.trajectory_slot_cpu <= 0 ||
+          policy.trajectory_slot_cpu > kMaxBaseUnits)
+        throw Error(ErrorCode::kInvalidArgument, pf + ".trajectory_slot_cpu", "must be a finite number in (0, 1e12]");
+      if (to_milli(policy.trajectory_slot_cpu) < 1)
+        throw Error(ErrorCode::kInvalidArgument, pf + ".trajectory_slot_cpu", "must be at least 0.0005 cores (one milli-core)");
       partitions.resize(1);
       break;
     }
@@ -164,6 +167,7 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
       services[s].home_device = static_cast<std::int32_t>(s % dev_node.size());
   }
   node_online.assign(N, 1);
+  node_busy_holders.assign(N, 0);
   for (auto& part : partitions) {
     part.node_lo.assign(N, -1);
     part.node_hi.assign(N, -1);
@@ -299,6 +303,9 @@ void Scheduler::Impl::append_bin(std::int32_t node, std::int32_t part, const std
   bin_room.insert(bin_room.end(), cap.begin(), cap.end());  // free: all of it
   bin_room.insert(bin_room.end(), cap.begin(), cap.end());
   bin_bound.push_back(0);
+  bin_holder.push_back(0);
+  bin_holder_running.push_back(0);
+  bin_lent_running.push_back(0);
   reserve_pass.push_back(0);
   reserve_rows.resize(reserve_rows.size() + K, 0);
   if (malleable) append_bin_resize_state();
@@ -320,10 +327,10 @@ Scheduler::Impl::NodeBins Scheduler::Impl::node_bins(const std::vector<Quantity>
       std::int32_t cpu = kNone;
       for (std::int32_t k = 0; k < K; ++k)
         if (inv.kinds[k] == "cpu") cpu = k;
-      const Quantity slots = capacity[cpu] / policy.trajectory_slot_cpu;
+      const Quantity slots = trajectory_slots(capacity[cpu], policy.trajectory_slot_cpu);
       std::vector<Quantity> cap(K);
       for (std::int32_t k = 0; k < K; ++k)
-        cap[k] = k == cpu ? policy.trajectory_slot_cpu : (slots > 0 ? capacity[k] / slots : 0);
+        cap[k] = k == cpu ? to_milli(policy.trajectory_slot_cpu) : (slots > 0 ? capacity[k] / slots : 0);
       bins[0].assign(static_cast<std::size_t>(slots), cap);
       break;
     }
@@ -379,6 +386,7 @@ std::int32_t Scheduler::Impl::add_node(NodeSpec spec) {
   scratch.assign(D, 0);
   inv.nodes.push_back(std::move(spec));
   node_online.push_back(1);
+  node_busy_holders.push_back(0);
   node_offload_used.push_back(0);
   node_parked.emplace_back();
   node_parked_count.push_back(0);

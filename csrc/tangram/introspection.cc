@@ -63,7 +63,8 @@ std::string Scheduler::Impl::explain(ActionId id) const {
       }
       os << "; most free on one bin it may use:";
       for (std::int32_t k = 0; k < K; ++k) os << " " << inv.kinds[k] << "=" << best[k] / 1000.0;
-      if (cl.in_trajectory_slot && !trajectory_bin.count(cl.trajectory)) os << " (no free trajectory slot)";
+      if (cl.in_trajectory_slot && !trajectory_bin.count(cl.trajectory))
+        os << " (no free trajectory slot, and every node's held slots are full or have work in progress)";
       break;
     }
     case Block::kHeldBack:
@@ -286,6 +287,34 @@ void Scheduler::Impl::check() const {
         if (v[k] != free_of(static_cast<std::int32_t>(b))[k]) fail("free tree out of sync");
       if (has_gpus && v[K] != node_max_dev_free[bin_node[b]]) fail("free tree GPU entry out of sync");
     }
+  // Trajectory slots: holders, their running actions per slot, busy holders per node.
+  std::vector<std::int32_t> holder_running(bin_node.size(), 0), lent_running(bin_node.size(), 0),
+      busy(inv.nodes.size(), 0);
+  for (const ActionRec& a : slots) {
+    if (a.state != ActionState::kRunning) continue;
+    if (a.own_slot) {
+      if (!bin_bound[a.bin] || bin_holder[a.bin] != a.trajectory) fail("an action in its own slot outside it");
+      ++holder_running[a.bin];
+    } else if (classes[a.cls].in_trajectory_slot) {
+      // A lent slot may be free again: its holder let it go and no trajectory without a
+      // slot of its own had an action running there to take it over (free_slot).
+      ++lent_running[a.bin];
+    }
+  }
+  std::size_t bound = 0;
+  for (std::size_t b = 0; b < bin_node.size(); ++b) {
+    bound += bin_bound[b] ? 1 : 0;
+    if (holder_running[b] != bin_holder_running[b]) fail("slot holder's running count out of sync");
+    if (lent_running[b] != bin_lent_running[b]) fail("lent slot's running count out of sync");
+    if (!bin_bound[b] && bin_holder[b] != 0) fail("free slot with a holder");
+  }
+  if (bound != trajectory_bin.size()) fail("bound slots and trajectory bindings differ");
+  for (const auto& [traj, b] : trajectory_bin) {
+    if (!bin_bound[b] || bin_holder[b] != traj) fail("trajectory binding out of sync");
+    if (trajectory_live.find(traj) != nullptr) ++busy[bin_node[b]];
+  }
+  for (std::size_t n = 0; n < busy.size(); ++n)
+    if (busy[n] != node_busy_holders[n]) fail("busy slot holders per node out of sync");
 }
 
 }  // namespace tangram

@@ -39,8 +39,9 @@ bool Scheduler::Impl::fits_released_leaf(Class& cl) {
   for (std::int32_t i = first_released_fit(cl.partition, cl.fit_from, demand); i >= 0;
        i = first_released_fit(cl.partition, i + 1, demand)) {
     const std::int32_t bin = part.bins[leaves[i]];
-    if (bin_bound[bin] || !node_online[bin_node[bin]]) continue;
+    if ((bin_bound[bin] && !lends_to(cl, bin)) || !node_online[bin_node[bin]]) continue;
     if (has_gpus && node_max_dev_free[bin_node[bin]] < cl.gpu_memory) continue;
+    if (bin_bound[bin]) return true;  // lent: found by lend_slot_room, not from fit_from
     cl.fit_from = i;
     return true;
   }
@@ -106,6 +107,13 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
   }
   std::int32_t device = kNone;  // the service's device, for a service action
   if (cl.service != kNone && !service_admits(cl, device, out)) return Try::kWaits;
+  if (cl.in_trajectory_slot) {
+    // A slot that can never hold the head (another node's shape) is given up once nothing of
+    // its trajectory runs there; the trajectory then takes a slot as one without would.
+    auto it = trajectory_bin.find(cl.trajectory);
+    if (it != trajectory_bin.end() && bin_holder_running[it->second] == 0 && slot_never_holds(cl, it->second))
+      unbind_slot(c, it->second);
+  }
   const Room room = find_room(cl, device);
   // GPU memory held by resident services is reclaimed for an action that needs it.
   if (cand.empty() && cl.gpu_memory > 0 && room.has_range && !room.masked &&
@@ -120,7 +128,7 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
     return no_room(cl, room, device);
   }
   if (cl.quota != kNone && !quota_admits(cl)) return Try::kWaits;
-  start_head(c, best_fit(cl), room.fixed_leaf, device, out);
+  start_head(c, best_fit(cl), room.fixed_leaf, device, out, room.borrowed);
   return Try::kStarted;
 }
 
@@ -190,6 +198,7 @@ inline Scheduler::Impl::Room Scheduler::Impl::find_room(Class& cl, std::int32_t 
     }
   }
   if (cand.empty() && service_in_slots) held_slot_room(cl, room, false);
+  if (cand.empty() && cl.in_trajectory_slot && room.fixed_leaf == kNone) room.borrowed = lend_slot_room(cl, room);
   return gpu_fits();
 }
 
@@ -222,6 +231,96 @@ bool Scheduler::Impl::held_slot_room(const Class& cl, const Room& room, bool own
     if (static_cast<std::int32_t>(cand.size()) == policy.candidates) break;
   }
   return !cand.empty();
+}
+
+// Trajectory slots: held slots lent to the head of a trajectory that holds none and found no
+// free slot, as `cand` (up to `candidates`): on online nodes, not held back, where every
+// held slot's trajectory has nothing live (node_busy_holders == 0), with room for the head.
+// There, no work in progress could ever free a slot for it (only trajectory ends do, which
+// the caller may never send), so it runs in one, binding nothing. True when it found one.
+bool Scheduler::Impl::lend_slot_room(const Class& cl, const Room& room) {
+  const Partition& part = partitions[cl.partition];
+  for (std::int32_t leaf = room.lo; leaf < room.hi;) {
+    const std::int32_t b = part.bins[leaf];
+    const std::int32_t n = bin_node[b];
+    if (node_busy_holders[n] > 0 || !node_online[n] || (any_mask && node_masked[n] == pass_epoch)) {
+      leaf = part.node_hi[n];  // a node's bins are contiguous leaves
+      continue;
+    }
+    ++leaf;
+    if (!bin_bound[b] || (has_gpus && node_max_dev_free[n] < cl.gpu_memory)) continue;
+    const Quantity* f = free_of(b);
+    bool fits = true;
+    for (std::int32_t k = 0; k < K && fits; ++k) fits = f[k] >= cl.demand[k];
+    if (!fits) continue;
+    cand.push_back(leaf - 1);
+    if (static_cast<std::int32_t>(cand.size()) == policy.candidates) break;
+  }
+  return !cand.empty();
+}
+
+// Whether a trajectory's slot `bin` can never hold the class's head: by capacity, or GPU
+// memory no device of its node has.
+bool Scheduler::Impl::slot_never_holds(const Class& cl, std::int32_t bin) const {
+  const Quantity* cap = cap_of(bin);
+  for (std::int32_t k = 0; k < K; ++k)
+    if (cap[k] < cl.demand[k]) return true;
+  return has_gpus && cl.gpu_memory > 0 && node_max_dev_total[bin_node[bin]] < cl.gpu_memory;
+}
+
+// The trajectory of class c gives its slot `bin` up (it has a live action, the head): the
+// slot is free again (or taken over, free_slot), its node may now lend its held slots, and
+// the trajectory's other classes, parked on that slot's node, are looked at again.
+void Scheduler::Impl::unbind_slot(std::int32_t c, std::int32_t bin) {
+  const TrajectoryId t = classes[c].trajectory;
+  trajectory_bin.erase(t);
+  --node_busy_holders[bin_node[bin]];
+  free_slot(bin);
+  for (std::int32_t other : trajectory_classes[t])
+    if (other != c && classes[other].parked) unpark(other);
+}
+
+// Its holder ended: the slot is free, unless an action runs there in it as a lent slot;
+// then that action's trajectory (the lowest action id's, among those holding no slot) takes
+// the slot over, as its own from now on, so a slot with work of a trajectory in it is
+// always held.
+void Scheduler::Impl::free_slot(std::int32_t bin) {
+  std::int32_t heir = kNone;
+  if (bin_lent_running[bin] > 0)
+    for (std::int32_t s = 0; s < static_cast<std::int32_t>(slots.size()); ++s) {
+      const ActionRec& a = slots[s];
+      if (a.state != ActionState::kRunning || a.bin != bin || a.own_slot || !classes[a.cls].in_trajectory_slot) continue;
+      if (trajectory_bin.count(a.trajectory)) continue;
+      if (heir == kNone || a.id < slots[heir].id) heir = s;
+    }
+  if (heir == kNone) {
+    bin_bound[bin] = 0;
+    bin_holder[bin] = 0;
+    refresh_leaf(bin);
+    release_on_node(bin_node[bin], bin_partition[bin]);
+    return;
+  }
+  ActionRec& a = slots[heir];
+  a.own_slot = true;
+  --bin_lent_running[bin];
+  ++bin_holder_running[bin];
+  trajectory_bin[a.trajectory] = bin;
+  bin_holder[bin] = a.trajectory;
+  ++node_busy_holders[bin_node[bin]];  // it has a live action: this one
+  for (std::int32_t other : trajectory_classes[a.trajectory])
+    if (classes[other].parked) unpark(other);
+}
+
+// A trajectory's live actions went from none to some (+1) or back (-1): when it holds a
+// slot, its node counts it busy or not; a node whose holders all went idle lends its held
+// slots, so classes parked for room there are looked at again.
+void Scheduler::Impl::holder_live(TrajectoryId trajectory, std::int32_t delta) {
+  if (row.rules.bins != BinLayout::kTrajectorySlots) return;
+  auto it = trajectory_bin.find(trajectory);
+  if (it == trajectory_bin.end()) return;
+  const std::int32_t n = bin_node[it->second];
+  node_busy_holders[n] += delta;
+  if (node_busy_holders[n] == 0) release_on_node(n, bin_partition[it->second]);
 }
 
 // Nothing fits the head now. A starving head (waited starvation_seconds) holds back every
@@ -262,16 +361,21 @@ void Scheduler::Impl::note_quota_block(Class& cl, const QuotaState& q) {
 // Takes the head's request from its quota, or blocks the quota for the rest of the pass
 // (later heads of the quota wait without asking).
 bool Scheduler::Impl::quota_admits(Class& cl) {
+  if (quota_refuses(cl)) return false;
+  quotas[cl.quota].take(now, cl.tokens);
+  return true;
+}
+
+// Whether the head's quota would refuse it now; if so, the quota is blocked for the rest of
+// the pass, as quota_admits would leave it.
+bool Scheduler::Impl::quota_refuses(Class& cl) {
   QuotaState& q = quotas[cl.quota];
-  if (!q.admits(now, cl.tokens)) {
-    quota_blocked[cl.quota] = 1;
-    quota_blocked_at[cl.quota] = cl.waiting.head();
-    quota_refused = true;
-    note_quota_block(cl, q);
-    if (q.last_until != kNever) wakeup = std::min(wakeup, q.last_until);
-    return false;
-  }
-  q.take(now, cl.tokens);
+  if (q.admits(now, cl.tokens)) return false;
+  quota_blocked[cl.quota] = 1;
+  quota_blocked_at[cl.quota] = cl.waiting.head();
+  quota_refused = true;
+  note_quota_block(cl, q);
+  if (q.last_until != kNever) wakeup = std::min(wakeup, q.last_until);
   return true;
 }
 
@@ -302,7 +406,7 @@ inline std::int32_t Scheduler::Impl::best_fit(const Class& cl) const {
 // first start, takes the head off its class, and emits the kStart decision. The class's
 // next head parks at once if it surely cannot start in the rest of the pass.
 inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::int32_t fixed_leaf, std::int32_t device,
-                                 std::vector<Decision>& out) {
+                                 std::vector<Decision>& out, bool borrowed) {
   Class& cl = classes[c];
   Partition& part = partitions[cl.partition];
   const std::int32_t slot = cl.waiting.head().slot;
@@ -342,12 +446,17 @@ inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::
     refresh_node_devices(node);
   }
   a.bin = bin;
+  a.own_slot = cl.in_trajectory_slot && !borrowed;
+  if (a.own_slot) ++bin_holder_running[bin];
+  if (borrowed) ++bin_lent_running[bin];
   // Listed before the next head's look below: units it holds above its minimum are ones a
   // shrink could take back later.
   if (malleable) note_running(slot);
-  if (cl.in_trajectory_slot && fixed_leaf == kNone) {
+  if (cl.in_trajectory_slot && fixed_leaf == kNone && !borrowed) {
     trajectory_bin[cl.trajectory] = bin;
     bin_bound[bin] = 1;
+    bin_holder[bin] = cl.trajectory;
+    ++node_busy_holders[node];  // it has a live action: this one
     std::vector<Quantity> hidden(D, -1);
     part.free_tree.set(leaf, hidden.data());
     // The trajectory's other classes now wait for this slot alone, not where they were
@@ -404,6 +513,7 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
   fit_epoch = pass_epoch;
   any_mask = false;
   wakeup = kNever;
+  spared_fresh = false;
   std::fill(quota_blocked.begin(), quota_blocked.end(), 0);
   quota_refused = false;
   started.clear();
@@ -515,6 +625,11 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
     if (quota_blocked[q] && quotas[q].last_until != kNever) wakeup = std::min(wakeup, quotas[q].last_until);
   for (const ServiceRec& s : services)
     if (s.device != kNone && s.ready_ns > now) wakeup = std::min(wakeup, s.ready_ns);
+  // A plan fell short sparing a service ready only since the last pass (its waiting actions
+  // had this pass to start): the next pass may evict it, so one comes even when no event
+  // does; else what waits for its memory would wait for good.
+  if (spared_fresh && n_waiting > 0) wakeup = std::min(wakeup, now + 1);
+  spared_fresh = false;
   prev_pass_now = now;
 }
 

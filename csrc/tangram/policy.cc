@@ -5,6 +5,8 @@
 // of a row validate_rules accepts is one the pass implements.
 #include "tangram/policy.h"
 
+#include <cmath>
+
 namespace tangram {
 
 namespace {
@@ -125,6 +127,17 @@ PolicyRules parse_rules(const std::vector<std::pair<std::string, std::string>>& 
   r.resize = static_cast<ResizeRule>(value[5]);
   r.gain = static_cast<GainRule>(value[6]);
   return r;
+}
+
+// How many trajectory slots of `slot_cpu` cores a node of `cpu` milli-cores holds: the most
+// that fit, with the slot taken at a billionth of a core and the benefit of its rounding
+// there (slot_nano - 1/2), so a slot given as cpu / n, which floating point may put a hair
+// above the quotient, still gives n slots, while a slot even a millionth of a core larger
+// gives fewer. In integers, so the core and the reference count alike.
+Quantity trajectory_slots(Quantity cpu, double slot_cpu) {
+  const __int128 slot_nano = static_cast<__int128>(std::floor(slot_cpu * 1e9 + 0.5));
+  const __int128 cpu_nano = static_cast<__int128>(cpu) * 1000000;
+  return static_cast<Quantity>((2 * cpu_nano) / (2 * slot_nano - 1));
 }
 
 }  // namespace tangram

@@ -127,13 +127,20 @@ struct PolicyConfig {
   // slot is never held). Under RestoreRule::kQueuesFirst, also the wait after which a
   // service's restore goes first.
   double starvation_seconds = 60;
-  // BinLayout::kTrajectorySlots: cores (milli) in each trajectory's slot. Each node is cut
-  // into floor(cpu / slot) slots; other kinds are divided evenly among a node's slots.
-  Quantity trajectory_slot_cpu = 0;
+  // BinLayout::kTrajectorySlots: cores in each trajectory's slot (e.g. 2.0 / 17). Each node
+  // holds as many slots as fit its cpu, counted from this value to a billionth of a core (so
+  // cpu / n gives n slots), each of this many cores rounded to the milli-core as an
+  // action's demand is (an action asking for its slot fits it); other kinds are divided
+  // evenly among a node's slots (trajectory_slots()).
+  double trajectory_slot_cpu = 0;
   // BinLayout::kTaskPools: (task pool id, weight). Every node is divided among the pools
   // in proportion to the weights. Actions name their pool in ActionSpec::task.
   std::vector<std::pair<std::uint32_t, double>> pools;
 };
+
+// How many slots of `slot_cpu` cores (PolicyConfig::trajectory_slot_cpu) a node of `cpu`
+// milli-cores holds under BinLayout::kTrajectorySlots.
+Quantity trajectory_slots(Quantity cpu, double slot_cpu);
 
 // The built-in rows, in PolicyKind order: the one list of policy names.
 const std::vector<PolicyRow>& builtin_policies();

@@ -138,9 +138,7 @@ void Scheduler::end_trajectories(const TrajectoryId* ids, std::size_t count, Tim
     if (it == m.trajectory_bin.end()) continue;
     std::int32_t bin = it->second;
     m.trajectory_bin.erase(it);
-    m.bin_bound[bin] = 0;
-    m.refresh_leaf(bin);
-    m.release_on_node(m.bin_node[bin], m.bin_partition[bin]);
+    m.free_slot(bin);
   }
   m.pass(out);
 }
@@ -310,6 +308,11 @@ Quantity Scheduler::free(std::int32_t node, std::int32_t kind) const {
 
 Quantity Scheduler::gpu_free(std::int32_t node, std::int32_t device) const {
   return impl_->dev_free[impl_->global_device(node, device)];
+}
+
+std::int32_t Scheduler::trajectory_slot_node(TrajectoryId trajectory) const {
+  auto it = impl_->trajectory_bin.find(trajectory);
+  return it == impl_->trajectory_bin.end() ? kNone : impl_->bin_node[it->second];
 }
 
 std::pair<std::int32_t, std::int32_t> Scheduler::service_location(std::int32_t service) const {

@@ -123,6 +123,9 @@ class Scheduler {
   // The service's device as (node, device), or (kNone, kNone) when offloaded.
   std::pair<std::int32_t, std::int32_t> service_location(std::int32_t service) const;
   bool service_ready(std::int32_t service) const;
+  // BinLayout::kTrajectorySlots: the node of the slot the trajectory holds, or kNone (it
+  // holds none: not started yet, ended, or running only in slots lent to it).
+  std::int32_t trajectory_slot_node(TrajectoryId trajectory) const;
   // Run time in seconds the action's model gives for `units` milli-units of its elastic
   // kind (its minimum when not elastic). The action must be live.
   double runtime(ActionId id, Quantity units) const;

@@ -104,6 +104,7 @@ struct alignas(64) ActionRec {
   std::int32_t device = kNone;  // global device index
   std::uint32_t mark = 0;  // validate_ids: the batch mark when its id was last seen
   ActionState state = ActionState::kUnknown;
+  bool own_slot = false;  // running in its trajectory's own slot (BinLayout::kTrajectorySlots)
 };
 static_assert(sizeof(ActionRec) == 64, "an action's hot record is one cache line");
 
@@ -333,6 +334,14 @@ struct Scheduler::Impl {
   IdMap trajectory_live;  // trajectory -> its live actions
   std::unordered_map<TrajectoryId, std::int32_t> trajectory_bin;  // trajectory slot bindings
   std::vector<std::uint8_t> bin_bound;  // trajectory slots: held by a trajectory (hidden from the free tree)
+  // Trajectory slots, per bin: its holder, and how many of the holder's own actions run there.
+  std::vector<TrajectoryId> bin_holder;
+  std::vector<std::int32_t> bin_holder_running;
+  std::vector<std::int32_t> bin_lent_running;  // actions running there in it as a lent slot
+  // Trajectory slots, per node: its held slots whose holder has a live action. A node where
+  // that is 0 lends its held slots (lend_slot_room): every slot there is held by a trajectory
+  // with nothing to do, so no work in progress could free one for a trajectory without.
+  std::vector<std::int32_t> node_busy_holders;
   std::uint64_t next_seq = 0;
   std::size_t n_waiting = 0, n_running = 0;
   TimeNs now = 0;
@@ -500,15 +509,27 @@ struct Scheduler::Impl {
     bool has_range = false;             // it has somewhere to go now
     bool own_slot = false;              // it runs in its trajectory's own slot
     bool masked = false;                // its whole partition is held back
+    bool borrowed = false;              // `cand` are held slots lent to it (lend_slot_room)
   };
   Room find_room(Class& cl, std::int32_t device);
   bool held_slot_room(const Class& cl, const Room& room, bool own);
+  bool lend_slot_room(const Class& cl, const Room& room);
+  // A held slot `bin` is lent to the class: it is one of a trajectory holding no slot, on a
+  // node where no holder has anything live.
+  bool lends_to(const Class& cl, std::int32_t bin) const {
+    return cl.in_trajectory_slot && node_busy_holders[bin_node[bin]] == 0 && !trajectory_bin.count(cl.trajectory);
+  }
+  bool slot_never_holds(const Class& cl, std::int32_t bin) const;
+  void unbind_slot(std::int32_t c, std::int32_t bin);
+  void holder_live(TrajectoryId trajectory, std::int32_t delta);
+  void free_slot(std::int32_t bin);
   Try no_room(Class& cl, const Room& room, std::int32_t device);
   void note_quota_block(Class& cl, const QuotaState& q);
   bool quota_admits(Class& cl);
+  bool quota_refuses(Class& cl);
   std::int32_t best_fit(const Class& cl) const;
   void start_head(std::int32_t c, std::int32_t leaf, std::int32_t fixed_leaf, std::int32_t device,
-                  std::vector<Decision>& out);
+                  std::vector<Decision>& out, bool borrowed = false);
   std::int32_t scope_node(const Class& c) const;
   bool eligible_range(const Class& c, std::int32_t& lo, std::int32_t& hi, std::int32_t& fixed_leaf) const;
   bool may_start_now(Class& cl);
@@ -549,6 +570,9 @@ struct Scheduler::Impl {
     std::vector<std::int32_t> victims;
     std::vector<std::uint8_t> discard;  // per victim: its state is given up (evict or discard_asleep)
   };
+  // Some plan_room of this pass fell short while sparing a service ready only since the
+  // last pass: the next pass may evict it, so one is due even if no event comes (pass()).
+  mutable bool spared_fresh = false;
   RoomPlan plan_room(std::int32_t device, Quantity need, std::int32_t keep) const;
   bool make_gpu_room(const Class& c, std::int32_t lo, std::int32_t hi, std::int32_t fixed_leaf,
                      std::int32_t device, std::vector<Decision>& out);
@@ -558,6 +582,7 @@ struct Scheduler::Impl {
   void emit_evict(std::int32_t svc_id, std::int32_t device, bool discard, std::vector<Decision>& out) const;
   void evict_plan(const RoomPlan& plan, std::vector<Decision>& out);
   void evict_offline_services(std::vector<Decision>& out);
+  bool could_serve(const Class& cl, std::int32_t d) const;
   Quantity evict_frees(std::int32_t svc_id) const;
   bool device_online(std::int32_t d) const { return node_online[dev_node[d]] && !dev_offline[d]; }
   // Argument checks of the public calls: Error naming the field when out of range.

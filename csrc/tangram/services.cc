@@ -43,8 +43,9 @@ Quantity Scheduler::Impl::evict_frees(std::int32_t s) const {
 // over its idle victims, so the choice of device weighs popularity too.
 // A victim whose offloaded state would not fit the node's offload memory (beside the
 // earlier victims') is discarded instead: its state is given up, freeing all its memory.
-// When that is still short, idle unmovable services asleep on d (in service order) are
-// discarded too: their processes, and the memory they keep there, are given up.
+// When that is still short, the plan's unmovable victims (in plan order) are discarded
+// rather than offloaded, and then idle unmovable services asleep on d (in service order)
+// are discarded too: their processes, and the memory they keep there, are given up.
 Scheduler::Impl::RoomPlan Scheduler::Impl::plan_room(std::int32_t d, Quantity need, std::int32_t keep) const {
   RoomPlan plan;
   Quantity room = dev_free[d];
@@ -53,11 +54,15 @@ Scheduler::Impl::RoomPlan Scheduler::Impl::plan_room(std::int32_t d, Quantity ne
     return plan;
   }
   std::vector<std::int32_t> cands;
+  bool spared = false;
   for (std::int32_t s = 0; s < static_cast<std::int32_t>(services.size()); ++s) {
     const ServiceRec& o = services[s];
     // A service that became ready since the last pass gets that pass for its waiting
     // actions before it may be evicted: otherwise a restore can be undone unused.
-    if (s != keep && o.device == d && o.running == 0 && o.ready_ns <= prev_pass_now) cands.push_back(s);
+    if (s != keep && o.device == d && o.running == 0) {
+      if (o.ready_ns <= prev_pass_now) cands.push_back(s);
+      else if (o.ready_ns <= now) spared = true;  // ready since the last pass (not still restoring)
+    }
   }
   // How long until a service is asked for again: its usual gap between requests, or the
   // time since its last one when longer; -1 when it was never asked for.
@@ -105,6 +110,14 @@ Scheduler::Impl::RoomPlan Scheduler::Impl::plan_room(std::int32_t d, Quantity ne
     if (o.waiting == 0 && gap > 0) plan.likely += static_cast<double>(o.restore_ns) / static_cast<double>(gap);
     plan.victims.push_back(cands[i]);
   }
+  // Still short: unmovable victims give their processes up rather than keep their asleep
+  // memory there (else a device an unmovable service sleeps on could never hold the rest).
+  for (std::size_t i = 0; i < plan.victims.size() && room < need; ++i) {
+    const std::int32_t v = plan.victims[i];
+    if (plan.discard[i] || inv.services[v].asleep_memory == 0) continue;
+    room += inv.services[v].asleep_memory;
+    plan.discard[i] = 1;
+  }
   for (std::int32_t s = 0; s < static_cast<std::int32_t>(services.size()) && room < need; ++s) {
     const ServiceRec& o = services[s];
     if (s == keep || o.device != kNone || o.pinned_device != d || o.waiting > 0) continue;
@@ -114,6 +127,7 @@ Scheduler::Impl::RoomPlan Scheduler::Impl::plan_room(std::int32_t d, Quantity ne
     plan.discard.push_back(1);
   }
   plan.ok = room >= need;
+  if (!plan.ok && spared) spared_fresh = true;
   return plan;
 }
 
@@ -180,6 +194,21 @@ void Scheduler::Impl::evict(std::int32_t v, std::vector<Decision>& out, bool dis
   emit_evict(v, d, discard, out);
 }
 
+// Whether device d could ever serve the head of class `cl` (a service action): big enough
+// for the service beside the action's GPU memory, on a node with a bin of the class's
+// partition whose capacity covers its demand. By capacity alone: what runs there now ends.
+bool Scheduler::Impl::could_serve(const Class& cl, std::int32_t d) const {
+  if (dev_total[d] < inv.services[cl.service].memory + cl.gpu_memory) return false;
+  const Partition& part = partitions[cl.partition];
+  const std::int32_t n = dev_node[d];
+  if (part.node_lo[n] < 0) return false;
+  std::vector<Quantity> demand(cl.demand, cl.demand + K);
+  if (has_gpus) demand.push_back(0);
+  std::vector<std::int32_t> found;
+  part.cap_tree.find(part.node_lo[n], part.node_hi[n], demand.data(), 1, [](std::int32_t) { return false; }, found);
+  return !found.empty();
+}
+
 // Makes `svc_id` resident (or restoring) somewhere, evicting greedily (plan_room).
 // Emits the evict and restore decisions; false when no device can make room now.
 bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vector<Decision>& out) {
@@ -196,15 +225,7 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
   auto no_skip = [](std::int32_t) { return false; };
   std::vector<Quantity> demand(head.demand, head.demand + K);
   if (has_gpus) demand.push_back(0);
-  auto usable = [&](std::int32_t d) {
-    if (dev_total[d] < full + head.gpu_memory) return false;
-    std::int32_t n = dev_node[d];
-    if (!device_online(d)) return false;
-    if (part.node_lo[n] < 0) return false;
-    found.clear();
-    part.cap_tree.find(part.node_lo[n], part.node_hi[n], demand.data(), 1, no_skip, found);
-    return !found.empty();
-  };
+  auto usable = [&](std::int32_t d) { return device_online(d) && could_serve(head, d); };
   // Prefer devices whose node has room for the waiting action right now.
   auto busy_node = [&](std::int32_t d) -> std::int64_t {
     std::int32_t n = dev_node[d];
@@ -328,7 +349,8 @@ void Scheduler::Impl::drain(std::int32_t svc_id, std::int32_t dlo, std::int32_t 
 // occupy the GPU memory (Smith's rule: waiting / (restore + queued work / max_batch), cross
 // multiplied in integers), then service order. Each is restored by restore() (the usual
 // device choice and greedy eviction) with its first waiting action in policy order as the
-// head; one that finds no room now is left to the walk.
+// head; one that finds no room now is left to the walk. While a GPU action with no service
+// starves, none is restored ahead of the walk.
 void Scheduler::Impl::restore_queues(std::vector<Decision>& out) {
   std::vector<std::int32_t> order;
   for (std::int32_t s = 0; s < static_cast<std::int32_t>(services.size()); ++s)
@@ -337,6 +359,11 @@ void Scheduler::Impl::restore_queues(std::vector<Decision>& out) {
   std::vector<std::int32_t> head(services.size(), kNone);  // class holding the service's first waiting action
   for (std::int32_t c = 0; c < static_cast<std::int32_t>(classes.size()); ++c) {
     const Class& cl = classes[c];
+    // A starving GPU action (no service) gets its memory in the walk, in policy order: restores
+    // ahead of the walk would take the device it waits for, pass after pass.
+    if (cl.service == kNone && cl.gpu_memory > 0 && !cl.waiting.empty() &&
+        now - cl.waiting.head().submit_ns >= starvation_ns)
+      return;
     if (cl.service == kNone || cl.waiting.empty() || services[cl.service].device != kNone) continue;
     std::int32_t& h = head[cl.service];
     if (h == kNone || cl.waiting.head() < classes[h].waiting.head()) h = c;
@@ -353,8 +380,11 @@ void Scheduler::Impl::restore_queues(std::vector<Decision>& out) {
     if (lhs != rhs) return lhs > rhs;
     return x < y;
   });
-  for (std::int32_t s : order)
-    if (services[s].device == kNone) restore(s, classes[head[s]], out);
+  for (std::int32_t s : order) {
+    const Class& cl = classes[head[s]];
+    if (cl.quota != kNone && !quotas[cl.quota].admits(now, cl.tokens)) continue;  // the walk will say why
+    if (services[s].device == kNone) restore(s, cl, out);
+  }
 }
 
 // An action needs GPU memory that resident services hold: evict by the same greedy plan,
@@ -366,6 +396,18 @@ bool Scheduler::Impl::make_gpu_room(const Class& c, std::int32_t lo, std::int32_
   RoomPlan chosen;
   if (device != kNone) {
     if (dev_free[device] >= c.gpu_memory) return false;  // it waits for something else
+    // Its service's node must hold the rest of its demand now, else the memory freed would go
+    // unused (and the victims be restored and evicted again, pass after pass).
+    const Partition& part = partitions[c.partition];
+    bool rest_fits = false;
+    for (std::int32_t leaf = lo; leaf < hi && !rest_fits; ++leaf) {
+      const std::int32_t b = part.bins[leaf];
+      if (!node_online[bin_node[b]] || (any_mask && node_masked[bin_node[b]] == pass_epoch)) continue;
+      const Quantity* f = free_of(b);
+      rest_fits = true;
+      for (std::int32_t k = 0; k < K && rest_fits; ++k) rest_fits = f[k] >= c.demand[k];
+    }
+    if (!rest_fits) return false;
     chosen = plan_room(device, c.gpu_memory, c.service);
     if (!chosen.ok) return false;
     target = device;
@@ -376,7 +418,7 @@ bool Scheduler::Impl::make_gpu_room(const Class& c, std::int32_t lo, std::int32_
     for (std::int32_t leaf = lo; leaf < hi; ++leaf) {
       const std::int32_t b = part.bins[leaf];
       const std::int32_t n = bin_node[b];
-      if (fixed_leaf == kNone && bin_bound[b]) continue;
+      if (fixed_leaf == kNone && bin_bound[b] && !lends_to(c, b)) continue;
       if (!node_online[n]) continue;
       if (any_mask && node_masked[n] == pass_epoch) continue;
       const Quantity* f = free_of(b);
@@ -415,9 +457,10 @@ bool Scheduler::Impl::service_admits(Class& cl, std::int32_t& device, std::vecto
     cl.block = Block::kServiceOffline;
     return false;
   }
-  if (svc.device != kNone && svc.ready_ns <= now && dev_total[svc.device] < inv.services[cl.service].memory + cl.gpu_memory) {
-    // Its device can never hold this action beside the service: move the service once
-    // its running batch is done.
+  if (svc.device != kNone && svc.ready_ns <= now && !could_serve(cl, svc.device)) {
+    // Its device (or the device's node) can never hold this action beside the service:
+    // move the service once its running batch is done. Left there, an idle service would
+    // keep the action waiting for good, since nothing else evicts it.
     if (svc.running > 0) {
       cl.block = Block::kServiceNoRoom;
       return false;
@@ -427,6 +470,10 @@ bool Scheduler::Impl::service_admits(Class& cl, std::int32_t& device, std::vecto
     refresh_node_devices(node);
     release_on_node(node, kNone);
   }
+  // A restore is made for an action that its quota would admit now: else the memory would
+  // sit unused, or two services kept out of each other's way by their quotas would swap
+  // places pass after pass.
+  if (svc.device == kNone && cl.quota != kNone && quota_refuses(cl)) return false;
   if (svc.device == kNone && !restore(cl.service, cl, out)) {
     cl.block = Block::kServiceNoRoom;
     return false;

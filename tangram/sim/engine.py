@@ -490,7 +490,9 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
     seq = 0
     next_j = np.zeros(n, dtype=np.int64)  # next action index per trajectory
     traj_end = np.full(n, np.nan)
-    traj_first_start = np.full(n, np.nan)
+    traj_first_start = np.full(n, np.nan)  # under "trajectory": when it bound its slot
+    slots = pol.name == "trajectory"
+    lent: set[int] = set()  # trajectories that ran in a slot lent to them, holding none
     restores = evictions = 0
     rejected_now: list[int] = []
     service_log: list[tuple[float, int, int, int, int]] = []
@@ -561,8 +563,13 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
                     d[0] = g
                 demand[aid] = d
                 t = int(traj_of[aid])
-                if label[aid] == ENV and math.isnan(traj_first_start[t]):
-                    traj_first_start[t] = now
+                # Under "trajectory" it holds its slot from the start that binds one (a start
+                # in a slot lent to it binds none).
+                if slots and label[aid] == ENV and math.isnan(traj_first_start[t]):
+                    if sched.trajectory_slot(t) is not None:
+                        traj_first_start[t] = now
+                    else:
+                        lent.add(t)
                 since[aid] = now
                 if learner is not None:  # as the live orchestrator reports a run as it goes
                     key, kind_name, is_elastic = learn_key[aid]
@@ -643,6 +650,13 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
             if ended:
                 apply(sched.end_trajectories(ended, now), now)
                 ended = []
+                # A slot let go with a lent action in it is taken over by that action's
+                # trajectory, which holds it from now on.
+                for t in list(lent):
+                    if sched.trajectory_slot(t) is not None or not math.isnan(traj_end[t]):
+                        lent.discard(t)
+                        if math.isnan(traj_first_start[t]) and math.isnan(traj_end[t]):
+                            traj_first_start[t] = now
             if to_submit:
                 batch = []
                 for t in to_submit:
@@ -713,8 +727,8 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
     resource_seconds = {kname: float(held[k]) for k, kname in enumerate(kinds)}
     cpu_held = float(held[0])
     if pol.name == "trajectory":
-        # Each trajectory holds its whole slot from its first start until it ends; reward
-        # actions bind no slot and hold their own grant.
+        # Each trajectory holds its whole slot from the start that binds it until it ends;
+        # reward actions and actions in lent slots bind none (a lent slot is its holder's).
         slot = pol.trajectory_slot_cpu
         bound = ~np.isnan(traj_first_start)
         reward_cpu = float((demand[ok & (label == REWARD), 0] * run[ok & (label == REWARD)]).sum())

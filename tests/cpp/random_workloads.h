@@ -125,7 +125,7 @@ struct RandomRun {
 
   static PolicyConfig with_options(PolicyConfig p) {
     p.starvation_seconds = 20;
-    p.trajectory_slot_cpu = U(2);  // trajectory slots: 4 of 2 cores and 4096 MiB per node
+    p.trajectory_slot_cpu = 2.0;  // trajectory slots: 4 of 2 cores and 4096 MiB per node
     p.pools = {{0, 1.0}, {1, 1.0}};  // task pools: exact halves
     return p;
   }

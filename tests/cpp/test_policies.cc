@@ -19,11 +19,12 @@ ActionSpec in_task(ActionSpec a, std::uint32_t task) {
 
 // The trajectory policy gives each trajectory its own slot from its first action until
 // end_trajectories: a slot stays bound while its trajectory is between actions, later
-// actions of the trajectory run in it with the whole slot as their grant, and another
-// trajectory gets it only after the first one ends.
+// actions of the trajectory run in it with the whole slot as their grant, and, while
+// another holder on the node has work in progress, another trajectory gets it only after
+// the first one ends.
 TEST(TrajectoryPolicy, OwnSlotUntilEnd) {
   PolicyConfig p = policy_of(PolicyKind::kTrajectory);
-  p.trajectory_slot_cpu = U(2);
+  p.trajectory_slot_cpu = 2.0;
   Harness h(cpu_inventory(1, 4), p);  // two slots of 2 cores
   // Trajectory 1's elastic action gets the whole slot (not 8, not 1); 2 takes the other.
   EXPECT_EQ(h.submit({in_trajectory(amdahl(1, {U(1)}, 0, U(8), 10, 0.9), 1), in_trajectory(action(2, {U(1)}, 10), 2),
@@ -31,7 +32,8 @@ TEST(TrajectoryPolicy, OwnSlotUntilEnd) {
                      0),
             (Decisions{start(1).on(0).grant(0, U(2)).at(0), start(2).on(0).at(0)}));
   EXPECT_EQ(h.s.state(3), ActionState::kWaiting);
-  EXPECT_EQ(h.s.explain(3), "waiting for resources: needs cpu=1; most free on one bin it may use: cpu=0 (no free trajectory slot)");
+  EXPECT_EQ(h.s.explain(3), "waiting for resources: needs cpu=1; most free on one bin it may use: cpu=0 (no free "
+                            "trajectory slot, and every node's held slots are full or have work in progress)");
   // Trajectory 1 is between actions: its slot stays its own.
   EXPECT_EQ(h.complete({1}, 1), Decisions{});
   EXPECT_EQ(h.s.state(3), ActionState::kWaiting);
@@ -53,20 +55,21 @@ TEST(TrajectoryPolicy, OwnSlotUntilEnd) {
 // including that no stale heap or park entry is taken for a reused class).
 TEST(TrajectoryPolicy, EndedTrajectoriesFreeTheirClasses) {
   PolicyConfig p = policy_of(PolicyKind::kTrajectory);
-  p.trajectory_slot_cpu = U(2);
+  p.trajectory_slot_cpu = 2.0;
   Harness h(cpu_inventory(1, 4), p);  // two slots
   ActionId id = 1;
   double now = 0;
   for (TrajectoryId t = 1; t <= 600; t += 3) {
     // Three trajectories for two slots: the first two (arrival order) bind them, the third
-    // waits (its class parks), then runs once they end.
+    // waits (its class parks), then runs once the first ends.
     std::vector<ActionSpec> batch;
     for (TrajectoryId u = t; u < t + 3; ++u) batch.push_back(in_trajectory(action(id++, {U(1 + (u % 2))}, 1), u));
     ASSERT_EQ(h.submit(batch, now), (Decisions{start(id - 3).on(0).at(now), start(id - 2).on(0).at(now)}));
-    EXPECT_EQ(h.complete({id - 3, id - 2}, now + 1), Decisions{});  // their slots stay bound
-    ASSERT_EQ(h.end({t, t + 1}, now + 1), (Decisions{start(id - 1).on(0).at(now + 1)}));
-    h.complete({id - 1}, now + 2);
-    h.end({t + 2}, now + 2);
+    // Its slot stays bound; the other holder still works, so the node lends no slot.
+    EXPECT_EQ(h.complete({id - 3}, now + 1), Decisions{});
+    ASSERT_EQ(h.end({t}, now + 1), (Decisions{start(id - 1).on(0).at(now + 1)}));
+    h.complete({id - 2, id - 1}, now + 2);
+    h.end({t + 1, t + 2}, now + 2);
     now += 3;
     EXPECT_EQ(h.s.class_count(), 0u);
   }
@@ -118,7 +121,7 @@ TEST(Regressions, TrajectoryServiceActionRunsOnItsServicesNode) {
   inv.nodes[1].gpus = {{U(1000)}};
   inv.services = {{"s0", U(500), 0, 1}, {"s1", U(500), 0, 1}};  // homes: round robin over the GPUs
   PolicyConfig p = policy_of(PolicyKind::kTrajectory);
-  p.trajectory_slot_cpu = U(2);
+  p.trajectory_slot_cpu = 2.0;
   Harness h(inv, p);
   ActionSpec cpu = action(1, {U(1)}, 10);
   cpu.trajectory = 7;
@@ -143,7 +146,7 @@ Inventory one_gpu_node_inventory() {
 // The trajectory policy with two slots of 2 cores on such a node.
 PolicyConfig two_core_slots() {
   PolicyConfig p = policy_of(PolicyKind::kTrajectory);
-  p.trajectory_slot_cpu = U(2);
+  p.trajectory_slot_cpu = 2.0;
   return p;
 }
 
@@ -155,8 +158,9 @@ TEST(Regressions, TrajectoryServiceActionsRunInHeldSlots) {
   ActionSpec a = action(1, {U(2)}, 10), b = action(2, {U(1)}, 10), c = action(3, {U(1)}, 10);
   a.trajectory = 1, b.trajectory = 2, c.trajectory = 3;
   EXPECT_EQ(h.submit({a, b, c}, 0), (Decisions{start(1).on(0).at(0), start(2).on(0).at(0)}));
-  EXPECT_EQ(h.complete({1, 2}, 1), Decisions{});
-  EXPECT_EQ(h.s.state(3), ActionState::kWaiting);  // no free slot: trajectory 3 waits
+  // Trajectory 2 still works (b runs): no free slot and none lent, so trajectory 3 waits.
+  EXPECT_EQ(h.complete({1}, 1), Decisions{});
+  EXPECT_EQ(h.s.state(3), ActionState::kWaiting);
   ActionSpec r1 = action(11, {U(1)}, 10), r2 = action(12, {U(1)}, 10);
   r1.trajectory = 1, r1.service = 0, r2.trajectory = 2, r2.service = 0;
   EXPECT_EQ(h.submit({r1, r2}, 1), (Decisions{restore(0).on(0, 0).at(1), start(11).on(0, 0).service(0).at(1),
@@ -166,27 +170,28 @@ TEST(Regressions, TrajectoryServiceActionsRunInHeldSlots) {
   more.trajectory = 1;
   EXPECT_EQ(h.submit({more}, 1), Decisions{});
   EXPECT_EQ(h.complete({11, 12}, 2), (Decisions{start(4).on(0).at(2)}));
-  // A reward of a trajectory with no slot runs in another's held slot with room.
+  // A reward of a trajectory with no slot runs in another's held slot with room (b's).
   ActionSpec r3 = action(13, {U(1)}, 10);
   r3.trajectory = 5, r3.service = 0;
   EXPECT_EQ(h.submit({r3}, 2), (Decisions{start(13).on(0, 0).service(0).at(2)}));
-  EXPECT_EQ(h.s.free(0, 0), U(1));
+  EXPECT_EQ(h.s.free(0, 0), 0);
 }
 
 // A trajectory starving for a free slot holds back free slots only: the rewards of the
-// trajectories that hold every slot still run in their own, so those end and free one.
+// trajectories that hold every slot still run in their own, so those end and, with nothing
+// live left in them, the node lends a held slot to the starving one.
 TEST(Regressions, TrajectoryStarvingForASlotHoldsBackNoReward) {
   Harness h(one_gpu_node_inventory(), two_core_slots());
   ActionSpec a = action(1, {U(1)}, 10), b = action(2, {U(1)}, 10), c = action(3, {U(1)}, 10);
   a.trajectory = 1, b.trajectory = 2, c.trajectory = 3;
   EXPECT_EQ(h.submit({a, b, c}, 0), (Decisions{start(1).on(0).at(0), start(2).on(0).at(0)}));
-  EXPECT_EQ(h.complete({1, 2}, 100), Decisions{});  // trajectory 3 has waited 100 s: starving
   ActionSpec r1 = action(11, {U(1)}, 10), r2 = action(12, {U(1)}, 10);
   r1.trajectory = 1, r1.service = 0, r2.trajectory = 2, r2.service = 0;
+  // Trajectory 3 has waited 100 s: starving.
   EXPECT_EQ(h.submit({r1, r2}, 100), (Decisions{restore(0).on(0, 0).at(100), start(11).on(0, 0).service(0).at(100),
                                                start(12).on(0, 0).service(0).at(100)}));
-  EXPECT_EQ(h.complete({11, 12}, 101), Decisions{});
-  EXPECT_EQ(h.end({1}, 101), (Decisions{start(3).on(0).at(101)}));
+  EXPECT_EQ(h.complete({1, 2}, 100.5), Decisions{});  // the rewards still run: nothing lent
+  EXPECT_EQ(h.complete({11, 12}, 101), (Decisions{start(3).on(0).at(101)}));
 }
 
 // FIFO keeps arrival order (run time plays no part) and grants exactly the minimum; the

@@ -156,7 +156,7 @@ TEST(PolicyRows, SpareUnitsKeepATrajectorySlotBound) {
   PolicyRules r = tangram::policy_row(PolicyKind::kTrajectory).rules;
   r.spare = SpareRule::kEveryBin;
   p.row = PolicyRow{"greedy-slots", r};
-  p.trajectory_slot_cpu = U(2);
+  p.trajectory_slot_cpu = 2.0;
   Harness h(cpu_inventory(1, 4), p);  // two slots of 2 cores; the harness checks invariants
   auto in_trajectory = [](ActionSpec a, TrajectoryId t) {
     a.trajectory = t;

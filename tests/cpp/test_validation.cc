@@ -224,7 +224,7 @@ TEST(ValidationConstruction, InventoryAndPolicy) {
   svc.services = {{"rm", U(1), 0, 1}};
   expect_error([&] { Scheduler s(svc, PolicyConfig{}); }, ErrorCode::kInvalidArgument, "inventory.services[0]");
   PolicyConfig traj = policy_of(PolicyKind::kTrajectory);
-  traj.trajectory_slot_cpu = U(16);
+  traj.trajectory_slot_cpu = 16.0;
   expect_error([&] { Scheduler s(cpu_inventory(1, 4), traj); }, ErrorCode::kInvalidArgument,
                "policy(trajectory).trajectory_slot_cpu");
   expect_error([&] { Scheduler s(cpu_inventory(1, 4), policy_of(PolicyKind::kIsolated)); },

@@ -28,10 +28,15 @@
 //   * Valid batches of live ids (complete, cancel) at the current time are accepted; so is
 //     a limit of a running elastic action within [its minimum, its submitted maximum], and
 //     its grant is then at most that limit.
+//   * Liveness: at the end, with every device back online and nothing new submitted, the
+//     running actions complete one at a time (a quarter second apart) and the clock moves to
+//     each next wakeup until nothing runs and nothing is due: no action may still wait (every
+//     one started or was rejected), and no run of 50 wakeups may start nothing.
 //   * At the end, after cancelling/completing everything and ending every trajectory,
 //     every node's free amount of every kind is back to what it was at construction.
 #include <fuzzer/FuzzedDataProvider.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -129,6 +134,7 @@ class Harness {
     if (!construct()) return;
     const int events = in_.ConsumeIntegralInRange<int>(1, kMaxEvents);
     for (int e = 0; e < events && in_.remaining_bytes() > 0; ++e) step();
+    settle();
     drain();
   }
 
@@ -206,7 +212,7 @@ class Harness {
     policy.starvation_seconds = in_.ConsumeIntegralInRange<int>(0, 120);
     const tangram::BinLayout bins = tangram::resolve_policy(policy).rules.bins;
     if (bins == tangram::BinLayout::kTrajectorySlots)
-      policy.trajectory_slot_cpu = tangram::kMilli * in_.ConsumeIntegralInRange<Quantity>(1, 8);
+      policy.trajectory_slot_cpu = static_cast<double>(in_.ConsumeIntegralInRange<Quantity>(1, 8));
     if (bins == tangram::BinLayout::kTaskPools) policy.pools = {{0, 1.0}, {1, 1.0}};
 
     kinds_ = kinds;
@@ -696,6 +702,40 @@ class Harness {
       FUZZ_CHECK(sched_->state(id) == ActionState::kWaiting, "state() of a waiting action " + std::to_string(id));
     for (ActionId id : running_)
       FUZZ_CHECK(sched_->state(id) == ActionState::kRunning, "state() of a running action " + std::to_string(id));
+  }
+
+  // Drives the stream to its end without new work (the liveness oracle above).
+  void settle() {
+    for (std::int32_t n = 0; n < nodes_; ++n)
+      for (std::int32_t d = 0; d < 3; ++d) {
+        try {
+          sched_->set_device_online(n, d, true, sched_->now(), out_);
+          apply(sched_->now());
+        } catch (const tangram::Error&) {
+        }
+      }
+    int idle_wakeups = 0;
+    while (!waiting_.empty()) {
+      if (!running_.empty()) {
+        const ActionId id = *running_.begin();
+        const TimeNs now = sched_->now() + 250'000'000;
+        sched_->complete(&id, 1, now, out_);
+        running_.erase(id);
+        apply(now);
+        idle_wakeups = 0;
+        continue;
+      }
+      const TimeNs wake = sched_->next_wakeup();
+      if (wake == tangram::kNever) break;
+      const std::size_t before = waiting_.size();
+      sched_->tick(std::max(wake, sched_->now()), out_);
+      apply(sched_->now());
+      idle_wakeups = waiting_.size() < before ? 0 : idle_wakeups + 1;
+      FUZZ_CHECK(idle_wakeups <= 50, "settle: 50 wakeups in a row started nothing");
+    }
+    std::string stuck;
+    for (ActionId id : waiting_) stuck += "\n  " + std::to_string(id) + ": " + sched_->explain(id);
+    FUZZ_CHECK(waiting_.empty(), "settle: actions wait for good:" + stuck);
   }
 
   // Ends everything and checks that every pool is back to where it started.
