@@ -118,7 +118,9 @@ Rules, in words:
      whose device could never serve the action (smaller than service memory + the
      action's gpu_memory, or on a node with no bin of the action's partition whose
      capacity covers its demand) is moved (evicted, then restored) once nothing of it
-     runs (until then: waits); an offloaded service is restored (below; none possible:
+     runs and no other waiting action of it could run on that device, if the action's
+     quota would admit it now (until then: waits; a refusing quota is blocked for the
+     pass); an offloaded service is restored (below; none possible:
      waits) if the action's quota would admit it now (else the quota is blocked for the
      pass and it waits); a service still restoring, or running max_batch actions: waits.
      It may run only on its service's node and device.
@@ -1254,7 +1256,13 @@ class ReferenceScheduler:
             if svc.device >= 0 and not self._device_online(svc.device):
                 return WAITS  # evicted once its actions there have ended
             if svc.device >= 0 and svc.ready_ns <= now and not self._could_serve(a, svc.device):
-                if self._running(service=a.service) > 0:  # move it once its batch is done
+                # Moved once its batch is done and no other waiting action of it could run
+                # where it is, for an action its quota admits now.
+                if self._running(service=a.service) > 0 or any(
+                        not b.running and b.service == a.service and b is not a and self._could_serve(b, svc.device)
+                        for b in self.actions.values()):
+                    return WAITS
+                if a.quota >= 0 and not self._quota_would_admit(a, p):
                     return WAITS
                 self._evict(a.service, out, discard=not self._offload_fits(self.dev_node[svc.device], svc.host))
             # A restore is made for an action its quota would admit now.

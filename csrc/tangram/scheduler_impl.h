@@ -583,6 +583,7 @@ struct Scheduler::Impl {
   void evict_plan(const RoomPlan& plan, std::vector<Decision>& out);
   void evict_offline_services(std::vector<Decision>& out);
   bool could_serve(const Class& cl, std::int32_t d) const;
+  bool serves_another(const Class& cl, std::int32_t d) const;
   Quantity evict_frees(std::int32_t svc_id) const;
   bool device_online(std::int32_t d) const { return node_online[dev_node[d]] && !dev_offline[d]; }
   // Argument checks of the public calls: Error naming the field when out of range.

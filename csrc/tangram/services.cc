@@ -209,6 +209,13 @@ bool Scheduler::Impl::could_serve(const Class& cl, std::int32_t d) const {
   return !found.empty();
 }
 
+// Whether a waiting action of `cl`'s service in another class could run on device d.
+bool Scheduler::Impl::serves_another(const Class& cl, std::int32_t d) const {
+  for (const Class& other : classes)
+    if (&other != &cl && other.service == cl.service && !other.waiting.empty() && could_serve(other, d)) return true;
+  return false;
+}
+
 // Makes `svc_id` resident (or restoring) somewhere, evicting greedily (plan_room).
 // Emits the evict and restore decisions; false when no device can make room now.
 bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vector<Decision>& out) {
@@ -459,12 +466,16 @@ bool Scheduler::Impl::service_admits(Class& cl, std::int32_t& device, std::vecto
   }
   if (svc.device != kNone && svc.ready_ns <= now && !could_serve(cl, svc.device)) {
     // Its device (or the device's node) can never hold this action beside the service:
-    // move the service once its running batch is done. Left there, an idle service would
-    // keep the action waiting for good, since nothing else evicts it.
-    if (svc.running > 0) {
+    // move the service once its running batch is done and no other waiting action of it
+    // could run where it is, for an action its quota admits now. Left there, an idle
+    // service would keep the action waiting for good, since nothing else evicts it; moved
+    // any sooner, an unmovable one would come back to its device for those others, and
+    // go again, pass after pass.
+    if (svc.running > 0 || serves_another(cl, svc.device)) {
       cl.block = Block::kServiceNoRoom;
       return false;
     }
+    if (cl.quota != kNone && quota_refuses(cl)) return false;
     const std::int32_t node = dev_node[svc.device];
     evict(cl.service, out, !offload_fits(node, inv.services[cl.service].host_memory));
     refresh_node_devices(node);
