@@ -58,6 +58,9 @@ def run_code(request: Mapping[str, Any], keep_files: bool = False, scrub: bool =
         finally:
             _kill_descendants()
             _empty(os.getcwd())
+            tmp = os.environ.get("TMPDIR", "")
+            if tmp and os.path.isdir(tmp) and not os.path.realpath(tmp).startswith(os.path.realpath(os.getcwd()) + "/"):
+                _empty(tmp)  # a namespaced sandbox's /tmp is its own, beside its directory
     language = request["language"]
     entry = LANGUAGES.get(language)
     if entry is None:

@@ -245,7 +245,7 @@ def test_a_call_needs_what_its_manager_runs() -> None:
     from tangram.runtime.cpu import CpuManager
 
     async def main() -> None:
-        managers = {"cpu": CpuManager(isolation="affinity"), "api": ApiManager(), "mock": MockManager(),
+        managers = {"cpu": CpuManager(resource_control="affinity"), "api": ApiManager(), "mock": MockManager(),
                     "echo": Echo()}
         async with Orchestrator(inventory=inventory(), default_managers=False, managers=managers) as orch:
             for call in (Call(), Call(args=(1,)), Call(quota="q", resources={}),
@@ -289,7 +289,7 @@ def test_a_bad_environment_never_reaches_a_sandbox() -> None:
     from tangram.runtime.cpu import CpuManager
 
     async def main() -> None:
-        managers = {"cpu": CpuManager(isolation="affinity")}
+        managers = {"cpu": CpuManager(resource_control="affinity")}
         async with Orchestrator(inventory=inventory(), default_managers=False, managers=managers) as orch:
             with pytest.raises(tangram.ValidationError) as info:
                 orch.submit(Call(command="echo $A", env={"A": 1}, resources={"cpu": 0.1}))
@@ -314,7 +314,7 @@ def test_random_hostile_calls_end_alone_in_process(plan: list[int]) -> None:
     from tangram.runtime.cpu import CpuManager
 
     async def main() -> None:
-        managers = {"cpu": CpuManager(isolation="affinity"), "api": ApiManager(max_threads=2), "mock": MockManager()}
+        managers = {"cpu": CpuManager(resource_control="affinity"), "api": ApiManager(max_threads=2), "mock": MockManager()}
         orch = await Orchestrator(inventory=inventory(), default_managers=False, managers=managers).start()
         try:
             mix = Mix()

@@ -212,16 +212,19 @@ def main(trajectories: int | None = None, policies: tuple[str, ...] = ("trajecto
     from tqdm import tqdm
 
     from ..runtime.isolation import detect
+    from ..runtime.namespaces import detect as detect_boundary
 
     cores = len(os.sched_getaffinity(0))
     trajectories = trajectories or max(4, min(32, 2 * cores))
     isolation = detect()
+    boundary = detect_boundary()
     print(f"tangram demo: one RL rollout step of {trajectories} agentic coding trajectories on this machine "
           f"({cores} cores), run once per policy: {', '.join(policies)}")
     print("  each trajectory alternates LLM generation (a sleep) with tool calls in its own sandbox: write code, "
           f"query a search API limited to {SEARCH_RATE:g}/s, build, run, test (elastic), fix; a reward service "
           "scores it")
-    print(f"  sandboxes: {isolation.description if verbose else isolation.summary}")
+    print(f"  sandboxes: {boundary.description if verbose else boundary.summary}")
+    print(f"  resources: {isolation.description if verbose else isolation.summary}")
     server, port = start_search_server()
     runs = []
     try:

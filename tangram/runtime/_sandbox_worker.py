@@ -1,10 +1,11 @@
 """The sandbox worker: one long-lived process per trajectory, started by the CPU manager.
 
-Run as `python -I tangram/runtime/_sandbox_worker.py FD [PRELOAD]` (or `python -m
-tangram.runtime._sandbox_worker FD [PRELOAD]`) with a connected socket on FD; PRELOAD, a JSON
-object {"path": [...], "preload": [...]}, names modules to import from that path before the
-first frame (a warm worker imports them before it is taken; one that fails to import is
-reported in the worker's log and left to the action). Of its own it imports nothing of
+Run as `python -I tangram/runtime/_sandbox_worker.py FD [START]` (or `python -m
+tangram.runtime._sandbox_worker FD [START]`) with a connected socket on FD; START, a JSON
+object, may hold "user" (a uid to take before anything else: a namespaced sandbox under
+root), "nproc" (that uid's RLIMIT_NPROC) and "path" and "preload": modules to import from that
+path before the first frame (a warm worker imports them before it is taken; one that fails
+to import is reported in the worker's log and left to the action). Of its own it imports nothing of
 tangram (only the standard library and cloudpickle), so it starts fast and the sandbox's
 files (the working directory may hold a generated `json.py`) can never shadow its imports.
 
@@ -40,6 +41,7 @@ plus `env`; their stdout/stderr are kept up to output_limit bytes each and drain
 from __future__ import annotations
 
 import faulthandler
+import json
 import os
 import pickle
 import selectors
@@ -362,8 +364,11 @@ def main(argv: list[str] | None = None) -> None:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     except (ImportError, OSError, ValueError):
         pass
-    if len(argv) > 1:
-        _preload(argv[1])
+    start = json.loads(argv[1]) if len(argv) > 1 else {}
+    if "user" in start:  # first: nothing of the caller's runs before the worker is its sandbox's user
+        _become(int(start["user"]), start.get("nproc"))
+    if start.get("preload"):
+        _preload(start)
     worker = Worker(sock)
     try:
         worker.serve()
@@ -372,12 +377,44 @@ def main(argv: list[str] | None = None) -> None:
     os._exit(0)  # do not wait for threads a function left behind
 
 
-def _preload(spec: str) -> None:
-    import importlib
-    import json
+def _become(uid: int, nproc: int | None) -> None:
+    """A namespaced sandbox under root (tangram.runtime.namespaces): bwrap left this
+    process uid 0 with CAP_SETUID and CAP_SETGID only, for this. It takes the sandbox's uid
+    and gid with no supplementary groups, which drops every capability for good (no_new_privs
+    is set, so no exec regains one), and, with `nproc`, caps that uid's processes."""
+    _clear_inheritable_capabilities()
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    if nproc is not None:
+        import resource
+        resource.setrlimit(resource.RLIMIT_NPROC, (int(nproc), int(nproc)))
 
-    start = json.loads(spec)
-    sys.path[:] = list(start["path"])
+
+def _clear_inheritable_capabilities() -> None:
+    """setresuid clears the permitted and effective sets, not the inheritable one, where bwrap
+    put the two it left: emptied first (capget, then capset without them)."""
+    import ctypes
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    header, data = Header(0x20080522, 0), (Data * 2)()  # _LINUX_CAPABILITY_VERSION_3: two words
+    if libc.capget(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capget")
+    for word in data:
+        word.inheritable = 0
+    if libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+
+
+def _preload(start: dict) -> None:
+    import importlib
+
     for name in start["preload"]:
         try:
             importlib.import_module(name)

@@ -46,7 +46,11 @@ class Call:
     `pooled` runs it in any idle sandbox of a pool the CPU manager keeps, taken when the
     action starts, instead of its trajectory's: for calls that leave the sandbox as they
     found it (tangram.runtime.run_code's scrub), so that many concurrent stateless calls
-    need only as many sandboxes as run at once.
+    need only as many sandboxes as run at once. `network` opens the network to a
+    namespaced CPU sandbox for this call (False: loopback only, its own; None: the
+    manager's `network` option); a sandbox's worker keeps the network it was started with,
+    so a call asking for more than its worker has gets a new worker in the same directory
+    (docs/sandbox.md).
     """
 
     fn: Callable[..., Any] | None = None
@@ -71,6 +75,7 @@ class Call:
     idempotent: bool = True  # may run twice: a lost node's requeue reruns it (docs/ray.md)
     key: str | None = None  # what run-time estimates are learned under (None: derived, see estimates.key_of)
     pooled: bool = False  # any idle pooled sandbox, taken as it starts, not the trajectory's (see above)
+    network: bool | None = None  # a namespaced sandbox's network for this call (None: the manager's default)
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
         # Pickled as the class and its field values in order, not a dict of field names:
@@ -134,6 +139,8 @@ def validate_call(call: Any) -> None:
         raise ValidationError("call.idempotent", f"must be True or False, got {given(call.idempotent)}")
     if call.pooled is not True and call.pooled is not False:
         raise ValidationError("call.pooled", f"must be True or False, got {given(call.pooled)}")
+    if call.network is not None and call.network is not True and call.network is not False:
+        raise ValidationError("call.network", f"must be True, False or None, got {given(call.network)}")
 
 
 def _check_command(command: Any) -> None:

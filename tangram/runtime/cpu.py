@@ -36,14 +36,18 @@ in the same directory. A worker that dies between actions (killed from outside, 
 memory) is reaped when it exits and fails no action: the next one starts a fresh worker.
 The CPUs go back to the pool on every exit path.
 
-Isolation: see tangram.runtime.isolation (cgroup v2, cgroup v1, or affinity + rlimits;
-`describe()["isolation"]` says which is in force) and docs/sandbox.md.
+Isolation: by default every sandbox runs inside Linux namespaces set up by bubblewrap
+(tangram.runtime.namespaces: its own uid, PID, mount, IPC, UTS and network namespaces, the
+host read-only, no network unless asked), or as a bare process under isolation="process".
+Resources: tangram.runtime.isolation (cgroup v2, cgroup v1, or affinity + rlimits).
+`describe()` says which are in force; docs/sandbox.md has the threat model.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 import pickle
 import re
@@ -57,10 +61,12 @@ import cloudpickle
 
 from .call import Call, CommandResult, Placement, require_fn_or_command
 from .errors import ActionCrashed, ActionFailed, ManagerError, ResourceLimitExceeded
-from .grant import GrantChannel, whole_cores
-from .isolation import Isolation, ManagerCgroups, SandboxCgroup, cpu_list, detect
+from .grant import whole_cores
+from .isolation import Isolation, ManagerCgroups, SandboxCgroup, children_of, cpu_list, detect
 from .manager import LiveAction, ResourceManager
-from .sandbox import Preload, Sandbox, WarmWorkers, WorkerDied, kill_marked, marked_processes
+from .namespaces import ISOLATIONS, SANDBOX_OWN_PATHS, Boundary, python_paths
+from .namespaces import detect as detect_boundary
+from .sandbox import Jail, Needs, Preload, Sandbox, WarmWorkers, WorkerDied, kill_marked, marked_processes
 
 _MILLI = 1000
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -68,7 +74,9 @@ CPU_LIMITS = ("guarantee", "ceiling")
 DEFAULT_WARM_SANDBOXES = 4
 POOLED_IDLE_LIMIT = 64  # idle pooled sandboxes kept (Call.pooled); one given back past it is ended
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+DEFAULT_PIDS_LIMIT = 1024
 _ids = itertools.count(1)
+_log = logging.getLogger("tangram.runtime.cpu")
 
 
 class CpuPool:
@@ -138,9 +146,17 @@ class CpuManager(ResourceManager):
     Options (the config's `[managers.cpu]` table):
       root          directory for the sandboxes' directories (a fresh temporary directory
                     inside it per manager; default: the system's temporary directory)
-      isolation     "auto" (default: cgroup-v2, else cgroup-v1, else affinity), or one of
-                    those to force it; the environment variable TANGRAM_ISOLATION applies
-                    when this is "auto"
+      isolation     "auto" (default: "namespaces" where bubblewrap works, else "process"
+                    with a warning), "namespaces" (an error where they do not work) or
+                    "process" (UNSAFE for untrusted code: a bare process as the orchestrator's
+                    user). The environment variable TANGRAM_ISOLATION applies when "auto"
+      network       whether namespaced sandboxes reach the network by default (default
+                    False: loopback only, their own); Call.network overrides it per call
+      visible_paths more host paths a namespaced sandbox sees read-only (beside the system
+                    directories and the orchestrator's Python)
+      pids_limit    processes and threads per sandbox (default 1024; None: no limit)
+      resource_control  "auto" (default: cgroup-v2, else cgroup-v1, else affinity), or one
+                    of those to force it; TANGRAM_RESOURCE_CONTROL applies when "auto"
       cpu_limit     "guarantee" (default: the grant is a CPU weight over all the manager's
                     CPUs; idle cores are used) or "ceiling" (pinned to the granted CPUs, a
                     CFS quota for fractions: never more than the grant, even when idle)
@@ -164,14 +180,37 @@ class CpuManager(ResourceManager):
                  cpus: Iterable[int] | None = None, env: Mapping[str, str] | None = None,
                  inherit_env: Sequence[str] = (), cpu_limit: str = "guarantee",
                  warm_sandboxes: int = DEFAULT_WARM_SANDBOXES,
-                 preload: Sequence[str] = ("tangram.worker",)) -> None:
+                 preload: Sequence[str] = ("tangram.worker",), network: bool = False,
+                 visible_paths: Sequence[str] = (), pids_limit: int | None = DEFAULT_PIDS_LIMIT,
+                 resource_control: str = "auto") -> None:
         f = "managers.cpu."
+        if not isinstance(isolation, str) or isolation not in ISOLATIONS:
+            raise ManagerError(f + "isolation", f"{isolation!r} is not one of {', '.join(ISOLATIONS)}" + (
+                " (the cgroup mechanism is the option resource_control)" if isolation in
+                ("cgroup-v2", "cgroup-v1", "affinity") else ""))
+        if not isinstance(network, bool):
+            raise ManagerError(f + "network", f"{network!r} is not true or false")
+        if isinstance(visible_paths, str) or not all(isinstance(p, (str, os.PathLike)) for p in visible_paths):
+            raise ManagerError(f + "visible_paths", f"{visible_paths!r} is not a list of paths")
+        missing = [os.fspath(p) for p in visible_paths if not os.path.isabs(os.fspath(p)) or not os.path.exists(p)]
+        if missing:
+            raise ManagerError(f + "visible_paths", f"{missing[0]!r} is not an existing absolute path")
+        hidden = [os.fspath(p) for p in visible_paths if any(
+            os.path.realpath(p) == d or os.path.realpath(p).startswith(d + "/") for d in SANDBOX_OWN_PATHS)]
+        if hidden:
+            raise ManagerError(f + "visible_paths", f"{hidden[0]!r} is under a path a sandbox has of its own "
+                               f"({', '.join(SANDBOX_OWN_PATHS)}): the sandbox would not see it")
+        if pids_limit is not None and (isinstance(pids_limit, bool) or not isinstance(pids_limit, int)
+                                       or not 16 <= pids_limit <= 4_194_304):
+            raise ManagerError(f + "pids_limit", f"{pids_limit!r} is not a number of processes in [16, 4194304] "
+                               "or None")
         if isinstance(preload, str) or not all(isinstance(m, str) and _MODULE_NAME.fullmatch(m) for m in preload):
             raise ManagerError(f + "preload", f"{preload!r} is not a list of module names")
         if root is not None and not (isinstance(root, (str, os.PathLike)) and os.path.isdir(root)):
             raise ManagerError(f + "root", f"{root!r} is not an existing directory")
-        if not isinstance(isolation, str) or isolation not in ("auto", "cgroup-v2", "cgroup-v1", "affinity"):
-            raise ManagerError(f + "isolation", f"{isolation!r} is not one of auto, cgroup-v2, cgroup-v1, affinity")
+        if not isinstance(resource_control, str) or resource_control not in ("auto", "cgroup-v2", "cgroup-v1", "affinity"):
+            raise ManagerError(f + "resource_control", f"{resource_control!r} is not one of auto, cgroup-v2, cgroup-v1, "
+                               "affinity")
         if not isinstance(cpu_limit, str) or cpu_limit not in CPU_LIMITS:
             raise ManagerError(f + "cpu_limit", f"{cpu_limit!r} is not one of {', '.join(CPU_LIMITS)}")
         if isinstance(warm_sandboxes, bool) or not isinstance(warm_sandboxes, int) or not 0 <= warm_sandboxes <= 1024:
@@ -198,6 +237,10 @@ class CpuManager(ResourceManager):
             raise ManagerError(f + "inherit_env", f"{inherit_env!r} is not a list of variable names")
         self.root = None if root is None else os.fspath(root)
         self.isolation_option = isolation
+        self.resource_option = resource_control
+        self.network = network
+        self.visible_paths = [os.path.realpath(p) for p in visible_paths]
+        self.pids_limit = pids_limit
         self.cpu_limit = cpu_limit
         self.warm_sandboxes = warm_sandboxes
         self.preload = tuple(preload)
@@ -207,13 +250,14 @@ class CpuManager(ResourceManager):
         self.inherit_env = list(inherit_env)
         self.id = f"{os.getpid()}.{next(_ids)}"
         self.pool = CpuPool(chosen)
-        self.isolation: Isolation | None = None
+        self.isolation: Isolation | None = None  # resource control (cgroups or affinity)
+        self.boundary: Boundary | None = None  # namespaces or process
+        self._jail: Jail | None = None
         self.inventory_cores: float | None = None
         self._cgroups: ManagerCgroups | None = None
         self._dir: str | None = None
         # Keyed by trajectory; pooled sandboxes (Call.pooled) by -1, -2, ...
         self._sandboxes: dict[int, Sandbox] = {}
-        self._grants: dict[int, GrantChannel] = {}  # beside each sandbox
         self._pooled_idle: list[int] = []  # keys of the pooled sandboxes no action holds
         self._pooled_made = 0
         self._running: dict[int, _Running] = {}  # action id -> what a resize changes
@@ -243,7 +287,11 @@ class CpuManager(ResourceManager):
             return
         if self._state == "closed":
             raise ManagerError("managers.cpu", "this manager is closed")
-        self.isolation = detect(self.isolation_option, field="managers.cpu.isolation")
+        self.boundary = detect_boundary(self.isolation_option, field="managers.cpu.isolation")
+        if self.boundary.reason:
+            _log.warning("tangram CPU manager: sandboxes run as bare processes (isolation='process', unsafe for "
+                         "untrusted code): %s", self.boundary.reason)
+        self.isolation = detect(self.resource_option, field="managers.cpu.resource_control")
         self._dir = tempfile.mkdtemp(prefix=f"tangram-{self.id}-", dir=self.root)
         if self.isolation.cgroup:
             try:
@@ -254,6 +302,9 @@ class CpuManager(ResourceManager):
         path = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
         self._hello = ("hello", path, self.output_limit, "", not self.isolation.cgroup)
         self._preload = Preload(tuple(path), self.preload)
+        if self.boundary.namespaces:
+            self._jail = Jail(self.boundary, self._dir, python_paths(path, self.visible_paths), self.network,
+                              self.pids_limit if self._cgroups is None or "pids" not in self._cgroups.dirs else None)
         base = {"PATH": os.environ.get("PATH", os.defpath), "LANG": os.environ.get("LANG", "C.UTF-8")}
         base.update({k: os.environ[k] for k in self.inherit_env if k in os.environ})
         base.update(self.extra_env)
@@ -264,8 +315,10 @@ class CpuManager(ResourceManager):
             if self._cgroups is not None:
                 self._warm_cgroup = self._cgroups.sandbox("warm")
                 self._warm_cgroup.set_weight(0)
-                place = self._warm_cgroup.add
-            self._warm = WarmWorkers(self._dir, f"{self.id}/", base, self.warm_sandboxes, place, self._preload)
+                self._warm_cgroup.set_pids(self.pids_limit)
+                place = self._warm_cgroup.add_tree
+            self._warm = WarmWorkers(self._dir, f"{self.id}/", base, self.warm_sandboxes, place, self._preload,
+                                     self._jail)
             self._warm.fill()
         self._state = "running"
 
@@ -301,22 +354,21 @@ class CpuManager(ResourceManager):
 
     async def _end(self, trajectory: int) -> None:
         sb = self._sandboxes.pop(trajectory, None)
-        grant = self._grants.pop(trajectory, None)
-        if grant is not None:
-            grant.close()
-            for path in grant.paths:
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
         if sb is not None:
             await sb.close()
 
     def describe(self) -> Mapping[str, Any]:
-        iso = self.isolation if self.isolation is not None else detect(self.isolation_option, field="managers.cpu.isolation")
+        iso = self.isolation if self.isolation is not None else detect(self.resource_option,
+                                                                       field="managers.cpu.resource_control")
+        boundary = self.boundary if self.boundary is not None else detect_boundary(self.isolation_option,
+                                                                                  field="managers.cpu.isolation")
         out: dict[str, Any] = {
-            "isolation": iso.mechanism,
-            "isolation_detail": iso.description,
+            "isolation": boundary.isolation,
+            "isolation_detail": boundary.description,
+            "network": "open by default" if self.network else "none by default (Call.network=True opens it)",
+            "pids_limit": self.pids_limit,
+            "resource_control": iso.mechanism,
+            "resource_control_detail": iso.description,
             "cpus": cpu_list(self.cpus),
             "output_limit": self.output_limit,
             "memory_limit": "cgroup memory limit of the sandbox" if iso.cgroup else "RLIMIT_AS (functions: growth of "
@@ -349,7 +401,12 @@ class CpuManager(ResourceManager):
     def processes(self) -> list[int]:
         """Live processes of this manager's sandboxes (a /proc scan by marker), not counting
         the idle warm workers (`warm_processes`)."""
-        warm = set(self.warm_processes())
+        warm: set[int] = set()
+        stack = self.warm_processes()
+        while stack:  # a namespaced warm worker is bwrap's grandchild
+            pid = stack.pop()
+            warm.add(pid)
+            stack.extend(children_of(pid))
         return [p for p in marked_processes(self.id + "/") if p not in warm]
 
     def warm_processes(self) -> list[int]:
@@ -362,8 +419,20 @@ class CpuManager(ResourceManager):
         return sum(1 for key in self._sandboxes if key < 0)
 
     def sandbox_dir(self, trajectory: int) -> str:
-        """The directory of `trajectory`'s sandbox (a negative key: a pooled sandbox's)."""
+        """The directory of `trajectory`'s sandbox on the host (a negative key: a pooled
+        sandbox's). Namespaced, it is made at the sandbox's first start (its slot's home):
+        before that a ManagerError."""
         assert self._dir is not None, "start() first"
+        if self._jail is None:
+            return self._process_dir(trajectory)
+        sb = self._sandboxes.get(trajectory)
+        if sb is None or sb.directory is None:
+            raise ManagerError("managers.cpu", f"trajectory {trajectory} has no sandbox yet: a namespaced sandbox's "
+                               "directory is made when its first action starts")
+        return sb.directory
+
+    def _process_dir(self, trajectory: int) -> str:
+        assert self._dir is not None
         return os.path.join(self._dir, f"t{trajectory}" if trajectory >= 0 else f"pool{-trajectory}")
 
     # ------------------------------------------------------------------ actions
@@ -374,12 +443,10 @@ class CpuManager(ResourceManager):
                 raise ManagerError("managers.cpu", "start() the manager first" if self._state == "new" else "the manager is closed")
             name = f"sb-{trajectory}" if trajectory >= 0 else f"sb-pool{-trajectory}"
             cg = None if self._cgroups is None else self._cgroups.sandbox(name)
-            grant = self._grants.get(trajectory)
-            if grant is None:
-                grant = self._grants[trajectory] = GrantChannel(self.sandbox_dir(trajectory), self._limit_from_action)
-            sb = Sandbox(trajectory, self.sandbox_dir(trajectory), f"{self.id}/{trajectory}",
-                         {**self._base_env, **grant.env}, cg,
-                         self._hello[:3] + (self.sandbox_dir(trajectory), self._hello[4]), self._warm, self._preload)
+            if cg is not None:
+                cg.set_pids(self.pids_limit)
+            sb = Sandbox(trajectory, self._process_dir(trajectory), f"{self.id}/{trajectory}", self._base_env, cg,
+                         self._hello, self._warm, self._preload, jail=self._jail, on_limit=self._limit_from_action)
             self._sandboxes[trajectory] = sb
         return sb
 
@@ -393,8 +460,7 @@ class CpuManager(ResourceManager):
             async with sb.lock:  # a trajectory's actions are sequential; never interleave two
                 if sb.closed:  # its trajectory ended while this one waited: a fresh sandbox
                     continue
-                running = self._running[action.id] = _Running(sb, self._grants[key],
-                                                              self.pool.take(placement.cores), placement.cores)
+                running = self._running[action.id] = _Running(sb, self.pool.take(placement.cores), placement.cores)
                 answered = False
                 try:
                     result = await self._run(action, placement, running)
@@ -402,9 +468,10 @@ class CpuManager(ResourceManager):
                     return result
                 finally:
                     del self._running[action.id]
-                    running.grant.stop()
+                    if sb.grant is not None:
+                        sb.grant.stop()
                     if sb.cgroup is not None:
-                        sb.cgroup.idle(self.ceiling)
+                        sb.cgroup.idle(self.ceiling, 1 if sb.jail is None else 3)  # bwrap, its init, the worker
                     self.pool.release(running.charge)
                     if call.pooled:
                         self._give_back_pooled(key, answered)
@@ -449,7 +516,9 @@ class CpuManager(ResourceManager):
                 self._apply_ceiling(cg, running.charge, cores)
         if cg is not None:
             cg.set_weight(cores)
-        running.grant.resize(cores)
+        grant = running.sandbox.grant
+        if grant is not None:  # None: its first worker is still starting, and starts at this grant
+            grant.resize(cores)
 
     def _limit_from_action(self, action_id: int, cores: float) -> None:
         """A running action wrote a limit on its own grant (its GrantedExecutor has fewer
@@ -494,10 +563,14 @@ class CpuManager(ResourceManager):
         except Exception as e:
             raise ActionFailed(action.id, f"the call cannot be sent to the sandbox: {type(e).__name__}: {e}",
                                type(e).__name__) from None
-        oom_before = -1
+        oom_before = pids_before = -1
+        gpu = "CUDA_VISIBLE_DEVICES" in placement.env
+        mps = placement.env.get("CUDA_MPS_PIPE_DIRECTORY")
+        needs = Needs(network=self.network if call.network is None else call.network, gpu=gpu,
+                      writable=(mps,) if gpu and mps and os.path.isdir(mps) else ())
         try:
-            await sb.ready()  # a worker that died since the last action is replaced here
-            running.grant.start(running.cores)  # the latest grant: a resize may have come meanwhile
+            await sb.ready(needs)  # a worker that died since the last action is replaced here
+            sb.grant.start(running.cores)  # type: ignore[union-attr]  # the latest grant: a resize may have come meanwhile
             if cg is not None:
                 if self.ceiling:
                     self._apply_ceiling(cg, running.charge, running.cores)
@@ -511,6 +584,7 @@ class CpuManager(ResourceManager):
                     raise ResourceLimitExceeded(action.id, f"cannot limit the sandbox to {placement.memory:g} MiB: it "
                                                 f"already uses more ({e.strerror})", "memory") from None
             oom_before = cg.oom_kills() if cg is not None and memory > 0 else -1
+            pids_before = cg.pids_refused() if cg is not None and cg.has_pids else -1
             data = await sb.request(payload)
         except asyncio.CancelledError:
             self._kill(sb)
@@ -519,6 +593,7 @@ class CpuManager(ResourceManager):
             if oom_before >= 0 and cg.oom_kills() > oom_before:  # type: ignore[union-attr]
                 raise ResourceLimitExceeded(action.id, f"the sandbox ran out of its {placement.memory:g} MiB memory "
                                             "limit and was killed", "memory") from None
+            self._pids_exceeded(action, sb, pids_before)
             code = e.returncode
             tail = f"; worker log: {e.log_tail[-500:]}" if e.log_tail else ""
             if code is not None and code < 0:
@@ -528,6 +603,7 @@ class CpuManager(ResourceManager):
         if oom_before >= 0 and cg.oom_kills() > oom_before:  # type: ignore[union-attr]
             raise ResourceLimitExceeded(action.id, f"a process of the action exceeded its {placement.memory:g} MiB "
                                         "memory limit and was killed", "memory")
+        self._pids_exceeded(action, sb, pids_before)
         try:
             reply = pickle.loads(data)
         except Exception as e:
@@ -544,6 +620,16 @@ class CpuManager(ResourceManager):
             raise ActionFailed(action.id, reply[2], reply[1], reply[3])
         raise ActionFailed(action.id, f"unexpected reply from the sandbox: {kind!r}", "ProtocolError")
 
+    def _pids_exceeded(self, action: LiveAction, sb: Sandbox, before: int) -> None:
+        """The sandbox hit its PIDs limit during the action (a fork bomb, a runaway pool):
+        the whole sandbox is killed (what it forked would hold the limit) and the action
+        fails with ResourceLimitExceeded("pids"). Its files stay for the next action."""
+        if before < 0 or sb.cgroup is None or sb.cgroup.pids_refused() <= before:
+            return
+        self._kill(sb)
+        raise ResourceLimitExceeded(action.id, f"the sandbox reached its limit of {self.pids_limit} processes and "
+                                    "threads and was killed", "pids")
+
     def _kill(self, sb: Sandbox) -> None:
         """A cancel or timeout: kill the sandbox now, reap it in the background (close()
         waits for that); the next action of the trajectory starts a new worker."""
@@ -556,11 +642,10 @@ class CpuManager(ResourceManager):
 class _Running:
     """A running action of the CPU manager: what a resize changes."""
 
-    __slots__ = ("sandbox", "grant", "charge", "cores")
+    __slots__ = ("sandbox", "charge", "cores")
 
-    def __init__(self, sandbox: Sandbox, grant: GrantChannel, charge: dict[int, int], cores: float) -> None:
+    def __init__(self, sandbox: Sandbox, charge: dict[int, int], cores: float) -> None:
         self.sandbox = sandbox
-        self.grant = grant
         self.charge = charge
         self.cores = cores
 

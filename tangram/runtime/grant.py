@@ -38,12 +38,16 @@ GRANT_WIDTH = 16
 class GrantChannel:
     """The grant file and jobserver FIFO of one sandbox, written by the CPU manager."""
 
-    def __init__(self, base: str, on_limit: Callable[[int, float], None] | None = None) -> None:
+    def __init__(self, base: str, on_limit: Callable[[int, float], None] | None = None, *,
+                 owner: int | None = None, inside: str | None = None) -> None:
         """`on_limit(action, cores)`: called on the event loop for each limit the action
-        writes (None: the limit FIFO is still made, and what is written is dropped)."""
+        writes (None: the limit FIFO is still made, and what is written is dropped).
+        `owner`: the uid (and gid) of a namespaced sandbox, given the FIFOs; `inside`: the
+        base the sandbox sees them at (default `base`)."""
         self.grant_path = base + ".grant"
         self.fifo_path = base + ".jobserver"
         self.limit_path = base + ".limit"
+        self.inside = base if inside is None else inside
         self._grant_fd = os.open(self.grant_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         self._fifo = self._limit_fd = -1
         try:
@@ -52,8 +56,11 @@ class GrantChannel:
             self._fifo = os.open(self.fifo_path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
             os.mkfifo(self.limit_path, 0o600)
             self._limit_fd = os.open(self.limit_path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+            if owner is not None:
+                os.chown(self.fifo_path, owner, owner)
+                os.chown(self.limit_path, owner, owner)
         except BaseException:
-            for fd in (self._grant_fd, self._fifo):
+            for fd in (self._grant_fd, self._fifo, self._limit_fd):
                 if fd >= 0:
                     os.close(fd)
             raise
@@ -68,10 +75,15 @@ class GrantChannel:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.write_grant(0.0)
 
+    @staticmethod
+    def env_for(base: str) -> dict[str, str]:
+        """The variables that name the channel's files at `base` (as the sandbox sees them)."""
+        return {"TANGRAM_GRANT_FILE": base + ".grant", "TANGRAM_JOBSERVER": "fifo:" + base + ".jobserver",
+                "TANGRAM_LIMIT": base + ".limit"}
+
     @property
     def env(self) -> dict[str, str]:
-        return {"TANGRAM_GRANT_FILE": self.grant_path, "TANGRAM_JOBSERVER": "fifo:" + self.fifo_path,
-                "TANGRAM_LIMIT": self.limit_path}
+        return self.env_for(self.inside)
 
     @property
     def paths(self) -> tuple[str, ...]:

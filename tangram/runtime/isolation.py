@@ -1,4 +1,7 @@
-"""How the CPU manager confines a sandbox: detection of the mechanism, and the cgroups.
+"""How the CPU manager confines a sandbox's resources: detection of the mechanism, and the cgroups.
+
+(The sandbox's isolation boundary, its namespaces, is tangram.runtime.namespaces; this is
+its resource control, the CPU manager's option `resource_control`.)
 
 Three mechanisms, detected in this order (the first that works here wins):
 
@@ -20,7 +23,7 @@ action uses any core nobody else needs and, when all are busy, gets at least its
 `cpu_limit="ceiling"` pins each action to its granted CPUs and caps fractions with a CFS
 quota. bench/cpu_grants.py measures both.
 
-`TANGRAM_ISOLATION` (or the CPU manager's `isolation` option) forces one of the three;
+`TANGRAM_RESOURCE_CONTROL` (or the CPU manager's `resource_control` option) forces one of the three;
 forcing a cgroup mechanism that is not usable here is an error, not a silent fallback.
 `python -m tangram.runtime.isolation` prints what is in force on this machine.
 
@@ -41,8 +44,11 @@ from dataclasses import dataclass, field
 from .errors import ManagerError
 
 MECHANISMS = ("cgroup-v2", "cgroup-v1", "affinity")
-ENV_VAR = "TANGRAM_ISOLATION"
+ENV_VAR = "TANGRAM_RESOURCE_CONTROL"
 _CONTROLLERS = ("cpuset", "cpu", "memory")
+# Used where the hierarchy has it (a sandbox's PIDs limit), not required: without it a
+# sandbox under root is held by RLIMIT_NPROC on its own uid instead.
+_OPTIONAL = ("pids",)
 CFS_PERIOD_US = 100_000
 _MIN_QUOTA_US = 1_000  # the kernel refuses less than 1 ms per period
 IDLE_CORES = 0.01  # CPU quota of a sandbox's leftover processes between actions (ceilings)
@@ -201,15 +207,33 @@ def _detect_v2(mounts: list[tuple[str, str, str, set[str]]], own: str | None) ->
     if not todo:
         why = _probe(base, [("cgroup.subtree_control", "+cpuset +cpu +memory")]) or ""
         if not why:
-            return {c: base for c in _CONTROLLERS}, ""
+            return _with_pids_v2(base, available), ""
     parent = os.path.dirname(base)
     point = os.path.normpath(point)
     if parent != base and (parent == point or parent.startswith(point + "/")):
         why2 = _probe(parent, [("cgroup.subtree_control", "+cpuset +cpu +memory")])
         if why2 is None:
-            return {c: parent for c in _CONTROLLERS}, ""
+            try:
+                parent_has = set(_read(os.path.join(parent, "cgroup.controllers")).split())
+            except OSError:
+                parent_has = set()
+            return _with_pids_v2(parent, parent_has), ""
         why = f"{why or 'not writable: ' + base}; {why2}"
     return None, "cgroup-v2: " + (why or f"{base} is not writable")
+
+
+def _with_pids_v2(base: str, available: set[str]) -> dict[str, str]:
+    dirs = {c: base for c in _CONTROLLERS}
+    if "pids" in available:
+        enabled = ""
+        try:
+            enabled = _read(os.path.join(base, "cgroup.subtree_control"))
+            if "pids" not in enabled.split():
+                _write(os.path.join(base, "cgroup.subtree_control"), "+pids")
+            dirs["pids"] = base
+        except OSError:
+            pass
+    return dirs
 
 
 def _detect_v1(mounts: list[tuple[str, str, str, set[str]]], own: dict[str, str]) -> tuple[dict[str, str] | None, str]:
@@ -231,10 +255,16 @@ def _detect_v1(mounts: list[tuple[str, str, str, set[str]]], own: dict[str, str]
         if why is not None:
             return None, "cgroup-v1: " + why
         dirs[c] = base
+    for c in _OPTIONAL:
+        m = next((m for m in mounts if m[0] == "cgroup" and c in m[3]), None)
+        if m is not None:
+            base = _join(m[2], m[1], own.get(c, "/"))
+            if _probe(base) is None:
+                dirs[c] = base
     return dirs, ""
 
 
-def detect(force: str | None = None, *, field: str = "isolation") -> Isolation:
+def detect(force: str | None = None, *, field: str = "resource_control") -> Isolation:
     """The isolation mechanism usable here. `force` ("auto" or None: detect; or one of
     MECHANISMS) takes precedence over the environment variable TANGRAM_ISOLATION."""
     source = field
@@ -242,7 +272,7 @@ def detect(force: str | None = None, *, field: str = "isolation") -> Isolation:
         env = os.environ.get(ENV_VAR, "").strip()
         force, source = (env, ENV_VAR) if env and env != "auto" else (None, source)
     if force is not None and force not in MECHANISMS:
-        raise ManagerError(source, f"unknown isolation {force!r}; expected auto, {', '.join(MECHANISMS)}")
+        raise ManagerError(source, f"unknown resource control {force!r}; expected auto, {', '.join(MECHANISMS)}")
     mounts = _mounts()
     own_v2, own_v1 = _own_cgroups()
     reasons: list[str] = []
@@ -337,7 +367,7 @@ class ManagerCgroups:
         self.dirs: dict[str, str] = {c: os.path.join(d, name) for c, d in iso.dirs.items()}
         made: list[str] = []
         try:
-            for c in _CONTROLLERS:
+            for c in self.dirs:
                 d = self.dirs[c]
                 if d in made:
                     continue
@@ -351,11 +381,12 @@ class ManagerCgroups:
                         _write(os.path.join(d, "cpuset.mems"), mems)
                     self.mems = mems
             if self.v2:
-                _write(os.path.join(self.dirs["cpu"], "cgroup.subtree_control"), "+cpuset +cpu +memory")
+                _write(os.path.join(self.dirs["cpu"], "cgroup.subtree_control"),
+                       "+cpuset +cpu +memory" + (" +pids" if "pids" in self.dirs else ""))
         except OSError as e:
             for d in reversed(made):
                 _rmdir(d, 1)
-            raise ManagerError("managers.cpu.isolation", f"cannot set up the manager's cgroup {made[-1] if made else name}: {e.strerror}") from None
+            raise ManagerError("managers.cpu.resource_control", f"cannot set up the manager's cgroup {made[-1] if made else name}: {e.strerror}") from None
         self.made = made
 
     def sandbox(self, name: str) -> SandboxCgroup:
@@ -402,6 +433,22 @@ def remove_stale(base: str) -> list[str]:
     return removed
 
 
+def children_of(pid: int) -> list[int]:
+    """The child pids of every thread of `pid` (none once it is gone)."""
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out.extend(int(x) for x in f.read().split())
+        except (OSError, ValueError):
+            pass
+    return out
+
+
 def _kill(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGKILL)
@@ -435,7 +482,7 @@ class SandboxCgroup:
                 _write(os.path.join(self.dirs["cpuset"], "cpuset.mems"), mgr.mems)
         except OSError as e:
             self.remove()
-            raise ManagerError("managers.cpu.isolation", f"cannot create the sandbox cgroup {self.dirs['cpuset']}: {e.strerror}") from None
+            raise ManagerError("managers.cpu.resource_control", f"cannot create the sandbox cgroup {self.dirs['cpuset']}: {e.strerror}") from None
         mem = self.dirs["memory"]
         self._oom_file = os.path.join(mem, "memory.events" if self.v2 else "memory.oom_control")
         self._memsw = None if self.v2 else os.path.join(mem, "memory.memsw.limit_in_bytes")
@@ -449,10 +496,49 @@ class SandboxCgroup:
         self._quota: int | None = -1  # unlimited when created
         self._weight = -1  # unknown: the first set_weight writes
         self._memory: int = 0  # bytes; 0: unlimited
+        self._pids: int | None = None  # unlimited when created
 
     def add(self, pid: int) -> None:
         for d in self.unique:
             _write(os.path.join(d, "cgroup.procs"), str(pid))
+
+    def add_tree(self, pid: int) -> None:
+        """`pid` and all its descendants (a namespaced worker is bwrap's grandchild), top
+        down: each process is moved before its children are listed, so a child forked
+        meanwhile is either listed or born in the cgroup already."""
+        self.add(pid)
+        stack = [pid]
+        while stack:
+            for child in children_of(stack.pop()):
+                try:
+                    self.add(child)
+                except ProcessLookupError:
+                    continue
+                stack.append(child)
+
+    @property
+    def has_pids(self) -> bool:
+        return "pids" in self.dirs
+
+    def set_pids(self, limit: int | None) -> None:
+        """At most `limit` tasks (processes and threads) in the sandbox (None: no limit)."""
+        if "pids" in self.dirs and limit != self._pids:
+            _write(os.path.join(self.dirs["pids"], "pids.max"), "max" if limit is None else str(limit))
+            self._pids = limit
+
+    def pids_refused(self) -> int:
+        """Forks refused so far at the PIDs limit (the kernel's count; 0 without pids)."""
+        if "pids" not in self.dirs:
+            return 0
+        try:
+            text = _read(os.path.join(self.dirs["pids"], "pids.events"))
+        except OSError:
+            return 0
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "max":
+                return int(value)
+        return 0
 
     def set_cpus(self, cpus: str) -> None:
         if cpus != self._cpus:
@@ -499,7 +585,7 @@ class SandboxCgroup:
                 _write(path, value)
         self._memory = limit
 
-    def idle(self, ceiling: bool) -> None:
+    def idle(self, ceiling: bool, base: int = 1) -> None:
         """Between actions: when processes other than the worker outlive the action
         (background jobs, servers), they get the lowest weight (they run on cores nobody
         else wants), or under ceilings a quota of IDLE_CORES, until the next action sets
@@ -510,7 +596,7 @@ class SandboxCgroup:
                 data = os.read(fd, 64)
             finally:
                 os.close(fd)
-            if data.count(b"\n") > 1:
+            if data.count(b"\n") > base:  # more than the worker (and its bwrap, `base` in all)
                 if ceiling:
                     self.set_quota(IDLE_CORES)
                 else:
@@ -572,13 +658,18 @@ class SandboxCgroup:
             _rmdir(d)
 
 
-__all__ = ["ENV_VAR", "MECHANISMS", "Isolation", "ManagerCgroups", "SandboxCgroup", "cpu_list", "cpu_weight", "detect",
+__all__ = ["ENV_VAR", "MECHANISMS", "Isolation", "ManagerCgroups", "SandboxCgroup", "children_of", "cpu_list", "cpu_weight", "detect",
            "remove_stale"]
 
 
 if __name__ == "__main__":  # python -m tangram.runtime.isolation
+    from .namespaces import detect as detect_boundary
+
+    boundary = detect_boundary()
+    print(f"isolation: {boundary.isolation}")
+    print(f"  {boundary.description}")
     iso = detect()
-    print(iso.mechanism)
-    print(iso.description)
+    print(f"resource control: {iso.mechanism}")
+    print(f"  {iso.description}")
     for c, d in iso.dirs.items():
         print(f"  {c}: {d}")

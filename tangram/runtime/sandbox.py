@@ -37,13 +37,15 @@ import socket
 import struct
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import ManagerError
-from .isolation import SandboxCgroup
+from .grant import GrantChannel
+from .isolation import SandboxCgroup, children_of
 from .isolation import alive as _alive
+from .namespaces import CONTROL, HOME, Boundary, UidAllocator, bwrap_argv, seccomp_fd, seccomp_filter
 
 _HEADER = struct.Struct(">Q")
 WORKER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_worker.py")
@@ -60,16 +62,110 @@ class WorkerDied(Exception):
         self.log_tail = log_tail
 
 
+@dataclass(frozen=True)
+class Slot:
+    """Where a namespaced sandbox lives on the host, `<manager dir>/s<n>`: its directory
+    `home` (HOME inside), `tmp` (/tmp inside), `control` (CONTROL inside, read-only: its
+    grant channel) and its worker's log. `uid`: the sandbox's own user (None: the
+    orchestrator's, in a user namespace). A warm worker is started in a fresh slot, which
+    its sandbox then keeps for all its workers."""
+
+    root: str
+    uid: int | None
+
+    @property
+    def home(self) -> str:
+        return os.path.join(self.root, "home")
+
+    @property
+    def tmp(self) -> str:
+        return os.path.join(self.root, "tmp")
+
+    @property
+    def control(self) -> str:
+        return os.path.join(self.root, "control")
+
+    @property
+    def log(self) -> str:
+        return os.path.join(self.root, "worker.log")
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a worker was started with, beyond the default: the network, the GPU device
+    nodes, host directories bound writable (an MPS pipe directory)."""
+
+    network: bool = False
+    gpu: bool = False
+    writable: tuple[str, ...] = ()
+
+    def covers(self, other: Needs) -> bool:
+        return ((self.network or not other.network) and (self.gpu or not other.gpu)
+                and set(other.writable) <= set(self.writable))
+
+
+class Jail:
+    """How a manager starts namespaced workers (tangram.runtime.namespaces): the boundary,
+    the host paths they see read-only, their slots and uids, the network by default."""
+
+    def __init__(self, boundary: Boundary, directory: str, read_only: list[str], network: bool,
+                 pids_limit: int | None = None) -> None:
+        self.boundary = boundary
+        self.directory = directory
+        self.read_only = read_only
+        self.network = network
+        self.pids_limit = pids_limit
+        self.seccomp = seccomp_filter() is not None
+        self._uids = UidAllocator() if boundary.own_uids else None
+        self._slots = 0
+
+    @property
+    def default(self) -> Needs:
+        return Needs(network=self.network)
+
+    def new_slot(self) -> Slot:
+        self._slots += 1
+        slot = Slot(os.path.join(self.directory, f"s{self._slots}"), None if self._uids is None else self._uids.take())
+        os.mkdir(slot.root, 0o755)
+        os.mkdir(slot.control, 0o755)
+        for d in (slot.home, slot.tmp):
+            os.mkdir(d, 0o700)
+            if slot.uid is not None:
+                os.chown(d, slot.uid, slot.uid)
+        return slot
+
+    def spawn(self, slot: Slot, needs: Needs, env: Mapping[str, str],
+              preload: Preload | None) -> tuple[subprocess.Popen[bytes], socket.socket]:
+        argv = bwrap_argv(self.boundary, home=slot.home, tmp=slot.tmp, control=slot.control, read_only=self.read_only,
+                          network=needs.network, gpu=needs.gpu, writable=needs.writable)
+        fds: tuple[int, ...] = ()
+        if self.seccomp:
+            fds = (seccomp_fd(),)
+            argv[-1:-1] = ["--seccomp", str(fds[0])]  # before the closing "--"
+        options: dict[str, Any] = {}
+        if slot.uid is not None:
+            options["user"] = slot.uid
+            if self.pids_limit is not None:
+                options["nproc"] = self.pids_limit  # RLIMIT_NPROC: per uid, so per sandbox
+        try:
+            return spawn_worker(slot.root, env, slot.log, preload, prefix=argv, options=options, fds=fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+
 class WarmWorker:
     """A worker started ahead of its sandbox: Python is up and its imports are done. It
     carries a marker of its own (`<manager id>/w<n>`); its sandbox sends the directory and
-    environment in the hello."""
+    environment in the hello. A namespaced one comes with its slot."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], channel: socket.socket, marker: str, log_path: str) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], channel: socket.socket, marker: str, log_path: str,
+                 slot: Slot | None = None) -> None:
         self.proc = proc
         self.channel = channel
         self.marker = marker
         self.log_path = log_path
+        self.slot = slot
 
 
 class WarmWorkers:
@@ -82,12 +178,15 @@ class WarmWorkers:
     finishes starting under its sandbox's grant)."""
 
     def __init__(self, directory: str, marker: str, base_env: Mapping[str, str], size: int,
-                 place: Callable[[int], None] | None = None, preload: Preload | None = None) -> None:
+                 place: Callable[[int], None] | None = None, preload: Preload | None = None,
+                 jail: Jail | None = None) -> None:
         self.directory = directory
         self.marker = marker
         self.place = place
         self.preload = preload
-        self.env = {**base_env, "HOME": directory, "TMPDIR": directory}
+        self.jail = jail
+        self.env = ({**base_env, "HOME": HOME, "TMPDIR": "/tmp"} if jail is not None else
+                    {**base_env, "HOME": directory, "TMPDIR": directory})
         self.size = size
         self.idle: list[WarmWorker] = []
         self._count = 0
@@ -102,14 +201,20 @@ class WarmWorkers:
     def _spawn(self) -> WarmWorker:
         self._count += 1
         marker = f"{self.marker}w{self._count}"
-        log_path = os.path.join(self.directory, f"w{self._count}.log")
-        proc, channel = spawn_worker(self.directory, {**self.env, MARKER: marker}, log_path, self.preload)
+        slot = None
+        if self.jail is not None:
+            slot = self.jail.new_slot()
+            log_path = slot.log
+            proc, channel = self.jail.spawn(slot, self.jail.default, {**self.env, MARKER: marker}, self.preload)
+        else:
+            log_path = os.path.join(self.directory, f"w{self._count}.log")
+            proc, channel = spawn_worker(self.directory, {**self.env, MARKER: marker}, log_path, self.preload)
         if self.place is not None:
             try:
                 self.place(proc.pid)
             except OSError:  # it died at once: take() skips it
                 pass
-        return WarmWorker(proc, channel, marker, log_path)
+        return WarmWorker(proc, channel, marker, log_path, slot)
 
     def refill_soon(self) -> None:
         """Start the missing workers on the next turn of the event loop."""
@@ -138,6 +243,8 @@ class WarmWorkers:
                 pass
         for warm in idle:
             await _wait(warm.proc, timeout=None)
+            if warm.slot is not None:
+                await asyncio.to_thread(shutil.rmtree, warm.slot.root, True)
 
 
 @dataclass(frozen=True)
@@ -149,19 +256,26 @@ class Preload:
     modules: tuple[str, ...]
 
 
-def spawn_worker(directory: str, env: Mapping[str, str], log_path: str,
-                 preload: Preload | None = None) -> tuple[subprocess.Popen[bytes], socket.socket]:
-    """A new worker process in its own session, and the orchestrator's end of its channel."""
+def spawn_worker(directory: str, env: Mapping[str, str], log_path: str, preload: Preload | None = None, *,
+                 prefix: Sequence[str] = (), options: Mapping[str, Any] | None = None,
+                 fds: Sequence[int] = ()) -> tuple[subprocess.Popen[bytes], socket.socket]:
+    """A new worker process in its own session, and the orchestrator's end of its channel.
+    `prefix`: what runs it (bwrap's argv, for a namespaced sandbox); `options`: more for
+    the worker's start ("user": the uid it takes first; "nproc": its RLIMIT_NPROC);
+    `fds`: more descriptors it inherits (bwrap's seccomp filter)."""
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    argv = [sys.executable, "-I", WORKER_FILE, str(child.fileno())]
+    argv = [*prefix, sys.executable, "-I", WORKER_FILE, str(child.fileno())]
+    start: dict[str, Any] = dict(options or {})
     if preload is not None and preload.modules:
-        argv.append(json.dumps({"path": list(preload.path), "preload": list(preload.modules)}))
+        start.update(path=list(preload.path), preload=list(preload.modules))
+    if start:
+        argv.append(json.dumps(start))
     try:
-        with open(log_path, "wb") as log:
+        with open(log_path, "ab") as log:  # a new worker in the same sandbox: after the last one's words
             proc = subprocess.Popen(
                 argv,
                 cwd=directory, env=dict(env), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                pass_fds=(child.fileno(),), start_new_session=True, close_fds=True)
+                pass_fds=(child.fileno(), *fds), start_new_session=True, close_fds=True)
     except BaseException:
         parent.close()
         raise
@@ -175,15 +289,29 @@ class Sandbox:
 
     def __init__(self, trajectory: int, directory: str, marker: str, base_env: Mapping[str, str],
                  cgroup: SandboxCgroup | None, hello: tuple[Any, ...], warm: WarmWorkers | None = None,
-                 preload: Preload | None = None) -> None:
+                 preload: Preload | None = None, *, jail: Jail | None = None,
+                 on_limit: Callable[[int, float], None] | None = None) -> None:
+        """`directory`: the sandbox's directory under isolation="process" (in a jail it is
+        its slot's home, known at its first start); `hello`: ("hello", sys_path,
+        output_limit, _, affinity_mode); `on_limit`: for its grant channel."""
         self.trajectory = trajectory
-        self.directory = directory
         self.marker = marker
-        self.log_path = directory.rstrip("/") + ".log"
         self.cgroup = cgroup
-        tmp = os.path.join(directory, ".tmp")
-        self.env = {**base_env, "HOME": directory, "TMPDIR": tmp, MARKER: marker}
-        self.hello = hello + (self.env,)
+        self.jail = jail
+        self.slot: Slot | None = None
+        self.needs = Needs()  # what the live worker was started with (a jail's)
+        self._on_limit = on_limit
+        self._directory = directory
+        self.grant: GrantChannel | None
+        if jail is None:
+            self.grant = GrantChannel(directory, on_limit)
+            home, tmp = directory, os.path.join(directory, ".tmp")
+        else:  # made with the slot; the sandbox sees its files at CONTROL
+            self.grant = None
+            home, tmp = HOME, "/tmp"
+        grant_env = GrantChannel.env_for(CONTROL + "/sandbox") if jail is not None else self.grant.env  # type: ignore[union-attr]
+        self.env = {**base_env, **grant_env, "HOME": home, "TMPDIR": tmp, MARKER: marker}
+        self.hello = (*hello[:3], home, hello[4], self.env)
         self.warm = warm
         self.preload = preload
         # markers its workers were started with: its own, and each warm worker's (in affinity
@@ -203,6 +331,19 @@ class Sandbox:
         self.closed = False
 
     @property
+    def directory(self) -> str | None:
+        """The sandbox's directory on the host (in a jail: None before its first start)."""
+        if self.jail is None:
+            return self._directory
+        return None if self.slot is None else self.slot.home
+
+    @property
+    def log_path(self) -> str:
+        if self.jail is None:
+            return self._directory.rstrip("/") + ".log"
+        return "" if self.slot is None else self.slot.log
+
+    @property
     def alive(self) -> bool:
         return self.proc is not None
 
@@ -211,11 +352,12 @@ class Sandbox:
         return None if self.proc is None else self.proc.pid
 
     # ------------------------------------------------------------------ lifecycle
-    async def ready(self) -> None:
+    async def ready(self, needs: Needs = Needs()) -> None:
         """A live worker for the next action: one that died since the last action is buried
-        and replaced. The check is a waitpid, so it also catches an exit the loop has not
-        handled yet, plus /proc, for a worker already dead but not yet reapable; nothing
-        awaits between it and the request's write (the hand-over)."""
+        and replaced, and so is a jail's worker started without something the action
+        `needs` (the network, the GPUs). The check is a waitpid, so it also catches an exit
+        the loop has not handled yet, plus /proc, for a worker already dead but not yet
+        reapable; nothing awaits between it and the request's write (the hand-over)."""
         proc = self.proc
         if proc is not None and proc.poll() is None and not _alive(proc.pid):
             # Killed, but not reapable yet (its exit is still being torn down, e.g. its
@@ -223,20 +365,39 @@ class Sandbox:
             await _wait(proc, timeout=None)
         if proc is not None and proc.poll() is not None:
             self._died(proc)
+        if self.proc is not None and self.jail is not None and not self.needs.covers(needs):
+            self.kill()  # its mounts and namespaces are fixed: a new worker in the same slot
+            await self._settle()
         if self.proc is None:
-            await self.start()
+            await self.start(needs)
 
-    async def start(self) -> None:
+    async def start(self, needs: Needs = Needs()) -> None:
         await self._settle()
-        os.makedirs(os.path.join(self.directory, ".tmp"), exist_ok=True)
-        warm = self.warm.take() if self.warm is not None else None
+        jail = self.jail
+        warm = None
+        if jail is None:
+            os.makedirs(os.path.join(self._directory, ".tmp"), exist_ok=True)
+            warm = self.warm.take() if self.warm is not None else None
+        elif self.slot is None and self.warm is not None and jail.default.covers(needs):
+            warm = self.warm.take()
         if warm is not None:
             proc, parent = warm.proc, warm.channel
-            os.replace(warm.log_path, self.log_path)
+            if warm.slot is not None:
+                self.slot, self.needs = warm.slot, jail.default  # type: ignore[union-attr]
+            else:
+                os.replace(warm.log_path, self.log_path)
             if warm.marker not in self._markers:
                 self._markers.append(warm.marker)
+        elif jail is not None:
+            if self.slot is None:
+                self.slot = jail.new_slot()
+            self.needs = Needs(needs.network or jail.network, needs.gpu, needs.writable)
+            proc, parent = jail.spawn(self.slot, self.needs, self.env, self.preload)
         else:
-            proc, parent = spawn_worker(self.directory, self.env, self.log_path, self.preload)
+            proc, parent = spawn_worker(self._directory, self.env, self.log_path, self.preload)
+        if self.grant is None and self.slot is not None:
+            self.grant = GrantChannel(os.path.join(self.slot.control, "sandbox"), self._on_limit, owner=self.slot.uid,
+                                      inside=CONTROL + "/sandbox")
         self.proc = proc
         self._channel = parent
         self.starts += 1
@@ -245,10 +406,11 @@ class Sandbox:
             self._watch(proc)
             if self.cgroup is not None:
                 try:
-                    self.cgroup.add(proc.pid)  # before it runs anything of the caller's
+                    self.cgroup.add_tree(proc.pid)  # before it runs anything of the caller's
                 except OSError as e:
-                    raise ManagerError("managers.cpu.isolation", f"cannot move the sandbox worker into its cgroup "
-                                       f"{self.cgroup.dirs['cpu']}: {e.strerror}; isolation='affinity' avoids cgroups") from None
+                    raise ManagerError("managers.cpu.resource_control", f"cannot move the sandbox worker into its "
+                                       f"cgroup {self.cgroup.dirs['cpu']}: {e.strerror}; resource_control='affinity' "
+                                       "avoids cgroups") from None
             self.reader, self.writer = await asyncio.open_connection(sock=parent, limit=1 << 20)
             self._send(self.hello)
         except BaseException:
@@ -338,9 +500,11 @@ class Sandbox:
             header = await reader.readexactly(_HEADER.size)
             data = await reader.readexactly(_HEADER.unpack(header)[0])
         except (asyncio.IncompleteReadError, ConnectionError) as e:
+            if self.jail is not None:  # bwrap exits right after the worker, with its status
+                await _wait(proc, timeout=1.0)
             self._died(proc)
             await self._settle()
-            raise WorkerDied(proc.returncode, self.log_tail()) from e
+            raise WorkerDied(self._status(proc), self.log_tail()) from e
         except BaseException:
             self.kill()
             raise
@@ -349,6 +513,14 @@ class Sandbox:
         if proc.poll() is not None:  # it replied, then died (the loop already saw it exit): bury it now
             self._died(proc)
         return data
+
+    def _status(self, proc: subprocess.Popen[bytes]) -> int | None:
+        """The worker's exit status as Popen gives it (-N: killed by signal N). bwrap
+        reports a signal as 128 + N."""
+        code = proc.returncode
+        if self.jail is not None and code is not None and code > 128:
+            return -(code - 128)
+        return code
 
     def log_tail(self, n: int = 2000) -> str:
         try:
@@ -396,21 +568,33 @@ class Sandbox:
         directory: renamed away at once, deleted in a thread so that a large tree does not
         hold the event loop."""
         self.closed = True
+        if self.grant is not None:
+            self.grant.close()
+            for path in self.grant.paths:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
         self.kill()
         await self._settle()
         if self.cgroup is not None:
             self.cgroup.remove()
         if remove_files:
-            try:
-                os.unlink(self.log_path)
-            except OSError:
-                pass
-            doomed = f"{self.directory}.closing-{id(self):x}"
-            try:
-                os.rename(self.directory, doomed)
-            except OSError:
-                doomed = self.directory
-            await asyncio.to_thread(shutil.rmtree, doomed, True)
+            if self.jail is not None:
+                where = None if self.slot is None else self.slot.root
+            else:
+                where = self._directory
+                try:
+                    os.unlink(self.log_path)
+                except OSError:
+                    pass
+            if where is not None:
+                doomed = f"{where}.closing-{id(self):x}"
+                try:
+                    os.rename(where, doomed)
+                except OSError:
+                    doomed = where
+                await asyncio.to_thread(shutil.rmtree, doomed, True)
 
 
 async def _wait(proc: subprocess.Popen[bytes], timeout: float | None) -> int | None:
@@ -448,27 +632,12 @@ async def _wait(proc: subprocess.Popen[bytes], timeout: float | None) -> int | N
     return proc.returncode
 
 
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                out.extend(int(x) for x in f.read().split())
-        except (OSError, ValueError):
-            pass
-    return out
-
-
 def _kill_descendants(pid: int, rounds: int = 20) -> None:
     """SIGKILL every descendant of `pid` (not `pid` itself), until none is left."""
     for _ in range(rounds):
         stack, found = [pid], []
         while stack:
-            for c in _children(stack.pop()):
+            for c in children_of(stack.pop()):
                 if _alive(c):
                     found.append(c)
                 stack.append(c)
@@ -515,4 +684,5 @@ def kill_marked(prefix: str, exact: bool = False, rounds: int = 20) -> None:
                 pass
 
 
-__all__ = ["MARKER", "WORKER_FILE", "Sandbox", "WarmWorkers", "WorkerDied", "kill_marked", "marked_processes"]
+__all__ = ["MARKER", "WORKER_FILE", "Jail", "Needs", "Sandbox", "Slot", "WarmWorkers", "WorkerDied", "kill_marked",
+           "marked_processes"]

@@ -28,7 +28,9 @@ from tangram.runtime.errors import (
     ManagerError,
     ResourceLimitExceeded,
 )
-from tangram.runtime.isolation import cpu_list, cpu_weight, detect
+from tangram.runtime.isolation import children_of, cpu_list, cpu_weight, detect
+from tangram.runtime.namespaces import HOME
+from tangram.runtime.namespaces import detect as detect_boundary
 from tangram.runtime.manager import LiveAction, manager_class
 from tangram.runtime.sandbox import marked_processes
 
@@ -37,15 +39,27 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sa
 DETECTED = detect("auto") if sys.platform.startswith("linux") else None
 CGROUP = DETECTED is not None and DETECTED.cgroup
 CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
-MECHANISMS = [pytest.param("auto", id=DETECTED.mechanism if DETECTED else "auto",
-                           marks=pytest.mark.skipif(not CGROUP, reason="no writable cgroup on this machine")),
-              pytest.param("affinity", id="affinity")]
+BOUNDARY = detect_boundary("auto") if sys.platform.startswith("linux") else None
+NAMESPACES = BOUNDARY is not None and BOUNDARY.namespaces
+_NO_CGROUP = pytest.mark.skipif(not CGROUP, reason="no writable cgroup on this machine")
+_NO_NAMESPACES = pytest.mark.skipif(not NAMESPACES, reason=f"no namespaces here: {BOUNDARY.reason if BOUNDARY else ''}")
+_CG = DETECTED.mechanism if DETECTED else "auto"
+# (resource control, isolation): every case under the cgroup mechanism when this machine has
+# a writable one and under forced affinity, each inside namespaces and as a bare process.
+MECHANISMS = [pytest.param(("auto", "namespaces"), id=f"{_CG}-namespaces", marks=[_NO_CGROUP, _NO_NAMESPACES]),
+              pytest.param(("affinity", "namespaces"), id="affinity-namespaces", marks=_NO_NAMESPACES),
+              pytest.param(("auto", "process"), id=f"{_CG}-process", marks=_NO_CGROUP),
+              pytest.param(("affinity", "process"), id="affinity-process")]
 _ids = itertools.count(1)
 
 
 @pytest.fixture(params=MECHANISMS)
-def mechanism(request: pytest.FixtureRequest) -> str:
+def mechanism(request: pytest.FixtureRequest) -> tuple[str, str]:
     return request.param
+
+
+def manager(mechanism: tuple[str, str], **options: Any) -> CpuManager:
+    return CpuManager(resource_control=mechanism[0], isolation=mechanism[1], **options)
 
 
 @pytest.fixture(autouse=True)
@@ -64,10 +78,12 @@ async def run(mgr: CpuManager, call: Call, cores: float = 1.0, memory: float = 0
     return await mgr.execute(LiveAction(next(_ids), call), placement(cores, memory, **kw))
 
 
-def with_manager(mechanism: str, body: Callable[[CpuManager], Awaitable[None]], **options: Any) -> CpuManager:
+def with_manager(mechanism: tuple[str, str], body: Callable[[CpuManager], Awaitable[None]], **options: Any) -> CpuManager:
     """Runs `body` with a started manager, then closes it and checks that nothing is left:
     no process, no cgroup, no directory, and the pool exactly full."""
-    mgr = CpuManager(isolation=mechanism, **options)
+    if mechanism[1] != "process" and CGROUP:  # the cases read their cgroup's files from inside
+        options.setdefault("visible_paths", ["/sys/fs/cgroup"])
+    mgr = manager(mechanism, **options)
 
     async def main() -> None:
         await mgr.start()
@@ -85,6 +101,64 @@ def with_manager(mechanism: str, body: Callable[[CpuManager], Awaitable[None]], 
 
     asyncio.run(main())
     return mgr
+
+
+def namespaced(mgr: CpuManager) -> bool:
+    return mgr.boundary is not None and mgr.boundary.namespaces
+
+
+def worker_host_pid(mgr: CpuManager, key: int = 0) -> int:
+    """The host pid of `key`'s live worker: under namespaces it runs in the sandbox's PID
+    namespace (os.getpid() there is not the host's), bwrap's grandchild."""
+    proc = mgr._sandboxes[key].proc
+    assert proc is not None
+    if not namespaced(mgr):
+        return proc.pid
+    stack = [proc.pid]
+    while stack:
+        pid = stack.pop()
+        try:
+            cmdline = read(f"/proc/{pid}/cmdline")
+        except OSError:
+            continue
+        if "_sandbox_worker" in cmdline and "bwrap" not in cmdline.split("\0")[0]:
+            return pid
+        stack.extend(children_of(pid))
+    raise AssertionError(f"no worker under {proc.pid}")
+
+
+async def worker_pid(mgr: CpuManager, key: int = 0) -> int:
+    """Runs a call in `key`'s sandbox (starting its worker if need be) and returns the
+    worker's host pid."""
+    await run(mgr, Call(fn=int, trajectory=key))
+    return worker_host_pid(mgr, key)
+
+
+def host_pids(mgr: CpuManager, key: int, inner: list[int]) -> list[int]:
+    """Host pids of processes of `key`'s sandbox known by their pids inside it."""
+    if not namespaced(mgr):
+        return inner
+    proc = mgr._sandboxes[key].proc
+    assert proc is not None
+    found: dict[int, int] = {}
+    stack = [proc.pid]
+    while stack:
+        pid = stack.pop()
+        try:
+            ns = [int(x) for x in read(f"/proc/{pid}/status").split("NSpid:")[1].splitlines()[0].split()]
+        except (OSError, IndexError, ValueError):
+            continue
+        found[ns[-1]] = pid
+        stack.extend(children_of(pid))
+    return [found[i] for i in inner]
+
+
+# A token of the worker process that runs it: the test module is imported once per worker.
+WORKER_TOKEN = os.urandom(8).hex()
+
+
+def worker_token() -> str:
+    return WORKER_TOKEN
 
 
 def pid_alive(pid: int) -> bool:
@@ -139,6 +213,14 @@ def open_fds() -> set[int]:
 def test_bad_options_name_the_option(tmp_path: Any) -> None:
     cases = [
         (dict(isolation="docker"), "managers.cpu.isolation"),
+        (dict(isolation="affinity"), "managers.cpu.isolation"),  # a resource control, not an isolation
+        (dict(resource_control="docker"), "managers.cpu.resource_control"),
+        (dict(network="yes"), "managers.cpu.network"),
+        (dict(visible_paths="/opt"), "managers.cpu.visible_paths"),
+        (dict(visible_paths=["relative/path"]), "managers.cpu.visible_paths"),
+        (dict(visible_paths=[str(tmp_path / "missing")]), "managers.cpu.visible_paths"),
+        (dict(pids_limit=3), "managers.cpu.pids_limit"),
+        (dict(pids_limit=True), "managers.cpu.pids_limit"),
         (dict(output_limit=-1), "managers.cpu.output_limit"),
         (dict(output_limit="big"), "managers.cpu.output_limit"),
         (dict(cpus=[]), "managers.cpu.cpus"),
@@ -161,19 +243,40 @@ def test_detect_and_forcing(monkeypatch: pytest.MonkeyPatch) -> None:
     iso = detect()
     assert iso.mechanism in ("cgroup-v2", "cgroup-v1", "affinity") and iso.description
     assert detect("affinity").mechanism == "affinity"
-    monkeypatch.setenv("TANGRAM_ISOLATION", "affinity")
+    monkeypatch.setenv("TANGRAM_RESOURCE_CONTROL", "affinity")
     assert detect().mechanism == "affinity"
     assert detect("auto").mechanism == "affinity"
-    monkeypatch.setenv("TANGRAM_ISOLATION", "chroot")
+    monkeypatch.setenv("TANGRAM_RESOURCE_CONTROL", "chroot")
     with pytest.raises(ManagerError) as e:
         detect()
-    assert e.value.field == "TANGRAM_ISOLATION"
-    monkeypatch.delenv("TANGRAM_ISOLATION")
+    assert e.value.field == "TANGRAM_RESOURCE_CONTROL"
+    monkeypatch.delenv("TANGRAM_RESOURCE_CONTROL")
     for forced in ("cgroup-v2", "cgroup-v1"):
         try:
             assert detect(forced).mechanism == forced
         except ManagerError as err:  # not usable here: an error naming the option, no fallback
-            assert err.field == "isolation" and forced in err.reason
+            assert err.field == "resource_control" and forced in err.reason
+
+
+def test_isolation_detect_and_forcing(monkeypatch: pytest.MonkeyPatch) -> None:
+    boundary = detect_boundary()
+    assert boundary.isolation in ("namespaces", "process") and boundary.description
+    assert detect_boundary("process").isolation == "process"
+    assert "UNSAFE" in detect_boundary("process").description
+    monkeypatch.setenv("TANGRAM_ISOLATION", "process")
+    assert detect_boundary().isolation == "process"
+    monkeypatch.setenv("TANGRAM_ISOLATION", "affinity")  # the old meaning: a clear error, no fallback
+    with pytest.raises(ManagerError) as e:
+        detect_boundary()
+    assert e.value.field == "TANGRAM_ISOLATION" and "resource_control" in e.value.reason
+    monkeypatch.delenv("TANGRAM_ISOLATION")
+    # bubblewrap missing: namespaces forced is an error naming the cause; auto falls back, saying why
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(ManagerError) as e:
+        detect_boundary("namespaces")
+    assert e.value.field == "isolation" and "bubblewrap is not installed" in e.value.reason
+    fallback = detect_boundary("auto")
+    assert fallback.isolation == "process" and "bubblewrap is not installed" in fallback.reason
 
 
 def test_a_sandbox_cgroup_that_cannot_be_made_is_a_manager_error(tmp_path: Any) -> None:
@@ -189,7 +292,7 @@ def test_a_sandbox_cgroup_that_cannot_be_made_is_a_manager_error(tmp_path: Any) 
                           mems="0")
     with pytest.raises(ManagerError) as e:
         SandboxCgroup(mgr, "sb-1")  # type: ignore[arg-type]
-    assert e.value.field == "managers.cpu.isolation" and "sb-1" in str(e.value)
+    assert e.value.field == "managers.cpu.resource_control" and "sb-1" in str(e.value)
     assert not (parent / "sb-1").exists()
 
 
@@ -329,7 +432,7 @@ def test_leftover_processes_get_the_lowest_weight_between_actions() -> None:
         r = await run(mgr, Call(command=["cat", weight_file]), cores=2)
         assert int(r.stdout) == cpu_weight(2, v2)  # the action has its whole grant
 
-    with_manager("auto", body)
+    with_manager(("auto", "auto"), body)
 
 
 @pytest.mark.skipif(not CGROUP, reason="no writable cgroup on this machine")
@@ -351,7 +454,7 @@ def test_leftover_processes_are_throttled_between_actions_under_ceilings() -> No
         r = await run(mgr, Call(command=["cat", quota_file]))
         assert r.stdout.split()[0] in (b"-1", b"max")  # the action has its whole grant
 
-    with_manager("auto", body, cpu_limit="ceiling")
+    with_manager(("auto", "auto"), body, cpu_limit="ceiling")
 
 
 @pytest.mark.skipif(not CGROUP, reason="no writable cgroup on this machine")
@@ -367,7 +470,7 @@ def test_cgroups_of_a_dead_manager_are_removed_at_start() -> None:
     async def body(mgr: CpuManager) -> None:
         assert not any(os.path.exists(d) for d in stale)
 
-    with_manager("auto", body)
+    with_manager(("auto", "auto"), body)
 
 
 # ---------------------------------------------------------------------------- resizes
@@ -438,7 +541,7 @@ def test_a_resize_reaches_a_running_build_and_a_running_function(mechanism: str)
         mgr.resize(fn, placement(3.5))
         await asyncio.sleep(0.3)
         mgr.resize(fn, placement(1.25))
-        channel = mgr._grants[1]
+        channel = mgr._sandboxes[1].grant
         assert channel._tokens == 1 and channel._owed == 0  # ceil(1.25) - 1; nobody held the other two
         assert await task == [2.0, 3.5, 1.25]
         assert channel._tokens == 0 and read(channel.grant_path).strip() == "0.0000"  # ended: no grant
@@ -467,7 +570,7 @@ def test_an_executor_with_fewer_tasks_than_cores_gives_them_back(mechanism: str)
     async def main() -> None:
         inventory = Inventory([Node("local", {"cpu": 2})])
         async with Orchestrator(inventory=inventory, default_managers=False,
-                                managers={"cpu": CpuManager(isolation=mechanism, warm_sandboxes=2)}) as orch:
+                                managers={"cpu": manager(mechanism, warm_sandboxes=2)}) as orch:
             tests = orch.submit(Call(fn=suite, args=([1.5, 0.1],), resources={"cpu": 1}, elastic="cpu", max_units=2,
                                      runtime=Amdahl(10.0, 1.0), trajectory=1))
             await asyncio.sleep(0.05)
@@ -503,17 +606,19 @@ def test_a_resize_moves_the_weight_or_the_ceiling_of_the_running_action() -> Non
             await task
             assert mgr.pool.full
 
-        with_manager("auto", body, cpu_limit=limit)
+        with_manager(("auto", "auto"), body, cpu_limit=limit)
 
 
 def test_a_new_trajectory_starts_in_a_warm_worker(mechanism: str) -> None:
     async def body(mgr: CpuManager) -> None:
         assert await until(lambda: len(mgr.warm_processes()) == 2)
         warm = mgr.warm_processes()
-        pid, cwd, env = await run(mgr, Call(fn=lambda: (os.getpid(), os.getcwd(), dict(os.environ)), trajectory=7))
+        cwd, env = await run(mgr, Call(fn=lambda: (os.getcwd(), dict(os.environ)), trajectory=7))
+        pid = mgr._sandboxes[7].proc.pid
         assert pid in warm  # started before the trajectory existed
-        assert cwd == env["HOME"] == mgr.sandbox_dir(7) and env["TANGRAM_SANDBOX"].endswith("/7")
-        assert env["TMPDIR"] == os.path.join(mgr.sandbox_dir(7), ".tmp")
+        home = HOME if namespaced(mgr) else mgr.sandbox_dir(7)
+        assert cwd == env["HOME"] == home and env["TANGRAM_SANDBOX"].endswith("/7")
+        assert env["TMPDIR"] == ("/tmp" if namespaced(mgr) else os.path.join(home, ".tmp"))
         assert await until(lambda: len(mgr.warm_processes()) == 2)  # replaced
         assert pid not in mgr.warm_processes()
         # its log is the sandbox's: a crash report carries the worker's last words
@@ -523,7 +628,7 @@ def test_a_new_trajectory_starts_in_a_warm_worker(mechanism: str) -> None:
         victim = mgr.warm_processes()[0]
         os.kill(victim, signal.SIGKILL)  # a warm worker killed while idle is skipped
         assert wait_gone([victim]) == []
-        assert await run(mgr, Call(fn=os.getcwd, trajectory=8)) == mgr.sandbox_dir(8)
+        assert await run(mgr, Call(fn=os.getcwd, trajectory=8)) == (HOME if namespaced(mgr) else mgr.sandbox_dir(8))
 
     with_manager(mechanism, body, warm_sandboxes=2)
 
@@ -537,7 +642,7 @@ def test_warm_workers_preload_modules(mechanism: str) -> None:
         loaded = await run(mgr, Call(fn=lambda: [m in sys.modules for m in ("tangram.worker", "colorsys", "_pyio")],
                                      trajectory=3))
         assert loaded == [True, True, False]
-        log = await run(mgr, Call(fn=read, args=(mgr.sandbox_dir(3) + ".log",), trajectory=3))
+        log = mgr._sandboxes[3].log_tail(100_000)
         assert "preloading no_such_module_here failed: ModuleNotFoundError" in log
         assert mgr.describe()["preload"] == ["tangram.worker", "colorsys", "no_such_module_here"]
 
@@ -553,11 +658,13 @@ def print_then(value: str) -> str:
 # log once, and what the worker printed before is not written again.
 def test_gpu_function_output_reaches_the_log_once(mechanism: str) -> None:
     async def body(mgr: CpuManager) -> None:
-        assert await run(mgr, Call(fn=print_then, args=("by the worker",), trajectory=4)) == "by the worker"
         gpu = {"CUDA_VISIBLE_DEVICES": "GPU-fake-0"}
+        # first a GPU action: a namespaced sandbox's worker starts with the GPU devices then
+        assert await run(mgr, Call(fn=print_then, args=("first",), trajectory=4), env=gpu) == "first"
+        assert await run(mgr, Call(fn=print_then, args=("by the worker",), trajectory=4)) == "by the worker"
         assert await run(mgr, Call(fn=print_then, args=("on a GPU",), trajectory=4), env=gpu) == "on a GPU"
         await run(mgr, Call(fn=lambda: sys.stdout.flush(), trajectory=4))
-        log = await run(mgr, Call(fn=read, args=(mgr.sandbox_dir(4) + ".log",), trajectory=4))
+        log = mgr._sandboxes[4].log_tail(100_000)
         assert log.count("printed by the worker") == 1 and log.count("printed on a GPU") == 1
 
     with_manager(mechanism, body)
@@ -582,7 +689,8 @@ def test_warm_workers_are_replaced_when_no_action_runs(mechanism: str) -> None:
             assert int(read(os.path.join(warm_dir, "cpu.weight" if v2 else "cpu.shares"))) == cpu_weight(0, v2)
         busy = asyncio.ensure_future(run(mgr, Call(fn=time.sleep, args=(1.0,), trajectory=1)))
         assert await until(lambda: len(mgr.warm_processes()) == 1)  # trajectory 1 took one
-        pid = await run(mgr, Call(fn=os.getpid, trajectory=2))  # ends while trajectory 1 runs
+        await run(mgr, Call(fn=int, trajectory=2))  # ends while trajectory 1 runs
+        pid = mgr._sandboxes[2].proc.pid
         assert pid in first and mgr.warm_processes() == [] and busy.done() is False
         await asyncio.sleep(0.2)
         assert mgr.warm_processes() == []  # no replacement while an action runs
@@ -610,11 +718,13 @@ def bump() -> int:
 
 def test_state_persists_across_a_trajectorys_actions(mechanism: str) -> None:
     async def body(mgr: CpuManager) -> None:
+        where = await run(mgr, Call(fn=lambda: (os.getcwd(), os.environ["HOME"], os.environ["TMPDIR"]), trajectory=7))
         home = mgr.sandbox_dir(7)
-        assert await run(mgr, Call(fn=lambda: (os.getcwd(), os.environ["HOME"], os.environ["TMPDIR"]), trajectory=7)) \
-            == (home, home, os.path.join(home, ".tmp"))
+        inside = HOME if namespaced(mgr) else home
+        assert where == (inside, inside, "/tmp" if namespaced(mgr) else os.path.join(home, ".tmp"))
         r = await run(mgr, Call(command="echo hello > notes.txt; pwd", trajectory=7))
-        assert r.returncode == 0 and r.stdout.decode().strip() == home
+        assert r.returncode == 0 and r.stdout.decode().strip() == inside
+        assert read(os.path.join(home, "notes.txt")) == "hello\n"  # the sandbox's files, on the host
         assert await run(mgr, Call(fn=read, args=("notes.txt",), trajectory=7)) == "hello\n"
         assert [await run(mgr, Call(fn=bump, trajectory=7)) for _ in range(3)] == [1, 2, 3]  # module state
         assert await run(mgr, Call(fn=bump, trajectory=8)) == 1  # another trajectory: its own worker
@@ -647,14 +757,15 @@ def test_pooled_calls_share_as_many_sandboxes_as_run_at_once(mechanism: str) -> 
     async def body(mgr: CpuManager) -> None:
         gate = asyncio.Semaphore(3)  # what the core does: at most 3 start at once
 
-        async def pooled(i: int, fn: Any = os.getpid) -> Any:
+        async def pooled(i: int, fn: Any = worker_token) -> Any:
             async with gate:
                 return await run(mgr, Call(fn=fn, trajectory=100 + i, pooled=True))
 
         pids = await asyncio.gather(*(pooled(i) for i in range(12)))
         assert mgr.pooled_sandbox_count == 3 and len(set(pids)) == 3
         assert mgr.sandbox_count == 3  # no trajectory of the 12 holds one
-        assert (await run(mgr, Call(fn=os.getcwd, trajectory=5, pooled=True))).startswith(mgr._dir + "/pool")
+        assert (await run(mgr, Call(fn=os.getcwd, trajectory=5, pooled=True))).startswith(
+            HOME if namespaced(mgr) else mgr._dir + "/pool")
 
         def broken() -> None:
             raise ValueError("left the sandbox in a state nobody knows")
@@ -723,15 +834,15 @@ def test_commands_exit_codes_and_signals_are_results(mechanism: str) -> None:
 def test_crash_recovery(mechanism: str) -> None:
     async def body(mgr: CpuManager) -> None:
         await run(mgr, Call(command="echo kept > file.txt; (setsid sleep 60 & echo $! > daemon.pid)"))
-        pid0 = await run(mgr, Call(fn=os.getpid))
-        daemon = int(await run(mgr, Call(fn=read, args=("daemon.pid",))))
+        pid0 = await worker_pid(mgr)
+        daemon = host_pids(mgr, 0, [int(await run(mgr, Call(fn=read, args=("daemon.pid",))))])[0]
         assert pid_alive(daemon)
         with pytest.raises(ActionCrashed) as e:
             await run(mgr, Call(fn=os._exit, args=(3,)))
         assert e.value.exit_code == 3 and e.value.signal is None
         assert mgr.pool.full
         assert wait_gone([pid0, daemon]) == []  # the escaped daemon too
-        pid1 = await run(mgr, Call(fn=os.getpid))
+        pid1 = await worker_pid(mgr)
         assert pid1 != pid0
         with pytest.raises(ActionCrashed) as e:
             await run(mgr, Call(fn=lambda: os.kill(os.getpid(), signal.SIGSEGV)))
@@ -751,19 +862,21 @@ def test_a_worker_killed_while_idle_is_replaced_at_the_next_action(mechanism: st
         t = 5
         await run(mgr, Call(command="echo kept > file.txt; (setsid sleep 60 & echo $! > daemon.pid)", trajectory=t))
         assert await run(mgr, Call(fn=bump, trajectory=t)) == 1
-        pid0 = await run(mgr, Call(fn=os.getpid, trajectory=t))
-        daemon = int(read(os.path.join(mgr.sandbox_dir(t), "daemon.pid")))
+        pid0 = await worker_pid(mgr, t)
+        daemon = host_pids(mgr, t, [int(read(os.path.join(mgr.sandbox_dir(t), "daemon.pid")))])[0]
+        launcher = mgr._sandboxes[t].proc.pid  # this process's child: the worker, or its bwrap
         os.kill(pid0, signal.SIGKILL)
-        assert await until(lambda: pid0 not in children() and not pid_alive(daemon))
+        assert await until(lambda: launcher not in children() and not pid_alive(daemon))
         assert mgr._sandboxes[t].proc is None  # forgotten: no worker until the next action
-        pid1 = await run(mgr, Call(fn=os.getpid, trajectory=t))
+        pid1 = await worker_pid(mgr, t)
         assert pid1 != pid0 and pid_alive(pid1)
         assert await run(mgr, Call(fn=read, args=("file.txt",), trajectory=t)) == "kept\n"
         assert await run(mgr, Call(fn=bump, trajectory=t)) == 1  # interpreter state is lost
+        launcher = mgr._sandboxes[t].proc.pid
         os.kill(pid1, signal.SIGKILL)
-        assert wait_gone([pid1]) == []  # a blocking wait: the loop has not handled the exit yet
-        pid2 = await run(mgr, Call(fn=os.getpid, trajectory=t))
-        assert pid2 not in (pid0, pid1) and pid1 not in children()
+        assert wait_gone([pid1, launcher]) == []  # a blocking wait: the loop has not handled the exit yet
+        pid2 = await worker_pid(mgr, t)
+        assert pid2 not in (pid0, pid1) and launcher not in children()
         assert mgr._sandboxes[t].starts == 3
 
     with_manager(mechanism, body)
@@ -778,15 +891,16 @@ def test_a_worker_killed_during_an_action_crashes_that_action(mechanism: str) ->
 
     async def body(mgr: CpuManager) -> None:
         t = 6
-        pid0 = await run(mgr, Call(fn=os.getpid, trajectory=t))
+        pid0 = await worker_pid(mgr, t)
+        launcher = mgr._sandboxes[t].proc.pid
         task = asyncio.ensure_future(run(mgr, Call(fn=start_then_sleep, trajectory=t)))
         assert await until(lambda: os.path.exists(os.path.join(mgr.sandbox_dir(t), "started")))
         os.kill(pid0, signal.SIGKILL)
         with pytest.raises(ActionCrashed) as e:
             await task
         assert e.value.signal == signal.SIGKILL and e.value.exit_code is None
-        assert mgr.pool.full and pid0 not in children()
-        pid1 = await run(mgr, Call(fn=os.getpid, trajectory=t))
+        assert mgr.pool.full and launcher not in children()
+        pid1 = await worker_pid(mgr, t)
         assert pid1 != pid0
 
     with_manager(mechanism, body)
@@ -826,11 +940,13 @@ def test_idle_workers_killed_during_a_burst_fail_no_other_action_and_leak_nothin
 
     async def main() -> None:
         fds, kids = open_fds(), children()
-        mgr = CpuManager(isolation=mechanism)
+        mgr = manager(mechanism)
         await mgr.start()
         try:
             idle = range(100, 112)
-            victims = await asyncio.gather(*(run(mgr, Call(fn=os.getpid, trajectory=t), cores=0.25) for t in idle))
+            await asyncio.gather(*(run(mgr, Call(fn=int, trajectory=t), cores=0.25) for t in idle))
+            victims = [worker_host_pid(mgr, t) for t in idle]
+            launchers = [mgr._sandboxes[t].proc.pid for t in idle]
             burst = [asyncio.ensure_future(run(mgr, Call(fn=work, args=(i,), trajectory=i % 6), cores=0.25)) if i % 3
                      else asyncio.ensure_future(run(mgr, Call(command=f"echo {i}", trajectory=i % 6), cores=0.25))
                      for i in range(90)]
@@ -842,9 +958,10 @@ def test_idle_workers_killed_during_a_burst_fail_no_other_action_and_leak_nothin
             results = await asyncio.gather(*burst, return_exceptions=True)
             for i, r in enumerate(results):
                 assert r == (work(i) if i % 3 else CommandResult(0, f"{i}\n".encode(), b"", False)), (i, r)
-            assert await until(lambda: not set(victims) & children())
+            assert await until(lambda: not set(launchers) & children())
             assert all(mgr._sandboxes[t].proc is None for t in idle)
-            again = await asyncio.gather(*(run(mgr, Call(fn=os.getpid, trajectory=t), cores=0.25) for t in idle))
+            await asyncio.gather(*(run(mgr, Call(fn=int, trajectory=t), cores=0.25) for t in idle))
+            again = [worker_host_pid(mgr, t) for t in idle]
             assert not set(again) & set(victims)
             assert mgr.pool.full
         finally:
@@ -868,11 +985,14 @@ def test_timeout_kills_the_whole_process_tree(mechanism: str) -> None:
         assert mgr.pool.full
         pids = [int(p) for p in read(os.path.join(mgr.sandbox_dir(4), "pids")).split()]
         assert len(pids) == 5
-        assert wait_gone(pids) == []
+        if namespaced(mgr):  # pids inside its PID namespace: every process of the sandbox must be gone
+            assert await until(lambda: mgr.processes() == [])
+        else:
+            assert wait_gone(pids) == []
         assert mgr._sandboxes[4].proc is None  # recreated at the next action
         r = await run(mgr, Call(command="wc -l < pids", trajectory=4))
         assert r.stdout.strip() == b"5"
-        worker = await run(mgr, Call(fn=os.getpid, trajectory=4))
+        worker = await worker_pid(mgr, 4)
         assert pid_alive(worker)
 
     with_manager(mechanism, body)
@@ -880,7 +1000,7 @@ def test_timeout_kills_the_whole_process_tree(mechanism: str) -> None:
 
 def test_cancellation(mechanism: str) -> None:
     async def body(mgr: CpuManager) -> None:
-        pid0 = await run(mgr, Call(fn=os.getpid))
+        pid0 = await worker_pid(mgr)
         task = asyncio.ensure_future(run(mgr, Call(fn=time.sleep, args=(30,)), cores=len(CPUS)))
         await asyncio.sleep(0.3)
         assert not mgr.pool.full
@@ -890,15 +1010,15 @@ def test_cancellation(mechanism: str) -> None:
         assert mgr.pool.full
         assert wait_gone([pid0]) == []
         # cancelling an action that waits for its trajectory's sandbox leaves the running one alone
-        first = asyncio.ensure_future(run(mgr, Call(fn=lambda: time.sleep(0.4) or os.getpid())))
+        first = asyncio.ensure_future(run(mgr, Call(fn=lambda: time.sleep(0.4) or worker_token())))
         await asyncio.sleep(0.1)
-        second = asyncio.ensure_future(run(mgr, Call(fn=os.getpid)))
+        second = asyncio.ensure_future(run(mgr, Call(fn=worker_token)))
         await asyncio.sleep(0.05)
         second.cancel()
         with pytest.raises(asyncio.CancelledError):
             await second
-        pid1 = await first
-        assert pid1 != pid0 and await run(mgr, Call(fn=os.getpid)) == pid1
+        token1 = await first
+        assert worker_host_pid(mgr) != pid0 and await run(mgr, Call(fn=worker_token)) == token1
 
     with_manager(mechanism, body)
 
@@ -971,7 +1091,7 @@ def test_environment_has_no_parent_secrets(mechanism: str, monkeypatch: pytest.M
     async def body(mgr: CpuManager) -> None:
         env = await run(mgr, Call(fn=lambda: dict(os.environ)))
         assert "TANGRAM_TEST_API_TOKEN" not in env and env["TANGRAM_TEST_PASSED"] == "yes"
-        assert env["EXTRA"] == "1" and env["HOME"] == mgr.sandbox_dir(0)
+        assert env["EXTRA"] == "1" and env["HOME"] == (HOME if namespaced(mgr) else mgr.sandbox_dir(0))
         r = await run(mgr, Call(command="env"))
         assert b"s3cret" not in r.stdout and b"TANGRAM_TEST_PASSED=yes" in r.stdout
         names = {line.split("=", 1)[0] for line in r.stdout.decode().splitlines()}
@@ -980,9 +1100,10 @@ def test_environment_has_no_parent_secrets(mechanism: str, monkeypatch: pytest.M
                    "TANGRAM_JOBSERVER", "TANGRAM_LIMIT", "TANGRAM_ACTION", "MAKEFLAGS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
                    "OPENBLAS_NUM_THREADS"}
         assert names <= allowed, names - allowed
-        sid, pgid = await run(mgr, Call(fn=lambda: (os.getsid(0), os.getpgid(0))))
-        pid = await run(mgr, Call(fn=os.getpid))
-        assert sid == pgid == pid != os.getsid(0)  # its own session and process group
+        sid, pgid, pid = await run(mgr, Call(fn=lambda: (os.getsid(0), os.getpgid(0), os.getpid())))
+        # its own session and process group (namespaced: bwrap's init leads it, inside)
+        assert sid == pgid == (1 if namespaced(mgr) else pid)
+        assert os.getsid(worker_host_pid(mgr)) != os.getsid(0)
 
     with_manager(mechanism, body, env={"EXTRA": "1"}, inherit_env=["TANGRAM_TEST_PASSED"])
 
@@ -993,10 +1114,11 @@ def test_close_kills_every_sandbox_and_describe(mechanism: str) -> None:
     async def body(mgr: CpuManager) -> None:
         for t in range(3):
             await run(mgr, Call(command="(setsid sleep 60 &); sleep 60 & echo $!", trajectory=t))
-            pids.append(await run(mgr, Call(fn=os.getpid, trajectory=t)))
+            pids.append(await worker_pid(mgr, t))
         assert len(mgr.processes()) >= 9
         d = mgr.describe()
-        assert d["isolation"] == mgr.isolation.mechanism and d["output_limit"] == 1 << 20  # type: ignore[union-attr]
+        assert d["resource_control"] == mgr.isolation.mechanism and d["output_limit"] == 1 << 20  # type: ignore[union-attr]
+        assert d["isolation"] == mgr.boundary.isolation  # type: ignore[union-attr]
         assert d["sandboxes"] == 3
 
     with_manager(mechanism, body)

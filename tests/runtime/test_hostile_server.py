@@ -36,7 +36,7 @@ CONFIG = """
 name = "q"
 
 [managers.cpu]
-isolation = "affinity"
+resource_control = "affinity"
 
 [inventory]
 nodes = [{ name = "n0", resources = { cpu = 2, memory = 4096 } }]

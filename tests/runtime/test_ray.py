@@ -276,7 +276,9 @@ def test_requeue_reruns_only_idempotent_calls(cluster, tmp_path) -> None:  # typ
     c.wait_for_nodes()
 
     async def main() -> None:
-        async with RayOrchestrator(monitor_interval=0.3, on_node_loss="requeue") as orch:
+        # The runs are counted in a file under this machine's /tmp, which a namespaced
+        # sandbox does not see: these sandboxes are bare processes.
+        async with RayOrchestrator(monitor_interval=0.3, on_node_loss="requeue", cpu={"isolation": "process"}) as orch:
             victim_node = workers[0]
             victim = next(n for n in worker_names() if orch.ray.node_of(n).node_id == victim_node.node_id)
             again, once = str(tmp_path / "idempotent"), str(tmp_path / "not-idempotent")

@@ -345,13 +345,18 @@ def test_a_session_keeps_its_sandbox_and_a_request_without_one_gets_a_fresh_one(
     assert post(read, headers=session)["run_result"]["stdout"] == "none\n"  # a new sandbox for the id
 
 
-def parent_pids(url: str, n: int) -> list[int]:
+# The sandbox worker a program runs in: its parent's pid, and its PID namespace (namespaced
+# sandboxes each have their own, where every worker has the same small pid).
+WORKER = "os.readlink('/proc/self/ns/pid') + ':' + str(os.getppid())"
+
+
+def parent_pids(url: str, n: int) -> list[str]:
     """The sandbox worker each of n requests without a session ran in (its program's parent)."""
-    body = {"code": "import os; open('left.txt', 'w').write('x'); print(os.getppid(), sorted(os.listdir('.')))",
+    body = {"code": f"import os; open('left.txt', 'w').write('x'); print({WORKER}, sorted(os.listdir('.')))",
             "language": "python"}
     answers = [requests.post(url + "/run_code", json=body, timeout=30).json()["run_result"]["stdout"] for _ in range(n)]
     assert all(a.endswith("['left.txt', 'main.py']\n") for a in answers), answers  # a fresh directory every time
-    return [int(a.split()[0]) for a in answers]
+    return [a.split()[0] for a in answers]
 
 
 def test_requests_without_a_session_reuse_pooled_sandboxes(endpoint: Endpoint) -> None:
@@ -365,14 +370,17 @@ def test_a_pooled_sandbox_is_scrubbed_between_requests(endpoint: Endpoint) -> No
              "open('../escaped.txt', 'w').write('x')\n"
              "p = subprocess.Popen(['sh', '-c', 'sleep 300 >/dev/null & echo $!'], start_new_session=True, "
              "stdout=subprocess.PIPE, text=True)\n"
-             "print(os.getppid(), p.stdout.readline().strip())\n")
+             f"print({WORKER}, p.stdout.readline().strip())\n")
     post = lambda code: requests.post(endpoint.url + "/run_code", json={"code": code, "language": "python"},  # noqa: E731
                                       timeout=30).json()["run_result"]["stdout"].split()
-    worker, detached = map(int, post(leave))
-    look = "import os; print(os.getppid(), os.path.exists('../escaped.txt'), sorted(os.listdir('..')))"
-    again, exists, *listing = post(look)
-    assert int(again) == worker and exists == "False"  # the same pooled sandbox, emptied
-    assert _dies(detached)
+    worker, detached = post(leave)
+    # the detached process, seen from the same sandbox (its pid is the sandbox's own under namespaces)
+    look = (f"import os, time; time.sleep(0.5); print({WORKER}, os.path.exists('../escaped.txt'), "
+            f"os.path.exists('/proc/{detached}/cmdline') and b'sleep' in open('/proc/{detached}/cmdline', 'rb').read(), "
+            "sorted(os.listdir('..')))")
+    again, exists, alive, *listing = post(look)
+    assert again == worker and exists == "False"  # the same pooled sandbox, emptied
+    assert alive == "False"  # the detached process was killed
 
 
 def test_fresh_sandboxes_when_asked(tmp_path: Path) -> None:
@@ -389,7 +397,7 @@ def test_a_burst_of_concurrent_requests_all_answer_from_as_many_sandboxes_as_run
     """48 requests, 24 at a time, on 2 cores at one core each: 2 run at once, so 2 pooled
     sandboxes serve them all (each program prints its parent, the sandbox's worker)."""
     def one(i: int) -> Any:
-        body = {"code": f"import os\nprint(sum(range({i} * 1000)))\nprint(os.getppid())", "language": "python"}
+        body = {"code": f"import os\nprint(sum(range({i} * 1000)))\nprint({WORKER})", "language": "python"}
         return i, requests.post(endpoint.url + "/run_code", json=body, timeout=120).json()
 
     with concurrent.futures.ThreadPoolExecutor(24) as pool:

@@ -102,7 +102,7 @@ def mock_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 @pytest.fixture(scope="module")
 def cpu_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, Path]]:
     """Real sandboxes: the CPU manager runs fns and commands in worker processes."""
-    config = write_config(tmp_path_factory.mktemp("cpu"), "\n[managers.cpu]\nisolation = \"affinity\"\n")
+    config = write_config(tmp_path_factory.mktemp("cpu"), "\n[managers.cpu]\nresource_control = \"affinity\"\n")
     served = Served(config, "--grace", "0")
     yield served, config
     assert served.stop() == 0, served.stderr
