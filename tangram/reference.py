@@ -247,9 +247,9 @@ Rules, in words:
   online node not held back covers its demand now. Any other GPU action
   evicts on the device with the cheapest plan (victims with waiting actions, queued ns,
   likely restores, count, device) among devices with memory >= gpu_memory on the nodes of its bins (not
-  bound to another trajectory unless lent to it, online, not held back; its fixed slot too is skipped when
-  its node is held back) whose free vector covers its demand now; only plans that evict
-  someone.
+  bound to another trajectory unless lent to it, online, not held back; its own fixed slot
+  is never held back, as in step 4) whose free vector covers its demand now; only plans
+  that evict someone.
 * Quotas (exact integers). GCRA: interval = max(1, to_ns(1 / rate)), tolerance = (burst -
   1) * interval; refused while now < tat - tolerance (until tat - tolerance); a start sets
   tat = max(tat, now) + interval. Concurrency: refused while max_concurrency actions of
@@ -1698,7 +1698,9 @@ class ReferenceScheduler:
             plans = []
             for b in bins:
                 n = self.bins[b].node
-                if (not own_slot and self._bound(b) and not self._lent_to(a, b)) or not self.online[n] or n in p.held_nodes:
+                if (not own_slot and self._bound(b) and not self._lent_to(a, b)) or not self.online[n]:
+                    continue
+                if n in p.held_nodes and not own_slot:  # its own slot: nobody's to hold back
                     continue
                 if not _covers(self.bins[b].free, a.demand):
                     continue

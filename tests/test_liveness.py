@@ -248,3 +248,24 @@ def test_a_slot_let_go_under_a_borrower_that_holds_another_slot_is_free() -> Non
     sched.check_invariants()
     assert [d.action for d in sched.complete([3], 7.0)] == [5]
     sched.check_invariants()
+
+
+def test_a_starving_action_does_not_hold_back_gpu_room_in_a_trajectorys_own_slot() -> None:
+    """Trajectory 1 waits for the node's one slot, starving; the slot's holder then needs GPU
+    memory an idle service holds. Its own slot is nobody's to hold back: the service is
+    evicted and it runs (else each would wait on the other for good)."""
+    inv = Inventory(nodes=[Node("n", {"cpu": 4, "memory": 4096}, [tangram.Gpu(4000)])],
+                    services=[tangram.Service("s", memory=2000, restore_seconds=0.0, max_batch=1)])
+    sched = Scheduler(inv, "trajectory", trajectory_slot_cpu=2.5, starvation_seconds=2.0)
+    assert [d.action for d in sched.submit([tangram.Action(1, {"cpu": 0.5}, 10.0, trajectory=5)], 0.0)] == [1]
+    sched.submit([tangram.Action(2, {"cpu": 0.5}, 0.1, service="s", trajectory=9)], 0.0)
+    assert 2 in [d.action for d in sched.tick(0.0) if d.kind == "start"] or sched.running == 2
+    sched.complete([2], 0.1)
+    assert sched.service_location("s") == (0, 0)  # resident, idle
+    assert list(sched.submit([tangram.Action(3, {"cpu": 0.5}, 1.0, trajectory=1, affinity="n")], 0.5)) == []
+    out = sched.submit([tangram.Action(9, {"cpu": 0.5}, 1.0, trajectory=5, gpu_memory=3000)], 3.0)
+    assert [(d.kind, d.action) for d in out if d.kind == "start"] == [("start", 9)]
+    sched.check_invariants()
+    sched.complete([1], 4.0)
+    out = sched.complete([9], 5.0)  # trajectory 5 idle: its slot is lent to the starving one
+    assert [d.action for d in out if d.kind == "start"] == [3]

@@ -427,7 +427,10 @@ bool Scheduler::Impl::make_gpu_room(const Class& c, std::int32_t lo, std::int32_
       const std::int32_t n = bin_node[b];
       if (fixed_leaf == kNone && bin_bound[b] && !lends_to(c, b)) continue;
       if (!node_online[n]) continue;
-      if (any_mask && node_masked[n] == pass_epoch) continue;
+      // A trajectory's own slot is nobody else's: no starving action holds it back (else a
+      // starving action waiting for that slot, and the slot's own action waiting for GPU
+      // memory there, would wait on each other for good).
+      if (fixed_leaf == kNone && any_mask && node_masked[n] == pass_epoch) continue;
       const Quantity* f = free_of(b);
       bool fits = true;
       for (std::int32_t k = 0; k < K && fits; ++k) fits = f[k] >= c.demand[k];
