@@ -64,7 +64,7 @@ from .errors import ActionCrashed, ActionFailed, ManagerError, ResourceLimitExce
 from .grant import whole_cores
 from .isolation import Isolation, ManagerCgroups, SandboxCgroup, children_of, cpu_list, detect
 from .manager import LiveAction, ResourceManager
-from .namespaces import ISOLATIONS, SANDBOX_OWN_PATHS, Boundary, python_paths
+from .namespaces import ISOLATIONS, SANDBOX_OWN_PATHS, Boundary, disk_full, python_paths, unmount_under
 from .namespaces import detect as detect_boundary
 from .sandbox import Jail, Needs, Preload, Sandbox, WarmWorkers, WorkerDied, kill_marked, marked_processes
 
@@ -155,6 +155,9 @@ class CpuManager(ResourceManager):
       visible_paths more host paths a namespaced sandbox sees read-only (beside the system
                     directories and the orchestrator's Python)
       pids_limit    processes and threads per sandbox (default 1024; None: no limit)
+      disk_limit    MiB a namespaced sandbox may write to its directory and /tmp (default
+                    None: no limit of its own); its storage is then a tmpfs of that size,
+                    memory charged to the sandbox (root only)
       resource_control  "auto" (default: cgroup-v2, else cgroup-v1, else affinity), or one
                     of those to force it; TANGRAM_RESOURCE_CONTROL applies when "auto"
       cpu_limit     "guarantee" (default: the grant is a CPU weight over all the manager's
@@ -182,7 +185,7 @@ class CpuManager(ResourceManager):
                  warm_sandboxes: int = DEFAULT_WARM_SANDBOXES,
                  preload: Sequence[str] = ("tangram.worker",), network: bool = False,
                  visible_paths: Sequence[str] = (), pids_limit: int | None = DEFAULT_PIDS_LIMIT,
-                 resource_control: str = "auto") -> None:
+                 resource_control: str = "auto", disk_limit: float | None = None) -> None:
         f = "managers.cpu."
         if not isinstance(isolation, str) or isolation not in ISOLATIONS:
             raise ManagerError(f + "isolation", f"{isolation!r} is not one of {', '.join(ISOLATIONS)}" + (
@@ -208,6 +211,9 @@ class CpuManager(ResourceManager):
             raise ManagerError(f + "preload", f"{preload!r} is not a list of module names")
         if root is not None and not (isinstance(root, (str, os.PathLike)) and os.path.isdir(root)):
             raise ManagerError(f + "root", f"{root!r} is not an existing directory")
+        if disk_limit is not None and (isinstance(disk_limit, bool) or not isinstance(disk_limit, (int, float))
+                                       or not 1 <= disk_limit <= 1 << 30):
+            raise ManagerError(f + "disk_limit", f"{disk_limit!r} is not a number of MiB in [1, 2**30] or None")
         if not isinstance(resource_control, str) or resource_control not in ("auto", "cgroup-v2", "cgroup-v1", "affinity"):
             raise ManagerError(f + "resource_control", f"{resource_control!r} is not one of auto, cgroup-v2, cgroup-v1, "
                                "affinity")
@@ -241,6 +247,7 @@ class CpuManager(ResourceManager):
         self.network = network
         self.visible_paths = [os.path.realpath(p) for p in visible_paths]
         self.pids_limit = pids_limit
+        self.disk_limit = disk_limit
         self.cpu_limit = cpu_limit
         self.warm_sandboxes = warm_sandboxes
         self.preload = tuple(preload)
@@ -291,6 +298,9 @@ class CpuManager(ResourceManager):
         if self.boundary.reason:
             _log.warning("tangram CPU manager: sandboxes run as bare processes (isolation='process', unsafe for "
                          "untrusted code): %s", self.boundary.reason)
+        if self.disk_limit is not None and not (self.boundary.namespaces and self.boundary.own_uids):
+            raise ManagerError("managers.cpu.disk_limit", "a disk limit needs isolation='namespaces' under root (each "
+                               "sandbox's storage is a tmpfs mounted for it)")
         self.isolation = detect(self.resource_option, field="managers.cpu.resource_control")
         self._dir = tempfile.mkdtemp(prefix=f"tangram-{self.id}-", dir=self.root)
         if self.isolation.cgroup:
@@ -304,7 +314,8 @@ class CpuManager(ResourceManager):
         self._preload = Preload(tuple(path), self.preload)
         if self.boundary.namespaces:
             self._jail = Jail(self.boundary, self._dir, python_paths(path, self.visible_paths), self.network,
-                              self.pids_limit if self._cgroups is None or "pids" not in self._cgroups.dirs else None)
+                              self.pids_limit if self._cgroups is None or "pids" not in self._cgroups.dirs else None,
+                              None if self.disk_limit is None else int(self.disk_limit * 2**20))
         base = {"PATH": os.environ.get("PATH", os.defpath), "LANG": os.environ.get("LANG", "C.UTF-8")}
         base.update({k: os.environ[k] for k in self.inherit_env if k in os.environ})
         base.update(self.extra_env)
@@ -339,6 +350,8 @@ class CpuManager(ResourceManager):
                 await asyncio.gather(*self._reaping, return_exceptions=True)
         finally:
             kill_marked(self.id + "/")  # anything orphaned by a crashed worker that left its session
+            if self._dir is not None:
+                unmount_under(self._dir)  # a disk limit's tmpfs whose sandbox failed to close
             if self._cgroups is not None:
                 self._cgroups.remove()
                 self._cgroups = None
@@ -367,6 +380,8 @@ class CpuManager(ResourceManager):
             "isolation_detail": boundary.description,
             "network": "open by default" if self.network else "none by default (Call.network=True opens it)",
             "pids_limit": self.pids_limit,
+            "disk_limit": ("none of its own" if self.disk_limit is None else
+                           f"{self.disk_limit:g} MiB (a tmpfs per sandbox, counted in its memory)"),
             "resource_control": iso.mechanism,
             "resource_control_detail": iso.description,
             "cpus": cpu_list(self.cpus),
@@ -594,6 +609,7 @@ class CpuManager(ResourceManager):
                 raise ResourceLimitExceeded(action.id, f"the sandbox ran out of its {placement.memory:g} MiB memory "
                                             "limit and was killed", "memory") from None
             self._pids_exceeded(action, sb, pids_before)
+            await self._disk_exceeded(action, sb)
             code = e.returncode
             tail = f"; worker log: {e.log_tail[-500:]}" if e.log_tail else ""
             if code is not None and code < 0:
@@ -604,6 +620,7 @@ class CpuManager(ResourceManager):
             raise ResourceLimitExceeded(action.id, f"a process of the action exceeded its {placement.memory:g} MiB "
                                         "memory limit and was killed", "memory")
         self._pids_exceeded(action, sb, pids_before)
+        await self._disk_exceeded(action, sb)
         try:
             reply = pickle.loads(data)
         except Exception as e:
@@ -629,6 +646,19 @@ class CpuManager(ResourceManager):
         self._kill(sb)
         raise ResourceLimitExceeded(action.id, f"the sandbox reached its limit of {self.pids_limit} processes and "
                                     "threads and was killed", "pids")
+
+    async def _disk_exceeded(self, action: LiveAction, sb: Sandbox) -> None:
+        """The sandbox filled its disk limit during the action: it is killed, its directory
+        and /tmp emptied (a full sandbox could do nothing more), and the action fails with
+        ResourceLimitExceeded("disk")."""
+        slot, jail = sb.slot, self._jail
+        if jail is None or slot is None or not slot.mounted or not disk_full(slot.root):
+            return
+        sb.kill()
+        await sb.reap()
+        await asyncio.to_thread(jail.wipe, slot)
+        raise ResourceLimitExceeded(action.id, f"the sandbox filled its disk limit of {self.disk_limit:g} MiB: it was "
+                                    "killed and its files removed", "disk")
 
     def _kill(self, sb: Sandbox) -> None:
         """A cancel or timeout: kill the sandbox now, reap it in the background (close()

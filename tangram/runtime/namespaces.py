@@ -296,6 +296,51 @@ def seccomp_fd() -> int:
     return fd
 
 
+# ---------------------------------------------------------------------------- disk limits
+_MS_NOSUID, _MS_NODEV = 2, 4
+_MNT_DETACH = 2
+
+
+def mount_tmpfs(path: str, size_bytes: int) -> None:
+    """A tmpfs of `size_bytes` at `path` (root only): a sandbox's writable storage under a
+    disk limit. Its pages are memory, charged to the cgroup of the process that writes them."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    options = f"size={size_bytes},mode=0755".encode()
+    if libc.mount(b"tmpfs", path.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, options) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"cannot mount a tmpfs at {path}: {os.strerror(err)}")
+
+
+def unmount(path: str) -> None:
+    """Detaches the mount at `path` (nothing when there is none)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.umount2(path.encode(), _MNT_DETACH)
+
+
+def unmount_under(directory: str) -> None:
+    """Detaches every mount at or below `directory` (deepest first)."""
+    prefix = os.path.realpath(directory).rstrip("/") + "/"
+    try:
+        with open("/proc/self/mountinfo") as f:
+            points = [line.split()[4] for line in f]
+    except OSError:
+        return
+    for point in sorted((p for p in points if (p + "/").startswith(prefix)), key=len, reverse=True):
+        unmount(point)
+
+
+def disk_full(path: str) -> bool:
+    """Whether the file system at `path` has no block left for unprivileged writes."""
+    try:
+        return os.statvfs(path).f_bavail == 0
+    except OSError:
+        return False
+
+
 class UidAllocator:
     """Sandbox uids for a manager under root (see SANDBOX_UID_BASE)."""
 
@@ -309,5 +354,6 @@ class UidAllocator:
         return uid
 
 
-__all__ = ["CONTROL", "ENV_VAR", "HOME", "ISOLATIONS", "SANDBOX_OWN_PATHS", "SANDBOX_UID_BASE", "Boundary", "UidAllocator", "bwrap_argv",
-           "detect", "gpu_devices", "python_paths"]
+__all__ = ["CONTROL", "ENV_VAR", "HOME", "ISOLATIONS", "SANDBOX_OWN_PATHS", "SANDBOX_UID_BASE", "Boundary", "UidAllocator",
+           "bwrap_argv", "detect", "disk_full", "gpu_devices", "mount_tmpfs", "python_paths", "unmount",
+           "unmount_under"]

@@ -45,7 +45,8 @@ from .errors import ManagerError
 from .grant import GrantChannel
 from .isolation import SandboxCgroup, children_of
 from .isolation import alive as _alive
-from .namespaces import CONTROL, HOME, Boundary, UidAllocator, bwrap_argv, seccomp_fd, seccomp_filter
+from .namespaces import (CONTROL, HOME, Boundary, UidAllocator, bwrap_argv, mount_tmpfs, seccomp_fd, seccomp_filter,
+                         unmount)
 
 _HEADER = struct.Struct(">Q")
 WORKER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_worker.py")
@@ -72,6 +73,7 @@ class Slot:
 
     root: str
     uid: int | None
+    mounted: bool = False  # a tmpfs of the disk limit at `root`
 
     @property
     def home(self) -> str:
@@ -109,12 +111,16 @@ class Jail:
     the host paths they see read-only, their slots and uids, the network by default."""
 
     def __init__(self, boundary: Boundary, directory: str, read_only: list[str], network: bool,
-                 pids_limit: int | None = None) -> None:
+                 pids_limit: int | None = None, disk_limit: int | None = None) -> None:
+        """`pids_limit`: RLIMIT_NPROC of each sandbox's uid (None where a cgroup limits its
+        processes); `disk_limit`: bytes a sandbox may write, its slot a tmpfs of that size
+        (root only)."""
         self.boundary = boundary
         self.directory = directory
         self.read_only = read_only
         self.network = network
         self.pids_limit = pids_limit
+        self.disk_limit = disk_limit
         self.seccomp = seccomp_filter() is not None
         self._uids = UidAllocator() if boundary.own_uids else None
         self._slots = 0
@@ -125,14 +131,39 @@ class Jail:
 
     def new_slot(self) -> Slot:
         self._slots += 1
-        slot = Slot(os.path.join(self.directory, f"s{self._slots}"), None if self._uids is None else self._uids.take())
+        slot = Slot(os.path.join(self.directory, f"s{self._slots}"), None if self._uids is None else self._uids.take(),
+                    self.disk_limit is not None)
         os.mkdir(slot.root, 0o755)
-        os.mkdir(slot.control, 0o755)
+        try:
+            if slot.mounted:
+                mount_tmpfs(slot.root, self.disk_limit)  # type: ignore[arg-type]
+            os.mkdir(slot.control, 0o755)
+            self._make_writable(slot)
+        except BaseException:
+            self.remove(slot)
+            raise
+        return slot
+
+    @staticmethod
+    def _make_writable(slot: Slot) -> None:
         for d in (slot.home, slot.tmp):
             os.mkdir(d, 0o700)
             if slot.uid is not None:
                 os.chown(d, slot.uid, slot.uid)
-        return slot
+
+    def wipe(self, slot: Slot) -> None:
+        """Empties the sandbox's directory and /tmp (a sandbox that filled its disk limit),
+        its worker killed first."""
+        for d in (slot.home, slot.tmp):
+            shutil.rmtree(d, ignore_errors=True)
+        self._make_writable(slot)
+
+    @staticmethod
+    def remove(slot: Slot, where: str | None = None) -> None:
+        """Unmounts the slot's tmpfs, if any, and deletes `where` (default: the slot)."""
+        if slot.mounted:
+            unmount(slot.root)
+        shutil.rmtree(where or slot.root, ignore_errors=True)
 
     def spawn(self, slot: Slot, needs: Needs, env: Mapping[str, str],
               preload: Preload | None) -> tuple[subprocess.Popen[bytes], socket.socket]:
@@ -244,7 +275,7 @@ class WarmWorkers:
         for warm in idle:
             await _wait(warm.proc, timeout=None)
             if warm.slot is not None:
-                await asyncio.to_thread(shutil.rmtree, warm.slot.root, True)
+                await asyncio.to_thread(Jail.remove, warm.slot)
 
 
 @dataclass(frozen=True)
@@ -582,6 +613,8 @@ class Sandbox:
         if remove_files:
             if self.jail is not None:
                 where = None if self.slot is None else self.slot.root
+                if self.slot is not None and self.slot.mounted:
+                    unmount(self.slot.root)  # a mount point cannot be renamed; its files go with it
             else:
                 where = self._directory
                 try:

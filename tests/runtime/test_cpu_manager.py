@@ -221,6 +221,8 @@ def test_bad_options_name_the_option(tmp_path: Any) -> None:
         (dict(visible_paths=[str(tmp_path / "missing")]), "managers.cpu.visible_paths"),
         (dict(pids_limit=3), "managers.cpu.pids_limit"),
         (dict(pids_limit=True), "managers.cpu.pids_limit"),
+        (dict(disk_limit=0), "managers.cpu.disk_limit"),
+        (dict(disk_limit="1G"), "managers.cpu.disk_limit"),
         (dict(output_limit=-1), "managers.cpu.output_limit"),
         (dict(output_limit="big"), "managers.cpu.output_limit"),
         (dict(cpus=[]), "managers.cpu.cpus"),
@@ -256,6 +258,13 @@ def test_detect_and_forcing(monkeypatch: pytest.MonkeyPatch) -> None:
             assert detect(forced).mechanism == forced
         except ManagerError as err:  # not usable here: an error naming the option, no fallback
             assert err.field == "resource_control" and forced in err.reason
+
+
+def test_a_disk_limit_without_namespaces_is_refused_at_start() -> None:
+    mgr = CpuManager(isolation="process", disk_limit=64)
+    with pytest.raises(ManagerError) as e:
+        asyncio.run(mgr.start())
+    assert e.value.field == "managers.cpu.disk_limit" and "namespaces" in e.value.reason
 
 
 def test_isolation_detect_and_forcing(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -381,3 +381,30 @@ def test_a_fork_bomb_hits_the_pids_limit_and_nothing_else() -> None:
         assert out["ok"]
 
     with_manager(body, pids_limit=64)
+
+
+@pytest.mark.skipif(not ROOT, reason="a disk limit mounts a tmpfs per sandbox (root only)")
+def test_filling_the_disk_limit_fails_the_action_and_nothing_else(tmp_path: Any) -> None:
+    async def body(mgr: CpuManager) -> None:
+        await python(mgr, 'open("kept.txt", "w").write("small")', trajectory=2)
+        fill = Call(command="head -c 64M /dev/zero > /tmp/big; head -c 64M /dev/zero > big; echo done", trajectory=1)
+        with pytest.raises(ResourceLimitExceeded) as e:
+            await mgr.execute(LiveAction(next(_ids), fill), placement())
+        assert e.value.limit == "disk" and "16 MiB" in str(e.value)
+        # the sandbox works again, emptied; the other sandbox and the host are untouched
+        out = await python(mgr, 'out["files"] = sorted(os.listdir(".")) + sorted(os.listdir("/tmp"))', trajectory=1)
+        assert out["files"] == []
+        assert (await python(mgr, 'out["kept"] = open("kept.txt").read()', trajectory=2))["kept"] == "small"
+        with open(tmp_path / "host.txt", "wb") as f:
+            f.write(b"x" * (1 << 20))  # the host's disk still takes writes
+        slot = mgr._sandboxes[1].slot
+        assert slot is not None and slot.mounted
+        root = slot.root
+
+        await mgr.end_trajectory(1)
+        with open("/proc/self/mountinfo") as f:
+            assert root not in f.read()  # unmounted with its sandbox
+
+    with_manager(body, disk_limit=16)
+    with open("/proc/self/mountinfo") as f:
+        assert "tangram-" not in f.read()  # nothing of the manager left mounted
