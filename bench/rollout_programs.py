@@ -62,13 +62,14 @@ PROGRAMS = {
 def run_program(source: str) -> Any:
     """Runs one program in a fresh namespace and returns its checked `result`. With
     ROLLOUT_TIMELINE set, appends its wall-clock start and end and its CPU seconds there
-    (one write of one line: whole lines from many processes)."""
+    (one write of one line: whole lines from many processes); a relative path is in the
+    sandbox's directory, which a namespaced sandbox can write."""
     start, cpu = time.time(), time.process_time()
     namespace: dict[str, Any] = {"__name__": "__program__"}
     exec(compile(source, "<program>", "exec"), namespace)
     timeline = os.environ.get(TIMELINE)
     if timeline:
-        fd = os.open(timeline, os.O_WRONLY | os.O_APPEND)
+        fd = os.open(timeline, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, f"{start!r} {time.time()!r} {time.process_time() - cpu!r}\n".encode())
         finally:

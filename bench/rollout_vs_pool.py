@@ -27,6 +27,9 @@ Three ways to run the same rollout, interleaved in every repetition, in this one
               from the minimum demand up to one core (a single-threaded program); a suite an
               elastic action from the same minimum up to every core, run by
               `tangram.worker.shared_executor()` in the trajectory's sandbox.
+  tangram-process  tangram with its sandboxes as bare processes (isolation="process"):
+              against `tangram` (namespaced sandboxes, the default) it prices the
+              isolation boundary (`--ways tangram tangram-process`).
   trajectory  the fixed-sandbox-per-trajectory baseline: policy `trajectory`, each
               trajectory a slot of cores/trajectories, enforced as a hard ceiling
               (cpu_limit="ceiling"), the way a container per trajectory is limited.
@@ -71,6 +74,7 @@ from rollout_programs import PROGRAMS, TIMELINE, run_program, run_suite
 from tangram import Amdahl, Call, Orchestrator
 from tangram.runtime.config import RuntimeConfig
 from tangram.runtime.cpu import CpuManager
+from tangram.runtime.isolation import children_of
 
 SUITE_SIZE = 8
 
@@ -149,6 +153,9 @@ class Run:
         self.program_cpu = sum(cpu for _, _, cpu in rows) / (self.step * cores)
 
 
+SANDBOX_TIMELINE = ".rollout-timeline"  # in each sandbox's directory
+
+
 def new_timeline() -> str:
     """An empty file for one run's programs to append to."""
     import tempfile
@@ -195,10 +202,16 @@ async def warm_workers_idle(mgr: CpuManager) -> None:
     """Until every warm worker has started and waits (its CPU time stands still)."""
     def cpu_times() -> list[int]:
         out = []
-        for pid in mgr.warm_processes():
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+        stack = list(mgr.warm_processes())
+        while stack:  # each worker's tree: a namespaced worker is bwrap's grandchild
+            pid = stack.pop()
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
             out.append(int(fields[11]) + int(fields[12]))
+            stack.extend(children_of(pid))
         return out
     last: list[int] = []
     while len(mgr.warm_processes()) < mgr.warm_sandboxes or cpu_times() != last:
@@ -208,7 +221,7 @@ async def warm_workers_idle(mgr: CpuManager) -> None:
 
 async def with_tangram(plans: list[list[Turn]], cores: int, policy: str, cpu_limit: str, label: str,
                        aging: float | None = None, learned: bool = False, pooled: bool = False,
-                       pace: bool = False) -> Run:
+                       pace: bool = False, isolation: str = "auto") -> Run:
     run = Run(label, len(plans))
     slot = math.floor(cores * 1000 / len(plans)) / 1000  # in whole milli-cores: n slots fit the node
     options: dict[str, float] = {"trajectory_slot_cpu": slot} if policy == "trajectory" else {}
@@ -218,7 +231,7 @@ async def with_tangram(plans: list[list[Turn]], cores: int, policy: str, cpu_lim
     timeline = new_timeline()
     config = RuntimeConfig(policy=policy, policy_options=options,
                            managers={"cpu": {"cpu_limit": cpu_limit, "warm_sandboxes": len(plans),
-                                             "env": {TIMELINE: timeline}}})
+                                             "env": {TIMELINE: SANDBOX_TIMELINE}, "isolation": isolation}})
     async with Orchestrator(config) as orch:
         await warm_workers_idle(orch.managers["cpu"])  # type: ignore[arg-type]
         calls_made = [0] * len(plans)
@@ -239,13 +252,22 @@ async def with_tangram(plans: list[list[Turn]], cores: int, policy: str, cpu_lim
                         pooled=pooled, priority=priority)
             return await orch.run(call)
         await rollout(plans, act, run)
+        cpu = orch.managers["cpu"]
+        with open(timeline, "ab") as out:  # each sandbox's lines (a sandbox sees only its own directory)
+            for key in list(cpu._sandboxes):  # type: ignore[attr-defined]
+                try:
+                    with open(os.path.join(cpu.sandbox_dir(key), SANDBOX_TIMELINE), "rb") as f:  # type: ignore[attr-defined]
+                        out.write(f.read())
+                except OSError:
+                    pass
         for t in range(len(plans)):
             await orch.end_trajectory(t)
     run.read_timeline(timeline, cores)
     return run
 
 
-WAYS = ("pool", "tangram", "trajectory")
+WAYS = ("pool", "tangram", "trajectory", "tangram-process")
+DEFAULT_WAYS = ("pool", "tangram", "trajectory")
 
 
 async def repetition(plans: list[list[Turn]], cores: int, ways: tuple[str, ...], aging: float | None,
@@ -258,6 +280,9 @@ async def repetition(plans: list[list[Turn]], cores: int, ways: tuple[str, ...],
             runs.append(await with_tangram(plans, cores, "tangram", "guarantee", way, aging, learned, pooled, pace))
         elif way == "trajectory":
             runs.append(await with_tangram(plans, cores, "trajectory", "ceiling", way, learned=learned))
+        elif way == "tangram-process":
+            runs.append(await with_tangram(plans, cores, "tangram", "guarantee", way, aging, learned, pooled, pace,
+                                           isolation="process"))
     return runs
 
 
@@ -293,6 +318,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         if "pool" in cell and "tangram" in cell:
             cell["tangram_vs_pool"] = {"mean_act": cell["tangram"]["mean_act"] / cell["pool"]["mean_act"],
                                        "step": cell["tangram"]["step"] / cell["pool"]["step"]}
+        if "tangram-process" in cell and "tangram" in cell:
+            cell["namespaces_vs_process"] = {"mean_act": cell["tangram"]["mean_act"] / cell["tangram-process"]["mean_act"],
+                                             "step": cell["tangram"]["step"] / cell["tangram-process"]["step"]}
         if "trajectory" in cell and "tangram" in cell:
             cell["trajectory_over_tangram_mean_act"] = cell["trajectory"]["mean_act"] / cell["tangram"]["mean_act"]
         out["results"][str(n)] = cell
@@ -322,6 +350,10 @@ def report(r: dict[str, Any]) -> str:
             lines.append(f"{n} trajectories: tangram/pool mean ACT {v['mean_act']:.2f}x, step {v['step']:.2f}x" +
                          (f"; trajectory/tangram mean ACT {cell['trajectory_over_tangram_mean_act']:.2f}x"
                           if "trajectory_over_tangram_mean_act" in cell else ""))
+        if "namespaces_vs_process" in cell:
+            v = cell["namespaces_vs_process"]
+            lines.append(f"{n} trajectories: tangram with namespaced sandboxes / with bare processes: mean ACT "
+                         f"{v['mean_act']:.3f}x, step {v['step']:.3f}x")
     return "\n".join(lines)
 
 
@@ -331,7 +363,7 @@ if __name__ == "__main__":
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--ways", nargs="+", choices=WAYS, default=list(WAYS))
+    parser.add_argument("--ways", nargs="+", choices=WAYS, default=list(DEFAULT_WAYS))
     parser.add_argument("--aging", type=float, help="the tangram policy's aging (default: the policy's own)")
     parser.add_argument("--runtimes", choices=("declared", "learned"), default="declared",
                         help="declared: calls carry the calibrated run times (default); learned: they carry none")

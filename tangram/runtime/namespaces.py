@@ -56,7 +56,7 @@ CONTROL = "/run/tangram"  # its grant file and FIFOs, inside
 # across the managers of a machine; all below 2**31.
 SANDBOX_UID_BASE = 1 << 30
 # Paths a sandbox has of its own: a host path under one of them cannot be shown to it.
-SANDBOX_OWN_PATHS = ("/tmp", "/run", "/dev", "/proc", HOME)
+SANDBOX_OWN_PATHS = ("/run", "/dev", "/proc", HOME)
 _SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _CPU_INFO = "/sys/devices/system/cpu"  # os.cpu_count() and nproc read it
 
@@ -207,7 +207,12 @@ def bwrap_argv(boundary: Boundary, *, home: str, tmp: str, control: str, read_on
     if not network:
         argv.append("--unshare-net")
     argv += _system_mounts()
-    made: set[str] = set(_SYSTEM_DIRS)
+    # The sandbox's own places first, then the host paths it is shown on top of them: a
+    # Python installed under /tmp (a venv there) stays visible above the sandbox's /tmp.
+    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm",
+             "--perms", "0755", "--tmpfs", "/run", "--ro-bind", control, CONTROL,
+             "--bind", home, HOME, "--bind", tmp, "/tmp"]
+    made: set[str] = {*_SYSTEM_DIRS, "/proc", "/dev", "/run", HOME, "/tmp"}
     if os.path.isdir(_CPU_INFO):
         read_only = [*read_only, _CPU_INFO]
     for path in [*read_only, *writable]:
@@ -217,14 +222,12 @@ def bwrap_argv(boundary: Boundary, *, home: str, tmp: str, control: str, read_on
                 made.add(parent)
     for path in read_only:
         argv += ["--ro-bind", path, path]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm"]
     if gpu:
         for dev in gpu_devices():
             argv += ["--dev-bind", dev, dev]
     for path in writable:
         argv += ["--bind", path, path]
-    argv += ["--perms", "0755", "--tmpfs", "/run", "--ro-bind", control, CONTROL,
-             "--bind", home, HOME, "--bind", tmp, "/tmp", "--chdir", "/", "--"]  # the worker moves to HOME as its user
+    argv += ["--chdir", "/", "--"]  # the worker moves to HOME as its user
     return argv
 
 

@@ -16,9 +16,7 @@ import itertools
 import json
 import os
 import shutil
-import signal
 import socket
-import stat
 import subprocess
 import sys
 import textwrap
