@@ -313,7 +313,8 @@ class CpuManager(ResourceManager):
         self._hello = ("hello", path, self.output_limit, "", not self.isolation.cgroup)
         self._preload = Preload(tuple(path), self.preload)
         if self.boundary.namespaces:
-            self._jail = Jail(self.boundary, self._dir, python_paths(path, self.visible_paths), self.network,
+            # sys.path as it is: its '' (the working directory) is not shown to sandboxes
+            self._jail = Jail(self.boundary, self._dir, python_paths(sys.path, self.visible_paths), self.network,
                               self.pids_limit if self._cgroups is None or "pids" not in self._cgroups.dirs else None,
                               None if self.disk_limit is None else int(self.disk_limit * 2**20))
         base = {"PATH": os.environ.get("PATH", os.defpath), "LANG": os.environ.get("LANG", "C.UTF-8")}

@@ -176,9 +176,12 @@ def python_paths(sys_path: Iterable[str], extra: Iterable[str] = ()) -> list[str
 
 def _outermost(paths: Iterable[str]) -> list[str]:
     system = tuple(d + "/" for d in _SYSTEM_DIRS)
+    own = ("/tmp", *SANDBOX_OWN_PATHS)
     out: list[str] = []
     for p in sorted(set(paths), key=len):
         if p in _SYSTEM_DIRS or (p + "/").startswith(system) or p == "/":
+            continue
+        if any(o == p or o.startswith(p + "/") for o in own):  # /tmp itself, a parent of it: never shown
             continue
         if any(p == q or p.startswith(q + "/") for q in out):
             continue

@@ -406,3 +406,25 @@ def test_filling_the_disk_limit_fails_the_action_and_nothing_else(tmp_path: Any)
     with_manager(body, disk_limit=16)
     with open("/proc/self/mountinfo") as f:
         assert "tangram-" not in f.read()  # nothing of the manager left mounted
+
+
+def test_the_working_directory_and_tmp_are_never_shown(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sys.path's '' (the working directory) is not shown, nor /tmp or a parent of it, even
+    when sys.path names them: a sandbox's /tmp is its own."""
+    from tangram.runtime.namespaces import python_paths
+
+    shown = python_paths(["", "/tmp", "/", str(tmp_path)])
+    assert "/tmp" not in shown and "/" not in shown
+    assert str(tmp_path.resolve()) in shown  # a real module directory under /tmp is shown, read-only
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "secret.txt").write_text("cwd secret")
+    monkeypatch.setattr(sys, "path", ["", *sys.path])
+
+    async def body(mgr: CpuManager) -> None:
+        out = await python(mgr, TRY + f'''
+attempt("cwd_secret", lambda: open({str(tmp_path / "secret.txt")!r}).read())
+attempt("tmp_writable", lambda: open("/tmp/mine", "w").write("ok"))
+''')
+        assert failed(out["cwd_secret"]) and out["tmp_writable"][0] == "ok", out
+
+    with_manager(body)
