@@ -146,10 +146,13 @@ class Jail:
 
     @staticmethod
     def _make_writable(slot: Slot) -> None:
-        for d in (slot.home, slot.tmp):
-            os.mkdir(d, 0o700)
-            if slot.uid is not None:
-                os.chown(d, slot.uid, slot.uid)
+        os.mkdir(slot.home, 0o700)
+        if slot.uid is not None:
+            os.chown(slot.home, slot.uid, slot.uid)
+        # /tmp as on any system (sticky, everyone's): bwrap, root without capabilities, must
+        # pass through it to start a Python that lives under the host's /tmp (a venv there)
+        os.mkdir(slot.tmp)
+        os.chmod(slot.tmp, 0o1777)
 
     def wipe(self, slot: Slot) -> None:
         """Empties the sandbox's directory and /tmp (a sandbox that filled its disk limit),
