@@ -322,8 +322,18 @@ def replay(path: str) -> Harness:
     return h
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="services competing for one device restore and evict "
+class StillWaiting(Exception):
+    """A known stream still has actions waiting for good once settled."""
+
+
+@pytest.mark.xfail(strict=True, raises=StillWaiting, reason="services competing for one device restore and evict "
                    "each other pass after pass while their actions wait (found by TANGRAM_HYPOTHESIS=explore)")
 @pytest.mark.parametrize("path", KNOWN, ids=[os.path.basename(p) for p in KNOWN])
 def test_known_streams_that_do_not_settle_yet(path: str) -> None:
-    settle(replay(path), end_idle=True)
+    h = replay(path)  # the core and the reference must still agree on every event: else a plain failure
+    try:
+        settle(h, end_idle=True)
+    except AssertionError as e:
+        if "started nothing" in str(e) or "waiting for good" in str(e):
+            raise StillWaiting(str(e)) from None
+        raise
