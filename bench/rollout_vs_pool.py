@@ -74,7 +74,7 @@ from rollout_programs import PROGRAMS, TIMELINE, run_program, run_suite
 from tangram import Amdahl, Call, Orchestrator
 from tangram.runtime.config import RuntimeConfig
 from tangram.runtime.cpu import CpuManager
-from tangram.runtime.isolation import children_of
+from tangram.runtime.isolation import descendants
 
 SUITE_SIZE = 8
 
@@ -202,16 +202,13 @@ async def warm_workers_idle(mgr: CpuManager) -> None:
     """Until every warm worker has started and waits (its CPU time stands still)."""
     def cpu_times() -> list[int]:
         out = []
-        stack = list(mgr.warm_processes())
-        while stack:  # each worker's tree: a namespaced worker is bwrap's grandchild
-            pid = stack.pop()
+        for pid in (p for w in mgr.warm_processes() for p in (w, *descendants(w))):  # namespaced: bwrap's grandchild
             try:
                 with open(f"/proc/{pid}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
             except OSError:
                 continue
             out.append(int(fields[11]) + int(fields[12]))
-            stack.extend(children_of(pid))
         return out
     last: list[int] = []
     while len(mgr.warm_processes()) < mgr.warm_sandboxes or cpu_times() != last:

@@ -62,7 +62,7 @@ import cloudpickle
 from .call import Call, CommandResult, Placement, require_fn_or_command
 from .errors import ActionCrashed, ActionFailed, ManagerError, ResourceLimitExceeded
 from .grant import whole_cores
-from .isolation import Isolation, ManagerCgroups, SandboxCgroup, children_of, cpu_list, detect
+from .isolation import Isolation, ManagerCgroups, SandboxCgroup, cpu_list, descendants, detect
 from .manager import LiveAction, ResourceManager
 from .namespaces import ISOLATIONS, SANDBOX_OWN_PATHS, Boundary, disk_full, python_paths, unmount_under
 from .namespaces import detect as detect_boundary
@@ -417,12 +417,7 @@ class CpuManager(ResourceManager):
     def processes(self) -> list[int]:
         """Live processes of this manager's sandboxes (a /proc scan by marker), not counting
         the idle warm workers (`warm_processes`)."""
-        warm: set[int] = set()
-        stack = self.warm_processes()
-        while stack:  # a namespaced warm worker is bwrap's grandchild
-            pid = stack.pop()
-            warm.add(pid)
-            stack.extend(children_of(pid))
+        warm = {p for w in self.warm_processes() for p in (w, *descendants(w))}  # namespaced: bwrap's grandchild
         return [p for p in marked_processes(self.id + "/") if p not in warm]
 
     def warm_processes(self) -> list[int]:

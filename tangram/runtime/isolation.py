@@ -449,6 +449,45 @@ def children_of(pid: int) -> list[int]:
     return out
 
 
+def descendants(pid: int) -> list[int]:
+    """Every descendant of `pid` (not `pid` itself), as /proc lists them now."""
+    out: list[int] = []
+    stack = [pid]
+    while stack:
+        for child in children_of(stack.pop()):
+            out.append(child)
+            stack.append(child)
+    return out
+
+
+class _EventCount:
+    """A cgroup file of "key value" lines the kernel counts in (memory.events, pids.events),
+    kept open: read before and after each action, a pread each (close() when done)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd = -1
+
+    def get(self, key: str) -> int | None:
+        """The count of `key`; None when the file or the key is not there."""
+        try:
+            if self._fd < 0:
+                self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            text = os.pread(self._fd, 4096, 0).decode()
+        except OSError:
+            return None
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+        return None
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
 def _kill(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGKILL)
@@ -473,7 +512,6 @@ class SandboxCgroup:
         self.v2 = mgr.v2
         self.dirs = {c: os.path.join(d, name) for c, d in mgr.dirs.items()}
         self.unique = list(dict.fromkeys(self.dirs.values()))
-        self._oom_fd = -1  # kept open: read twice per action with a memory limit, a pread each (remove closes it)
         try:
             for d in self.unique:
                 _mkdir(d)
@@ -484,7 +522,8 @@ class SandboxCgroup:
             self.remove()
             raise ManagerError("managers.cpu.resource_control", f"cannot create the sandbox cgroup {self.dirs['cpuset']}: {e.strerror}") from None
         mem = self.dirs["memory"]
-        self._oom_file = os.path.join(mem, "memory.events" if self.v2 else "memory.oom_control")
+        self._oom_events = _EventCount(os.path.join(mem, "memory.events" if self.v2 else "memory.oom_control"))
+        self._pids_events = _EventCount(os.path.join(self.dirs["pids"], "pids.events")) if "pids" in self.dirs else None
         self._memsw = None if self.v2 else os.path.join(mem, "memory.memsw.limit_in_bytes")
         if self._memsw is not None and not os.path.exists(self._memsw):
             self._memsw = None
@@ -528,17 +567,7 @@ class SandboxCgroup:
 
     def pids_refused(self) -> int:
         """Forks refused so far at the PIDs limit (the kernel's count; 0 without pids)."""
-        if "pids" not in self.dirs:
-            return 0
-        try:
-            text = _read(os.path.join(self.dirs["pids"], "pids.events"))
-        except OSError:
-            return 0
-        for line in text.splitlines():
-            key, _, value = line.partition(" ")
-            if key == "max":
-                return int(value)
-        return 0
+        return 0 if self._pids_events is None else self._pids_events.get("max") or 0
 
     def set_cpus(self, cpus: str) -> None:
         if cpus != self._cpus:
@@ -610,16 +639,9 @@ class SandboxCgroup:
 
     def oom_kills(self) -> int:
         """Tasks of this cgroup killed by the OOM killer so far (the kernel's count)."""
-        try:
-            if self._oom_fd < 0:
-                self._oom_fd = os.open(self._oom_file, os.O_RDONLY | os.O_CLOEXEC)
-            text = os.pread(self._oom_fd, 4096, 0).decode()
-        except OSError:
-            return 0
-        for line in text.splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill":
-                return int(value)
+        kills = self._oom_events.get("oom_kill")
+        if kills is not None:
+            return kills
         try:  # old v1 kernels without the oom_kill count: fall back to the limit's hit count
             return int(_read(os.path.join(self.dirs["memory"], "memory.failcnt")))
         except (OSError, ValueError):
@@ -651,14 +673,14 @@ class SandboxCgroup:
 
     def remove(self) -> None:
         self.kill_all()
-        if self._oom_fd >= 0:
-            os.close(self._oom_fd)
-            self._oom_fd = -1
+        for events in (getattr(self, "_oom_events", None), getattr(self, "_pids_events", None)):
+            if events is not None:  # (None too when __init__ failed before making them)
+                events.close()
         for d in reversed(self.unique):
             _rmdir(d)
 
 
-__all__ = ["ENV_VAR", "MECHANISMS", "Isolation", "ManagerCgroups", "SandboxCgroup", "children_of", "cpu_list", "cpu_weight", "detect",
+__all__ = ["ENV_VAR", "MECHANISMS", "Isolation", "ManagerCgroups", "SandboxCgroup", "children_of", "cpu_list", "descendants", "cpu_weight", "detect",
            "remove_stale"]
 
 

@@ -263,6 +263,7 @@ _RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
 _LD_W_ABS, _JEQ_K, _JGE_K, _JSET_K, _RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
 
 
+@functools.lru_cache(maxsize=None)
 def seccomp_filter() -> bytes | None:
     """The compiled filter (struct sock_filter[]), or None on a machine it is not for."""
     if platform.machine() != "x86_64":

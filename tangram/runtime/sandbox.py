@@ -43,7 +43,7 @@ from typing import Any
 
 from .errors import ManagerError
 from .grant import GrantChannel
-from .isolation import SandboxCgroup, children_of
+from .isolation import SandboxCgroup, descendants
 from .isolation import alive as _alive
 from .namespaces import (CONTROL, HOME, Boundary, UidAllocator, bwrap_argv, mount_tmpfs, seccomp_fd, seccomp_filter,
                          unmount)
@@ -671,12 +671,7 @@ async def _wait(proc: subprocess.Popen[bytes], timeout: float | None) -> int | N
 def _kill_descendants(pid: int, rounds: int = 20) -> None:
     """SIGKILL every descendant of `pid` (not `pid` itself), until none is left."""
     for _ in range(rounds):
-        stack, found = [pid], []
-        while stack:
-            for c in children_of(stack.pop()):
-                if _alive(c):
-                    found.append(c)
-                stack.append(c)
+        found = [c for c in descendants(pid) if _alive(c)]
         if not found:
             return
         for c in found:

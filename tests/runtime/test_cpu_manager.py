@@ -28,7 +28,7 @@ from tangram.runtime.errors import (
     ManagerError,
     ResourceLimitExceeded,
 )
-from tangram.runtime.isolation import children_of, cpu_list, cpu_weight, detect
+from tangram.runtime.isolation import cpu_list, cpu_weight, descendants, detect
 from tangram.runtime.namespaces import HOME
 from tangram.runtime.namespaces import detect as detect_boundary
 from tangram.runtime.manager import LiveAction, manager_class
@@ -114,16 +114,13 @@ def worker_host_pid(mgr: CpuManager, key: int = 0) -> int:
     assert proc is not None
     if not namespaced(mgr):
         return proc.pid
-    stack = [proc.pid]
-    while stack:
-        pid = stack.pop()
+    for pid in descendants(proc.pid):
         try:
             cmdline = read(f"/proc/{pid}/cmdline")
         except OSError:
             continue
         if "_sandbox_worker" in cmdline and "bwrap" not in cmdline.split("\0")[0]:
             return pid
-        stack.extend(children_of(pid))
     raise AssertionError(f"no worker under {proc.pid}")
 
 
@@ -141,15 +138,12 @@ def host_pids(mgr: CpuManager, key: int, inner: list[int]) -> list[int]:
     proc = mgr._sandboxes[key].proc
     assert proc is not None
     found: dict[int, int] = {}
-    stack = [proc.pid]
-    while stack:
-        pid = stack.pop()
+    for pid in descendants(proc.pid):
         try:
             ns = [int(x) for x in read(f"/proc/{pid}/status").split("NSpid:")[1].splitlines()[0].split()]
         except (OSError, IndexError, ValueError):
             continue
         found[ns[-1]] = pid
-        stack.extend(children_of(pid))
     return [found[i] for i in inner]
 
 
