@@ -1615,6 +1615,9 @@ class ReferenceScheduler:
         def need_on(d: int) -> int:  # where it is pinned it keeps its asleep memory
             return svc.memory - (svc.asleep if d == svc.pinned else 0)
 
+        def room_on(d: int) -> int:  # the head beside the service (see the core's restore())
+            return need_on(d) + a.gpu_memory
+
         def usable(d: int) -> bool:
             return self._device_online(d) and self._could_serve(a, d)
 
@@ -1632,20 +1635,20 @@ class ReferenceScheduler:
             here = {o for o, other in enumerate(self.services) if other.device == d}
             return sum(1 for b in self.actions.values() if b.service in here)
 
-        room_now = [(busy_node(d), actions_on(d), begins(d), self.dev_free[d] - need_on(d), d) for d in devices
-                    if self.dev_free[d] >= need_on(d)]
+        room_now = [(busy_node(d), actions_on(d), begins(d), self.dev_free[d] - room_on(d), d) for d in devices
+                    if self.dev_free[d] >= room_on(d)]
         if room_now:
             target = min(room_now)[-1]
         else:
             plans = []
             for d in devices:
-                ok, busy, queued, likely, victims, discard = self._plan_room(d, need_on(d), s)
+                ok, busy, queued, likely, victims, discard = self._plan_room(d, room_on(d), s)
                 if ok:
                     ready = begins(d) + sum(self.services[v].offload_ns for v in victims)
                     plans.append(((busy_node(d), busy, queued, ready, likely, len(victims), d), victims, discard))
             if not plans:
                 if self.now_ns - a.submit_ns >= self.starvation_ns:
-                    self._drain(s, devices, need_on)
+                    self._drain(s, devices, room_on)
                 return False
             (*_, target), victims, discard = min(plans)
             self._evict_plan(victims, discard, out)
@@ -1663,7 +1666,7 @@ class ReferenceScheduler:
                                   time=svc.ready_ns))
         return True
 
-    def _drain(self, s: int, devices: list[int], need_on: Callable[[int], int]) -> None:
+    def _drain(self, s: int, devices: list[int], room_on: Callable[[int], int]) -> None:
         """Service s starves for a device: the services in its way on the device where they
         run the fewest actions start nothing for the rest of this pass."""
         least, victims = -1, []
@@ -1671,12 +1674,12 @@ class ReferenceScheduler:
             in_way = sorted((o for o, other in enumerate(self.services) if o != s and other.device == d
                              and other.ready_ns <= self.prev_pass_ns), key=lambda o: (self._running(service=o), o))
             room, running, k = self.dev_free[d], 0, 0
-            while k < len(in_way) and room < need_on(d):
+            while k < len(in_way) and room < room_on(d):
                 o = in_way[k]
                 room += self.services[o].memory - self.services[o].asleep
                 running += self._running(service=o)
                 k += 1
-            if room < need_on(d) or (least >= 0 and running >= least):
+            if room < room_on(d) or (least >= 0 and running >= least):
                 continue
             least, victims = running, in_way[:k]
         self.draining.update(victims)

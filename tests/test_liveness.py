@@ -275,12 +275,11 @@ def test_a_starving_action_does_not_hold_back_gpu_room_in_a_trajectorys_own_slot
     assert [d.action for d in out if d.kind == "start"] == [3]
 
 
-# ---------------------------------------------------------------------------- known failures
-# Streams the property tests found that still wait for good, kept as data until the core
-# is fixed (tests/data/liveness/*.json: the inventory, the policy and every event). Each is
-# a strict xfail: when a change fixes one, the test says so and the file moves to a test
-# that asserts it settles.
-KNOWN = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "data", "liveness", "*.json")))
+# ---------------------------------------------------------------------------- found streams
+# Streams the exploring property tests found waiting for good, kept as data once fixed
+# (tests/data/liveness/*.json: the inventory, the policy and every event), each replayed
+# through the core and the reference and driven to its end.
+FOUND = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "data", "liveness", "*.json")))
 
 
 def replay(path: str) -> Harness:
@@ -322,18 +321,7 @@ def replay(path: str) -> Harness:
     return h
 
 
-class StillWaiting(Exception):
-    """A known stream still has actions waiting for good once settled."""
-
-
-@pytest.mark.xfail(strict=True, raises=StillWaiting, reason="services competing for one device restore and evict "
-                   "each other pass after pass while their actions wait (found by TANGRAM_HYPOTHESIS=explore)")
-@pytest.mark.parametrize("path", KNOWN, ids=[os.path.basename(p) for p in KNOWN])
-def test_known_streams_that_do_not_settle_yet(path: str) -> None:
-    h = replay(path)  # the core and the reference must still agree on every event: else a plain failure
-    try:
-        settle(h, end_idle=True)
-    except AssertionError as e:
-        if "started nothing" in str(e) or "waiting for good" in str(e):
-            raise StillWaiting(str(e)) from None
-        raise
+@pytest.mark.parametrize("path", FOUND, ids=[os.path.basename(p) for p in FOUND])
+def test_found_streams_settle(path: str) -> None:
+    h = replay(path)  # the core and the reference agree on every event on the way
+    settle(h, end_idle=True)

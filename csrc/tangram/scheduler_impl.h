@@ -558,7 +558,7 @@ struct Scheduler::Impl {
   bool service_admits(Class& cl, std::int32_t& device, std::vector<Decision>& out);
   bool restore(std::int32_t svc_id, const Class& head_class, std::vector<Decision>& out);
   template <class NeedOn, class Usable>
-  void drain(std::int32_t svc_id, std::int32_t dlo, std::int32_t dhi, NeedOn&& need_on, Usable&& usable);
+  void drain(std::int32_t svc_id, std::int32_t dlo, std::int32_t dhi, NeedOn&& room_on, Usable&& usable);
   void restore_queues(std::vector<Decision>& out);
   struct RoomPlan {
     bool ok = false;

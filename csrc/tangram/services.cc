@@ -225,6 +225,10 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
   // asleep there) it takes only what it does not keep asleep.
   const Quantity full = spec.memory;
   auto need_on = [&](std::int32_t d) { return full - (d == svc.pinned_device ? spec.asleep_memory : 0); };
+  // Room is made for the head beside the service, not the service alone: else the head
+  // would evict (make_gpu_room) the very services the next restore needs, and restores
+  // made for actions that never fit beside them would evict each other pass after pass.
+  auto room_on = [&](std::int32_t d) { return need_on(d) + head.gpu_memory; };
   const Partition& part = partitions[head.partition];
   std::int32_t dlo = svc.home_device != kNone ? svc.home_device : 0;
   std::int32_t dhi = svc.home_device != kNone ? svc.home_device + 1 : static_cast<std::int32_t>(dev_node.size());
@@ -260,9 +264,9 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
   std::int32_t target = kNone;
   std::tuple<std::int64_t, std::int64_t, TimeNs, Quantity> best_fit{2, 0, 0, 0};
   for (std::int32_t d = dlo; d < dhi; ++d)
-    if (dev_free[d] >= need_on(d) && usable(d)) {
+    if (dev_free[d] >= room_on(d) && usable(d)) {
       std::tuple<std::int64_t, std::int64_t, TimeNs, Quantity> fit{busy_node(d), actions_on(d), begins(d),
-                                                                    dev_free[d] - need_on(d)};
+                                                                    dev_free[d] - room_on(d)};
       if (fit < best_fit) {
         best_fit = fit;
         target = d;
@@ -274,7 +278,7 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
         INT64_MAX, 0, 0, 0, 0, 0, 0};
     for (std::int32_t d = dlo; d < dhi; ++d) {
       if (!usable(d)) continue;
-      RoomPlan plan = plan_room(d, need_on(d), svc_id);
+      RoomPlan plan = plan_room(d, room_on(d), svc_id);
       if (!plan.ok) continue;
       TimeNs ready = begins(d);  // after the victims' offloads
       for (std::int32_t v : plan.victims) ready += services[v].offload_ns;
@@ -286,7 +290,7 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
       }
     }
     if (target == kNone) {
-      if (now - head.waiting.head().submit_ns >= starvation_ns) drain(svc_id, dlo, dhi, need_on, usable);
+      if (now - head.waiting.head().submit_ns >= starvation_ns) drain(svc_id, dlo, dhi, room_on, usable);
       return false;
     }
     evict_plan(chosen, out);
@@ -320,7 +324,7 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
 // have ended, plan_room evicts them for it. Services still restoring, or ready only since
 // the last pass, are not in the way (plan_room spares them too).
 template <class NeedOn, class Usable>
-void Scheduler::Impl::drain(std::int32_t svc_id, std::int32_t dlo, std::int32_t dhi, NeedOn&& need_on,
+void Scheduler::Impl::drain(std::int32_t svc_id, std::int32_t dlo, std::int32_t dhi, NeedOn&& room_on,
                             Usable&& usable) {
   std::int64_t least = INT64_MAX;
   std::vector<std::int32_t> in_way, victims;
@@ -335,11 +339,11 @@ void Scheduler::Impl::drain(std::int32_t svc_id, std::int32_t dlo, std::int32_t 
     Quantity room = dev_free[d];
     std::int64_t running = 0;
     std::size_t k = 0;
-    for (; k < in_way.size() && room < need_on(d); ++k) {
+    for (; k < in_way.size() && room < room_on(d); ++k) {
       room += evict_frees(in_way[k]);
       running += services[in_way[k]].running;
     }
-    if (room < need_on(d) || running >= least) continue;
+    if (room < room_on(d) || running >= least) continue;
     least = running;
     victims.assign(in_way.begin(), in_way.begin() + static_cast<std::ptrdiff_t>(k));
   }

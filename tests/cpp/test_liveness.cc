@@ -188,5 +188,25 @@ TEST(Liveness, APlanSparingAFreshServiceAsksForTheNextPass) {
                                            start(3).on(0, 0).service(1).at_ns(S(2) + 1)}));
 }
 
+// A restore makes room for its head beside the service, not for the service alone: here b,
+// restored into the 2,500 MiB that a leaves while a restores, would fill the device, neither
+// action would fit beside its service, and each would evict the other's service for its
+// own, pass after pass.
+TEST(Liveness, ARestoreMakesRoomForItsHeadBesideTheService) {
+  Inventory inv = cpu_inventory(1, 2);
+  inv.nodes[0].gpus = {{U(4000)}};
+  inv.services = {{"a", U(1500), 1, 1}, {"b", U(2500), 1, 1}};
+  Harness h(inv, policy_of(PolicyKind::kFifo));
+  ActionSpec for_a = action(1, {0}, 1), for_b = action(2, {0}, 1);
+  for_a.service = 0;
+  for_a.gpu_memory = U(200);
+  for_b.service = 1;
+  for_b.gpu_memory = U(1000);
+  EXPECT_EQ(h.submit({for_a, for_b}, 0), (Decisions{restore(0).on(0, 0).at(1)}));  // before: b restored too
+  EXPECT_EQ(h.tick(1), (Decisions{start(1).on(0, 0).service(0).at(1)}));
+  EXPECT_EQ(h.complete({1}, 2), (Decisions{evict(0).on(0, 0).at(2), restore(1).on(0, 0).at(3)}));
+  EXPECT_EQ(h.tick(3), (Decisions{start(2).on(0, 0).service(1).at(3)}));
+}
+
 }  // namespace
 }  // namespace tangram_test
