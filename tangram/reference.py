@@ -1342,6 +1342,9 @@ class ReferenceScheduler:
                 scope = self._scope_node(a)
                 if scope >= 0:
                     p.held_nodes.add(scope)
+                elif self.rules.bins == "trajectory_slots" and bins is not None:
+                    # only the nodes whose slots could ever hold it (see the core's no_room)
+                    p.held_nodes.update(self.bins[b].node for b in bins if not self._slot_never_holds(a, b))
                 else:
                     p.held_partitions.add(a.partition)
                     if self.n_partitions == 1 and self.rules.bins != "trajectory_slots":

@@ -21,6 +21,7 @@ import json
 import math
 import os
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -91,7 +92,28 @@ def run(data, name: str, *, gpu_heavy: bool, end_idle: bool, rules: PolicyRules 
         del h.drain
         settle(h, end_idle)
     except AssertionError as e:
+        keep = os.environ.get("TANGRAM_KEEP_STREAMS")
+        if keep:  # the stream as data, for tests/data/liveness once fixed (docs/development.md)
+            save_stream(h, inv, policy, os.path.join(keep, f"{name}-{len(os.listdir(keep))}.json"))
         raise AssertionError(f"{e}\n{inv!r}\n{policy!r}\n{h.history()}") from None
+
+
+def save_stream(h: Harness, inventory: Inventory, policy: Policy, path: str) -> None:
+    """Writes what replay() reads: the inventory, the policy and every accepted event."""
+    def plain(x):
+        if isinstance(x, np.ndarray) and x.dtype.names:
+            return {"records": [{n: plain(row[n]) for n in x.dtype.names} for row in x]}
+        if isinstance(x, np.ndarray):
+            return x.tolist()
+        if isinstance(x, np.generic):
+            return x.item()
+        if isinstance(x, (list, tuple)):
+            return [plain(v) for v in x]
+        return x
+
+    with open(path, "w") as f:
+        json.dump({"inventory": repr(inventory), "policy": repr(policy),
+                   "events": [[method, plain(args)] for method, args, _ in h.log]}, f, indent=0)
 
 
 # Every built-in row with its options drawn, trajectories ending when idle or only at the

@@ -336,8 +336,14 @@ Scheduler::Impl::Try Scheduler::Impl::no_room(Class& cl, const Room& room, std::
   if (!room.own_slot && now - cl.waiting.head().submit_ns >= starvation_ns &&
       (n_offline == 0 || (room.has_range && fits_online_capacity(cl, room.lo, room.hi, device)))) {
     // With trajectory slots, the bins held back are the free slots only, so the pass goes
-    // on for bound ones.
-    if (room.scope == kNone) {
+    // on for bound ones; and only on the nodes whose slots could ever hold it: a free slot
+    // it can never use, held back, could keep the holder of the slot it waits for from
+    // ever finishing (its action needing that very slot, on its service's node).
+    if (room.scope == kNone && row.rules.bins == BinLayout::kTrajectorySlots && room.has_range) {
+      const Partition& part = partitions[cl.partition];
+      for (std::int32_t leaf = room.lo; leaf < room.hi; ++leaf)
+        if (!slot_never_holds(cl, part.bins[leaf])) node_masked[bin_node[part.bins[leaf]]] = pass_epoch;
+    } else if (room.scope == kNone) {
       partition_masked[cl.partition] = pass_epoch;
       if (starving_head_halts) return Try::kHalt;
     } else {
