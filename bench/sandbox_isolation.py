@@ -3,7 +3,9 @@
     python bench/sandbox_isolation.py [--repeat 40] [--idle 200] [--json bench/results/sandbox_isolation.json]
 
 Runs the CPU manager directly (no scheduler), with real processes, under
-isolation="namespaces" (bubblewrap) and isolation="process" (a bare process), and measures:
+isolation="namespaces" (bubblewrap), isolation="process" (a bare process) and, as root with
+busybox installed, namespaces on a task image ("image": a busybox root built here, unpacked
+already, as a cached image is; Call.image), and measures:
 
   warm start   a new trajectory's first action (a no-op function) when a warm worker waits
                for it: execute to result, the pool refilled between samples.
@@ -14,7 +16,7 @@ isolation="namespaces" (bubblewrap) and isolation="process" (a bare process), an
                set size (PSS, /proc/<pid>/smaps_rollup) of all their processes (bwrap's
                included), per sandbox.
 
-Samples of the two isolations are interleaved, in this one process; medians and p99 are
+Samples of the configurations are interleaved, in this one process; medians and p99 are
 reported, with each namespaced figure's difference from the bare process's.
 """
 
@@ -26,8 +28,10 @@ import itertools
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -37,6 +41,17 @@ from tangram.runtime.manager import LiveAction
 from tangram.runtime.namespaces import detect
 
 ISOLATIONS = ("process", "namespaces")
+BUSYBOX = shutil.which("busybox") or "/bin/busybox"
+
+
+def busybox_root(path: str) -> str:
+    """A task image's root: a static busybox, its shell and `true`."""
+    os.makedirs(os.path.join(path, "bin"))
+    os.makedirs(os.path.join(path, "tmp"), mode=0o1777)
+    shutil.copy2(BUSYBOX, os.path.join(path, "bin", "busybox"))
+    for applet in ("sh", "true"):
+        os.symlink("busybox", os.path.join(path, "bin", applet))
+    return path
 _ids = itertools.count(1)
 
 
@@ -78,29 +93,39 @@ async def settle_warm(mgr: CpuManager, size: int) -> None:
     await asyncio.sleep(0.05)  # its imports done (the worker says nothing when it is ready)
 
 
-async def measure(repeat: int, idle: int) -> dict[str, Any]:
-    warm = {iso: CpuManager(isolation=iso, warm_sandboxes=1) for iso in ISOLATIONS}
-    cold = {iso: CpuManager(isolation=iso, warm_sandboxes=0) for iso in ISOLATIONS}
+async def measure(repeat: int, idle: int, image: str | None) -> dict[str, Any]:
+    configs = (*ISOLATIONS, "image") if image else ISOLATIONS
+    isolation = {"process": "process", "namespaces": "namespaces", "image": "namespaces"}
+    warm = {c: CpuManager(isolation=isolation[c], warm_sandboxes=1) for c in configs}
+    cold = {c: CpuManager(isolation=isolation[c], warm_sandboxes=0) for c in configs}
     for mgr in (*warm.values(), *cold.values()):
         await mgr.start()
     out: dict[str, Any] = {}
     try:
-        samples: dict[str, dict[str, list[float]]] = {k: {iso: [] for iso in ISOLATIONS}
+        samples: dict[str, dict[str, list[float]]] = {k: {c: [] for c in configs}
                                                       for k in ("warm_start", "cold_start", "fn", "command")}
         trajectory = itertools.count(1)
+        if image:  # the image's warm pool starts at its first call
+            await timed(warm["image"], Call(fn=int, trajectory=next(trajectory), image=image))
+        pool_size = {c: 2 if c == "image" else 1 for c in configs}  # the image's pool beside the host's
         for _ in range(repeat):
-            for iso in ISOLATIONS:
-                await settle_warm(warm[iso], 1)
-                samples["warm_start"][iso].append(await timed(warm[iso], Call(fn=int, trajectory=next(trajectory))))
-                samples["cold_start"][iso].append(await timed(cold[iso], Call(fn=int, trajectory=next(trajectory))))
+            for c in configs:
+                on = image if c == "image" else None
+                for kind, mgr in (("warm_start", warm[c]), ("cold_start", cold[c])):
+                    for other in configs:  # no warm worker starting meanwhile (the refill after a warm sample)
+                        await settle_warm(warm[other], pool_size[other])
+                    samples[kind][c].append(await timed(mgr, Call(fn=int, trajectory=next(trajectory), image=on)))
         for _ in range(repeat * 5):
-            for iso in ISOLATIONS:
-                samples["fn"][iso].append(await timed(cold[iso], Call(fn=int, trajectory=0)))
-                samples["command"][iso].append(await timed(cold[iso], Call(command="true", trajectory=0)))
-        for kind, by_iso in samples.items():
-            out[kind] = {iso: summary(v) for iso, v in by_iso.items()}
+            for c in configs:
+                on = image if c == "image" else None
+                samples["fn"][c].append(await timed(cold[c], Call(fn=int, trajectory=0, image=on)))
+                samples["command"][c].append(await timed(cold[c], Call(command="true", trajectory=0, image=on)))
+        for kind, by_config in samples.items():
+            out[kind] = {c: summary(v) for c, v in by_config.items()}
             out[kind]["namespaces_minus_process_p50_ms"] = (out[kind]["namespaces"]["p50_ms"]
                                                             - out[kind]["process"]["p50_ms"])
+            if image:
+                out[kind]["image_minus_process_p50_ms"] = out[kind]["image"]["p50_ms"] - out[kind]["process"]["p50_ms"]
     finally:
         for mgr in (*warm.values(), *cold.values()):
             await mgr.close()
@@ -128,14 +153,19 @@ def main() -> None:
     boundary = detect("auto")
     if not boundary.namespaces:
         sys.exit(f"no namespaces here: {boundary.reason}")
-    result = asyncio.run(measure(args.repeat, args.idle))
+    with tempfile.TemporaryDirectory(prefix="tangram-bench-image-") as tmp:
+        image = busybox_root(os.path.join(tmp, "rootfs")) if os.geteuid() == 0 and os.path.exists(BUSYBOX) else None
+        result = asyncio.run(measure(args.repeat, args.idle, image))
     result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "kernel": platform.release(),
                          "uid": os.geteuid(), "isolation": boundary.description}
-    print(f"{'':12} {'process p50':>12} {'namespaces p50':>15} {'difference':>11} {'namespaces p99':>15}")
+    print(f"{'':12} {'process p50':>12} {'namespaces p50':>15} {'difference':>11} {'namespaces p99':>15}"
+          + (f" {'image p50':>10} {'difference':>11} {'image p99':>10}" if image else ""))
     for kind in ("warm_start", "cold_start", "fn", "command"):
         r = result[kind]
         print(f"{kind:12} {r['process']['p50_ms']:10.2f}ms {r['namespaces']['p50_ms']:13.2f}ms "
-              f"{r['namespaces_minus_process_p50_ms']:+9.2f}ms {r['namespaces']['p99_ms']:13.2f}ms")
+              f"{r['namespaces_minus_process_p50_ms']:+9.2f}ms {r['namespaces']['p99_ms']:13.2f}ms"
+              + (f" {r['image']['p50_ms']:8.2f}ms {r['image_minus_process_p50_ms']:+9.2f}ms "
+                 f"{r['image']['p99_ms']:8.2f}ms" if image else ""))
     for iso, r in result["idle"].items():
         print(f"idle {iso:10} {r['sandboxes']} sandboxes, {r['processes']} processes, "
               f"{r['pss_mib_per_sandbox']:.1f} MiB PSS each")

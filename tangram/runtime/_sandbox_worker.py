@@ -3,7 +3,8 @@
 Run as `python -I tangram/runtime/_sandbox_worker.py FD [START]` (or `python -m
 tangram.runtime._sandbox_worker FD [START]`) with a connected socket on FD; START, a JSON
 object, may hold "user" (a uid to take before anything else: a namespaced sandbox under
-root), "nproc" (that uid's RLIMIT_NPROC) and "path" and "preload": modules to import from that
+root), "nproc" (that uid's RLIMIT_NPROC), "sys_path" (its sys.path, for an interpreter run
+without site: an image sandbox's, tangram.runtime.rootfs) and "path" and "preload": modules to import from that
 path before the first frame (a warm worker imports them before it is taken; one that fails
 to import is reported in the worker's log and left to the action). Of its own it imports nothing of
 tangram (only the standard library and cloudpickle), so it starts fast and the sandbox's
@@ -53,7 +54,7 @@ import sys
 import time
 import traceback
 
-import cloudpickle
+cloudpickle = None  # imported by main(), once sys.path is the one START gives
 
 _HEADER = struct.Struct(">Q")
 _PR_SET_CHILD_SUBREAPER = 36
@@ -367,6 +368,10 @@ def main(argv: list[str] | None = None) -> None:
     start = json.loads(argv[1]) if len(argv) > 1 else {}
     if "user" in start:  # first: nothing of the caller's runs before the worker is its sandbox's user
         _become(int(start["user"]), start.get("nproc"))
+    if "sys_path" in start:
+        sys.path[:] = [*start["sys_path"], *sys.path]
+    global cloudpickle
+    import cloudpickle
     if start.get("preload"):
         _preload(start)
     worker = Worker(sock)

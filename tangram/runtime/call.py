@@ -50,7 +50,11 @@ class Call:
     namespaced CPU sandbox for this call (False: loopback only, its own; None: the
     manager's `network` option); a sandbox's worker keeps the network it was started with,
     so a call asking for more than its worker has gets a new worker in the same directory
-    (docs/sandbox.md).
+    (docs/sandbox.md). `image` runs its sandbox on a task image's root filesystem (an OCI
+    layout directory, a `docker save`/`podman save` archive, "podman:NAME" or "docker:NAME"
+    of a local store, or an unpacked root directory; tangram.runtime.images): a trajectory's
+    sandbox keeps the image of its first call, and a later call of it with image=None runs
+    there too (docs/sandbox.md, "Task images").
     """
 
     fn: Callable[..., Any] | None = None
@@ -76,6 +80,7 @@ class Call:
     key: str | None = None  # what run-time estimates are learned under (None: derived, see estimates.key_of)
     pooled: bool = False  # any idle pooled sandbox, taken as it starts, not the trajectory's (see above)
     network: bool | None = None  # a namespaced sandbox's network for this call (None: the manager's default)
+    image: str | None = None  # the task image its sandbox runs in (see above; None: its sandbox's, or the host's)
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
         # Pickled as the class and its field values in order, not a dict of field names:
@@ -141,6 +146,9 @@ def validate_call(call: Any) -> None:
         raise ValidationError("call.pooled", f"must be True or False, got {given(call.pooled)}")
     if call.network is not None and call.network is not True and call.network is not False:
         raise ValidationError("call.network", f"must be True, False or None, got {given(call.network)}")
+    if call.image is not None and (not isinstance(call.image, str) or not call.image or "\0" in call.image):
+        raise ValidationError("call.image", f"must be an image reference (a non-empty string) or None, got "
+                                            f"{given(call.image)}")
 
 
 def _check_command(command: Any) -> None:

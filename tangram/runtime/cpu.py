@@ -62,9 +62,10 @@ import cloudpickle
 from .call import Call, CommandResult, Placement, require_fn_or_command
 from .errors import ActionCrashed, ActionFailed, ManagerError, ResourceLimitExceeded
 from .grant import whole_cores
+from .images import ImageCache, ImageError
 from .isolation import Isolation, ManagerCgroups, SandboxCgroup, cpu_list, descendants, detect
 from .manager import LiveAction, ResourceManager
-from .namespaces import ISOLATIONS, SANDBOX_OWN_PATHS, Boundary, disk_full, python_paths, unmount_under
+from .namespaces import ISOLATIONS, SANDBOX_OWN_PATHS, Boundary, disk_full, python_paths, unmount_orphans, unmount_under
 from .namespaces import detect as detect_boundary
 from .sandbox import Jail, Needs, Preload, Sandbox, WarmWorkers, WorkerDied, kill_marked, marked_processes
 
@@ -158,6 +159,9 @@ class CpuManager(ResourceManager):
       disk_limit    MiB a namespaced sandbox may write to its directory and /tmp (default
                     None: no limit of its own); its storage is then a tmpfs of that size,
                     memory charged to the sandbox (root only)
+      image_cache   directory where task images (Call.image) are unpacked, once for all
+                    their sandboxes and every manager sharing it (default:
+                    $XDG_CACHE_HOME/tangram/images, else ~/.cache/tangram/images)
       resource_control  "auto" (default: cgroup-v2, else cgroup-v1, else affinity), or one
                     of those to force it; TANGRAM_RESOURCE_CONTROL applies when "auto"
       cpu_limit     "guarantee" (default: the grant is a CPU weight over all the manager's
@@ -185,7 +189,8 @@ class CpuManager(ResourceManager):
                  warm_sandboxes: int = DEFAULT_WARM_SANDBOXES,
                  preload: Sequence[str] = ("tangram.worker",), network: bool = False,
                  visible_paths: Sequence[str] = (), pids_limit: int | None = DEFAULT_PIDS_LIMIT,
-                 resource_control: str = "auto", disk_limit: float | None = None) -> None:
+                 resource_control: str = "auto", disk_limit: float | None = None,
+                 image_cache: str | None = None) -> None:
         f = "managers.cpu."
         if not isinstance(isolation, str) or isolation not in ISOLATIONS:
             raise ManagerError(f + "isolation", f"{isolation!r} is not one of {', '.join(ISOLATIONS)}" + (
@@ -214,6 +219,8 @@ class CpuManager(ResourceManager):
         if disk_limit is not None and (isinstance(disk_limit, bool) or not isinstance(disk_limit, (int, float))
                                        or not 1 <= disk_limit <= 1 << 30):
             raise ManagerError(f + "disk_limit", f"{disk_limit!r} is not a number of MiB in [1, 2**30] or None")
+        if image_cache is not None and not (isinstance(image_cache, (str, os.PathLike)) and os.path.isabs(image_cache)):
+            raise ManagerError(f + "image_cache", f"{image_cache!r} is not an absolute path")
         if not isinstance(resource_control, str) or resource_control not in ("auto", "cgroup-v2", "cgroup-v1", "affinity"):
             raise ManagerError(f + "resource_control", f"{resource_control!r} is not one of auto, cgroup-v2, cgroup-v1, "
                                "affinity")
@@ -248,6 +255,10 @@ class CpuManager(ResourceManager):
         self.visible_paths = [os.path.realpath(p) for p in visible_paths]
         self.pids_limit = pids_limit
         self.disk_limit = disk_limit
+        self.image_cache = os.fspath(image_cache) if image_cache is not None else os.path.join(
+            os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "tangram", "images")
+        self._images: ImageCache | None = None
+        self._image_roots: dict[str, str] = {}  # reference -> unpacked root, resolved once per manager
         self.cpu_limit = cpu_limit
         self.warm_sandboxes = warm_sandboxes
         self.preload = tuple(preload)
@@ -265,10 +276,13 @@ class CpuManager(ResourceManager):
         self._dir: str | None = None
         # Keyed by trajectory; pooled sandboxes (Call.pooled) by -1, -2, ...
         self._sandboxes: dict[int, Sandbox] = {}
-        self._pooled_idle: list[int] = []  # keys of the pooled sandboxes no action holds
+        self._pooled_idle: dict[str | None, list[int]] = {}  # image -> keys of the pooled sandboxes no action holds
+        self._pooled_image: dict[int, str | None] = {}  # a pooled sandbox's image
         self._pooled_made = 0
         self._running: dict[int, _Running] = {}  # action id -> what a resize changes
         self._warm: WarmWorkers | None = None
+        self._warm_images: dict[str, WarmWorkers] = {}  # an image's own, made at its first call
+        self._warm_place: Any = None  # puts a warm worker in the warm cgroup
         self._warm_cgroup: SandboxCgroup | None = None  # idle warm workers: the lowest weight
         self._reaping: set[asyncio.Task[None]] = set()
         self._state = "new"
@@ -302,6 +316,9 @@ class CpuManager(ResourceManager):
             raise ManagerError("managers.cpu.disk_limit", "a disk limit needs isolation='namespaces' under root (each "
                                "sandbox's storage is a tmpfs mounted for it)")
         self.isolation = detect(self.resource_option, field="managers.cpu.resource_control")
+        if self.boundary.namespaces and self.boundary.own_uids:
+            for gone in unmount_orphans(self.root or tempfile.gettempdir()):
+                _log.warning("tangram CPU manager: removed the mounts and files of a manager that was killed: %s", gone)
         self._dir = tempfile.mkdtemp(prefix=f"tangram-{self.id}-", dir=self.root)
         if self.isolation.cgroup:
             try:
@@ -329,6 +346,7 @@ class CpuManager(ResourceManager):
                 self._warm_cgroup.set_weight(0)
                 self._warm_cgroup.set_pids(self.pids_limit)
                 place = self._warm_cgroup.add_tree
+            self._warm_place = place
             self._warm = WarmWorkers(self._dir, f"{self.id}/", base, self.warm_sandboxes, place, self._preload,
                                      self._jail)
             self._warm.fill()
@@ -339,11 +357,12 @@ class CpuManager(ResourceManager):
             return
         self._state = "closed"
         self._pooled_idle.clear()
+        self._pooled_image.clear()
         errors: list[Any] = []
         try:
             errors = await asyncio.gather(*(self._end(t) for t in list(self._sandboxes)), return_exceptions=True)
-            if self._warm is not None:
-                await self._warm.close()
+            for pool in self._warm_pools():
+                await pool.close()
             if self._warm_cgroup is not None:
                 self._warm_cgroup.remove()
                 self._warm_cgroup = None
@@ -383,6 +402,9 @@ class CpuManager(ResourceManager):
             "pids_limit": self.pids_limit,
             "disk_limit": ("none of its own" if self.disk_limit is None else
                            f"{self.disk_limit:g} MiB (a tmpfs per sandbox, counted in its memory)"),
+            "images": (f"Call.image: unpacked once into {self.image_cache}, each sandbox an overlay of its own"
+                       if boundary.namespaces and boundary.own_uids else
+                       "none here (task images need isolation='namespaces' under root)"),
             "resource_control": iso.mechanism,
             "resource_control_detail": iso.description,
             "cpus": cpu_list(self.cpus),
@@ -422,7 +444,10 @@ class CpuManager(ResourceManager):
 
     def warm_processes(self) -> list[int]:
         """The warm workers waiting for a new trajectory."""
-        return [] if self._warm is None else [w.proc.pid for w in self._warm.idle]
+        return [w.proc.pid for pool in self._warm_pools() for w in pool.idle]
+
+    def _warm_pools(self) -> list[WarmWorkers]:
+        return ([] if self._warm is None else [self._warm]) + list(self._warm_images.values())
 
     @property
     def pooled_sandbox_count(self) -> int:
@@ -465,12 +490,20 @@ class CpuManager(ResourceManager):
         call = action.call
         if (call.fn is None) == (call.command is None):
             raise ActionFailed(action.id, "a CPU call needs exactly one of fn and command", "ValueError")
+        image = None if call.image is None else await self._image_root(action.id, call.image)
         while True:
-            key = self._take_pooled() if call.pooled else call.trajectory
+            key = self._take_pooled(image) if call.pooled else call.trajectory
             sb = self._sandbox(key)
             async with sb.lock:  # a trajectory's actions are sequential; never interleave two
                 if sb.closed:  # its trajectory ended while this one waited: a fresh sandbox
                     continue
+                if image is not None and sb.image != image:
+                    if sb.slot is not None or sb.image is not None:
+                        raise ActionFailed(action.id, f"call.image: trajectory {call.trajectory}'s sandbox runs "
+                                           f"{self._image_name(sb.image)}; a trajectory keeps the image of its first "
+                                           "call (end the trajectory to change it)", "ImageError")
+                    sb.image = image
+                    sb.warm = self._warm_for(image)
                 running = self._running[action.id] = _Running(sb, self.pool.take(placement.cores), placement.cores)
                 answered = False
                 try:
@@ -485,30 +518,75 @@ class CpuManager(ResourceManager):
                         sb.cgroup.idle(self.ceiling, 1 if sb.jail is None else 3)  # bwrap, its init, the worker
                     self.pool.release(running.charge)
                     if call.pooled:
-                        self._give_back_pooled(key, answered)
-                    if not self._running and self._warm is not None:
-                        self._warm.refill_soon()  # the node is idle: replace the taken ones
+                        self._give_back_pooled(key, answered, image)
+                    if not self._running:
+                        for pool in self._warm_pools():
+                            pool.refill_soon()  # the node is idle: replace the taken ones
 
-    def _take_pooled(self) -> int:
-        """An idle pooled sandbox's key, or a new one's: pooled sandboxes are as many as
-        pooled actions have run at once."""
-        if self._pooled_idle:
-            return self._pooled_idle.pop()
+    def _take_pooled(self, image: str | None) -> int:
+        """An idle pooled sandbox's key (of the same image), or a new one's: pooled
+        sandboxes are as many as pooled actions have run at once."""
+        idle = self._pooled_idle.get(image)
+        if idle:
+            return idle.pop()
         self._pooled_made += 1
+        self._pooled_image[-self._pooled_made] = image
         return -self._pooled_made
 
-    def _give_back_pooled(self, key: int, answered: bool) -> None:
+    def _give_back_pooled(self, key: int, answered: bool, image: str | None) -> None:
         """Keeps a pooled sandbox for the next pooled action when its action answered (the
         call left it as it found it) and it still runs; else (a failure, a crash, a kill, a
         timeout, more idle than POOLED_IDLE_LIMIT) ends it, in the background."""
         sb = self._sandboxes.get(key)
+        idle = self._pooled_idle.setdefault(image, [])
         if (answered and sb is not None and sb.alive and self._state == "running"
-                and len(self._pooled_idle) < POOLED_IDLE_LIMIT):
-            self._pooled_idle.append(key)
+                and sum(len(keys) for keys in self._pooled_idle.values()) < POOLED_IDLE_LIMIT):
+            idle.append(key)
             return
+        self._pooled_image.pop(key, None)
         task = asyncio.get_running_loop().create_task(self._end(key))
         self._reaping.add(task)
         task.add_done_callback(self._reaping.discard)
+
+    async def _image_root(self, action_id: int, reference: str) -> str:
+        """The unpacked root of a call's image (tangram.runtime.images), resolved once per
+        manager (an archive is hashed and unpacked once, off the loop). What cannot be
+        used fails the action with error_type "ImageError", naming the cause."""
+        root = self._image_roots.get(reference)
+        if root is not None:
+            return root
+        boundary = self.boundary
+        if boundary is None or not boundary.namespaces or not boundary.own_uids:
+            why = ("sandboxes here are bare processes (isolation='process')" if boundary is None or not boundary.namespaces
+                   else "the orchestrator is not root: an image sandbox's overlay and idmapped mounts need it")
+            raise ActionFailed(action_id, f"call.image: {reference!r} cannot be used: {why}", "ImageError")
+        if self._images is None:
+            self._images = ImageCache(self.image_cache)
+        try:
+            root = await asyncio.to_thread(self._images.rootfs, reference)
+        except ImageError as e:
+            raise ActionFailed(action_id, str(e), "ImageError") from None
+        self._image_roots[reference] = root
+        return root
+
+    def _warm_for(self, image: str) -> WarmWorkers | None:
+        """The warm workers of an image, started at its first call: warm_sandboxes of them
+        per image in use (each with its slot and overlay made)."""
+        if not self.warm_sandboxes or self._jail is None:
+            return None
+        pool = self._warm_images.get(image)
+        if pool is None:
+            assert self._dir is not None
+            pool = self._warm_images[image] = WarmWorkers(self._dir, f"{self.id}/i{len(self._warm_images)}", self._base_env,
+                                                          self.warm_sandboxes, self._warm_place, self._preload,
+                                                          self._jail, image=image)
+        return pool
+
+    def _image_name(self, root: str | None) -> str:
+        if root is None:
+            return "on the host's root (no image)"
+        names = [ref for ref, r in self._image_roots.items() if r == root]
+        return f"image {names[0]!r}" if names else f"the image at {root}"
 
     def resize(self, action: LiveAction, placement: Placement) -> None:
         """The core changed a running action's grant to `placement.cores`: its weight (or,

@@ -171,10 +171,12 @@ def python_paths(sys_path: Iterable[str], extra: Iterable[str] = ()) -> list[str
               os.path.dirname(os.path.dirname(os.path.abspath(cloudpickle.__file__)))]
     wanted += [p for p in sys_path if p]
     wanted += list(extra)
-    return _outermost(os.path.realpath(p) for p in wanted if p and os.path.exists(p))
+    return outermost(os.path.realpath(p) for p in wanted if p and os.path.exists(p))
 
 
-def _outermost(paths: Iterable[str]) -> list[str]:
+def outermost(paths: Iterable[str]) -> list[str]:
+    """`paths` (resolved) to show a sandbox: none inside another, none in or above the
+    system directories, /tmp or a place the sandbox has of its own; sorted."""
     system = tuple(d + "/" for d in _SYSTEM_DIRS)
     own = ("/tmp", *SANDBOX_OWN_PATHS)
     out: list[str] = []
@@ -200,31 +202,49 @@ def _parents(path: str) -> list[str]:
 
 
 def bwrap_argv(boundary: Boundary, *, home: str, tmp: str, control: str, read_only: Sequence[str],
-               network: bool, gpu: bool = False, writable: Sequence[str] = ()) -> list[str]:
+               network: bool, gpu: bool = False, writable: Sequence[str] = (), rootfs: str | None = None) -> list[str]:
     """bwrap's argv up to `--` for one worker: `home` (the sandbox directory on the host)
     at HOME, `tmp` at /tmp, `control` (a directory holding grant, jobserver and limit) at
     CONTROL, `read_only` host paths at the same paths inside, and `writable` ones too (an
-    MPS pipe directory)."""
+    MPS pipe directory). With `rootfs` (an image sandbox's root, tangram.runtime.rootfs)
+    that is /, and the system directories and `read_only` paths are under rootfs.HOST."""
+    from .rootfs import HOST
+
     assert boundary.bwrap is not None
     argv = [boundary.bwrap, *_base_flags(boundary.own_uids)]
     if not network:
         argv.append("--unshare-net")
-    argv += _system_mounts()
+    shown = "" if rootfs is None else HOST  # where host paths are, inside
+    if rootfs is None:
+        argv += _system_mounts()
+    else:
+        argv += ["--bind", rootfs, "/"]
     # The sandbox's own places first, then the host paths it is shown on top of them: a
     # Python installed under /tmp (a venv there) stays visible above the sandbox's /tmp.
     argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm",
              "--perms", "0755", "--tmpfs", "/run", "--ro-bind", control, CONTROL,
              "--bind", home, HOME, "--bind", tmp, "/tmp"]
     made: set[str] = {*_SYSTEM_DIRS, "/proc", "/dev", "/run", HOME, "/tmp"}
+    if rootfs is not None:
+        argv += ["--perms", "0755", "--dir", HOST]
+        made = {"/proc", "/dev", "/run", HOME, "/tmp", HOST}
+        for d in _SYSTEM_DIRS:
+            if os.path.islink(d):
+                target = os.readlink(d)  # /lib -> usr/lib: to HOST/usr/lib, not the image's
+                argv += ["--symlink", HOST + target if os.path.isabs(target) else target, HOST + d]
+            elif os.path.isdir(d):
+                argv += ["--ro-bind", d, HOST + d]
+            made.add(HOST + d)
+    shown_paths = [shown + p for p in read_only]
     if os.path.isdir(_CPU_INFO):
-        read_only = [*read_only, _CPU_INFO]
-    for path in [*read_only, *writable]:
+        read_only, shown_paths = [*read_only, _CPU_INFO], [*shown_paths, _CPU_INFO]
+    for path in [*shown_paths, *writable]:
         for parent in _parents(path):  # traversable by the sandbox's uid (bwrap makes them 0700)
             if parent not in made:
                 argv += ["--perms", "0755", "--dir", parent]
                 made.add(parent)
-    for path in read_only:
-        argv += ["--ro-bind", path, path]
+    for path, inside in zip(read_only, shown_paths):
+        argv += ["--ro-bind", path, inside]
     if gpu:
         for dev in gpu_devices():
             argv += ["--dev-bind", dev, dev]
@@ -340,6 +360,32 @@ def unmount_under(directory: str) -> None:
         unmount(point)
 
 
+def unmount_orphans(parent: str) -> list[str]:
+    """Detaches the mounts left under `parent` by CPU managers whose process is gone (an
+    orchestrator killed before its close(): a disk limit's tmpfs, an image's layers), and
+    removes their directories (`tangram-<pid>.<n>-*`). Returns the directories cleaned."""
+    import re
+
+    pattern = re.compile(r"tangram-(\d+)\.\d+-[^/]+")
+    prefix = os.path.realpath(parent).rstrip("/") + "/"
+    try:
+        with open("/proc/self/mountinfo") as f:
+            points = [line.split()[4] for line in f]
+    except OSError:
+        return []
+    orphans = set()
+    for point in points:
+        if not point.startswith(prefix):
+            continue
+        match = pattern.match(point[len(prefix):])
+        if match and not os.path.exists(f"/proc/{match.group(1)}"):
+            orphans.add(prefix + match.group(0))
+    for directory in sorted(orphans):
+        unmount_under(directory)
+        shutil.rmtree(directory, ignore_errors=True)
+    return sorted(orphans)
+
+
 def disk_full(path: str) -> bool:
     """Whether the file system at `path` has no block left for unprivileged writes."""
     try:
@@ -353,14 +399,12 @@ class UidAllocator:
 
     def __init__(self) -> None:
         self.base = SANDBOX_UID_BASE + (os.getpid() % (1 << 14)) * (1 << 16)
-        self.next = 0
 
-    def take(self) -> int:
-        uid = self.base + self.next
-        self.next = (self.next + 1) % (1 << 16)
-        return uid
+    def take(self, n: int) -> int:
+        """The uid of the manager's n-th sandbox slot."""
+        return self.base + n % (1 << 16)
 
 
 __all__ = ["CONTROL", "ENV_VAR", "HOME", "ISOLATIONS", "SANDBOX_OWN_PATHS", "SANDBOX_UID_BASE", "Boundary", "UidAllocator",
-           "bwrap_argv", "detect", "disk_full", "gpu_devices", "mount_tmpfs", "python_paths", "unmount",
-           "unmount_under"]
+           "bwrap_argv", "detect", "disk_full", "gpu_devices", "mount_tmpfs", "outermost", "python_paths", "unmount",
+           "unmount_orphans", "unmount_under"]

@@ -28,6 +28,8 @@ that action with it (ActionCrashed).
 from __future__ import annotations
 
 import asyncio
+import functools
+import itertools
 import json
 import os
 import pickle
@@ -45,8 +47,9 @@ from .errors import ManagerError
 from .grant import GrantChannel
 from .isolation import SandboxCgroup, descendants
 from .isolation import alive as _alive
-from .namespaces import (CONTROL, HOME, Boundary, UidAllocator, bwrap_argv, mount_tmpfs, seccomp_fd, seccomp_filter,
-                         unmount)
+from .namespaces import (CONTROL, HOME, Boundary, UidAllocator, bwrap_argv, mount_tmpfs, outermost, seccomp_fd,
+                         seccomp_filter, unmount, unmount_under)
+from .rootfs import host_python_argv, host_python_paths, inside, mount_image_root, remount_image_root
 
 _HEADER = struct.Struct(">Q")
 WORKER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_worker.py")
@@ -74,6 +77,12 @@ class Slot:
     root: str
     uid: int | None
     mounted: bool = False  # a tmpfs of the disk limit at `root`
+    image: str | None = None  # the task image's unpacked root: its sandboxes' / (tangram.runtime.rootfs)
+
+    @property
+    def rootfs(self) -> str | None:
+        """The sandbox's / on the host (an image sandbox's overlay), else None."""
+        return None if self.image is None else os.path.join(self.root, "rootfs")
 
     @property
     def home(self) -> str:
@@ -123,22 +132,27 @@ class Jail:
         self.disk_limit = disk_limit
         self.seccomp = seccomp_filter() is not None
         self._uids = UidAllocator() if boundary.own_uids else None
-        self._slots = 0
+        self._slots = itertools.count(1)  # next() is atomic: image slots are made off the loop
 
     @property
     def default(self) -> Needs:
         return Needs(network=self.network)
 
-    def new_slot(self) -> Slot:
-        self._slots += 1
-        slot = Slot(os.path.join(self.directory, f"s{self._slots}"), None if self._uids is None else self._uids.take(),
-                    self.disk_limit is not None)
+    def new_slot(self, image: str | None = None) -> Slot:
+        """A fresh slot; with `image` (an unpacked root filesystem, root only) its root is
+        that image under an overlay of its own."""
+        n = next(self._slots)
+        slot = Slot(os.path.join(self.directory, f"s{n}"), None if self._uids is None else self._uids.take(n),
+                    self.disk_limit is not None, image)
         os.mkdir(slot.root, 0o755)
         try:
             if slot.mounted:
                 mount_tmpfs(slot.root, self.disk_limit)  # type: ignore[arg-type]
             os.mkdir(slot.control, 0o755)
             self._make_writable(slot)
+            if image is not None:
+                assert slot.uid is not None, "image sandboxes need uids of their own (root)"
+                mount_image_root(image, slot.root, slot.uid)
         except BaseException:
             self.remove(slot)
             raise
@@ -155,23 +169,37 @@ class Jail:
         os.chmod(slot.tmp, 0o1777)
 
     def wipe(self, slot: Slot) -> None:
-        """Empties the sandbox's directory and /tmp (a sandbox that filled its disk limit),
-        its worker killed first."""
+        """Empties the sandbox's directory and /tmp, and drops its changes to its image (a
+        sandbox that filled its disk limit), its worker killed first."""
         for d in (slot.home, slot.tmp):
             shutil.rmtree(d, ignore_errors=True)
         self._make_writable(slot)
+        if slot.rootfs is not None:
+            unmount(slot.rootfs)
+            for d in ("upper", "work"):
+                shutil.rmtree(os.path.join(slot.root, d), ignore_errors=True)
+            remount_image_root(slot.root, slot.uid)  # type: ignore[arg-type]
 
     @staticmethod
     def remove(slot: Slot, where: str | None = None) -> None:
-        """Unmounts the slot's tmpfs, if any, and deletes `where` (default: the slot)."""
-        if slot.mounted:
-            unmount(slot.root)
+        """Unmounts the slot's mounts (its tmpfs, its image's), if any, and deletes `where`
+        (default: the slot)."""
+        if slot.mounted or slot.image is not None:
+            unmount_under(slot.root)
         shutil.rmtree(where or slot.root, ignore_errors=True)
+
+    @functools.cached_property
+    def image_read_only(self) -> list[str]:
+        """The host paths an image sandbox is shown under rootfs.HOST: the manager's, and
+        what the host's Python needs to run there (its loader and library directories)."""
+        return outermost([*self.read_only, *host_python_paths()])
 
     def spawn(self, slot: Slot, needs: Needs, env: Mapping[str, str],
               preload: Preload | None) -> tuple[subprocess.Popen[bytes], socket.socket]:
-        argv = bwrap_argv(self.boundary, home=slot.home, tmp=slot.tmp, control=slot.control, read_only=self.read_only,
-                          network=needs.network, gpu=needs.gpu, writable=needs.writable)
+        image = slot.rootfs is not None
+        argv = bwrap_argv(self.boundary, home=slot.home, tmp=slot.tmp, control=slot.control,
+                          read_only=self.image_read_only if image else self.read_only, network=needs.network,
+                          gpu=needs.gpu, writable=needs.writable, rootfs=slot.rootfs)
         fds: tuple[int, ...] = ()
         if self.seccomp:
             fds = (seccomp_fd(),)
@@ -181,8 +209,14 @@ class Jail:
             options["user"] = slot.uid
             if self.pids_limit is not None:
                 options["nproc"] = self.pids_limit  # RLIMIT_NPROC: per uid, so per sandbox
+        if image:  # the host's Python, its paths under rootfs.HOST (tangram.runtime.rootfs)
+            if preload is not None:
+                preload = Preload(tuple(inside(p) for p in preload.path), preload.modules)
+            options["sys_path"] = [inside(p) for p in sys.path if p]
         try:
-            return spawn_worker(slot.root, env, slot.log, preload, prefix=argv, options=options, fds=fds)
+            return spawn_worker(slot.root, env, slot.log, preload, prefix=argv, options=options, fds=fds,
+                                python=host_python_argv() if image else None,
+                                worker_file=inside(WORKER_FILE) if image else WORKER_FILE)
         finally:
             for fd in fds:
                 os.close(fd)
@@ -213,8 +247,10 @@ class WarmWorkers:
 
     def __init__(self, directory: str, marker: str, base_env: Mapping[str, str], size: int,
                  place: Callable[[int], None] | None = None, preload: Preload | None = None,
-                 jail: Jail | None = None) -> None:
+                 jail: Jail | None = None, image: str | None = None) -> None:
+        """`image`: workers for sandboxes of that task image (a jail's), each in a slot of it."""
         self.directory = directory
+        self.image = image
         self.marker = marker
         self.place = place
         self.preload = preload
@@ -237,7 +273,7 @@ class WarmWorkers:
         marker = f"{self.marker}w{self._count}"
         slot = None
         if self.jail is not None:
-            slot = self.jail.new_slot()
+            slot = self.jail.new_slot(self.image)
             log_path = slot.log
             proc, channel = self.jail.spawn(slot, self.jail.default, {**self.env, MARKER: marker}, self.preload)
         else:
@@ -292,13 +328,16 @@ class Preload:
 
 def spawn_worker(directory: str, env: Mapping[str, str], log_path: str, preload: Preload | None = None, *,
                  prefix: Sequence[str] = (), options: Mapping[str, Any] | None = None,
-                 fds: Sequence[int] = ()) -> tuple[subprocess.Popen[bytes], socket.socket]:
+                 fds: Sequence[int] = (), python: Sequence[str] | None = None,
+                 worker_file: str = WORKER_FILE) -> tuple[subprocess.Popen[bytes], socket.socket]:
     """A new worker process in its own session, and the orchestrator's end of its channel.
     `prefix`: what runs it (bwrap's argv, for a namespaced sandbox); `options`: more for
-    the worker's start ("user": the uid it takes first; "nproc": its RLIMIT_NPROC);
-    `fds`: more descriptors it inherits (bwrap's seccomp filter)."""
+    the worker's start ("user": the uid it takes first; "nproc": its RLIMIT_NPROC;
+    "sys_path": its sys.path); `fds`: more descriptors it inherits (bwrap's seccomp
+    filter); `python` and `worker_file`: the interpreter's argv and the worker's file
+    (default: this interpreter with -I, and the worker's path here)."""
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    argv = [*prefix, sys.executable, "-I", WORKER_FILE, str(child.fileno())]
+    argv = [*prefix, *(python or (sys.executable, "-I")), worker_file, str(child.fileno())]
     start: dict[str, Any] = dict(options or {})
     if preload is not None and preload.modules:
         start.update(path=list(preload.path), preload=list(preload.modules))
@@ -333,6 +372,7 @@ class Sandbox:
         self.cgroup = cgroup
         self.jail = jail
         self.slot: Slot | None = None
+        self.image: str | None = None  # a task image's unpacked root: set before its first start (a jail's)
         self.needs = Needs()  # what the live worker was started with (a jail's)
         self._on_limit = on_limit
         self._directory = directory
@@ -412,7 +452,7 @@ class Sandbox:
         if jail is None:
             os.makedirs(os.path.join(self._directory, ".tmp"), exist_ok=True)
             warm = self.warm.take() if self.warm is not None else None
-        elif self.slot is None and self.warm is not None and jail.default.covers(needs):
+        elif self.slot is None and self.warm is not None and jail.default.covers(needs) and self.warm.image == self.image:
             warm = self.warm.take()
         if warm is not None:
             proc, parent = warm.proc, warm.channel
@@ -424,7 +464,8 @@ class Sandbox:
                 self._markers.append(warm.marker)
         elif jail is not None:
             if self.slot is None:
-                self.slot = jail.new_slot()
+                # an image's mounts take milliseconds: off the loop
+                self.slot = jail.new_slot() if self.image is None else await asyncio.to_thread(jail.new_slot, self.image)
             self.needs = Needs(needs.network or jail.network, needs.gpu, needs.writable)
             proc, parent = jail.spawn(self.slot, self.needs, self.env, self.preload)
         else:
@@ -446,7 +487,10 @@ class Sandbox:
                                        f"cgroup {self.cgroup.dirs['cpu']}: {e.strerror}; resource_control='affinity' "
                                        "avoids cgroups") from None
             self.reader, self.writer = await asyncio.open_connection(sock=parent, limit=1 << 20)
-            self._send(self.hello)
+            hello = self.hello
+            if self.slot is not None and self.slot.rootfs is not None:  # the host's paths, as an image sandbox sees them
+                hello = (hello[0], [inside(p) for p in hello[1]], *hello[2:])
+            self._send(hello)
         except BaseException:
             if self.writer is None:
                 parent.close()
