@@ -173,21 +173,40 @@ def _mapped_library_dirs() -> set[str]:
     return dirs
 
 
+def _interpreter_of(path: str) -> str:
+    """The dynamic loader an ELF executable names (its PT_INTERP), resolved; '' if none."""
+    import struct
+
+    with open(path, "rb") as f:
+        ident = f.read(16)
+        if ident[:4] != b"\x7fELF":
+            return ""
+        wide, little = ident[4] == 2, ident[5] == 1
+        order = "<" if little else ">"
+        f.seek(0x20 if wide else 0x1C)
+        (phoff,) = struct.unpack(order + ("Q" if wide else "I"), f.read(8 if wide else 4))
+        f.seek(0x36 if wide else 0x2A)
+        phentsize, phnum = struct.unpack(order + "HH", f.read(4))
+        for i in range(phnum):
+            f.seek(phoff + i * phentsize)
+            header = f.read(phentsize)
+            if struct.unpack(order + "I", header[:4])[0] != 3:  # PT_INTERP
+                continue
+            if wide:  # Elf64_Phdr: p_offset at 8, p_filesz at 32
+                offset, size = struct.unpack_from(order + "Q", header, 8)[0], struct.unpack_from(order + "Q", header, 32)[0]
+            else:  # Elf32_Phdr: p_offset at 4, p_filesz at 16
+                offset, size = struct.unpack_from(order + "I", header, 4)[0], struct.unpack_from(order + "I", header, 16)[0]
+            f.seek(offset)
+            return os.path.realpath(f.read(size).rstrip(b"\0").decode())
+    return ""
+
+
 @functools.lru_cache(maxsize=1)
 def host_python() -> tuple[str, str, tuple[str, ...]]:
     """(the dynamic loader, the interpreter, the library directories) of this process, as
     host paths: what an image sandbox runs its worker with, shown under HOST."""
     interpreter = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
-    with open(interpreter, "rb") as f:
-        head = f.read(1 << 16)
-    loader = ""
-    if head[:4] == b"\x7fELF":  # PT_INTERP's path is a NUL-terminated string in the first pages
-        for candidate in (b"/lib64/ld-linux-x86-64.so.2", b"/lib/ld-linux-aarch64.so.1", b"/lib/ld-linux-x86-64.so.2",
-                          b"/lib64/ld64.so.2", b"/lib/ld-linux-armhf.so.3", b"/lib/ld-musl-x86_64.so.1",
-                          b"/lib/ld-musl-aarch64.so.1"):
-            if candidate + b"\0" in head:
-                loader = os.path.realpath(candidate.decode())
-                break
+    loader = _interpreter_of(interpreter)
     if not loader or not os.path.exists(loader):
         raise OSError(f"cannot find the dynamic loader of {interpreter}: it cannot run in an image sandbox")
     dirs = _mapped_library_dirs()
