@@ -332,3 +332,26 @@ def test_many_image_sandboxes_start_at_once_while_warm_ones_are_made(images: dic
             assert all("NAME=tangram-test-busybox" in out for out in outs)
 
     with_manager(images, body, warm_sandboxes=3)
+
+
+@pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed")
+def test_an_image_of_the_local_podman_store(images: dict[str, str], tmp_path: Path) -> None:
+    """`podman:NAME`: an image imported into this machine's store (offline, `podman import`),
+    exported through `podman save` and unpacked; a name the store lacks is an ImageError."""
+    import subprocess
+    archive = tmp_path / "busybox.tar"
+    with tarfile.open(archive, "w") as tar:
+        for entry in sorted(Path(images["root"]).iterdir()):
+            tar.add(entry, arcname=entry.name)
+    name = f"localhost/tangram-test-busybox:{os.getpid()}"
+    subprocess.run(["podman", "import", "-q", str(archive), name], check=True, capture_output=True)
+    try:
+        async def body(mgr: CpuManager) -> None:
+            assert "NAME=tangram-test-busybox" in await sh(mgr, "cat /etc/os-release", 1, image=f"podman:{name}")
+            with pytest.raises(ActionFailed) as e:
+                await run(mgr, command="true", trajectory=2, image="podman:localhost/tangram-test-absent:1")
+            assert e.value.error_type == "ImageError" and "podman save failed" in str(e.value)
+
+        with_manager(images, body)
+    finally:
+        subprocess.run(["podman", "rmi", "-f", name], capture_output=True)
