@@ -28,6 +28,7 @@ SUBMODULE_API = {
     "RayManager": "tangram.ray",
     "NodeLost": "tangram.ray",
     "NodeAgent": "tangram.ray.agent",
+    "ImageError": "tangram.runtime.images",
     "CpuManager": "tangram.runtime.cpu",
     "GpuManager": "tangram.runtime.gpu",
     "InferenceServer": "tangram.runtime.inference",
