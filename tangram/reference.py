@@ -1320,9 +1320,12 @@ class ReferenceScheduler:
             borrowed = bool(cands)
         if device >= 0 and self.dev_free[device] < a.gpu_memory:
             cands = []
-        if (not cands and a.gpu_memory > 0 and bins is not None and not masked
-                and self._make_gpu_room(a, bins, own_slot, device, p, out)):
-            return self._try(a, p, out)
+        if not cands and a.gpu_memory > 0 and bins is not None and not masked:
+            # No eviction for an action its quota refuses now (as no restore).
+            if a.quota >= 0 and not self._quota_would_admit(a, p):
+                return WAITS
+            if self._make_gpu_room(a, bins, own_slot, device, p, out):
+                return self._try(a, p, out)
         if not cands and self.rules.resize == "malleable" and bins is not None and not masked:
             plan = self._plan_shrink(a, bins, own_slot, device, p)
             if plan is not None:

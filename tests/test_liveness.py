@@ -87,19 +87,22 @@ def run(data, name: str, *, gpu_heavy: bool, end_idle: bool, rules: PolicyRules 
     if many_trajectories:  # more trajectories than most inventories have slots
         h.trajectory_ids = 24
     h.drain = lambda: None  # type: ignore[method-assign]  # events() ends with it: settle first
+    drawn = 0
     try:
         events(draw, h, inv)
         del h.drain
+        drawn = len(h.log)
         settle(h, end_idle)
     except AssertionError as e:
         keep = os.environ.get("TANGRAM_KEEP_STREAMS")
-        if keep:  # the stream as data, for tests/data/liveness once fixed (docs/development.md)
-            save_stream(h, inv, policy, os.path.join(keep, f"{name}-{len(os.listdir(keep))}.json"))
+        if keep:  # the drawn stream as data, for tests/data/liveness once fixed (docs/development.md)
+            save_stream(h, inv, policy, os.path.join(keep, f"{name}-{len(os.listdir(keep))}.json"), drawn or None)
         raise AssertionError(f"{e}\n{inv!r}\n{policy!r}\n{h.history()}") from None
 
 
-def save_stream(h: Harness, inventory: Inventory, policy: Policy, path: str) -> None:
-    """Writes what replay() reads: the inventory, the policy and every accepted event."""
+def save_stream(h: Harness, inventory: Inventory, policy: Policy, path: str, events: int | None = None) -> None:
+    """Writes what replay() reads: the inventory, the policy and the first `events` accepted
+    events (default all; run() keeps the drawn ones, so that a replay settles them itself)."""
     def plain(x):
         if isinstance(x, np.ndarray) and x.dtype.names:
             return {"records": [{n: plain(row[n]) for n in x.dtype.names} for row in x]}
@@ -113,7 +116,7 @@ def save_stream(h: Harness, inventory: Inventory, policy: Policy, path: str) -> 
 
     with open(path, "w") as f:
         json.dump({"inventory": repr(inventory), "policy": repr(policy),
-                   "events": [[method, plain(args)] for method, args, _ in h.log]}, f, indent=0)
+                   "events": [[method, plain(args)] for method, args, _ in h.log[:events]]}, f, indent=0)
 
 
 # Every built-in row with its options drawn, trajectories ending when idle or only at the

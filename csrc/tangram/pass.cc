@@ -115,10 +115,13 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
       unbind_slot(c, it->second);
   }
   const Room room = find_room(cl, device);
-  // GPU memory held by resident services is reclaimed for an action that needs it.
-  if (cand.empty() && cl.gpu_memory > 0 && room.has_range && !room.masked &&
-      make_gpu_room(cl, room.lo, room.hi, room.fixed_leaf, device, out))
-    return try_head(c, out);
+  // GPU memory held by resident services is reclaimed for an action that needs it, when its
+  // quota admits it now (as a restore is made only then): else the memory would sit unused
+  // while the services evicted for it came back, pass after pass.
+  if (cand.empty() && cl.gpu_memory > 0 && room.has_range && !room.masked) {
+    if (cl.quota != kNone && quota_refuses(cl)) return Try::kWaits;
+    if (make_gpu_room(cl, room.lo, room.hi, room.fixed_leaf, device, out)) return try_head(c, out);
+  }
   if (cand.empty()) {
     if (may_reclaim(cl) && plan_shrink(cl, room, device, shrink_plan)) {
       if (cl.quota != kNone && !quota_admits(cl)) return Try::kWaits;
