@@ -1495,7 +1495,7 @@ class ReferenceScheduler:
             if self.services[s].device < 0:
                 self._restore(a, out)
 
-    def _plan_room(self, d: int, need: int, keep: int) -> tuple[bool, int, int, float, list[int]]:
+    def _plan_room(self, d: int, need: int, keep: int, starving: bool = False) -> tuple[bool, int, int, float, list[int]]:
         """Greedy victims on device d for `need`: (enough, busy victims, their queued ns, the
         restores the idle victims will likely need, victims). The last is the sum, in victim
         order, of float(restore_ns) / float(expected gap) over the victims with nothing
@@ -1562,7 +1562,8 @@ class ReferenceScheduler:
         for o, svc in enumerate(self.services):  # idle unmovable ones asleep on d give their processes up
             if room >= need:
                 break
-            if o != keep and svc.device < 0 and svc.pinned == d and n_waiting[o] == 0 and svc.asleep > 0:
+            # (for a starving action also those with waiting actions: see the core's plan_room)
+            if o != keep and svc.device < 0 and svc.pinned == d and (n_waiting[o] == 0 or starving) and svc.asleep > 0:
                 room += svc.asleep
                 victims.append(o)
                 discard.append(True)
@@ -1700,7 +1701,8 @@ class ReferenceScheduler:
             if not any(self.online[self.bins[b].node] and self.bins[b].node not in p.held_nodes
                        and _covers(self.bins[b].free, a.demand) for b in bins):
                 return False  # the memory freed would go unused: the rest of its demand does not fit now
-            ok, _, _, _, victims, discard = self._plan_room(device, a.gpu_memory, a.service)
+            ok, _, _, _, victims, discard = self._plan_room(device, a.gpu_memory, a.service,
+                                                            self.now_ns - a.submit_ns >= self.starvation_ns)
             if not ok:
                 return False
         else:
@@ -1715,7 +1717,8 @@ class ReferenceScheduler:
                     continue
                 for d in self._devices_of(n):
                     if self.dev_total[d] >= a.gpu_memory and not self.dev_offline[d]:
-                        ok, busy, queued, likely, victims, discard = self._plan_room(d, a.gpu_memory, -1)
+                        ok, busy, queued, likely, victims, discard = self._plan_room(
+                            d, a.gpu_memory, -1, self.now_ns - a.submit_ns >= self.starvation_ns)
                         if ok and victims:
                             plans.append(((busy, queued, likely, len(victims), d), victims, discard))
             if not plans:

@@ -305,9 +305,6 @@ def test_a_starving_action_does_not_hold_back_gpu_room_in_a_trajectorys_own_slot
 # (tests/data/liveness/*.json: the inventory, the policy and every event), each replayed
 # through the core and the reference and driven to its end.
 FOUND = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "data", "liveness", "*.json")))
-# Found and not fixed yet: each a strict xfail, so that its fix shows as an unexpected pass
-# (then it moves up to tests/data/liveness/).
-OPEN = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "data", "liveness", "open", "*.json")))
 
 
 def replay(path: str) -> Harness:
@@ -354,18 +351,3 @@ def test_found_streams_settle(path: str) -> None:
     h = replay(path)  # the core and the reference agree on every event on the way
     settle(h, end_idle=True)
 
-
-class StillWaiting(Exception):
-    """An open stream still has actions waiting for good once settled."""
-
-
-@pytest.mark.xfail(strict=True, raises=StillWaiting, reason="found by TANGRAM_HYPOTHESIS=explore, not fixed yet")
-@pytest.mark.parametrize("path", OPEN, ids=[os.path.basename(p) for p in OPEN])
-def test_open_streams_do_not_settle_yet(path: str) -> None:
-    h = replay(path)  # the core and the reference must still agree on every event: else a plain failure
-    try:
-        settle(h, end_idle=True)
-    except AssertionError as e:
-        if "started nothing" in str(e) or "waiting for good" in str(e):
-            raise StillWaiting(str(e)) from None
-        raise

@@ -45,8 +45,11 @@ Quantity Scheduler::Impl::evict_frees(std::int32_t s) const {
 // earlier victims') is discarded instead: its state is given up, freeing all its memory.
 // When that is still short, the plan's unmovable victims (in plan order) are discarded
 // rather than offloaded, and then idle unmovable services asleep on d (in service order)
-// are discarded too: their processes, and the memory they keep there, are given up.
-Scheduler::Impl::RoomPlan Scheduler::Impl::plan_room(std::int32_t d, Quantity need, std::int32_t keep) const {
+// are discarded too: their processes, and the memory they keep there, are given up; for a
+// `starving` action also those with waiting actions (which restore afresh later: else the
+// starving action, holding back what they need to start, and they would wait on each other).
+Scheduler::Impl::RoomPlan Scheduler::Impl::plan_room(std::int32_t d, Quantity need, std::int32_t keep,
+                                                     bool starving) const {
   RoomPlan plan;
   Quantity room = dev_free[d];
   if (room >= need) {
@@ -120,7 +123,7 @@ Scheduler::Impl::RoomPlan Scheduler::Impl::plan_room(std::int32_t d, Quantity ne
   }
   for (std::int32_t s = 0; s < static_cast<std::int32_t>(services.size()) && room < need; ++s) {
     const ServiceRec& o = services[s];
-    if (s == keep || o.device != kNone || o.pinned_device != d || o.waiting > 0) continue;
+    if (s == keep || o.device != kNone || o.pinned_device != d || (o.waiting > 0 && !starving)) continue;
     if (inv.services[s].asleep_memory == 0) continue;
     room += inv.services[s].asleep_memory;
     plan.victims.push_back(s);
@@ -419,7 +422,7 @@ bool Scheduler::Impl::make_gpu_room(const Class& c, std::int32_t lo, std::int32_
       for (std::int32_t k = 0; k < K && rest_fits; ++k) rest_fits = f[k] >= c.demand[k];
     }
     if (!rest_fits) return false;
-    chosen = plan_room(device, c.gpu_memory, c.service);
+    chosen = plan_room(device, c.gpu_memory, c.service, now - c.waiting.head().submit_ns >= starvation_ns);
     if (!chosen.ok) return false;
     target = device;
   } else {
@@ -441,7 +444,7 @@ bool Scheduler::Impl::make_gpu_room(const Class& c, std::int32_t lo, std::int32_
       if (!fits) continue;
       for (std::int32_t d = node_first_dev[n]; d < node_first_dev[n + 1]; ++d) {
         if (dev_total[d] < c.gpu_memory || dev_offline[d]) continue;
-        RoomPlan plan = plan_room(d, c.gpu_memory, kNone);
+        RoomPlan plan = plan_room(d, c.gpu_memory, kNone, now - c.waiting.head().submit_ns >= starvation_ns);
         if (!plan.ok || plan.victims.empty()) continue;
         auto cost = std::make_tuple(plan.busy, plan.queued, plan.likely, plan.victims.size(), d);
         if (cost < best) {
