@@ -8,11 +8,8 @@ mounted or running after close()."""
 from __future__ import annotations
 
 import asyncio
-import gzip
-import hashlib
 import io
 import itertools
-import json
 import os
 import shutil
 import socket
@@ -22,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_images import oci_layout
 
 from tangram.runtime.call import Call, Placement
 from tangram.runtime.cpu import CpuManager
@@ -62,22 +60,7 @@ def oci_layout_of(root: Path, path: Path) -> Path:
     with tarfile.open(fileobj=data, mode="w") as tar:
         for entry in sorted(root.iterdir()):
             tar.add(entry, arcname=entry.name)
-    blobs = path / "blobs" / "sha256"
-    blobs.mkdir(parents=True)
-
-    def blob(content: bytes) -> dict[str, Any]:
-        digest = hashlib.sha256(content).hexdigest()
-        (blobs / digest).write_bytes(content)
-        return {"digest": f"sha256:{digest}", "size": len(content)}
-
-    config = blob(json.dumps({"architecture": "amd64", "os": "linux"}).encode())
-    manifest = {"schemaVersion": 2, "config": {**config, "mediaType": "application/vnd.oci.image.config.v1+json"},
-                "layers": [{**blob(gzip.compress(data.getvalue())),
-                            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip"}]}
-    (path / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
-    (path / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [
-        {**blob(json.dumps(manifest).encode()), "mediaType": "application/vnd.oci.image.manifest.v1+json"}]}))
-    return path
+    return oci_layout(path, [data.getvalue()])
 
 
 @pytest.fixture(scope="module")
