@@ -1,6 +1,7 @@
 """An SWE-like task end to end: trajectories edit a real project in its task image and run its tests.
 
     python bench/swe_task.py [--trajectories 8] [--repeat 3] [--image DIR] [--json PATH]
+                             [--containers podman [--container-option OPT ...]]
 
 The task image is a Debian root (debootstrap --variant=minbase with python3, from the
 Debian mirror) holding a real Python project from PyPI with its own test suite: the sdist
@@ -37,6 +38,16 @@ Two ways, both isolated, interleaved in every repetition:
            cores/trajectories, a suite an elastic action from one core (--suite-cpu; a
            test process wants one) up to every core with an Amdahl model of its
            calibrated one-core time.
+
+With --containers ENGINE (podman or docker), the image is also imported into that engine's
+store (once, as localhost/tangram-bench-swe:<version>) and two more ways run, as a user
+with an existing container image store would:
+  engine   a container per trajectory (`ENGINE run -d IMAGE sleep infinity` at its first
+           call, no network) and each call one `ENGINE exec` in it (as docker-py's
+           containers.run and exec_run do), through the same pool of one slot per core
+  tangram-engine  the orchestrator with the CPU manager's containers=ENGINE: the same
+           container per trajectory, one exec per worker, grants in its cgroup
+(--container-option passes options to both ways' `run`, e.g. a runtime.)
 
 Reports per way, medians over repetitions: the step (from the first call to the last
 result), mean, p50 and p99 ACT of the suites and of all calls, and the time of each
@@ -242,19 +253,54 @@ async def with_plain(plans: list[Any], image: str, cores: int, expected: dict[in
     return run
 
 
+async def with_engine(plans: list[Any], name: str, cores: int, expected: dict[int, list[str]], engine: str,
+                      options: list[str]) -> Run:
+    run = Run(os.path.basename(engine))
+    pool = asyncio.Semaphore(cores)
+    containers = [f"swe-task-{os.getpid()}-t{t}" for t in range(len(plans))]
+
+    async def call(t: int, argv: list[str], kind: str, first: bool) -> bytes:
+        async with pool:
+            if first:
+                await sh([engine, "run", "-d", "--name", containers[t], "--network", "none", *options, name,
+                          "sleep", "infinity"])
+            return await sh([engine, "exec", "-w", "/testbed", containers[t], *argv])
+
+    try:
+        await rollout(plans, call, run, expected)
+    finally:
+        await sh([engine, "rm", "-f", "-t", "0", *containers])
+    return run
+
+
+def engine_image(image: str, engine: str) -> str:
+    """The image in the engine's store, imported from the root directory once."""
+    name = f"localhost/tangram-bench-swe:{VERSION}"
+    if subprocess.run([engine, "image", "inspect", name], capture_output=True).returncode != 0:
+        tar = subprocess.Popen(["tar", "-C", image, "-c", "."], stdout=subprocess.PIPE)
+        subprocess.run([engine, "import", "-", name], stdin=tar.stdout, check=True, capture_output=True)
+        tar.wait()
+    return name
+
+
 async def with_tangram(plans: list[Any], image: str, cores: int, expected: dict[int, list[str]],
-                       suite_seconds: float, suite_cpu: float) -> Run:
-    run = Run("tangram")
+                       suite_seconds: float, suite_cpu: float, engine: str | None = None,
+                       options: list[str] | None = None) -> Run:
+    run = Run("tangram" if engine is None else f"tangram-{os.path.basename(engine)}")
     slot = int(cores * 1000 / len(plans)) / 1000
-    config = RuntimeConfig(policy="tangram", managers={"cpu": {"warm_sandboxes": len(plans)}})
+    cpu_options: dict[str, Any] = {"warm_sandboxes": len(plans)}
+    if engine is not None:
+        cpu_options.update(containers=engine, container_options=options or [], warm_sandboxes=0)
+    config = RuntimeConfig(policy="tangram", managers={"cpu": cpu_options})
     async with Orchestrator(config) as orch:
         cpu = orch.managers["cpu"]
-        await orch.run(Call(command="true", trajectory=len(plans), image=image))  # the image's warm pool starts
-        await orch.end_trajectory(len(plans))
-        deadline = time.monotonic() + 120
-        while len(cpu.warm_processes()) < 2 * len(plans) and time.monotonic() < deadline:  # type: ignore[attr-defined]
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.5)  # their imports done
+        if engine is None:
+            await orch.run(Call(command="true", trajectory=len(plans), image=image))  # the image's warm pool starts
+            await orch.end_trajectory(len(plans))
+            deadline = time.monotonic() + 120
+            while len(cpu.warm_processes()) < 2 * len(plans) and time.monotonic() < deadline:  # type: ignore[attr-defined]
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)  # their imports done
 
         async def call(t: int, argv: list[str], kind: str, first: bool) -> bytes:
             if kind == "edit":
@@ -326,13 +372,22 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         expected, suite_seconds = await calibrate(image, work)
         print(f"calibrated: a suite takes {suite_seconds:.2f} s on one process; edits break "
               f"{[len(v) for v in expected.values()]} tests", flush=True)
-        runs: dict[str, list[Run]] = {"plain": [], "tangram": []}
+        engine = args.containers
+        name = engine_image(image, engine) if engine else ""
+        options = args.container_option or []
+        ways = ["plain", "tangram", *((os.path.basename(engine), f"tangram-{os.path.basename(engine)}") if engine else ())]
+        runs: dict[str, list[Run]] = {way: [] for way in ways}
         for rep in range(args.repeat):
             plans = plan(args.trajectories, seed=rep)
-            ways = ("plain", "tangram") if rep % 2 == 0 else ("tangram", "plain")
-            for way in ways:
-                r = (await with_plain(plans, image, cores, expected, work) if way == "plain" else
-                     await with_tangram(plans, image, cores, expected, suite_seconds, args.suite_cpu))
+            for way in (ways if rep % 2 == 0 else ways[::-1]):
+                if way == "plain":
+                    r = await with_plain(plans, image, cores, expected, work)
+                elif way == "tangram":
+                    r = await with_tangram(plans, image, cores, expected, suite_seconds, args.suite_cpu)
+                elif way.startswith("tangram-"):
+                    r = await with_tangram(plans, name, cores, expected, suite_seconds, args.suite_cpu, engine, options)
+                else:
+                    r = await with_engine(plans, name, cores, expected, engine, options)
                 if r.wrong:
                     sys.exit(f"{way}: wrong results: {r.wrong[:3]}")
                 runs[way].append(r)
@@ -347,6 +402,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         summaries = [r.summary() for r in rs]
         out[way] = {k: statistics.median(s[k] for s in summaries) for k in summaries[0]}
     out["tangram_over_plain"] = {k: out["tangram"][k] / out["plain"][k] for k in out["plain"]}
+    if args.containers:
+        e = os.path.basename(args.containers)
+        out["engine"] = e
+        out[f"tangram-{e}_over_{e}"] = {k: out[f"tangram-{e}"][k] / out[e][k] for k in out[e]}
     out["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "kernel": platform.release()}
     return out
 
@@ -354,11 +413,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 def report(r: dict[str, Any]) -> str:
     lines = [f"{r['trajectories']} trajectories on {r['cores']} cores, medians of {r['repeat']} repetitions "
              f"(a suite: {r['suite_one_process_s']:.2f} s on one process)",
-             f"{'':12} {'step':>8} {'mean ACT':>9} {'p99 ACT':>8} {'suite mean':>11} {'suite p99':>10} {'start':>8}"]
-    for way in ("plain", "tangram", "tangram_over_plain"):
+             f"{'':26} {'step':>8} {'mean ACT':>9} {'p99 ACT':>8} {'suite mean':>11} {'suite p99':>10} {'start':>8}"]
+    e = r.get("engine")
+    for way in ("plain", "tangram", "tangram_over_plain", *((e, f"tangram-{e}", f"tangram-{e}_over_{e}") if e else ())):
         s = r[way]
-        unit = "x" if way == "tangram_over_plain" else "s"
-        lines.append(f"{way:12} " + " ".join(f"{s[k]:{w}.2f}{unit}" for k, w in
+        unit = "x" if "_over_" in way else "s"
+        lines.append(f"{way:26} " + " ".join(f"{s[k]:{w}.2f}{unit}" for k, w in
                                               (("step", 7), ("mean_act", 8), ("p99_act", 7), ("mean_suite", 10),
                                                ("p99_suite", 9), ("mean_start", 7))))
     lines.append(f"one more no-op call: plain {r['noop_call_ms']['plain']:.2f} ms (a bwrap), tangram "
@@ -376,6 +436,9 @@ if __name__ == "__main__":
     parser.add_argument("--mirror", default="http://deb.debian.org/debian")
     parser.add_argument("--suite-cpu", type=float, default=1.0,
                         help="a suite's least grant under tangram, in cores (0: cores/trajectories, as an edit's)")
+    parser.add_argument("--containers", default=None, help="also run the container ways with this engine (podman, "
+                        "docker)")
+    parser.add_argument("--container-option", action="append", help="an option for the engine's run (repeatable)")
     parser.add_argument("--json", default=None)
     arguments = parser.parse_args()
     if os.geteuid() != 0:

@@ -1,8 +1,11 @@
 """The sandbox worker: one long-lived process per trajectory, started by the CPU manager.
 
 Run as `python -I tangram/runtime/_sandbox_worker.py FD [START]` (or `python -m
-tangram.runtime._sandbox_worker FD [START]`) with a connected socket on FD; START, a JSON
-object, may hold "user" (a uid to take before anything else: a namespaced sandbox under
+tangram.runtime._sandbox_worker FD [START]`) with a connected socket on FD, or with FD
+"stdio": requests on stdin and replies on stdout (a container's worker, started by the
+engine's `exec -i`, whose stdio the engine relays; its output goes to stderr); START, a JSON
+object, may hold "merge_environ" (the hello's environment is added to the one the worker
+started with, a container's, instead of replacing it), "user" (a uid to take before anything else: a namespaced sandbox under
 root), "nproc" (that uid's RLIMIT_NPROC), "sys_path" (its sys.path, for an interpreter run
 without site: an image sandbox's, tangram.runtime.rootfs) and "path" and "preload": modules to import from that
 path before the first frame (a warm worker imports them before it is taken; one that fails
@@ -62,9 +65,12 @@ _DRAIN_AFTER_EXIT = 0.1  # seconds to keep reading output that background proces
 
 
 class Worker:
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.rfile = sock.makefile("rb", buffering=1 << 16)
+    def __init__(self, rfile, write, merge_environ: bool = False) -> None:
+        """`rfile`: the channel's reading end (a buffered binary file); `write(bytes)`
+        sends all of it."""
+        self.rfile = rfile
+        self.write = write
+        self.merge_environ = merge_environ
         self.output_limit = 1 << 20
         self.home = os.getcwd()
         self.cpus: tuple[int, ...] | None = None
@@ -83,7 +89,7 @@ class Worker:
 
     def send(self, msg: tuple) -> None:
         payload = _encode(msg)
-        self.sock.sendall(_HEADER.pack(len(payload)) + payload)
+        self.write(_HEADER.pack(len(payload)) + payload)
 
     # --------------------------------------------------------------- main loop
     def serve(self) -> None:
@@ -104,7 +110,8 @@ class Worker:
                 _, path, self.output_limit, self.home, affinity, environ = req
                 sys.path[:] = list(path)
                 os.chdir(self.home)
-                os.environ.clear()
+                if not self.merge_environ:
+                    os.environ.clear()
                 os.environ.update(environ)
                 if affinity:
                     _set_subreaper()
@@ -353,11 +360,9 @@ def _set_subreaper() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    fd = int(argv[0])
-    os.set_inheritable(fd, False)  # commands never inherit the channel
-    sock = socket.socket(fileno=fd)
+    rfile, write, fds = _channel(argv[0])
     # a function that forks (multiprocessing) must not keep the channel open in its child
-    os.register_at_fork(after_in_child=lambda: _close_quietly(fd))
+    os.register_at_fork(after_in_child=lambda: [_close_quietly(fd) for fd in fds])
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     faulthandler.enable()  # a fatal signal leaves the Python stack in the worker's log
     try:  # no core files: a crashing action must not fill the sandbox's disk
@@ -374,12 +379,35 @@ def main(argv: list[str] | None = None) -> None:
     import cloudpickle
     if start.get("preload"):
         _preload(start)
-    worker = Worker(sock)
+    worker = Worker(rfile, write, bool(start.get("merge_environ")))
     try:
         worker.serve()
     except (BrokenPipeError, ConnectionResetError):
         pass
     os._exit(0)  # do not wait for threads a function left behind
+
+
+def _channel(name: str):
+    """The channel's reading file, its write function and its descriptors: a socket on fd
+    `name`, or ("stdio") stdin and stdout moved to descriptors of their own, stdin then
+    /dev/null and stdout the log (stderr). Commands never inherit the channel."""
+    if name != "stdio":
+        fd = int(name)
+        os.set_inheritable(fd, False)
+        sock = socket.socket(fileno=fd)
+        return sock.makefile("rb", buffering=1 << 16), sock.sendall, (fd,)
+    read_fd, write_fd = os.dup(0), os.dup(1)  # dup() makes them non-inheritable
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.dup2(2, 1)
+
+    def write(data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(write_fd, view):]
+
+    return os.fdopen(read_fd, "rb", buffering=1 << 16), write, (read_fd, write_fd)
 
 
 def _become(uid: int, nproc: int | None) -> None:

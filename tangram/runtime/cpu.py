@@ -60,10 +60,11 @@ from typing import Any
 import cloudpickle
 
 from .call import Call, CommandResult, Placement, require_fn_or_command
+from .containers import ENGINES, ContainerError, ContainerJail, check_engine, engine_path, image_known, remove_orphans
 from .errors import ActionCrashed, ActionFailed, ManagerError, ResourceLimitExceeded
 from .grant import whole_cores
 from .images import ImageCache, ImageError
-from .isolation import Isolation, ManagerCgroups, SandboxCgroup, cpu_list, descendants, detect
+from .isolation import Isolation, ManagerCgroups, SandboxCgroup, cpu_list, descendants, detect, hierarchy_path
 from .manager import LiveAction, ResourceManager
 from .namespaces import ISOLATIONS, SANDBOX_OWN_PATHS, Boundary, disk_full, python_paths, unmount_orphans, unmount_under
 from .namespaces import detect as detect_boundary
@@ -162,6 +163,12 @@ class CpuManager(ResourceManager):
       image_cache   directory where task images (Call.image) are unpacked, once for all
                     their sandboxes and every manager sharing it (default:
                     $XDG_CACHE_HOME/tangram/images, else ~/.cache/tangram/images)
+      containers    "podman" or "docker" (or a path to either): a trajectory whose calls
+                    name an image runs in a container of that engine, the image a name in
+                    its store (tangram.runtime.containers); default None: tangram's own
+                    image sandboxes, the image unpacked into image_cache
+      container_options  more options for the engine's `run` of each container (a runtime,
+                    --cap-drop, device flags)
       resource_control  "auto" (default: cgroup-v2, else cgroup-v1, else affinity), or one
                     of those to force it; TANGRAM_RESOURCE_CONTROL applies when "auto"
       cpu_limit     "guarantee" (default: the grant is a CPU weight over all the manager's
@@ -190,7 +197,8 @@ class CpuManager(ResourceManager):
                  preload: Sequence[str] = ("tangram.worker",), network: bool = False,
                  visible_paths: Sequence[str] = (), pids_limit: int | None = DEFAULT_PIDS_LIMIT,
                  resource_control: str = "auto", disk_limit: float | None = None,
-                 image_cache: str | None = None) -> None:
+                 image_cache: str | None = None, containers: str | None = None,
+                 container_options: Sequence[str] = ()) -> None:
         f = "managers.cpu."
         if not isinstance(isolation, str) or isolation not in ISOLATIONS:
             raise ManagerError(f + "isolation", f"{isolation!r} is not one of {', '.join(ISOLATIONS)}" + (
@@ -221,6 +229,16 @@ class CpuManager(ResourceManager):
             raise ManagerError(f + "disk_limit", f"{disk_limit!r} is not a number of MiB in [1, 2**30] or None")
         if image_cache is not None and not (isinstance(image_cache, (str, os.PathLike)) and os.path.isabs(image_cache)):
             raise ManagerError(f + "image_cache", f"{image_cache!r} is not an absolute path")
+        if containers is not None and not (isinstance(containers, (str, os.PathLike)) and (
+                os.path.basename(os.fspath(containers)) in ENGINES)):
+            raise ManagerError(f + "containers", f"{containers!r} is not one of {', '.join(ENGINES)} (or a path to one)")
+        if isinstance(container_options, str) or not all(isinstance(o, str) for o in container_options):
+            raise ManagerError(f + "container_options", f"{container_options!r} is not a list of strings")
+        if container_options and containers is None:
+            raise ManagerError(f + "container_options", "given without containers (the engine to run them with)")
+        if containers is not None and disk_limit is not None:
+            raise ManagerError(f + "disk_limit", "not offered for containers (their storage is the engine's): set "
+                               "one of containers and disk_limit")
         if not isinstance(resource_control, str) or resource_control not in ("auto", "cgroup-v2", "cgroup-v1", "affinity"):
             raise ManagerError(f + "resource_control", f"{resource_control!r} is not one of auto, cgroup-v2, cgroup-v1, "
                                "affinity")
@@ -259,6 +277,9 @@ class CpuManager(ResourceManager):
             os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "tangram", "images")
         self._images: ImageCache | None = None
         self._image_roots: dict[str, str] = {}  # reference -> unpacked root, resolved once per manager
+        self.containers = None if containers is None else os.fspath(containers)
+        self.container_options = list(container_options)
+        self._containers: ContainerJail | None = None
         self.cpu_limit = cpu_limit
         self.warm_sandboxes = warm_sandboxes
         self.preload = tuple(preload)
@@ -334,10 +355,12 @@ class CpuManager(ResourceManager):
             self._jail = Jail(self.boundary, self._dir, python_paths(sys.path, self.visible_paths), self.network,
                               self.pids_limit if self._cgroups is None or "pids" not in self._cgroups.dirs else None,
                               None if self.disk_limit is None else int(self.disk_limit * 2**20))
-        base = {"PATH": os.environ.get("PATH", os.defpath), "LANG": os.environ.get("LANG", "C.UTF-8")}
-        base.update({k: os.environ[k] for k in self.inherit_env if k in os.environ})
-        base.update(self.extra_env)
-        self._base_env = base
+        chosen = {k: os.environ[k] for k in self.inherit_env if k in os.environ}
+        chosen.update(self.extra_env)
+        self._base_env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": os.environ.get("LANG", "C.UTF-8"), **chosen}
+        self._container_env = chosen  # a container has its image's PATH and LANG
+        if self.containers is not None:
+            self._containers = self._start_containers()
         self._all_cpus = cpu_list(self.cpus)
         if self.warm_sandboxes:
             place = None
@@ -347,10 +370,26 @@ class CpuManager(ResourceManager):
                 self._warm_cgroup.set_pids(self.pids_limit)
                 place = self._warm_cgroup.add_tree
             self._warm_place = place
-            self._warm = WarmWorkers(self._dir, f"{self.id}/", base, self.warm_sandboxes, place, self._preload,
+            self._warm = WarmWorkers(self._dir, f"{self.id}/", self._base_env, self.warm_sandboxes, place, self._preload,
                                      self._jail)
             self._warm.fill()
         self._state = "running"
+
+    def _start_containers(self) -> ContainerJail:
+        """The container engine, checked, its containers left by killed managers removed."""
+        field = "managers.cpu.containers"
+        engine = engine_path(self.containers, field)  # type: ignore[arg-type]
+        driver = check_engine(engine, field)
+        for gone in remove_orphans(engine):
+            _log.warning("tangram CPU manager: removed the container of a manager that was killed: %s", gone)
+        parent = None
+        if driver == "cgroupfs" and self._cgroups is not None:  # beside the manager's own sandboxes
+            roots = {hierarchy_path(d) for d in dict.fromkeys(self._cgroups.dirs.values())}
+            parent = roots.pop() if len(roots) == 1 else None
+        read_only = python_paths(sys.path, self.visible_paths)
+        assert self._dir is not None
+        return ContainerJail(engine, self._dir, read_only, self.network, self.pids_limit, self.container_options,
+                             parent, self.id)
 
     async def close(self) -> None:
         if self._state == "closed":
@@ -402,9 +441,11 @@ class CpuManager(ResourceManager):
             "pids_limit": self.pids_limit,
             "disk_limit": ("none of its own" if self.disk_limit is None else
                            f"{self.disk_limit:g} MiB (a tmpfs per sandbox, counted in its memory)"),
-            "images": (f"Call.image: unpacked once into {self.image_cache}, each sandbox an overlay of its own"
+            "images": (f"Call.image: a container of {self.containers} per trajectory, the image from its store"
+                       if self.containers is not None else
+                       f"Call.image: unpacked once into {self.image_cache}, each sandbox an overlay of its own"
                        if boundary.namespaces and boundary.own_uids else
-                       "none here (task images need isolation='namespaces' under root)"),
+                       "none here (task images need isolation='namespaces' under root, or containers)"),
             "resource_control": iso.mechanism,
             "resource_control_detail": iso.description,
             "cpus": cpu_list(self.cpus),
@@ -472,17 +513,24 @@ class CpuManager(ResourceManager):
         return os.path.join(self._dir, f"t{trajectory}" if trajectory >= 0 else f"pool{-trajectory}")
 
     # ------------------------------------------------------------------ actions
-    def _sandbox(self, trajectory: int) -> Sandbox:
+    def _sandbox(self, trajectory: int, image: str | None = None) -> Sandbox:
+        """The trajectory's sandbox, made for `image` when it has none yet (a container's,
+        with the option containers: its cgroup is the one its engine makes)."""
         sb = self._sandboxes.get(trajectory)
         if sb is None:
             if self._state != "running":
                 raise ManagerError("managers.cpu", "start() the manager first" if self._state == "new" else "the manager is closed")
             name = f"sb-{trajectory}" if trajectory >= 0 else f"sb-pool{-trajectory}"
-            cg = None if self._cgroups is None else self._cgroups.sandbox(name)
+            container = image is not None and self._containers is not None
+            cg = None if self._cgroups is None or container else self._cgroups.sandbox(name)
             if cg is not None:
                 cg.set_pids(self.pids_limit)
-            sb = Sandbox(trajectory, self._process_dir(trajectory), f"{self.id}/{trajectory}", self._base_env, cg,
-                         self._hello, self._warm, self._preload, jail=self._jail, on_limit=self._limit_from_action)
+            sb = Sandbox(trajectory, self._process_dir(trajectory), f"{self.id}/{trajectory}",
+                         self._container_env if container else self._base_env, cg, self._hello,
+                         None if container else self._warm, self._preload,
+                         jail=self._containers if container else self._jail, on_limit=self._limit_from_action)
+            if container:
+                sb.image = image
             self._sandboxes[trajectory] = sb
         return sb
 
@@ -493,12 +541,12 @@ class CpuManager(ResourceManager):
         image = None if call.image is None else await self._image_root(action.id, call.image)
         while True:
             key = self._take_pooled(image) if call.pooled else call.trajectory
-            sb = self._sandbox(key)
+            sb = self._sandbox(key, image)
             async with sb.lock:  # a trajectory's actions are sequential; never interleave two
                 if sb.closed:  # its trajectory ended while this one waited: a fresh sandbox
                     continue
                 if image is not None and sb.image != image:
-                    if sb.slot is not None or sb.image is not None:
+                    if sb.slot is not None or sb.image is not None or self._containers is not None:
                         raise ActionFailed(action.id, f"call.image: trajectory {call.trajectory}'s sandbox runs "
                                            f"{self._image_name(sb.image)}; a trajectory keeps the image of its first "
                                            "call (end the trajectory to change it)", "ImageError")
@@ -515,7 +563,7 @@ class CpuManager(ResourceManager):
                     if sb.grant is not None:
                         sb.grant.stop()
                     if sb.cgroup is not None:
-                        sb.cgroup.idle(self.ceiling, 1 if sb.jail is None else 3)  # bwrap, its init, the worker
+                        sb.cgroup.idle(self.ceiling, sb.base_processes)
                     self.pool.release(running.charge)
                     if call.pooled:
                         self._give_back_pooled(key, answered, image)
@@ -555,6 +603,8 @@ class CpuManager(ResourceManager):
         root = self._image_roots.get(reference)
         if root is not None:
             return root
+        if self._containers is not None:
+            return await self._container_image(action_id, reference)
         boundary = self.boundary
         if boundary is None or not boundary.namespaces or not boundary.own_uids:
             why = ("sandboxes here are bare processes (isolation='process')" if boundary is None or not boundary.namespaces
@@ -569,10 +619,30 @@ class CpuManager(ResourceManager):
         self._image_roots[reference] = root
         return root
 
+    async def _container_image(self, action_id: int, reference: str) -> str:
+        """A call's image with the option containers: a name in the engine's store (a
+        "podman:" or "docker:" prefix allowed, naming the same engine)."""
+        engine = os.path.basename(self.containers)  # type: ignore[arg-type]
+        scheme, _, rest = reference.partition(":")
+        name = reference
+        if scheme in ENGINES and rest:
+            if scheme != engine:
+                raise ActionFailed(action_id, f"call.image: {reference!r} names {scheme}'s store, and this manager "
+                                   f"runs containers of {engine}", "ImageError")
+            name = rest
+        if os.path.isabs(name) or os.path.exists(name):
+            raise ActionFailed(action_id, f"call.image: {reference!r} is a file or directory; containers run images "
+                               f"of {engine}'s store (`{engine} load` or `{engine} import` it there first)", "ImageError")
+        why = await asyncio.to_thread(image_known, self._containers.engine, name)  # type: ignore[union-attr]
+        if why is not None:
+            raise ActionFailed(action_id, f"call.image: {name!r} is not in {engine}'s image store: {why}", "ImageError")
+        self._image_roots[reference] = name
+        return name
+
     def _warm_for(self, image: str) -> WarmWorkers | None:
         """The warm workers of an image, started at its first call: warm_sandboxes of them
         per image in use (each with its slot and overlay made)."""
-        if not self.warm_sandboxes or self._jail is None:
+        if not self.warm_sandboxes or self._jail is None or self._containers is not None:
             return None
         pool = self._warm_images.get(image)
         if pool is None:
@@ -637,7 +707,19 @@ class CpuManager(ResourceManager):
         env["TANGRAM_CPUS"] = cpus
         env["TANGRAM_ACTION"] = str(action.id)
         memory = int(placement.memory * 2**20) if placement.memory > 0 else 0
-        cg = sb.cgroup
+        oom_before = pids_before = -1
+        gpu = "CUDA_VISIBLE_DEVICES" in placement.env
+        mps = placement.env.get("CUDA_MPS_PIPE_DIRECTORY")
+        needs = Needs(network=self.network if call.network is None else call.network, gpu=gpu,
+                      writable=(mps,) if gpu and mps and os.path.isdir(mps) else ())
+        try:
+            await sb.ready(needs)  # a worker that died since the last action is replaced here
+        except ContainerError as e:
+            raise ActionFailed(action.id, str(e), "ContainerError") from None
+        except asyncio.CancelledError:
+            self._kill(sb)
+            raise
+        cg = sb.cgroup  # (a container's is known once it started)
         if cg is None:
             pin, rlimit = tuple(ids), memory
         else:
@@ -652,13 +734,7 @@ class CpuManager(ResourceManager):
         except Exception as e:
             raise ActionFailed(action.id, f"the call cannot be sent to the sandbox: {type(e).__name__}: {e}",
                                type(e).__name__) from None
-        oom_before = pids_before = -1
-        gpu = "CUDA_VISIBLE_DEVICES" in placement.env
-        mps = placement.env.get("CUDA_MPS_PIPE_DIRECTORY")
-        needs = Needs(network=self.network if call.network is None else call.network, gpu=gpu,
-                      writable=(mps,) if gpu and mps and os.path.isdir(mps) else ())
         try:
-            await sb.ready(needs)  # a worker that died since the last action is replaced here
             sb.grant.start(running.cores)  # type: ignore[union-attr]  # the latest grant: a resize may have come meanwhile
             if cg is not None:
                 if self.ceiling:

@@ -39,11 +39,13 @@ class GrantChannel:
     """The grant file and jobserver FIFO of one sandbox, written by the CPU manager."""
 
     def __init__(self, base: str, on_limit: Callable[[int, float], None] | None = None, *,
-                 owner: int | None = None, inside: str | None = None) -> None:
+                 owner: int | None = None, inside: str | None = None, shared: bool = False) -> None:
         """`on_limit(action, cores)`: called on the event loop for each limit the action
         writes (None: the limit FIFO is still made, and what is written is dropped).
         `owner`: the uid (and gid) of a namespaced sandbox, given the FIFOs; `inside`: the
-        base the sandbox sees them at (default `base`)."""
+        base the sandbox sees them at (default `base`); `shared`: the FIFOs are everyone's
+        (a container's, whose user is the image's: its directory is bound in that
+        container only)."""
         self.grant_path = base + ".grant"
         self.fifo_path = base + ".jobserver"
         self.limit_path = base + ".limit"
@@ -59,6 +61,9 @@ class GrantChannel:
             if owner is not None:
                 os.chown(self.fifo_path, owner, owner)
                 os.chown(self.limit_path, owner, owner)
+            if shared:
+                os.chmod(self.fifo_path, 0o666)
+                os.chmod(self.limit_path, 0o666)
         except BaseException:
             for fd in (self._grant_fd, self._fifo, self._limit_fd):
                 if fd >= 0:

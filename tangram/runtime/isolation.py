@@ -124,12 +124,12 @@ def _unescape(s: str) -> str:
     return s.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
 
 
-def _own_cgroups() -> tuple[str | None, dict[str, str]]:
-    """This process's cgroup path in the v2 hierarchy and per v1 controller."""
+def _own_cgroups(source: str = "/proc/self/cgroup") -> tuple[str | None, dict[str, str]]:
+    """This process's (or `source`'s) cgroup path in the v2 hierarchy and per v1 controller."""
     v2: str | None = None
     v1: dict[str, str] = {}
     try:
-        text = _read("/proc/self/cgroup")
+        text = _read(source)
     except OSError:
         return None, v1
     for line in text.splitlines():
@@ -301,6 +301,16 @@ def detect(force: str | None = None, *, field: str = "resource_control") -> Isol
 
 
 # ---------------------------------------------------------------------------- cgroups
+def hierarchy_path(directory: str) -> str:
+    """A cgroup directory's path in its hierarchy ("/a/b" for <mount point>/a/b), as a
+    container engine's --cgroup-parent names it."""
+    directory = os.path.normpath(directory)
+    points = [m[2] for m in _mounts() if directory == m[2] or directory.startswith(m[2].rstrip("/") + "/")]
+    if not points:
+        raise ValueError(f"{directory} is not in a cgroup hierarchy")
+    return "/" + directory[len(max(points, key=len)):].strip("/")
+
+
 def _mkdir(path: str) -> None:
     try:
         os.mkdir(path)
@@ -506,12 +516,15 @@ def cpu_weight(cores: float, v2: bool) -> int:
 
 class SandboxCgroup:
     """One sandbox's cgroup(s). Writes are cached: a setting equal to the last one written
-    costs nothing (a trajectory's actions with the same grant write nothing at all)."""
+    costs nothing (a trajectory's actions with the same grant write nothing at all).
+    `adopt` wraps a cgroup someone else made (a container engine's) instead."""
 
     def __init__(self, mgr: ManagerCgroups, name: str) -> None:
+        dirs = {c: os.path.join(d, name) for c, d in mgr.dirs.items()}
         self.v2 = mgr.v2
-        self.dirs = {c: os.path.join(d, name) for c, d in mgr.dirs.items()}
-        self.unique = list(dict.fromkeys(self.dirs.values()))
+        self.dirs = dirs
+        self.unique = list(dict.fromkeys(dirs.values()))
+        self._made = True
         try:
             for d in self.unique:
                 _mkdir(d)
@@ -521,17 +534,59 @@ class SandboxCgroup:
         except OSError as e:
             self.remove()
             raise ManagerError("managers.cpu.resource_control", f"cannot create the sandbox cgroup {self.dirs['cpuset']}: {e.strerror}") from None
-        mem = self.dirs["memory"]
-        self._oom_events = _EventCount(os.path.join(mem, "memory.events" if self.v2 else "memory.oom_control"))
-        self._pids_events = _EventCount(os.path.join(self.dirs["pids"], "pids.events")) if "pids" in self.dirs else None
-        self._memsw = None if self.v2 else os.path.join(mem, "memory.memsw.limit_in_bytes")
+        self._attach(dirs, self.v2)
+
+    @classmethod
+    def adopt(cls, pid: int, spare: int | None = None) -> SandboxCgroup:
+        """The cgroup(s) `pid` runs in, made by someone else (a container engine, which
+        also removes them): `remove` kills its processes but leaves the directories, and
+        neither it nor `kill_all` kills `spare` (the container's init). OSError when they
+        are not found or not writable here."""
+        v2_path, v1_paths = _own_cgroups(f"/proc/{pid}/cgroup")
+        mounts = _mounts()
+        dirs: dict[str, str] = {}
+        if v2_path is not None and not v1_paths.keys() & set(_CONTROLLERS):
+            m = next((m for m in mounts if m[0] == "cgroup2"), None)
+            if m is None:
+                raise OSError(errno.ENOENT, f"no cgroup2 hierarchy mounted for process {pid}")
+            d = _join(m[2], m[1], v2_path)
+            dirs = {c: d for c in (*_CONTROLLERS, *_OPTIONAL)
+                    if c in ("cpu", "cpuset", "memory") or os.path.exists(os.path.join(d, f"{c}.max"))}
+            v2 = True
+        else:
+            for c in (*_CONTROLLERS, *_OPTIONAL):
+                m = next((m for m in mounts if m[0] == "cgroup" and c in m[3]), None)
+                if m is not None and c in v1_paths:
+                    dirs[c] = _join(m[2], m[1], v1_paths[c])
+                elif c in _CONTROLLERS:
+                    raise OSError(errno.ENOENT, f"process {pid} has no {c} cgroup here")
+            v2 = False
+        for d in dict.fromkeys(dirs.values()):
+            if not os.access(os.path.join(d, "cgroup.procs"), os.W_OK):
+                raise OSError(errno.EACCES, f"the cgroup {d} of process {pid} is not writable here")
+        cg = cls.__new__(cls)
+        cg.v2 = v2
+        cg.dirs = dirs
+        cg.unique = list(dict.fromkeys(dirs.values()))
+        cg._made = False
+        cg._attach(dirs, v2)
+        cg.spare = spare
+        return cg
+
+    spare: int | None = None  # a process kill_all leaves (an adopted container's init)
+
+    def _attach(self, dirs: Mapping[str, str], v2: bool) -> None:
+        mem = dirs["memory"]
+        self._oom_events = _EventCount(os.path.join(mem, "memory.events" if v2 else "memory.oom_control"))
+        self._pids_events = _EventCount(os.path.join(dirs["pids"], "pids.events")) if "pids" in dirs else None
+        self._memsw = None if v2 else os.path.join(mem, "memory.memsw.limit_in_bytes")
         if self._memsw is not None and not os.path.exists(self._memsw):
             self._memsw = None
-        self._swap_max = os.path.join(mem, "memory.swap.max") if self.v2 else None
+        self._swap_max = os.path.join(mem, "memory.swap.max") if v2 else None
         if self._swap_max is not None and not os.path.exists(self._swap_max):
             self._swap_max = None
         self._cpus: str | None = None
-        self._procs_file = os.path.join(self.dirs["cpu"], "cgroup.procs")
+        self._procs_file = os.path.join(dirs["cpu"], "cgroup.procs")
         self._quota: int | None = -1  # unlimited when created
         self._weight = -1  # unknown: the first set_weight writes
         self._memory: int = 0  # bytes; 0: unlimited
@@ -648,15 +703,16 @@ class SandboxCgroup:
             return 0
 
     def procs(self) -> list[int]:
+        """Its live processes (an adopted container's init not counted)."""
         out: list[int] = []
         for d in self.unique:
-            out.extend(p for p in _procs(d) if p not in out)
+            out.extend(p for p in _procs(d) if p not in out and p != self.spare)
         return out
 
     def kill_all(self, rounds: int = 100) -> bool:
         """SIGKILL every process in the cgroup, including those that left the sandbox's
         session or process group. True when it is empty afterwards."""
-        if self.v2:
+        if self.v2 and self.spare is None:
             try:
                 _write(os.path.join(self.dirs["cpu"], "cgroup.kill"), "1")
             except OSError:
@@ -676,12 +732,13 @@ class SandboxCgroup:
         for events in (getattr(self, "_oom_events", None), getattr(self, "_pids_events", None)):
             if events is not None:  # (None too when __init__ failed before making them)
                 events.close()
-        for d in reversed(self.unique):
-            _rmdir(d)
+        if self._made:
+            for d in reversed(self.unique):
+                _rmdir(d)
 
 
 __all__ = ["ENV_VAR", "MECHANISMS", "Isolation", "ManagerCgroups", "SandboxCgroup", "children_of", "cpu_list", "descendants", "cpu_weight", "detect",
-           "remove_stale"]
+           "hierarchy_path", "remove_stale"]
 
 
 if __name__ == "__main__":  # python -m tangram.runtime.isolation

@@ -57,7 +57,7 @@ CONTROL = "/run/tangram"  # its grant file and FIFOs, inside
 SANDBOX_UID_BASE = 1 << 30
 # Paths a sandbox has of its own: a host path under one of them cannot be shown to it.
 SANDBOX_OWN_PATHS = ("/run", "/dev", "/proc", HOME)
-_SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _CPU_INFO = "/sys/devices/system/cpu"  # os.cpu_count() and nproc read it
 
 
@@ -108,7 +108,7 @@ def _base_flags(own_uids: bool) -> list[str]:
 
 def _system_mounts() -> list[str]:
     args: list[str] = []
-    for d in _SYSTEM_DIRS:
+    for d in SYSTEM_DIRS:
         if os.path.islink(d):
             args += ["--symlink", os.readlink(d), d]
         elif os.path.isdir(d):
@@ -177,11 +177,11 @@ def python_paths(sys_path: Iterable[str], extra: Iterable[str] = ()) -> list[str
 def outermost(paths: Iterable[str]) -> list[str]:
     """`paths` (resolved) to show a sandbox: none inside another, none in or above the
     system directories, /tmp or a place the sandbox has of its own; sorted."""
-    system = tuple(d + "/" for d in _SYSTEM_DIRS)
+    system = tuple(d + "/" for d in SYSTEM_DIRS)
     own = ("/tmp", *SANDBOX_OWN_PATHS)
     out: list[str] = []
     for p in sorted(set(paths), key=len):
-        if p in _SYSTEM_DIRS or (p + "/").startswith(system) or p == "/":
+        if p in SYSTEM_DIRS or (p + "/").startswith(system) or p == "/":
             continue
         if any(o == p or o.startswith(p + "/") for o in own):  # /tmp itself, a parent of it: never shown
             continue
@@ -224,11 +224,11 @@ def bwrap_argv(boundary: Boundary, *, home: str, tmp: str, control: str, read_on
     argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm",
              "--perms", "0755", "--tmpfs", "/run", "--ro-bind", control, CONTROL,
              "--bind", home, HOME, "--bind", tmp, "/tmp"]
-    made: set[str] = {*_SYSTEM_DIRS, "/proc", "/dev", "/run", HOME, "/tmp"}
+    made: set[str] = {*SYSTEM_DIRS, "/proc", "/dev", "/run", HOME, "/tmp"}
     if rootfs is not None:
         argv += ["--perms", "0755", "--dir", HOST]
         made = {"/proc", "/dev", "/run", HOME, "/tmp", HOST}
-        for d in _SYSTEM_DIRS:
+        for d in SYSTEM_DIRS:
             if os.path.islink(d):
                 target = os.readlink(d)  # /lib -> usr/lib: to HOST/usr/lib, not the image's
                 argv += ["--symlink", HOST + target if os.path.isabs(target) else target, HOST + d]
@@ -405,6 +405,6 @@ class UidAllocator:
         return self.base + n % (1 << 16)
 
 
-__all__ = ["CONTROL", "ENV_VAR", "HOME", "ISOLATIONS", "SANDBOX_OWN_PATHS", "SANDBOX_UID_BASE", "Boundary", "UidAllocator",
+__all__ = ["CONTROL", "ENV_VAR", "HOME", "ISOLATIONS", "SANDBOX_OWN_PATHS", "SANDBOX_UID_BASE", "SYSTEM_DIRS", "Boundary", "UidAllocator",
            "bwrap_argv", "detect", "disk_full", "gpu_devices", "mount_tmpfs", "outermost", "python_paths", "unmount",
            "unmount_orphans", "unmount_under"]

@@ -117,7 +117,11 @@ class Needs:
 
 class Jail:
     """How a manager starts namespaced workers (tangram.runtime.namespaces): the boundary,
-    the host paths they see read-only, their slots and uids, the network by default."""
+    the host paths they see read-only, their slots and uids, the network by default.
+    (tangram.runtime.containers.ContainerJail starts them in containers instead: the same
+    methods.)"""
+
+    base_processes = 3  # what runs in a sandbox's cgroup between actions: bwrap, its init, the worker
 
     def __init__(self, boundary: Boundary, directory: str, read_only: list[str], network: bool,
                  pids_limit: int | None = None, disk_limit: int | None = None) -> None:
@@ -138,9 +142,10 @@ class Jail:
     def default(self) -> Needs:
         return Needs(network=self.network)
 
-    def new_slot(self, image: str | None = None) -> Slot:
+    def new_slot(self, image: str | None = None, needs: Needs | None = None) -> Slot:
         """A fresh slot; with `image` (an unpacked root filesystem, root only) its root is
-        that image under an overlay of its own."""
+        that image under an overlay of its own. (`needs` is a container's business: a
+        jail's workers get theirs at each spawn.)"""
         n = next(self._slots)
         slot = Slot(os.path.join(self.directory, f"s{n}"), None if self._uids is None else self._uids.take(n),
                     self.disk_limit is not None, image)
@@ -180,13 +185,19 @@ class Jail:
                 shutil.rmtree(os.path.join(slot.root, d), ignore_errors=True)
             remount_image_root(slot.root, slot.uid)  # type: ignore[arg-type]
 
-    @staticmethod
-    def remove(slot: Slot, where: str | None = None) -> None:
+    @classmethod
+    def remove(cls, slot: Slot, where: str | None = None) -> None:
         """Unmounts the slot's mounts (its tmpfs, its image's), if any, and deletes `where`
         (default: the slot)."""
+        cls.detach(slot)
+        shutil.rmtree(where or slot.root, ignore_errors=True)
+
+    @staticmethod
+    def detach(slot: Slot) -> None:
+        """Before its files go: the slot's mounts (its tmpfs, its image's) unmounted, so
+        that deleting its files never walks into an image."""
         if slot.mounted or slot.image is not None:
             unmount_under(slot.root)
-        shutil.rmtree(where or slot.root, ignore_errors=True)
 
     @functools.cached_property
     def image_read_only(self) -> list[str]:
@@ -422,6 +433,11 @@ class Sandbox:
         return self.proc is not None
 
     @property
+    def base_processes(self) -> int:
+        """Processes of its cgroup that are not the action's: the worker and what runs it."""
+        return 1 if self.jail is None else self.jail.base_processes
+
+    @property
     def pid(self) -> int | None:
         return None if self.proc is None else self.proc.pid
 
@@ -437,6 +453,10 @@ class Sandbox:
             # Killed, but not reapable yet (its exit is still being torn down, e.g. its
             # memory uncharged from a cgroup): handing it the action would crash it.
             await _wait(proc, timeout=None)
+        if proc is not None and proc.poll() is None and self.cgroup_is_engines and not self.cgroup.procs():  # type: ignore[union-attr]
+            # A container's worker is not our child: the engine's exec, which is, ends a moment
+            # after it. Its cgroup, empty but for the container's init, says it is gone.
+            await _wait(proc, timeout=5.0)
         if proc is not None and proc.poll() is not None:
             self._died(proc)
         if self.proc is not None and self.jail is not None and not self.needs.covers(needs):
@@ -464,22 +484,27 @@ class Sandbox:
                 self._markers.append(warm.marker)
         elif jail is not None:
             if self.slot is None:
-                # an image's mounts take milliseconds: off the loop
-                self.slot = jail.new_slot() if self.image is None else await asyncio.to_thread(jail.new_slot, self.image)
-            self.needs = Needs(needs.network or jail.network, needs.gpu, needs.writable)
-            proc, parent = jail.spawn(self.slot, self.needs, self.env, self.preload)
+                # an image's mounts take milliseconds, a container's start a tenth of a second: off the loop
+                self.slot = (jail.new_slot() if self.image is None else
+                             await asyncio.to_thread(jail.new_slot, self.image, needs))
+                engine_cgroup = getattr(self.slot, "cgroup", None)  # a container's, made by its engine
+                if engine_cgroup is not None:
+                    self.cgroup = engine_cgroup
+            network = getattr(self.slot, "network", needs.network or jail.network)  # a container's is fixed
+            self.needs = Needs(network, needs.gpu, needs.writable)
+            proc, parent = jail.spawn(self.slot, needs, self.env, self.preload)
         else:
             proc, parent = spawn_worker(self._directory, self.env, self.log_path, self.preload)
         if self.grant is None and self.slot is not None:
             self.grant = GrantChannel(os.path.join(self.slot.control, "sandbox"), self._on_limit, owner=self.slot.uid,
-                                      inside=CONTROL + "/sandbox")
+                                      inside=CONTROL + "/sandbox", shared=self.cgroup_is_engines)
         self.proc = proc
         self._channel = parent
         self.starts += 1
         self._talking = True
         try:
             self._watch(proc)
-            if self.cgroup is not None:
+            if self.cgroup is not None and not self.cgroup_is_engines:
                 try:
                     self.cgroup.add_tree(proc.pid)  # before it runs anything of the caller's
                 except OSError as e:
@@ -488,7 +513,7 @@ class Sandbox:
                                        "avoids cgroups") from None
             self.reader, self.writer = await asyncio.open_connection(sock=parent, limit=1 << 20)
             hello = self.hello
-            if self.slot is not None and self.slot.rootfs is not None:  # the host's paths, as an image sandbox sees them
+            if self.slot is not None and self.slot.image is not None:  # the host's paths, as an image sandbox sees them
                 hello = (hello[0], [inside(p) for p in hello[1]], *hello[2:])
             self._send(hello)
         except BaseException:
@@ -499,6 +524,11 @@ class Sandbox:
             raise
         finally:
             self._talking = False
+
+    @property
+    def cgroup_is_engines(self) -> bool:
+        """Its cgroup is its container's (made, filled and removed by the engine)."""
+        return self.cgroup is not None and self.cgroup is getattr(self.slot, "cgroup", None)
 
     def _watch(self, proc: subprocess.Popen[bytes]) -> None:
         try:
@@ -660,8 +690,8 @@ class Sandbox:
         if remove_files:
             if self.jail is not None:
                 where = None if self.slot is None else self.slot.root
-                if self.slot is not None and self.slot.mounted:
-                    unmount(self.slot.root)  # a mount point cannot be renamed; its files go with it
+                if self.slot is not None:  # its mounts (a mount point cannot be renamed), its container
+                    await asyncio.to_thread(self.jail.detach, self.slot)
             else:
                 where = self._directory
                 try:
