@@ -1495,6 +1495,21 @@ class ReferenceScheduler:
             if self.services[s].device < 0:
                 self._restore(a, out)
 
+    def _promised_on(self, d: int, keep: int) -> int:
+        """GPU memory on device d promised to the heads of services restored there and not
+        used yet (restoring, or ready only since the last pass, nothing running): the
+        gpu_memory of each one's first waiting action in policy order (but `keep`'s). Plans
+        leave it free (see the core's promised_on)."""
+        promised = 0
+        for o, svc in enumerate(self.services):
+            if o == keep or svc.device != d or svc.ready_ns <= self.prev_pass_ns or self._running(service=o):
+                continue
+            first = min((a for a in self.actions.values() if not a.running and a.service == o),
+                        key=lambda a: a.order, default=None)
+            if first is not None:
+                promised += first.gpu_memory
+        return promised
+
     def _plan_room(self, d: int, need: int, keep: int, starving: bool = False) -> tuple[bool, int, int, float, list[int]]:
         """Greedy victims on device d for `need`: (enough, busy victims, their queued ns, the
         restores the idle victims will likely need, victims). The last is the sum, in victim
@@ -1529,7 +1544,7 @@ class ReferenceScheduler:
                 return -1 if lhs < rhs else 1
             return -1 if x < y else (1 if x > y else 0)
 
-        room, victims = self.dev_free[d], []
+        room, victims = self.dev_free[d] - self._promised_on(d, keep), []
         idle = sorted((o for o, svc in enumerate(self.services) if o != keep and svc.device == d
                        and self._running(service=o) == 0 and svc.ready_ns <= self.prev_pass_ns),
                       key=functools.cmp_to_key(rank))
@@ -1643,7 +1658,7 @@ class ReferenceScheduler:
             return sum(1 for b in self.actions.values() if b.service in here)
 
         room_now = [(busy_node(d), actions_on(d), begins(d), self.dev_free[d] - room_on(d), d) for d in devices
-                    if self.dev_free[d] >= room_on(d)]
+                    if self.dev_free[d] - self._promised_on(d, s) >= room_on(d)]
         if room_now:
             target = min(room_now)[-1]
         else:

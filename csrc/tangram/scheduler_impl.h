@@ -574,6 +574,7 @@ struct Scheduler::Impl {
   // last pass: the next pass may evict it, so one is due even if no event comes (pass()).
   mutable bool spared_fresh = false;
   RoomPlan plan_room(std::int32_t device, Quantity need, std::int32_t keep, bool starving = false) const;
+  Quantity promised_on(std::int32_t device, std::int32_t keep) const;
   bool make_gpu_room(const Class& c, std::int32_t lo, std::int32_t hi, std::int32_t fixed_leaf,
                      std::int32_t device, std::vector<Decision>& out);
   void evict(std::int32_t svc_id, std::vector<Decision>& out, bool discard = false);

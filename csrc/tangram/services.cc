@@ -5,7 +5,8 @@
 // Changes: which device each service is resident on, device free memory; emits kRestore
 // and kEvict decisions.
 // Guarantees: a service with running actions, still restoring, or ready only since the
-// last pass is never evicted; device memory is never over-committed; under
+// last pass is never evicted, and no plan takes the GPU memory its restore was made for
+// beside it (promised_on); device memory is never over-committed; under
 // ServiceDevices::kHome a service lives only on its home device; a service that has waited
 // starvation_seconds for a device drains one (drain()), so no stream of requests to the
 // services in its way keeps it offloaded for good.
@@ -51,7 +52,7 @@ Quantity Scheduler::Impl::evict_frees(std::int32_t s) const {
 Scheduler::Impl::RoomPlan Scheduler::Impl::plan_room(std::int32_t d, Quantity need, std::int32_t keep,
                                                      bool starving) const {
   RoomPlan plan;
-  Quantity room = dev_free[d];
+  Quantity room = dev_free[d] - promised_on(d, keep);
   if (room >= need) {
     plan.ok = true;
     return plan;
@@ -132,6 +133,27 @@ Scheduler::Impl::RoomPlan Scheduler::Impl::plan_room(std::int32_t d, Quantity ne
   plan.ok = room >= need;
   if (!plan.ok && spared) spared_fresh = true;
   return plan;
+}
+
+// GPU memory on device d promised to the heads of services restored there and not used yet
+// (restoring, or ready only since the last pass, with nothing running): the GPU memory of
+// each one's first waiting action in policy order (but `keep`'s). Plans (restores and the
+// evictions made for GPU actions) leave it free: else a second restore, or another action's
+// plan, takes the room a restore was made for, its head finds no room beside its service,
+// and the service, evicted unused once it may be, is restored again, pass after pass. Starts
+// may use it: what they take comes back when they end.
+Quantity Scheduler::Impl::promised_on(std::int32_t d, std::int32_t keep) const {
+  Quantity promised = 0;
+  for (std::int32_t s = 0; s < static_cast<std::int32_t>(services.size()); ++s) {
+    const ServiceRec& o = services[s];
+    if (s == keep || o.device != d || o.ready_ns <= prev_pass_now || o.running > 0 || o.waiting == 0) continue;
+    const Class* first = nullptr;
+    for (const Class& cl : classes)
+      if (cl.service == s && !cl.waiting.empty() && (first == nullptr || cl.waiting.head() < first->waiting.head()))
+        first = &cl;
+    if (first != nullptr) promised += first->gpu_memory;
+  }
+  return promised;
 }
 
 void Scheduler::Impl::evict_plan(const RoomPlan& plan, std::vector<Decision>& out) {
@@ -267,7 +289,7 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
   std::int32_t target = kNone;
   std::tuple<std::int64_t, std::int64_t, TimeNs, Quantity> best_fit{2, 0, 0, 0};
   for (std::int32_t d = dlo; d < dhi; ++d)
-    if (dev_free[d] >= room_on(d) && usable(d)) {
+    if (dev_free[d] - promised_on(d, svc_id) >= room_on(d) && usable(d)) {
       std::tuple<std::int64_t, std::int64_t, TimeNs, Quantity> fit{busy_node(d), actions_on(d), begins(d),
                                                                     dev_free[d] - room_on(d)};
       if (fit < best_fit) {

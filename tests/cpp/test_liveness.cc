@@ -208,5 +208,24 @@ TEST(Liveness, ARestoreMakesRoomForItsHeadBesideTheService) {
   EXPECT_EQ(h.tick(3), (Decisions{start(2).on(0, 0).service(1).at(3)}));
 }
 
+// b and its action fit beside a, but not beside a and a's action: b's restore waits until
+// a's action has started (before, b was restored at once into the room a was restored
+// for, a's action found none, and with more services a's restore was undone unused).
+TEST(Liveness, ARestoreLeavesTheRoomAnEarlierRestoreWasMadeFor) {
+  Inventory inv = cpu_inventory(1, 2);
+  inv.nodes[0].gpus = {{U(4000)}};
+  inv.services = {{"a", U(1000), 1, 1}, {"b", U(2000), 1, 1}};
+  Harness h(inv, policy_of(PolicyKind::kFifo));
+  ActionSpec for_a = action(1, {0}, 1), for_b = action(2, {0}, 1);
+  for_a.service = 0;
+  for_a.gpu_memory = U(1500);
+  for_b.service = 1;
+  for_b.gpu_memory = U(200);
+  EXPECT_EQ(h.submit({for_a, for_b}, 0), (Decisions{restore(0).on(0, 0).at(1)}));  // before: b's at 2 too
+  EXPECT_EQ(h.tick(1), (Decisions{start(1).on(0, 0).service(0).at(1)}));
+  EXPECT_EQ(h.complete({1}, 2), (Decisions{restore(1).on(0, 0).at(3)}));  // beside a, a's action done
+  EXPECT_EQ(h.tick(3), (Decisions{start(2).on(0, 0).service(1).at(3)}));
+}
+
 }  // namespace
 }  // namespace tangram_test
