@@ -176,7 +176,8 @@ class CpuManager(ResourceManager):
                     CFS quota for fractions: never more than the grant, even when idle)
       warm_sandboxes  workers kept started ahead of new trajectories (default 4; 0: start
                     each sandbox's worker at its first action). They start at the lowest
-                    CPU weight, and taken ones are replaced once no action runs here.
+                    CPU weight, and taken ones are replaced once no action has run here
+                    for half a second (sandbox.REFILL_AFTER_IDLE).
       preload       modules every sandbox worker imports as it starts, from the
                     orchestrator's sys.path (default: tangram.worker); a warm worker imports
                     them before it is taken, so a trajectory's first action does not
@@ -539,6 +540,8 @@ class CpuManager(ResourceManager):
         if (call.fn is None) == (call.command is None):
             raise ActionFailed(action.id, "a CPU call needs exactly one of fn and command", "ValueError")
         image = None if call.image is None else await self._image_root(action.id, call.image)
+        for pool in self._warm_pools():
+            pool.hold_refill()  # busy again: no interpreter starts beside this action
         while True:
             key = self._take_pooled(image) if call.pooled else call.trajectory
             sb = self._sandbox(key, image)

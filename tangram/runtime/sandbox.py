@@ -55,6 +55,9 @@ _HEADER = struct.Struct(">Q")
 WORKER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_worker.py")
 MARKER = "TANGRAM_SANDBOX"
 _DRAIN_ABOVE = 1 << 16  # await drain() only when this much is still unsent
+# Seconds without an action before taken warm workers are replaced (WarmWorkers): longer
+# than a rollout's pauses between calls, far shorter than the trainer's part of a step.
+REFILL_AFTER_IDLE = 0.5
 
 
 class WorkerDied(Exception):
@@ -250,9 +253,11 @@ class WarmWorker:
 class WarmWorkers:
     """Up to `size` idle workers, so that a new trajectory's first action does not wait for
     an interpreter to start (nor start it under its own small grant). Taken workers are
-    replaced when the owner calls `refill_soon` (the CPU manager: when no action runs, so
-    that starting interpreters never competes with a busy step; between steps the pool is
-    full again). `place(pid)`, when given, is called with each new worker: the CPU manager
+    replaced once the owner has called `refill_soon` (the CPU manager: when no action
+    runs) and not `hold_refill` for REFILL_AFTER_IDLE seconds, one per turn of the event
+    loop: a rollout step's short pauses between calls (the policy generating) start no
+    interpreters to compete with its programs, nor hold the loop for all of them at once;
+    between steps the pool is full again. `place(pid)`, when given, is called with each new worker: the CPU manager
     puts it in a cgroup of the lowest CPU weight (a worker taken before it is ready
     finishes starting under its sandbox's grant)."""
 
@@ -275,9 +280,17 @@ class WarmWorkers:
         self._refill: asyncio.Handle | None = None
 
     def fill(self) -> None:
-        self._refill = None
+        """All the missing workers, now (at the manager's start)."""
         while not self._closed and len(self.idle) < self.size:
             self.idle.append(self._spawn())
+
+    def _fill_one(self) -> None:
+        self._refill = None
+        if self._closed or len(self.idle) >= self.size:
+            return
+        self.idle.append(self._spawn())
+        if len(self.idle) < self.size:
+            self._refill = asyncio.get_running_loop().call_soon(self._fill_one)
 
     def _spawn(self) -> WarmWorker:
         self._count += 1
@@ -298,9 +311,16 @@ class WarmWorkers:
         return WarmWorker(proc, channel, marker, log_path, slot)
 
     def refill_soon(self) -> None:
-        """Start the missing workers on the next turn of the event loop."""
+        """Start the missing workers once REFILL_AFTER_IDLE seconds pass without
+        `hold_refill`."""
         if self._refill is None and not self._closed and len(self.idle) < self.size:
-            self._refill = asyncio.get_running_loop().call_soon(self.fill)
+            self._refill = asyncio.get_running_loop().call_later(REFILL_AFTER_IDLE, self._fill_one)
+
+    def hold_refill(self) -> None:
+        """Work started: no worker is started until `refill_soon` again."""
+        if self._refill is not None:
+            self._refill.cancel()
+            self._refill = None
 
     def take(self) -> WarmWorker | None:
         """An idle live worker (None when none is left)."""
