@@ -361,7 +361,15 @@ class CpuManager(ResourceManager):
         self._base_env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": os.environ.get("LANG", "C.UTF-8"), **chosen}
         self._container_env = chosen  # a container has its image's PATH and LANG
         if self.containers is not None:
-            self._containers = self._start_containers()
+            try:  # the engine's `info`, `ps` and `rm` take a tenth of a second or more: off the loop
+                self._containers = await asyncio.to_thread(self._start_containers)
+            except BaseException:
+                if self._cgroups is not None:
+                    self._cgroups.remove()
+                    self._cgroups = None
+                shutil.rmtree(self._dir, ignore_errors=True)
+                self._dir = None
+                raise
         self._all_cpus = cpu_list(self.cpus)
         if self.warm_sandboxes:
             place = None
