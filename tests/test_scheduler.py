@@ -260,6 +260,19 @@ def test_explain_held_back_by_a_starving_action():
     assert [x.action for x in s.complete([2, 3], 13)] == [10]
 
 
+def test_explain_held_back_on_the_only_node_with_room():
+    """An action that may use any node, whose demand fits only a node a starving action
+    holds back, is said to be held back, not short of resources."""
+    s = Scheduler(Inventory.uniform(2, {"cpu": 4}), "fifo", starvation_seconds=10)
+    s.submit([Action(i, {"cpu": 1}, 100.0, affinity=1) for i in (1, 2, 3, 4)], 0)
+    s.submit([Action(i, {"cpu": 1}, 100.0, affinity=0) for i in (5, 6, 7)], 0)
+    s.submit(Action(10, {"cpu": 4}, 1.0, affinity=0), 1)
+    s.complete(5, 12)  # the big one has waited 11 s: it claims node 0, where 2 cores are free
+    assert len(s.submit(Action(20, {"cpu": 1}, 1.0), 12)) == 0
+    assert s.explain(20) == ("waiting held back: an action that has waited over 10 s has first claim "
+                             "on the resources it needs")
+
+
 def test_explain_behind_a_starving_action_that_stops_the_pass():
     s = Scheduler(Inventory.uniform(1, {"cpu": 4}), "fifo", starvation_seconds=10)
     s.submit([Action(i, {"cpu": 1}, 100.0) for i in (1, 2, 3)], 0)

@@ -332,7 +332,8 @@ void Scheduler::Impl::holder_live(TrajectoryId trajectory, std::int32_t delta) {
 // cached service turns idle; so is a class a shrink could make room for, since whether a
 // shrink pays changes with time).
 Scheduler::Impl::Try Scheduler::Impl::no_room(Class& cl, const Room& room, std::int32_t device) {
-  const bool held = room.masked || (!room.own_slot && room.scope != kNone && node_masked[room.scope] == pass_epoch);
+  const bool held = room.masked || (!room.own_slot && room.scope != kNone && node_masked[room.scope] == pass_epoch) ||
+                    fits_a_held_back_node(cl, room);
   cl.block = held ? Block::kHeldBack : Block::kResources;
   // While a node is offline, an action that fits no online node's capacity holds nothing
   // back (it waits for the node, or for a new one, parked like any other).
@@ -358,6 +359,19 @@ Scheduler::Impl::Try Scheduler::Impl::no_room(Class& cl, const Room& room, std::
   if (!any_mask && cl.service == kNone && cl.gpu_memory == 0 && !could_shrink_into(cl))
     return Try::kParked;
   return Try::kBlocked;
+}
+
+// For explain(): whether a class that may use any node found no room only because the nodes
+// where its demand fits are held back by a starving action (node masks: the search skipped
+// them). A search of its range without the masks, on this failure path only.
+bool Scheduler::Impl::fits_a_held_back_node(const Class& cl, const Room& room) {
+  if (!any_mask || room.own_slot || room.scope != kNone || !room.has_range || room.masked) return false;
+  std::copy(cl.demand, cl.demand + K, scratch.begin());
+  if (has_gpus) scratch[K] = 0;
+  std::vector<std::int32_t> found;
+  const Partition& part = partitions[cl.partition];
+  part.free_tree.find(room.lo, room.hi, scratch.data(), 1, [](std::int32_t) { return false; }, found);
+  return !found.empty() && node_masked[bin_node[part.bins[found[0]]]] == pass_epoch;
 }
 
 void Scheduler::Impl::note_quota_block(Class& cl, const QuotaState& q) {

@@ -512,6 +512,7 @@ struct Scheduler::Impl {
     bool borrowed = false;              // `cand` are held slots lent to it (lend_slot_room)
   };
   Room find_room(Class& cl, std::int32_t device);
+  bool fits_a_held_back_node(const Class& cl, const Room& room);
   bool held_slot_room(const Class& cl, const Room& room, bool own);
   bool lend_slot_room(const Class& cl, const Room& room);
   // A held slot `bin` is lent to the class: it is one of a trajectory holding no slot, on a
