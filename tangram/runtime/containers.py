@@ -142,9 +142,11 @@ class ContainerJail:
     def mounts(self) -> list[str]:
         """The `-v` options of what the worker needs from the host, read-only under HOST."""
         out: list[str] = []
-        # the system directories as bwrap shows them to an image sandbox (tangram.runtime.namespaces);
-        # a symlinked one (/lib -> usr/lib) is reached through its target
-        system = [d for d in SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d)]
+        # the system directories the host's Python and its loader need, as bwrap shows them to
+        # an image sandbox (tangram.runtime.namespaces), but /etc: not the host's accounts and
+        # configuration (with docker the container's root is the host's root); a symlinked
+        # one (/lib -> usr/lib) is reached through its target
+        system = [d for d in SYSTEM_DIRS if d != "/etc" and os.path.isdir(d) and not os.path.islink(d)]
         for path in [*system, *outermost([*self.read_only, *host_python_paths()])]:
             out += ["-v", f"{path}:{HOST}{path}:ro"]
         return out

@@ -243,6 +243,7 @@ def test_escape_attempts_from_a_container_fail(engine: Any, monkeypatch: pytest.
         out = {}
         for name, f in {"secret": lambda: open(secret).read(),
                         "host_root": lambda: open("/run/host" + root_secret).read(),
+                        "host_etc": lambda: open("/run/host/etc/hostname").read(),
                         "root": lambda: open(root_secret).read(),
                         "port": lambda: socket.create_connection(("127.0.0.1", port), timeout=2),
                         "outside": lambda: socket.create_connection(("10.0.0.1", 80), timeout=2),
