@@ -133,7 +133,8 @@ class ContainerJail:
         self.run_options = list(run_options)
         self.cgroup_parent = cgroup_parent
         self.owner = owner
-        self.own_uids = os.geteuid() == 0 and os.path.basename(engine) == "podman"
+        self.podman = os.path.basename(engine) == "podman"
+        self.own_uids = os.geteuid() == 0 and self.podman
         self._uid_base = CONTAINER_UID_BASE + (os.getpid() % 31) * (1 << 10) * _ID_RANGE
         self._slots = itertools.count(1)
         self.default = Needs(network=network)
@@ -182,6 +183,9 @@ class ContainerJail:
             argv += ["--cgroup-parent", self.cgroup_parent]
         if uid is not None:
             argv += ["--uidmap", f"0:{uid}:{_ID_RANGE}", "--gidmap", f"0:{uid}:{_ID_RANGE}"]
+        pidfile = os.path.join(root, "init.pid") if self.podman else None
+        if pidfile is not None:  # the init's pid without an `inspect` (docker has no such option)
+            argv += ["--pidfile", pidfile]
         python = host_python_argv()
         argv += [*self.run_options, "--entrypoint", python[0], image, *python[1:], "-c", _INIT]
         started = self._run(*argv)
@@ -191,8 +195,10 @@ class ContainerJail:
             raise ContainerError("call.image", f"{self.engine} could not start a container of {image!r}: "
                                  f"{_engine_says(started)}")
         try:
-            state = self._run("inspect", "--format", "{{.State.Pid}}", name)
-            init = int(state.stdout.strip() or 0) if state.returncode == 0 else 0
+            init = _read_pid(pidfile) if pidfile is not None else 0
+            if init <= 0:
+                state = self._run("inspect", "--format", "{{.State.Pid}}", name)
+                init = int(state.stdout.strip() or 0) if state.returncode == 0 else 0
             if init <= 0:
                 raise ContainerError("call.image", f"the container {name} of {image!r} stopped as it started: "
                                      f"{_engine_says(self._run('logs', name))}")
@@ -234,6 +240,14 @@ class ContainerJail:
     def detach(self, slot: ContainerSlot) -> None:
         """Before its files go: the container removed (its processes killed)."""
         self._run("rm", "-f", "-t", "0", slot.name)
+
+
+def _read_pid(path: str) -> int:
+    try:
+        with open(path) as f:
+            return int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return 0
 
 
 def engine_path(engine: str, field: str) -> str:
