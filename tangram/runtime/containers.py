@@ -153,9 +153,9 @@ class ContainerJail:
         return out
 
     def _run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        try:
+        try:  # in the manager's directory: the engine's monitor (conmon) writes files where it starts
             return subprocess.run([self.engine, *args], capture_output=True, text=True, timeout=timeout,
-                                  stdin=subprocess.DEVNULL)
+                                  stdin=subprocess.DEVNULL, cwd=self.directory)
         except (OSError, subprocess.TimeoutExpired) as e:
             return subprocess.CompletedProcess([self.engine, *args], 125, "", f"{self.engine} {args[0]}: {e}")
 

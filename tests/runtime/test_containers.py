@@ -204,6 +204,7 @@ def test_grants_go_to_the_containers_cgroup_and_kills_keep_the_container(engine:
         with pytest.raises(ResourceLimitExceeded) as e:
             await run(mgr, fn=bytearray, args=(256 << 20,), trajectory=1, memory=64)
         assert e.value.limit == "memory"
+        assert not os.path.exists("oom")  # the engine's monitor notes an OOM kill where it runs: not here
         # a timeout kills what the action runs, not the container
         init = _container(mgr, 1).init
         slow = LiveAction(next(_ids), Call(command="sleep 60", trajectory=1, image=IMAGE))
