@@ -34,25 +34,13 @@ import tempfile
 import time
 from typing import Any
 
-from tangram.runtime.call import Call, Placement
+from tangram.runtime.call import Call
 from tangram.runtime.cpu import CpuManager
 from tangram.runtime.manager import LiveAction
 
-BUSYBOX = shutil.which("busybox") or "/bin/busybox"
+from sandbox_isolation import busybox_root, placement  # bench/ is on sys.path
+
 _ids = itertools.count(1)
-
-
-def busybox_root(path: str) -> str:
-    os.makedirs(os.path.join(path, "bin"))
-    shutil.copy2(BUSYBOX, os.path.join(path, "bin", "busybox"))
-    for applet in ("sh", "true", "sleep", "cat"):
-        os.symlink("busybox", os.path.join(path, "bin", applet))
-    return path
-
-
-def placement() -> Placement:
-    return Placement(action_id=0, node=0, node_name="local", device=None, grant=1.0, cores=1.0, memory=0.0,
-                     gpu_memory=0.0, env={})
 
 
 async def timed_call(mgr: CpuManager, call: Call) -> float:

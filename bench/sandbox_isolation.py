@@ -45,11 +45,11 @@ BUSYBOX = shutil.which("busybox") or "/bin/busybox"
 
 
 def busybox_root(path: str) -> str:
-    """A task image's root: a static busybox, its shell and `true`."""
+    """A task image's root: a static busybox, its shell, `true`, `sleep` and `cat`."""
     os.makedirs(os.path.join(path, "bin"))
     os.makedirs(os.path.join(path, "tmp"), mode=0o1777)
     shutil.copy2(BUSYBOX, os.path.join(path, "bin", "busybox"))
-    for applet in ("sh", "true"):
+    for applet in ("sh", "true", "sleep", "cat"):
         os.symlink("busybox", os.path.join(path, "bin", applet))
     return path
 _ids = itertools.count(1)

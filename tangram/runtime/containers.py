@@ -55,7 +55,7 @@ from .errors import ManagerError
 from .isolation import SandboxCgroup
 from .namespaces import CONTROL, HOME, SYSTEM_DIRS, outermost
 from .rootfs import HOST, host_python_argv, host_python_paths, inside
-from .sandbox import MARKER, WORKER_FILE, Needs, Preload
+from .sandbox import MARKER, WORKER_FILE, Needs, Preload, SlotDirs
 
 ENGINES = ("podman", "docker")
 # Host uids of the containers' user namespaces (podman under root): a range of 2**16 per
@@ -86,12 +86,11 @@ def _engine_says(result: subprocess.CompletedProcess[str]) -> str:
 
 
 @dataclass(frozen=True)
-class ContainerSlot:
+class ContainerSlot(SlotDirs):
     """Where a container sandbox lives: its host directory `root` (home, control, log, as a
     tangram slot's), its container, the container's init and adopted cgroup, and what
     the container was made with (its network is fixed from then on)."""
 
-    root: str
     image: str
     name: str
     init: int
@@ -100,18 +99,6 @@ class ContainerSlot:
     uid: int | None = None  # the container root's host uid (its user namespace), if any
     mounted: bool = False  # (never a tmpfs: disk limits are not offered for containers)
     rootfs: None = None  # the engine's, not tangram's
-
-    @property
-    def home(self) -> str:
-        return os.path.join(self.root, "home")
-
-    @property
-    def control(self) -> str:
-        return os.path.join(self.root, "control")
-
-    @property
-    def log(self) -> str:
-        return os.path.join(self.root, "worker.log")
 
 
 class ContainerJail:
@@ -168,7 +155,7 @@ class ContainerJail:
         network = self.network or (needs is not None and needs.network)
         uid = self._uid_base + (n % (1 << 10)) * _ID_RANGE if self.own_uids else None
         os.mkdir(root, 0o755)
-        home, control = os.path.join(root, "home"), os.path.join(root, "control")
+        home, control = SlotDirs(root).home, SlotDirs(root).control
         os.mkdir(home, 0o777)
         os.chmod(home, 0o777)  # whatever user the image runs as (a host directory only the manager's can reach)
         os.mkdir(control, 0o755)

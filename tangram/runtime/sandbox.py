@@ -70,14 +70,34 @@ class WorkerDied(Exception):
 
 
 @dataclass(frozen=True)
-class Slot:
+class SlotDirs:
+    """The places of a slot under its `root` on the host: the sandbox's directory `home`
+    (HOME inside), `control` (CONTROL inside, read-only: its grant channel) and its
+    worker's log. Shared by tangram's slots and containers' (tangram.runtime.containers)."""
+
+    root: str
+
+    @property
+    def home(self) -> str:
+        return os.path.join(self.root, "home")
+
+    @property
+    def control(self) -> str:
+        return os.path.join(self.root, "control")
+
+    @property
+    def log(self) -> str:
+        return os.path.join(self.root, "worker.log")
+
+
+@dataclass(frozen=True)
+class Slot(SlotDirs):
     """Where a namespaced sandbox lives on the host, `<manager dir>/s<n>`: its directory
     `home` (HOME inside), `tmp` (/tmp inside), `control` (CONTROL inside, read-only: its
     grant channel) and its worker's log. `uid`: the sandbox's own user (None: the
     orchestrator's, in a user namespace). A warm worker is started in a fresh slot, which
     its sandbox then keeps for all its workers."""
 
-    root: str
     uid: int | None
     mounted: bool = False  # a tmpfs of the disk limit at `root`
     image: str | None = None  # the task image's unpacked root: its sandboxes' / (tangram.runtime.rootfs)
@@ -88,20 +108,8 @@ class Slot:
         return None if self.image is None else os.path.join(self.root, "rootfs")
 
     @property
-    def home(self) -> str:
-        return os.path.join(self.root, "home")
-
-    @property
     def tmp(self) -> str:
         return os.path.join(self.root, "tmp")
-
-    @property
-    def control(self) -> str:
-        return os.path.join(self.root, "control")
-
-    @property
-    def log(self) -> str:
-        return os.path.join(self.root, "worker.log")
 
 
 @dataclass(frozen=True)
@@ -809,5 +817,5 @@ def kill_marked(prefix: str, exact: bool = False, rounds: int = 20) -> None:
                 pass
 
 
-__all__ = ["MARKER", "WORKER_FILE", "Jail", "Needs", "Sandbox", "Slot", "WarmWorkers", "WorkerDied", "kill_marked",
+__all__ = ["MARKER", "WORKER_FILE", "Jail", "Needs", "Sandbox", "Slot", "SlotDirs", "WarmWorkers", "WorkerDied", "kill_marked",
            "marked_processes"]
