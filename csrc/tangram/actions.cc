@@ -8,10 +8,10 @@
 // Guarantees: a batch is validated whole before anything is applied (a typed Error naming
 // the field otherwise); an action that can never fit is rejected at submit, exactly once.
 #include "tangram/scheduler_impl.h"
+#include "tangram/text.h"
 
 #include <algorithm>
 #include <cmath>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -170,7 +170,7 @@ std::string Scheduler::Impl::infeasible_reason(const Class& c) const {
   std::vector<Quantity> need(c.demand, c.demand + K);
   if (has_gpus) need.push_back(c.service == kNone ? c.gpu_memory : 0);
   auto describe_shortfall = [&](std::int32_t lo, std::int32_t hi, const char* where) {
-    std::ostringstream os;
+    Text os;
     os << "demand does not fit " << where << ":";
     std::vector<Quantity> best(D, 0);
     for (std::int32_t leaf = lo; leaf < hi; ++leaf)
@@ -199,7 +199,7 @@ std::string Scheduler::Impl::infeasible_reason(const Class& c) const {
       part.cap_tree.find(part.node_lo[n], part.node_hi[n], need.data(), 1, no_skip, found);
       if (!found.empty()) return "";
     }
-    std::ostringstream os;
+    Text os;
     os << "service '" << spec.name << "' needs " << (spec.memory + c.gpu_memory) / 1000.0
        << " MiB of GPU memory with the action's demand on the same node, and no "
        << (rec.home_device != kNone ? "home device" : "device") << " has that";

@@ -2,9 +2,9 @@
 //
 // Reads everything; changes nothing.
 #include "tangram/scheduler_impl.h"
+#include "tangram/text.h"
 
 #include <algorithm>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -15,7 +15,7 @@ std::string Scheduler::Impl::explain(ActionId id) const {
   const std::int32_t* slot = by_id.find(id);
   if (slot == nullptr) return "action " + std::to_string(id) + " is not live (never submitted, or already ended)";
   const ActionRec& a = slots[*slot];
-  std::ostringstream os;
+  Text os;
   if (a.state == ActionState::kRunning) {
     os << "running on node " << bin_node[a.bin] << " (" << inv.nodes[bin_node[a.bin]].name << ")";
     if (a.device != kNone) os << ", GPU " << dev_local[a.device];

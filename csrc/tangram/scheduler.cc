@@ -1,9 +1,9 @@
 // The public face: each event validates its whole batch, applies it, then runs one pass
 // (scheduler.h). Queries read the state; none changes it.
 #include "tangram/scheduler_impl.h"
+#include "tangram/text.h"
 
 #include <algorithm>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -103,7 +103,7 @@ void Scheduler::limit(const ActionId* ids, const Quantity* limits, std::size_t c
       throw Error(ErrorCode::kInvalidArgument, field, "action " + std::to_string(a.id) + " is not elastic");
     const Quantity lo = m.minimum(a), hi = m.details[slot].submitted_max;
     if (limits[i] < lo || limits[i] > hi) {
-      std::ostringstream why;
+      Text why;
       why << "must be in [" << lo / 1000.0 << ", " << hi / 1000.0
           << "] units: the action's minimum and the maximum it was submitted with";
       throw Error(ErrorCode::kInvalidArgument, "limits[" + std::to_string(i) + "]", why.str());

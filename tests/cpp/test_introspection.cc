@@ -1,5 +1,6 @@
 // What the core says about itself: explain(), the queries, and the invariants that
 // check_invariants() and the queries must keep through random workloads under every policy.
+#include <locale>
 #include <string>
 #include <vector>
 
@@ -86,6 +87,23 @@ TEST(Regressions, ExplainAfterStarvationStopsThePass) {
   EXPECT_EQ(h.s.explain(20),
             "waiting held back: an action that has waited over 10 s has first claim on the resources it needs");
   EXPECT_EQ(h.s.explain(10), "waiting for resources: needs cpu=4; most free on one bin it may use: cpu=2");
+}
+
+// explain() writes numbers the same whatever the program's global C++ locale (here one
+// whose decimal point is a comma and which groups thousands): the core builds its
+// messages without iostreams.
+TEST(Introspection, ExplainIgnoresTheGlobalLocale) {
+  struct CommaDecimals : std::numpunct<char> {
+    char do_decimal_point() const override { return ','; }
+    char do_thousands_sep() const override { return '.'; }
+    std::string do_grouping() const override { return "\3"; }
+  };
+  const std::locale before = std::locale::global(std::locale(std::locale::classic(), new CommaDecimals));
+  Harness h(cpu_inventory(1, 4000), policy_of(PolicyKind::kFifo));
+  h.submit({action(1, {U(3999) + 500}, 100), action(2, {U(1500) + 250}, 1)}, 0);  // milli-units
+  const std::string why = h.s.explain(2);
+  std::locale::global(before);
+  EXPECT_EQ(why, "waiting for resources: needs cpu=1500.25; most free on one bin it may use: cpu=0.5");
 }
 
 // The queries on a running action agree with its start decision; on a waiting one they
