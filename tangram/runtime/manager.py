@@ -80,9 +80,11 @@ class ResourceManager(abc.ABC):
         - The resources in `placement` are the action's only while this call runs.
         - Its first step (up to the first await that suspends) runs as the orchestrator
           starts the action, inside the batch of start decisions (an eager start, in the
-          action's own context): keep it short and non-blocking, and do not rely on
-          asyncio.current_task() there. An action that returns without suspending ends
-          then and there, with no task.
+          action's own context): keep it short and non-blocking. On Python 3.12+ it is an
+          asyncio eager task (the first step runs as the action's task); on 3.11 the first
+          step runs before the task exists, so there it must not rely on
+          asyncio.current_task() (asyncio.timeout, a TaskGroup). An action that returns
+          without suspending ends then and there.
         """
 
     def resize(self, action: LiveAction, placement: Placement) -> None:

@@ -28,6 +28,7 @@ import itertools
 import logging
 import math
 import re
+import sys
 import traceback
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -631,20 +632,28 @@ class Orchestrator:
         lv.running = True
         self._count(call.kind, 0, -1)
         self._count(call.kind, 1, +1)
-        # The first step of the manager's execute runs now (an eager start, as in Python
-        # 3.12's eager tasks): an action that ends without suspending (a no-op, a cached
-        # answer, a failed precondition) is finished here, with no task and no event-loop
-        # hop; one that suspends continues in a task from where it stopped.
+        # The first step of the manager's execute runs now (an eager start): an action that
+        # ends without suspending (a no-op, a cached answer, a failed precondition) is
+        # finished here, with no event-loop hop; one that suspends continues in its task.
+        # Python 3.12+: asyncio's eager task, so the first step runs as the action's task
+        # (asyncio.current_task(), wait_for and timeout work there); 3.11: the first step
+        # runs before the task exists (_Resume).
         offload = self._offloads.get((node, device)) if device >= 0 and call.gpu_memory > 0 else None
         coro = self._execute(lv, placement, offload)
         context = contextvars.copy_context()
-        try:
-            waiting_on = context.run(coro.send, None)
-        except StopIteration:
-            return  # it ended; _execute has finished it
-        except asyncio.CancelledError:
-            return  # raised by the manager itself: _execute has finished it (cancelled)
-        lv.task = self._loop.create_task(_Resume(coro, waiting_on), context=context)  # type: ignore[union-attr]
+        if _EAGER_TASKS:
+            task = asyncio.Task(coro, loop=self._loop, context=context, eager_start=True)  # type: ignore[call-arg]
+            if task.done():
+                return  # it ended; _execute has finished it
+            lv.task = task
+        else:
+            try:
+                waiting_on = context.run(coro.send, None)
+            except StopIteration:
+                return  # it ended; _execute has finished it
+            except asyncio.CancelledError:
+                return  # raised by the manager itself: _execute has finished it (cancelled)
+            lv.task = self._loop.create_task(_Resume(coro, waiting_on), context=context)  # type: ignore[union-attr]
         if lv.cancel_reason is not None:  # cancelled (or requeued) during that first step
             lv.task.cancel()
         elif call.timeout is not None:
@@ -908,6 +917,7 @@ class Orchestrator:
 
 
 _DECLARED = "declared"  # a record's `estimate` for a call that declared its run time
+_EAGER_TASKS = sys.version_info >= (3, 12)  # asyncio.Task(..., eager_start=True)
 _STEPPED = object()
 
 

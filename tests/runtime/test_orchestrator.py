@@ -292,6 +292,53 @@ def test_the_first_step_runs_in_the_action_task_context() -> None:
     run(main())
 
 
+def test_the_first_step_may_use_wait_for_when_started_outside_any_task() -> None:
+    # The second action starts when the first ends, from the orchestrator's callback (no
+    # task is running then): its first step calls asyncio.wait_for, which on Python 3.12+
+    # needs a current task (the CPU manager's does so when it replaces a worker).
+    class Waiter(tangram.runtime.ResourceManager):
+        name = "waiter"
+
+        async def execute(self, action, placement):  # type: ignore[no-untyped-def]
+            done = asyncio.get_running_loop().create_future()
+            done.set_result(action.id)
+            return await asyncio.wait_for(asyncio.shield(done), 5)
+
+    async def main() -> None:
+        async with Orchestrator(inventory=inventory(), default_managers=False, managers={"cpu": Waiter()}) as orch:
+            whole = {"cpu": 4.0}  # the whole node: the second waits for the first
+            first = orch.submit(Call(resources=whole, runtime=1.0))
+            second = orch.submit(Call(resources=whole, runtime=1.0))
+            assert await asyncio.wait_for(asyncio.gather(first, second), 5) == [first.id, second.id]
+
+    run(main())
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="Python 3.11 has no eager tasks: no task in the first step")
+def test_the_first_step_runs_as_the_action_task_not_the_submitter() -> None:
+    # asyncio.timeout in the first step belongs to the action's own task: submitted from
+    # the caller's task, the first step must not see (or cancel) the caller's task.
+    seen: list[object] = []
+
+    class Timed(tangram.runtime.ResourceManager):
+        name = "timed"
+
+        async def execute(self, action, placement):  # type: ignore[no-untyped-def]
+            seen.append(asyncio.current_task())
+            async with asyncio.timeout(0.01):
+                await asyncio.sleep(30)
+
+    async def main() -> None:
+        async with Orchestrator(inventory=inventory(), default_managers=False, managers={"cpu": Timed()}) as orch:
+            handle = orch.submit(Call(runtime=1.0))
+            orch.flush()
+            with pytest.raises(ActionFailed, match="TimeoutError"):
+                await asyncio.wait_for(handle.future, 5)
+            assert seen and seen[0] is not None and seen[0] is not asyncio.current_task()
+
+    run(main())
+
+
 def test_quota_admission_is_part_of_act_and_visible_in_records() -> None:
     async def main() -> None:
         quota = Quota("search", rate=20, burst=2, max_concurrency=4)
