@@ -791,10 +791,24 @@ def check_context_cost(budget: float, context: Mapping[str, Any]) -> dict[str, A
 # ---------------------------------------------------------------- GPU actions (run in sandboxes)
 
 
+def nvidia_device_nodes() -> list[str]:
+    """The NVIDIA device nodes this process can see (/dev/nvidia*)."""
+    import glob
+
+    return sorted(glob.glob("/dev/nvidia*"))
+
+
+def worker_view() -> dict[str, Any]:
+    """A CPU action: the trajectory's worker's pid and the NVIDIA device nodes it sees (none
+    in a namespaced sandbox started without a GPU placement)."""
+    return {"pid": os.getpid(), "devices": nvidia_device_nodes()}
+
+
 def grant_seen_here() -> dict[str, Any]:
-    """What this process was given: its pid and parent, the grant's environment, and when it
-    started (time.monotonic: CLOCK_MONOTONIC, one clock for every process of the machine)."""
-    return {"started": time.monotonic(), "pid": os.getpid(), "ppid": os.getppid(),
+    """What this process was given: its pid and parent, the grant's environment, the NVIDIA
+    device nodes it sees, and when it started (time.monotonic: CLOCK_MONOTONIC, one clock for
+    every process of the machine)."""
+    return {"started": time.monotonic(), "pid": os.getpid(), "ppid": os.getppid(), "devices": nvidia_device_nodes(),
             "visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "memory_env": os.environ.get("TANGRAM_GPU_MEMORY_MIB"),
             "pinned_env": os.environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
             "mps_pipe_env": os.environ.get("CUDA_MPS_PIPE_DIRECTORY")}
@@ -965,8 +979,8 @@ async def measure_grants(devices: Sequence[Any], grants_mib: Sequence[float], li
 
     async with orchestrator(devices) as orch:
         gpu = orch.managers["gpu"]
-        worker_pid = await orch.run(Call(fn=os.getpid, resources={"cpu": 1}, trajectory=TRAJECTORY, runtime=1.0,
-                                         timeout=ACTION_TIMEOUT_S, kind="gpu-check"))
+        worker = await orch.run(Call(fn=worker_view, resources={"cpu": 1}, trajectory=TRAJECTORY, runtime=1.0,
+                                     timeout=ACTION_TIMEOUT_S, kind="gpu-check"))
         actions = []
         for grant in grants_mib:
             handle = orch.submit(gpu_call(action_cuda_grant, (library,), grant))
@@ -975,17 +989,30 @@ async def measure_grants(devices: Sequence[Any], grants_mib: Sequence[float], li
             actions.append({"grant_mib": grant, "device": device, "device_uuid": devices[device].uuid,
                             "device_memory_mib": devices[device].memory_mib, "device_mig": devices[device].mig,
                             "report": report})
-        return {"worker_pid": worker_pid, "mps": gpu.mps, "isolation": orch.managers["cpu"].describe()["isolation"],
-                "actions": actions}
+        return {"worker_pid": worker["pid"], "worker_devices": worker["devices"], "mps": gpu.mps,
+                "isolation": orch.managers["cpu"].describe()["isolation"], "actions": actions}
 
 
 def judge_grants(run: Mapping[str, Any]) -> dict[str, Any]:
     """PASS when every GPU action ran on its granted device as CUDA sees it (ordinal 0 is
     the granted UUID, the only device), saw its own TANGRAM_GPU_MEMORY_MIB (and MPS limit),
-    and ran in a process of its own forked by the trajectory's worker."""
+    and ran in a process of its own forked by the trajectory's worker. Under
+    isolation="namespaces" the GPU actions' worker is another than the CPU action's (a worker
+    gets the device nodes at its start: tangram.runtime.namespaces), so there the CPU action
+    must have seen no /dev/nvidia* node, the GPU actions must have seen them, and the two must
+    share one parent."""
     problems: list[str] = []
     notes: list[str] = []
+    namespaced = run.get("isolation") == "namespaces"
     worker = run["worker_pid"]
+    if namespaced:
+        if run.get("worker_devices"):
+            problems.append(f"the CPU action's sandbox sees NVIDIA device nodes {run['worker_devices']} without a GPU "
+                            "placement")
+        parents = {a["report"].get("ppid") for a in run["actions"]}
+        if len(parents) != 1:
+            problems.append(f"the GPU actions' parents are {sorted(map(str, parents))}, not one worker")
+        worker = next(iter(parents)) if len(parents) == 1 else worker
     rows = []
     scrubbed_library = False  # noted once
     for i, action in enumerate(run["actions"], 1):
@@ -1010,6 +1037,8 @@ def judge_grants(run: Mapping[str, Any]) -> dict[str, Any]:
                                        bool(run.get("mps")))
         if r.get("pinned_env") != pinned:
             problems.append(f"{label}: CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={r.get('pinned_env')!r}, expected {pinned!r}")
+        if namespaced and not r.get("devices"):
+            problems.append(f"{label}: its sandbox shows no NVIDIA device node")
         if r.get("pid") == worker:
             problems.append(f"{label}: ran in the trajectory's worker (pid {worker}), not in a process of its own")
         elif r.get("ppid") != worker:
@@ -1026,13 +1055,16 @@ def judge_grants(run: Mapping[str, Any]) -> dict[str, Any]:
     pids = [a["report"].get("pid") for a in run["actions"]]
     if len(set(pids)) != len(pids):
         problems.append(f"GPU actions shared a process (pids {pids})")
-    figures = {"worker_pid": worker, "mps": run.get("mps"), "isolation": run.get("isolation"), "actions": rows}
+    figures = {"worker_pid": worker, "mps": run.get("mps"), "isolation": run.get("isolation"),
+               "cpu_action_devices": run.get("worker_devices"), "actions": rows}
     if problems:
         return verdict(FAIL, problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
                        figures, problems, notes)
     grants = " and ".join(f"{float(a['grant_mib']):.0f}" for a in run["actions"])
     headline = (f"{len(pids)} GPU actions of one trajectory ({grants} MiB) each saw its own grant and CUDA device "
                 f"{run['actions'][0]['device_uuid']}, each in its own process forked by the worker (pid {worker})")
+    if namespaced:
+        headline += "; namespaced sandboxes: /dev/nvidia* in the GPU actions' only, none in the CPU action's"
     return verdict(PASS, headline, figures, notes=notes)
 
 

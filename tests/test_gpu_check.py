@@ -288,6 +288,34 @@ def grant_run(**changes: Any) -> dict[str, Any]:
     return run
 
 
+def namespaced_grant_run(**changes: Any) -> dict[str, Any]:
+    """grant_run in namespaced sandboxes: the CPU action's worker (pid 2 in its PID
+    namespace) saw no device node; the GPU actions' worker, another one, has them."""
+    run = grant_run(**changes)
+    run.update(isolation="namespaces", worker_pid=2, worker_devices=[])
+    for action in run["actions"]:
+        action["report"].setdefault("devices", ["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm"])
+    return run
+
+
+def test_namespaced_grants_pass_with_the_devices_in_gpu_sandboxes_only() -> None:
+    result = gpu_check.judge_grants(namespaced_grant_run())
+    assert result["status"] == "PASS", result["problems"]
+    assert "/dev/nvidia* in the GPU actions' only" in result["headline"]
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"worker_devices": ["/dev/nvidia0"]}, "the CPU action's sandbox sees NVIDIA device nodes ['/dev/nvidia0']"),
+    ({"1__devices": []}, "action 2 (grant 8192 MiB): its sandbox shows no NVIDIA device node"),
+    ({"1__ppid": 7}, "the GPU actions' parents are ['100', '7'], not one worker"),
+])
+def test_namespaced_grants_wrong_fail(changes: dict[str, Any], words: str) -> None:
+    run = namespaced_grant_run(**{k: v for k, v in changes.items() if "__" in k})
+    run.update({k: v for k, v in changes.items() if "__" not in k})
+    result = gpu_check.judge_grants(run)
+    assert result["status"] == "FAIL" and any(words in p for p in result["problems"]), result["problems"]
+
+
 def test_grants_seen_right_pass() -> None:
     result = gpu_check.judge_grants(grant_run())
     assert result["status"] == "PASS", result["problems"]
@@ -422,13 +450,18 @@ def test_each_gpu_action_gets_its_own_grant_through_the_runtime() -> None:
     reports = [a["report"] for a in run["actions"]]
     assert [r["visible"] for r in reports] == ["GPU-fake-0", "GPU-fake-0"]
     assert [r["memory_env"] for r in reports] == ["4096", "8192"]
-    assert all(r["ppid"] == run["worker_pid"] != r["pid"] for r in reports)
+    if run["isolation"] == "namespaces":  # the GPU actions' worker is started with the device nodes: another one
+        assert run["worker_devices"] == [] and len({r["ppid"] for r in reports}) == 1
+    else:
+        assert all(r["ppid"] == run["worker_pid"] != r["pid"] for r in reports)
     assert reports[0]["pid"] != reports[1]["pid"]
     result = gpu_check.judge_grants(run)
     if has_libcuda():
         return  # libcuda with no device behind the fake UUID: CUDA's answers differ, the grants do not
     assert result["status"] == "FAIL"
-    assert result["problems"] and all("cannot be loaded" in p for p in result["problems"])
+    # (and, in namespaced sandboxes, no /dev/nvidia* node: this machine has none to bind in)
+    assert result["problems"] and all("cannot be loaded" in p or "shows no NVIDIA device node" in p
+                                      for p in result["problems"])
 
 
 class SimulatedDriver:
