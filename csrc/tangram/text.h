@@ -2,9 +2,9 @@
 //
 // Numbers are written by std::to_chars, as an ostream would by default (six significant
 // digits, printf's %g) but independent of any locale: an ostringstream follows the global
-// C++ locale (a program that sets one gets "0,5"), and the Python module, built by a
-// compiler that links libstdc++ statically, crashed in the locale's facets beside numpy's
-// shared libstdc++ (bench/gpu_check.py's machine; docs/development.md).
+// C++ locale (a program that sets one gets "0,5"), and a Python module built by a compiler
+// that links libstdc++ statically crashed in the locale's facets beside numpy's shared
+// libstdc++ (docs/development.md, "C++").
 #pragma once
 
 #include <charconv>
