@@ -25,8 +25,10 @@ struct ActionHeader {
   std::int32_t quota;     // -1: none
   std::int64_t tokens;
   std::uint64_t callback;  // address of a double(double) native function
+  std::int32_t any_replica;  // 1: `service` is a replicated service's first copy, any copy will do
+  std::int32_t reserved;     // 0
 };
-static_assert(sizeof(ActionHeader) == 96, "ActionHeader layout is shared with Python");
+static_assert(sizeof(ActionHeader) == 104, "ActionHeader layout is shared with Python");
 
 struct DecisionRecord {
   std::uint64_t action;

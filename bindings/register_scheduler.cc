@@ -44,7 +44,7 @@ class PyScheduler {
               py::array_t<std::int64_t, py::array::c_style | py::array::forcecast> capacity,
               std::vector<std::vector<std::int64_t>> gpus,
               std::vector<std::tuple<std::string, double, std::int64_t, std::int64_t, std::int64_t>> quotas,
-              std::vector<std::tuple<std::string, std::int64_t, double, std::int32_t, double, std::int64_t, bool, std::int64_t>> services,
+              std::vector<std::tuple<std::string, std::int64_t, double, std::int32_t, double, std::int64_t, bool, std::int64_t, std::int32_t, bool>> services,
               std::vector<std::int64_t> offload_memory,
               const std::string& policy, double aging, std::int32_t candidates, double min_relative_gain,
               double starvation_seconds, double trajectory_slot_cpu,
@@ -152,7 +152,7 @@ class PyScheduler {
                                   const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& capacity,
                                   const std::vector<std::vector<std::int64_t>>& gpus,
                                   const std::vector<std::tuple<std::string, double, std::int64_t, std::int64_t, std::int64_t>>& quotas,
-                                  const std::vector<std::tuple<std::string, std::int64_t, double, std::int32_t, double, std::int64_t, bool, std::int64_t>>& services,
+                                  const std::vector<std::tuple<std::string, std::int64_t, double, std::int32_t, double, std::int64_t, bool, std::int64_t, std::int32_t, bool>>& services,
                                   const std::vector<std::int64_t>& offload_memory) {
     Inventory inv;
     inv.kinds = kinds;
@@ -168,8 +168,8 @@ class PyScheduler {
       inv.nodes.push_back(std::move(node));
     }
     for (const auto& [name, rate, burst, conc, tpm] : quotas) inv.quotas.push_back(QuotaSpec{name, rate, burst, conc, tpm});
-    for (const auto& [name, mem, restore, batch, offload, asleep, movable, host] : services)
-      inv.services.push_back(ServiceSpec{name, mem, restore, batch, offload, asleep, movable, host});
+    for (const auto& [name, mem, restore, batch, offload, asleep, movable, host, replica_of, surplus] : services)
+      inv.services.push_back(ServiceSpec{name, mem, restore, batch, offload, asleep, movable, host, replica_of, surplus});
     if (!offload_memory.empty() && offload_memory.size() != N)
       throw Error(ErrorCode::kInvalidArgument, "inventory.offload_memory", "needs one entry per node");
     for (std::size_t n = 0; n < offload_memory.size(); ++n) inv.nodes[n].offload_memory = offload_memory[n];
@@ -216,6 +216,7 @@ class PyScheduler {
     s.service = h.service;
     s.quota = h.quota;
     s.tokens = h.tokens;
+    s.any_replica = h.any_replica != 0;
     s.demand.resize(static_cast<std::size_t>(kinds_));
     const char* d = rec + sizeof(ActionHeader);
     for (std::int32_t k = 0; k < kinds_; ++k) {
@@ -272,7 +273,7 @@ void register_scheduler(py::module_& m) {
                     py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>,
                     std::vector<std::vector<std::int64_t>>,
                     std::vector<std::tuple<std::string, double, std::int64_t, std::int64_t, std::int64_t>>,
-                    std::vector<std::tuple<std::string, std::int64_t, double, std::int32_t, double, std::int64_t, bool, std::int64_t>>, std::vector<std::int64_t>, const std::string&,
+                    std::vector<std::tuple<std::string, std::int64_t, double, std::int32_t, double, std::int64_t, bool, std::int64_t, std::int32_t, bool>>, std::vector<std::int64_t>, const std::string&,
                     double,
                     std::int32_t, double, double, double, std::vector<std::pair<std::uint32_t, double>>, py::dtype,
                     std::optional<std::vector<std::pair<std::string, std::string>>>>(),

@@ -28,7 +28,7 @@ class Scheduler:
         gpus: Sequence[Sequence[int]],
         quotas: Sequence[tuple[str, float, int, int, int]],
         # (name, memory, restore s, max_batch, offload s, asleep milli-MiB, movable, host milli-MiB)
-        services: Sequence[tuple[str, int, float, int, float, int, bool, int]],
+        services: Sequence[tuple[str, int, float, int, float, int, bool, int, int, bool]],
         offload_memory: Sequence[int],  # per node, milli-MiB; -1: not limited
         policy: str,
         aging: float,

@@ -91,13 +91,17 @@ class Service:
     # its first device, until that device's node goes offline (then it loads afresh).
     movable: bool = True
     # Identical copies (each its own residency, e.g. its own server process): the core
-    # schedules "name#0" .. "name#{replicas-1}" (`instances`), and a call naming the
-    # service goes to one of them (the orchestrator picks the one that serves it soonest).
+    # schedules "name#0" .. "name#{copies-1}" (`instances`), and a call naming the service
+    # goes to the copy that serves it soonest (the core routes it at submit). `replicas` is
+    # the minimum; up to `max_replicas` (None: `replicas`) copies are brought in when a
+    # queue's wait exceeds a restore, and copies beyond `replicas` are evicted first when
+    # GPU memory is needed.
     replicas: int = 1
     # MiB of host RAM its offloaded state takes on the node it was evicted from (vLLM's
     # sleep level 1 keeps the weights in pinned host memory): an eviction needs that much
     # of the node's offload_memory, and its next restore gives it back.
     host_memory: float = 0.0
+    max_replicas: int | None = None
 
     def __post_init__(self) -> None:
         check_string(self.name, "service.name")
@@ -113,11 +117,21 @@ class Service:
         check_integer(self.replicas, "service.replicas", bits=16)
         if self.replicas < 1:
             raise ValidationError("service.replicas", f"must be at least 1, got {self.replicas}")
+        if self.max_replicas is not None:
+            check_integer(self.max_replicas, "service.max_replicas", bits=16)
+            if self.max_replicas < self.replicas:
+                raise ValidationError("service.max_replicas",
+                                      f"must be at least replicas ({self.replicas}), got {self.max_replicas}")
+
+    @property
+    def copies(self) -> int:
+        """How many copies the core schedules: max_replicas, else replicas."""
+        return self.replicas if self.max_replicas is None else self.max_replicas
 
     @property
     def instances(self) -> list[str]:
         """The names the core schedules: its own name, or name#0, name#1, ... for replicas."""
-        return [self.name] if self.replicas == 1 else [f"{self.name}#{r}" for r in range(self.replicas)]
+        return [self.name] if self.copies == 1 else [f"{self.name}#{r}" for r in range(self.copies)]
 
     @property
     def offload(self) -> float:

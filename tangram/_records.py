@@ -23,8 +23,10 @@ _ACTION_HEADER = [
     ("quota", "<i4"),
     ("tokens", "<i8"),
     ("callback", "<u8"),
+    ("any_replica", "<i4"),  # 1: `service` is a replicated service's first copy; the core picks the copy
+    ("reserved", "<i4"),
 ]
-ACTION_HEADER_SIZE = 96
+ACTION_HEADER_SIZE = 104
 
 DECISION_DTYPE = np.dtype(
     [

@@ -93,6 +93,12 @@ Rules, in words:
   order) are discarded too, freeing their asleep memory (and host memory). A restore of an unmovable
   service away from its pinned device discards its process there first (an EVICT of a
   service not resident, reason DISCARD), after the restore's victims.
+* Replicas. A service whose replica_of is another's is a copy of that one (its group's
+  first copy); an action with any_replica names a group's first copy and is routed at
+  submit, before its class and feasibility, to the copy with the least cost: until (0
+  resident, max(ready_ns - now, 0) restoring, restore_ns offloaded) + (live actions of the
+  copy, the batch's earlier ones included, // max_batch) x to_ns(its run time at its
+  minimum grant); ties to the lower index. The start names the copy.
 * Runtime reports. service_restored(s, node, device, now): if s is restoring on that
   device with ready > now, it is ready now, and the device's ops_end becomes now when it
   was that ready; then a pass. set_service_times(s, restore, offload) replaces its
@@ -226,7 +232,7 @@ Rules, in words:
   Otherwise evict on one device: eligible victims are other services resident there with
   nothing running and ready since before the last pass (so never one still restoring,
   nor one whose actions have not yet had a pass to start), ranked idle (nothing waiting)
-  first; idle ones by popularity: never asked for first, then restore_ns over the expected
+  first; idle ones surplus replicas first, then by popularity: never asked for first, then restore_ns over the expected
   gap until its next request, max(mean gap, now - last request, 1), ascending
   (cross-multiplied integers; at each accepted submit of one of its actions a service's
   mean gap becomes the gap since its last request, then (7 x mean + gap) // 8); then by
@@ -439,6 +445,8 @@ class _Service:
     home: int = -1  # its only device under service_devices "home"
     pinned: int = -1  # an unmovable one: the device its process runs on
     host: int = 0  # milli-MiB of host memory its offloaded state takes
+    replica_of: int = -1  # the first copy of its replicated service (-1: none, or the first itself)
+    surplus: bool = False  # a copy beyond the minimum: evicted first when idle
     host_node: int = -1  # offloaded: the node whose offload memory holds it
     device: int = -1  # global device index while resident or restoring
     ready_ns: int = 0
@@ -470,6 +478,7 @@ class _Action:
     quota: int
     tokens: int
     priority: int = 0
+    any_replica: bool = False  # service names a replicated service's first copy; any copy will do
     partition: int = 0
     in_slot: bool = False  # runs in its trajectory's slot
     borrowed: bool = False  # started in a held slot lent to it (its trajectory held none)
@@ -582,7 +591,8 @@ class ReferenceScheduler:
             if any(o.name == spec[0] for o in self.quotas[:-1]):
                 raise ValidationError(f"inventory.quotas[{q}].name", f"duplicate quota {spec[0]!r}")
         self.services = []
-        for s, (name, memory, restore_seconds, max_batch, offload_seconds, asleep, movable, host) in enumerate(services):
+        for s, (name, memory, restore_seconds, max_batch, offload_seconds, asleep, movable, host, replica_of,
+                surplus) in enumerate(services):
             f = f"inventory.services[{s}]"
             if any(o.name == name for o in self.services):
                 raise ValidationError(f"{f}.name", f"duplicate service {name!r}")
@@ -603,8 +613,19 @@ class ReferenceScheduler:
                                                            "service must not be movable")
             if not self.dev_node:
                 raise ValidationError(f, "a GPU service needs at least one GPU in the inventory")
+            if replica_of != -1:
+                first = self.services[replica_of] if 0 <= replica_of < s else None
+                if first is None or first.replica_of != -1:
+                    raise ValidationError(f"{f}.replica_of",
+                                          "must be the index of an earlier service that is not itself a replica")
+                if (memory, max_batch, asleep, movable) != (first.memory, first.max_batch, first.asleep, first.movable):
+                    raise ValidationError(f"{f}.replica_of", "a replica must have its first copy's memory, max_batch, "
+                                                             "asleep_memory and movable")
+            elif surplus:
+                raise ValidationError(f"{f}.surplus", "only a replica (replica_of set) can be surplus")
             self.services.append(_Service(name, int(memory), to_ns(restore_seconds), int(max_batch), to_ns(offload_seconds),
-                                          int(asleep), bool(movable), host=int(host)))
+                                          int(asleep), bool(movable), host=int(host), replica_of=int(replica_of),
+                                          surplus=bool(surplus)))
         pf = f"policy({policy})"
         if not math.isfinite(aging) or not 0 <= aging <= 4:
             raise ValidationError(f"{pf}.aging", "must be a finite number in [0, 4]")
@@ -821,6 +842,8 @@ class ReferenceScheduler:
         self._start_event(t)
         out = []
         for a in batch:
+            if a.any_replica:
+                a.service = self._route_replica(a, t)
             a.partition = self.pool_partition[a.task] if self.rules.bins == "task_pools" else 0
             a.in_slot = self.rules.bins == "trajectory_slots" and a.service < 0
             why = self._infeasible(a)
@@ -843,6 +866,22 @@ class ReferenceScheduler:
             a.submitted_max = a.elastic_max
             self.actions[a.id] = a
         return self._pass(out)
+
+    def _route_replica(self, a: _Action, t: int) -> int:
+        """The copy of a's replicated service that would serve it soonest: the least of how
+        long until it can start anything (0 resident, the rest of its restore while restoring,
+        its restore time otherwise) plus whole batches of its live actions (this batch's earlier
+        ones included) times a's run time at its minimum grant; ties to the lower copy."""
+        run_ns = to_ns(self._model_seconds(a.model, a.minimum, a.minimum))
+        best, best_cost = a.service, -1
+        for copy in [a.service] + [o for o, svc in enumerate(self.services) if svc.replica_of == a.service]:
+            svc = self.services[copy]
+            until = svc.restore_ns if svc.device < 0 else max(svc.ready_ns - t, 0)
+            live = sum(1 for b in self.actions.values() if b.service == copy)
+            cost = until + (live // svc.max_batch) * run_ns
+            if best_cost < 0 or cost < best_cost:
+                best, best_cost = copy, cost
+        return best
 
     def complete(self, ids: Iterable[int], now: float) -> np.ndarray:
         ids = self._ids(ids, self._start_check(now), running_only=True)
@@ -1090,7 +1129,7 @@ class ReferenceScheduler:
             elastic_max=_checked_milli(float(r["elastic_max"]), f"{f}.elastic_max") if ek >= 0 else 0,
             model=(model, float(r["seconds"]), float(r["parallel_fraction"]), int(r["table"])),
             affinity=int(r["affinity"]), service=int(r["service"]), quota=int(r["quota"]), tokens=int(r["tokens"]),
-            priority=int(r["priority"]),
+            priority=int(r["priority"]), any_replica=int(r["any_replica"]) != 0,
         )
         if model == MODEL_CALLBACK and int(r["callback"]) != 0:
             raise NotImplementedError("the reference does not call native cost-model callbacks")
@@ -1128,6 +1167,10 @@ class ReferenceScheduler:
                 raise UnknownNameError(f"{f}.service", f"no service with index {a.service}")
             if a.affinity != -1:
                 bad("affinity_node", "cannot be combined with a service")
+            if a.any_replica and self.services[a.service].replica_of != -1:
+                bad("service", "with any_replica, must name the first copy of its replicated service")
+        elif a.any_replica:
+            bad("any_replica", "needs a service")
         if a.quota != -1 and not 0 <= a.quota < len(self.quotas):
             raise UnknownNameError(f"{f}.quota", f"no quota with index {a.quota}")
         if not 0 <= a.tokens <= 10**12:
@@ -1526,10 +1569,13 @@ class ReferenceScheduler:
             return max(svc.mean_gap_ns, self.now_ns - svc.last_request_ns, 1)
 
         def rank(x: int, y: int) -> int:
-            # Idle first; among idle ones the least restore time per expected gap until the
-            # next request (never asked for: first); then least queued work per restore ns.
+            # Idle first; among idle ones surplus replicas first, then the least restore time per
+            # expected gap until the next request (never asked for: first); then least queued
+            # work per restore ns.
             if (n_waiting[x] == 0) != (n_waiting[y] == 0):
                 return -1 if n_waiting[x] == 0 else 1
+            if n_waiting[x] == 0 and self.services[x].surplus != self.services[y].surplus:
+                return -1 if self.services[x].surplus else 1  # idle surplus replicas first
             if n_waiting[x] == 0:
                 gx, gy = expected_gap(x), expected_gap(y)
                 if (gx < 0) != (gy < 0):

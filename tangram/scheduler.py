@@ -161,6 +161,21 @@ def resolve_policy(policy: str | Policy, overrides: Mapping[str, object]) -> Pol
     return replace(policy, **overrides) if overrides else policy
 
 
+def _service_tuples(inventory: Inventory) -> list[tuple]:
+    """The core's services: one per copy of each Service, with the index of its group's first
+    copy (-1 for the first and for an unreplicated service) and whether it is surplus (a
+    copy beyond `replicas`)."""
+    out: list[tuple] = []
+    for i, s in enumerate(inventory.services):
+        first = len(out)
+        for r, name in enumerate(s.instances):
+            out.append((name, _milli(s.memory, f"inventory.services[{i}].memory"), float(s.restore_seconds),
+                        int(s.max_batch), float(s.offload), _milli(s.asleep_memory, f"inventory.services[{i}].asleep_memory"),
+                        bool(s.movable), _milli(s.host_memory, f"inventory.services[{i}].host_memory"),
+                        first if r > 0 else -1, r >= s.replicas))
+    return out
+
+
 def _pools(pools: object) -> list[tuple[int, float]]:
     """The isolated policy's (task pool, weight) pairs; keys may be digit strings, as TOML
     and JSON keys arrive. The core checks the weights' range."""
@@ -198,10 +213,7 @@ def core_arguments(inventory: Inventory, policy: Policy) -> dict[str, object]:
               for n, node in enumerate(inventory.nodes)],
         quotas=[(q.name, float(q.rate), int(q.burst), int(q.max_concurrency), int(q.tokens_per_minute))
                 for q in inventory.quotas],
-        services=[(name, _milli(s.memory, f"inventory.services[{i}].memory"), float(s.restore_seconds), int(s.max_batch),
-                   float(s.offload), _milli(s.asleep_memory, f"inventory.services[{i}].asleep_memory"), bool(s.movable),
-                   _milli(s.host_memory, f"inventory.services[{i}].host_memory"))
-                  for i, s in enumerate(inventory.services) for name in s.instances],
+        services=_service_tuples(inventory),
         offload_memory=[-1 if n.offload_memory is None else _milli(n.offload_memory, f"inventory.nodes[{i}].offload_memory")
                         for i, n in enumerate(inventory.nodes)],
         policy=policy.name,
@@ -267,11 +279,9 @@ class RecordEncoder:
         self.kind_index = {k: i for i, k in enumerate(self.kinds)}
         self.node_index = {n.name: i for i, n in enumerate(inventory.nodes)}
         self.service_index = {name: i for i, (name, _) in enumerate(inventory.service_instances)}
-        # A replicated service's name: the indices of its replicas. An Action naming it runs
-        # on replica id % replicas (the orchestrator names a replica itself, the one that
-        # serves the call soonest).
-        self.service_replicas = {s.name: [self.service_index[name] for name in s.instances]
-                                 for s in inventory.services if s.replicas > 1}
+        # A replicated service's name: the index of its first copy. An Action naming it may
+        # run on any copy: the core routes it at submit (any_replica).
+        self.service_groups = {s.name: self.service_index[s.instances[0]] for s in inventory.services if s.copies > 1}
         self.quota_index = {q.name: i for i, q in enumerate(inventory.quotas)}
         self.dtype = action_dtype(len(self.kinds))
         self._add_table = add_table
@@ -340,9 +350,9 @@ class RecordEncoder:
             else:
                 raise ValidationError(f"{f}.affinity", f"must be a node name or index, got {given(a.affinity)}")
         if a.service is not None:
-            replicas = self.service_replicas.get(a.service) if isinstance(a.service, str) else None
-            if replicas is not None:
-                r["service"] = replicas[int(a.id) % len(replicas)]
+            first = self.service_groups.get(a.service) if isinstance(a.service, str) else None
+            if first is not None:
+                r["service"], r["any_replica"] = first, 1
             else:
                 r["service"] = self._lookup(self.service_index, a.service, "service", f"{f}.service")
         if a.quota is not None:

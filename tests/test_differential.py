@@ -101,6 +101,7 @@ class Harness:
         self.service_memory = [s[1] for s in args["services"]]
         self.service_asleep = [s[5] for s in args["services"]]  # milli-MiB kept offloaded (unmovable ones)
         self.service_movable = [s[6] for s in args["services"]]
+        self.service_replica_of = [s[8] for s in args["services"]]  # a replicated service's first copy, or -1
         self.service_home: dict[int, tuple[int, int]] = {}  # an unmovable service's device: its last restore's
         self.now = 0.0
         self.next_id = 1
@@ -163,7 +164,8 @@ class Harness:
             assert i not in self.state or self.state[i] in ("done", "cancelled", "rejected")
             self.state[i] = "rejected" if i in rejected else "waiting"
             self.spec[i] = dict(demand=[to_milli(float(v)) for v in r["demand"]], trajectory=int(r["trajectory"]),
-                                service=int(r["service"]), elastic_max=to_milli(float(r["elastic_max"])))
+                                service=int(r["service"]), any_replica=int(r["any_replica"]),
+                                elastic_max=to_milli(float(r["elastic_max"])))
             self.trajectories.add(int(r["trajectory"]))
         self.apply(out, skip=len(rejected))
         return out
@@ -269,6 +271,9 @@ class Harness:
                 self.placed[i] = (node, int(d["elastic_kind"]), int(d["grant_milli"]))
                 if d["service"] >= 0:
                     assert self.service_at[int(d["service"])] == (node, int(d["device"]))
+                    copy, named = int(d["service"]), self.spec[i]["service"]
+                    assert copy == named or (self.spec[i]["any_replica"] and self.service_replica_of[copy] == named), \
+                        "a service action started on another service than the one it named, or a copy of it"
                 # (A trajectory's actions in its own slot stay there: the core's invariants
                 # check it, since a start in a lent slot or after a slot given up is elsewhere.)
             elif kind == RESTORE:
@@ -372,7 +377,7 @@ def draw_node(draw, name: str, gpu_heavy: bool, custom: bool, elastic_heavy: boo
 
 
 def inventories(draw, gpu_heavy: bool, elastic_heavy: bool = False) -> Inventory:
-    """1-4 nodes, cpu + memory (+ disk), 0-2 GPUs each, 0-3 services, 0-2 quotas (rates from
+    """1-4 nodes, cpu + memory (+ disk), 0-2 GPUs each, 0-3 services (some with copies), 0-2 quotas (rates from
     none to one request in 100 s). GPU-heavy:
     1-2 small GPUs on every node and 2-3 services competing for them. Elastic-heavy: nodes of
     2 to 16 cores and 4 or 16 GiB, no quota (and no GPU unless GPU-heavy too)."""
@@ -383,12 +388,15 @@ def inventories(draw, gpu_heavy: bool, elastic_heavy: bool = False) -> Inventory
     count = draw(st.integers(2, 3)) if gpu_heavy else draw(st.integers(0, 3)) if any_gpu else 0
     services = []
     for i in range(count):
+        replicas = draw(st.sampled_from([1, 1, 1, 2]))  # copies: the core routes calls naming the service
+        max_replicas = draw(st.sampled_from([None, None, replicas + 1]))
         memory = draw(st.sampled_from(memories))
         movable = draw(st.sampled_from([True, True, False]))  # unmovable: an inference server process
         asleep = 0 if movable else draw(st.sampled_from([0, memory // 5, memory // 2]))
         services.append(Service(f"s{i}", memory, draw(st.sampled_from([0.0, 0.0, 0.5, 2.0])), draw(st.integers(1, 3)),
                                 asleep_memory=asleep, movable=movable,
-                                host_memory=draw(st.sampled_from([0, 0, 300, 1000]))))
+                                host_memory=draw(st.sampled_from([0, 0, 300, 1000])), replicas=replicas,
+                                max_replicas=max_replicas))
     quotas = [Quota(f"q{i}", rate=draw(st.sampled_from([0.0, 0.5, 2.0, 10.0, 0.01])), burst=draw(st.integers(1, 3)),
                     max_concurrency=draw(st.integers(0, 3)), tokens_per_minute=draw(st.sampled_from([0, 60, 1000])))
               for i in range(draw(st.integers(0, 0 if elastic_heavy else 2)))]
@@ -427,10 +435,14 @@ def draw_actions(draw, h: Harness, inv: Inventory) -> np.ndarray:
         if h.elastic_heavy:  # short of the elastic kinds, seldom of anything else
             choices.update(cpu=[0.5, 1, 1, 2, 3], memory=[0, 0, 256, 1024])
         demand = [draw(st.sampled_from(choices[k])) for k in kinds]
-        service = draw(st.sampled_from([-1, -1] + list(range(len(inv.services))) * 2))
+        service = draw(st.sampled_from([-1, -1] + list(range(len(h.service_memory))) * 2))
         if service < 0 and draw(st.integers(0, 4)) == 0:
             r["affinity"] = draw(st.integers(0, h.N - 1))
         r["service"] = service
+        if service >= 0 and h.service_replica_of.count(service) > 0:  # a group's first copy: any copy, mostly
+            r["any_replica"] = draw(st.sampled_from([1, 1, 0]))
+        elif service >= 0 and draw(st.integers(0, 19)) == 0:
+            r["any_replica"] = 1  # not a group's first copy: refused, by both alike
         if has_gpu:
             r["gpu_memory"] = draw(st.sampled_from([0, 0, 200, 1000, 1500] if service >= 0 else [0, 0, 500, 1500, 3000]))
         elastic = [k for k in range(len(kinds)) if kinds[k] != "memory"]

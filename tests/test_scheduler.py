@@ -110,7 +110,7 @@ def test_objects_and_bulk_records_give_the_same_decisions():
 def test_action_dtype_and_new_actions():
     s = Scheduler(cpu_mem())
     assert s.action_dtype == tangram.action_dtype(2)
-    assert s.action_dtype.itemsize == 96 + 16
+    assert s.action_dtype.itemsize == 104 + 16
     rec = s.new_actions(3)
     assert rec.dtype == s.action_dtype and len(rec) == 3
     for name in ("elastic_kind", "table", "affinity", "service", "quota"):
@@ -462,26 +462,48 @@ def test_eviction_prefers_the_device_whose_offload_ends_first():
 
 def test_replicated_service_is_one_core_service_per_replica():
     """Service(replicas=2): the core schedules rm#0 and rm#1, each with its own residency; an
-    Action naming rm runs on replica id % 2, one naming a replica on that one."""
+    Action naming rm goes to the copy that serves it soonest (the core routes it: the first
+    to rm#0, the second to rm#1 since rm#0's one-call batch is taken), one naming a copy to
+    that one."""
     inv = Inventory(nodes=[Node("g", {"cpu": 8}, [Gpu(1000), Gpu(1000)])],
                     services=[Service("rm", 800, restore_seconds=1.0, replicas=2)])
     s = Scheduler(inv)
     d = s.submit([Action(1, {"cpu": 1}, 1.0, service="rm"), Action(2, {"cpu": 1}, 1.0, service="rm")], 0.0)
     assert sorted((x.kind, x.service, x.device) for x in d) == [("restore", "rm#0", 0), ("restore", "rm#1", 1)]
     d = s.tick(1.0)
-    assert sorted((x.action, x.service) for x in d) == [(1, "rm#1"), (2, "rm#0")]
+    assert sorted((x.action, x.service) for x in d) == [(1, "rm#0"), (2, "rm#1")]
     d = s.submit([Action(3, {"cpu": 1}, 1.0, service="rm#1")], 1.0)
     assert s.service_location("rm#0") is not None and s.service_location("rm#1") is not None
     with pytest.raises(tangram.UnknownNameError, match="no service named 'rm'"):
         s.service_location("rm")
 
 
-@pytest.mark.parametrize("replicas, field", [(0, "service.replicas"), (1.5, "service.replicas"),
-                                             (True, "service.replicas")])
-def test_replicas_validated(replicas, field):  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("replicas, max_replicas, field", [(0, None, "service.replicas"), (1.5, None, "service.replicas"),
+                                                           (True, None, "service.replicas"),
+                                                           (2, 1, "service.max_replicas"),
+                                                           (1, 2.5, "service.max_replicas")])
+def test_replicas_validated(replicas, max_replicas, field):  # type: ignore[no-untyped-def]
     with pytest.raises(tangram.ValidationError) as e:
-        Service("rm", 1000, replicas=replicas)
+        Service("rm", 1000, replicas=replicas, max_replicas=max_replicas)
     assert e.value.field == field
+
+
+def test_max_replicas_copies_come_when_a_queue_outlasts_a_restore():
+    """Service(replicas=1, max_replicas=3): the core schedules rm#0..rm#2, the two beyond the
+    minimum surplus. Calls of 10 s with a 1 s restore: the first goes to rm#0, the second
+    (one whole batch of 10 s ahead there) to rm#1, the third to rm#2; short calls later, with
+    rm#0 idle and resident, go to rm#0."""
+    inv = Inventory(nodes=[Node("g", {"cpu": 8}, [Gpu(1000), Gpu(1000), Gpu(1000)])],
+                    services=[Service("rm", 800, restore_seconds=1.0, replicas=1, max_replicas=3)])
+    assert inv.services[0].instances == ["rm#0", "rm#1", "rm#2"]
+    s = Scheduler(inv)
+    d = s.submit([Action(i, {"cpu": 1}, 10.0, service="rm") for i in (1, 2, 3)], 0.0)
+    assert sorted((x.kind, x.service) for x in d) == [("restore", "rm#0"), ("restore", "rm#1"), ("restore", "rm#2")]
+    d = s.tick(1.0)
+    assert sorted((x.action, x.service) for x in d) == [(1, "rm#0"), (2, "rm#1"), (3, "rm#2")]
+    s.complete([1, 2, 3], 11.0)
+    d = s.submit([Action(4, {"cpu": 1}, 0.5, service="rm")], 12.0)
+    assert [(x.kind, x.action, x.service) for x in d] == [("start", 4, "rm#0")]
 
 
 def test_replica_names_must_not_clash():

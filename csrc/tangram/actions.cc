@@ -63,6 +63,10 @@ void Scheduler::Impl::validate_spec(const ActionSpec& s, const Field& field) con
     if (s.service < 0 || s.service >= static_cast<std::int32_t>(services.size()))
       throw Error(ErrorCode::kUnknownName, field() + ".service", "no service with index " + std::to_string(s.service));
     if (s.affinity_node != kNone) bad("affinity_node", "cannot be combined with a service: actions run where their service is resident");
+    if (s.any_replica && inv.services[s.service].replica_of != kNone)
+      bad("service", "with any_replica, must name the first copy of its replicated service");
+  } else if (s.any_replica) {
+    bad("any_replica", "needs a service");
   }
   if (s.quota != kNone && (s.quota < 0 || s.quota >= static_cast<std::int32_t>(quotas.size())))
     throw Error(ErrorCode::kUnknownName, field() + ".quota", "no quota with index " + std::to_string(s.quota));
@@ -261,8 +265,18 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
   }
   // The aging term of the order key is the same for the whole batch.
   const std::int64_t aging_offset = static_cast<std::int64_t>((static_cast<__int128>(now) * aging_permille) / 1000);
+  ActionSpec routed;  // an action routed to another copy of its service than the one it names
   for (std::size_t i = 0; i < n; ++i) {
-    const ActionSpec& s = a[i];
+    const ActionSpec* spec = &a[i];
+    if (a[i].any_replica && replica_group[a[i].service].size() > 1) {
+      const std::int32_t copy = route_replica(a[i]);
+      if (copy != a[i].service) {
+        routed = a[i];
+        routed.service = copy;
+        spec = &routed;
+      }
+    }
+    const ActionSpec& s = *spec;
     std::int32_t c = class_for(s);
     const std::string& why = classes[c].infeasible;
     if (!why.empty()) {

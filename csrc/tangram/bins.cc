@@ -94,10 +94,25 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
       throw Error(ErrorCode::kInvalidArgument, f + ".asleep_memory",
                   "memory kept while offloaded stays on its device: the service must not be movable");
     if (!has_gpus) throw Error(ErrorCode::kInvalidArgument, f, "a GPU service needs at least one GPU in the inventory");
+    if (spec.replica_of != kNone) {
+      const std::int32_t first = spec.replica_of;
+      if (first < 0 || first >= static_cast<std::int32_t>(s) || inv.services[first].replica_of != kNone)
+        throw Error(ErrorCode::kInvalidArgument, f + ".replica_of",
+                    "must be the index of an earlier service that is not itself a replica");
+      const ServiceSpec& f0 = inv.services[first];
+      if (spec.memory != f0.memory || spec.max_batch != f0.max_batch || spec.asleep_memory != f0.asleep_memory ||
+          spec.movable != f0.movable)
+        throw Error(ErrorCode::kInvalidArgument, f + ".replica_of",
+                    "a replica must have its first copy's memory, max_batch, asleep_memory and movable");
+    } else if (spec.surplus) {
+      throw Error(ErrorCode::kInvalidArgument, f + ".surplus", "only a replica (replica_of set) can be surplus");
+    }
     ServiceRec rec;
     rec.restore_ns = to_ns(spec.restore_seconds);
     rec.offload_ns = to_ns(spec.offload_seconds);
     services.push_back(rec);
+    replica_group.emplace_back();
+    replica_group[spec.replica_of == kNone ? s : spec.replica_of].push_back(static_cast<std::int32_t>(s));
   }
 
   // policy

@@ -35,6 +35,8 @@ struct QuotaSpec {
   std::int64_t tokens_per_minute = 0;  // token bucket: capacity and refill per minute
 };
 
+inline constexpr std::int32_t kNone = -1;
+
 // A GPU service (a reward model): resident on one device or offloaded to host memory.
 struct ServiceSpec {
   std::string name;
@@ -54,6 +56,13 @@ struct ServiceSpec {
   // Host RAM its offloaded state takes on the node it was evicted from, milli-MiB: an
   // eviction needs that much of the node's offload_memory, which its next restore frees.
   Quantity host_memory = 0;
+  // Replicas: identical copies of one model, each its own service here (its own residency).
+  // `replica_of` is the index of the group's first copy (kNone: not a replica of another;
+  // the first copy of a group is kNone too, and is named by the group's actions). A copy
+  // beyond the service's minimum count is `surplus`: when GPU memory is needed, idle surplus
+  // copies are evicted first.
+  std::int32_t replica_of = kNone;
+  bool surplus = false;
 };
 // A device's restores and offloads run one after another, in decision order (the runtime
 // carries them out so: an offload must free the memory a restore goes into): a restore is
@@ -87,8 +96,6 @@ struct ElasticityModel {
   RuntimeCallback callback = nullptr;  // kCallback
 };
 
-inline constexpr std::int32_t kNone = -1;
-
 struct ActionSpec {
   ActionId id = 0;
   TrajectoryId trajectory = 0;
@@ -101,6 +108,9 @@ struct ActionSpec {
   ElasticityModel model;
   std::int32_t affinity_node = kNone;  // where its trajectory's sandbox lives
   std::int32_t service = kNone;        // GPU service it must run on
+  // `service` is the first copy of a replicated service and any copy will do: the core
+  // routes the action at submit to the copy that would serve it soonest (Scheduler::submit).
+  bool any_replica = false;
   std::int32_t quota = kNone;          // API quota it draws from
   std::int64_t tokens = 0;             // tokens it takes from the quota's budget
 };

@@ -270,6 +270,9 @@ struct Scheduler::Impl {
   std::vector<Quantity> node_max_dev_free, node_max_dev_total;
 
   std::vector<ServiceRec> services;
+  // Per service: the copies of its replica group, itself first, when it is a group's first
+  // copy (a single copy for an unreplicated service); empty for the other copies.
+  std::vector<std::vector<std::int32_t>> replica_group;
   std::vector<QuotaState> quotas;
   std::vector<RuntimeTable> tables;
 
@@ -554,6 +557,7 @@ struct Scheduler::Impl {
 
 
   // ---- services.cc: GPU services and eviction
+  std::int32_t route_replica(const ActionSpec& s) const;
   bool service_is_ready(const ServiceRec& s) const { return s.device != kNone && s.ready_ns <= now; }
   bool uses_service_home() const { return row.rules.service_devices == ServiceDevices::kHome; }
   bool service_admits(Class& cl, std::int32_t& device, std::vector<Decision>& out);

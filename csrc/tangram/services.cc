@@ -31,6 +31,29 @@ void Scheduler::Impl::evict_offline_services(std::vector<Decision>& out) {
   }
 }
 
+// The copy of a replicated service that would serve action `s` soonest, by the least of:
+// how long until the copy can start anything (0 when resident, what is left of its restore
+// when restoring, its restore time when not resident) plus the whole batches ahead of the
+// action there (its live actions over its max_batch) times the action's own run time at its
+// minimum grant. Ties go to the lower copy. Live counts include the batch's earlier actions.
+std::int32_t Scheduler::Impl::route_replica(const ActionSpec& s) const {
+  const Quantity lo = s.elastic_kind == kNone ? kMilli : s.demand[s.elastic_kind];
+  const TimeNs run_ns = to_ns(model_seconds(s.model, lo, lo, tables));
+  std::int32_t best = s.service;
+  __int128 best_cost = -1;
+  for (std::int32_t copy : replica_group[s.service]) {
+    const ServiceRec& r = services[copy];
+    const TimeNs until = r.device == kNone ? r.restore_ns : std::max<TimeNs>(r.ready_ns - now, 0);
+    const std::int64_t batches = (static_cast<std::int64_t>(r.running) + r.waiting) / inv.services[copy].max_batch;
+    const __int128 cost = static_cast<__int128>(until) + static_cast<__int128>(batches) * run_ns;
+    if (best_cost < 0 || cost < best_cost) {
+      best = copy;
+      best_cost = cost;
+    }
+  }
+  return best;
+}
+
 // Device memory an eviction of service s frees (what it keeps asleep stays).
 Quantity Scheduler::Impl::evict_frees(std::int32_t s) const {
   return inv.services[s].memory - inv.services[s].asleep_memory;
@@ -38,9 +61,9 @@ Quantity Scheduler::Impl::evict_frees(std::int32_t s) const {
 
 // Greedy eviction plan for `need` milli-MiB on device d: never a service with running
 // actions, still restoring or ready only since the last pass (nor `keep`); idle ones
-// (nothing waiting) first, those by the restore time their eviction will likely cost
-// (least restore time per expected gap until their next request); then the least queued
-// work per unit of restore cost, then service order. The plan's `likely` sums that cost
+// (nothing waiting) first, those surplus replicas first, then by the restore time their
+// eviction will likely cost (least restore time per expected gap until their next
+// request); then the least queued work per unit of restore cost, then service order. The plan's `likely` sums that cost
 // over its idle victims, so the choice of device weighs popularity too.
 // A victim whose offloaded state would not fit the node's offload memory (beside the
 // earlier victims') is discarded instead: its state is given up, freeing all its memory.
@@ -80,6 +103,7 @@ Scheduler::Impl::RoomPlan Scheduler::Impl::plan_room(std::int32_t d, Quantity ne
     const ServiceRec& b = services[y];
     bool ia = a.waiting == 0, ib = b.waiting == 0;
     if (ia != ib) return ia;
+    if (ia && inv.services[x].surplus != inv.services[y].surplus) return inv.services[x].surplus;  // surplus copies first
     if (ia) {
       // Idle: the one whose eviction costs least in restores it will likely need first:
       // restore time over the expected gap until it is asked for again; never asked: no cost.

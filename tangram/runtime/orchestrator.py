@@ -98,7 +98,7 @@ class _Live:
         self.template = template
         self.record = record
         self.estimate = estimate  # the run time it is planned with, and where that came from
-        self.replica = -1  # the replica of a replicated service the orchestrator routed it to
+        self.replica = -1  # running: the copy of a replicated service the core started it on
         self.generation = 0  # of its template (CallEncoder.generation when it was made)
         self.in_core = False  # submitted to the core (else still in the pending batch)
         self.running = False
@@ -190,9 +190,6 @@ class Orchestrator:
         instances = self.inventory.service_instances
         self._service_names = [name for name, _ in instances]
         self._service_specs = [spec for _, spec in instances]  # per core service: its Service
-        self._replicas = {s.name: [self._service_names.index(n) for n in s.instances]
-                          for s in self.inventory.services if s.replicas > 1}
-        self._replica_load = [0] * len(instances)  # live actions routed to each replica
         for service in range(len(self._service_names)):  # times learned in earlier runs
             self._apply_service_times(service)
         self._cpu = self._kind_index.get("cpu", -1)
@@ -290,9 +287,6 @@ class Orchestrator:
         if manager is None:
             raise ManagerError("call.manager", f"no manager {name!r} in this orchestrator (have: {', '.join(self.managers)})")
         estimate = self.estimates.estimate(call)
-        replica = self._pick_replica(call, estimate)
-        if replica >= 0:
-            call = dataclasses.replace(call, service=self._service_names[replica])
         template = self._encoder.template(call, estimate.model)
         manager.check_call(call)
         if action_id is None:
@@ -306,7 +300,6 @@ class Orchestrator:
                               estimate=_DECLARED if estimate.source == "declared" else estimate.describe())
         lv = _Live(action_id, call, future, manager, template, record, estimate)
         lv.generation = self._encoder.generation
-        self._set_replica(lv, replica)
         self._live[action_id] = lv
         lv.watch = lambda f, i=action_id: self._on_future_done(f, i)
         future.add_done_callback(lv.watch)
@@ -461,13 +454,9 @@ class Orchestrator:
         if call is not None:
             validate_call(call)
             estimate = self.estimates.estimate(call)
-            replica = self._pick_replica(call, estimate)
-            if replica >= 0:
-                call = dataclasses.replace(call, service=self._service_names[replica])
             template = self._encoder.template(call, estimate.model)
             lv.manager.check_call(call)
             lv.template, lv.generation = template, self._encoder.generation
-            self._set_replica(lv, replica)
             lv.call, lv.estimate = call, estimate
         if not lv.running:  # waiting: in the core's queue, or in the next batch
             self._withdraw(lv)
@@ -592,7 +581,7 @@ class Orchestrator:
             return
         for action, _gm, grant, _t, kind, node, device, service, elastic_kind, reason in decisions.tolist():
             if kind == START:
-                self._start(self._live[action], node, device, grant, elastic_kind)
+                self._start(self._live[action], node, device, grant, elastic_kind, service)
             elif kind == REJECT:
                 lv = self._live[action]
                 lv.in_core = False  # the core forgot it
@@ -606,7 +595,9 @@ class Orchestrator:
             elif kind == EVICT:
                 self._device_op("evict", service, node, device, discard=reason == DISCARD)
 
-    def _start(self, lv: _Live, node: int, device: int, grant: float, elastic_kind: int) -> None:
+    def _start(self, lv: _Live, node: int, device: int, grant: float, elastic_kind: int, service: int = -1) -> None:
+        # A call naming a replicated service runs on the copy the core routed it to.
+        lv.replica = service if service >= 0 and self._service_names[service] != lv.call.service else -1
         call = lv.call
         resources = call.resources
         cores = float(resources.get("cpu", 0.0))
@@ -674,7 +665,7 @@ class Orchestrator:
         self.estimates.resized(lv.id, grant, self._now())
         lv.record.grant = grant
         try:
-            lv.manager.resize(LiveAction(lv.id, lv.call), lv.placement)
+            lv.manager.resize(LiveAction(lv.id, self._running_call(lv)), lv.placement)
         except Exception as e:  # the action runs on at its old share; the core's accounting moved
             log.warning("managers.%s: resize of action %d to %g failed: %s: %s", lv.manager.name, lv.id, grant,
                         type(e).__name__, e)
@@ -691,7 +682,7 @@ class Orchestrator:
         try:
             if offload is not None:  # its memory is still being freed (asyncio.wait: a cancel leaves the offload be)
                 await asyncio.wait((offload,))
-            result = await lv.manager.execute(LiveAction(lv.id, lv.call), placement)
+            result = await lv.manager.execute(LiveAction(lv.id, self._running_call(lv)), placement)
         except asyncio.CancelledError:
             reason = lv.cancel_reason
             if reason is None:
@@ -780,7 +771,6 @@ class Orchestrator:
         if lv.timer is not None:
             lv.timer.cancel()
         kind = lv.call.kind
-        self._set_replica(lv, -1)
         if lv.running:
             if lv.estimate.source != "declared":
                 self.estimates.finished(lv.id, record.end, ok=outcome == "ok")
@@ -850,32 +840,12 @@ class Orchestrator:
             task.add_done_callback(lambda t: self._offloads.pop(key) if self._offloads.get(key) is t else None)
 
     # ---------------------------------------------------------------- replicas
-    def _pick_replica(self, call: Call, estimate: Estimate) -> int:
-        """For a call naming a replicated service, the replica that would serve it soonest:
-        the least of (its restore time unless resident) + (calls routed to it and still
-        live, over its max_batch, whole batches) x this call's estimated run time; ties to
-        the lower replica. -1 for any other call (one naming a replica goes there)."""
-        replicas = self._replicas.get(call.service) if isinstance(call.service, str) else None
-        if replicas is None:
-            return -1
-        seconds = float(estimate.model) if isinstance(estimate.model, (int, float)) else 1.0
-        best, best_cost = -1, math.inf
-        for index in replicas:
-            spec = self._service_specs[index]
-            restore = 0.0 if self._core.service_location(index)[0] >= 0 else self._service_time(index, "restore")
-            cost = restore + (self._replica_load[index] // max(1, spec.max_batch)) * seconds
-            if cost < best_cost:
-                best, best_cost = index, cost
-        return best
-
-    def _set_replica(self, lv: _Live, replica: int) -> None:
-        """Moves the live action's count from the replica it was routed to (if any) to
-        `replica` (-1: none): the load _pick_replica weighs."""
-        if lv.replica >= 0:
-            self._replica_load[lv.replica] -= 1
-        lv.replica = replica
-        if replica >= 0:
-            self._replica_load[replica] += 1
+    def _running_call(self, lv: _Live) -> Call:
+        """The call as its manager runs it: naming the copy the core routed it to when it
+        named a replicated service (lv.call keeps the name: a requeue routes it again)."""
+        if lv.replica < 0:
+            return lv.call
+        return dataclasses.replace(lv.call, service=self._service_names[lv.replica])
 
     # ---------------------------------------------------------------- service times
     def _service_time_key(self, service: int, what: str) -> str:

@@ -759,5 +759,108 @@ TEST(Services, AsleepMemoryValidated) {
   EXPECT_THROW(Scheduler(inv, policy_of(PolicyKind::kTangram)), Error);
 }
 
+// Replicas: three copies of one model (one per device), max_batch 2. Actions that may use
+// any copy go to the one that serves them soonest: while no copy is resident all cost their
+// restore, so the first copy takes actions until its queue holds a whole batch; then the
+// next copy. Each start names the copy it runs on.
+Inventory replica_inventory(std::int32_t copies, std::int32_t minimum) {
+  Inventory inv = cpu_inventory(1, 16);
+  inv.nodes[0].gpus.assign(static_cast<std::size_t>(copies), {U(4000)});
+  for (std::int32_t r = 0; r < copies; ++r) {
+    tangram::ServiceSpec copy{"rm#" + std::to_string(r), U(3000), 2.0, 2, 1.0};
+    if (r > 0) copy.replica_of = 0;
+    copy.surplus = r >= minimum;
+    inv.services.push_back(copy);
+  }
+  return inv;
+}
+
+ActionSpec any_copy(ActionId id, double seconds = 1.0) {
+  ActionSpec a = action(id, {U(1)}, seconds);
+  a.service = 0;
+  a.any_replica = true;
+  return a;
+}
+
+TEST(Replicas, AnActionGoesToTheCopyThatServesItSoonest) {
+  Harness h(replica_inventory(3, 1), policy_of(PolicyKind::kFifo));
+  EXPECT_EQ(h.submit({any_copy(1), any_copy(2), any_copy(3), any_copy(4), any_copy(5)}, 0),
+            (Decisions{restore(0).on(0, 0).at(2), restore(1).on(0, 1).at(2), restore(2).on(0, 2).at(2)}));
+  EXPECT_EQ(h.tick(2), (Decisions{start(1).on(0, 0).service(0).at(2), start(2).on(0, 0).service(0).at(2),
+                                  start(3).on(0, 1).service(1).at(2), start(4).on(0, 1).service(1).at(2),
+                                  start(5).on(0, 2).service(2).at(2)}));
+}
+
+// A resident copy with a long queue against a copy that is not resident: the action goes
+// to the other copy once the batches ahead of it take longer than that copy's restore.
+TEST(Replicas, AQueueLongerThanARestoreBringsAnotherCopy) {
+  Harness h(replica_inventory(2, 1), policy_of(PolicyKind::kFifo));
+  h.submit({any_copy(1, 10)}, 0);
+  h.tick(2);  // copy 0 resident, action 1 running there until 12
+  // Copy 0: 1 live action, under a batch: 0 s; copy 1: a 2 s restore. To copy 0.
+  EXPECT_EQ(h.submit({any_copy(2, 10)}, 3), (Decisions{start(2).on(0, 0).service(0).at(3)}));
+  // Copy 0 holds a whole batch (2 live): one batch of 10 s ahead against a 2 s restore.
+  EXPECT_EQ(h.submit({any_copy(3, 10)}, 4), (Decisions{restore(1).on(0, 1).at(6)}));
+  // A short action: one batch of 1 s ahead on copy 0 is less than copy 1's remaining 2 s.
+  EXPECT_EQ(h.submit({any_copy(4, 1)}, 4), Decisions{});
+  EXPECT_EQ(h.tick(6), (Decisions{start(3).on(0, 1).service(1).at(6)}));
+}
+
+// An action naming a copy runs there; validation names the field.
+TEST(Replicas, ActionsNamingACopyAndBadSpecs) {
+  Harness h(replica_inventory(2, 1), policy_of(PolicyKind::kFifo));
+  ActionSpec pinned = action(1, {U(1)}, 1);
+  pinned.service = 1;
+  EXPECT_EQ(h.submit({pinned}, 0), (Decisions{restore(1).on(0, 0).at(2)}));
+  ActionSpec wrong = any_copy(2);
+  wrong.service = 1;
+  expect_error([&] { h.submit({wrong}, 1); }, ErrorCode::kInvalidArgument, "actions[0].service");
+  ActionSpec none = action(3, {U(1)}, 1);
+  none.any_replica = true;
+  expect_error([&] { h.submit({none}, 1); }, ErrorCode::kInvalidArgument, "actions[0].any_replica");
+  Inventory bad = replica_inventory(2, 1);
+  bad.services[1].replica_of = 1;
+  expect_error([&] { Harness x(bad, policy_of(PolicyKind::kFifo)); }, ErrorCode::kInvalidArgument,
+               "inventory.services[1].replica_of");
+  bad = replica_inventory(2, 1);
+  bad.services[1].memory = U(2000);
+  expect_error([&] { Harness x(bad, policy_of(PolicyKind::kFifo)); }, ErrorCode::kInvalidArgument,
+               "inventory.services[1].replica_of");
+  bad = replica_inventory(2, 1);
+  bad.services[0].surplus = true;
+  expect_error([&] { Harness x(bad, policy_of(PolicyKind::kFifo)); }, ErrorCode::kInvalidArgument,
+               "inventory.services[0].surplus");
+}
+
+// GPU memory needed on a device holding an idle surplus copy and an idle other service:
+// the copy, asked for more recently (so the costlier to evict by the expected gap until
+// its next request), goes first all the same.
+TEST(Replicas, IdleSurplusCopiesAreEvictedFirst) {
+  Inventory inv = cpu_inventory(1, 16);
+  inv.nodes[0].gpus = {{U(4000)}};
+  tangram::ServiceSpec first{"rm#0", U(1500), 1.0, 1, 1.0};
+  tangram::ServiceSpec copy = first;
+  copy.name = "rm#1";
+  copy.replica_of = 0;
+  copy.surplus = true;
+  inv.services = {first, copy, {"other", U(1500), 1.0, 1, 1.0}};
+  Harness h(inv, policy_of(PolicyKind::kFifo));
+  ActionSpec a = action(1, {U(1)}, 1);
+  a.service = 2;
+  EXPECT_EQ(h.submit({a}, 0), (Decisions{restore(2).on(0, 0).at(1)}));
+  h.tick(1);
+  h.complete({1}, 2);
+  ActionSpec b = action(2, {U(1)}, 1);
+  b.service = 1;  // the surplus copy, by name
+  EXPECT_EQ(h.submit({b}, 3), (Decisions{restore(1).on(0, 0).at(4)}));
+  h.tick(4);
+  h.complete({2}, 5);
+  ActionSpec big = action(3, {U(1)}, 1);
+  big.gpu_memory = U(2000);
+  const Decisions made = h.submit({big}, 6);
+  ASSERT_FALSE(made.empty());
+  EXPECT_EQ(made.front(), Decision(evict(1).on(0, 0).at(6)));
+}
+
 }  // namespace
 }  // namespace tangram_test

@@ -6,7 +6,7 @@
 //   build/fuzz/tangram_fuzz -max_total_time=60 build/fuzz/corpus tests/fuzz/corpus
 //
 // The input bytes decode into a small inventory (1-4 nodes, 2-3 kinds, 0-2 GPUs per node,
-// 0-2 services, 0-1 quota), a policy (any built-in, or any row of rules), then a stream of events: submits
+// 0-3 services, some copies of the first, 0-1 quota), a policy (any built-in, or any row of rules), then a stream of events: submits
 // of 1-4 actions (sometimes invalid: negative or absurd demands, elastic_max below the
 // minimum, unknown kinds/nodes/services/tables, NaN run times, duplicate ids), completes
 // and cancels (mostly of live ids), limits (mostly of running elastic actions, in range),
@@ -164,8 +164,16 @@ class Harness {
       if (in_.ConsumeBool()) node.offload_memory = tangram::kMilli * in_.ConsumeIntegralInRange<Quantity>(-1, 64) * 1024;
       inv.nodes.push_back(std::move(node));
     }
-    const int services = in_.ConsumeIntegralInRange<int>(0, 2);
+    const int services = in_.ConsumeIntegralInRange<int>(0, 3);
     for (int s = 0; s < services; ++s) {
+      if (s > 0 && in_.ConsumeIntegralInRange<int>(0, 2) == 0) {  // a copy of service 0 (a replica)
+        tangram::ServiceSpec copy = inv.services[0];
+        copy.name = "svc" + std::to_string(s);
+        copy.replica_of = in_.ConsumeIntegralInRange<int>(0, 15) == 0 ? s : 0;  // now and then an invalid one
+        copy.surplus = in_.ConsumeBool();
+        inv.services.push_back(std::move(copy));
+        continue;
+      }
       tangram::ServiceSpec svc;
       svc.name = "svc" + std::to_string(s);
       svc.memory = tangram::kMilli * in_.ConsumeIntegralInRange<Quantity>(0, 40) * 1024;
@@ -392,6 +400,7 @@ class Harness {
     };
     a.affinity_node = constraint(nodes_);
     a.service = constraint(services_);
+    a.any_replica = in_.ConsumeIntegralInRange<int>(0, 3) == 0;  // valid only for a group's first copy
     a.quota = constraint(quotas_);
     if (a.quota != tangram::kNone) a.tokens = in_.ConsumeIntegralInRange<int>(0, 7) == 0 ? -5 : in_.ConsumeIntegralInRange<std::int64_t>(0, 2000);
     return a;

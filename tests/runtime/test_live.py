@@ -285,14 +285,60 @@ def test_calls_to_a_replicated_service_go_to_the_replica_that_serves_them_soones
             assert devices.count(0) == devices.count(1) == 6  # balanced: whole batches of 2 each
             described = gpu.describe()["services"]
             assert {described["rm#0"]["resident_on"], described["rm#1"]["resident_on"]} == {0, 1}
-            assert orch._replica_load == [0, 0]  # every routed call ended
             assert (await orch.run(calls[0]))[1] == 0
             assert (await orch.run(Call(args=(7,), service="rm#1", resources={}, kind="reward"))) == (1, 7)
             with pytest.raises(ValidationError):  # refused at submit: nothing routed
                 orch.submit(Call(args=(1, 2), service="rm", resources={}, kind="reward"))
             with pytest.raises(ValidationError):
                 orch.submit(calls[0], action_id=-1)
-            assert orch._replica_load == [0, 0]
+
+    asyncio.run(main())
+
+
+def test_a_queue_brings_a_surplus_replica_and_memory_needed_evicts_it_first() -> None:
+    """Service(replicas=1, max_replicas=2) beside another service on one fake GPU: a burst
+    longer than a restore brings the second copy (its own load through the hooks, calls
+    served by both), and when the other service needs the memory, the surplus copy is
+    evicted (offloaded through the hooks), not the first."""
+    events: list[tuple[str, int]] = []
+
+    class Copy(ServiceHooks):
+        loads = 0
+
+        def load(self, device):  # type: ignore[no-untyped-def]
+            Copy.loads += 1
+            events.append(("load", Copy.loads - 1))
+            return {"copy": Copy.loads - 1}
+
+        def offload(self, handle):  # type: ignore[no-untyped-def]
+            events.append(("offload", handle["copy"]))
+
+        def restore(self, handle, device):  # type: ignore[no-untyped-def]
+            events.append(("restore", handle["copy"]))
+
+        def batch(self, handle, inputs):  # type: ignore[no-untyped-def]
+            time.sleep(0.1)
+            return [(handle["copy"], x) for x in inputs]
+
+    async def main() -> None:
+        rm = Service("rm", memory=600, restore_seconds=0.05, max_batch=2, replicas=1, max_replicas=2)
+        other = Service("other", memory=600, restore_seconds=0.05)
+        inventory = local_inventory(services=[rm, other], gpus=[1300])
+        gpu = GpuManager(services={"rm": Copy(), "other": FunctionService(lambda x: x)}, devices="inventory")
+        async with Orchestrator(inventory=inventory, default_managers=False, managers={"gpu": gpu}) as orch:
+            calls = [Call(args=(i,), service="rm", resources={}, kind="reward", runtime=0.3) for i in range(4)]
+            outputs = await orch.map(calls)
+            assert [x for _, x in outputs] == [0, 1, 2, 3]
+            assert sorted(copy for copy, _ in outputs) == [0, 0, 1, 1]  # two calls each: a batch per copy
+            assert events == [("load", 0), ("load", 1)]
+            described = gpu.describe()["services"]
+            assert described["rm#0"]["resident_on"] == described["rm#1"]["resident_on"] == 0
+            assert await orch.run(Call(args=(5,), service="other", resources={}, kind="reward")) == 5
+            assert events[-1] == ("offload", 1), events  # the surplus copy went, not the first
+            described = gpu.describe()["services"]
+            assert described["rm#0"]["resident_on"] == 0 and described["rm#1"]["resident_on"] is None
+            assert len(orch.records) == 5 and all(r.outcome == "ok" for r in orch.records)
+            assert_idle(orch)
 
     asyncio.run(main())
 
