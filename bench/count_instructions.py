@@ -35,7 +35,13 @@ def main() -> int:
     args = [a for a in sys.argv[1:] if a != "--cache"]
     cache = "--cache" in sys.argv[1:]
     nodes = args[0] if args else "1024"
-    python = os.path.realpath(sys.executable)  # not a shim script: valgrind must see python
+    # The interpreter as this process was started (in a virtual environment, its symlink:
+    # resolving it would lose the environment's packages); valgrind must run a binary.
+    python = sys.executable
+    with open(os.path.realpath(python), "rb") as f:
+        if f.read(4) != b"\x7fELF":
+            raise SystemExit(f"count_instructions: {python} is not an ELF binary (a shim script?): run it with "
+                             "the interpreter itself")
     with tempfile.TemporaryDirectory() as tmp:
         script, out = os.path.join(tmp, "replay.py"), os.path.join(tmp, "callgrind.out")
         with open(script, "w") as f:

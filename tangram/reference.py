@@ -95,10 +95,11 @@ Rules, in words:
   service not resident, reason DISCARD), after the restore's victims.
 * Replicas. A service whose replica_of is another's is a copy of that one (its group's
   first copy); an action with any_replica names a group's first copy and is routed at
-  submit, before its class and feasibility, to the copy with the least cost: until (0
-  resident, max(ready_ns - now, 0) restoring, restore_ns offloaded) + (live actions of the
-  copy, the batch's earlier ones included, // max_batch) x to_ns(its run time at its
-  minimum grant); ties to the lower index. The start names the copy.
+  submit, before its class and feasibility, to the copy with the least wait: (live
+  actions of the copy, the batch's earlier ones included, // max_batch) x to_ns(its run
+  time at its minimum grant), plus for a surplus copy until (0 resident, max(ready_ns - now,
+  0) restoring, restore_ns offloaded); then the fewest live actions; then the lower index.
+  The start names the copy.
 * Runtime reports. service_restored(s, node, device, now): if s is restoring on that
   device with ready > now, it is ready now, and the device's ops_end becomes now when it
   was that ready; then a pass. set_service_times(s, restore, offload) replaces its
@@ -868,19 +869,20 @@ class ReferenceScheduler:
         return self._pass(out)
 
     def _route_replica(self, a: _Action, t: int) -> int:
-        """The copy of a's replicated service that would serve it soonest: the least of how
-        long until it can start anything (0 resident, the rest of its restore while restoring,
-        its restore time otherwise) plus whole batches of its live actions (this batch's earlier
-        ones included) times a's run time at its minimum grant; ties to the lower copy."""
+        """The copy of a's replicated service that would start it soonest: the least wait, whole
+        batches of its live actions (this batch's earlier ones included) times a's run time at
+        its minimum grant, plus for a surplus copy how long until it can start anything (0
+        resident, the rest of its restore while restoring, its restore time otherwise); then
+        the fewest live actions; then the lower copy."""
         run_ns = to_ns(self._model_seconds(a.model, a.minimum, a.minimum))
-        best, best_cost = a.service, -1
+        best, best_key = a.service, None
         for copy in [a.service] + [o for o, svc in enumerate(self.services) if svc.replica_of == a.service]:
             svc = self.services[copy]
-            until = svc.restore_ns if svc.device < 0 else max(svc.ready_ns - t, 0)
+            until = 0 if not svc.surplus else svc.restore_ns if svc.device < 0 else max(svc.ready_ns - t, 0)
             live = sum(1 for b in self.actions.values() if b.service == copy)
-            cost = until + (live // svc.max_batch) * run_ns
-            if best_cost < 0 or cost < best_cost:
-                best, best_cost = copy, cost
+            key = (until + (live // svc.max_batch) * run_ns, live)
+            if best_key is None or key < best_key:
+                best, best_key = copy, key
         return best
 
     def complete(self, ids: Iterable[int], now: float) -> np.ndarray:

@@ -206,6 +206,27 @@ def test_offload_seconds_validated() -> None:
     assert e.value.field == "workload.reward.offload_seconds"
 
 
+def test_a_queue_of_rewards_brings_a_surplus_copy() -> None:
+    # Two trajectories' rewards of 4 s at once, one replicated service (replicas 1,
+    # max_replicas 2, max_batch 1, restore 1 s) on two GPUs, no compute sharing: the first
+    # reward goes to copy 0 (restored: ACT 5); for the second a whole 4 s batch is ahead
+    # there, more than copy 1's 1 s restore, so copy 1 is brought in (ACT 5, not 9).
+    w = tiny(batch=2, turns={"dist": "fixed", "value": 0},
+             reward={"replicas": 1, "max_replicas": 2, "gpu_memory": 1000, "restore_seconds": 1.0, "max_batch": 1,
+                     "cpu": 0.1, "memory": 10, "seconds": 4.0, "gpu_batch_gain": "inf"},
+             inventory={"cpu_nodes": 1, "cpu_node": {"cpu": 1, "memory": 1000},
+                        "gpu_nodes": 1, "gpu_node": {"cpu": 2, "memory": 1000, "gpus": [1000, 1000]}})
+    assert w.reward is not None and w.reward.routing == "core" and w.reward.services[0].copies == 2
+    assert sim.build_inventory(w).services[0].instances == ["reward#0", "reward#1"]
+    for policy in POLICIES:
+        r = sim.simulate(w, policy, seed=0)
+        assert r.act.tolist() == pytest.approx([5.0, 5.0]), policy
+        assert r.restores == 2
+    with pytest.raises(tangram.ValidationError) as e:
+        tiny(reward={"replicas": 2, "max_replicas": 1, "gpu_memory": 1000, "seconds": 1.0})
+    assert e.value.field == "workload.reward.max_replicas"
+
+
 def test_reward_batch_limit() -> None:
     # Two trajectories, one replica with max_batch 1, no restore: the second reward waits.
     w = tiny(turns={"dist": "fixed", "value": 0},

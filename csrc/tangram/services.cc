@@ -31,24 +31,31 @@ void Scheduler::Impl::evict_offline_services(std::vector<Decision>& out) {
   }
 }
 
-// The copy of a replicated service that would serve action `s` soonest, by the least of:
-// how long until the copy can start anything (0 when resident, what is left of its restore
-// when restoring, its restore time when not resident) plus the whole batches ahead of the
-// action there (its live actions over its max_batch) times the action's own run time at its
-// minimum grant. Ties go to the lower copy. Live counts include the batch's earlier actions.
+// The copy of a replicated service that would start action `s` soonest: the least wait,
+// the whole batches ahead of the action there (its live actions over max_batch) times the
+// action's own run time at its minimum grant, plus, for a surplus copy, how long until it
+// can start anything (0 when resident, what is left of its restore when restoring, its
+// restore time when not resident); among equal waits the copy with the fewest live actions,
+// then the lower copy. The service's minimum copies thus share its calls evenly (each
+// restored when it is first given one), and a surplus copy is brought in once the queue
+// ahead on the others outlasts its restore. Live counts include the batch's earlier actions.
 std::int32_t Scheduler::Impl::route_replica(const ActionSpec& s) const {
   const Quantity lo = s.elastic_kind == kNone ? kMilli : s.demand[s.elastic_kind];
   const TimeNs run_ns = to_ns(model_seconds(s.model, lo, lo, tables));
   std::int32_t best = s.service;
-  __int128 best_cost = -1;
+  __int128 best_wait = -1;
+  std::int64_t best_live = 0;
   for (std::int32_t copy : replica_group[s.service]) {
     const ServiceRec& r = services[copy];
-    const TimeNs until = r.device == kNone ? r.restore_ns : std::max<TimeNs>(r.ready_ns - now, 0);
-    const std::int64_t batches = (static_cast<std::int64_t>(r.running) + r.waiting) / inv.services[copy].max_batch;
-    const __int128 cost = static_cast<__int128>(until) + static_cast<__int128>(batches) * run_ns;
-    if (best_cost < 0 || cost < best_cost) {
+    const TimeNs until = !inv.services[copy].surplus ? 0
+                         : r.device == kNone     ? r.restore_ns
+                                                 : std::max<TimeNs>(r.ready_ns - now, 0);
+    const std::int64_t live = static_cast<std::int64_t>(r.running) + r.waiting;
+    const __int128 wait = static_cast<__int128>(until) + static_cast<__int128>(live / inv.services[copy].max_batch) * run_ns;
+    if (best_wait < 0 || wait < best_wait || (wait == best_wait && live < best_live)) {
       best = copy;
-      best_cost = cost;
+      best_wait = wait;
+      best_live = live;
     }
   }
   return best;

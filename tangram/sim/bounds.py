@@ -22,10 +22,11 @@ q_j, no sooner than r_j and at most q_j / b_j per second:
 
 - a sandbox node: rate its cores, work the least core-seconds of the action (its minimum
   grant times its run time there: under Amdahl's law g x t(g) grows with g);
-- a reward service: its copy runs on one device, at most `max_batch` at once, so rate
-  max_batch / (1 + (max_batch - 1) / S) seconds of work alone per second under the GPU
-  compute model (S the batch gain), work the reward's time alone, and nothing starts
-  before its first restore is done (services start offloaded);
+- a reward service: each of its copies (up to max_replicas) runs on one device, at most
+  `max_batch` at once, so rate copies x max_batch / (1 + (max_batch - 1) / S) seconds of
+  work alone per second under the GPU compute model (S the batch gain), work the reward's
+  time alone, and nothing starts before its first restore is done (services start
+  offloaded);
 - all devices together (the sandbox nodes' GPUs too): rate S per device (the most a device
   does at any batch);
 - an API quota: in flight at most max_concurrency (rate, work the request's run time); and
@@ -357,7 +358,7 @@ def _actions(w: Workload, st: Step) -> _Actions:
             ids = np.flatnonzero(service_a == s)
             # nothing of a service starts before its first restore is done (services start offloaded)
             rel[ids] = np.maximum(rel[ids], sv.restore_seconds)
-            rate = sv.max_batch / (1 + (sv.max_batch - 1) / gain)  # max_batch when S is inf
+            rate = sv.copies * sv.max_batch / (1 + (sv.max_batch - 1) / gain)  # max_batch per copy when S is inf
             per_service.append(_machine(rel, best_a, ids, work_a[ids], rate))
         ids = np.flatnonzero(service_a >= 0)
         alternatives = [lambda lam: sum(f(lam) for f in per_service)]

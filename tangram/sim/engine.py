@@ -76,7 +76,8 @@ def build_inventory(w: Workload) -> Inventory:
     if w.reward is not None:
         r = w.reward
         services = [Service(sv.name, memory=sv.gpu_memory, restore_seconds=sv.restore_seconds,
-                            max_batch=sv.max_batch, offload_seconds=sv.offload_seconds) for sv in r.services]
+                            max_batch=sv.max_batch, offload_seconds=sv.offload_seconds, replicas=sv.replicas,
+                            max_replicas=sv.max_replicas) for sv in r.services]
     quotas = [Quota(q.name, rate=q.rate, burst=q.burst, max_concurrency=q.max_concurrency,
                     tokens_per_minute=q.tokens_per_minute) for q in w.quotas]
     return Inventory(nodes=nodes, quotas=quotas, services=services)
@@ -173,8 +174,8 @@ def bound_schedule(w: Workload, st: Step) -> dict[str, float]:
     done, the shortest reward (think and run) still follows. With the GPU compute model on
     (a finite `gpu_batch_gain` S), two more: a device serves at most S alone-seconds of
     reward work per second, so all of it takes at least its total over S x the devices; and
-    a service runs on one device at most `max_batch` at once, so its work alone takes at
-    least its total over max_batch / (1 + (max_batch - 1) / S)."""
+    each copy of a service runs on one device at most `max_batch` at once, so its work alone
+    takes at least its total over copies x max_batch / (1 + (max_batch - 1) / S)."""
     inv = w.inventory
     cpu_ev: list[tuple[float, int, int, float]] = []
     quota_ev: list[tuple[float, int, int, float]] = []
@@ -231,7 +232,8 @@ def bound_schedule(w: Workload, st: Step) -> dict[str, float]:
             for a, b, s in rew:
                 work[s] += b - a
             drained.append(sum(work) / (gain * len(inv.gpu_node.gpus) * inv.gpu_nodes))
-            drained += [x * (1 + (sv.max_batch - 1) / gain) / sv.max_batch for x, sv in zip(work, svcs) if x > 0]
+            drained += [x * (1 + (sv.max_batch - 1) / gain) / (sv.max_batch * sv.copies)
+                        for x, sv in zip(work, svcs) if x > 0]
     out["step_bound"] = max([longest, *drained])
     return out
 

@@ -188,6 +188,16 @@ class QuotaSpec:
     tokens_per_minute: int = 0
 
 
+def _copies(obj: dict, where: str) -> tuple[int, int]:
+    """(replicas, max_replicas) of a reward service: max_replicas defaults to replicas and
+    may not be below it."""
+    replicas = int(_number(obj, "replicas", where, 1, integer=True, positive=True))
+    max_replicas = int(_number(obj, "max_replicas", where, replicas, integer=True, positive=True))
+    if max_replicas < replicas:
+        raise ValidationError(f"{where}.max_replicas", f"must be at least replicas ({replicas}), got {max_replicas}")
+    return replicas, max_replicas
+
+
 @dataclass(frozen=True)
 class RewardService:
     """One GPU reward service (a core `Service`)."""
@@ -199,17 +209,25 @@ class RewardService:
     weight: float = 1.0  # popularity (routing "popularity")
     seconds: Dist | None = None  # run time of one of its reward actions; None: the reward's
     offload_seconds: float | None = None  # its offload when evicted; None: as long as its restore
+    replicas: int = 1  # copies (a core Service(replicas, max_replicas)): the core routes each reward
+    max_replicas: int = 1  # to the copy that serves it soonest, bringing copies up to max_replicas
+
+    @property
+    def copies(self) -> int:
+        return max(self.replicas, self.max_replicas)
 
 
 @dataclass(frozen=True)
 class Reward:
     """GPU reward services, each a tangram Service. Either `replicas` identical copies of
-    one model, trajectory i scoring on replica i % replicas (routing "round_robin": the core
-    has no replicated service, so routing is static), or an explicit list of `services`,
-    each trajectory scoring on one drawn by the services' weights (routing "popularity")."""
+    one model, trajectory i scoring on replica i % replicas (routing "round_robin": each
+    copy a service of its own, routed statically), or, with `max_replicas`, one replicated
+    service whose copies the core routes to (routing "core"), or an explicit list of
+    `services`, each trajectory scoring on one drawn by the services' weights (routing
+    "popularity"), each of which may have copies too."""
 
     services: tuple[RewardService, ...]
-    routing: str  # "round_robin" or "popularity"
+    routing: str  # "round_robin", "core" or "popularity"
     cpu: float  # host cores each reward action holds (the request's client side)
     memory: float  # host MiB each reward action holds
     seconds: Dist  # run time of one reward action alone on an idle device, before noise
@@ -321,17 +339,18 @@ class Workload:
         if obj.get("reward") is not None:
             w = "workload.reward"
             shared = ("cpu", "memory", "seconds", "gpu_batch_gain")
-            r = _object(obj["reward"], w, (*shared, "services", "replicas", "gpu_memory", "restore_seconds",
-                                           "offload_seconds", "max_batch"), required=("seconds",))
+            r = _object(obj["reward"], w, (*shared, "services", "replicas", "max_replicas", "gpu_memory",
+                                           "restore_seconds", "offload_seconds", "max_batch"), required=("seconds",))
             if "services" in r:
-                for key in ("replicas", "gpu_memory", "restore_seconds", "offload_seconds", "max_batch"):
+                for key in ("replicas", "max_replicas", "gpu_memory", "restore_seconds", "offload_seconds", "max_batch"):
                     if key in r:  # it would be ignored: each service has its own
                         raise ValidationError(f"{w}.{key}", "not with reward.services: give it per service")
                 services = []
                 for i, sv in enumerate(_list(r, "services", w, required=True)):
                     ws = f"{w}.services[{i}]"
                     _object(sv, ws, ("name", "gpu_memory", "restore_seconds", "offload_seconds", "max_batch",
-                                     "weight", "seconds"), required=("gpu_memory",))
+                                     "weight", "seconds", "replicas", "max_replicas"), required=("gpu_memory",))
+                    copies = _copies(sv, ws)
                     services.append(RewardService(
                         name=_string(sv, "name", ws, f"reward-{i}"),
                         gpu_memory=_number(sv, "gpu_memory", ws),
@@ -340,6 +359,7 @@ class Workload:
                         weight=_number(sv, "weight", ws, 1.0),
                         seconds=Dist.parse(sv["seconds"], f"{ws}.seconds") if "seconds" in sv else None,
                         offload_seconds=_number(sv, "offload_seconds", ws) if "offload_seconds" in sv else None,
+                        replicas=copies[0], max_replicas=copies[1],
                     ))
                 if len({sv.name for sv in services}) != len(services):
                     raise ValidationError(f"{w}.services", "service names must be unique")
@@ -347,15 +367,20 @@ class Workload:
                     raise ValidationError(f"{w}.services", "weights must not all be zero")
                 routing = "popularity"
             else:
-                _object(r, w, (*shared, "replicas", "gpu_memory", "restore_seconds", "offload_seconds", "max_batch"),
-                        required=("gpu_memory",))
-                replicas = int(_number(r, "replicas", w, 1, integer=True, positive=True))
+                _object(r, w, (*shared, "replicas", "max_replicas", "gpu_memory", "restore_seconds", "offload_seconds",
+                               "max_batch"), required=("gpu_memory",))
+                replicas, max_replicas = _copies(r, w)
                 mem, restore = _number(r, "gpu_memory", w), _number(r, "restore_seconds", w, 0.0)
                 offload = _number(r, "offload_seconds", w) if "offload_seconds" in r else None
                 batch = int(_number(r, "max_batch", w, 1, integer=True, positive=True))
-                services = [RewardService(f"reward-{i}", mem, restore, batch, offload_seconds=offload)
-                            for i in range(replicas)]
-                routing = "round_robin"
+                if "max_replicas" in r:  # one replicated service: the core routes to its copies
+                    services = [RewardService("reward", mem, restore, batch, offload_seconds=offload,
+                                              replicas=replicas, max_replicas=max_replicas)]
+                    routing = "core"
+                else:
+                    services = [RewardService(f"reward-{i}", mem, restore, batch, offload_seconds=offload)
+                                for i in range(replicas)]
+                    routing = "round_robin"
             reward = Reward(
                 services=tuple(services),
                 routing=routing,

@@ -759,10 +759,10 @@ TEST(Services, AsleepMemoryValidated) {
   EXPECT_THROW(Scheduler(inv, policy_of(PolicyKind::kTangram)), Error);
 }
 
-// Replicas: three copies of one model (one per device), max_batch 2. Actions that may use
-// any copy go to the one that serves them soonest: while no copy is resident all cost their
-// restore, so the first copy takes actions until its queue holds a whole batch; then the
-// next copy. Each start names the copy it runs on.
+// Replicas: three copies of one model (one per device, none surplus), max_batch 2. Actions
+// that may use any copy go to the one that starts them soonest: with no whole batch ahead
+// anywhere, the copy with the fewest live actions, so the burst is shared evenly (each copy
+// restored for its first). Each start names the copy it runs on.
 Inventory replica_inventory(std::int32_t copies, std::int32_t minimum) {
   Inventory inv = cpu_inventory(1, 16);
   inv.nodes[0].gpus.assign(static_cast<std::size_t>(copies), {U(4000)});
@@ -783,12 +783,12 @@ ActionSpec any_copy(ActionId id, double seconds = 1.0) {
 }
 
 TEST(Replicas, AnActionGoesToTheCopyThatServesItSoonest) {
-  Harness h(replica_inventory(3, 1), policy_of(PolicyKind::kFifo));
+  Harness h(replica_inventory(3, 3), policy_of(PolicyKind::kFifo));
   EXPECT_EQ(h.submit({any_copy(1), any_copy(2), any_copy(3), any_copy(4), any_copy(5)}, 0),
             (Decisions{restore(0).on(0, 0).at(2), restore(1).on(0, 1).at(2), restore(2).on(0, 2).at(2)}));
-  EXPECT_EQ(h.tick(2), (Decisions{start(1).on(0, 0).service(0).at(2), start(2).on(0, 0).service(0).at(2),
-                                  start(3).on(0, 1).service(1).at(2), start(4).on(0, 1).service(1).at(2),
-                                  start(5).on(0, 2).service(2).at(2)}));
+  EXPECT_EQ(h.tick(2), (Decisions{start(1).on(0, 0).service(0).at(2), start(2).on(0, 1).service(1).at(2),
+                                  start(3).on(0, 2).service(2).at(2), start(4).on(0, 0).service(0).at(2),
+                                  start(5).on(0, 1).service(1).at(2)}));
 }
 
 // A resident copy with a long queue against a copy that is not resident: the action goes
