@@ -1,7 +1,7 @@
 """The policy grid: every built-in workload at loads 128 to 2,048 trajectories, 30 seeds,
 every policy, paired per seed against `tangram`.
 
-    python bench/sim_grid.py [--workloads coding,deepsearch,multireward]
+    python bench/sim_grid.py [--workloads coding,deepsearch,multireward,...]  (default: every built-in)
         [--loads 128,256,512,1024,2048] [--seeds 30] [--jobs 2] [--tie 0.5]
         [--json rows.json] [--markdown docs/results/grid.md]
 
@@ -15,7 +15,7 @@ tied with the best. The summary counts the cells that hold. Last, per cell, tang
 ACT over the zero-wait bound and over the capacity bound (tangram.sim.bounds), and its step
 over the step bound (tangram.sim.engine: bound_schedule), mean over seeds.
 
-About 45 s per seed for the three workloads at the five loads on one core here (coding and
+About 50 s per seed for the five workloads at the five loads on one core here (coding and
 deepsearch at 2,048 trajectories are most of it); --jobs spreads seeds over processes.
 """
 
@@ -30,7 +30,7 @@ from multiprocessing import Pool
 import numpy as np
 
 from tangram.sim.engine import POLICY_NAMES, simulate
-from tangram.sim.workloads import builtin
+from tangram.sim.workloads import builtin, builtin_names
 
 METRICS = (("avg_act", "mean ACT"), ("step_duration", "step duration"), ("p99_act", "p99 ACT"))
 
@@ -128,7 +128,7 @@ def write_json(path: str, tie: float, rows: list[dict], cells: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workloads", default="coding,deepsearch,multireward")
+    ap.add_argument("--workloads", default=",".join(builtin_names()))
     ap.add_argument("--loads", default="128,256,512,1024,2048")
     ap.add_argument("--seeds", type=int, default=30)
     ap.add_argument("--jobs", type=int, default=1)

@@ -487,7 +487,7 @@ def test_coding_step_at_scale() -> None:
 
 # ------------------------------------------------------------------ deepsearch and multireward
 
-NEW_WORKLOADS = {"deepsearch": 128, "multireward": 256}  # batch sizes that keep the suite fast
+NEW_WORKLOADS = {"deepsearch": 128, "multireward": 256, "rewardburst": 64, "apiquota": 128}  # batch sizes that keep the suite fast
 
 
 def _check_conservation(w: sim.Workload, r: sim.SimResult, seed: int) -> None:

@@ -17,7 +17,7 @@ from .._arguments import ArgumentParser, name_list, positive_int, writable_dir, 
 from ..runtime.isolation import cpu_list  # "0-2,7": the seeds as --seeds takes them
 from .engine import POLICY_NAMES, parse_estimates
 from .experiments import RESOURCES, Progress, run_many
-from .workloads import Workload, parse_gpu_batch_gain
+from .workloads import Workload, builtin_names, parse_gpu_batch_gain
 
 
 SWEEP_KEYS = ("batch", "gpus", "cores")
@@ -113,7 +113,7 @@ def _write_json(path: str, obj: Any) -> None:
 def _parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="tangram sim", description=__doc__)
     parser.add_argument("--workload", default=None,
-                        help="built-in name (coding, deepsearch, multireward) or a JSON file (default coding)")
+                        help=f"built-in name ({', '.join(builtin_names())}) or a JSON file (default coding)")
     parser.add_argument("--policies", default=None, type=lambda s: name_list(s, POLICY_NAMES, "policy"),
                         help=f"comma-separated, distinct, of {', '.join(POLICY_NAMES)} (default all)")
     parser.add_argument("--estimates", default="oracle",
