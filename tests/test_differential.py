@@ -774,6 +774,30 @@ def test_service_eviction() -> None:
     h.drain()
 
 
+# A replicated service (one copy the minimum, one surplus) on one GPU that holds two of the
+# three services: a queue of 4 s calls brings the surplus copy (routed at submit alike on
+# both sides), and when the other service needs the memory, the idle surplus copy is the
+# one evicted, though every other rule ranks the first copy first (the same requests and
+# restore time, the lower index).
+@pytest.mark.parametrize("name", POLICIES)
+def test_replica_routing_and_surplus_eviction(name: str) -> None:
+    inv = Inventory([Node("n0", {"cpu": 8}, [Gpu(2500)])],
+                    services=[Service("rm", 1000, 1.0, replicas=1, max_replicas=2), Service("other", 1000, 1.0)])
+    h = Harness(inv, Policy(name=name))
+    assert h.service_replica_of == [-1, 0, -1]
+    out = h.submit(actions(1, *[dict(id=i, demand=[1], seconds=4.0, service=0, any_replica=1) for i in (1, 2)]))
+    assert sorted(int(d["service"]) for d in out if d["kind"] == RESTORE) == [0, 1]  # the second: a whole batch ahead
+    for _ in range(2):  # the device's restores run one after the other: ready at 1 s and 2 s
+        h.now = h.core.next_wakeup
+        h.tick()
+    assert {h.state[1], h.state[2]} == {"running"}
+    h.now += 4.0
+    h.complete([1, 2])
+    out = h.submit(actions(1, dict(id=3, demand=[1], seconds=1.0, service=2)))
+    assert [(int(d["kind"]), int(d["service"])) for d in out][:2] == [(EVICT, 1), (RESTORE, 2)]
+    h.drain()
+
+
 # An action short of GPU memory that idle cached services hold evicts them; a service
 # whose device is too small for an action beside it moves to a larger one.
 def test_gpu_room_and_service_move() -> None:
