@@ -15,7 +15,7 @@ tied with the best. The summary counts the cells that hold. Last, per cell, tang
 ACT over the zero-wait bound and over the capacity bound (tangram.sim.bounds), and its step
 over the step bound (tangram.sim.engine: bound_schedule), mean over seeds.
 
-About 50 s per seed for the five workloads at the five loads on one core here (coding and
+About 60 s per seed for the five workloads at the five loads on one core here (coding and
 deepsearch at 2,048 trajectories are most of it); --jobs spreads seeds over processes.
 """
 

@@ -114,7 +114,9 @@ Rules, in words:
   Restore "on_demand": only the walk restores.
 * Drains. A restore (for action a) that finds no device (Restore, below) when a has
   waited >= starvation_ns drains one of the devices it considered: on each, the services
-  resident there other than a's, ready by the previous pass, sorted by running actions
+  resident there other than a's, ready by the previous pass and for starvation_ns by now
+  (one ready for less keeps its device; the end of that residency is a wakeup of the
+  pass), sorted by running actions
   then index, are taken until the device's free memory plus what their evictions free
   covers what the restore takes there; of the devices where that suffices, the one whose
   taken services run the fewest actions (then the lowest index). Those services start
@@ -263,8 +265,9 @@ Rules, in words:
   the quota run (until: never). Tokens: a bucket of tokens_per_minute * 60e9 units
   refilled by tokens_per_minute per ns elapsed (capped); a request needs tokens * 60e9;
   refused until now + ceil(shortfall / tokens_per_minute). Checked in that order.
-* next_wakeup: after each pass, the earliest ready time of a restoring service or the
-  "until" time of a quota refused in the pass; None when there is none.
+* next_wakeup: after each pass, the earliest ready time of a restoring service, the
+  "until" time of a quota refused in the pass, or the end of a residency that kept a
+  service from a drain in the pass; None when there is none.
 * Limit (any resize rule). limit(ids, limits): each running elastic action's max becomes
   its limit (milli, within [minimum, max as submitted]); under "malleable" its bin counts
   as freed in this event (its running actions are grow candidates); a grant above the
@@ -1225,6 +1228,7 @@ class ReferenceScheduler:
         p = _Pass()
         self.spared_fresh = False
         self.draining = set()  # services drained for a starving one (_drain): none yet this pass
+        self.drain_wakeups: list[int] = []  # ends of residencies that kept a service from a drain
         p.resized.update(resized)  # limited by this event: not resized again in its pass
         for s, svc in enumerate(self.services):  # resident on an offline node, idle: offloaded
             if svc.device >= 0 and not self._device_online(svc.device) and self._running(service=s) == 0:
@@ -1252,6 +1256,7 @@ class ReferenceScheduler:
             self._grant_spare(p, out)
         self.freed_bins = set()
         times = [s.ready_ns for s in self.services if s.device >= 0 and s.ready_ns > self.now_ns]
+        times += self.drain_wakeups
         # A plan fell short sparing a service ready only since the last pass: the next may evict it.
         if self.spared_fresh and any(not a.running for a in self.actions.values()):
             times.append(self.now_ns + 1)
@@ -1738,11 +1743,16 @@ class ReferenceScheduler:
 
     def _drain(self, s: int, devices: list[int], room_on: Callable[[int], int]) -> None:
         """Service s starves for a device: the services in its way on the device where they
-        run the fewest actions start nothing for the rest of this pass."""
+        run the fewest actions start nothing for the rest of this pass. Services ready there
+        for less than starvation_ns are not in its way (their ready + starvation_ns is a
+        wakeup of this pass)."""
         least, victims = -1, []
         for d in devices:
-            in_way = sorted((o for o, other in enumerate(self.services) if o != s and other.device == d
-                             and other.ready_ns <= self.prev_pass_ns), key=lambda o: (self._running(service=o), o))
+            near = [o for o, other in enumerate(self.services) if o != s and other.device == d
+                    and other.ready_ns <= self.prev_pass_ns]
+            kept = [o for o in near if self.services[o].ready_ns + self.starvation_ns > self.now_ns]
+            self.drain_wakeups += [self.services[o].ready_ns + self.starvation_ns for o in kept]
+            in_way = sorted((o for o in near if o not in kept), key=lambda o: (self._running(service=o), o))
             room, running, k = self.dev_free[d], 0, 0
             while k < len(in_way) and room < room_on(d):
                 o = in_way[k]

@@ -8,8 +8,9 @@
 // last pass is never evicted, and no plan takes the GPU memory its restore was made for
 // beside it (promised_on); device memory is never over-committed; under
 // ServiceDevices::kHome a service lives only on its home device; a service that has waited
-// starvation_seconds for a device drains one (drain()), so no stream of requests to the
-// services in its way keeps it offloaded for good.
+// starvation_seconds for a device drains one (drain()) once the services in its way have
+// been ready there for starvation_seconds, so no stream of requests to them keeps it
+// offloaded for good, and no two services drain each other back and forth.
 #include "tangram/scheduler_impl.h"
 
 #include <algorithm>
@@ -387,8 +388,19 @@ void Scheduler::Impl::drain(std::int32_t svc_id, std::int32_t dlo, std::int32_t 
   for (std::int32_t d = dlo; d < dhi; ++d) {
     if (!usable(d)) continue;
     in_way.clear();
-    for (std::int32_t o = 0; o < static_cast<std::int32_t>(services.size()); ++o)
-      if (o != svc_id && services[o].device == d && services[o].ready_ns <= prev_pass_now) in_way.push_back(o);
+    for (std::int32_t o = 0; o < static_cast<std::int32_t>(services.size()); ++o) {
+      if (o == svc_id || services[o].device != d || services[o].ready_ns > prev_pass_now) continue;
+      // A service keeps its device against drains for starvation_seconds after it became
+      // ready: else, with a burst queued at both, two services drain each other in turn,
+      // each restored to serve a share of its queue (bench/sim_grid.py, rewardburst). A pass
+      // comes when that residency ends.
+      const TimeNs kept_until = services[o].ready_ns + starvation_ns;
+      if (kept_until > now) {
+        wakeup = std::min(wakeup, kept_until);
+        continue;
+      }
+      in_way.push_back(o);
+    }
     std::sort(in_way.begin(), in_way.end(), [&](std::int32_t x, std::int32_t y) {
       return std::make_pair(services[x].running, x) < std::make_pair(services[y].running, y);
     });

@@ -862,5 +862,37 @@ TEST(Replicas, IdleSurplusCopiesAreEvictedFirst) {
   EXPECT_EQ(made.front(), Decision(evict(1).on(0, 0).at(6)));
 }
 
+// A service keeps its device against a starving service's drain for starvation_seconds
+// after it became ready, with a wake-up when that ends: else two services with queues drain
+// each other in turn. Service a (ready at 5, two actions at a time) always has one running;
+// b's action, submitted at 1, starves from 11. At 12 and 13 a is kept (ready for less than
+// 10 s) and starts its next actions; the pass at 15 (the wake-up) drains it, and so does
+// every later pass (tangram restores queues before its walk), so it starts nothing more;
+// once its last action ends at 23 it is evicted and b restored. (Without the residency, a
+// would be drained at 12 and evicted at 13.)
+TEST(Services, AServiceIsKeptFromADrainForStarvationSecondsAfterItBecameReady) {
+  Inventory inv = cpu_inventory(1, 16);
+  inv.nodes[0].gpus = {{U(4000)}};
+  inv.services = {{"a", U(3000), 5.0, 2, 1.0}, {"b", U(3000), 1.0, 1, 1.0}};
+  PolicyConfig p = policy_of(PolicyKind::kTangram);
+  p.starvation_seconds = 10;
+  Harness h(inv, p);
+  auto on = [](ActionId id, std::int32_t service, double seconds) {
+    ActionSpec a = action(id, {U(1)}, seconds);
+    a.service = service;
+    return a;
+  };
+  EXPECT_EQ(h.submit({on(1, 0, 7), on(2, 0, 8), on(3, 0, 9), on(4, 0, 10), on(5, 0, 11)}, 0),
+            (Decisions{restore(0).on(0, 0).at(5)}));
+  EXPECT_EQ(h.submit({on(9, 1, 1)}, 1), Decisions{});  // no room beside a
+  EXPECT_EQ(h.tick(5), (Decisions{start(1).on(0, 0).service(0).at(5), start(2).on(0, 0).service(0).at(5)}));
+  EXPECT_EQ(h.complete({1}, 12), (Decisions{start(3).on(0, 0).service(0).at(12)}));
+  EXPECT_EQ(h.complete({2}, 13), (Decisions{start(4).on(0, 0).service(0).at(13)}));
+  EXPECT_EQ(h.s.next_wakeup(), S(15));
+  EXPECT_EQ(h.tick(15), Decisions{});           // drained: a starts nothing more
+  EXPECT_EQ(h.complete({3}, 21), Decisions{});  // drained again; action 5 waits
+  EXPECT_EQ(h.complete({4}, 23), (Decisions{evict(0).on(0, 0).at(23), restore(1).on(0, 0).at(25)}));
+}
+
 }  // namespace
 }  // namespace tangram_test
