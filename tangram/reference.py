@@ -116,8 +116,7 @@ Rules, in words:
   waited >= starvation_ns drains one of the devices it considered: on each, the services
   resident there other than a's, ready by the previous pass and for starvation_ns by now
   (one ready for less keeps its device; the end of that residency is a wakeup of the
-  pass), sorted by running actions
-  then index, are taken until the device's free memory plus what their evictions free
+  pass), sorted by running actions then index, are taken until the device's free memory plus what their evictions free
   covers what the restore takes there; of the devices where that suffices, the one whose
   taken services run the fewest actions (then the lowest index). Those services start
   nothing for the rest of the pass (their actions wait); the drains of a pass add up.
@@ -235,8 +234,8 @@ Rules, in words:
   Otherwise evict on one device: eligible victims are other services resident there with
   nothing running and ready since before the last pass (so never one still restoring,
   nor one whose actions have not yet had a pass to start), ranked idle (nothing waiting)
-  first; idle ones surplus replicas first, then by popularity: never asked for first, then restore_ns over the expected
-  gap until its next request, max(mean gap, now - last request, 1), ascending
+  first; idle ones surplus replicas first, then by popularity: never asked for first,
+  then restore_ns over the expected gap until its next request, max(mean gap, now - last request, 1), ascending
   (cross-multiplied integers; at each accepted submit of one of its actions a service's
   mean gap becomes the gap since its last request, then (7 x mean + gap) // 8); then by
   queued est_ns per restore_ns (max 1) ascending (cross-multiplied integers), then index;

@@ -167,12 +167,11 @@ def _service_tuples(inventory: Inventory) -> list[tuple]:
     copy beyond `replicas`)."""
     out: list[tuple] = []
     for i, s in enumerate(inventory.services):
+        f = f"inventory.services[{i}]"
+        spec = (_milli(s.memory, f"{f}.memory"), float(s.restore_seconds), int(s.max_batch), float(s.offload),
+                _milli(s.asleep_memory, f"{f}.asleep_memory"), bool(s.movable), _milli(s.host_memory, f"{f}.host_memory"))
         first = len(out)
-        for r, name in enumerate(s.instances):
-            out.append((name, _milli(s.memory, f"inventory.services[{i}].memory"), float(s.restore_seconds),
-                        int(s.max_batch), float(s.offload), _milli(s.asleep_memory, f"inventory.services[{i}].asleep_memory"),
-                        bool(s.movable), _milli(s.host_memory, f"inventory.services[{i}].host_memory"),
-                        first if r > 0 else -1, r >= s.replicas))
+        out += [(name, *spec, first if r > 0 else -1, r >= s.replicas) for r, name in enumerate(s.instances)]
     return out
 
 

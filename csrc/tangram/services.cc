@@ -71,8 +71,9 @@ Quantity Scheduler::Impl::evict_frees(std::int32_t s) const {
 // actions, still restoring or ready only since the last pass (nor `keep`); idle ones
 // (nothing waiting) first, those surplus replicas first, then by the restore time their
 // eviction will likely cost (least restore time per expected gap until their next
-// request); then the least queued work per unit of restore cost, then service order. The plan's `likely` sums that cost
-// over its idle victims, so the choice of device weighs popularity too.
+// request); then the least queued work per unit of restore cost, then service order. The
+// plan's `likely` sums that cost over its idle victims, so the choice of device weighs
+// popularity too.
 // A victim whose offloaded state would not fit the node's offload memory (beside the
 // earlier victims') is discarded instead: its state is given up, freeing all its memory.
 // When that is still short, the plan's unmovable victims (in plan order) are discarded

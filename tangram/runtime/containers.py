@@ -155,7 +155,8 @@ class ContainerJail:
         network = self.network or (needs is not None and needs.network)
         uid = self._uid_base + (n % (1 << 10)) * _ID_RANGE if self.own_uids else None
         os.mkdir(root, 0o755)
-        home, control = SlotDirs(root).home, SlotDirs(root).control
+        dirs = SlotDirs(root)
+        home, control = dirs.home, dirs.control
         os.mkdir(home, 0o777)
         os.chmod(home, 0o777)  # whatever user the image runs as (a host directory only the manager's can reach)
         os.mkdir(control, 0o755)

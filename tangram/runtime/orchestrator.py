@@ -595,7 +595,7 @@ class Orchestrator:
             elif kind == EVICT:
                 self._device_op("evict", service, node, device, discard=reason == DISCARD)
 
-    def _start(self, lv: _Live, node: int, device: int, grant: float, elastic_kind: int, service: int = -1) -> None:
+    def _start(self, lv: _Live, node: int, device: int, grant: float, elastic_kind: int, service: int) -> None:
         # A call naming a replicated service runs on the copy the core routed it to.
         lv.replica = service if service >= 0 and self._service_names[service] != lv.call.service else -1
         call = lv.call

@@ -210,11 +210,12 @@ class RewardService:
     seconds: Dist | None = None  # run time of one of its reward actions; None: the reward's
     offload_seconds: float | None = None  # its offload when evicted; None: as long as its restore
     replicas: int = 1  # copies (a core Service(replicas, max_replicas)): the core routes each reward
-    max_replicas: int = 1  # to the copy that serves it soonest, bringing copies up to max_replicas
+    max_replicas: int | None = None  # to the copy that serves it soonest, bringing copies up to this
 
     @property
     def copies(self) -> int:
-        return max(self.replicas, self.max_replicas)
+        """As tangram.Service.copies: max_replicas, else replicas."""
+        return self.replicas if self.max_replicas is None else self.max_replicas
 
 
 @dataclass(frozen=True)
