@@ -13,7 +13,9 @@ tangram wins, ties (within --tie percent) and loses. A cell "holds" for a metric
 mean paired margin against every other policy is at least -tie: tangram is best there or
 tied with the best. The summary counts the cells that hold. Last, per cell, tangram's mean
 ACT over the zero-wait bound and over the capacity bound (tangram.sim.bounds), and its step
-over the step bound (tangram.sim.engine: bound_schedule), mean over seeds.
+over the step bound (tangram.sim.engine: bound_schedule), mean over seeds, and every
+policy's mean ACT over the capacity bound. Last, every policy's ratio to the exact optima
+of small instances (bench/exact_optima.py).
 
 About 60 s per seed for the five workloads at the five loads on one core here (coding and
 deepsearch at 2,048 trajectories are most of it); --jobs spreads seeds over processes.
@@ -31,6 +33,13 @@ import numpy as np
 
 from tangram.sim.engine import POLICY_NAMES, simulate
 from tangram.sim.workloads import builtin, builtin_names
+
+try:
+    from bench import exact_optima
+except ImportError:  # run as a script: bench/ is its own directory
+    import exact_optima  # type: ignore[no-redef]
+
+OPTIMA_INSTANCES = 60
 
 METRICS = (("avg_act", "mean ACT"), ("step_duration", "step duration"), ("p99_act", "p99 ACT"))
 
@@ -74,11 +83,14 @@ def summarise(rows: list[dict], tie: float) -> dict:
         cell["act_to_bound"] = float(np.mean([r["avg_act"] / r["lower_bound_act"] for r in ours.values()]))
         cell["act_to_capacity_bound"] = float(np.mean([r["avg_act"] / r["capacity_bound_act"] for r in ours.values()]))
         cell["step_to_bound"] = float(np.mean([r["step_duration"] / r["step_bound"] for r in ours.values()]))
+        cell["capacity_bound_ratio"] = {
+            p: float(np.mean([r["avg_act"] / r["capacity_bound_act"] for r in policies[p].values()]))
+            for p in POLICY_NAMES}
         cells[key] = cell
     return cells
 
 
-def markdown(cells: dict, tie: float, seeds: int, command: str) -> str:
+def markdown(cells: dict, tie: float, seeds: int, command: str, optima: list[dict]) -> str:
     others = [p for p in POLICY_NAMES if p != "tangram"]
     out = ["# The policy grid", "",
            f"Produced by `{command}`. Every built-in workload at each load (trajectories per step), "
@@ -110,16 +122,33 @@ def markdown(cells: dict, tie: float, seeds: int, command: str) -> str:
     for (name, load), c in cells.items():
         out.append(f"| {name} | {load} | {c['act_to_bound']:.3f} | {c['act_to_capacity_bound']:.3f} "
                    f"| {c['step_to_bound']:.3f} |")
+    out += ["", "Every policy's mean ACT over the capacity bound (mean over seeds):", "",
+            "| workload | load | " + " | ".join(f"`{p}`" for p in POLICY_NAMES) + " |",
+            "|---|---:|" + "---:|" * len(POLICY_NAMES)]
+    for (name, load), c in cells.items():
+        out.append(f"| {name} | {load} | "
+                   + " | ".join(f"{c['capacity_bound_ratio'][p]:.3f}" for p in POLICY_NAMES) + " |")
+    out += ["", "## Against exact optima of small instances", "",
+            f"`bench/exact_optima.py` (run here with {OPTIMA_INSTANCES} instances per family, seed 0): "
+            "2 to 4 trajectories of 1 to 3 actions (at most 7 actions), drawn until the optimum waits "
+            "somewhere, each solved exactly by enumeration; the optimum knows every arrival in advance, "
+            "so an online policy cannot always reach it. Families: `rigid` (fixed cores on one node), "
+            "`moldable` (some actions elastic; the optimum fixes each grant at its start, which "
+            "`tangram`'s resizes can beat: a ratio under 1), `quota` (requests under a token bucket). "
+            "Per family and policy: the ratio to the optimum's mean ACT and to the optimum's step (each "
+            "minimised on its own), mean, 90th percentile and worst over the instances, and on how "
+            "many the policy is optimal.", ""]
+    out += exact_optima.markdown(optima)
     out.append("")
     return "\n".join(out)
 
 
-def write_json(path: str, tie: float, rows: list[dict], cells: dict) -> None:
+def write_json(path: str, tie: float, rows: list[dict], cells: dict, optima: list[dict]) -> None:
     """One row per line (rows sorted), so a regenerated file diffs by row."""
     rows = sorted(rows, key=lambda r: (r["workload"], r["load"], r["seed"], r["policy"]))
     cell_rows = [{"workload": k[0], "load": k[1], **v} for k, v in cells.items()]
     with open(path, "w") as f:
-        f.write(f'{{"tie_percent": {json.dumps(tie)},\n"cells": [\n')
+        f.write(f'{{"tie_percent": {json.dumps(tie)},\n"exact_optima": {json.dumps(optima)},\n"cells": [\n')
         f.write(",\n".join(json.dumps(c) for c in cell_rows))
         f.write('\n],\n"rows": [\n')
         f.write(",\n".join(json.dumps(r) for r in rows))
@@ -154,13 +183,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f" ({time.time() - t0:.0f} s)", file=sys.stderr)
     cells = summarise(rows, args.tie)
     command = "python bench/sim_grid.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    page = markdown(cells, args.tie, args.seeds, command.strip())
+    optima = exact_optima.summary(exact_optima.run(OPTIMA_INSTANCES, seed=0))
+    page = markdown(cells, args.tie, args.seeds, command.strip(), optima)
     print(page)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(page + "\n")
     if args.json:
-        write_json(args.json, args.tie, rows, cells)
+        write_json(args.json, args.tie, rows, cells, optima)
     return 0
 
 

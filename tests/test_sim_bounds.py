@@ -5,6 +5,8 @@ every policy the simulator runs."""
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +14,11 @@ import pytest
 from tangram import sim
 from tangram.sim.bounds import (capacity_bound, chain_token_bound, machine_bound, srpt_completions, token_bound,
                                 wspt_mean_busy)
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # bench/ is a package at the repository's root
+    sys.path.insert(0, str(ROOT))
+from bench.exact_optima import best_chained_bucket_schedule, take_token  # noqa: E402
 
 POLICIES = ("tangram", "fifo", "trajectory", "isolated", "optimus")
 
@@ -70,18 +77,6 @@ def test_machine_bound_is_below_random_feasible_schedules() -> None:
             assert float(np.dot(weight, done)) >= bound - 1e-7
 
 
-def _take_token(tokens: float, clock: float, ready: float, rate: float, burst: float) -> tuple[float, float]:
-    """A token bucket (`burst` tokens at 0, one more every 1 / rate, up to `burst` kept) that
-    last handed out a token at `clock` holding `tokens`: when a request ready at `ready`
-    (>= clock) gets the next one, and the tokens left."""
-    t = max(clock, ready)
-    tokens = min(burst, tokens + (t - clock) * rate)
-    if tokens < 1:
-        t += (1 - tokens) / rate
-        tokens = 1.0
-    return t, tokens - 1
-
-
 def test_token_bound_is_below_bucket_schedules() -> None:
     rng = np.random.default_rng(3)
     for _ in range(200):
@@ -92,7 +87,7 @@ def test_token_bound_is_below_bucket_schedules() -> None:
         for order in (np.argsort(release), rng.permutation(n), np.argsort(-weight)):
             tokens, clock, start = burst, 0.0, np.zeros(n)
             for j in order:
-                clock, tokens = _take_token(tokens, clock, release[j], rate, burst)
+                clock, tokens = take_token(tokens, clock, release[j], rate, burst)
                 start[j] = clock
             assert float(np.dot(weight, start + best)) >= bound - 1e-7
 
@@ -122,7 +117,7 @@ def _chained_bucket_schedule(gaps: list[np.ndarray], runs: list[np.ndarray], rat
         first = min(submitted[c] for c in live)
         ready = [c for c in live if submitted[c] <= max(clock, first) + 1e-12]
         c = ready[int(rng.integers(len(ready)))]
-        t, tokens = _take_token(tokens, clock, submitted[c], rate, burst)
+        t, tokens = take_token(tokens, clock, submitted[c], rate, burst)
         clock = t
         starts[c].append(t)
         i = nxt[c] = nxt[c] + 1
@@ -154,31 +149,6 @@ def test_chain_token_bound_is_below_closed_loop_bucket_schedules() -> None:
     assert gained > 20  # it sees backlogs that carry, not only the zero-wait releases
 
 
-def _best_chained_bucket_schedule(gaps: list[np.ndarray], runs: list[np.ndarray], weight: list[np.ndarray],
-                                  rate: float, burst: float) -> float:
-    """The least sum of weight x completion over every order in which the chains' requests
-    may take the bucket's tokens (each as soon as the bucket and its chain allow: starting
-    later never leaves more tokens for the next)."""
-    best = math.inf
-
-    def go(nxt: tuple[int, ...], ready: tuple[float, ...], tokens: float, clock: float, total: float) -> None:
-        nonlocal best
-        live = [c for c in range(len(gaps)) if nxt[c] < len(gaps[c])]
-        if not live:
-            best = min(best, total)
-            return
-        for c in live:
-            t, left = _take_token(tokens, clock, ready[c], rate, burst)
-            i = nxt[c]
-            end = t + runs[c][i]
-            after = end + gaps[c][i + 1] if i + 1 < len(gaps[c]) else math.inf
-            go(nxt[:c] + (i + 1,) + nxt[c + 1:], ready[:c] + (after,) + ready[c + 1:], left, t,
-               total + weight[c][i] * end)
-
-    go(tuple(0 for _ in gaps), tuple(float(g[0]) if len(g) else math.inf for g in gaps), burst, 0.0, 0.0)
-    return best
-
-
 def test_chain_token_bound_is_below_the_optimum_of_small_instances() -> None:
     rng = np.random.default_rng(5)
     gains = 0
@@ -190,7 +160,7 @@ def test_chain_token_bound_is_below_the_optimum_of_small_instances() -> None:
         chain = np.concatenate([np.full(len(g), c) for c, g in enumerate(gaps)]).astype(np.int64)
         release = np.concatenate([np.cumsum(g + np.r_[0.0, r[:-1]]) for g, r in zip(gaps, runs)])
         bound = chain_token_bound(chain, release, np.concatenate(runs), np.concatenate(weight), rate, burst)
-        optimum = _best_chained_bucket_schedule(gaps, runs, weight, rate, burst)
+        optimum = best_chained_bucket_schedule(gaps, runs, weight, rate, burst)
         assert bound <= optimum + 1e-9
         gains += bound > float(np.dot(np.concatenate(weight), release + np.concatenate(runs))) + 1e-6
     # it sees a backlog in most of them (100 of the 120 have one, though it captures only
