@@ -30,7 +30,10 @@ Rules, in words:
 * Order. Waiting actions go by (-priority, key, seq), seq counting accepted submits.
   order "estimate": `key = est_ns + (now_ns * aging_permille) // 1000`, now_ns being the
   submit batch's time and aging_permille = to_milli(aging), without est_ns for an action
-  under a quota (its queue keeps arrival order); order "arrival": key = 0.
+  under a quota (its queue keeps arrival order); order "arrival": key = 0; order "progress":
+  as "estimate", less PROGRESS_CREDIT_NS x min(started, PROGRESS_CAP) for an action under a
+  quota, started being the actions its trajectory has started since the scheduler was made
+  or end_trajectories last named it.
 * Bins and partitions. Placement packs actions into bins; each bin belongs to one node
   and one partition, and a partition's bins go in node order (a node's bins in the order
   made). bins "node": one bin per node, one partition. bins "trajectory_slots" (needs a
@@ -299,6 +302,10 @@ _NO_SPARE = 2**63 - 1  # a need no bin's free room covers: no spare units there
 MAX_SECONDS = 1e9
 ELASTIC_STEP = 1000
 NS_PER_MINUTE = 60_000_000_000
+# order "progress": the key one more started action of its trajectory is worth to a request
+# under a quota (100 s), and the most started actions counted (csrc/tangram/policy.h).
+PROGRESS_CREDIT_NS = 100_000_000_000
+PROGRESS_CAP = 1 << 20
 
 
 def _grow_step(a: "_Action", grant: int) -> int:
@@ -319,7 +326,7 @@ STARTED, BLOCKED, WAITS, HALT = "started", "blocked", "waits", "halt"  # WAITS: 
 class PolicyRules:
     """One policy as a row of independent rules (the module docstring says what each does)."""
 
-    order: str  # "arrival" | "estimate"
+    order: str  # "arrival" | "estimate" | "progress"
     bins: str  # "node" | "trajectory_slots" | "task_pools"
     spare: str  # "none" | "uncontended" | "every_bin"
     restore: str  # "on_demand" | "queues_first"
@@ -328,7 +335,7 @@ class PolicyRules:
     gain: str  # "relative" | "wait" (needs resize "malleable")
 
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
-        "order": ("arrival", "estimate"),
+        "order": ("arrival", "estimate", "progress"),
         "bins": ("node", "trajectory_slots", "task_pools"),
         "spare": ("none", "uncontended", "every_bin"),
         "restore": ("on_demand", "queues_first"),
@@ -544,7 +551,9 @@ class ReferenceScheduler:
 
     def __init__(self, *, kinds, node_names, capacity, gpus, quotas, services, offload_memory, policy, aging,
                  candidates, min_relative_gain, starvation_seconds, trajectory_slot_cpu=0, pools=(),
-                 rules: PolicyRules | None = None) -> None:
+                 rules: PolicyRules | Sequence[tuple[str, str]] | None = None) -> None:
+        if rules is not None and not isinstance(rules, PolicyRules):  # (rule, value) pairs, as the core takes them
+            rules = PolicyRules(**dict(rules))
         if rules is None:
             if policy not in POLICY_RULES:
                 raise UnknownNameError("policy", f"unknown policy {policy!r} ({', '.join(POLICY_RULES)})")
@@ -640,6 +649,7 @@ class ReferenceScheduler:
             raise ValidationError(f"{pf}.starvation_seconds", "must be a finite number in (0, 1e9]")
         self.policy, self.candidates, self.min_relative_gain = policy, int(candidates), float(min_relative_gain)
         self.aging_permille = to_milli(aging)
+        self.progress: dict[int, int] = {}  # order "progress": trajectory -> actions started
         self.starvation_ns = to_ns(starvation_seconds)
         # The bins' options, then every node's bins, partition by partition.
         self.slot_cpu_cores = float(trajectory_slot_cpu)
@@ -863,7 +873,9 @@ class ReferenceScheduler:
                 svc.last_request_ns = t
             a.est_ns = to_ns(self._seconds(a, self._order_units(a)))
             key = ((a.est_ns if a.quota == -1 else 0) + (t * self.aging_permille) // 1000
-                   if self.rules.order == "estimate" else 0)
+                   if self.rules.order in ("estimate", "progress") else 0)
+            if self.rules.order == "progress" and a.quota >= 0:
+                key -= PROGRESS_CREDIT_NS * self.progress.get(a.trajectory, 0)
             a.order = (-a.priority, key, self.seq)
             self.seq += 1
             a.submitted_max = a.elastic_max
@@ -952,6 +964,7 @@ class ReferenceScheduler:
                 raise InvalidStateError(f"trajectories[{i}]", f"trajectory {traj} still has {live} live action(s)")
         self._start_event(t)
         for traj in ids:
+            self.progress.pop(traj, None)
             if traj in self.slot_of:  # its slot is free again (or taken over)
                 self._free_slot(self.slot_of.pop(traj))
         return self._pass([])
@@ -1433,6 +1446,8 @@ class ReferenceScheduler:
     def _start(self, a: _Action, b: int, device: int, p: _Pass, out: list, borrowed: bool = False) -> str:
         now = self.now_ns
         bin_ = self.bins[b]
+        if self.rules.order == "progress":
+            self.progress[a.trajectory] = min(self.progress.get(a.trajectory, 0) + 1, PROGRESS_CAP)
         if device < 0 and a.gpu_memory > 0:
             fitting = [d for d in self._devices_of(bin_.node) if self.dev_free[d] >= a.gpu_memory]
             device = min(fitting, key=lambda d: self.dev_free[d] - a.gpu_memory)

@@ -32,6 +32,7 @@ from ._records import (
 
 # The built-in policies' names, from the core's one table of them (csrc/tangram/policy.cc).
 POLICIES: tuple[str, ...] = _core.POLICIES
+OBJECTIVES = ("step", "act")  # Policy.objective
 MAX_SAMPLED_STEPS = 4096
 
 assert _core.ACTION_HEADER_SIZE == ACTION_HEADER_SIZE
@@ -60,6 +61,15 @@ class Policy:
                          `task`. Default {0: 1.0}: one pool of whole nodes for task 0, the
                          task of every Action by default and of every live Call. Dedicated
                          shares: Scheduler(inv, "isolated", pools={0: 1.0, 1: 3.0}).
+    objective            what the order serves (docs/scheduling.md, "Objectives"): "step"
+                         (default), the step a synchronous trainer waits for: a quota's
+                         queue keeps arrival order, so every trajectory progresses; "act",
+                         the mean ACT an asynchronous trainer (partial rollouts) waits for:
+                         a quota's queue serves the trajectories that have started the most
+                         actions first (order rule "progress"), so trajectories finish
+                         sooner and fewer wait, at the cost of the step and the p99 when
+                         the quota is saturated. "act" changes an "estimate" order: the
+                         `tangram` policy's (others keep theirs, and refuse it).
     """
 
     name: str = "tangram"
@@ -69,6 +79,7 @@ class Policy:
     starvation_seconds: float = 60.0
     trajectory_slot_cpu: float = 1.0
     pools: Mapping[int, float] = field(default_factory=lambda: {0: 1.0})
+    objective: str = "step"
 
     def __post_init__(self) -> None:
         # Types here; the core checks the ranges when a scheduler is built.
@@ -77,6 +88,20 @@ class Policy:
         for option in ("aging", "min_relative_gain", "starvation_seconds", "trajectory_slot_cpu"):
             check_number(getattr(self, option), f"policy.{option}")
         check_integer(self.candidates, "policy.candidates", bits=32)
+        if self.objective not in OBJECTIVES:
+            raise ValidationError("policy.objective", f"must be one of {', '.join(map(repr, OBJECTIVES))}, "
+                                                      f"got {self.objective!r}")
+        if self.objective == "act" and _core.POLICY_RULES[self.name]["order"] != "estimate":
+            raise ValidationError("policy.objective", f"'act' reorders a shortest-first policy (tangram); policy "
+                                                      f"{self.name!r} keeps its order "
+                                                      f"({_core.POLICY_RULES[self.name]['order']!r})")
+
+    def rules(self) -> dict[str, str] | None:
+        """The row of rules the core runs when it is not the named policy's own: with
+        objective "act", the policy's row with order "progress". None: the built-in row."""
+        if self.objective == "step":
+            return None
+        return {**_core.POLICY_RULES[self.name], "order": "progress"}
 
 
 @dataclass(frozen=True)
@@ -222,6 +247,7 @@ def core_arguments(inventory: Inventory, policy: Policy) -> dict[str, object]:
         starvation_seconds=float(policy.starvation_seconds),
         trajectory_slot_cpu=_real(policy.trajectory_slot_cpu, "policy.trajectory_slot_cpu"),
         pools=_pools(policy.pools),
+        rules=None if (rules := policy.rules()) is None else list(rules.items()),
     )
 
 

@@ -20,10 +20,12 @@ import numpy as np
 import pytest
 
 import tangram
+from tangram._core import POLICY_RULES
 from tangram import (
     Gpu,
     Inventory,
     Node,
+    Policy,
     Quota,
     RuntimeConfig,
     Scheduler,
@@ -77,6 +79,8 @@ BAD_FILES: list[tuple[str, str, type[Exception], str]] = [
      "hooks = 'tangram.runtime.gpu:FunctionService'", V, "config.services[0].hooks"),
     ("managers-not-a-table", "managers = 3", V, "config.managers"),
     ("manager-options-not-a-table", "managers = { cpu = 3 }", V, "config.managers.cpu"),
+    ("objective-unknown", "objective = 'fast'", V, "config.objective"),
+    ("objective-conflicts", "objective = 'act'\n[policy_options]\nobjective = 'step'", V, "config.objective"),
     ("max-records-string", "max_records = '10'", V, "config.max_records"),
     ("max-records-negative", "max_records = -1", V, "config.max_records"),
     ("metrics-port-bool", "metrics_port = true", V, "config.metrics_port"),
@@ -311,6 +315,8 @@ def test_quotas_without_inventory_and_json(tmp_path: Path) -> None:
     (lambda: RuntimeConfig(inventory={"nodes": []}), "config.inventory"),
     (lambda: RuntimeConfig(managers={"cpu": 3}), "config.managers.cpu"),
     (lambda: RuntimeConfig(max_records=1.5), "config.max_records"),
+    (lambda: RuntimeConfig(objective=3), "config.objective"),
+    (lambda: Policy(objective="fastest"), "policy.objective"),
 ])
 def test_constructors_refuse_wrong_types(make: Callable[[], Any], field: str) -> None:
     with pytest.raises(ValidationError) as e:
@@ -318,6 +324,17 @@ def test_constructors_refuse_wrong_types(make: Callable[[], Any], field: str) ->
     assert type(e.value) is ValidationError and e.value.field == field
     assert e.value.reason.startswith("must"), e.value.reason
     assert "got " in e.value.reason
+
+
+# Objective "act" reorders a shortest-first policy; one that keeps arrival order refuses it.
+def test_objective_act_needs_a_shortest_first_policy() -> None:
+    with pytest.raises(ValidationError) as e:
+        Policy(name="fifo", objective="act")
+    assert e.value.field == "policy.objective" and "'fifo'" in e.value.reason
+    config = RuntimeConfig.from_mapping({"objective": "act"})
+    assert config.scheduler_options() == {"objective": "act"}
+    assert Policy(objective="act").rules() == {**POLICY_RULES["tangram"], "order": "progress"}
+    assert Policy().rules() is None
 
 
 # An unknown name given to a config object is an UnknownNameError naming it.

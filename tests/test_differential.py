@@ -78,14 +78,14 @@ class Harness:
         if rules is not None:  # a row that is no built-in policy, in both, under its own name
             args["policy"] = "drawn"
             row = [(field.name, getattr(rules, field.name)) for field in dataclasses.fields(rules)]
-            self.core = _core.Scheduler(**args, decision_dtype=DECISION_DTYPE, rules=row)
-            self.ref = ReferenceScheduler(**args, rules=rules)
+            self.core = _core.Scheduler(**{**args, "rules": row}, decision_dtype=DECISION_DTYPE)
+            self.ref = ReferenceScheduler(**{**args, "rules": rules})
         else:
             self.core = _core.Scheduler(**args, decision_dtype=DECISION_DTYPE)
             if ref_policy is None:
                 self.ref = ReferenceScheduler(**args)
             else:  # the policy's row of rules under another name
-                self.ref = ReferenceScheduler(**{**args, "policy": ref_policy}, rules=POLICY_RULES[policy.name])
+                self.ref = ReferenceScheduler(**{**args, "policy": ref_policy, "rules": POLICY_RULES[policy.name]})
         self.bins = (rules or POLICY_RULES[policy.name]).bins
         for points in TABLES:
             assert self.core.add_table(points) == self.ref.add_table(points)
@@ -478,7 +478,7 @@ def run_stream(data, name: str, starvation: list[float], gpu_heavy: bool = False
         h = Harness(inv, policy, ref_policy, rules)
     except ValidationError as e:  # e.g. a trajectory slot larger than every node's cores
         with pytest.raises(type(e)):
-            ReferenceScheduler(**core_arguments(inv, policy), rules=rules)
+            ReferenceScheduler(**{**core_arguments(inv, policy), "rules": rules})
         return
     h.elastic_heavy = elastic_heavy
     try:
@@ -858,6 +858,81 @@ def test_quota_admission() -> None:
         if h.count("running") == 3:
             h.complete(h.live("running")[:1])
     h.drain()
+
+
+# Order "progress" (Policy(objective="act")): a quota's queue serves the requests of the
+# trajectories that have started the most actions first, in both; end_trajectories forgets
+# a trajectory's count. Seeded closed-loop streams: each trajectory's next request comes
+# when its previous one ends.
+PROGRESS_ROW = PolicyRules(order="progress", bins="node", spare="uncontended", restore="queues_first",
+                           service_devices="any", resize="malleable", gain="wait")
+
+
+def test_progress_order_serves_the_furthest_trajectories_first_in_both() -> None:
+    inv = Inventory([Node("n0", {"cpu": 16})], quotas=[Quota("api", rate=1.0, burst=1, max_concurrency=2)])
+    h = Harness(inv, Policy(), rules=PROGRESS_ROW)
+    # Trajectory 1 has started two requests, trajectory 2 none: 2's request comes first,
+    # 1's last, and 1's still starts before 2's.
+    h.submit(actions(1, dict(id=1, trajectory=1, demand=[1], seconds=1, quota=0)))
+    h.now = 1.0
+    h.complete([1])
+    h.submit(actions(1, dict(id=2, trajectory=1, demand=[1], seconds=5, quota=0)))
+    h.now = 2.0
+    h.submit(actions(1, *[dict(id=3 + i, trajectory=2 + i, demand=[1], seconds=5, quota=0) for i in range(2)]))
+    h.submit(actions(1, dict(id=5, trajectory=9, demand=[1], seconds=5, quota=0)))
+    h.now = 6.0
+    h.complete([2])
+    h.submit(actions(1, dict(id=6, trajectory=1, demand=[1], seconds=1, quota=0)))
+    while h.state[6] == "waiting":
+        h.now = h.core.next_wakeup if h.core.next_wakeup is not None else h.now + 1
+        h.tick()
+        if h.count("running") == 2:
+            h.complete(h.live("running")[:1])
+    assert h.state[5] == "waiting", "trajectory 1's third request went before the others' first"
+    h.drain()
+    h.end_trajectories([1, 2, 3, 9])
+
+
+def test_seeded_progress_streams_match_reference() -> None:
+    # Trajectory ids come back after end_trajectories (a new step reusing them), with their
+    # count forgotten.
+    for seed in range(30):
+        rng = random.Random(seed)
+        inv = Inventory([Node("n0", {"cpu": 8})], quotas=[Quota("api", rate=rng.choice([0.5, 2.0]), burst=rng.randint(1, 3),
+                                                                max_concurrency=rng.choice([0, 2, 4]))])
+        h = Harness(inv, Policy(starvation_seconds=rng.choice([1e6, 5.0])), rules=PROGRESS_ROW)
+        turns = {t: rng.randint(1, 5) for t in range(1, rng.randint(3, 9))}
+        trajectory_of: dict[int, int] = {}
+
+        def request(t: int) -> dict:
+            trajectory_of[h.next_id] = t
+            h.next_id += 1
+            return dict(id=h.next_id - 1, trajectory=t, demand=[1], seconds=rng.choice([0.5, 2.0]), quota=0)
+
+        h.submit(actions(1, *[request(t) for t in turns]))
+        reused = 0
+        for _ in range(300):
+            if not h.live():
+                break
+            wake = h.core.next_wakeup
+            h.now = min(h.now + rng.choice([0.25, 1.0]), wake) if wake is not None else h.now + 1.0
+            h.tick()
+            done = h.live("running")[:rng.randint(0, 2)]
+            if done:
+                h.complete(done)
+            follow = []
+            for aid in done:
+                t = trajectory_of[aid]
+                turns[t] -= 1
+                if turns[t] == 0:
+                    h.end_trajectories([t])
+                    if reused < 4 and rng.random() < 0.5:  # the id comes back as a new trajectory
+                        turns[t], reused = rng.randint(1, 4), reused + 1
+                if turns[t] > 0:
+                    follow.append(request(t))
+            if follow:
+                h.submit(actions(1, *follow))
+        h.drain()
 
 
 # A starving action that fits nowhere halts the pass: nothing behind it starts.

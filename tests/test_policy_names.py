@@ -60,7 +60,7 @@ def test_rules_of_every_builtin_policy() -> None:
 def _scheduler(rules: object, name: str = "sixth") -> _core.Scheduler:
     args = core_arguments(make_inventory(4), Policy())
     args["policy"] = name
-    return _core.Scheduler(**args, decision_dtype=DECISION_DTYPE, rules=rules)
+    return _core.Scheduler(**{**args, "rules": rules}, decision_dtype=DECISION_DTYPE)
 
 
 def test_a_row_of_rules_runs_under_its_own_name() -> None:

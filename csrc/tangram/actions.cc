@@ -316,8 +316,13 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
     detail.submitted_max = s.elastic_max;
     detail.est_ns = to_ns(seconds(slot, order_units(r)));
     // Under a quota every request costs the quota the same, so shortest-first would not
-    // shorten its queue, only starve its long calls: they keep arrival order (OrderRule).
-    const std::int64_t key = (classes[c].quota == kNone ? detail.est_ns * estimate_weight : 0) + aging_offset;
+    // shorten its queue, only starve its long calls: they keep arrival order, or under
+    // kProgress go by their trajectory's progress first (OrderRule).
+    std::int64_t key = (classes[c].quota == kNone ? detail.est_ns * estimate_weight : 0) + aging_offset;
+    if (count_progress && classes[c].quota != kNone) {
+      const std::int32_t* started_before = trajectory_progress.find(s.trajectory);
+      if (started_before != nullptr) key -= kProgressCreditNs * *started_before;
+    }
     detail.order = OrderKey{key, next_seq++, now, -s.priority, slot};
     *by_id.find(s.id) = slot;
     if (++*trajectory_live.insert(s.trajectory, 0).first == 1) holder_live(s.trajectory, +1);

@@ -120,7 +120,8 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
   validate_rules(row, pf);
   if (!std::isfinite(policy.aging) || policy.aging < 0 || policy.aging > 4)
     throw Error(ErrorCode::kInvalidArgument, pf + ".aging", "must be a finite number in [0, 4]");
-  const bool by_estimate = row.rules.order == OrderRule::kEstimate;
+  const bool by_estimate = row.rules.order == OrderRule::kEstimate || row.rules.order == OrderRule::kProgress;
+  count_progress = row.rules.order == OrderRule::kProgress;
   estimate_weight = by_estimate ? 1 : 0;
   aging_permille = by_estimate ? to_milli(policy.aging) : 0;
   if (policy.candidates < 1 || policy.candidates > 1024)

@@ -434,6 +434,10 @@ inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::
   Partition& part = partitions[cl.partition];
   const std::int32_t slot = cl.waiting.head().slot;
   ActionRec& a = slots[slot];
+  if (count_progress) {
+    std::int32_t& started_before = *trajectory_progress.insert(a.trajectory, 0).first;
+    started_before = std::min(started_before + 1, kProgressCap);
+  }
   const std::int32_t bin = part.bins[leaf];
   const std::int32_t node = bin_node[bin];
   if (device == kNone && cl.gpu_memory > 0) {

@@ -56,7 +56,7 @@ PolicyKind policy_from_name(const std::string& name) {
 
 const RuleNames& rule_names() {
   static const RuleNames kNames = {
-      {"order", {"arrival", "estimate"}},
+      {"order", {"arrival", "estimate", "progress"}},
       {"bins", {"node", "trajectory_slots", "task_pools"}},
       {"spare", {"none", "uncontended", "every_bin"}},
       {"restore", {"on_demand", "queues_first"}},

@@ -20,7 +20,18 @@ enum class OrderRule : std::uint8_t {
   kEstimate = 1,  // key = estimated run time + aging * submit time (shortest first, aged);
                   // an action under a quota: key = aging * submit time (every request
                   // costs its quota the same, so its queue keeps arrival order)
+  kProgress = 2,  // as kEstimate, but an action under a quota is keyed by its trajectory's
+                  // progress first: key = aging * submit time - kProgressCreditNs x the
+                  // actions its trajectory has started (at most kProgressCap counted), so
+                  // the quota serves the trajectories nearest their end first. Lower mean
+                  // ACT when a quota is saturated, a longer step and p99: the objective of
+                  // an asynchronous trainer (docs/scheduling.md, Objectives).
 };
+
+// OrderRule::kProgress: the key one more started action is worth (100 s), and the most
+// started actions counted (so the key cannot overflow: 2^20 x 100 s = 1.05e17 ns).
+inline constexpr std::int64_t kProgressCreditNs = 100'000'000'000;
+inline constexpr std::int32_t kProgressCap = 1 << 20;
 
 // What placement packs into.
 enum class BinLayout : std::uint8_t {

@@ -134,6 +134,7 @@ void Scheduler::end_trajectories(const TrajectoryId* ids, std::size_t count, Tim
       for (std::int32_t c : classes_of->second) m.free_class(c);
       m.trajectory_classes.erase(classes_of);
     }
+    if (m.count_progress) m.trajectory_progress.erase(ids[i]);
     auto it = m.trajectory_bin.find(ids[i]);
     if (it == m.trajectory_bin.end()) continue;
     std::int32_t bin = it->second;

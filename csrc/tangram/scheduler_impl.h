@@ -251,6 +251,10 @@ struct Scheduler::Impl {
   std::int32_t D = 0;  // tree dims: K (+1 when there are GPUs)
   bool has_gpus = false;
   std::int64_t aging_permille = 0;
+  // OrderRule::kProgress: per trajectory, the actions it has started, from its first start
+  // until end_trajectories names it (a trajectory never ended keeps its entry).
+  bool count_progress = false;
+  IdMap trajectory_progress;
   TimeNs starvation_ns = 0;
 
   // bins

@@ -4,6 +4,7 @@ Everything is optional; the embedded default schedules this machine (its cores, 
 and GPUs) with the `tangram` policy and the built-in managers. A file, for instance:
 
     policy = "tangram"
+    objective = "step"           # or "act" (docs/scheduling.md, Objectives)
     estimates = "estimates.db"   # learned run times persist here (SQLite); default: in memory
     [policy_options]
     starvation_seconds = 30
@@ -62,13 +63,17 @@ from .._model import (
     check_string,
     given,
 )
-from ..scheduler import POLICIES, Policy
+from ..scheduler import OBJECTIVES, POLICIES, Policy
 
 
 @dataclass
 class RuntimeConfig:
     policy: str = "tangram"
     policy_options: Mapping[str, Any] = field(default_factory=dict)
+    # What the policy's order serves: "step" (a synchronous trainer's step) or "act" (mean
+    # ACT, for asynchronous trainers); tangram.Policy documents both. None: policy_options'
+    # "objective", else "step".
+    objective: str | None = None
     inventory: Inventory | None = None  # None: this machine (Inventory.local)
     quotas: list[Quota] = field(default_factory=list)
     services: list[Service] = field(default_factory=list)
@@ -85,6 +90,14 @@ class RuntimeConfig:
         check_mapping(self.policy_options, "config.policy_options", "policy option to value")
         for key, value in self.policy_options.items():
             _check_policy_option(key, value, f"config.policy_options.{key}")
+        if self.objective is not None:
+            if self.objective not in OBJECTIVES:
+                raise ValidationError("config.objective", f"must be one of {', '.join(map(repr, OBJECTIVES))}, "
+                                                          f"got {given(self.objective)}")
+            other = self.policy_options.get("objective", self.objective)
+            if other != self.objective:
+                raise ValidationError("config.objective", f"{self.objective!r} conflicts with "
+                                                          f"policy_options.objective {other!r}")
         if self.inventory is not None and not isinstance(self.inventory, Inventory):
             raise ValidationError("config.inventory",
                                   f"must be a tangram.Inventory or None, got {given(self.inventory)}")
@@ -106,6 +119,13 @@ class RuntimeConfig:
                 raise ValidationError("config.metrics_port", f"must be a TCP port, 0 to 65535, got {self.metrics_port}")
         if self.estimates is not None and not isinstance(self.estimates, (str, os.PathLike)):
             raise ValidationError("config.estimates", f"must be a file path or None, got {given(self.estimates)}")
+
+    def scheduler_options(self) -> dict[str, Any]:
+        """The policy options the scheduler is built with: policy_options and the objective."""
+        options = dict(self.policy_options)
+        if self.objective is not None:
+            options["objective"] = self.objective
+        return options
 
     def resolved_inventory(self) -> Inventory:
         if self.inventory is None:
@@ -137,8 +157,8 @@ class RuntimeConfig:
     def from_mapping(data: Mapping[str, Any]) -> "RuntimeConfig":
         """The config a parsed file describes (see the module docstring)."""
         check_keys(data, "config", _FILE_SETTINGS)
-        settings = {key: data[key] for key in ("policy", "policy_options", "managers", "max_records", "metrics_port",
-                                                "estimates")
+        settings = {key: data[key] for key in ("policy", "policy_options", "objective", "managers", "max_records",
+                                                "metrics_port", "estimates")
                     if key in data}
         quotas = [_build(Quota, q, f"config.quotas[{i}]")
                   for i, q in enumerate(_list(data.get("quotas", []), "config.quotas", "tables ([[quotas]])"))]

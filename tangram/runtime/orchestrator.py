@@ -182,7 +182,7 @@ class Orchestrator:
             raise OrchestratorClosed("orchestrator", f"cannot start: it is {self._state}")
         self._loop = asyncio.get_running_loop()
         self._t0 = self._loop.time()
-        self.scheduler = Scheduler(self.inventory, self.policy, **dict(self.config.policy_options))
+        self.scheduler = Scheduler(self.inventory, self.policy, **self.config.scheduler_options())
         self._core = self.scheduler.core
         self._encoder = CallEncoder(self.scheduler.encoder)
         self._node_names = [n.name for n in self.inventory.nodes]

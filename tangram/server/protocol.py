@@ -20,7 +20,7 @@ server's `max_frame` bytes is accepted; calls travel as one (cloud)pickle per SU
                                                     utilisation, ping
     server -> client
       WELCOME   JSON  {"protocol": 2, "connection": int, "max_frame": int, "policy": str,
-                       "managers": [str], "server": str}
+                       "objective": str, "managers": [str], "server": str}
       RESULTS   pickle [(action id, ok, result | error, record | None), ...]: the record
                 (when the HELLO asked for records) is the action's ActionRecord fields
                 that the client cannot know, packed by pack_record

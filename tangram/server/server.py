@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import gc
 import hmac
 import ipaddress
@@ -49,6 +50,7 @@ from ..runtime.errors import ActionCancelled, ActionFailed
 from ..runtime.manager import ResourceManager, manager_class
 from ..runtime.orchestrator import ActionHandle, Orchestrator, OrchestratorClosed
 from ..runtime.records import ActionRecord
+from ..scheduler import OBJECTIVES
 from . import protocol as P
 from .protocol import AuthenticationError, FrameTooLarge, ProtocolError
 from .sandbox_fusion import SandboxFusionEndpoint
@@ -437,7 +439,8 @@ class _Connection(asyncio.BufferedProtocol):
         orch = self.orch
         self.transport.write(P.json_frame(P.WELCOME, {  # type: ignore[union-attr]
             "protocol": P.PROTOCOL, "connection": self.number, "max_frame": self.server.max_frame,
-            "policy": orch.policy, "managers": list(orch.managers), "server": f"tangram {_version()}",
+            "policy": orch.policy, "objective": orch.scheduler.policy.objective, "managers": list(orch.managers),
+            "server": f"tangram {_version()}",
         }))
 
     def _submit(self, payload: bytes) -> None:
@@ -662,6 +665,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--token", default=None, help="shared secret clients must present (default: $TANGRAM_TOKEN; "
                                                       "prefer the variable: arguments are visible in ps)")
     parser.add_argument("--policy", default=None, help="scheduling policy (default: the config's, else tangram)")
+    parser.add_argument("--objective", choices=OBJECTIVES, default=None,
+                        help="what the policy's order serves: 'step' (a synchronous trainer's step; the default) or "
+                             "'act' (mean ACT, for asynchronous trainers; docs/scheduling.md, Objectives). Default: "
+                             "the config's")
     parser.add_argument("--max-frame", type=int, default=P.DEFAULT_MAX_FRAME,
                         help=f"largest frame accepted from a client, bytes (default {P.DEFAULT_MAX_FRAME})")
     parser.add_argument("--grace", type=non_negative_seconds, default=10.0,
@@ -689,6 +696,8 @@ def cli_main(argv: list[str] | None = None) -> int:
     token = args.token if args.token is not None else os.environ.get("TANGRAM_TOKEN") or None
     try:
         config = _load_config(args.config) if args.config else RuntimeConfig()
+        if args.objective is not None:
+            config = dataclasses.replace(config, objective=args.objective)
         managers: dict[str, ResourceManager] = {}
         for item in args.manager:
             kind, sep, name = item.partition("=")

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -104,9 +104,12 @@ def trajectory_slot_cpu(w: Workload) -> float:
     return slot
 
 
-def make_policy(w: Workload, name: str) -> Policy:
+def make_policy(w: Workload, name: str, objective: str = "step") -> Policy:
+    """The policy `name` as the simulator runs it on `w`; `objective` as tangram.Policy's."""
     if name not in POLICY_NAMES:
         raise ValueError(f"unknown policy {name!r} (one of {', '.join(POLICY_NAMES)})")
+    if objective != "step":
+        return replace(make_policy(w, name), objective=objective)
     if name == "trajectory":
         return Policy(name="trajectory", trajectory_slot_cpu=trajectory_slot_cpu(w))
     if name == "isolated":

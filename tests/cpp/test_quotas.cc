@@ -75,6 +75,49 @@ TEST(Quota, QueueKeepsArrivalOrderUnderShortestFirst) {
   EXPECT_EQ(cpu.complete({1}, 100), (Decisions{start(3).on(0).at(100)}));
 }
 
+// Order "progress" (Policy(objective="act")): a quota's queue serves the requests of the
+// trajectories that have started the most actions first, whatever their arrival;
+// end_trajectories forgets a trajectory's count (its id may come back for a new one).
+TEST(Quota, ProgressOrderServesFurtherTrajectoriesFirst) {
+  PolicyConfig p = policy_of(PolicyKind::kTangram);
+  tangram::PolicyRules rules = tangram::policy_row(PolicyKind::kTangram).rules;
+  rules.order = tangram::OrderRule::kProgress;
+  p.row = tangram::PolicyRow{"tangram-act", rules};
+  Harness h(quota_inventory({"api", 1.0, 1, 0, 0}), p);
+  auto request = [](ActionId id, TrajectoryId trajectory) {
+    ActionSpec a = quota_action(id);
+    a.trajectory = trajectory;
+    return a;
+  };
+  EXPECT_EQ(h.submit({request(1, 7)}, 0), (Decisions{start(1).on(0).at(0)}));
+  EXPECT_EQ(h.complete({1}, 0.5), Decisions{});
+  EXPECT_EQ(h.submit({request(2, 8)}, 0.6), Decisions{});  // trajectory 8: nothing started yet
+  EXPECT_EQ(h.submit({request(3, 7)}, 0.7), Decisions{});  // trajectory 7: one started
+  EXPECT_EQ(h.tick(1), (Decisions{start(3).on(0).at(1)}));
+  EXPECT_EQ(h.tick(2), (Decisions{start(2).on(0).at(2)}));
+  EXPECT_EQ(h.complete({2, 3}, 2.5), Decisions{});
+  // Trajectory 7 has started two, 8 one: 7's request, submitted later, still goes first.
+  EXPECT_EQ(h.submit({request(4, 8)}, 2.6), Decisions{});
+  EXPECT_EQ(h.submit({request(5, 7)}, 2.7), Decisions{});
+  EXPECT_EQ(h.tick(3), (Decisions{start(5).on(0).at(3)}));
+  EXPECT_EQ(h.tick(4), (Decisions{start(4).on(0).at(4)}));
+  EXPECT_EQ(h.complete({4, 5}, 4.5), Decisions{});
+  // Trajectory 7 (three started) ends and its id comes back with none: 8 (two) goes first.
+  EXPECT_EQ(h.end({7}, 4.5), Decisions{});
+  EXPECT_EQ(h.submit({request(6, 7)}, 4.6), Decisions{});
+  EXPECT_EQ(h.submit({request(7, 8)}, 4.7), Decisions{});
+  EXPECT_EQ(h.tick(5), (Decisions{start(7).on(0).at(5)}));
+  EXPECT_EQ(h.tick(6), (Decisions{start(6).on(0).at(6)}));
+
+  // Under tangram's own order the same requests keep arrival order.
+  Harness arrival(quota_inventory({"api", 1.0, 1, 0, 0}), policy_of(PolicyKind::kTangram));
+  EXPECT_EQ(arrival.submit({request(1, 7)}, 0), (Decisions{start(1).on(0).at(0)}));
+  EXPECT_EQ(arrival.complete({1}, 0.5), Decisions{});
+  EXPECT_EQ(arrival.submit({request(2, 8)}, 0.6), Decisions{});
+  EXPECT_EQ(arrival.submit({request(3, 7)}, 0.7), Decisions{});
+  EXPECT_EQ(arrival.tick(1), (Decisions{start(2).on(0).at(1)}));
+}
+
 // The concurrency cap: at most max_concurrency run at once; a completion or a cancel of a
 // running one lets exactly the next in; next_wakeup() stays kNever (only an end can help).
 TEST(Quota, ConcurrencyCap) {

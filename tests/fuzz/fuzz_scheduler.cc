@@ -204,7 +204,7 @@ class Harness {
     policy.kind = static_cast<tangram::PolicyKind>(in_.ConsumeIntegralInRange<int>(0, builtins - 1));
     if (in_.ConsumeIntegralInRange<int>(0, 3) == 0) {
       tangram::PolicyRules rules;
-      rules.order = static_cast<tangram::OrderRule>(in_.ConsumeIntegralInRange<int>(0, 1));
+      rules.order = static_cast<tangram::OrderRule>(in_.ConsumeIntegralInRange<int>(0, 2));
       rules.bins = static_cast<tangram::BinLayout>(in_.ConsumeIntegralInRange<int>(0, 2));
       rules.spare = static_cast<tangram::SpareRule>(in_.ConsumeIntegralInRange<int>(0, 2));
       rules.restore = static_cast<tangram::RestoreRule>(in_.ConsumeIntegralInRange<int>(0, 1));

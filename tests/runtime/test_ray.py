@@ -18,7 +18,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="the Ray backend needs ray (pip install '.[ray]')")
 cluster_utils = pytest.importorskip("ray.cluster_utils", reason="ray.cluster_utils is missing from this ray")
 
-from tangram import ActionCancelled, Call  # noqa: E402
+from tangram import ActionCancelled, Call, Quota, RuntimeConfig  # noqa: E402
 from tangram.ray import NodeLost, RayOrchestrator, cluster_inventory, node_name  # noqa: E402
 from tangram.runtime import ActionRecord  # noqa: E402
 
@@ -101,6 +101,23 @@ def test_placement_across_nodes_with_pinning_inside_the_action(cluster) -> None:
 def delivery(orch: RayOrchestrator) -> dict[str, int]:
     stats = orch.ray.describe()["nodes"].values()
     return {k: sum(s[k] for s in stats) for k in ("dispatched", "by_reply", "by_poll", "stray")}
+
+
+def test_the_objective_reaches_the_cluster_scheduler(cluster) -> None:  # type: ignore[no-untyped-def]
+    # As tests/runtime/test_server.py's serve test: one request a second at quota "api";
+    # under objective "act" trajectory 1's second request passes trajectory 2's first.
+    async def main() -> tuple[float, float]:
+        config = RuntimeConfig(objective="act", quotas=[Quota("api", rate=1.0, burst=1)])
+        async with RayOrchestrator(config, monitor_interval=0) as orch:
+            assert orch.scheduler.policy.objective == "act"
+            await orch.run(Call(fn=time.monotonic, quota="api", trajectory=1))
+            second = orch.submit(Call(fn=time.monotonic, quota="api", trajectory=2))
+            await asyncio.sleep(0.05)
+            further = orch.submit(Call(fn=time.monotonic, quota="api", trajectory=1))
+            return await second, await further
+
+    second_started, further_started = asyncio.run(main())
+    assert further_started < second_started
 
 
 def test_quick_actions_end_in_their_batch_reply_slow_ones_by_poll_each_exactly_once(cluster) -> None:  # type: ignore[no-untyped-def]

@@ -302,6 +302,30 @@ def test_cancel_explain_and_a_cancelled_awaiting_task(mock_server: Served) -> No
     run(main())
 
 
+@pytest.mark.parametrize("objective", ["step", "act"])
+def test_serve_honours_the_objective(tmp_path: Path, objective: str) -> None:
+    # A quota of one request a second. Trajectory 1's first request takes the token; then
+    # trajectory 2's first and trajectory 1's second wait for the next. Objective "step"
+    # keeps the quota's arrival order; "act" serves trajectory 1, which has started more.
+    config = write_config(tmp_path, '\n[[quotas]]\nname = "api"\nrate = 1.0\nburst = 1\n')
+    served = Served(config, "--manager", "cpu=mock", "--grace", "0", *(["--objective", objective]
+                                                                          if objective == "act" else []))
+    try:
+        async def main() -> tuple[float, float]:
+            async with Client(served.address) as client:
+                assert client.server_info["objective"] == objective
+                await client.run(Call(fn=time.monotonic, quota="api", trajectory=1))
+                second = client.submit(Call(fn=time.monotonic, quota="api", trajectory=2))
+                await asyncio.sleep(0.05)
+                further = client.submit(Call(fn=time.monotonic, quota="api", trajectory=1))
+                return await second, await further
+
+        second_started, further_started = run(main())
+        assert (further_started < second_started) == (objective == "act")
+    finally:
+        assert served.stop() == 0, served.stderr
+
+
 def test_sync_client_mirrors_the_sync_orchestrator(mock_server: Served) -> None:
     with SyncClient(mock_server.address) as client:
         assert client.run(Call(fn=lambda: 7)) == 7
