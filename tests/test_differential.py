@@ -722,6 +722,42 @@ def test_seeded_resize_streams_match_reference(row: str) -> None:
     assert ResizeCounting.grows > 0 and ResizeCounting.shrinks > 0, (ResizeCounting.grows, ResizeCounting.shrinks)
 
 
+# Seeded streams where shrinks rarely pay: long Amdahl actions beside short ones, tight
+# nodes, many waiting heads. The core parks a head whose only hope is a shrink on bins where
+# none can pay until their running actions change (resize.cc, shrink_futile), and wakes it
+# when they do; the reference tries every head in every pass. They decide alike (a core
+# that parked such heads for good fails this).
+@pytest.mark.parametrize("row", MALLEABLE_ROWS)
+def test_seeded_futile_shrink_streams_match_reference(row: str) -> None:
+    for seed in range(30):
+        rng = random.Random(seed)
+        inv = Inventory([Node(f"n{i}", {"cpu": rng.choice([4, 8, 16]), "memory": 16384}) for i in range(rng.randint(1, 2))])
+        policy = Policy(name="tangram", min_relative_gain=0.0, trajectory_slot_cpu=4.0, pools={0: 1.0, 1: 3.0},
+                        starvation_seconds=1e6)
+        h = Harness(inv, policy, rules=MALLEABLE_ROWS[row])
+        for _ in range(60):
+            h.now += rng.choice([0, 0.25, 0.5, 1, 2.5])
+            event = rng.choice(["submit", "submit", "complete", "tick", "tick", "limit"])
+            if event == "submit":
+                specs = []
+                for _ in range(rng.randint(1, 4)):
+                    spec = dict(id=h.next_id, trajectory=rng.randint(1, 6), task=rng.choice([0, 1]),
+                                demand=[rng.choice([0.5, 1, 2, 3, 4]), 0], seconds=rng.choice([0.5, 2.0, 10.0, 100.0, 1000.0]))
+                    h.next_id += 1
+                    if rng.random() < 0.6:
+                        spec.update(elastic_kind=0, elastic_max=spec["demand"][0] + rng.choice([0.5, 1, 2, 4, 8]),
+                                    model=MODEL_AMDAHL, parallel_fraction=rng.choice([0.3, 0.9, 1.0]))
+                    specs.append(spec)
+                h.submit(actions(2, *specs))
+            elif event == "complete" and h.live("running"):
+                h.complete(rng.sample(h.live("running"), 1))
+            elif event == "limit" and (drawn := h.draw_limit(rng.choice)) is not None:
+                h.limit([drawn[0]], [drawn[1]])
+            else:
+                h.tick()
+        h.drain()
+
+
 # -------------------------------------------------------------------- deterministic cases
 
 def actions(K: int, *specs: dict) -> np.ndarray:

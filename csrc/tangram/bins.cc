@@ -168,6 +168,8 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
   reclaim_bins.resize(partitions.size());
   reclaim_bound.assign(partitions.size() * static_cast<std::size_t>(K), 0);
   reclaim_bound_pass.assign(partitions.size(), 0);
+  shrink_candidates.resize(partitions.size());
+  shrink_candidates_pass.assign(partitions.size(), 0);
   std::vector<NodeBins> splits(static_cast<std::size_t>(N));
   for (std::int32_t n = 0; n < N; ++n) splits[n] = node_bins(inv.nodes[n].capacity);
   for (std::size_t p = 0; p < partitions.size(); ++p)

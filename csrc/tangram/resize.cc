@@ -15,6 +15,7 @@
 #include "tangram/scheduler_impl.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <vector>
 
@@ -28,6 +29,8 @@ void Scheduler::Impl::append_bin_resize_state() {
   bin_run.emplace_back();
   bin_run.back().running.reserve(8);  // a node's actions, mostly: few regrowths as they come and go
   bin_reclaim.insert(bin_reclaim.end(), static_cast<std::size_t>(K), 0);
+  bin_shrink_floor.push_back(0);
+  bin_shrink_floor_pass.push_back(0);
 }
 
 void Scheduler::Impl::add_reclaim(std::int32_t bin, std::int32_t kind, Quantity units) {
@@ -39,6 +42,7 @@ void Scheduler::Impl::add_reclaim(std::int32_t bin, std::int32_t kind, Quantity 
   if (sum > 0 && run.reclaim_pos < 0) {
     run.reclaim_pos = static_cast<std::int32_t>(list.size());
     list.push_back(bin);
+    shrink_candidates_pass[bin_partition[bin]] = 0;
   } else if (sum == 0 && run.reclaim_pos >= 0) {
     const std::int32_t last = list.back();
     list[run.reclaim_pos] = last;
@@ -95,7 +99,7 @@ void Scheduler::Impl::record_resize(std::int32_t slot, Quantity old_grant, doubl
 void Scheduler::Impl::record_resize(std::int32_t slot, Quantity old_grant, double work, std::uint64_t pass,
                                     std::vector<Decision>& out) {
   const ActionRec& a = slots[slot];
-  bin_run[a.bin].finish_ok = false;
+  running_changed(a.bin);
   RunState& run = run_state[slot];
   run.work_left = work;
   run.resized_ns = now;
@@ -173,8 +177,11 @@ bool Scheduler::Impl::reclaim_fits_node(const Class& cl, std::int32_t node) cons
 
 // Whether a shrink might ever let the class's head start where it may go, now or later
 // without a release: some bin it may use holds its demand in free room plus reclaimable
-// units. A class for which this holds is not parked (whether a shrink pays changes with
-// time); one for which it does not can only be helped by a release, which wakes it.
+// units, and is not known to be futile until it changes (shrink_futile). A class for which
+// this holds is not parked (whether a shrink pays changes with time); one for which it does
+// not can only be helped by a release, or a change on a futile bin, both of which wake it
+// (running_changed notes the bin's node as released).
+
 bool Scheduler::Impl::shrink_room_somewhere(const Class& cl) {
   const std::vector<std::int32_t>& list = reclaim_bins[cl.partition];
   if (!reclaim_bound_covers(cl)) return false;
@@ -184,16 +191,16 @@ bool Scheduler::Impl::shrink_room_somewhere(const Class& cl) {
   const Partition& part = partitions[cl.partition];
   if (fixed_leaf != kNone) {
     const std::int32_t b = part.bins[fixed_leaf];
-    return node_online[bin_node[b]] && reclaim_covers(cl, b);
+    return node_online[bin_node[b]] && reclaim_covers(cl, b) && !bin_run[b].shrink_futile;
   }
   if (static_cast<std::size_t>(hi - lo) <= list.size()) {
     for (std::int32_t leaf = lo; leaf < hi; ++leaf)
-      if (reclaim_covers(cl, part.bins[leaf]) && may_use_bin(cl, part.bins[leaf])) return true;
+      if (shrink_may_help(cl, part.bins[leaf])) return true;
     return false;
   }
   for (std::int32_t b : list) {
     const std::int32_t leaf = bin_leaf[b];
-    if (leaf >= lo && leaf < hi && reclaim_covers(cl, b) && may_use_bin(cl, b)) return true;
+    if (leaf >= lo && leaf < hi && shrink_may_help(cl, b)) return true;
   }
   return false;
 }
@@ -234,7 +241,9 @@ bool Scheduler::Impl::plan_shrink(const Class& cl, const Room& room, std::int32_
   auto consider = [&](std::int32_t leaf) {
     const std::int32_t b = part.bins[leaf];
     const std::int32_t node = bin_node[b];
-    if (!reclaim_covers(cl, b)) return;
+    // First whether any plan there could pay (once per pass and bin; mostly none can):
+    // plan_shrink_on would fail there whatever the class.
+    if (shrink_futile(b) || !reclaim_covers(cl, b)) return;
     if (room.own_slot) {
       if (!node_online[node]) return;
     } else if (!may_use_bin(cl, b) || (any_mask && node_masked[node] == pass_epoch)) {
@@ -245,10 +254,8 @@ bool Scheduler::Impl::plan_shrink(const Class& cl, const Room& room, std::int32_
   };
   if (room.fixed_leaf != kNone) {
     consider(room.fixed_leaf);
-  } else if (static_cast<std::size_t>(room.hi - room.lo) <= list.size()) {
-    for (std::int32_t leaf = room.lo; leaf < room.hi; ++leaf) consider(leaf);
   } else {
-    for (std::int32_t b : list)
+    for (std::int32_t b : shrink_candidates_of(cl.partition))
       if (bin_leaf[b] >= room.lo && bin_leaf[b] < room.hi) consider(bin_leaf[b]);
     std::sort(shrink_bins.begin(), shrink_bins.end());
   }
@@ -259,6 +266,76 @@ bool Scheduler::Impl::plan_shrink(const Class& cl, const Room& room, std::int32_
     }
   }
   return false;
+}
+
+// Whether no plan plan_shrink_on could make on `bin` now pays, for any head: it only spares
+// plans that would fail, so the decisions are plan_shrink_on's.
+//
+// The floor: the cheapest first step (work left x (t(g - step) - t(g))) among the actions a
+// shrink may take units from, whatever their kind. A plan's first step costs at least that,
+// and its later steps cost nothing below zero while every such action's model is Amdahl or
+// constant (run time never falls as units are taken, in floating point too; with any other
+// model there is no floor). No plan pays when the floor is at least the gain (gain_on).
+// Within a pass the floor holds once computed: those actions only drop out (started or
+// resized in it; spare units come after the walk). Across passes the work left falls, one
+// step's cut by (t(g - step) - t(g)) / t(g) per second, while the gain falls by one per
+// second: when that rate is at most 1 for every such action and none was left out for
+// having started or been resized in the pass, a futile bin stays futile until its running
+// actions or grants change (which clears BinRun::shrink_futile), given a margin far above
+// rounding.
+bool Scheduler::Impl::shrink_futile(std::int32_t bin) {
+  BinRun& run = bin_run[bin];
+  if (run.shrink_futile) return true;
+  if (bin_shrink_floor_pass[bin] != pass_epoch) {
+    double floor = kNoFinish;  // no action to take from: every plan fails
+    bool lasting = true;
+    for (std::int32_t s : run.running) {
+      const ActionRec& a = slots[s];
+      if (a.elastic_kind == kNone || a.grant <= minimum(a)) continue;
+      if (started_this_pass(s) || resized_this_pass(s)) {
+        lasting = false;
+        continue;
+      }
+      const ModelKind model = details[s].model.kind;
+      if (model != ModelKind::kAmdahl && model != ModelKind::kConstant) {
+        floor = -kNoFinish;
+        break;
+      }
+      const double now_time = seconds(s, a.grant);
+      const double step_time = seconds(s, a.grant - shrink_step(a, a.grant));
+      const double cut = work_now(s) * (step_time - now_time);
+      if (cut < floor) floor = cut;  // a NaN cut is skipped, as plan_shrink_on skips it
+      lasting = lasting && step_time - now_time <= now_time;
+    }
+    bin_shrink_floor[bin] = floor;
+    bin_shrink_floor_pass[bin] = pass_epoch;
+    const double gain = gain_on(bin);
+    if (lasting && floor >= gain + 1e-9 * (1.0 + std::abs(gain))) run.shrink_futile = true;
+  }
+  return !(bin_shrink_floor[bin] < gain_on(bin));
+}
+
+void Scheduler::Impl::shrink_futility_lost(std::int32_t bin) {
+  bin_run[bin].shrink_futile = false;
+  const std::int32_t node = bin_node[bin];
+  if (node_online[node] && node_released[node] != release_epoch) {
+    node_released[node] = release_epoch;
+    released_nodes.push_back(node);
+  }
+}
+
+// Within a pass a futile bin becomes worth a plan again only by a shrink on it (the only
+// change that can raise its gain), which needs it to be a candidate already; a bin that
+// joins the reclaim list resets the candidates.
+const std::vector<std::int32_t>& Scheduler::Impl::shrink_candidates_of(std::int32_t partition) {
+  std::vector<std::int32_t>& candidates = shrink_candidates[partition];
+  if (shrink_candidates_pass[partition] != pass_epoch) {
+    candidates.clear();
+    for (std::int32_t b : reclaim_bins[partition])
+      if (!shrink_futile(b)) candidates.push_back(b);
+    shrink_candidates_pass[partition] = pass_epoch;
+  }
+  return candidates;
 }
 
 // Units taken back on `bin`, one step at a time, each from the action that loses least by

@@ -138,6 +138,7 @@ struct alignas(64) BinRun {
   double finish_min = 0;              // earliest estimated finish there, while finish_ok
   bool finish_ok = false;             // cleared whenever its running actions or grants change
   bool freed = false;                 // listed in freed_bins
+  bool shrink_futile = false;         // no shrink plan here can pay until it changes (shrink_futile)
 };
 
 // A class with its head's order fields (24 bytes, cheap to sort and merge): the entries of
@@ -650,6 +651,9 @@ struct Scheduler::Impl {
   // ---- resize.cc: running grants under ResizeRule::kMalleable
   bool malleable = false;
   std::vector<BinRun> bin_run;      // by bin
+  // shrink_floor's value per bin, and the pass it was computed in.
+  std::vector<double> bin_shrink_floor;
+  std::vector<std::uint64_t> bin_shrink_floor_pass;
   std::vector<RunState> run_state;  // by slot
   std::vector<Quantity> bin_reclaim;  // per bin and kind (K a bin): units above minimum
   std::vector<std::vector<std::int32_t>> reclaim_bins;  // per partition: bins with a reclaim sum > 0
@@ -663,6 +667,16 @@ struct Scheduler::Impl {
   static constexpr std::uint64_t kNoFitEpoch = UINT64_MAX;
   void append_bin_resize_state();
   void add_reclaim(std::int32_t bin, std::int32_t kind, Quantity units);
+  // Its running actions or their grants changed: the earliest finish is stale, and a bin
+  // where no shrink could pay (shrink_futile) may now have one that does: its node counts as
+  // released for the next pass (flush_releases), which wakes the classes parked for want of
+  // a shrink that pays there.
+  void running_changed(std::int32_t bin) {
+    BinRun& run = bin_run[bin];
+    run.finish_ok = false;
+    if (run.shrink_futile) [[unlikely]] shrink_futility_lost(bin);
+  }
+  void shrink_futility_lost(std::int32_t bin);  // out of line: the starts and ends stay inlined
   // A start (inline: on every start and end of a malleable row).
   void note_running(std::int32_t slot) {
     const ActionRec& a = slots[slot];
@@ -675,8 +689,13 @@ struct Scheduler::Impl {
     run.resized_ns = -1;
     run.running_pos = static_cast<std::int32_t>(bin.running.size());
     bin.running.push_back(slot);
+    // An action that no shrink can take from leaves a futile bin futile: its finish can
+    // only bring the gain down.
     bin.finish_ok = false;
-    if (a.elastic_kind != kNone && a.grant > minimum(a)) add_reclaim(a.bin, a.elastic_kind, a.grant - minimum(a));
+    if (a.elastic_kind != kNone && a.grant > minimum(a)) {
+      running_changed(a.bin);
+      add_reclaim(a.bin, a.elastic_kind, a.grant - minimum(a));
+    }
   }
   // An end, before its slot is freed: the bin where room was freed is noted.
   void forget_running(std::int32_t slot) {
@@ -687,7 +706,7 @@ struct Scheduler::Impl {
     bin.running[pos] = last;
     run_state[last].running_pos = pos;
     bin.running.pop_back();
-    bin.finish_ok = false;
+    running_changed(a.bin);
     if (a.elastic_kind != kNone && a.grant > minimum(a)) add_reclaim(a.bin, a.elastic_kind, minimum(a) - a.grant);
     if (!bin.freed) {
       bin.freed = true;
@@ -724,6 +743,9 @@ struct Scheduler::Impl {
   bool may_reclaim(const Class& cl) const { return malleable && !reclaim_bins[cl.partition].empty(); }
   bool could_shrink_into(const Class& cl) { return may_reclaim(cl) && shrink_room_somewhere(cl); }
   bool shrink_room_somewhere(const Class& cl);
+  bool shrink_may_help(const Class& cl, std::int32_t bin) const {
+    return !bin_run[bin].shrink_futile && reclaim_covers(cl, bin) && may_use_bin(cl, bin);
+  }
   // Per partition and kind, the most free room plus reclaimable units on one of its bins
   // with any, as of the pass it was taken in (reclaim_bound_pass): room only shrinks in a
   // pass, so a class asking more of some kind fits none of them. Reset when units are added.
@@ -741,6 +763,12 @@ struct Scheduler::Impl {
   };
   bool plan_shrink(const Class& cl, const Room& room, std::int32_t device, ShrinkPlan& plan);
   bool plan_shrink_on(const Class& cl, std::int32_t bin, ShrinkPlan& plan);
+  bool shrink_futile(std::int32_t bin);  // no shrink plan on `bin` can pay now
+  // Per partition, the bins of reclaim_bins not futile when the pass first asked, in list
+  // order; recomputed in each pass, and when a bin joins the list.
+  std::vector<std::vector<std::int32_t>> shrink_candidates;
+  std::vector<std::uint64_t> shrink_candidates_pass;
+  const std::vector<std::int32_t>& shrink_candidates_of(std::int32_t partition);
   void start_by_shrinking(std::int32_t c, const Room& room, std::int32_t device, const ShrinkPlan& plan,
                           std::vector<Decision>& out);
   ShrinkPlan shrink_plan;  // scratch

@@ -204,7 +204,7 @@ void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
       const ActionRec& a = slots[m.slot];
       if (a.grant == m.was) continue;
       add_reclaim(bin, a.elastic_kind, a.grant - m.was);
-      bin_run[bin].finish_ok = false;
+      running_changed(bin);
       if (m.decision == SIZE_MAX) record_resize(m.slot, m.was, m.work, out);
     }
   }
