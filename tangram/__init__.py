@@ -66,6 +66,7 @@ _LAZY = {
     "FrameTooLarge": "server.protocol",
     "ProtocolError": "server.protocol",
     "RemoteError": "server.protocol",
+    "ServerUnreachable": "server.protocol",
     "Client": "server.client",
     "SyncClient": "server.client",
 }
@@ -93,7 +94,8 @@ if TYPE_CHECKING:  # what type checkers see of the names above; never executed
     from .runtime.records import ActionRecord
     from .runtime.sync import SyncOrchestrator
     from .server.client import Client, SyncClient
-    from .server.protocol import AuthenticationError, ConnectionLost, FrameTooLarge, ProtocolError, RemoteError
+    from .server.protocol import (AuthenticationError, ConnectionLost, FrameTooLarge, ProtocolError, RemoteError,
+                                  ServerUnreachable)
 del TYPE_CHECKING
 
 
@@ -136,6 +138,7 @@ __all__ = [
     "ResourceLimitExceeded",
     "ResourceManager",
     "RuntimeConfig",
+    "ServerUnreachable",
     "ServiceHooks",
     "SyncClient",
     "SyncOrchestrator",

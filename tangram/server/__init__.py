@@ -10,10 +10,12 @@ from .protocol import (
     FrameTooLarge,
     ProtocolError,
     RemoteError,
+    ServerUnreachable,
 )
 from .server import Server, cli_main
 
 __all__ = [
     "AuthenticationError", "Client", "ClientHandle", "ConnectionLost", "DEFAULT_MAX_FRAME", "DEFAULT_PORT",
-    "FrameTooLarge", "ProtocolError", "RemoteError", "Server", "SyncClient", "SyncClientHandle", "cli_main",
+    "FrameTooLarge", "ProtocolError", "RemoteError", "Server", "ServerUnreachable", "SyncClient", "SyncClientHandle",
+    "cli_main",
 ]

@@ -39,6 +39,7 @@ import concurrent.futures
 import itertools
 import os
 import pickle
+import socket
 from typing import Any, Iterable
 
 import cloudpickle
@@ -53,6 +54,16 @@ from . import protocol as P
 from .protocol import ConnectionLost, FrameTooLarge, ProtocolError
 
 _ID_LIMIT = 1 << P.ID_BITS
+
+
+def _why(e: BaseException) -> str:
+    if isinstance(e, asyncio.TimeoutError):
+        return "no answer in time"
+    if isinstance(e, socket.gaierror):
+        return f"the name does not resolve: {e.strerror}"
+    if isinstance(e, OSError) and e.errno:
+        return f"{type(e).__name__}: {os.strerror(e.errno)}"
+    return f"{type(e).__name__}: {e}"
 
 
 class ClientHandle:
@@ -106,7 +117,9 @@ class _Wire(asyncio.BufferedProtocol):
 class Client:
     """A connection to `tangram serve`, with the Orchestrator's API.
 
-    address   "host:port" (default: $TANGRAM_ADDRESS, else 127.0.0.1:7450)
+    address   "host:port" (or "tcp://host:port", "http://host:port"); default: $TANGRAM_ADDRESS,
+              else 127.0.0.1:7450. Nothing listening there: ServerUnreachable, in one line
+              naming the address tried and how to start a server
     token     the server's token (default: $TANGRAM_TOKEN)
     shared_trajectories  use the server's shared trajectory ids instead of this client's own
     connect_timeout      seconds to connect and authenticate
@@ -173,8 +186,12 @@ class Client:
             raise
         except (OSError, asyncio.TimeoutError) as e:
             self._abort()
-            raise ConnectionLost(f"cannot connect to {P.format_address(self.host, self.port)}: "
-                                 f"{type(e).__name__}: {e}") from None
+            where = P.format_address(self.host, self.port)
+            if self._transport is not None:  # connected, then dropped or silent before the WELCOME
+                raise ConnectionLost(f"cannot connect to {where}: {_why(e)}") from None
+            raise P.ServerUnreachable(f"no tangram server at {where} ({_why(e)}): start one there with "
+                                      f"`tangram serve --port {self.port}`, or give its address (Client(address), "
+                                      f"$TANGRAM_ADDRESS)") from None
         except BaseException:
             self._abort()
             raise

@@ -75,6 +75,16 @@ class ConnectionLost(TangramError, ConnectionError):
         self.action_id = action_id
 
 
+class ServerUnreachable(TangramError, ConnectionError):
+    """No connection to the server could be made (nothing listens at the address, a
+    timeout, a name that does not resolve): field "address", the reason names the address
+    tried and how to start a server there. Distinct from ConnectionLost, which ends a
+    connection that existed."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__("address", reason)
+
+
 class AuthenticationError(TangramError, PermissionError):
     """The server refused the client's token (field "token")."""
 
@@ -317,25 +327,55 @@ def keepalive(sock: socket.socket | None) -> None:
 
 
 def parse_address(address: str | tuple[str, int] | None, default_host: str = "127.0.0.1") -> tuple[str, int]:
-    """"host:port", "tcp://host:port", "[::1]:port", ":port" or (host, port)."""
+    """"host:port", "[::1]:port", ":port", "host" (the default port), (host, port), or the
+    same as a URL without a path: "tcp://host:port" or "http://host:port" (as pasted from a
+    browser or a log line; the protocol is tangram's own on plain TCP). Anything else is a
+    ValidationError naming "address" that says what was expected."""
     if address is None:
         return default_host, DEFAULT_PORT
     if isinstance(address, tuple):
-        return str(address[0]), int(address[1])
-    text = str(address)
-    if text.startswith("tcp://"):
-        text = text[len("tcp://"):]
+        if len(address) != 2 or not isinstance(address[0], str):
+            raise ValidationError("address", f"expected (host, port), got {address!r}")
+        return address[0], _port(address[1], address)
+    if not isinstance(address, str):
+        raise ValidationError("address", f"expected a \"host:port\" string, got {type(address).__name__}")
+    text = address.strip()
+    scheme, sep, rest = text.partition("://")
+    if sep:
+        if scheme.lower() in ("https", "tls"):
+            raise ValidationError("address", f"{address!r}: tangram serve speaks plain TCP, not TLS; give its "
+                                             f"host:port (over an SSH tunnel or a private network)")
+        if scheme.lower() not in ("tcp", "http"):
+            raise ValidationError("address", f"{address!r}: unknown scheme {scheme!r} (give host:port)")
+        text = rest
+        if text.endswith("/"):
+            text = text[:-1]
+        if "/" in text or "?" in text:
+            raise ValidationError("address", f"{address!r}: a tangram serve address has no path (give host:port; "
+                                             f"a Sandbox Fusion URL such as http://host:8080/run_code is for a "
+                                             f"Sandbox Fusion client, not tangram.Client)")
     if text.startswith("["):
         host, _, rest = text[1:].partition("]")
-        port = rest.lstrip(":")
+        port = rest[1:] if rest.startswith(":") else rest
     elif text.count(":") == 1:
         host, _, port = text.partition(":")
+    elif ":" in text:
+        raise ValidationError("address", f"{address!r}: an IPv6 address goes in brackets: [::1]:{DEFAULT_PORT}")
     else:
         host, port = text, ""
+    if any(c.isspace() for c in host):
+        raise ValidationError("address", f"{address!r}: expected host:port")
+    return host or default_host, _port(port, address) if port else DEFAULT_PORT
+
+
+def _port(port: object, address: object) -> int:
     try:
-        return host or default_host, int(port) if port else DEFAULT_PORT
-    except ValueError:
-        raise ValidationError("address", f"{address!r}: expected host:port") from None
+        value = int(port)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        raise ValidationError("address", f"{address!r}: expected host:port, the port a number") from None
+    if not 0 < value < 65536:
+        raise ValidationError("address", f"{address!r}: the port must be 1 to 65535, got {value}")
+    return value
 
 
 def format_address(host: str, port: int) -> str:

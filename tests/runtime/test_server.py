@@ -614,8 +614,50 @@ def test_a_killed_server_ends_every_pending_action_with_connection_lost(tmp_path
         run(main())
     finally:
         served.stop(signal.SIGKILL)
-    with pytest.raises(ConnectionLost, match="cannot connect"):
+    with pytest.raises(tangram.ServerUnreachable, match=f"no tangram server at {re.escape(served.address)}"):
         run(Client(served.address, connect_timeout=2.0).start())
+
+
+@pytest.mark.parametrize(("address", "parsed"), [
+    ("10.0.0.5:7460", ("10.0.0.5", 7460)),
+    ("tcp://10.0.0.5:7460", ("10.0.0.5", 7460)),
+    ("http://127.0.0.1:7450", ("127.0.0.1", 7450)),  # pasted from a log line or a browser
+    ("http://127.0.0.1:7450/", ("127.0.0.1", 7450)),
+    ("  node-3  ", ("node-3", P.DEFAULT_PORT)),
+    (":7461", ("127.0.0.1", 7461)),
+    ("[::1]:7462", ("::1", 7462)),
+    (("10.0.0.6", 7463), ("10.0.0.6", 7463)),
+])
+def test_addresses_as_users_write_them(address: Any, parsed: tuple[str, int]) -> None:
+    assert P.parse_address(address) == parsed
+
+
+@pytest.mark.parametrize(("address", "says"), [
+    ("https://127.0.0.1:7450", "plain TCP, not TLS"),
+    ("http://127.0.0.1:8080/run_code", "has no path"),
+    ("ftp://host:1", "unknown scheme"),
+    ("::1:7450", "in brackets"),
+    ("host:http", "the port a number"),
+    ("host:70000", "1 to 65535"),
+    ("host:0", "1 to 65535"),
+    (7450, "a \"host:port\" string"),
+])
+def test_a_wrong_address_is_refused_in_one_line(address: Any, says: str) -> None:
+    with pytest.raises(tangram.ValidationError) as raised:
+        Client(address)
+    assert raised.value.field == "address" and says in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_no_server_at_the_address_says_where_and_how_to_start_one() -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(tangram.ServerUnreachable) as raised:
+        run(Client(f"http://127.0.0.1:{port}", connect_timeout=2.0).start())
+    message = str(raised.value)
+    assert f"127.0.0.1:{port}" in message and f"tangram serve --port {port}" in message and "\n" not in message
+    assert raised.value.field == "address" and isinstance(raised.value, ConnectionError)
+    assert not isinstance(raised.value, ConnectionLost)  # no connection ever existed
 
 
 def test_typed_errors_round_trip_through_the_codec() -> None:
