@@ -297,7 +297,8 @@ class Orchestrator:
             raise ValidationError("action_id", f"action {action_id} is live")
         future = self._loop.create_future()  # type: ignore[union-attr]
         record = ActionRecord(action_id, call.kind, call.trajectory, name, self._now(),
-                              estimate=_DECLARED if estimate.source == "declared" else estimate.describe())
+                              estimate=_DECLARED if estimate.source == "declared" else estimate.describe(),
+                              quota=call.quota or "")
         lv = _Live(action_id, call, future, manager, template, record, estimate)
         lv.generation = self._encoder.generation
         self._live[action_id] = lv

@@ -35,6 +35,7 @@ class ActionRecord:
     wait_reason: str = ""
     error: str = ""
     estimate: str = ""
+    quota: str = ""  # the API quota it was admitted under ("" for none)
 
     @property
     def act(self) -> float | None:
@@ -106,9 +107,9 @@ class Metrics:
     queue lengths and utilisation are read from the core when scraped, at no per-action
     cost.
 
-      tangram_action_completion_seconds{kind}   ACT histogram (wait + run)
-      tangram_action_wait_seconds{kind}         wait histogram (submit to start)
-      tangram_actions_total{kind,outcome}       terminal states
+      tangram_action_completion_seconds{kind,quota}   ACT histogram (wait + run)
+      tangram_action_wait_seconds{kind,quota}         wait histogram (submit to start)
+      tangram_actions_total{kind,quota,outcome}       terminal states
       tangram_actions_waiting{kind} / _running{kind}
       tangram_resource_utilisation{node,resource}   held / capacity, from the core
 
@@ -124,10 +125,10 @@ class Metrics:
 
         self.registry = CollectorRegistry(auto_describe=True)
         self._lock = threading.Lock()
-        self._outcomes: dict[tuple[str, str | None], int] = {}
-        # kind -> (counts per bucket, the last one +Inf, not cumulative; [sum])
-        self._act: dict[str, tuple[list[int], list[float]]] = {}
-        self._wait: dict[str, tuple[list[int], list[float]]] = {}
+        self._outcomes: dict[tuple[str, str, str | None], int] = {}
+        # (kind, quota) -> (counts per bucket, the last one +Inf, not cumulative; [sum])
+        self._act: dict[tuple[str, str], tuple[list[int], list[float]]] = {}
+        self._wait: dict[tuple[str, str], tuple[list[int], list[float]]] = {}
         metrics = self
         orch = orchestrator
 
@@ -141,37 +142,37 @@ class Metrics:
         self.registry.register(_Collector())  # type: ignore[arg-type]
 
     def observe(self, record: ActionRecord) -> None:
-        kind = record.kind
+        labels = (record.kind, record.quota)
         with self._lock:
-            key = (kind, record.outcome)
+            key = (*labels, record.outcome)
             self._outcomes[key] = self._outcomes.get(key, 0) + 1
             if record.end is not None:
-                _observe(self._act, kind, record.end - record.submit)
+                _observe(self._act, labels, record.end - record.submit)
             if record.start is not None:
-                _observe(self._wait, kind, record.start - record.submit)
+                _observe(self._wait, labels, record.start - record.submit)
 
     def _families(self, orch: Any) -> list[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
         families: list[Any] = []
         with self._lock:
-            outcomes = sorted(self._outcomes.items(), key=lambda kv: (kv[0][0], str(kv[0][1])))
+            outcomes = sorted(self._outcomes.items(), key=lambda kv: (kv[0][0], kv[0][1], str(kv[0][2])))
             hists = [(name, doc, sorted((k, list(c), s[0]) for k, (c, s) in table.items()))
                      for name, doc, table in (
                          ("tangram_action_completion_seconds", "Action completion time (wait + run)", self._act),
                          ("tangram_action_wait_seconds", "Time from submit to start", self._wait))]
         for name, doc, rows in hists:
-            family = HistogramMetricFamily(name, doc, labels=["kind"])
-            for kind, counts, total in rows:
+            family = HistogramMetricFamily(name, doc, labels=["kind", "quota"])
+            for labels, counts, total in rows:
                 cumulative, buckets = 0, []
                 for bound, count in zip((*(f"{b:g}" for b in ACT_BUCKETS), "+Inf"), counts):
                     cumulative += count
                     buckets.append((bound, cumulative))
-                family.add_metric([kind], buckets, total)
+                family.add_metric(list(labels), buckets, total)
             families.append(family)
-        counter = CounterMetricFamily("tangram_actions", "Actions by terminal state", labels=["kind", "outcome"])
-        for (kind, outcome), count in outcomes:
-            counter.add_metric([kind, str(outcome)], count)
+        counter = CounterMetricFamily("tangram_actions", "Actions by terminal state", labels=["kind", "quota", "outcome"])
+        for (kind, quota, outcome), count in outcomes:
+            counter.add_metric([kind, quota, str(outcome)], count)
         families.append(counter)
         waiting = GaugeMetricFamily("tangram_actions_waiting", "Actions waiting", labels=["kind"])
         running = GaugeMetricFamily("tangram_actions_running", "Actions running", labels=["kind"])
@@ -198,9 +199,10 @@ class Metrics:
         return server
 
 
-def _observe(table: dict[str, tuple[list[int], list[float]]], kind: str, value: float) -> None:
-    row = table.get(kind)
+def _observe(table: dict[tuple[str, str], tuple[list[int], list[float]]], labels: tuple[str, str],
+             value: float) -> None:
+    row = table.get(labels)
     if row is None:
-        row = table[kind] = ([0] * (len(ACT_BUCKETS) + 1), [0.0])
+        row = table[labels] = ([0] * (len(ACT_BUCKETS) + 1), [0.0])
     row[0][bisect_left(ACT_BUCKETS, value)] += 1  # the first bucket whose bound is >= value ("le")
     row[1][0] += value

@@ -474,7 +474,7 @@ class Client:
                 call, handle._call = handle._call, None
                 if record is not None:  # sent only when this client keeps records
                     self.records.append((aid, call.kind, call.trajectory, manager_for(call), record,
-                                         "ok" if ok else outcome_of(value), "" if ok else str(value)))
+                                         "ok" if ok else outcome_of(value), "" if ok else str(value), call.quota or ""))
                 if ok:
                     future.set_result(value)
                 else:
@@ -540,10 +540,10 @@ class Client:
 def _decode_record(entry: tuple[Any, ...]) -> tuple[Any, ...]:
     """A record as Client._frame keeps it (the server's fields still packed) -> the field
     values of an ActionRecord."""
-    action_id, kind, trajectory, manager, packed, outcome, error = entry
+    action_id, kind, trajectory, manager, packed, outcome, error, quota = entry
     submit, start, end, node, device, grant, wait_reason, estimate = P.unpack_record(packed)
     return (action_id, kind, trajectory, manager, submit, start, end, node, device, grant, outcome, wait_reason, error,
-            estimate)
+            estimate, quota)
 
 
 def _pickle_calls(calls: list[Call]) -> bytes:

@@ -34,6 +34,7 @@ import gc
 import hmac
 import ipaddress
 import itertools
+import json
 import os
 import pickle
 import signal
@@ -669,6 +670,12 @@ def _parser() -> argparse.ArgumentParser:
                         help="what the policy's order serves: 'step' (a synchronous trainer's step; the default) or "
                              "'act' (mean ACT, for asynchronous trainers; docs/scheduling.md, Objectives). Default: "
                              "the config's")
+    parser.add_argument("--metrics-port", type=port, default=None, metavar="PORT",
+                        help="serve Prometheus metrics on http://127.0.0.1:PORT/metrics (overrides the config's "
+                             "metrics_port)")
+    parser.add_argument("--log-actions", default=None, metavar="FILE",
+                        help="append one JSON line per finished action to FILE: its record (tangram.ActionRecord's "
+                             "fields)")
     parser.add_argument("--max-frame", type=int, default=P.DEFAULT_MAX_FRAME,
                         help=f"largest frame accepted from a client, bytes (default {P.DEFAULT_MAX_FRAME})")
     parser.add_argument("--grace", type=non_negative_seconds, default=10.0,
@@ -698,6 +705,8 @@ def cli_main(argv: list[str] | None = None) -> int:
         config = _load_config(args.config) if args.config else RuntimeConfig()
         if args.objective is not None:
             config = dataclasses.replace(config, objective=args.objective)
+        if args.metrics_port is not None:
+            config = dataclasses.replace(config, metrics_port=args.metrics_port)
         managers: dict[str, ResourceManager] = {}
         for item in args.manager:
             kind, sep, name = item.partition("=")
@@ -712,7 +721,11 @@ def cli_main(argv: list[str] | None = None) -> int:
                         managers=managers, max_frame=args.max_frame, sandbox_fusion_port=args.sandbox_fusion_port,
                         sandbox_fusion_fresh=args.sandbox_fusion_fresh, sandbox_fusion_cpu=args.sandbox_fusion_cpu)
         gc.set_threshold(*GC_THRESHOLDS)
-        return asyncio.run(_serve(server, args.grace))
+        if args.log_actions is None:
+            return asyncio.run(_serve(server, args.grace))
+        with ActionLog(args.log_actions) as log:
+            server.orchestrator.records.add_listener(log.write)
+            return asyncio.run(_serve(server, args.grace))
     except (TangramError, OSError) as e:
         print(f"tangram serve: {e}", file=sys.stderr, flush=True)
         return 2
@@ -758,6 +771,28 @@ def _import_manager(target: str) -> type[ResourceManager]:
 # the time the record log is full. Fewer, larger young collections keep it steady
 # (docs/server.md, Measurements); startup objects are frozen out of collections.
 GC_THRESHOLDS = (10_000, 20, 20)
+
+
+class ActionLog:
+    """`tangram serve --log-actions FILE`: one JSON object per finished action, a line each,
+    with the fields of its ActionRecord, appended as it ends and flushed at once (a reader
+    tailing the file sees every ended action; a crash loses none already written)."""
+
+    def __init__(self, path: str) -> None:
+        try:
+            self._file = open(path, "a", encoding="utf-8")
+        except OSError as e:
+            raise ValidationError("--log-actions", f"cannot open {path!r} for appending: {e.strerror}") from None
+
+    def write(self, record: ActionRecord) -> None:
+        self._file.write(json.dumps(dataclasses.asdict(record), separators=(",", ":")) + "\n")
+        self._file.flush()
+
+    def __enter__(self) -> "ActionLog":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._file.close()
 
 
 async def _serve(server: Server, grace: float) -> int:

@@ -411,16 +411,21 @@ def test_sync_facade_is_shared_by_threads() -> None:
 
 def test_metrics_export_act_histograms_queues_and_utilisation() -> None:
     async def main() -> None:
-        async with orchestrator(cpu=2) as orch:
+        async with orchestrator(cpu=2, quotas=[Quota("search", rate=100.0, burst=10)]) as orch:
             await orch.map([Call(runtime=0.0, kind="reward") for _ in range(3)])
+            await orch.map([Call(runtime=0.0, quota="search") for _ in range(2)])
             blocker = orch.submit(Call(runtime=10.0, resources={"cpu": 2}, kind="env"))
             await asyncio.sleep(0.01)
             queued = orch.submit(Call(runtime=0.0, kind="env"))
             await asyncio.sleep(0.01)
             assert orch.metrics is not None
             text = orch.metrics.text().decode()
-            assert 'tangram_action_completion_seconds_count{kind="reward"} 3.0' in text
-            assert 'tangram_actions_total{kind="reward",outcome="ok"} 3.0' in text
+            assert 'tangram_action_completion_seconds_count{kind="reward",quota=""} 3.0' in text
+            assert 'tangram_actions_total{kind="reward",outcome="ok",quota=""} 3.0' in text
+            # labelled by its quota as well as its kind (a search call is kind "env")
+            assert 'tangram_action_completion_seconds_count{kind="env",quota="search"} 2.0' in text
+            assert 'tangram_actions_total{kind="env",outcome="ok",quota="search"} 2.0' in text
+            assert all(r.quota == ("search" if r.kind == "env" else "") for r in orch.records)
             assert 'tangram_actions_waiting{kind="env"} 1.0' in text
             assert 'tangram_actions_running{kind="env"} 1.0' in text
             assert 'tangram_resource_utilisation{node="node0",resource="cpu"} 1.0' in text

@@ -326,6 +326,36 @@ def test_serve_honours_the_objective(tmp_path: Path, objective: str) -> None:
         assert served.stop() == 0, served.stderr
 
 
+def test_serve_exports_metrics_by_kind_and_quota_and_logs_each_action(tmp_path: Path) -> None:
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        metrics_port = s.getsockname()[1]
+    log = tmp_path / "actions.jsonl"
+    config = write_config(tmp_path, '\n[[quotas]]\nname = "search"\nrate = 100.0\nburst = 10\n')
+    served = Served(config, "--manager", "cpu=mock", "--grace", "0", "--metrics-port", str(metrics_port),
+                    "--log-actions", str(log))
+    try:
+        with SyncClient(served.address) as client:
+            client.map([Call(fn=lambda: 1, quota="search", trajectory=4), Call(fn=lambda: 2, kind="reward")])
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
+                text = response.read().decode()
+        assert 'tangram_actions_total{kind="env",outcome="ok",quota="search"} 1.0' in text
+        assert 'tangram_actions_total{kind="reward",outcome="ok",quota=""} 1.0' in text
+    finally:
+        assert served.stop() == 0, served.stderr
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert sorted((r["kind"], r["quota"], r["outcome"]) for r in lines) == [("env", "search", "ok"), ("reward", "", "ok")]
+    assert all(r["end"] >= r["start"] >= r["submit"] for r in lines)
+
+
+def test_serve_refuses_an_action_log_it_cannot_open(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-P", "-m", "tangram", "serve", "--port", "0", "--log-actions",
+                           str(tmp_path / "missing" / "log.jsonl")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--log-actions" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
 def test_sync_client_mirrors_the_sync_orchestrator(mock_server: Served) -> None:
     with SyncClient(mock_server.address) as client:
         assert client.run(Call(fn=lambda: 7)) == 7
