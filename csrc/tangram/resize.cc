@@ -181,7 +181,6 @@ bool Scheduler::Impl::reclaim_fits_node(const Class& cl, std::int32_t node) cons
 // this holds is not parked (whether a shrink pays changes with time); one for which it does
 // not can only be helped by a release, or a change on a futile bin, both of which wake it
 // (running_changed notes the bin's node as released).
-
 bool Scheduler::Impl::shrink_room_somewhere(const Class& cl) {
   const std::vector<std::int32_t>& list = reclaim_bins[cl.partition];
   if (!reclaim_bound_covers(cl)) return false;
