@@ -51,6 +51,7 @@ def _main(argv: list[str] | None) -> int:
                    add_help=False)
     sub.add_parser("estimates", help="show, import and export learned run times (tangram estimates --help)",
                    add_help=False)
+    sub.add_parser("top", help="a live view of a running tangram serve (tangram top --help)", add_help=False)
     args, rest = parser.parse_known_args(argv)
     if args.version:
         from . import __version__
@@ -65,6 +66,10 @@ def _main(argv: list[str] | None) -> int:
         from .server import server
 
         return server.cli_main(rest)
+    if args.command == "top":
+        from . import top
+
+        return top.cli_main(rest)
     if args.command == "estimates":
         from .runtime import estimates
 

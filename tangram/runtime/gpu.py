@@ -651,6 +651,18 @@ class GpuManager(ResourceManager):
                 done.set_result(None)
             self._offloading[device].discard(done)
 
+    def service_states(self) -> dict[str, tuple[str, int | None]]:
+        """Each service instance: ("resident" | "restoring", its device), or ("offloaded" |
+        "not loaded", None)."""
+        out: dict[str, tuple[str, int | None]] = {}
+        for name, st in self._services.items():
+            r = st.residency
+            if r is not None:
+                out[name] = ("resident" if r.ready.done() and r.ready.result() is None else "restoring", r.device)
+            else:
+                out[name] = ("not loaded" if st.handle is _UNLOADED else "offloaded", None)
+        return out
+
     def resident(self, service: str) -> int | None:
         """The device `service` is resident on (its hook has returned), or None."""
         r = self._state(service).residency

@@ -86,3 +86,7 @@ class OrchestratorAPI(Protocol):
     async def utilisation(self) -> dict[tuple[str, str], float]:
         """(node, resource) -> share of its capacity held by running actions."""
         ...
+
+    async def status(self) -> dict[str, Any]:
+        """A snapshot for a live view (`tangram top`; Orchestrator.status_now documents it)."""
+        ...

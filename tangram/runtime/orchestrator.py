@@ -392,6 +392,52 @@ class Orchestrator:
                     out[(node.name, kind)] = 1.0 - self.scheduler.free(n, kind) / cap
         return out
 
+    async def status(self, running_limit: int = 20) -> dict[str, Any]:
+        """A snapshot for a live view (`tangram top`): status_now's."""
+        return self.status_now(running_limit)
+
+    def status_now(self, running_limit: int = 20) -> dict[str, Any]:
+        """What is happening now, as plain data (it travels to a Client as is):
+
+          time, policy, objective   the clock (seconds since start) and the policy
+          queues       kind -> [waiting, running]
+          quotas       quota -> [waiting, running] (actions admitted under it)
+          running      the `running_limit` longest-running actions: [id, kind, quota, node,
+                       grant (None: not elastic), seconds running], longest first
+          services     service instance -> [state, device]: "resident", "restoring",
+                       "offloaded" or "not loaded" (the GPU manager's view)
+          utilisation  [node, resource, share held]
+          last_minute  actions ended in the last 60 s: count, per second, ACT p50 and p99
+        """
+        now = self._now() if self._loop is not None else 0.0
+        quotas: dict[str, list[int]] = {q.name: [0, 0] for q in self.inventory.quotas}
+        running = []
+        for lv in self._live.values():
+            quota = lv.call.quota
+            if quota is not None and quota in quotas:
+                quotas[quota][1 if lv.running else 0] += 1
+            if lv.running and lv.record.start is not None:
+                running.append([lv.id, lv.call.kind, quota or "", lv.record.node, lv.record.grant,
+                                now - lv.record.start])
+        running.sort(key=lambda r: -r[5])
+        service_states = getattr(self.managers.get("gpu"), "service_states", None)  # the GPU manager's
+        states = service_states() if service_states is not None else {}
+        acts = sorted(self.records.recent_acts(now - 60.0))
+        pick = lambda q: acts[min(len(acts) - 1, int(q * len(acts)))] if acts else None  # noqa: E731
+        return {
+            "time": now,
+            "policy": self.policy,
+            "objective": self.scheduler.policy.objective if self.scheduler is not None else None,
+            "queues": {k: list(v) for k, v in self.queue_lengths_now().items()},
+            "quotas": quotas,
+            "running": running[:running_limit],
+            "running_total": len(running),
+            "services": {name: list(v) for name, v in states.items()},
+            "utilisation": [[node, kind, share] for (node, kind), share in sorted(self.utilisation_now().items())],
+            "last_minute": {"ended": len(acts), "per_second": len(acts) / 60.0, "act_p50": pick(0.5),
+                            "act_p99": pick(0.99)},
+        }
+
     def now(self) -> float:
         """The orchestrator's clock: seconds since start (the core's time)."""
         return self._now()

@@ -49,6 +49,7 @@ class ActionRecord:
 
 _RECORD_FIELDS = tuple(f.name for f in fields(ActionRecord))
 _record_values = attrgetter(*_RECORD_FIELDS)  # the record as a tuple, in one C call
+_END, _SUBMIT = _RECORD_FIELDS.index("end"), _RECORD_FIELDS.index("submit")
 
 
 class RecordLog:
@@ -92,6 +93,20 @@ class RecordLog:
 
     def __len__(self) -> int:
         return len(self._finished)
+
+    def recent_acts(self, since: float) -> list[float]:
+        """The ACT of every kept record that ended at or after `since` (an end time on the
+        records' clock), newest first: a walk from the newest back to the first older one
+        (records end in time order). Entries kept in another form (a Client's) have none."""
+        if self._decode is not None:
+            return []
+        acts = []
+        for entry in reversed(self._finished):
+            end = entry[_END]
+            if end is None or end < since:
+                break
+            acts.append(end - entry[_SUBMIT])
+        return acts
 
     def as_dicts(self) -> list[dict[str, Any]]:
         return [asdict(r) | {"act": r.act} for r in self]

@@ -86,6 +86,10 @@ class LoopThread:
         """(node, resource) -> share of its capacity held by running actions."""
         return self._call(self._target.utilisation())
 
+    def status(self) -> dict[str, Any]:
+        """A snapshot for a live view (Orchestrator.status_now documents it)."""
+        return self._call(self._target.status())
+
     @property
     def records(self) -> Any:
         """The records of finished actions (a RecordLog; iterating it from any thread is

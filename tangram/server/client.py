@@ -331,6 +331,10 @@ class Client:
         """The server's (node, resource) -> share held by running actions."""
         return await self._request("utilisation", [])
 
+    async def status(self) -> dict[str, Any]:
+        """The server's snapshot for a live view (Orchestrator.status_now documents it)."""
+        return await self._request("status", [])
+
     async def ping(self) -> float:
         """Seconds for one request to the server and back."""
         t0 = self._loop.time()  # type: ignore[union-attr]

@@ -17,7 +17,7 @@ server's `max_frame` bytes is accepted; calls travel as one (cloud)pickle per SU
       SUBMIT    uint32 n, n x uint64 action ids, then pickle([Call] * n), as cloudpickle makes it
       CANCEL    JSON  [action id, ...]
       REQUEST   JSON  [request id, op, args]   ops: end_trajectory, explain, queue_lengths,
-                                                    utilisation, ping
+                                                    utilisation, status, ping
     server -> client
       WELCOME   JSON  {"protocol": 2, "connection": int, "max_frame": int, "policy": str,
                        "objective": str, "managers": [str], "server": str}

@@ -508,6 +508,8 @@ class _Connection(asyncio.BufferedProtocol):
                 self._reply(rid, True, self.orch.queue_lengths_now())
             elif op == "utilisation":
                 self._reply(rid, True, self.orch.utilisation_now())
+            elif op == "status":
+                self._reply(rid, True, self.orch.status_now())
             elif op == "end_trajectory":
                 (t,) = args
                 if not isinstance(t, int) or t < 0:

@@ -437,6 +437,32 @@ def test_metrics_export_act_histograms_queues_and_utilisation() -> None:
     run(main())
 
 
+def test_status_snapshot_for_a_live_view() -> None:
+    async def main() -> None:
+        async with orchestrator(cpu=2, quotas=[Quota("search", rate=1.0, burst=1)]) as orch:
+            await orch.map([Call(runtime=0.0) for _ in range(3)])
+            long = [orch.submit(Call(runtime=30.0, resources={"cpu": 0.5}, trajectory=t)) for t in (1, 2, 3)]
+            queued = orch.submit(Call(runtime=30.0, resources={"cpu": 1}, trajectory=4))
+            searches = [orch.submit(Call(runtime=30.0, resources={"cpu": 0.25}, quota="search", trajectory=5 + i))
+                        for i in range(2)]
+            await asyncio.sleep(0.05)
+            status = await orch.status()
+            assert status["policy"] == "tangram" and status["objective"] == "step"
+            # waiting: the one short of cores, the second search (the quota's rate)
+            assert status["queues"]["env"] == [2, 4]
+            assert status["quotas"] == {"search": [1, 1]}
+            assert status["running_total"] == 4 and len(status["running"]) == 4
+            assert [r[5] for r in status["running"]] == sorted((r[5] for r in status["running"]), reverse=True)
+            assert {r[2] for r in status["running"]} == {"", "search"}
+            assert status["last_minute"]["ended"] == 3 and status["last_minute"]["act_p99"] is not None
+            assert ["node0", "cpu", 0.875] in status["utilisation"]  # 3 x 0.5 + 0.25 of 2 cores
+            assert status["services"] == {}
+            for h in (*long, queued, *searches):
+                h.cancel()
+
+    run(main())
+
+
 def test_metrics_served_over_http() -> None:
     import socket
     import urllib.request

@@ -14,6 +14,7 @@ import pickle
 import random
 import re
 import select
+import shutil
 import signal
 import socket
 import struct
@@ -354,6 +355,70 @@ def test_serve_refuses_an_action_log_it_cannot_open(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-P", "-m", "tangram", "serve", "--port", "0", "--log-actions",
                            str(tmp_path / "missing" / "log.jsonl")], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--log-actions" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def _busy_server(tmp_path: Path) -> tuple[Served, SyncClient, list[Any]]:
+    """A mock server with four long actions running (one under quota "search") and two waiting."""
+    config = write_config(tmp_path, '\n[[quotas]]\nname = "search"\nrate = 1.0\nburst = 1\n')
+    served = Served(config, "--manager", "cpu=mock", "--manager", "api=mock", "--grace", "0")
+    client = SyncClient(served.address)
+    client.run(Call(runtime=0.0))
+    handles = [client.submit(Call(runtime=60.0, resources={"cpu": 0.5}, trajectory=t)) for t in range(3)]
+    handles.append(client.submit(Call(runtime=60.0, resources={"cpu": 1}, trajectory=3)))  # short of cores
+    handles += [client.submit(Call(runtime=60.0, resources={"cpu": 0.25}, quota="search", trajectory=9 + i))
+                for i in range(2)]  # the second waits for the quota's rate
+    client.queue_lengths()  # the submits have reached the server
+    return served, client, handles
+
+
+def test_top_once_prints_the_servers_state(tmp_path: Path) -> None:
+    served, client, handles = _busy_server(tmp_path)
+    try:
+        done = subprocess.run([sys.executable, "-P", "-m", "tangram", "top", served.address, "--once"],
+                              capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "100"})
+        assert done.returncode == 0, done.stderr
+        out = done.stdout
+        assert f"tangram {served.address}" in out and "policy tangram (step)" in out
+        assert re.search(r"env\s*│\s*2\s*│\s*4", out), out  # kind env: 2 waiting, 4 running
+        assert re.search(r"quota search\s*│\s*1\s*│\s*1", out), out
+        assert "running (4; longest first)" in out and "last minute: 1 ended" in out
+    finally:
+        for h in handles:
+            h.cancel()
+        client.close()
+        assert served.stop() == 0, served.stderr
+
+
+def test_top_refreshes_in_a_terminal(tmp_path: Path) -> None:
+    # In a real terminal (tmux), redrawn in place about once a second.
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed")
+    served, client, handles = _busy_server(tmp_path)
+    session = f"tangram-top-{os.getpid()}"
+    command = f"{sys.executable} -P -m tangram top {served.address} --interval 0.3"
+    try:
+        subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "110", "-y", "40", command], check=True,
+                       env={k: v for k, v in os.environ.items() if k != "TMUX"})
+        screens = []
+        for _ in range(2):
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                time.sleep(0.5)
+                screen = subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True,
+                                        text=True).stdout
+                if "utilisation" in screen and (not screens or screen != screens[-1]):
+                    break
+            screens.append(screen)
+        assert "running (4; longest first)" in screens[0], screens[0]
+        assert re.search(r"quota search\s*│\s*1\s*│\s*1", screens[0]), screens[0]
+        assert screens[1] != screens[0]  # redrawn: the running times have moved on
+        assert screens[1].count("running (4; longest first)") == 1  # in place, not scrolled
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+        for h in handles:
+            h.cancel()
+        client.close()
+        assert served.stop() == 0, served.stderr
 
 
 def test_sync_client_mirrors_the_sync_orchestrator(mock_server: Served) -> None:
