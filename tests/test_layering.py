@@ -19,7 +19,7 @@ The layers, lowest first:
   ray        tangram.ray.*: the Ray backend
   sim        tangram.sim.*: the virtual-time simulator
   demo       tangram.demo.*: `tangram demo`
-  tools      tangram.cli, tangram.bench, tangram.__main__: the `tangram` command
+  tools      tangram.cli, tangram.bench, tangram.top, tangram.__main__: the `tangram` command
 
 Every import counts, at module level and inside functions, relative ones resolved;
 `from tangram import Name` counts as an import of the module `Name` lives in (the
@@ -60,7 +60,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("ray", ("tangram.ray.",)),
     ("sim", ("tangram.sim.",)),
     ("demo", ("tangram.demo.",)),
-    ("tools", ("tangram.cli", "tangram.bench", "tangram.__main__")),
+    ("tools", ("tangram.cli", "tangram.bench", "tangram.top", "tangram.__main__")),
 ]
 FACE = next(i for i, (name, _) in enumerate(LAYERS) if name == "face")
 
