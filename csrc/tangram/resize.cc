@@ -285,6 +285,7 @@ bool Scheduler::Impl::plan_shrink(const Class& cl, const Room& room, std::int32_
 bool Scheduler::Impl::shrink_futile(std::int32_t bin) {
   BinRun& run = bin_run[bin];
   if (run.shrink_futile) return true;
+  const double gain = gain_on(bin);
   if (bin_shrink_floor_pass[bin] != pass_epoch) {
     double floor = kNoFinish;  // no action to take from: every plan fails
     bool lasting = true;
@@ -308,10 +309,9 @@ bool Scheduler::Impl::shrink_futile(std::int32_t bin) {
     }
     bin_shrink_floor[bin] = floor;
     bin_shrink_floor_pass[bin] = pass_epoch;
-    const double gain = gain_on(bin);
     if (lasting && floor >= gain + 1e-9 * (1.0 + std::abs(gain))) run.shrink_futile = true;
   }
-  return !(bin_shrink_floor[bin] < gain_on(bin));
+  return !(bin_shrink_floor[bin] < gain);
 }
 
 void Scheduler::Impl::shrink_futility_lost(std::int32_t bin) {

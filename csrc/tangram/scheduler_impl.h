@@ -651,7 +651,7 @@ struct Scheduler::Impl {
   // ---- resize.cc: running grants under ResizeRule::kMalleable
   bool malleable = false;
   std::vector<BinRun> bin_run;      // by bin
-  // shrink_floor's value per bin, and the pass it was computed in.
+  // shrink_futile's floor per bin, and the pass it was computed in.
   std::vector<double> bin_shrink_floor;
   std::vector<std::uint64_t> bin_shrink_floor_pass;
   std::vector<RunState> run_state;  // by slot

@@ -403,7 +403,7 @@ class Orchestrator:
           queues       kind -> [waiting, running]
           quotas       quota -> [waiting, running] (actions admitted under it)
           running      the `running_limit` longest-running actions: [id, kind, quota, node,
-                       grant (None: not elastic), seconds running], longest first
+                       elastic grant (0: not elastic), seconds running], longest first
           services     service instance -> [state, device]: "resident", "restoring",
                        "offloaded" or "not loaded" (the GPU manager's view)
           utilisation  [node, resource, share held]

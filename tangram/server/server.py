@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import gc
 import hmac
@@ -723,10 +724,9 @@ def cli_main(argv: list[str] | None = None) -> int:
                         managers=managers, max_frame=args.max_frame, sandbox_fusion_port=args.sandbox_fusion_port,
                         sandbox_fusion_fresh=args.sandbox_fusion_fresh, sandbox_fusion_cpu=args.sandbox_fusion_cpu)
         gc.set_threshold(*GC_THRESHOLDS)
-        if args.log_actions is None:
-            return asyncio.run(_serve(server, args.grace))
-        with ActionLog(args.log_actions) as log:
-            server.orchestrator.records.add_listener(log.write)
+        with ActionLog(args.log_actions) if args.log_actions else contextlib.nullcontext() as log:
+            if log is not None:
+                server.orchestrator.records.add_listener(log.write)
             return asyncio.run(_serve(server, args.grace))
     except (TangramError, OSError) as e:
         print(f"tangram serve: {e}", file=sys.stderr, flush=True)
