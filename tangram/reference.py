@@ -57,8 +57,10 @@ Rules, in words:
   started there takes the slot's free elastic units up to its max at once. Service
   actions run beside their service and bind nothing: in their own trajectory's slot when
   it is on that node, else in a bin no trajectory holds, else in another held slot.
-* Home devices. service_devices "home": service s may live only on device s % devices
-  (devices as at construction); "any": on every device.
+* Home devices. service_devices "home": a dedicated deployment: each service runs its
+  minimum copies only (a surplus copy is never routed to), and the i-th of those copies in
+  service order may live only on device i % devices (devices as at construction); "any":
+  every copy, on every device.
 * Classes. Waiting actions with identical admission constraints (demand vector, gpu
   memory, partition, affinity, service, quota, tokens; plus the trajectory for an action
   in a trajectory slot) form a class; once one of a class fails in a pass, the rest of
@@ -683,9 +685,10 @@ class ReferenceScheduler:
                     self._append_bin(n, p, cap)
         if rules.bins == "trajectory_slots" and not self.bins:
             raise ValidationError(f"{pf}.trajectory_slot_cpu", "larger than every node's cpu: no slot fits")
-        if rules.service_devices == "home":
-            for s, svc in enumerate(self.services):
-                svc.home = s % len(self.dev_node)
+        if rules.service_devices == "home":  # a dedicated deployment: the minimum copies, homed
+            deployed = [svc for svc in self.services if not svc.surplus]
+            for i, svc in enumerate(deployed if self.dev_node else []):
+                svc.home = i % len(self.dev_node)
         self.slot_of: dict[int, int] = {}  # trajectory -> the bin it holds
         self.tables: list[list[tuple[float, float]]] = []
         self.actions: dict[int, _Action] = {}  # live actions, by id
@@ -890,7 +893,9 @@ class ReferenceScheduler:
         the fewest live actions; then the lower copy."""
         run_ns = to_ns(self._model_seconds(a.model, a.minimum, a.minimum))
         best, best_key = a.service, None
-        for copy in [a.service] + [o for o, svc in enumerate(self.services) if svc.replica_of == a.service]:
+        home = self.rules.service_devices == "home"  # surplus copies are never deployed there
+        for copy in [a.service] + [o for o, svc in enumerate(self.services)
+                                   if svc.replica_of == a.service and not (home and svc.surplus)]:
             svc = self.services[copy]
             until = 0 if not svc.surplus else svc.restore_ns if svc.device < 0 else max(svc.ready_ns - t, 0)
             live = sum(1 for b in self.actions.values() if b.service == copy)

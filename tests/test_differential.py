@@ -815,7 +815,7 @@ def test_service_eviction() -> None:
 # both sides), and when the other service needs the memory, the idle surplus copy is the
 # one evicted, though every other rule ranks the first copy first (the same requests and
 # restore time, the lower index).
-@pytest.mark.parametrize("name", POLICIES)
+@pytest.mark.parametrize("name", [p for p in POLICIES if POLICY_RULES[p].service_devices == "any"])
 def test_replica_routing_and_surplus_eviction(name: str) -> None:
     inv = Inventory([Node("n0", {"cpu": 8}, [Gpu(2500)])],
                     services=[Service("rm", 1000, 1.0, replicas=1, max_replicas=2), Service("other", 1000, 1.0)])
@@ -832,6 +832,22 @@ def test_replica_routing_and_surplus_eviction(name: str) -> None:
     out = h.submit(actions(1, dict(id=3, demand=[1], seconds=1.0, service=2)))
     assert [(int(d["kind"]), int(d["service"])) for d in out][:2] == [(EVICT, 1), (RESTORE, 2)]
     h.drain()
+
+
+# A dedicated deployment (service_devices "home": trajectory, isolated) runs a service's
+# minimum copies only: the queue that brings a surplus copy under a pooled policy waits
+# for the one copy there, and the surplus copy is never restored.
+@pytest.mark.parametrize("name", [p for p in POLICIES if POLICY_RULES[p].service_devices == "home"])
+def test_dedicated_deployments_never_use_surplus_copies(name: str) -> None:
+    inv = Inventory([Node("n0", {"cpu": 8}, [Gpu(2500), Gpu(2500)])],
+                    services=[Service("rm", 1000, 1.0, replicas=1, max_replicas=2), Service("other", 1000, 1.0)])
+    h = Harness(inv, Policy(name=name))
+    out = h.submit(actions(1, *[dict(id=i, demand=[1], seconds=4.0, service=0, any_replica=1) for i in (1, 2, 3)]))
+    out2 = h.submit(actions(1, dict(id=4, demand=[1], seconds=1.0, service=2)))
+    restores = [(int(d["service"]), int(d["device"])) for d in [*out, *out2] if d["kind"] == RESTORE]
+    assert restores == [(0, 0), (2, 1)]  # "other" is the second deployed copy: home device 1
+    h.drain()
+    assert all(int(d["service"]) != 1 for _, _, decisions in h.log for d in decisions)
 
 
 # An action short of GPU memory that idle cached services hold evicts them; a service

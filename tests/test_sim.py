@@ -86,7 +86,8 @@ def test_conservation(policy: str) -> None:
                 assert s.free(n, kind) == cap
         # GPUs: free plus the resident reward replicas (cached after use) is the whole device
         for d, gpu in enumerate(node.gpus):
-            resident = sum(svc.memory for svc in s.inventory.services if s.service_location(svc.name) == (n, d))
+            resident = sum(svc.memory for name, svc in s.inventory.service_instances
+                           if s.service_location(name) == (n, d))
             assert s.gpu_free(n, d) + resident == gpu.memory
     # trajectories are sequential: each action is submitted after its predecessor ended
     for t in range(0, w.batch, 5):
@@ -210,7 +211,8 @@ def test_a_queue_of_rewards_brings_a_surplus_copy() -> None:
     # Two trajectories' rewards of 4 s at once, one replicated service (replicas 1,
     # max_replicas 2, max_batch 1, restore 1 s) on two GPUs, no compute sharing: the first
     # reward goes to copy 0 (restored: ACT 5); for the second a whole 4 s batch is ahead
-    # there, more than copy 1's 1 s restore, so copy 1 is brought in (ACT 5, not 9).
+    # there, more than copy 1's 1 s restore, so copy 1 is brought in (ACT 5, not 9). The
+    # dedicated deployments (trajectory, isolated) run the minimum copy only: 5 and 9.
     w = tiny(batch=2, turns={"dist": "fixed", "value": 0},
              reward={"replicas": 1, "max_replicas": 2, "gpu_memory": 1000, "restore_seconds": 1.0, "max_batch": 1,
                      "cpu": 0.1, "memory": 10, "seconds": 4.0, "gpu_batch_gain": "inf"},
@@ -220,8 +222,9 @@ def test_a_queue_of_rewards_brings_a_surplus_copy() -> None:
     assert sim.build_inventory(w).services[0].instances == ["reward#0", "reward#1"]
     for policy in POLICIES:
         r = sim.simulate(w, policy, seed=0)
-        assert r.act.tolist() == pytest.approx([5.0, 5.0]), policy
-        assert r.restores == 2
+        dedicated = policy in ("trajectory", "isolated")
+        assert sorted(r.act.tolist()) == pytest.approx([5.0, 9.0] if dedicated else [5.0, 5.0]), policy
+        assert r.restores == (1 if dedicated else 2)
     with pytest.raises(tangram.ValidationError) as e:
         tiny(reward={"replicas": 2, "max_replicas": 1, "gpu_memory": 1000, "seconds": 1.0})
     assert e.value.field == "workload.reward.max_replicas"
@@ -504,7 +507,8 @@ def _check_conservation(w: sim.Workload, r: sim.SimResult, seed: int) -> None:
         for kind in node.resources:
             assert s.free(n, kind) == fresh.free(n, kind)
         for d, gpu in enumerate(node.gpus):
-            resident = sum(svc.memory for svc in s.inventory.services if s.service_location(svc.name) == (n, d))
+            resident = sum(svc.memory for name, svc in s.inventory.service_instances
+                           if s.service_location(name) == (n, d))
             assert s.gpu_free(n, d) + resident == gpu.memory
     # every trajectory ends with exactly one reward action, on the service it drew
     rw = np.flatnonzero(r.label == REWARD)
@@ -604,8 +608,9 @@ def _gpu_overcommit(w: sim.Workload, r: sim.SimResult) -> list[str]:
     used = dict.fromkeys(cap, 0.0)
     where: dict[int, tuple[int, int]] = {}
     out = []
+    instances = sim.build_inventory(w).service_instances  # the core's services: every copy
     for t, kind, svc, node, dev in r.service_log:
-        mem = w.reward.services[svc].gpu_memory
+        mem = instances[svc][1].memory
         if kind == 1:
             assert svc not in where, f"service {svc} restored twice"
             where[svc] = (node, dev)
@@ -625,13 +630,13 @@ def _gpu_overcommit(w: sim.Workload, r: sim.SimResult) -> list[str]:
     opened: dict[int, float] = {}
     for t, kind, svc, _, _ in r.service_log:
         if kind == 1:
-            opened[svc] = t + w.reward.services[svc].restore_seconds
+            opened[svc] = t + instances[svc][1].restore_seconds
         else:
             spans.setdefault(svc, []).append((opened.pop(svc), t))
     for svc, ready in opened.items():
         spans.setdefault(svc, []).append((ready, math.inf))
     for a in np.flatnonzero(r.label == REWARD):
-        svc = int(r.service[a])
+        svc = int(r.copy[a])
         if not any(lo - 1e-6 <= r.start[a] and r.finish[a] <= hi + 1e-6 for lo, hi in spans.get(svc, [])):
             out.append(f"reward {a} on service {svc} ran {r.start[a]}..{r.finish[a]} outside residency {spans.get(svc)}")
             break

@@ -178,11 +178,17 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
   starving_head_halts = partitions.size() == 1 && row.rules.bins != BinLayout::kTrajectorySlots;
   if (row.rules.bins == BinLayout::kTrajectorySlots && partitions[0].bins.empty())
     throw Error(ErrorCode::kInvalidArgument, pf + ".trajectory_slot_cpu", "larger than every node's cpu: no slot fits");
-  if (uses_service_home() && has_gpus) {
-    // Each service is given a home device up front, round robin over all devices, as a
-    // dedicated reward pool would be.
-    for (std::size_t s = 0; s < services.size(); ++s)
-      services[s].home_device = static_cast<std::int32_t>(s % dev_node.size());
+  if (uses_service_home()) {
+    // A dedicated deployment: each service runs its minimum copies only (its surplus copies
+    // are never routed to, so never restored), and each of those is given a home device up
+    // front, round robin over all devices in service order, as a dedicated reward pool would be.
+    for (std::vector<std::int32_t>& group : replica_group)
+      group.erase(std::remove_if(group.begin(), group.end(),
+                                 [&](std::int32_t copy) { return inv.services[copy].surplus; }),
+                  group.end());
+    std::size_t deployed = 0;
+    for (std::size_t s = 0; has_gpus && s < services.size(); ++s)
+      if (!inv.services[s].surplus) services[s].home_device = static_cast<std::int32_t>(deployed++ % dev_node.size());
   }
   node_online.assign(N, 1);
   node_busy_holders.assign(N, 0);

@@ -60,7 +60,8 @@ enum class RestoreRule : std::uint8_t {
 // Which devices a GPU service may be resident on.
 enum class ServiceDevices : std::uint8_t {
   kAny = 0,   // any device with room (or room made by eviction)
-  kHome = 1,  // its home device only: service s on device s % devices, a dedicated pool
+  kHome = 1,  // a dedicated pool: a service's minimum copies only (surplus ones are never
+              // used), the i-th such copy in service order on device i % devices
 };
 
 // Whether a running action's elastic grant may change after its start.

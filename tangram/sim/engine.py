@@ -267,6 +267,7 @@ class SimResult:
     evictions: int
     action_kind: np.ndarray  # index into workload.actions per environment action; -1 for rewards
     service: np.ndarray  # index into workload.reward.services per reward action; -1 otherwise
+    copy: np.ndarray  # the core service it ran on (a copy of a replicated one: service_log's index); -1 otherwise
     kind_names: tuple[str, ...]  # the workload's action kind names
     # (time, 1 restore / 2 evict, service index, node, device), in decision order
     service_log: list[tuple[float, int, int, int, int]] = field(default_factory=list, repr=False)
@@ -400,6 +401,7 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
     action_kind = np.full(total, -1, dtype=np.int64)
     action_kind[:n_env] = st.kind
     service_of = np.full(total, -1, dtype=np.int64)
+    copy_of = np.full(total, -1, dtype=np.int64)  # the core service (copy) a reward ran on
     if has_reward:
         label[n_env:] = REWARD
         traj_of[n_env:] = np.arange(n)
@@ -562,6 +564,7 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
                     grant[aid] = base_demand[aid][0]
                 start[aid] = now
                 run[aid] = t_run
+                copy_of[aid] = int(r["service"])
                 d = base_demand[aid]
                 if elastic[aid]:
                     d = d.copy()
@@ -743,7 +746,7 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
         submit=submit, start=start, finish=finish, grant=grant, run=run, best=best,
         rejected=rejected, step_duration=step_duration, utilisation=utilisation,
         resource_seconds=resource_seconds, cpu_held_seconds=cpu_held, restores=restores,
-        evictions=evictions, action_kind=action_kind, service=service_of,
+        evictions=evictions, action_kind=action_kind, service=service_of, copy=copy_of,
         kind_names=tuple(k.name for k in w.actions), service_log=service_log, scheduler=sched,
         cores=w.value("cores"), gpus=w.value("gpus"), estimates=estimates,
         bound=step_bounds(w, st),
