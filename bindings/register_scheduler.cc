@@ -290,6 +290,11 @@ void register_scheduler(py::module_& m) {
       .def("tick", &PyScheduler::tick, py::arg("now"))
       .def("service_restored", &PyScheduler::service_restored, py::arg("service"), py::arg("node"), py::arg("device"),
            py::arg("now"))
+      .def("back_off_quota", [](PyScheduler& s, std::int32_t quota, double until) {
+        if (!std::isfinite(until) || until < 0 || until > kMaxSeconds)
+          throw Error(ErrorCode::kInvalidArgument, "until", "must be a finite time in [0, 1e9] seconds");
+        s.core().back_off_quota(quota, to_ns(until));
+      }, py::arg("quota"), py::arg("until"))
       .def("set_service_times", [](PyScheduler& s, std::int32_t svc, double restore, double offload) {
         s.core().set_service_times(svc, restore, offload);
       }, py::arg("service"), py::arg("restore_seconds"), py::arg("offload_seconds"))

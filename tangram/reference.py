@@ -266,7 +266,9 @@ Rules, in words:
 * Quotas (exact integers). GCRA: interval = max(1, to_ns(1 / rate)), tolerance = (burst -
   1) * interval; refused while now < tat - tolerance (until tat - tolerance); a start sets
   tat = max(tat, now) + interval. Concurrency: refused while max_concurrency actions of
-  the quota run (until: never). Tokens: a bucket of tokens_per_minute * 60e9 units
+  the quota run (until: never). Backoff: refused while now < paused_until (until
+  paused_until); back_off_quota(q, until) sets paused_until = max(paused_until,
+  to_ns(until)), no pass. Tokens: a bucket of tokens_per_minute * 60e9 units
   refilled by tokens_per_minute per ns elapsed (capped); a request needs tokens * 60e9;
   refused until now + ceil(shortfall / tokens_per_minute). Checked in that order.
 * next_wakeup: after each pass, the earliest ready time of a restoring service, the
@@ -415,6 +417,7 @@ class _Quota:
         self.capacity = tpm * NS_PER_MINUTE
         self.level = self.capacity
         self.refilled_at = 0
+        self.paused_until = 0  # back_off(): nothing admitted before this
         self.until: int | None = None  # when the last refusal lifts; None: never by time
 
     def refill(self, now: int) -> None:
@@ -425,6 +428,9 @@ class _Quota:
     def admits(self, now: int, tokens: int, running: int) -> bool:
         self.until = None
         if self.max_concurrency > 0 and running >= self.max_concurrency:
+            return False
+        if now < self.paused_until:
+            self.until = self.paused_until
             return False
         if self.interval > 0 and now < self.tat - self.tolerance:
             self.until = self.tat - self.tolerance
@@ -1003,6 +1009,15 @@ class ReferenceScheduler:
                 self.dev_ops_end[d] = t
             svc.ready_ns = t
         return self._pass([])
+
+    def back_off_quota(self, quota: int, until: float) -> None:
+        if not 0 <= quota < len(self.quotas):
+            raise UnknownNameError("quota", f"no quota with index {quota}")
+        until = float(until)
+        if not math.isfinite(until) or not 0 <= until <= MAX_SECONDS:
+            raise ValidationError("until", "must be a finite time in [0, 1e9] seconds")
+        q = self.quotas[quota]
+        q.paused_until = max(q.paused_until, to_ns(until))
 
     def set_service_times(self, service: int, restore_seconds: float, offload_seconds: float) -> None:
         if not 0 <= service < len(self.services):

@@ -516,6 +516,13 @@ class Scheduler:
         the pass that follows."""
         return self._wrap(self._core.service_restored(self._service(service), self._node(node), int(device), now))
 
+    def back_off_quota(self, quota: int | str, until: float) -> None:
+        """The API behind `quota` answered "too many requests": it admits nothing new before
+        `until` (the scheduler's clock, seconds; a later backoff extends the pause, an earlier
+        one changes nothing), its waiting requests held as by its rate. No decisions: a
+        backoff only holds actions back."""
+        self._core.back_off_quota(self._quota(quota), float(until))
+
     def set_service_times(self, service: int | str, restore_seconds: float, offload_seconds: float) -> None:
         """New estimates of a service's restore and offload times (seconds, as measured),
         for the restores and evictions decided from now on."""
@@ -631,6 +638,13 @@ class Scheduler:
         if kind not in self._encoder.kind_index:
             raise UnknownNameError("kind", f"no resource kind named {kind!r}")
         return self._encoder.kind_index[kind]
+
+    def _quota(self, quota: int | str) -> int:
+        if not isinstance(quota, str):
+            return int(quota)
+        if quota not in self._encoder.quota_index:
+            raise UnknownNameError("quota", f"no quota named {quota!r}")
+        return self._encoder.quota_index[quota]
 
     def _service(self, service: int | str) -> int:
         if not isinstance(service, str):

@@ -233,6 +233,12 @@ class Harness:
         self.log.append(("set_service_times", (service, restore, offload), np.zeros(0, DECISION_DTYPE)))
         self.check()
 
+    def back_off_quota(self, quota: int, until: float) -> None:
+        for sched in (self.core, self.ref):
+            sched.back_off_quota(quota, until)
+        self.log.append(("back_off_quota", (quota, until), np.zeros(0, DECISION_DTYPE)))
+        self.check()
+
     def set_device_online(self, node: int, device: int, online: bool) -> None:
         out = self.both("set_device_online", node, device, online, self.now)
         if out is not None:
@@ -497,7 +503,7 @@ def events(draw, h: Harness, inv: Inventory) -> None:
             h.now += step
         event = draw(st.sampled_from(["submit"] * 4 + ["complete"] * 3 + ["end"] * 2 + [
             "complete_all", "cancel", "tick", "online", "add_node", "invalid", "limit", "restored", "times",
-            "device"]))
+            "device", "backoff"]))
         if event == "submit":
             h.submit(draw_actions(draw, h, inv))
         elif event == "complete" and h.live("running"):
@@ -533,6 +539,8 @@ def events(draw, h: Harness, inv: Inventory) -> None:
                                                                      [(node, device) not in h.device_offline])))
         elif event == "restored" and h.service_memory:
             h.service_restored(draw(st.integers(0, len(h.service_memory) - 1)))
+        elif event == "backoff" and inv.quotas:
+            h.back_off_quota(draw(st.integers(0, len(inv.quotas) - 1)), h.now + draw(st.sampled_from([0.0, 0.5, 3.0, 30.0])))
         elif event == "times" and h.service_memory:
             h.set_service_times(draw(st.integers(0, len(h.service_memory) - 1)),
                                 draw(st.sampled_from([0.0, 0.1, 1.0, 3.0])), draw(st.sampled_from([0.0, 0.2, 2.0])))
@@ -544,7 +552,8 @@ def events(draw, h: Harness, inv: Inventory) -> None:
 def invalid_event(draw, h: Harness, inv: Inventory) -> None:
     """A refused event: both refuse it with the same error type and nothing changes."""
     what = draw(st.sampled_from(["complete_waiting", "unknown", "duplicate", "bad_affinity", "busy_trajectory",
-                                 "unknown_task", "unknown_node", "duplicate_node", "node_capacity", "backwards"]))
+                                 "unknown_task", "unknown_node", "duplicate_node", "node_capacity", "backwards",
+                                 "backoff_unknown_quota", "backoff_bad_time"]))
     before = (h.core.waiting_count, h.core.running_count, h.N)
     if what == "complete_waiting" and h.live("waiting"):
         h.both("complete", np.array(h.live("waiting")[:1], dtype=np.uint64), h.now)
@@ -572,6 +581,10 @@ def invalid_event(draw, h: Harness, inv: Inventory) -> None:
         h.both("add_node", "extra", [1000] * (h.K + 1), [], h.now)
     elif what == "backwards" and h.core.now > 0:  # before the clock of the last event
         h.both("tick", h.core.now / 2)
+    elif what == "backoff_unknown_quota":
+        h.both("back_off_quota", len(inv.quotas), h.now + 1.0)
+    elif what == "backoff_bad_time" and inv.quotas:
+        h.both("back_off_quota", 0, draw(st.sampled_from([math.nan, -1.0, 2e9])))
     assert (h.core.waiting_count, h.core.running_count, h.N) == before
 
 
@@ -985,6 +998,29 @@ def test_seeded_progress_streams_match_reference() -> None:
             if follow:
                 h.submit(actions(1, *follow))
         h.drain()
+
+
+# A backoff holds a quota's new requests until it lifts, whatever its rate would allow; a
+# later one extends it, an earlier one changes nothing, and requests in flight run on.
+@pytest.mark.parametrize("name", POLICIES)
+def test_quota_backoff_holds_new_requests(name: str) -> None:
+    inv = Inventory([Node("n0", {"cpu": 8})], quotas=[Quota("api", rate=10.0, burst=2, max_concurrency=3)])
+    h = Harness(inv, Policy(name=name, trajectory_slot_cpu=2.0))
+    h.submit(actions(1, dict(id=1, trajectory=1, demand=[1], seconds=5.0, quota=0)))
+    assert h.state[1] == "running"
+    h.back_off_quota(0, h.now + 3.0)
+    h.back_off_quota(0, h.now + 1.0)  # earlier: no change
+    h.submit(actions(1, dict(id=2, trajectory=2, demand=[1], seconds=1.0, quota=0)))
+    assert h.state[2] == "waiting" and h.state[1] == "running"
+    assert h.core.next_wakeup == pytest.approx(3.0)
+    h.now = 2.0
+    h.back_off_quota(0, 4.0)  # later: extends it
+    h.tick()
+    assert h.state[2] == "waiting" and h.core.next_wakeup == pytest.approx(4.0)
+    h.now = 4.0
+    h.tick()
+    assert h.state[2] == "running"
+    h.drain()
 
 
 # A starving action that fits nowhere halts the pass: nothing behind it starts.

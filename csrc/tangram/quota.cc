@@ -40,6 +40,11 @@ bool QuotaState::admits(TimeNs now, std::int64_t tokens) {
     last_block = Blocked::kConcurrency;
     return false;
   }
+  if (now < paused_until_) {
+    last_block = Blocked::kRate;
+    last_until = paused_until_;
+    return false;
+  }
   if (interval_ > 0 && now < tat_ - tolerance_) {
     last_block = Blocked::kRate;
     last_until = tat_ - tolerance_;

@@ -3,6 +3,7 @@
 // nanoseconds; the bucket counts tokens in units of 1/60e9 token so refill is exact.
 #pragma once
 
+#include <algorithm>
 #include <string>
 
 #include "tangram/model.h"
@@ -20,6 +21,9 @@ class QuotaState {
   bool admits(TimeNs now, std::int64_t tokens);
   void take(TimeNs now, std::int64_t tokens);  // after admits() said yes
   void release() { --running; }
+  // The API asked callers to slow down: nothing new is admitted before `until` (held as by
+  // the rate). A later backoff extends the pause; an earlier one changes nothing.
+  void back_off(TimeNs until) { paused_until_ = std::max(paused_until_, until); }
   bool tokens_fit(std::int64_t tokens) const { return tokens_per_minute_ == 0 || tokens <= tokens_per_minute_; }
 
   std::int64_t running = 0;
@@ -37,6 +41,7 @@ class QuotaState {
   __int128 level_ = 0;  // bucket level in 1/60e9 tokens
   __int128 capacity_ = 0;
   TimeNs refilled_at_ = 0;
+  TimeNs paused_until_ = 0;  // back_off(): no admission before this
 };
 
 }  // namespace tangram

@@ -187,6 +187,13 @@ void Scheduler::service_restored(std::int32_t service, std::int32_t node, std::i
   m.pass(out);
 }
 
+void Scheduler::back_off_quota(std::int32_t quota, TimeNs until) {
+  Impl& m = *impl_;
+  if (quota < 0 || quota >= static_cast<std::int32_t>(m.quotas.size()))
+    throw Error(ErrorCode::kUnknownName, "quota", "no quota with index " + std::to_string(quota));
+  m.quotas[quota].back_off(until);
+}
+
 void Scheduler::set_service_times(std::int32_t service, double restore_seconds, double offload_seconds) {
   Impl& m = *impl_;
   m.check_service(service);

@@ -59,6 +59,12 @@ class Scheduler {
   // measured), for the restores and evictions decided from now on. Throws Error for an
   // unknown service or a time outside [0, 1e9].
   void set_service_times(std::int32_t service, double restore_seconds, double offload_seconds);
+  // The API behind `quota` answered "too many requests" (HTTP 429, with a Retry-After): the
+  // quota admits nothing new before `until` (a later backoff extends the pause, an earlier
+  // one changes nothing; requests in flight are not touched), its waiting requests held as
+  // by its rate. Runs no pass: a backoff can only hold actions back. Throws Error for an
+  // unknown quota.
+  void back_off_quota(std::int32_t quota, TimeNs until);
   // Running elastic actions say how many units of their elastic kind they can use from now
   // on (a worker pool with fewer tasks left than its grant, or more again when it gets
   // more): each one's maximum becomes limits[i] milli-units, within [its minimum, the

@@ -51,6 +51,23 @@ TEST(Quota, BurstThenRate) {
   EXPECT_EQ(h.s.next_wakeup(), S(2));
 }
 
+// A backoff (the API answered 429): nothing new is admitted before it lifts, though the
+// burst would allow it; an earlier backoff changes nothing, a later one extends it; the
+// wait is explained as the rate's, and an unknown quota is refused.
+TEST(Quota, BackoffHoldsNewRequests) {
+  Harness h(quota_inventory({"api", 1.0, 3, 0, 0}), policy_of(PolicyKind::kTangram));
+  EXPECT_EQ(h.submit({quota_action(1)}, 0), (Decisions{start(1).on(0).at(0)}));
+  h.s.back_off_quota(0, S(2));
+  h.s.back_off_quota(0, S(1));
+  EXPECT_EQ(h.submit({quota_action(2)}, 0), Decisions{});
+  EXPECT_EQ(h.s.next_wakeup(), S(2));
+  EXPECT_EQ(h.s.explain(2), "waiting for quota 'api' rate limit; next admission at 2.000000 s");
+  h.s.back_off_quota(0, S(3));
+  EXPECT_EQ(h.tick(2), Decisions{});
+  EXPECT_EQ(h.tick(3), (Decisions{start(2).on(0).at(3)}));
+  EXPECT_THROW(h.s.back_off_quota(1, S(1)), tangram::Error);
+}
+
 // Under tangram's shortest-first order, a quota's queue keeps arrival order: every
 // request costs the quota one request, so a short call that came later does not pass a
 // long one (it would only make long calls wait longest). Actions without a quota still go

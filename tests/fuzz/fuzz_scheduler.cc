@@ -300,6 +300,7 @@ class Harness {
       case 12: limit(); break;
       case 13: service_report(); break;
       case 14: device_online(); break;
+      case 15: back_off(); break;
       default: query(); break;
     }
   }
@@ -587,6 +588,19 @@ class Harness {
       return;
     }
     apply(now);
+  }
+
+  // A quota backoff: any time (it runs no pass, so the clock is not checked), an unknown
+  // quota refused.
+  void back_off() {
+    const std::int32_t quota = in_.ConsumeIntegralInRange<std::int32_t>(-1, quotas_);  // -1, quotas_: unknown
+    try {
+      sched_->back_off_quota(quota, next_time());
+    } catch (const tangram::Error&) {
+      refused();
+      return;
+    }
+    check();
   }
 
   void device_online() {
