@@ -49,6 +49,7 @@ _LAZY = {
     "ActionTimeout": "runtime.errors",
     "ManagerError": "runtime.errors",
     "ResourceLimitExceeded": "runtime.errors",
+    "Throttled": "runtime.holds",
     "ActionRecord": "runtime.records",
     "Call": "runtime.call",
     "CommandResult": "runtime.call",
@@ -88,6 +89,7 @@ if TYPE_CHECKING:  # what type checkers see of the names above; never executed
         ResourceLimitExceeded,
     )
     from .runtime.gpu import ServiceHooks
+    from .runtime.holds import Throttled
     from .runtime.interface import OrchestratorAPI
     from .runtime.manager import MockManager, ResourceManager, register_manager
     from .runtime.orchestrator import Orchestrator, OrchestratorClosed
@@ -142,6 +144,7 @@ __all__ = [
     "ServiceHooks",
     "SyncClient",
     "SyncOrchestrator",
+    "Throttled",
     "register_manager",
     "Amdahl",
     "Constant",

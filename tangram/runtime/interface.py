@@ -90,3 +90,14 @@ class OrchestratorAPI(Protocol):
     async def status(self) -> dict[str, Any]:
         """A snapshot for a live view (`tangram top`; Orchestrator.status_now documents it)."""
         ...
+
+    def quota(self, name: str, tokens: int = 0, trajectory: int = 0, kind: str = "hold") -> Any:
+        """A hold of API quota `name` for work the caller runs itself: `async with
+        orch.quota(name):` waits for the quota's admission and gives the slot back on leaving
+        (tangram.runtime.holds)."""
+        ...
+
+    async def back_off_quota(self, name: str, seconds: float | None = None) -> float:
+        """Pauses quota `name` for every caller (its API answered "too many requests"):
+        `seconds`, or the next step of its exponential backoff. Returns the pause."""
+        ...

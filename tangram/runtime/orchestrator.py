@@ -32,7 +32,7 @@ import sys
 import traceback
 from typing import Any, Iterable, Mapping, Sequence
 
-from .._errors import TangramError, ValidationError
+from .._errors import TangramError, UnknownNameError, ValidationError
 from .._model import Inventory, Node
 from .._model import given as _given
 from .._records import DISCARD, EVICT, REJECT, RESIZE, RESTORE, START
@@ -41,6 +41,7 @@ from .call import Call, Placement, manager_for, validate_call
 from .config import RuntimeConfig
 from .encode import CallEncoder, call_field_names
 from .estimates import SAVE_EVERY, Estimate, RunTimeEstimates
+from .holds import Backoffs, QuotaHold, check_backoff_seconds
 from .errors import (
     ActionCancelled,
     ActionError,
@@ -139,6 +140,7 @@ class Orchestrator:
                 self.managers[name] = self._make_manager(name)
         self.managers.update(given)
         self.records = RecordLog(self.config.max_records)
+        self.quota_backoffs = Backoffs()  # per quota: the next pause of a throttle without retry_after
         self.estimates = RunTimeEstimates(self.config.estimates)
         self._save_timer: asyncio.TimerHandle | None = None
         self.metrics = Metrics(self) if metrics else None
@@ -441,6 +443,36 @@ class Orchestrator:
     def now(self) -> float:
         """The orchestrator's clock: seconds since start (the core's time)."""
         return self._now()
+
+    # ---------------------------------------------------------------- quota holds
+    def quota(self, name: str, tokens: int = 0, trajectory: int = 0, kind: str = "hold") -> QuotaHold:
+        """A hold of the API quota `name` for work tangram does not run (a hosted sandbox's
+        creation, an API the rollout calls itself): `async with orch.quota("e2b-create"):`
+        waits until the quota admits it, as any request of the quota, and gives the slot back
+        on leaving; `Throttled` raised inside pauses the quota for every caller
+        (tangram.runtime.holds)."""
+        if self._state != "running":
+            raise OrchestratorClosed("orchestrator", f"cannot hold a quota: it is {self._state}")
+        if "api" not in self.managers:
+            raise ManagerError("managers", "a quota hold is an action of the 'api' manager, and this orchestrator has "
+                                           f"none (have: {', '.join(self.managers)})")
+        return QuotaHold(self, name, tokens, trajectory, kind)
+
+    async def back_off_quota(self, name: str, seconds: float | None = None) -> float:
+        """The API behind quota `name` answered "too many requests": it admits nothing new
+        for `seconds` (None: the next step of its exponential backoff), for every caller;
+        requests in flight run on. Returns the pause."""
+        return self.back_off_quota_now(name, seconds)
+
+    def back_off_quota_now(self, name: str, seconds: float | None = None) -> float:
+        """back_off_quota, from the orchestrator's own loop."""
+        if self.scheduler is None or self._state != "running":
+            raise OrchestratorClosed("orchestrator", f"cannot back off a quota: it is {self._state}")
+        if not isinstance(name, str) or name not in {q.name for q in self.inventory.quotas}:
+            raise UnknownNameError("quota", f"no quota named {name!r}")
+        pause = self.quota_backoffs.next(name) if seconds is None else check_backoff_seconds(seconds, "retry_after")
+        self.scheduler.back_off_quota(name, self._now() + pause)
+        return pause
 
     # ---------------------------------------------------------------- node changes
     # For managers of clusters whose nodes come and go (tangram.ray). Nothing calls these

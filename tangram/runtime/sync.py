@@ -90,6 +90,17 @@ class LoopThread:
         """A snapshot for a live view (Orchestrator.status_now documents it)."""
         return self._call(self._target.status())
 
+    def quota(self, name: str, tokens: int = 0, trajectory: int = 0, kind: str = "hold") -> "SyncQuotaHold":
+        """A hold of the API quota `name` for work this thread runs itself: `with
+        facade.quota("e2b-create"):` blocks until the quota admits it and gives the slot back
+        on leaving; `Throttled` raised inside pauses the quota for every caller
+        (tangram.runtime.holds)."""
+        return SyncQuotaHold(self, name, tokens, trajectory, kind)
+
+    def back_off_quota(self, name: str, seconds: float | None = None) -> float:
+        """Pauses quota `name` for every caller (the API answered "too many requests")."""
+        return self._call(self._target.back_off_quota(name, seconds))
+
     @property
     def records(self) -> Any:
         """The records of finished actions (a RecordLog; iterating it from any thread is
@@ -114,6 +125,27 @@ class LoopThread:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class SyncQuotaHold:
+    """The blocking form of a quota hold (LoopThread.quota): the hold lives on the facade's
+    loop; entering blocks this thread until it is admitted."""
+
+    def __init__(self, owner: LoopThread, name: str, tokens: int, trajectory: int, kind: str) -> None:
+        self._owner = owner
+        self._args = (name, tokens, trajectory, kind)
+        self._hold: Any = None
+
+    def __enter__(self) -> "SyncQuotaHold":
+        async def enter() -> Any:
+            hold = self._owner._target.quota(*self._args)
+            return await hold.__aenter__()
+
+        self._hold = self._owner._call(enter())
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self._owner._call(self._hold.__aexit__(exc_type, exc, tb))
 
 
 def copy_outcome(source: asyncio.Future[Any], target: concurrent.futures.Future[Any]) -> None:

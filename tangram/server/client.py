@@ -47,6 +47,7 @@ import cloudpickle
 from .._errors import TangramError, ValidationError
 from ..runtime.call import Call, manager_for, validate_call
 from ..runtime.errors import ActionCancelled, outcome_of
+from ..runtime.holds import Throttled
 from ..runtime.orchestrator import OrchestratorClosed
 from ..runtime.records import RecordLog
 from ..runtime.sync import LoopThread, SyncHandle, copy_outcome
@@ -314,6 +315,22 @@ class Client:
             self._kick()
         return True
 
+    def quota(self, name: str, tokens: int = 0, trajectory: int = 0, kind: str = "hold") -> "ClientQuotaHold":
+        """A hold of the server's API quota `name` for work this process runs itself (a
+        hosted sandbox's creation, an API the rollout calls): `async with
+        client.quota("e2b-create"):` waits until the server's core admits it, as any request
+        of the quota from any client, and gives the slot back on leaving; `Throttled` raised
+        inside pauses the quota for every client (tangram.runtime.holds). A client that dies
+        holding one gives it back when its connection ends."""
+        self._check_running("quota")
+        return ClientQuotaHold(self, name, tokens, trajectory, kind)
+
+    async def back_off_quota(self, name: str, seconds: float | None = None) -> float:
+        """The API behind the server's quota `name` answered "too many requests": the
+        quota admits nothing new for `seconds` (None: the next step of its exponential
+        backoff), for every client. Returns the pause."""
+        return float(await self._request("back_off", [name, seconds]))
+
     async def end_trajectory(self, trajectory: int) -> None:
         """The trajectory's last action is done: the server releases its slot in the core
         and its sandbox."""
@@ -539,6 +556,48 @@ class Client:
         self._out_calls.clear()
         if self._disconnected is not None and not self._disconnected.done():
             self._disconnected.set_result(None)
+
+
+class ClientQuotaHold:
+    """A hold of a server's quota (Client.quota); the server keeps the slot until released."""
+
+    def __init__(self, client: Client, quota: str, tokens: int, trajectory: int, kind: str) -> None:
+        self.client = client
+        self.quota, self.tokens, self.trajectory, self.kind = quota, tokens, trajectory, kind
+        self.id: int | None = None  # the hold's action id on the server, once entered
+
+    async def acquire(self) -> "ClientQuotaHold":
+        """Waits until the server admits the hold; cancelling the wait withdraws it there."""
+        if self.id is not None:
+            raise ValidationError("hold", f"this hold of {self.quota!r} was entered already")
+        client = self.client
+        self.id = aid = client.reserve_id()
+        try:
+            await client._request("hold", [aid, self.quota, self.tokens, self.trajectory, self.kind])
+        except asyncio.CancelledError:
+            if client._lost is None:
+                client._out_cancel.append(aid)
+                client._kick()
+            raise
+        return self
+
+    async def back_off(self, seconds: float | None = None) -> float:
+        """Pauses the quota for every client: `seconds`, or the next exponential step."""
+        return await self.client.back_off_quota(self.quota, seconds)
+
+    async def release(self, throttled: bool = False, retry_after: float | None = None) -> None:
+        """Gives the slot back (throttled: pausing the quota first); returns once the
+        server's core has it."""
+        await self.client._request("release", [self.id, throttled, retry_after])
+
+    async def __aenter__(self) -> "ClientQuotaHold":
+        return await self.acquire()
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if self.client._lost is not None:
+            return  # the connection is gone: the server gave the slot back when it ended
+        throttled = isinstance(exc, Throttled)
+        await self.release(throttled, exc.retry_after if isinstance(exc, Throttled) else None)
 
 
 def _decode_record(entry: tuple[Any, ...]) -> tuple[Any, ...]:

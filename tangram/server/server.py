@@ -49,6 +49,7 @@ from .._model import Inventory
 from ..runtime.call import Call
 from ..runtime.config import RuntimeConfig
 from ..runtime.errors import ActionCancelled, ActionFailed
+from ..runtime.holds import QuotaHold
 from ..runtime.manager import ResourceManager, manager_class
 from ..runtime.orchestrator import ActionHandle, Orchestrator, OrchestratorClosed
 from ..runtime.records import ActionRecord
@@ -272,6 +273,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.shared = False
         self.send_records = False  # the HELLO asked for each action's record with its result
         self.live: dict[int, ActionHandle] = {}
+        self.holds: dict[int, QuotaHold] = {}  # quota holds the client asked for, by action id, until released
         self.trajectories: set[int] = set()
         self.results: list[tuple[int, bool, Any, bytes | None]] = []
         self.replies: list[tuple[int, bool, Any]] = []
@@ -344,6 +346,7 @@ class _Connection(asyncio.BufferedProtocol):
         handles = list(self.live.values())
         for h in handles:
             self.orch.cancel(h.id)
+        self.holds.clear()  # their actions were among the live ones: cancelled, their slots back
         if self.trajectories and not self.server._closing:
             self.server._track(self.loop.create_task(self._end_trajectories(handles, sorted(self.trajectories))))
         self.live.clear()
@@ -511,6 +514,13 @@ class _Connection(asyncio.BufferedProtocol):
                 self._reply(rid, True, self.orch.utilisation_now())
             elif op == "status":
                 self._reply(rid, True, self.orch.status_now())
+            elif op == "hold":
+                self._hold(rid, *args)
+            elif op == "release":
+                self._release(rid, *args)
+            elif op == "back_off":
+                (quota, seconds) = args
+                self._reply(rid, True, self.orch.back_off_quota_now(quota, seconds))
             elif op == "end_trajectory":
                 (t,) = args
                 if not isinstance(t, int) or t < 0:
@@ -528,6 +538,53 @@ class _Connection(asyncio.BufferedProtocol):
             self._reply(rid, False, e)
         except Exception as e:
             self._reply(rid, False, ValidationError("args", f"{op}: {type(e).__name__}: {e}"))
+
+    # ---------------------------------------------------------------- quota holds
+    def _hold(self, rid: int, aid: int, quota: str, tokens: int, trajectory: int, kind: str) -> None:
+        """A hold of one of the server's quotas for work the client runs itself
+        (tangram.runtime.holds): the reply comes when the core admits it. The hold is an action
+        of this connection under the client's id, so a CANCEL or a dropped connection gives
+        its slot back like any other action's."""
+        if not isinstance(aid, int) or aid >> P.ID_BITS != self.number or not aid & _ID_MASK:
+            raise ValidationError("hold", f"action id {aid!r} is not in this connection's range")
+        if self.server._closing:
+            raise OrchestratorClosed("server", "the server is shutting down")
+        if isinstance(trajectory, int) and not isinstance(trajectory, bool) and 0 <= trajectory and not self.shared:
+            if trajectory >= _TRAJECTORY_LIMIT:
+                raise ValidationError("trajectory", f"must be below 2**{P.ID_BITS} through the server")
+            trajectory = self.number << P.ID_BITS | trajectory
+            self.trajectories.add(trajectory)
+        hold = self.orch.quota(quota, tokens, trajectory, kind)
+        self.live[aid] = hold.submit(aid)
+        self.holds[aid] = hold
+        self.server._submitted(self)
+        task = self.loop.create_task(self._admit(rid, hold))
+        self.requests.add(task)
+        task.add_done_callback(self.requests.discard)
+
+    async def _admit(self, rid: int, hold: QuotaHold) -> None:
+        try:
+            await hold.admitted()
+        except TangramError as e:
+            self.holds.pop(hold.id, None)  # type: ignore[arg-type]
+            self._reply(rid, False, e)
+        else:
+            self._reply(rid, True, hold.id)
+
+    def _release(self, rid: int, aid: int, throttled: bool, retry_after: float | None) -> None:
+        """The client left its hold's body (throttled: the provider answered 429); the reply
+        comes once the hold's action has ended, its slot back in the core."""
+        hold = self.holds.pop(aid, None)
+        if hold is None:
+            raise ValidationError("hold", f"no hold {aid!r} of this connection is admitted")
+        hold.leave(bool(throttled), retry_after)
+        task = self.loop.create_task(self._released(rid, hold))
+        self.requests.add(task)
+        task.add_done_callback(self.requests.discard)
+
+    async def _released(self, rid: int, hold: QuotaHold) -> None:
+        await hold.release_and_wait()
+        self._reply(rid, True, None)
 
     async def _end_trajectory(self, rid: int, trajectory: int) -> None:
         try:

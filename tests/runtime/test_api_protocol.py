@@ -47,7 +47,8 @@ def _mock_orchestrator(cpu: float = 2) -> Orchestrator:
 def test_the_protocol_lists_the_whole_api() -> None:
     methods, data = _members()
     assert set(methods) == {"start", "close", "__aenter__", "__aexit__", "submit", "reserve_id", "run", "map",
-                            "cancel", "end_trajectory", "explain", "queue_lengths", "utilisation", "status"}
+                            "cancel", "end_trajectory", "explain", "queue_lengths", "utilisation", "status", "quota",
+                            "back_off_quota"}
     assert data == ["records"]
 
 
