@@ -114,7 +114,13 @@ def test_the_objective_reaches_the_cluster_scheduler(cluster) -> None:  # type: 
             second = orch.submit(Call(fn=time.monotonic, quota="api", trajectory=2))
             await asyncio.sleep(0.05)
             further = orch.submit(Call(fn=time.monotonic, quota="api", trajectory=1))
-            return await second, await further
+            result = await second, await further
+            # A hold of the cluster's quota (work the caller runs itself) is admitted by the
+            # same scheduler, after the requests before it.
+            async with orch.quota("api", trajectory=3):
+                held = time.monotonic()
+            assert held > max(result)
+            return result
 
     second_started, further_started = asyncio.run(main())
     assert further_started < second_started
