@@ -65,7 +65,7 @@ def _main(argv: list[str] | None) -> int:
     if args.command == "serve":
         from .server import server
 
-        return server.cli_main(rest)
+        return server.cli_main(rest, ray_orchestrator=_ray_orchestrator)
     if args.command == "top":
         from . import top
 
@@ -91,6 +91,14 @@ def _main(argv: list[str] | None) -> int:
                                 getattr(args, "policies", ("trajectory", "tangram")),
                                 verbose=getattr(args, "verbose", False))
     return 0
+
+
+
+def _ray_orchestrator(address: str, config: object, policy: str | None, serves: str) -> object:
+    """`tangram serve --ray`: imported only then (the Ray backend is a layer above the server's)."""
+    from .ray import connect_orchestrator
+
+    return connect_orchestrator(address, config, policy, serves)  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

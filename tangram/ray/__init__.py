@@ -14,6 +14,8 @@ core's inventory and their actions fail or are re-queued (`on_node_loss`); nodes
 join add capacity. docs/ray.md has the details. Needs `pip install '.[ray]'`.
 """
 
-from .manager import NodeLost, RayManager, RayOrchestrator, cluster_inventory, cluster_nodes, node_name
+from .claim import ClusterClaimed
+from .manager import (NodeLost, RayManager, RayOrchestrator, cluster_inventory, cluster_nodes, connect_orchestrator,
+                      node_name)
 
-__all__ = ["NodeLost", "RayManager", "RayOrchestrator", "cluster_inventory", "cluster_nodes", "node_name"]
+__all__ = ["ClusterClaimed", "connect_orchestrator", "NodeLost", "RayManager", "RayOrchestrator", "cluster_inventory", "cluster_nodes", "node_name"]

@@ -21,6 +21,7 @@ from ..runtime.errors import ActionCrashed, ActionFailed, ManagerError
 from ..runtime.manager import LiveAction, ResourceManager
 from ..runtime.orchestrator import ActionHandle, Orchestrator
 from .agent import NodeAgent, pack_batch, rebuild_error, unpack_completions
+from .claim import ClusterClaimed, claim_cluster, release_claim
 
 log = logging.getLogger("tangram.ray")
 
@@ -123,6 +124,11 @@ class RayManager(ResourceManager):
                        action costs one actor round trip), the rest by the long poll
       cancel_grace     seconds a cancel waits for the agent to confirm the kill
       gpu_memory       MiB per GPU of joining nodes (Ray does not report it)
+      exclusive        True (default): claim the cluster as it starts, so that a second
+                       tangram scheduler on it stops with ClusterClaimed instead of booking
+                       the same cores (tangram.ray.claim); False skips the claim
+      serves           what this scheduler serves, shown to a second one refused by the claim
+                       (tangram serve sets its address)
     """
 
     name = "ray"
@@ -130,7 +136,8 @@ class RayManager(ResourceManager):
 
     def __init__(self, on_node_loss: str = "fail", sticky: bool = True, cpu: Mapping[str, Any] | None = None,
                  gpu: Mapping[str, Any] | None = None, monitor_interval: float = 1.0, poll_timeout: float = 1.0,
-                 cancel_grace: float = 5.0, gpu_memory: float = 16384.0, reply_wait: float = 0.005) -> None:
+                 cancel_grace: float = 5.0, gpu_memory: float = 16384.0, reply_wait: float = 0.005,
+                 exclusive: bool = True, serves: str = "") -> None:
         if on_node_loss not in ON_NODE_LOSS:
             raise ManagerError("managers.ray.on_node_loss", f"{on_node_loss!r} is not one of {', '.join(ON_NODE_LOSS)}")
         for name, v in (("monitor_interval", monitor_interval), ("poll_timeout", poll_timeout),
@@ -146,6 +153,9 @@ class RayManager(ResourceManager):
         self.cancel_grace = float(cancel_grace)
         self.reply_wait = float(reply_wait)
         self.gpu_memory = float(gpu_memory)
+        self.exclusive = bool(exclusive)
+        self.serves = str(serves)
+        self._claim: Any = None  # the cluster's claim while this manager runs (exclusive)
         self.orchestrator: Orchestrator | None = None
         self.nodes: dict[str, _NodeState] = {}  # by name, lost ones included
         self._by_index: dict[int, _NodeState] = {}
@@ -179,6 +189,23 @@ class RayManager(ResourceManager):
             return
         ray = _require_ray()
         self._loop = asyncio.get_running_loop()
+        if self.exclusive:
+            self._claim = await asyncio.to_thread(claim_cluster, ray, self.serves)
+        try:
+            await self._start_agents(ray)
+        except BaseException:
+            self._release()
+            raise
+        if self.monitor_interval > 0:
+            self._monitor = self._loop.create_task(self._watch())
+        self._state = "running"
+
+    def _release(self) -> None:
+        if self._claim is not None:
+            release_claim(_require_ray(), self._claim)
+            self._claim = None
+
+    async def _start_agents(self, ray: Any) -> None:
         alive = {node_name(n): n for n in await asyncio.to_thread(cluster_nodes)}
         self._known_ids = {n["NodeID"] for n in alive.values()}
         missing = [n.name for n in self._attached.nodes if n.name not in alive]
@@ -190,9 +217,6 @@ class RayManager(ResourceManager):
         await asyncio.gather(*(self._start_agent(st, node) for st, node in zip(states, self._attached.nodes)))
         for st in states:
             self._add_state(st)
-        if self.monitor_interval > 0:
-            self._monitor = self._loop.create_task(self._watch())
-        self._state = "running"
 
     def _make_agent(self, info: Mapping[str, Any], index: int) -> _NodeState:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -235,6 +259,7 @@ class RayManager(ResourceManager):
                 ray.kill(st.agent)
             except Exception:  # already dead
                 pass
+        self._release()
 
     # ------------------------------------------------------------------ actions
     async def execute(self, action: LiveAction, placement: Placement) -> Any:
@@ -575,4 +600,22 @@ class RayOrchestrator(Orchestrator):
         return super().submit(call, action_id)
 
 
-__all__ = ["NodeLost", "RayManager", "RayOrchestrator", "cluster_inventory", "cluster_nodes", "node_name"]
+def connect_orchestrator(address: str, config: RuntimeConfig, policy: str | None = None,
+                         serves: str = "") -> RayOrchestrator:
+    """`tangram serve --ray ADDRESS`: connects this process to the Ray cluster at `address`
+    ("auto": the one this host belongs to) and makes its RayOrchestrator (claiming the
+    cluster as it starts, for `serves`)."""
+    try:
+        import ray
+    except ImportError:  # pragma: no cover - exercised only without ray
+        raise ManagerError("--ray", "the Ray backend needs ray: pip install 'ray>=2.9' (from a checkout: pip install "
+                                    "'.[ray]')") from None
+    try:
+        ray.init(address=address, log_to_driver=False)
+    except (ConnectionError, ValueError, RuntimeError) as e:
+        raise ManagerError("--ray", f"cannot connect to a Ray cluster at {address!r}: {e} (start one with "
+                                    "`ray start --head`, or give its address: --ray HOST:PORT)") from None
+    return RayOrchestrator(config, policy=policy, serves=serves)
+
+
+__all__ = ["ClusterClaimed", "connect_orchestrator", "NodeLost", "RayManager", "RayOrchestrator", "cluster_inventory", "cluster_nodes", "node_name"]

@@ -39,8 +39,9 @@ import json
 import os
 import pickle
 import signal
+import socket
 import sys
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import cloudpickle
 
@@ -97,7 +98,8 @@ class Server:
                  managers: Sequence[ResourceManager] | Mapping[str, ResourceManager] = (),
                  default_managers: bool = True, max_frame: int = P.DEFAULT_MAX_FRAME,
                  hello_timeout: float = 10.0, sandbox_fusion_port: int | None = None,
-                 sandbox_fusion_fresh: bool = False, sandbox_fusion_cpu: float = 1.0) -> None:
+                 sandbox_fusion_fresh: bool = False, sandbox_fusion_cpu: float = 1.0,
+                 orchestrator: Orchestrator | None = None) -> None:
         if not isinstance(max_frame, int) or max_frame < 1024:
             raise ValidationError("max_frame", f"must be an integer of at least 1024 bytes, got {max_frame!r}")
         if token is not None and not isinstance(token, str):
@@ -107,8 +109,14 @@ class Server:
         self.token = token or None
         self.max_frame = max_frame
         self.hello_timeout = hello_timeout
-        self.orchestrator = Orchestrator(config, inventory=inventory, policy=policy, managers=managers,
-                                         default_managers=default_managers)
+        if orchestrator is not None:  # one made elsewhere (tangram serve --ray: a RayOrchestrator)
+            if config is not None or inventory is not None or policy is not None or managers:
+                raise ValidationError("orchestrator", "a server given an orchestrator takes its configuration, "
+                                                      "inventory, policy and managers from it")
+            self.orchestrator = orchestrator
+        else:
+            self.orchestrator = Orchestrator(config, inventory=inventory, policy=policy, managers=managers,
+                                             default_managers=default_managers)
         self.address: tuple[str, int] | None = None
         self.sandbox_fusion_port = sandbox_fusion_port
         self.sandbox_fusion_fresh = sandbox_fusion_fresh
@@ -750,6 +758,11 @@ def _parser() -> argparse.ArgumentParser:
                         help="cores each Sandbox Fusion request is guaranteed (default 1: a single-threaded program "
                              "runs at full speed, so its run_timeout holds under load; 0.5 runs two per core when "
                              "every core is taken)")
+    parser.add_argument("--ray", nargs="?", const="auto", default=None, metavar="ADDRESS",
+                        help="schedule a Ray cluster: connect to it (ray.init(address=ADDRESS); default 'auto', the "
+                             "cluster this host belongs to) and run every action on its nodes, one scheduler for all "
+                             "of them (tangram.ray.RayOrchestrator, options from the config's [managers.ray]); a "
+                             "second scheduler on the same cluster is refused (docs/ray.md)")
     parser.add_argument("--manager", action="append", default=[], metavar="KIND=NAME",
                         help="serve KIND's actions with manager NAME (a registered name, or module:Class), e.g. "
                              "cpu=mock to measure the protocol alone (options from the config's [managers.NAME]); "
@@ -757,7 +770,13 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def cli_main(argv: list[str] | None = None) -> int:
+RayOrchestratorFactory = Callable[[str, RuntimeConfig, "str | None", str], Orchestrator]
+
+
+def cli_main(argv: list[str] | None = None, ray_orchestrator: RayOrchestratorFactory | None = None) -> int:
+    """`tangram serve`. `ray_orchestrator(address, config, policy, serves)` makes the
+    orchestrator of `--ray` (the command passes tangram.ray.connect_orchestrator: the
+    server's layer sits below the Ray backend's)."""
     parser = _parser()
     args = parser.parse_args(argv)
     token = args.token if args.token is not None else os.environ.get("TANGRAM_TOKEN") or None
@@ -777,9 +796,20 @@ def cli_main(argv: list[str] | None = None) -> int:
                 managers[kind] = cls(**dict(config.managers.get(name, {})))
             except TypeError as e:  # options the manager does not take
                 raise ValidationError(f"managers.{name}", f"bad options for {cls.__name__}: {e}") from None
-        server = Server(config, host=args.host, port=args.port, token=token, policy=args.policy,
-                        managers=managers, max_frame=args.max_frame, sandbox_fusion_port=args.sandbox_fusion_port,
-                        sandbox_fusion_fresh=args.sandbox_fusion_fresh, sandbox_fusion_cpu=args.sandbox_fusion_cpu)
+        options: dict[str, Any] = dict(host=args.host, port=args.port, token=token, max_frame=args.max_frame,
+                                       sandbox_fusion_port=args.sandbox_fusion_port,
+                                       sandbox_fusion_fresh=args.sandbox_fusion_fresh,
+                                       sandbox_fusion_cpu=args.sandbox_fusion_cpu)
+        if args.ray is not None:
+            if managers:
+                raise ValidationError("--manager", "not with --ray: the cluster's node agents run every action "
+                                                   "(tangram.ray.RayManager)")
+            if ray_orchestrator is None:
+                raise ValidationError("--ray", "this entry point cannot reach the Ray backend; run `tangram serve`")
+            serves = f"tangram serve on {socket.gethostname()}:{args.port}"
+            server = Server(orchestrator=ray_orchestrator(args.ray, config, args.policy, serves), **options)
+        else:
+            server = Server(config, policy=args.policy, managers=managers, **options)
         gc.set_threshold(*GC_THRESHOLDS)
         with ActionLog(args.log_actions) if args.log_actions else contextlib.nullcontext() as log:
             if log is not None:
@@ -877,6 +907,11 @@ async def _serve(server: Server, grace: float) -> int:
     if server.sandbox_fusion is not None and server.sandbox_fusion.address is not None:
         host, port = server.sandbox_fusion.address
         print(f"tangram serve: Sandbox Fusion API on http://{P.format_address(host, port)}/run_code", flush=True)
+    ray_manager = orch.managers.get("ray")
+    if ray_manager is not None:
+        nodes = ", ".join(f"{n.name} ({n.resources.get('cpu', 0):g} cpu, {len(n.gpus)} gpu)"
+                          for n in orch.inventory.nodes)
+        print(f"tangram serve: scheduling the Ray cluster: {nodes}", flush=True)
     await stop.wait()
     await server.close(grace)
     _note("tangram serve: stopped")

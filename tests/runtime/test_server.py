@@ -53,14 +53,15 @@ nodes = [{ name = "n0", resources = { cpu = 2, memory = 4096 } }]
 class Served:
     """A `tangram serve` subprocess; `address` is parsed from its first line."""
 
-    def __init__(self, config: Path | None, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, config: Path | None, *args: str, env: dict[str, str] | None = None,
+                 start_timeout: float = 20.0) -> None:
         argv = [sys.executable, "-P", "-m", "tangram", "serve", "--port", "0", *args]
         if config is not None:
             argv += ["--config", str(config)]
         environ = {k: v for k, v in os.environ.items() if k != "TANGRAM_TOKEN"}
         environ.update(env or {})
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ)
-        self.line = _readline(self.proc, 20.0)
+        self.line = _readline(self.proc, start_timeout)
         match = re.search(r"listening on (\S+)", self.line)
         if match is None:
             self.stop(signal.SIGKILL)

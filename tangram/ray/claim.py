@@ -1,0 +1,78 @@
+"""One tangram scheduler per Ray cluster.
+
+Two schedulers on one cluster would each think every core is theirs and book the same
+cores twice. So a `RayManager` (every `RayOrchestrator`, and `tangram serve --ray`) claims
+the cluster as it starts: it creates the named actor `tangram-scheduler` in namespace
+`tangram`, which Ray lets exist only once per cluster. A second one finds the name taken
+and stops with `ClusterClaimed`, naming who holds it. The actor is owned by the claiming
+driver (not detached), so Ray removes it when that driver exits, even killed; `close()`
+removes it at once. `RayOrchestrator(exclusive=False)` skips the claim, for an operator
+who has split the cluster's resources between schedulers by other means.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any, Mapping
+
+from .._errors import TangramError
+
+CLAIM_NAME = "tangram-scheduler"
+CLAIM_NAMESPACE = "tangram"
+FREED_WAIT = 10.0  # seconds to wait for the name of a holder that is dying to be freed
+
+
+class ClusterClaimed(TangramError):
+    """Another tangram scheduler already schedules this Ray cluster (field "ray"): the
+    reason names it (host, pid, what it serves)."""
+
+
+class _Claim:
+    """The claim's actor: holds who claimed the cluster."""
+
+    def __init__(self, holder: Mapping[str, Any]) -> None:
+        self._holder = dict(holder)
+
+    def holder(self) -> dict[str, Any]:
+        return self._holder
+
+
+def describe_holder(holder: Mapping[str, Any]) -> str:
+    what = holder.get("serves") or "a RayOrchestrator"
+    return f"{what} (pid {holder.get('pid')} on {holder.get('host')}, since {holder.get('since')})"
+
+
+def claim_cluster(ray: Any, serves: str = "") -> Any:
+    """Claims the connected cluster for this process's scheduler; returns the claim (an
+    actor handle for release_claim). Raises ClusterClaimed when another process holds it."""
+    holder = {"host": socket.gethostname(), "pid": os.getpid(), "serves": serves,
+              "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+    actor = ray.remote(num_cpus=0)(_Claim)
+    deadline = time.monotonic() + FREED_WAIT
+    while True:
+        try:
+            return actor.options(name=CLAIM_NAME, namespace=CLAIM_NAMESPACE, max_restarts=0,
+                                 enable_task_events=False).remote(holder)
+        except ValueError:  # the name is taken
+            pass
+        try:
+            other = ray.get(ray.get_actor(CLAIM_NAME, namespace=CLAIM_NAMESPACE).holder.remote(), timeout=10)
+        except Exception:  # it is dying or died between the two calls: its name is being freed
+            if time.monotonic() > deadline:
+                raise ClusterClaimed("ray", f"the cluster's claim '{CLAIM_NAME}' is held by a scheduler that does "
+                                            f"not answer; retry once it has exited") from None
+            time.sleep(0.2)
+            continue
+        raise ClusterClaimed("ray", f"this Ray cluster is already scheduled by {describe_holder(other)}: one "
+                                    "tangram scheduler per cluster, so that no core is booked twice; send its "
+                                    "clients there (tangram serve's address), or stop it first")
+
+
+def release_claim(ray: Any, claim: Any) -> None:
+    """Gives the cluster back (idempotent): the name is free once Ray has removed the actor."""
+    try:
+        ray.kill(claim, no_restart=True)
+    except Exception:  # already gone
+        pass
