@@ -8,6 +8,10 @@ and stops with `ClusterClaimed`, naming who holds it. The actor is owned by the 
 driver (not detached), so Ray removes it when that driver exits, even killed; `close()`
 removes it at once. `RayOrchestrator(exclusive=False)` skips the claim, for an operator
 who has split the cluster's resources between schedulers by other means.
+
+The claim also advertises the server: `tangram serve --ray` stores its address there once
+it listens, and a `tangram.Client` made without an address on any of the cluster's
+workers finds it (tangram.server.discovery).
 """
 
 from __future__ import annotations
@@ -15,12 +19,11 @@ from __future__ import annotations
 import os
 import socket
 import time
-from typing import Any, Mapping
+from typing import Any
 
 from .._errors import TangramError
+from ..server.discovery import CLAIM_NAME, CLAIM_NAMESPACE, describe_holder
 
-CLAIM_NAME = "tangram-scheduler"
-CLAIM_NAMESPACE = "tangram"
 FREED_WAIT = 10.0  # seconds to wait for the name of a holder that is dying to be freed
 
 
@@ -38,10 +41,8 @@ class _Claim:
     def holder(self) -> dict[str, Any]:
         return self._holder
 
-
-def describe_holder(holder: Mapping[str, Any]) -> str:
-    what = holder.get("serves") or "a RayOrchestrator"
-    return f"{what} (pid {holder.get('pid')} on {holder.get('host')}, since {holder.get('since')})"
+    def advertise(self, address: str) -> None:
+        self._holder["address"] = address
 
 
 def claim_cluster(ray: Any, serves: str = "") -> Any:
@@ -68,6 +69,16 @@ def claim_cluster(ray: Any, serves: str = "") -> Any:
         raise ClusterClaimed("ray", f"this Ray cluster is already scheduled by {describe_holder(other)}: one "
                                     "tangram scheduler per cluster, so that no core is booked twice; send its "
                                     "clients there (tangram serve's address), or stop it first")
+
+
+def advertise(ray: Any, claim: Any, host: str, port: int) -> str:
+    """Publishes where clients reach this scheduler's server; a server bound to every
+    interface is advertised at this node's IP. Returns the address advertised."""
+    if host in ("", "0.0.0.0", "::"):
+        host = ray.util.get_node_ip_address()
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    ray.get(claim.advertise.remote(address), timeout=10)
+    return address
 
 
 def release_claim(ray: Any, claim: Any) -> None:

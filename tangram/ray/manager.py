@@ -21,7 +21,7 @@ from ..runtime.errors import ActionCrashed, ActionFailed, ManagerError
 from ..runtime.manager import LiveAction, ResourceManager
 from ..runtime.orchestrator import ActionHandle, Orchestrator
 from .agent import NodeAgent, pack_batch, rebuild_error, unpack_completions
-from .claim import ClusterClaimed, claim_cluster, release_claim
+from .claim import ClusterClaimed, advertise, claim_cluster, release_claim
 
 log = logging.getLogger("tangram.ray")
 
@@ -199,6 +199,11 @@ class RayManager(ResourceManager):
         if self.monitor_interval > 0:
             self._monitor = self._loop.create_task(self._watch())
         self._state = "running"
+
+    def advertise(self, host: str, port: int) -> None:
+        """Publishes the server's address in the cluster's claim (tangram.ray.claim.advertise)."""
+        if self._claim is not None:
+            advertise(_require_ray(), self._claim, host, port)
 
     def _release(self) -> None:
         if self._claim is not None:
@@ -590,6 +595,10 @@ class RayOrchestrator(Orchestrator):
         given.update(managers or {})
         super().__init__(config, inventory=inventory, policy=policy, managers=given, default_managers=False,
                          metrics=metrics)
+
+    def advertise(self, host: str, port: int) -> None:
+        """Clients on the cluster's workers find the server here (tangram.server.discovery)."""
+        self.ray.advertise(host, port)
 
     def submit(self, call: Call, action_id: int | None = None) -> ActionHandle:
         if self.ray.sticky and call.affinity is None and isinstance(call, Call) and \

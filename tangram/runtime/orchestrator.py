@@ -444,6 +444,11 @@ class Orchestrator:
         """The orchestrator's clock: seconds since start (the core's time)."""
         return self._now()
 
+    def advertise(self, host: str, port: int) -> None:
+        """Where clients reach this orchestrator: a server calls it once it listens. Nothing
+        to do here; the Ray backend publishes it to the cluster, where a Client made without
+        an address on any worker finds it (tangram.server.discovery)."""
+
     # ---------------------------------------------------------------- quota holds
     def quota(self, name: str, tokens: int = 0, trajectory: int = 0, kind: str = "hold") -> QuotaHold:
         """A hold of the API quota `name` for work tangram does not run (a hosted sandbox's

@@ -52,6 +52,7 @@ from ..runtime.orchestrator import OrchestratorClosed
 from ..runtime.records import RecordLog
 from ..runtime.sync import LoopThread, SyncHandle, copy_outcome
 from . import protocol as P
+from .discovery import find_address
 from .protocol import ConnectionLost, FrameTooLarge, ProtocolError
 
 _ID_LIMIT = 1 << P.ID_BITS
@@ -137,8 +138,9 @@ class Client:
     def __init__(self, address: str | tuple[str, int] | None = None, *, token: str | None = None,
                  shared_trajectories: bool = False, connect_timeout: float = 10.0, records: bool = True,
                  max_records: int = 100_000) -> None:
+        self.found_by = "given"  # how the address was found (tangram.server.discovery)
         if address is None:
-            address = os.environ.get("TANGRAM_ADDRESS") or None
+            address, self.found_by = find_address()
         self.host, self.port = P.parse_address(address)
         self.token = token if token is not None else os.environ.get("TANGRAM_TOKEN") or None
         self.shared_trajectories = shared_trajectories
@@ -190,7 +192,8 @@ class Client:
             where = P.format_address(self.host, self.port)
             if self._transport is not None:  # connected, then dropped or silent before the WELCOME
                 raise ConnectionLost(f"cannot connect to {where}: {_why(e)}") from None
-            raise P.ServerUnreachable(f"no tangram server at {where} ({_why(e)}): start one there with "
+            found = "" if self.found_by == "given" else f"; the address is {self.found_by}"
+            raise P.ServerUnreachable(f"no tangram server at {where} ({_why(e)}{found}): start one there with "
                                       f"`tangram serve --port {self.port}`, or give its address (Client(address), "
                                       f"$TANGRAM_ADDRESS)") from None
         except BaseException:

@@ -163,6 +163,7 @@ class Server:
             raise
         sockname = self._listener.sockets[0].getsockname()
         self.address = (sockname[0], sockname[1])
+        self.orchestrator.advertise(self.host, self.address[1])
         return self
 
     async def __aenter__(self) -> "Server":

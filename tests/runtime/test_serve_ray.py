@@ -17,7 +17,13 @@ import pytest
 ray = pytest.importorskip("ray")
 from ray import cluster_utils  # noqa: E402
 
+import cloudpickle  # noqa: E402
 from test_server import Served  # noqa: E402
+
+# Ray workers cannot import this test module: its functions travel by value (Ray pickles
+# remote functions with its own copy of cloudpickle).
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="servers and sandboxes need Linux")
 
@@ -60,6 +66,19 @@ def _concurrency(spans: list[tuple[float, float]]) -> int:
     return peak
 
 
+def _from_a_ray_worker() -> tuple[str, int]:
+    """Runs on one of the cluster's workers: a Client made without an address."""
+    import asyncio
+
+    import tangram
+
+    async def go() -> tuple[str, int]:
+        async with tangram.Client() as client:
+            return client.found_by, await client.run(tangram.Call(fn=max, args=(42, 7), trajectory=99))
+
+    return asyncio.run(go())
+
+
 def _run_code(address: str, code: str) -> dict[str, Any]:
     request = urllib.request.Request(f"http://{address}/run_code", method="POST",
                                      data=json.dumps({"code": code, "language": "python"}).encode(),
@@ -94,13 +113,22 @@ def test_one_server_schedules_the_whole_cluster(cluster: Any, tmp_path: Path) ->
             out, err = proc.communicate(timeout=180)
             assert proc.returncode == 0 and out == "done\n", err
         assert [r["run_result"]["stdout"] for r in fusion_results] == [f"{i * 7}\n" for i in range(4)]
+
+        # A worker of the cluster finds the server with no address and no variable set.
+        ray.init(address=cluster.address, log_to_driver=False)
+        try:
+            task = ray.remote(num_cpus=0, runtime_env={"env_vars": {"TANGRAM_ADDRESS": ""}})(_from_a_ray_worker)
+            found_by, value = ray.get(task.remote(), timeout=120)
+        finally:
+            ray.shutdown()
+        assert found_by.startswith("advertised on the Ray cluster by tangram serve") and value == 42, found_by
     finally:
         assert served.stop() == 0, served.stderr
 
     records = [json.loads(line) for line in log.read_text().splitlines()]
-    assert len(records) == 2 * 6 + 4 and all(r["outcome"] == "ok" for r in records)
+    assert len(records) == 2 * 6 + 4 + 1 and all(r["outcome"] == "ok" for r in records)
     connections = {r["id"] >> 32 for r in records}
-    assert len(connections) == 3  # two clients and the endpoint, one core's ids
+    assert len(connections) == 4  # two clients, the Ray worker's and the endpoint: one core's ids
     nodes = {r["node"] for r in records}
     assert len(nodes) == 2, nodes  # both worker nodes took work
     for node in nodes:

@@ -756,6 +756,25 @@ def test_no_server_at_the_address_says_where_and_how_to_start_one() -> None:
     assert not isinstance(raised.value, ConnectionLost)  # no connection ever existed
 
 
+# Invariant: a Client made without an address looks in the documented order
+# (tangram.server.discovery: $TANGRAM_ADDRESS, a server advertised on the connected Ray
+# cluster, the default) and its refusal names where the address came from.
+def test_a_client_without_an_address_says_where_it_found_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.delenv("TANGRAM_ADDRESS", raising=False)
+    default = Client()
+    assert (default.host, default.port) == ("127.0.0.1", P.DEFAULT_PORT) and default.found_by.startswith("the default")
+    monkeypatch.setenv("TANGRAM_ADDRESS", f"tcp://127.0.0.1:{port}")
+    client = Client(connect_timeout=2.0)
+    assert (client.port, client.found_by) == (port, "$TANGRAM_ADDRESS")
+    with pytest.raises(tangram.ServerUnreachable) as raised:
+        run(client.start())
+    assert "the address is $TANGRAM_ADDRESS" in str(raised.value)
+    assert Client(f"127.0.0.1:{port}").found_by == "given"
+
+
 def test_typed_errors_round_trip_through_the_codec() -> None:
     errors: list[tangram.TangramError] = [
         ActionTimeout(5, "ran past its timeout"),
