@@ -104,7 +104,8 @@ Rules, in words:
   actions of the copy, the batch's earlier ones included, // max_batch) x to_ns(its run
   time at its minimum grant), plus for a surplus copy until (0 resident, max(ready_ns - now,
   0) restoring, restore_ns offloaded); then the fewest live actions; then the lower index.
-  The start names the copy.
+  An offloaded surplus copy is a candidate only while an online device has dev_free >= its
+  memory. The start names the copy.
 * Runtime reports. service_restored(s, node, device, now): if s is restoring on that
   device with ready > now, it is ready now, and the device's ops_end becomes now when it
   was that ready; then a pass. set_service_times(s, restore, offload) replaces its
@@ -903,6 +904,9 @@ class ReferenceScheduler:
         for copy in [a.service] + [o for o, svc in enumerate(self.services)
                                    if svc.replica_of == a.service and not (home and svc.surplus)]:
             svc = self.services[copy]
+            if svc.surplus and svc.device < 0 and not any(
+                    free >= svc.memory and self._device_online(d) for d, free in enumerate(self.dev_free)):
+                continue  # a surplus copy comes only into free memory, never by an eviction
             until = 0 if not svc.surplus else svc.restore_ns if svc.device < 0 else max(svc.ready_ns - t, 0)
             live = sum(1 for b in self.actions.values() if b.service == copy)
             key = (until + (live // svc.max_batch) * run_ns, live)

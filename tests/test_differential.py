@@ -847,6 +847,27 @@ def test_replica_routing_and_surplus_eviction(name: str) -> None:
     h.drain()
 
 
+# A surplus copy comes only into free memory: with the GPU full (the first copy and an idle
+# other service resident), a queue on the first copy waits there rather than evict the
+# other service for a second copy; once memory is free again, the next queue brings it.
+@pytest.mark.parametrize("name", [p for p in POLICIES if POLICY_RULES[p].service_devices == "any"])
+def test_a_surplus_copy_comes_only_into_free_memory(name: str) -> None:
+    inv = Inventory([Node("n0", {"cpu": 8}, [Gpu(2000)])],
+                    services=[Service("rm", 1000, 1.0, replicas=1, max_replicas=2), Service("other", 1000, 1.0)])
+    h = Harness(inv, Policy(name=name))
+    h.submit(actions(1, dict(id=1, demand=[1], seconds=1.0, service=2), dict(id=2, demand=[1], seconds=1.0, service=0,
+                                                                              any_replica=1)))
+    h.now = 2.0
+    h.tick()
+    h.now = 3.0
+    h.complete([1, 2])  # both resident and idle: the GPU is full
+    out = h.submit(actions(1, *[dict(id=i, demand=[1], seconds=4.0, service=0, any_replica=1) for i in (3, 4)]))
+    assert not [d for d in out if d["kind"] in (RESTORE, EVICT)]
+    assert h.state[3] == "running" and h.state[4] == "waiting"  # behind 3 on the first copy
+    h.drain()
+    assert all(int(d["service"]) != 1 for _, _, decisions in h.log for d in decisions)
+
+
 # A dedicated deployment (service_devices "home": trajectory, isolated) runs a service's
 # minimum copies only: the queue that brings a surplus copy under a pooled policy waits
 # for the one copy there, and the surplus copy is never restored.

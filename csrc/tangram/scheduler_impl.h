@@ -585,6 +585,7 @@ struct Scheduler::Impl {
   mutable bool spared_fresh = false;
   RoomPlan plan_room(std::int32_t device, Quantity need, std::int32_t keep, bool starving = false) const;
   Quantity promised_on(std::int32_t device, std::int32_t keep) const;
+  bool free_device_holds(Quantity memory) const;
   bool make_gpu_room(const Class& c, std::int32_t lo, std::int32_t hi, std::int32_t fixed_leaf,
                      std::int32_t device, std::vector<Decision>& out);
   void evict(std::int32_t svc_id, std::vector<Decision>& out, bool discard = false);

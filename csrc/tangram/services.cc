@@ -39,7 +39,9 @@ void Scheduler::Impl::evict_offline_services(std::vector<Decision>& out) {
 // restore time when not resident); among equal waits the copy with the fewest live actions,
 // then the lower copy. The service's minimum copies thus share its calls evenly (each
 // restored when it is first given one), and a surplus copy is brought in once the queue
-// ahead on the others outlasts its restore. Live counts include the batch's earlier actions.
+// ahead on the others outlasts its restore, and only while an online device has its memory
+// free: a surplus copy never evicts another service (whose only copy that may be) to come
+// in. Live counts include the batch's earlier actions.
 std::int32_t Scheduler::Impl::route_replica(const ActionSpec& s) const {
   const Quantity lo = s.elastic_kind == kNone ? kMilli : s.demand[s.elastic_kind];
   const TimeNs run_ns = to_ns(model_seconds(s.model, lo, lo, tables));
@@ -48,6 +50,7 @@ std::int32_t Scheduler::Impl::route_replica(const ActionSpec& s) const {
   std::int64_t best_live = 0;
   for (std::int32_t copy : replica_group[s.service]) {
     const ServiceRec& r = services[copy];
+    if (inv.services[copy].surplus && r.device == kNone && !free_device_holds(inv.services[copy].memory)) continue;
     const TimeNs until = !inv.services[copy].surplus ? 0
                          : r.device == kNone     ? r.restore_ns
                                                  : std::max<TimeNs>(r.ready_ns - now, 0);
@@ -60,6 +63,14 @@ std::int32_t Scheduler::Impl::route_replica(const ActionSpec& s) const {
     }
   }
   return best;
+}
+
+// Whether an online device has `memory` free now: a surplus copy is brought in only into
+// free memory, never by evicting another service (whose only copy it may be).
+bool Scheduler::Impl::free_device_holds(Quantity memory) const {
+  for (std::size_t d = 0; d < dev_free.size(); ++d)
+    if (dev_free[d] >= memory && device_online(static_cast<std::int32_t>(d))) return true;
+  return false;
 }
 
 // Device memory an eviction of service s frees (what it keeps asleep stays).
