@@ -21,6 +21,22 @@ def _seconds(value: float | None) -> str:
     return f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s"
 
 
+def _limits(limits: dict[str, Any] | None) -> str:
+    """A quota's limits in a few words: rate and burst, concurrency, tokens, a backoff."""
+    if not limits:
+        return ""
+    parts = []
+    if limits["rate"]:
+        parts.append(f"{limits['rate']:g}/s burst {limits['burst']}")
+    if limits["max_concurrency"]:
+        parts.append(f"{limits['max_concurrency']} at once")
+    if limits["tokens_per_minute"]:
+        parts.append(f"{limits['tokens_per_minute']} tokens/min")
+    if limits["paused_for"] > 0:
+        parts.append(f"paused {limits['paused_for']:.1f} s (429)")
+    return ", ".join(parts) or "no limit"
+
+
 def render(status: dict[str, Any], address: str) -> Any:
     """One frame: a rich renderable of a status snapshot (Orchestrator.status_now)."""
     from rich.console import Group
@@ -35,12 +51,13 @@ def render(status: dict[str, Any], address: str) -> Any:
         f"ACT p50 {_seconds(minute['act_p50'])}, p99 {_seconds(minute['act_p99'])}")
 
     queues = Table(title="queues", title_justify="left", expand=False)
-    for column in ("kind", "waiting", "running"):
-        queues.add_column(column, justify="left" if column == "kind" else "right")
+    for column in ("kind", "waiting", "running", "limits"):
+        queues.add_column(column, justify="right" if column in ("waiting", "running") else "left")
     for kind, (waiting, running) in sorted(status["queues"].items()):
-        queues.add_row(kind, str(waiting), str(running))
+        queues.add_row(kind, str(waiting), str(running), "")
+    limits = status.get("quota_limits", {})
     for quota, (waiting, running) in sorted(status["quotas"].items()):
-        queues.add_row(f"quota {quota}", str(waiting), str(running))
+        queues.add_row(f"quota {quota}", str(waiting), str(running), _limits(limits.get(quota)))
 
     running = Table(title=f"running ({status['running_total']}; longest first)", title_justify="left")
     for column in ("id", "kind", "quota", "node", "grant", "for"):

@@ -228,6 +228,7 @@ class _ServiceState:
     max_batch: int = 1
     handle: Any = _UNLOADED
     residency: _Residency | None = None
+    evicting: int | None = None  # the device its offload (or discard) is running on
     awaiting: dict[int, asyncio.Future[BaseException | None]] = field(default_factory=dict)
     released: asyncio.Event | None = None  # set whenever the residency ends
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -625,6 +626,7 @@ class GpuManager(ResourceManager):
             where = "offloaded" if r is None else f"resident on device {r.device}"
             raise ManagerError(f"services.{service}", f"evict from device {device}, but it is {where}")
         st.residency = None
+        st.evicting = device
         if st.released is not None:
             st.released.set()
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -647,18 +649,22 @@ class GpuManager(ResourceManager):
                                                               f"{type(e).__name__}: {e}") from e
                 return time.perf_counter() - began
         finally:
+            if st.evicting == device:
+                st.evicting = None
             if not done.done():
                 done.set_result(None)
             self._offloading[device].discard(done)
 
     def service_states(self) -> dict[str, tuple[str, int | None]]:
-        """Each service instance: ("resident" | "restoring", its device), or ("offloaded" |
-        "not loaded", None)."""
+        """Each service instance: ("resident" | "restoring" | "evicting", its device), or
+        ("offloaded" | "not loaded", None)."""
         out: dict[str, tuple[str, int | None]] = {}
         for name, st in self._services.items():
             r = st.residency
             if r is not None:
                 out[name] = ("resident" if r.ready.done() and r.ready.result() is None else "restoring", r.device)
+            elif st.evicting is not None:
+                out[name] = ("evicting", st.evicting)
             else:
                 out[name] = ("not loaded" if st.handle is _UNLOADED else "offloaded", None)
         return out

@@ -141,6 +141,7 @@ class Orchestrator:
         self.managers.update(given)
         self.records = RecordLog(self.config.max_records)
         self.quota_backoffs = Backoffs()  # per quota: the next pause of a throttle without retry_after
+        self._paused_until: dict[str, float] = {}  # per quota: when its latest backoff ends (for status)
         self.estimates = RunTimeEstimates(self.config.estimates)
         self._save_timer: asyncio.TimerHandle | None = None
         self.metrics = Metrics(self) if metrics else None
@@ -404,10 +405,13 @@ class Orchestrator:
           time, policy, objective   the clock (seconds since start) and the policy
           queues       kind -> [waiting, running]
           quotas       quota -> [waiting, running] (actions admitted under it)
+          quota_limits quota -> its limits as configured ("rate" per second, "burst",
+                       "max_concurrency", "tokens_per_minute"; 0: none) and "paused_for", the
+                       seconds left of a backoff (back_off_quota; 0: none)
           running      the `running_limit` longest-running actions: [id, kind, quota, node,
                        elastic grant (0: not elastic), seconds running], longest first
           services     service instance -> [state, device]: "resident", "restoring",
-                       "offloaded" or "not loaded" (the GPU manager's view)
+                       "evicting", "offloaded" or "not loaded" (the GPU manager's view)
           utilisation  [node, resource, share held]
           last_minute  actions ended in the last 60 s: count, per second, ACT p50 and p99
         """
@@ -432,6 +436,10 @@ class Orchestrator:
             "objective": self.scheduler.policy.objective if self.scheduler is not None else None,
             "queues": {k: list(v) for k, v in self.queue_lengths_now().items()},
             "quotas": quotas,
+            "quota_limits": {q.name: {"rate": q.rate, "burst": q.burst, "max_concurrency": q.max_concurrency,
+                                      "tokens_per_minute": q.tokens_per_minute,
+                                      "paused_for": max(0.0, self._paused_until.get(q.name, 0.0) - now)}
+                             for q in self.inventory.quotas},
             "running": running[:running_limit],
             "running_total": len(running),
             "services": {name: list(v) for name, v in states.items()},
@@ -476,7 +484,9 @@ class Orchestrator:
         if not isinstance(name, str) or name not in {q.name for q in self.inventory.quotas}:
             raise UnknownNameError("quota", f"no quota named {name!r}")
         pause = self.quota_backoffs.next(name) if seconds is None else check_backoff_seconds(seconds, "retry_after")
-        self.scheduler.back_off_quota(name, self._now() + pause)
+        until = self._now() + pause
+        self.scheduler.back_off_quota(name, until)
+        self._paused_until[name] = max(self._paused_until.get(name, 0.0), until)
         return pause
 
     # ---------------------------------------------------------------- node changes

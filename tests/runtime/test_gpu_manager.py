@@ -465,6 +465,46 @@ def test_restore_evict_hook_order():
     assert not rec.overlap and len(rec.threads) == 1  # one worker thread per service, one hook at a time
 
 
+class SlowOffload(Recorder):
+    """Its offload blocks until `released` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.offloading = threading.Event()
+        self.released = threading.Event()
+
+    def offload(self, handle):  # type: ignore[no-untyped-def]
+        self.offloading.set()
+        assert self.released.wait(WAIT)
+        super().offload(handle)
+
+
+# Invariant: service_states (what `tangram top` shows) follows a service through its life:
+# not loaded, restoring, resident, evicting while its offload runs, offloaded.
+def test_service_states_follow_restore_and_eviction():
+    rec = SlowOffload()
+    rec.hold = threading.Event()
+    m = manager({"rm": rec})
+
+    async def main() -> None:
+        assert m.service_states() == {"rm": ("not loaded", None)}
+        restore = asyncio.ensure_future(m.restore("rm", 0, 1))
+        await asyncio.to_thread(rec.entered.wait, WAIT)
+        assert m.service_states() == {"rm": ("restoring", 1)}
+        rec.hold.set()
+        await restore
+        assert m.service_states() == {"rm": ("resident", 1)}
+        evict = asyncio.ensure_future(m.evict("rm", 0, 1))
+        await asyncio.to_thread(rec.offloading.wait, WAIT)
+        assert m.service_states() == {"rm": ("evicting", 1)}
+        rec.released.set()
+        await evict
+        assert m.service_states() == {"rm": ("offloaded", None)}
+        await m.close()
+
+    run(main())
+
+
 def test_execute_waits_for_residency():
     rec = Recorder()
     rec.hold = threading.Event()

@@ -375,13 +375,14 @@ def _busy_server(tmp_path: Path) -> tuple[Served, SyncClient, list[Any]]:
 def test_top_once_prints_the_servers_state(tmp_path: Path) -> None:
     served, client, handles = _busy_server(tmp_path)
     try:
+        assert client.back_off_quota("search", 30.0) == 30.0  # the provider answered 429
         done = subprocess.run([sys.executable, "-P", "-m", "tangram", "top", served.address, "--once"],
                               capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "100"})
         assert done.returncode == 0, done.stderr
         out = done.stdout
         assert f"tangram {served.address}" in out and "policy tangram (step)" in out
         assert re.search(r"env\s*│\s*2\s*│\s*4", out), out  # kind env: 2 waiting, 4 running
-        assert re.search(r"quota search\s*│\s*1\s*│\s*1", out), out
+        assert re.search(r"quota search\s*│\s*1\s*│\s*1\s*│ 1/s burst 1, paused (29|30)\.\d s \(429\)", out), out
         assert "running (4; longest first)" in out and "last minute: 1 ended" in out
     finally:
         for h in handles:
