@@ -213,13 +213,33 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "integrations"
     ("verl_tool_and_reward.py", None, ["tool: Success: 10", "tool: Success: 285", "reward: 1.0"]),
     ("slime_reward_and_sandbox.py", None, ["reward: 1.0", "exec: exit 0: 'hello from "]),
     ("skyrl_env.py", "skyrl_gym", ["cores granted: 1", "code env: observation '5\\n'", "done True reward 1.0"]),
+    # On a local Ray cluster of two nodes, one tangram serve --ray for both, the workers
+    # given no address.
+    ("verl_multinode.py", "ray", ["worker 0: tool ['wrote', '0'], reward 1.0", "worker 1: tool ['wrote', '1'], reward 1.0",
+                                  "on 2 nodes; most at once per node: "]),
+    ("slime_multinode.py", "ray", ["worker 0: reward 1.0, exec exit 0: episode 0",
+                                   "worker 1: reward 1.0, exec exit 0: episode 1", "on 2 nodes; most at once per node: "]),
+    ("skyrl_multinode.py", "skyrl_gym", ["worker 0: done True reward 1.0", "worker 1: done True reward 1.0",
+                                         "on 2 nodes; most at once per node: "]),
 ])
 def test_the_examples_run(example: str, needs: str | None, expected: list[str]) -> None:
     if needs is not None:
         pytest.importorskip(needs)
     environ = {k: v for k, v in os.environ.items() if k not in ("TANGRAM_ADDRESS", "TANGRAM_TOKEN")}
-    done = subprocess.run([sys.executable, str(EXAMPLES / example)], capture_output=True, text=True, timeout=120,
+    done = subprocess.run([sys.executable, str(EXAMPLES / example)], capture_output=True, text=True, timeout=300,
                           env=environ)
     assert done.returncode == 0, done.stderr
     for line in expected:
         assert line in done.stdout, done.stdout
+    if "multinode" in example:  # no node ever ran more one-core actions than its cores
+        most = re.search(r"most at once per node: (\d+) \(cores per node: (\d+)\)", done.stdout)
+        assert most is not None and int(most.group(1)) <= int(most.group(2)), done.stdout
+
+
+def test_the_adapter_path_command() -> None:
+    for framework in ("verl", "slime", "skyrl"):
+        done = subprocess.run([sys.executable, "-m", "tangram.integrations", "path", framework], capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        path = Path(done.stdout.strip())
+        assert path.name == f"{framework}.py" and path.is_file() and "def " in path.read_text()
