@@ -38,6 +38,7 @@ _lock = threading.RLock()  # (pools take trajectories under it)
 _chosen: Any = None  # the orchestrator set with `use`
 _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()  # one Client per loop
 _sync_client: Any = None
+_address: str | None = None  # set by a framework config key (use_address); None: the Client's discovery
 _pools: dict[int, tuple[Any, TrajectoryPool]] = {}  # id(orchestrator) -> it and the ids of its pooled calls
 
 
@@ -50,6 +51,17 @@ def use(orchestrator: Any) -> None:
     _chosen = orchestrator
 
 
+def use_address(address: str | None) -> None:
+    """The server this process's adapters connect to, from a framework's config key (the
+    veRL tool's or the SkyRL environment's `address`); it comes before $TANGRAM_ADDRESS and
+    the server a Ray cluster advertises (tangram.server.discovery). A change reaches the
+    connections made after it."""
+    global _address
+    if address is not None and not isinstance(address, str):
+        raise TypeError(f"address must be a string, got {address!r}")
+    _address = address or None
+
+
 async def connect() -> Any:
     """The orchestrator async adapters run on: the one set with `use`, else a
     `tangram.Client` to $TANGRAM_ADDRESS, one per event loop, connected on first use."""
@@ -60,7 +72,7 @@ async def connect() -> Any:
     if client is None:
         from ..server.client import Client
 
-        client = _clients[loop] = Client()
+        client = _clients[loop] = Client(_address)
         try:
             await client.start()
         except BaseException:
@@ -79,7 +91,7 @@ def connect_sync() -> Any:
         if _sync_client is None:
             from ..server.client import SyncClient
 
-            _sync_client = SyncClient()
+            _sync_client = SyncClient(_address)
         return _sync_client
 
 

@@ -89,6 +89,8 @@ class _CodeEnv:
         self.tests = (extras.get("reward_spec") or {}).get("ground_truth")
         self.language = str(config.get("language", "python")) if isinstance(config, dict) else "python"
         self.timeout = float(config.get("timeout", 10.0)) if isinstance(config, dict) else 10.0
+        if isinstance(config, dict) and config.get("address"):
+            common.use_address(str(config["address"]))
         self.trajectory = common.new_trajectory()
         self.last_code: str | None = None
 

@@ -54,7 +54,8 @@ except ImportError:  # noqa: SIM105 - the adapter works without veRL
 class TangramCodeTool(_BaseTool):  # type: ignore[misc,valid-type]
     """veRL's BaseTool, run through tangram (see the module docstring). Config keys:
     language (default "python"), timeout (seconds per step, default 30), memory_limit_mb
-    (default 1024)."""
+    (default 1024), address (the tangram server; default: $TANGRAM_ADDRESS, else the one
+    the Ray cluster advertises)."""
 
     def __init__(self, config: dict[str, Any], tool_schema: Any = None) -> None:
         if _BaseTool is not object:
@@ -65,6 +66,8 @@ class TangramCodeTool(_BaseTool):  # type: ignore[misc,valid-type]
         self.language = str(config.get("language", "python"))
         self.timeout = float(config.get("timeout", 30))
         self.memory_limit_mb = int(config.get("memory_limit_mb", 1024))
+        if config.get("address"):
+            common.use_address(str(config["address"]))
         self._instances: dict[str, int] = {}
 
     def get_openai_tool_schema(self) -> Any:

@@ -105,6 +105,29 @@ def test_verl_tool_keeps_an_instances_files_and_releases_it(address: str) -> Non
     asyncio.run(body())
 
 
+# Invariant: an adapter's `address` config key comes before $TANGRAM_ADDRESS (here a port
+# nothing listens on) and the Client's discovery.
+def test_the_address_config_key_comes_first(address: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("TANGRAM_ADDRESS", "127.0.0.1:%d" % s.getsockname()[1])
+
+    async def body() -> None:
+        tool = verl.TangramCodeTool({"type": "native", "timeout": 20, "address": address})
+        instance, _ = await tool.create()
+        answer, _, metrics = await tool.execute(instance, {"code": "print(6 * 7)"})
+        assert (answer.text, metrics) == ("42\n", {"status": "Success"})
+        await tool.release(instance)
+        await (await common.connect()).close()
+
+    try:
+        asyncio.run(body())
+    finally:
+        common.use_address(None)
+
+
 def test_verl_reward_scores_test_cases(address: str) -> None:
     assert verl.compute_score("codecontests", GOOD, json.dumps(TESTS)) == 1.0
     assert verl.compute_score("codecontests", HALF, TESTS) == pytest.approx(1 / 3)
