@@ -33,7 +33,10 @@ Sessions: with a session id (the `X-Tangram-Session` header, or a `session_id` f
 the JSON body, which Sandbox Fusion's server would ignore) the requests of a session share
 one trajectory's sandbox: its files persist from one request to the next, and they run
 one at a time in the order they arrive. A session ends at `POST /end_session` or after
-`session_idle` seconds without a request.
+`session_idle` seconds without a request. A session's first request may name its home,
+the node its sandbox lives on (the `X-Tangram-Node` header, or a `node` field: a node name
+of the inventory, as `tangram serve --ray` prints them); its requests then all run there.
+Without one, a multi-node orchestrator keeps the session where its first request ran.
 
 Errors of the action itself come back in-band, as Sandbox Fusion reports its own: a
 SandboxError with the reason in `message` (the action failed, crashed, timed out past the
@@ -54,6 +57,7 @@ signal handling, and is already installed wherever Ray or the sandbox-fusion cli
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
 import time
@@ -67,6 +71,7 @@ DEFAULT_PORT = 8080  # Sandbox Fusion's (SkyRL's verifier assumes it)
 DEFAULT_MAX_BODY = 64 << 20
 DEFAULT_SESSION_IDLE = 600.0
 SESSION_HEADER = "X-Tangram-Session"
+NODE_HEADER = "X-Tangram-Node"  # a session's home: the node its sandbox lives on (Call.affinity)
 RUN_SECONDS = "tangram_run_seconds"  # the aiohttp request's key for Server-Timing's `run`
 
 
@@ -82,10 +87,11 @@ def _web() -> Any:
 
 
 class _Session:
-    __slots__ = ("trajectory", "lock", "used", "running", "ended")
+    __slots__ = ("trajectory", "node", "lock", "used", "running", "ended")
 
-    def __init__(self, trajectory: int) -> None:
+    def __init__(self, trajectory: int, node: str | None = None) -> None:
         self.trajectory = trajectory
+        self.node = node  # its home, when its first request named one
         self.lock = asyncio.Lock()  # one request at a time, in arrival order (asyncio's locks are fair)
         self.used = time.monotonic()
         self.running = 0  # its requests not answered yet
@@ -238,17 +244,27 @@ class SandboxFusionEndpoint:
         session_id = request.headers.get(SESSION_HEADER) or body.get("session_id")
         if session_id is not None and not (isinstance(session_id, str) and session_id):
             return _invalid(["body", "session_id"], "must be a non-empty string", "value_error")
+        node = request.headers.get(NODE_HEADER) or body.get("node")
+        if node is not None and not (isinstance(node, str) and node):
+            return _invalid(["body", "node"], "must be a non-empty string (a node name)", "value_error")
+        if node is not None and session_id is None:
+            return _invalid(["body", "node"], "names a session's home: give a session_id too (a request without "
+                                              "one runs in any pooled sandbox)", "value_error")
         if self._closing:
             return web.json_response(sandbox_error("the server is shutting down"))
         if session_id is None:
             return web.json_response(await self._run_alone(checked, request))
         session = self._sessions.get(session_id)
         if session is None:
-            session = self._sessions[session_id] = _Session(self._new_trajectory())
+            session = self._sessions[session_id] = _Session(self._new_trajectory(), node)
+        elif node is not None and node != session.node:
+            where = session.node or "the node its first request ran on"
+            return _invalid(["body", "node"], f"session {session_id!r} lives on {where}, not {node!r}", "value_error")
         session.running += 1
         try:
             async with session.lock:
-                return web.json_response(await self._run(checked, session.trajectory, True, note=request))
+                return web.json_response(await self._run(checked, session.trajectory, True, note=request,
+                                                         affinity=session.node))
         finally:
             session.running -= 1
             session.used = time.monotonic()
@@ -256,10 +272,13 @@ class SandboxFusionEndpoint:
                 self._end_trajectory(session.trajectory)
 
     async def _run(self, checked: dict[str, Any], trajectory: int, keep_files: bool, pooled: bool = False,
-                   note: Any = None) -> dict[str, Any]:
+                   note: Any = None, affinity: str | None = None) -> dict[str, Any]:
         """One request as one action: its result, or the in-band error its end says. The
-        seconds running it took in the sandbox go to note[RUN_SECONDS] (the aiohttp request)."""
+        seconds running it took in the sandbox go to note[RUN_SECONDS] (the aiohttp request).
+        `affinity`: the node it must run on (its session's home)."""
         call = run_code_call(checked, trajectory, keep_files, cpu=self.cpu, pooled=pooled, timed=True)
+        if affinity is not None:
+            call = dataclasses.replace(call, affinity=affinity)
         try:
             handle = self.orchestrator.submit(call)
         except TangramError as e:  # it can never run here (more memory than any node has...)

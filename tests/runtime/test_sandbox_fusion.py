@@ -345,6 +345,23 @@ def test_a_session_keeps_its_sandbox_and_a_request_without_one_gets_a_fresh_one(
     assert post(read, headers=session)["run_result"]["stdout"] == "none\n"  # a new sandbox for the id
 
 
+# A session may name its home node (its first request); naming another later, or a home
+# without a session, is refused; an unknown node is the action's in-band error.
+def test_a_session_names_its_home_node(endpoint: Endpoint) -> None:
+    url = endpoint.url + "/run_code"
+    code = {"code": "print('home')", "language": "python"}
+    home = requests.post(url, json=code | {"session_id": "homed", "node": "n0"}, timeout=30).json()
+    assert home["run_result"]["stdout"] == "home\n"
+    again = requests.post(url, json=code, headers={"X-Tangram-Session": "homed", "X-Tangram-Node": "n0"}, timeout=30)
+    assert again.json()["status"] == "Success"
+    moved = requests.post(url, json=code | {"session_id": "homed", "node": "n1"}, timeout=30)
+    assert moved.status_code == 422 and "lives on n0" in moved.json()["detail"][0]["msg"]
+    alone = requests.post(url, json=code | {"node": "n0"}, timeout=30)
+    assert alone.status_code == 422 and alone.json()["detail"][0]["loc"] == ["body", "node"]
+    unknown = requests.post(url, json=code | {"session_id": "nowhere", "node": "n9"}, timeout=30).json()
+    assert unknown["status"] == "SandboxError" and "n9" in unknown["message"]
+
+
 # The sandbox worker a program runs in: its parent's pid, and its PID namespace (namespaced
 # sandboxes each have their own, where every worker has the same small pid).
 WORKER = "os.readlink('/proc/self/ns/pid') + ':' + str(os.getppid())"

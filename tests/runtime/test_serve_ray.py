@@ -5,6 +5,7 @@ refused. A real local Ray cluster of two worker nodes, started by the test."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -79,9 +80,9 @@ def _from_a_ray_worker() -> tuple[str, int]:
     return asyncio.run(go())
 
 
-def _run_code(address: str, code: str) -> dict[str, Any]:
+def _run_code(address: str, code: str, **fields: str) -> dict[str, Any]:
     request = urllib.request.Request(f"http://{address}/run_code", method="POST",
-                                     data=json.dumps({"code": code, "language": "python"}).encode(),
+                                     data=json.dumps({"code": code, "language": "python", **fields}).encode(),
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=60) as reply:
         return json.loads(reply.read())
@@ -101,6 +102,7 @@ def test_one_server_schedules_the_whole_cluster(cluster: Any, tmp_path: Path) ->
         fusion = fusion_line.split("http://")[1].split("/")[0]
         scheduling = served.proc.stdout.readline()
         assert "scheduling the Ray cluster" in scheduling and scheduling.count(f"({CORES} cpu") == 2, scheduling
+        workers = re.findall(rf"(\S+) \({CORES} cpu", scheduling)
 
         second = subprocess.run([sys.executable, "-P", "-m", "tangram", "serve", "--port", "0", "--ray",
                                  cluster.address], capture_output=True, text=True, timeout=120)
@@ -109,6 +111,8 @@ def test_one_server_schedules_the_whole_cluster(cluster: Any, tmp_path: Path) ->
         clients = [subprocess.Popen([sys.executable, "-P", "-c", CLIENT, served.address], stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True) for _ in range(2)]
         fusion_results = [_run_code(fusion, f"print({i} * 7)") for i in range(4)]
+        homed = [_run_code(fusion, "print('home')", session_id=f"home{n}", node=workers[n]) for n in (1, 0, 1, 0, 1, 0)]
+        assert [r["run_result"]["stdout"] for r in homed] == ["home\n"] * 6
         for proc in clients:
             out, err = proc.communicate(timeout=180)
             assert proc.returncode == 0 and out == "done\n", err
@@ -126,9 +130,13 @@ def test_one_server_schedules_the_whole_cluster(cluster: Any, tmp_path: Path) ->
         assert served.stop() == 0, served.stderr
 
     records = [json.loads(line) for line in log.read_text().splitlines()]
-    assert len(records) == 2 * 6 + 4 + 1 and all(r["outcome"] == "ok" for r in records)
+    assert len(records) == 2 * 6 + 4 + 6 + 1 and all(r["outcome"] == "ok" for r in records)
     connections = {r["id"] >> 32 for r in records}
     assert len(connections) == 4  # two clients, the Ray worker's and the endpoint: one core's ids
+    by_trajectory: dict[int, list[str]] = {}
+    for r in records:
+        by_trajectory.setdefault(r["trajectory"], []).append(r["node"])
+    assert [workers[0]] * 3 in by_trajectory.values() and [workers[1]] * 3 in by_trajectory.values()  # homed sessions
     nodes = {r["node"] for r in records}
     assert len(nodes) == 2, nodes  # both worker nodes took work
     for node in nodes:
