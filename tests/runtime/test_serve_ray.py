@@ -167,3 +167,42 @@ def test_a_killed_servers_claim_is_freed(cluster: Any) -> None:
         assert done.returncode == 0 and done.stdout == "done\n", done.stderr
     finally:
         assert second.stop() == 0, second.stderr
+
+
+# Invariant: when the cluster's head is lost, Ray ends the server's driver once it cannot
+# reach the head for gcs_rpc_server_reconnect_timeout_s (60 s by default; 5 s here), and
+# every client's pending action and later call ends with ConnectionLost (docs/ray.md).
+def test_the_heads_loss_ends_the_server_and_its_clients_calls_with_connection_lost() -> None:
+    import asyncio
+    import time
+
+    import tangram
+
+    own = cluster_utils.Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 0, "object_store_memory": STORE, "include_dashboard": False})
+    own.add_node(num_cpus=CORES, object_store_memory=STORE)
+    own.wait_for_nodes()
+    served = Served(None, "--ray", own.address, "--grace", "0", start_timeout=120.0,
+                    env={"RAY_gcs_rpc_server_reconnect_timeout_s": "5"})
+    try:
+        async def main() -> None:
+            async with tangram.Client(served.address) as client:
+                assert await client.run(tangram.Call(fn=max, args=(6, 7), trajectory=1)) == 7
+                pending = client.submit(tangram.Call(command=["sleep", "60"], trajectory=1))
+                await asyncio.sleep(0.5)
+                own.remove_node(own.head_node, allow_graceful=False)
+                lost = time.monotonic()
+                with pytest.raises(tangram.ConnectionLost):
+                    await asyncio.wait_for(pending, 60)
+                assert time.monotonic() - lost < 30
+                with pytest.raises(tangram.ConnectionLost):
+                    await client.run(tangram.Call(fn=max, args=(6, 7), trajectory=2))
+
+        asyncio.run(main())
+        served.proc.wait(timeout=30)  # Ray ended the driver
+    finally:
+        served.stop()
+        try:
+            own.shutdown()
+        except Exception:  # its head is gone already
+            pass
