@@ -55,7 +55,11 @@ def tangram_on_a_cluster() -> Iterator[Path]:
             ray.shutdown()
     finally:
         server.send_signal(signal.SIGTERM)
-        server.communicate(timeout=60)
+        try:
+            server.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.communicate()
         cluster.shutdown()
 
 

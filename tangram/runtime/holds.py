@@ -45,7 +45,9 @@ class Throttled(TangramError):
 
     def __init__(self, retry_after: float | None = None, reason: str = "the provider answered too many requests") -> None:
         super().__init__("retry_after", reason)
-        self.retry_after = retry_after
+        # Checked here, where the caller can see it: a Retry-After header's text, say, must
+        # be converted (float(...)) first.
+        self.retry_after = None if retry_after is None else check_backoff_seconds(retry_after, "retry_after")
 
 
 def check_backoff_seconds(seconds: Any, field: str = "seconds") -> float:
@@ -126,12 +128,20 @@ class QuotaHold:
 
     def leave(self, throttled: bool, retry_after: float | None = None) -> None:
         """How the body ended: throttled (pause the quota: `retry_after` seconds, or the next
-        backoff step) or not (the quota's backoff streak ends); then the slot goes back."""
-        if throttled:
-            self.back_off(retry_after)
-        else:
-            self.orch.quota_backoffs.clear(self.quota)
-        self.release()
+        backoff step) or not (the quota's backoff streak ends); then the slot goes back,
+        whatever the backoff said."""
+        try:
+            if throttled:
+                self.back_off(retry_after)
+            else:
+                self.orch.quota_backoffs.clear(self.quota)
+        finally:
+            self.release()
+
+    @property
+    def is_admitted(self) -> bool:
+        """Whether the core has admitted it (its body may run)."""
+        return self._admitted is not None and self._admitted.done()
 
     def back_off(self, seconds: float | None = None) -> float:
         """Pauses the quota for every caller: `seconds`, or the next exponential step.
@@ -153,5 +163,10 @@ class QuotaHold:
         return await self.acquire()
 
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        self.leave(isinstance(exc, Throttled), exc.retry_after if isinstance(exc, Throttled) else None)
-        await self.release_and_wait()
+        try:
+            self.leave(isinstance(exc, Throttled), exc.retry_after if isinstance(exc, Throttled) else None)
+        except TangramError:  # the backoff failed (the orchestrator closed): the slot went back anyway
+            if exc is None:
+                raise  # else the body's own error is the one to see
+        finally:
+            await self.release_and_wait()

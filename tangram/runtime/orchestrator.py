@@ -483,8 +483,13 @@ class Orchestrator:
             raise OrchestratorClosed("orchestrator", f"cannot back off a quota: it is {self._state}")
         if not isinstance(name, str) or name not in {q.name for q in self.inventory.quotas}:
             raise UnknownNameError("quota", f"no quota named {name!r}")
+        now = self._now()
+        if seconds is None and self._paused_until.get(name, 0.0) > now:
+            # Paused already: the throttles of requests sent before the pause answer for
+            # the same burst, not a new one, so the backoff does not step up for each.
+            return self._paused_until[name] - now
         pause = self.quota_backoffs.next(name) if seconds is None else check_backoff_seconds(seconds, "retry_after")
-        until = self._now() + pause
+        until = now + pause
         self.scheduler.back_off_quota(name, until)
         self._paused_until[name] = max(self._paused_until.get(name, 0.0), until)
         return pause

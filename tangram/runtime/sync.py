@@ -141,7 +141,14 @@ class SyncQuotaHold:
             hold = self._owner._target.quota(*self._args)
             return await hold.__aenter__()
 
-        self._hold = self._owner._call(enter())
+        future = asyncio.run_coroutine_threadsafe(enter(), self._owner.loop)
+        try:
+            self._hold = future.result()
+        except BaseException:  # interrupted while waiting (KeyboardInterrupt): withdraw it
+            future.cancel()  # cancels the wait on the loop, which withdraws the hold there
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self._owner._call(future.result().__aexit__(None, None, None))  # admitted meanwhile
+            raise
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:

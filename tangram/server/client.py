@@ -577,7 +577,7 @@ class ClientQuotaHold:
         self.id = aid = client.reserve_id()
         try:
             await client._request("hold", [aid, self.quota, self.tokens, self.trajectory, self.kind])
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # withdrawn: the server cancels it, admitted or not
             if client._lost is None:
                 client._out_cancel.append(aid)
                 client._kick()
@@ -600,7 +600,11 @@ class ClientQuotaHold:
         if self.client._lost is not None:
             return  # the connection is gone: the server gave the slot back when it ended
         throttled = isinstance(exc, Throttled)
-        await self.release(throttled, exc.retry_after if isinstance(exc, Throttled) else None)
+        try:
+            await self.release(throttled, exc.retry_after if isinstance(exc, Throttled) else None)
+        except (P.ConnectionLost, OrchestratorClosed):
+            if exc is None:  # else the body's own error is the one to see; the slot went with the connection
+                raise
 
 
 def _decode_record(entry: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -36,7 +36,7 @@ def find_address() -> tuple[str, str]:
     if address:
         return address, "$TANGRAM_ADDRESS"
     holder = advertised_server()
-    if holder is not None and holder.get("address"):
+    if holder is not None and holder.get("address") and _reachable_from_here(holder):
         return str(holder["address"]), f"advertised on the Ray cluster by {describe_holder(holder)}"
     return f"127.0.0.1:{DEFAULT_PORT}", "the default (no address given, no $TANGRAM_ADDRESS, no server advertised " \
                                         "on a Ray cluster)"
@@ -54,6 +54,18 @@ def advertised_server() -> dict[str, Any] | None:
         return dict(ray.get(claim.holder.remote(), timeout=LOOKUP_TIMEOUT))
     except Exception:  # no claim (ValueError), or its holder is going away
         return None
+
+
+def _reachable_from_here(holder: dict[str, Any]) -> bool:
+    """A server advertised at a loopback address is for processes on its own node only."""
+    host = str(holder["address"]).rsplit(":", 1)[0].strip("[]")
+    if not (host == "localhost" or host.startswith("127.") or host == "::1"):
+        return True
+    ray = sys.modules.get("ray")
+    try:
+        return ray is not None and ray.util.get_node_ip_address() == holder.get("node_ip")
+    except Exception:
+        return False
 
 
 def describe_holder(holder: dict[str, Any]) -> str:

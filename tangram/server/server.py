@@ -156,14 +156,17 @@ class Server:
                     trajectories=(number << P.ID_BITS, 1 << P.ID_BITS), fresh_sandboxes=self.sandbox_fusion_fresh,
                     cpu=self.sandbox_fusion_cpu)
                 await self.sandbox_fusion.start()
+            sockname = self._listener.sockets[0].getsockname()
+            self.address = (sockname[0], sockname[1])
+            # (a blocking call to the Ray cluster where there is one)
+            await asyncio.to_thread(self.orchestrator.advertise, self.host, self.address[1])
         except BaseException:
             if self._listener is not None:
                 self._listener.close()
+            if self.sandbox_fusion is not None:
+                await self.sandbox_fusion.close()
             await self.orchestrator.close()
             raise
-        sockname = self._listener.sockets[0].getsockname()
-        self.address = (sockname[0], sockname[1])
-        self.orchestrator.advertise(self.host, self.address[1])
         return self
 
     async def __aenter__(self) -> "Server":
@@ -585,7 +588,11 @@ class _Connection(asyncio.BufferedProtocol):
         comes once the hold's action has ended, its slot back in the core."""
         hold = self.holds.pop(aid, None)
         if hold is None:
-            raise ValidationError("hold", f"no hold {aid!r} of this connection is admitted")
+            raise ValidationError("hold", f"no hold {aid!r} of this connection is waiting or admitted")
+        if not hold.is_admitted:  # given up before its admission (the client stopped waiting)
+            self.orch.cancel(aid)
+            self._reply(rid, True, None)
+            return
         hold.leave(bool(throttled), retry_after)
         task = self.loop.create_task(self._released(rid, hold))
         self.requests.add(task)
@@ -611,6 +618,7 @@ class _Connection(asyncio.BufferedProtocol):
     # ---------------------------------------------------------------- results
     def _done(self, record: ActionRecord) -> None:
         aid = record.id
+        self.holds.pop(aid, None)  # a hold ends with its action (released, cancelled, closed)
         handle = self.live.pop(aid, None)
         if handle is None:  # not this connection's, or dropped with it
             return
@@ -913,6 +921,9 @@ async def _serve(server: Server, grace: float) -> int:
         nodes = ", ".join(f"{n.name} ({n.resources.get('cpu', 0):g} cpu, {len(n.gpus)} gpu)"
                           for n in orch.inventory.nodes)
         print(f"tangram serve: scheduling the Ray cluster: {nodes}", flush=True)
+        if is_loopback(server.host):
+            print("tangram serve: listening on loopback: only clients on this node can reach it (--host 0.0.0.0 "
+                  "with a token for the cluster's other nodes)", flush=True)
     await stop.wait()
     await server.close(grace)
     _note("tangram serve: stopped")

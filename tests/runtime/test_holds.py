@@ -64,7 +64,8 @@ def test_holds_respect_the_quotas_concurrency_and_are_recorded() -> None:
 
 
 # Invariant: a throttle pauses the whole quota (every caller) for its retry_after; without
-# one, the pause doubles in a row up to BACKOFF_MAX and a clean hold ends the streak.
+# one, the pause doubles in a row up to BACKOFF_MAX, throttles while paused (the rest of one
+# burst) do not step it up, and a clean hold ends the streak.
 def test_a_throttle_pauses_the_quota_for_every_caller() -> None:
     async def main() -> None:
         async with _orchestrator(Quota("api", rate=1000.0, burst=10)) as orch:
@@ -81,10 +82,16 @@ def test_a_throttle_pauses_the_quota_for_every_caller() -> None:
             assert len(admitted) == 2 and min(admitted) >= throttled_at + 0.4 - 1e-3
             assert "rate limit" in (next(r for r in orch.records if r.trajectory == 1).wait_reason or "")
 
-            steps = [await orch.back_off_quota("api") for _ in range(8)]
+            steps = [orch.quota_backoffs.next("other") for _ in range(8)]
             assert steps[:3] == [BACKOFF_FIRST, 2 * BACKOFF_FIRST, 4 * BACKOFF_FIRST] and steps[-1] == BACKOFF_MAX
-            orch.quota_backoffs.clear("api")
+            assert await orch.back_off_quota("api") == BACKOFF_FIRST
+            assert await orch.back_off_quota("api") <= BACKOFF_FIRST  # the same burst: the rest of its pause
+            await asyncio.sleep(BACKOFF_FIRST + 0.05)
+            assert await orch.back_off_quota("api") == 2 * BACKOFF_FIRST  # a throttle after it: the next step
             assert await orch.back_off_quota("api", 0.0) == 0.0
+            async with orch.quota("api"):  # a clean hold (after the pause) ends the streak
+                pass
+            await asyncio.sleep(0.05)
             assert await orch.back_off_quota("api") == BACKOFF_FIRST
 
     asyncio.run(main())
@@ -99,6 +106,9 @@ def test_bad_holds_get_typed_errors_and_a_cancelled_wait_withdraws_the_hold() ->
             for bad in (-1.0, float("nan"), 1e9, "5"):
                 with pytest.raises(ValidationError) as e:
                     await orch.back_off_quota("api", bad)  # type: ignore[arg-type]
+                assert e.value.field == "retry_after"
+                with pytest.raises(ValidationError) as e:
+                    Throttled(bad)  # type: ignore[arg-type]
                 assert e.value.field == "retry_after"
             with pytest.raises(UnknownNameError):
                 await orch.back_off_quota("nope", 1.0)
