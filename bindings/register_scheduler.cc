@@ -290,6 +290,10 @@ void register_scheduler(py::module_& m) {
       .def("tick", &PyScheduler::tick, py::arg("now"))
       .def("service_restored", &PyScheduler::service_restored, py::arg("service"), py::arg("node"), py::arg("device"),
            py::arg("now"))
+      .def("quota_snapshot", [](PyScheduler& s, std::int32_t quota, double now) {
+        const tangram::QuotaSnapshot q = s.core().quota_snapshot(quota, time_field(now));
+        return py::make_tuple(q.requests, q.tokens, static_cast<double>(q.paused_until) / 1e9);
+      }, py::arg("quota"), py::arg("now"))
       .def("back_off_quota", [](PyScheduler& s, std::int32_t quota, double until) {
         if (!std::isfinite(until) || until < 0 || until > kMaxSeconds)
           throw Error(ErrorCode::kInvalidArgument, "until", "must be a finite time in [0, 1e9] seconds");

@@ -523,6 +523,14 @@ class Scheduler:
         backoff only holds actions back."""
         self._core.back_off_quota(self._quota(quota), float(until))
 
+    def quota_snapshot(self, quota: int | str, now: float) -> dict[str, float | int | None]:
+        """What `quota` would admit at `now`, for a live view (nothing changes): "requests"
+        its rate lets start back to back (None: no rate limit), whole "tokens" of its budget
+        (None: no budget), "paused_until" (None: no backoff ahead of `now`)."""
+        requests, tokens, paused_until = self._core.quota_snapshot(self._quota(quota), float(now))
+        return {"requests": None if requests < 0 else requests, "tokens": None if tokens < 0 else tokens,
+                "paused_until": paused_until if paused_until > now else None}
+
     def set_service_times(self, service: int | str, restore_seconds: float, offload_seconds: float) -> None:
         """New estimates of a service's restore and offload times (seconds, as measured),
         for the restores and evictions decided from now on."""

@@ -27,11 +27,13 @@ def _limits(limits: dict[str, Any] | None) -> str:
         return ""
     parts = []
     if limits["rate"]:
-        parts.append(f"{limits['rate']:g}/s burst {limits['burst']}")
+        now = limits.get("requests_now")
+        parts.append(f"{limits['rate']:g}/s burst {limits['burst']}" + (f" ({now} now)" if now is not None else ""))
     if limits["max_concurrency"]:
         parts.append(f"{limits['max_concurrency']} at once")
     if limits["tokens_per_minute"]:
-        parts.append(f"{limits['tokens_per_minute']} tokens/min")
+        now = limits.get("tokens_now")
+        parts.append(f"{limits['tokens_per_minute']} tokens/min" + (f" ({now} left)" if now is not None else ""))
     if limits["paused_for"] > 0:
         parts.append(f"paused {limits['paused_for']:.1f} s (429)")
     return ", ".join(parts) or "no limit"

@@ -35,6 +35,13 @@ struct QuotaSpec {
   std::int64_t tokens_per_minute = 0;  // token bucket: capacity and refill per minute
 };
 
+// What a quota would admit at a moment, for a live view (Scheduler::quota_snapshot).
+struct QuotaSnapshot {
+  std::int64_t requests = -1;  // requests its rate lets start back to back (-1: no rate limit)
+  std::int64_t tokens = -1;    // whole tokens of its budget (-1: no budget)
+  TimeNs paused_until = 0;     // the end of a backoff (0: none)
+};
+
 inline constexpr std::int32_t kNone = -1;
 
 // A GPU service (a reward model): resident on one device or offloaded to host memory.

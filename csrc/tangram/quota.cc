@@ -63,6 +63,25 @@ bool QuotaState::admits(TimeNs now, std::int64_t tokens) {
   return true;
 }
 
+QuotaSnapshot QuotaState::snapshot(TimeNs now) const {
+  QuotaSnapshot out;
+  out.paused_until = paused_until_;
+  if (interval_ > 0) {
+    // GCRA: each request admitted ahead of now takes one interval of the burst's tolerance.
+    const std::int64_t burst = tolerance_ / interval_ + 1;
+    const TimeNs ahead = tat_ - now;
+    const std::int64_t taken = ahead <= 0 ? 0 : (ahead + interval_ - 1) / interval_;
+    out.requests = std::max<std::int64_t>(0, burst - taken);
+  }
+  if (tokens_per_minute_ > 0) {
+    const __int128 level = now <= refilled_at_ ? level_
+                                               : std::min(capacity_, level_ + static_cast<__int128>(now - refilled_at_) *
+                                                                                  tokens_per_minute_);
+    out.tokens = static_cast<std::int64_t>(level / kUnitsPerToken);
+  }
+  return out;
+}
+
 void QuotaState::take(TimeNs now, std::int64_t tokens) {
   ++running;
   if (interval_ > 0) tat_ = std::max(tat_, now) + interval_;

@@ -25,6 +25,8 @@ class QuotaState {
   // the rate). A later backoff extends the pause; an earlier one changes nothing.
   void back_off(TimeNs until) { paused_until_ = std::max(paused_until_, until); }
   bool tokens_fit(std::int64_t tokens) const { return tokens_per_minute_ == 0 || tokens <= tokens_per_minute_; }
+  // What the quota would admit at `now`, for a live view (nothing changes).
+  QuotaSnapshot snapshot(TimeNs now) const;
 
   std::int64_t running = 0;
   Blocked last_block = Blocked::kNone;

@@ -194,6 +194,13 @@ void Scheduler::back_off_quota(std::int32_t quota, TimeNs until) {
   m.quotas[quota].back_off(until);
 }
 
+QuotaSnapshot Scheduler::quota_snapshot(std::int32_t quota, TimeNs now) const {
+  const Impl& m = *impl_;
+  if (quota < 0 || quota >= static_cast<std::int32_t>(m.quotas.size()))
+    throw Error(ErrorCode::kUnknownName, "quota", "no quota with index " + std::to_string(quota));
+  return m.quotas[quota].snapshot(now);
+}
+
 void Scheduler::set_service_times(std::int32_t service, double restore_seconds, double offload_seconds) {
   Impl& m = *impl_;
   m.check_service(service);

@@ -65,6 +65,9 @@ class Scheduler {
   // by its rate. Runs no pass: a backoff can only hold actions back. Throws Error for an
   // unknown quota.
   void back_off_quota(std::int32_t quota, TimeNs until);
+  // What `quota` would admit at `now` (QuotaState::snapshot; a live view: nothing changes,
+  // `now` is not checked against the clock). Throws Error for an unknown quota.
+  QuotaSnapshot quota_snapshot(std::int32_t quota, TimeNs now) const;
   // Running elastic actions say how many units of their elastic kind they can use from now
   // on (a worker pool with fewer tasks left than its grant, or more again when it gets
   // more): each one's maximum becomes limits[i] milli-units, within [its minimum, the

@@ -406,8 +406,10 @@ class Orchestrator:
           queues       kind -> [waiting, running]
           quotas       quota -> [waiting, running] (actions admitted under it)
           quota_limits quota -> its limits as configured ("rate" per second, "burst",
-                       "max_concurrency", "tokens_per_minute"; 0: none) and "paused_for", the
-                       seconds left of a backoff (back_off_quota; 0: none)
+                       "max_concurrency", "tokens_per_minute"; 0: none), what it would admit
+                       now ("requests_now" back to back by its rate, "tokens_now" of its
+                       budget; None: no such limit) and "paused_for", the seconds left of a
+                       backoff (back_off_quota; 0: none)
           running      the `running_limit` longest-running actions: [id, kind, quota, node,
                        elastic grant (0: not elastic), seconds running], longest first
           services     service instance -> [state, device]: "resident", "restoring",
@@ -436,10 +438,7 @@ class Orchestrator:
             "objective": self.scheduler.policy.objective if self.scheduler is not None else None,
             "queues": {k: list(v) for k, v in self.queue_lengths_now().items()},
             "quotas": quotas,
-            "quota_limits": {q.name: {"rate": q.rate, "burst": q.burst, "max_concurrency": q.max_concurrency,
-                                      "tokens_per_minute": q.tokens_per_minute,
-                                      "paused_for": max(0.0, self._paused_until.get(q.name, 0.0) - now)}
-                             for q in self.inventory.quotas},
+            "quota_limits": {q.name: self._quota_limits(q, now) for q in self.inventory.quotas},
             "running": running[:running_limit],
             "running_total": len(running),
             "services": {name: list(v) for name, v in states.items()},
@@ -447,6 +446,12 @@ class Orchestrator:
             "last_minute": {"ended": len(acts), "per_second": len(acts) / 60.0, "act_p50": pick(0.5),
                             "act_p99": pick(0.99)},
         }
+
+    def _quota_limits(self, quota: Any, now: float) -> dict[str, Any]:
+        snapshot = self.scheduler.quota_snapshot(quota.name, now) if self.scheduler is not None else {}
+        return {"rate": quota.rate, "burst": quota.burst, "max_concurrency": quota.max_concurrency,
+                "tokens_per_minute": quota.tokens_per_minute, "requests_now": snapshot.get("requests"),
+                "tokens_now": snapshot.get("tokens"), "paused_for": max(0.0, self._paused_until.get(quota.name, 0.0) - now)}
 
     def now(self) -> float:
         """The orchestrator's clock: seconds since start (the core's time)."""

@@ -68,6 +68,25 @@ TEST(Quota, BackoffHoldsNewRequests) {
   EXPECT_THROW(h.s.back_off_quota(1, S(1)), tangram::Error);
 }
 
+// A quota's snapshot (a live view) counts what its rate and budget would admit now, and a
+// backoff's end, without changing anything.
+TEST(Quota, SnapshotCountsWhatWouldBeAdmitted) {
+  Harness h(quota_inventory({"api", 1.0, 3, 0, 600}), policy_of(PolicyKind::kTangram));
+  EXPECT_EQ(h.s.quota_snapshot(0, 0).requests, 3);
+  EXPECT_EQ(h.s.quota_snapshot(0, 0).tokens, 600);
+  EXPECT_EQ(h.submit({quota_action(1, 100), quota_action(2, 100)}, 0).size(), 2u);
+  EXPECT_EQ(h.s.quota_snapshot(0, 0).requests, 1);
+  EXPECT_EQ(h.s.quota_snapshot(0, S(1.5)).requests, 2);
+  EXPECT_EQ(h.s.quota_snapshot(0, S(1.5)).tokens, 415);
+  EXPECT_EQ(h.s.quota_snapshot(0, S(1.5)).tokens, 415);  // unchanged by looking
+  h.s.back_off_quota(0, S(5));
+  EXPECT_EQ(h.s.quota_snapshot(0, S(2)).paused_until, S(5));
+  Harness unlimited(quota_inventory({"api", 0.0, 1, 2, 0}), policy_of(PolicyKind::kTangram));
+  EXPECT_EQ(unlimited.s.quota_snapshot(0, 0).requests, -1);
+  EXPECT_EQ(unlimited.s.quota_snapshot(0, 0).tokens, -1);
+  EXPECT_THROW(unlimited.s.quota_snapshot(1, 0), tangram::Error);
+}
+
 // Under tangram's shortest-first order, a quota's queue keeps arrival order: every
 // request costs the quota one request, so a short call that came later does not pass a
 // long one (it would only make long calls wait longest). Actions without a quota still go

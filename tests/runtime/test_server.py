@@ -382,7 +382,7 @@ def test_top_once_prints_the_servers_state(tmp_path: Path) -> None:
         out = done.stdout
         assert f"tangram {served.address}" in out and "policy tangram (step)" in out
         assert re.search(r"env\s*│\s*2\s*│\s*4", out), out  # kind env: 2 waiting, 4 running
-        assert re.search(r"quota search\s*│\s*1\s*│\s*1\s*│ 1/s burst 1, paused (29|30)\.\d s \(429\)", out), out
+        assert re.search(r"quota search\s*│\s*1\s*│\s*1\s*│ 1/s burst 1 \([01] now\), paused (29|30)\.\d s \(429\)", out), out
         assert "running (4; longest first)" in out and "last minute: 1 ended" in out
     finally:
         for h in handles:
