@@ -40,8 +40,9 @@ void Scheduler::Impl::evict_offline_services(std::vector<Decision>& out) {
 // then the lower copy. The service's minimum copies thus share its calls evenly (each
 // restored when it is first given one), and a surplus copy is brought in once the queue
 // ahead on the others outlasts its restore, and only while an online device has its memory
-// free: a surplus copy never evicts another service (whose only copy that may be) to come
-// in. Live counts include the batch's earlier actions.
+// free at routing: a surplus copy is for spare memory, not for pushing out another service
+// (whose only copy that may be); if that memory is taken by the time its restore is planned,
+// the restore makes room as any does. Live counts include the batch's earlier actions.
 std::int32_t Scheduler::Impl::route_replica(const ActionSpec& s) const {
   const Quantity lo = s.elastic_kind == kNone ? kMilli : s.demand[s.elastic_kind];
   const TimeNs run_ns = to_ns(model_seconds(s.model, lo, lo, tables));
@@ -65,8 +66,7 @@ std::int32_t Scheduler::Impl::route_replica(const ActionSpec& s) const {
   return best;
 }
 
-// Whether an online device has `memory` free now: a surplus copy is brought in only into
-// free memory, never by evicting another service (whose only copy it may be).
+// Whether an online device has `memory` free now (a surplus copy is routed to only then).
 bool Scheduler::Impl::free_device_holds(Quantity memory) const {
   for (std::size_t d = 0; d < dev_free.size(); ++d)
     if (dev_free[d] >= memory && device_online(static_cast<std::int32_t>(d))) return true;
