@@ -57,6 +57,7 @@ NOT_TANGRAM = {
     "RayActorError": "ray.exceptions",
     "ActorUnavailableError": "ray.exceptions",
     "BaseTool": "veRL's tool interface (verl.tools.base_tool)",
+    "ToolResponse": "veRL's tool answer (verl.tools.schemas)",
     "Sandbox": "slime's sandbox protocol (slime.agent.sandbox)",
     "BaseTextEnv": "skyrl-gym's environment class (skyrl_gym.envs.base_text_env)",
     # Sandbox Fusion's status values (tangram.runtime.run_code)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from . import common
+from tangram.integrations import common  # absolute: veRL loads this file by its path, outside its package
 
 try:  # veRL pulls in torch: only when it is installed
     from verl.tools.base_tool import BaseTool as _BaseTool

@@ -142,6 +142,26 @@ def test_verl_reward_scores_test_cases(address: str) -> None:
     assert asyncio.run(body()) == 1.0
 
 
+# Invariant: veRL loads the reward function from the adapter's file path, as a module of
+# its own outside the tangram package (verl.utils.import_utils.load_module): the file must
+# work loaded that way, from the path `python -m tangram.integrations path verl` prints.
+def test_verl_loads_the_reward_from_the_adapters_file(address: str) -> None:
+    import importlib.util
+
+    path = subprocess.run([sys.executable, "-m", "tangram.integrations", "path", "verl"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    spec = importlib.util.spec_from_file_location("custom_module", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["custom_module"] = module
+    try:
+        spec.loader.exec_module(module)
+        assert module.compute_score(data_source="codecontests", solution_str=GOOD, ground_truth=TESTS,
+                                    extra_info=None) == 1.0
+    finally:
+        del sys.modules["custom_module"]
+
+
 def test_slime_reward_and_sandbox(address: str) -> None:
     async def body() -> None:
         sample = SimpleNamespace(response=GOOD, label=json.dumps(TESTS), metadata={})
