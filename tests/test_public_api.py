@@ -59,6 +59,7 @@ NOT_TANGRAM = {
     "BaseTool": "veRL's tool interface (verl.tools.base_tool)",
     "ToolResponse": "veRL's tool answer (verl.tools.schemas)",
     "Sandbox": "slime's sandbox protocol (slime.agent.sandbox)",
+    "Sample": "slime's rollout sample (slime.utils.types)",
     "BaseTextEnv": "skyrl-gym's environment class (skyrl_gym.envs.base_text_env)",
     # Sandbox Fusion's status values (tangram.runtime.run_code)
     "Success": "Sandbox Fusion", "Failed": "Sandbox Fusion", "SandboxError": "Sandbox Fusion",
