@@ -198,9 +198,13 @@ def test_capacity_bound_is_below_every_policy(name: str) -> None:
 
 
 def test_capacity_bound_counts_a_saturated_service() -> None:
-    # multireward's most popular service is one copy on one device: its rewards queue, which
-    # the zero-wait bound cannot see and this one does.
+    # multireward with each service one copy (its services may scale to 4; not here): the
+    # most popular one's rewards queue on one device, which the zero-wait bound cannot see
+    # and this one does.
+    from dataclasses import replace
     w = sim.builtin("multireward").with_batch(512)
+    assert w.reward is not None
+    w = replace(w, reward=replace(w.reward, services=tuple(replace(s, max_replicas=None) for s in w.reward.services)))
     st = w.sample(0)
     out = capacity_bound(w, st)
     zero_wait = sim.simulate(w, "fifo", 0, step=st).row()["lower_bound_act"]
