@@ -48,6 +48,7 @@ import numpy as np
 
 from .._errors import ValidationError
 from .._model import Action, Amdahl, Constant, Gpu, Inventory, Node, Quota, Service
+from .._records import EVICT, RESIZE, RESTORE, START
 from ..runtime.estimates import RunTimeEstimates
 from ..scheduler import POLICIES, Policy, Scheduler
 from .bounds import capacity_bound, zero_wait_walk
@@ -269,7 +270,7 @@ class SimResult:
     service: np.ndarray  # index into workload.reward.services per reward action; -1 otherwise
     copy: np.ndarray  # the core service it ran on (a copy of a replicated one: service_log's index); -1 otherwise
     kind_names: tuple[str, ...]  # the workload's action kind names
-    # (time, 1 restore / 2 evict, service index, node, device), in decision order
+    # (time, RESTORE or EVICT (tangram._records), service index, node, device), in decision order
     service_log: list[tuple[float, int, int, int, int]] = field(default_factory=list, repr=False)
     scheduler: Scheduler | None = field(default=None, repr=False, compare=False)
     bound: dict[str, Any] = field(default_factory=dict)  # bound_schedule() and bounds.capacity_bound()
@@ -346,7 +347,7 @@ class SimResult:
         peak = 0
         for _, kind, svc, node, device in self.service_log:
             here = resident.setdefault((node, device), set())
-            if kind == 1:
+            if kind == RESTORE:
                 here.add(svc)
                 peak = max(peak, len(here))
             else:
@@ -550,7 +551,7 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
         arr = decisions.array
         for r in arr:
             kind = int(r["kind"])
-            if kind == 0:  # start
+            if kind == START:
                 aid = int(r["action"])
                 g = float(r["grant"])
                 noise = noise_at[aid] = noise_of(aid)
@@ -589,13 +590,13 @@ def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
                     changed[device] = None
                 else:
                     push(now + t_run, _FINISH, aid)
-            elif kind == 1:
+            elif kind == RESTORE:
                 restores += 1
-                service_log.append((now, 1, int(r["service"]), int(r["node"]), int(r["device"])))
-            elif kind == 2:
+                service_log.append((now, RESTORE, int(r["service"]), int(r["node"]), int(r["device"])))
+            elif kind == EVICT:
                 evictions += 1
-                service_log.append((now, 2, int(r["service"]), int(r["node"]), int(r["device"])))
-            elif kind == 4:  # resize: the work left runs on at the new grant
+                service_log.append((now, EVICT, int(r["service"]), int(r["node"]), int(r["device"])))
+            elif kind == RESIZE:  # the work left runs on at the new grant
                 aid = int(r["action"])
                 g = float(r["grant"])
                 bank(aid, now)
