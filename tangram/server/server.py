@@ -462,9 +462,8 @@ class _Connection(asyncio.BufferedProtocol):
 
     def _submit(self, payload: bytes) -> None:
         ids, pickled = P.parse_submit(payload)
-        number = self.number
         for i in ids:
-            if i >> P.ID_BITS != number or not i & _ID_MASK:
+            if not self._own_id(i):
                 raise ProtocolError("frame", f"SUBMIT: action id {i} is not in this connection's range")
         try:
             calls = pickle.loads(pickled)
@@ -502,16 +501,23 @@ class _Connection(asyncio.BufferedProtocol):
         if started:
             self.server._submitted(self)
 
+    def _own_id(self, aid: Any) -> bool:
+        """Whether `aid` is an action id of this connection's range (connection << 32 | seq)."""
+        return isinstance(aid, int) and aid >> P.ID_BITS == self.number and bool(aid & _ID_MASK)
+
     def _map_trajectory(self, call: Call) -> None:
+        call.trajectory = self._server_trajectory(call.trajectory, "call.trajectory")
+
+    def _server_trajectory(self, t: Any, field: str) -> Any:
         """Trajectory ids are the client's own unless it asked for the shared space: the
         server's id is connection << 32 | trajectory."""
-        t = call.trajectory
         if self.shared or not isinstance(t, int) or isinstance(t, bool) or t < 0:
-            return  # invalid ones are the orchestrator's to reject, with its message
+            return t  # invalid ones are the orchestrator's to reject, with its message
         if t >= _TRAJECTORY_LIMIT:
-            raise ValidationError("call.trajectory", f"must be below 2**{P.ID_BITS} through the server, got {t}")
-        call.trajectory = mapped = self.number << P.ID_BITS | t
+            raise ValidationError(field, f"must be below 2**{P.ID_BITS} through the server, got {t}")
+        mapped = self.number << P.ID_BITS | t
         self.trajectories.add(mapped)
+        return mapped
 
     def _request(self, rid: int, op: str, args: list[Any]) -> None:
         try:
@@ -557,16 +563,11 @@ class _Connection(asyncio.BufferedProtocol):
         (tangram.runtime.holds): the reply comes when the core admits it. The hold is an action
         of this connection under the client's id, so a CANCEL or a dropped connection gives
         its slot back like any other action's."""
-        if not isinstance(aid, int) or aid >> P.ID_BITS != self.number or not aid & _ID_MASK:
+        if not self._own_id(aid):
             raise ValidationError("hold", f"action id {aid!r} is not in this connection's range")
         if self.server._closing:
             raise OrchestratorClosed("server", "the server is shutting down")
-        if isinstance(trajectory, int) and not isinstance(trajectory, bool) and 0 <= trajectory and not self.shared:
-            if trajectory >= _TRAJECTORY_LIMIT:
-                raise ValidationError("trajectory", f"must be below 2**{P.ID_BITS} through the server")
-            trajectory = self.number << P.ID_BITS | trajectory
-            self.trajectories.add(trajectory)
-        hold = self.orch.quota(quota, tokens, trajectory, kind)
+        hold = self.orch.quota(quota, tokens, self._server_trajectory(trajectory, "trajectory"), kind)
         self.live[aid] = hold.submit(aid)
         self.holds[aid] = hold
         self.server._submitted(self)

@@ -19,6 +19,7 @@ ray = pytest.importorskip("ray")
 from ray import cluster_utils  # noqa: E402
 
 import cloudpickle  # noqa: E402
+from test_holds import _overlaps  # noqa: E402
 from test_server import Served  # noqa: E402
 
 # Ray workers cannot import this test module: its functions travel by value (Ray pickles
@@ -56,15 +57,6 @@ CLIENT = textwrap.dedent("""
             print("done", flush=True)
     asyncio.run(main())
 """)
-
-
-def _concurrency(spans: list[tuple[float, float]]) -> int:
-    events = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans], key=lambda e: (e[0], e[1]))
-    level = peak = 0
-    for _, step in events:
-        level += step
-        peak = max(peak, level)
-    return peak
 
 
 def _from_a_ray_worker() -> tuple[str, int]:
@@ -141,7 +133,7 @@ def test_one_server_schedules_the_whole_cluster(cluster: Any, tmp_path: Path) ->
     assert len(nodes) == 2, nodes  # both worker nodes took work
     for node in nodes:
         spans = [(r["start"], r["end"]) for r in records if r["node"] == node]
-        assert _concurrency(spans) <= CORES, node
+        assert _overlaps(spans) <= CORES, node
 
 
 # Invariant: the claim dies with its server: after a server is killed (SIGKILL: no cleanup),
