@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import enum
+import functools
+from typing import Iterator, NamedTuple
+
 import numpy as np
 
 MODEL_CONSTANT, MODEL_AMDAHL, MODEL_TABLE, MODEL_CALLBACK = 0, 1, 2, 3
@@ -43,13 +47,57 @@ DECISION_DTYPE = np.dtype(
     ]
 )
 
-START, RESTORE, EVICT, REJECT, RESIZE = 0, 1, 2, 3, 4
+
+class DecisionKind(enum.IntEnum):
+    """A decision record's `kind` (csrc/tangram/model.h DecisionKind)."""
+
+    START = 0
+    RESTORE = 1
+    EVICT = 2
+    REJECT = 3
+    # A running action's new total grant of its elastic kind (policies whose `resize`
+    # rule is "malleable", tangram's among them).
+    RESIZE = 4
+
+
+START, RESTORE, EVICT, REJECT, RESIZE = DecisionKind
 # An EVICT decision's `reason` when the service's state is given up, not offloaded (its
 # process closed; its next restore is a fresh load): csrc/tangram/model.h kDiscard.
 DISCARD = 1
-# RESIZE: a running action's new total grant of its elastic kind (policies whose `resize`
-# rule is "malleable", tangram's among them).
-DECISION_KINDS = ("start", "restore", "evict", "reject", "resize")
+DECISION_KINDS = tuple(kind.name.lower() for kind in DecisionKind)
+
+
+class Decision(NamedTuple):
+    """One DECISION_DTYPE record, field by field (the fields in the record's order).
+
+    The raw view the runtime and the simulator act on; tangram.Decision is the Scheduler's
+    readable one (kind and service by name). Indexes are -1 for "none".
+    """
+
+    action: int  # START, REJECT, RESIZE: the action's id
+    grant_milli: int  # `grant` in thousandths of a unit, as the core counts it
+    grant: float  # START, RESIZE: units of the elastic kind granted (0.0: not elastic)
+    time: float  # when it starts, is resized, or (RESTORE) when the service is ready
+    kind: int  # a DecisionKind, as a plain int (its members compare equal; no enum per record)
+    node: int
+    device: int  # a GPU of `node`
+    service: int  # the core's service index (a replicated service's copy)
+    elastic_kind: int  # the resource kind index `grant` is of
+    reason: int  # REJECT: the core's message index; EVICT: DISCARD or -1
+
+
+assert tuple(Decision.__annotations__) == DECISION_DTYPE.names
+
+# A record's tuple (ndarray.tolist) becomes a Decision in C, without a Python-level call
+# per record: what Decision._make does, less its length check (the assert above holds).
+_decision_of_row = functools.partial(tuple.__new__, Decision)
+
+
+def decisions(records: np.ndarray) -> Iterator[Decision]:
+    """The DECISION_DTYPE records as Decisions, in order. The array is read once
+    (`tolist`), not field by field as NumPy scalars: the runtime handles every decision
+    of a burst here."""
+    return map(_decision_of_row, records.tolist())
 
 
 def action_dtype(kinds: int) -> np.dtype:

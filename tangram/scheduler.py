@@ -29,6 +29,8 @@ from ._records import (
     action_dtype,
     empty_actions,
 )
+from ._records import Decision as DecisionRecord
+from ._records import decisions as decision_records
 
 # The built-in policies' names, from the core's one table of them (csrc/tangram/policy.cc).
 POLICIES: tuple[str, ...] = _core.POLICIES
@@ -139,25 +141,26 @@ class Decisions(Sequence[Decision]):
     def __getitem__(self, i: slice) -> list[Decision]: ...
     def __getitem__(self, i):  # type: ignore[no-untyped-def]
         if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        r = self.array[i]
-        kind = int(r["kind"])
-        none = lambda v: None if v < 0 else int(v)  # noqa: E731
-        svc = int(r["service"])
-        return Decision(
-            kind=DECISION_KINDS[kind],
-            action=int(r["action"]) if kind in (START, REJECT, RESIZE) else None,
-            node=none(r["node"]),
-            device=none(r["device"]),
-            service=self._services[svc] if svc >= 0 else None,
-            grant=float(r["grant"]),
-            time=float(r["time"]),
-            reason=(self._messages[int(r["reason"])] if kind == REJECT
-                    else "discard" if kind == EVICT and int(r["reason"]) == DISCARD else None),
-        )
+            return list(map(self._readable, decision_records(self.array[i])))
+        return next(map(self._readable, decision_records(self.array[[i]])))
 
     def __iter__(self) -> Iterator[Decision]:
-        return (self[i] for i in range(len(self)))
+        return map(self._readable, decision_records(self.array))
+
+    def _readable(self, r: DecisionRecord) -> Decision:
+        kind = r.kind
+        none = lambda v: None if v < 0 else v  # noqa: E731
+        return Decision(
+            kind=DECISION_KINDS[kind],
+            action=r.action if kind in (START, REJECT, RESIZE) else None,
+            node=none(r.node),
+            device=none(r.device),
+            service=self._services[r.service] if r.service >= 0 else None,
+            grant=r.grant,
+            time=r.time,
+            reason=(self._messages[r.reason] if kind == REJECT
+                    else "discard" if kind == EVICT and r.reason == DISCARD else None),
+        )
 
     def of_kind(self, kind: str) -> np.ndarray:
         return self.array[self.array["kind"] == DECISION_KINDS.index(kind)]

@@ -11,6 +11,7 @@ import pytest
 
 import tangram
 from tangram import Action, Amdahl, Constant, Gpu, Inventory, Native, Node, Scheduler, Table
+from tangram._records import DecisionKind
 
 
 def amdahl(seconds: float, p: float, minimum: float, units: float) -> float:
@@ -174,7 +175,7 @@ def reference() -> list[np.ndarray]:
 
 def test_reference_run_uses_spare_units(reference):
     starts = np.concatenate(reference)
-    starts = starts[starts["kind"] == 0]
+    starts = starts[starts["kind"] == DecisionKind.START]
     assert len(starts) == 9  # every action starts once
     grants = set(starts["grant"].tolist())
     assert len(grants) >= 3 and min(grants) == 1.0 and max(grants) > 1.0, grants

@@ -11,6 +11,7 @@ import pytest
 
 import tangram
 from tangram import Action, Amdahl, Inventory, Node, Gpu, Quota, Service, Scheduler
+from tangram._records import DecisionKind, decisions
 
 
 def cpu_mem(nodes: int = 2, cpu: float = 8, memory: float = 16384, **kw) -> Inventory:
@@ -74,7 +75,7 @@ def drive(s: Scheduler, submit) -> list[np.ndarray]:
     out = [submit(s, 0, 15, 0.0).array, submit(s, 15, 30, 1.0).array, submit(s, 30, 43, 2.0).array]
     running: list[int] = []
     for arr in out:
-        running += [int(a) for a in arr[arr["kind"] == 0]["action"]]
+        running += [int(a) for a in arr[arr["kind"] == DecisionKind.START]["action"]]
     t = 3.0
     while running or s.waiting:
         if running:
@@ -85,7 +86,7 @@ def drive(s: Scheduler, submit) -> list[np.ndarray]:
             t = max(t, s.next_wakeup)
             d = s.tick(t)
         s.check_invariants()
-        running += [int(a) for a in d.array[d.array["kind"] == 0]["action"]]
+        running += [int(a) for a in d.array[d.array["kind"] == DecisionKind.START]["action"]]
         out.append(d.array)
         t += 1.0
     return out
@@ -184,6 +185,20 @@ def test_decisions_objects_and_arrays():
     row = arr[arr["action"] == 1][0]
     assert row["grant_milli"] == 3000 and row["grant"] == 3.0 and row["elastic_kind"] == 0
     assert "Decision(kind=" in repr(d)
+
+
+# Invariant: the runtime's view of decision records (tangram._records.decisions) reads every
+# field as the array holds it, in order, with plain Python numbers.
+def test_decision_records_view_reads_every_field():
+    s = Scheduler(gpu_inventory())
+    d = s.submit([Action(1, {"cpu": 1}, Amdahl(100, 0.9), elastic="cpu", max_units=3, affinity="b"),
+                  Action(2, {"cpu": 100}, 1.0), Action(3, {"cpu": 1}, 1.0, service="rm")], 0.5)
+    view = list(decisions(d.array))
+    assert [DecisionKind(x.kind) for x in view] == [DecisionKind.REJECT, DecisionKind.RESTORE, DecisionKind.START]
+    for x, row in zip(view, d.array):
+        assert x._asdict() == {name: row[name].item() for name in d.array.dtype.names}
+        assert all(type(v) in (int, float) for v in x)
+    assert list(decisions(d.array[:0])) == []
 
 
 def test_queries_and_states():

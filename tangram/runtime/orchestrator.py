@@ -35,7 +35,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from .._errors import TangramError, UnknownNameError, ValidationError
 from .._model import Inventory, Node
 from .._model import given as _given
-from .._records import DISCARD, EVICT, REJECT, RESIZE, RESTORE, START
+from .._records import DISCARD, EVICT, REJECT, RESIZE, RESTORE, START, Decision, decisions
 from ..scheduler import Scheduler, integer_in, record_limits
 from .call import Call, Placement, manager_for, validate_call
 from .config import RuntimeConfig
@@ -680,33 +680,38 @@ class Orchestrator:
                     reason = reasons[lv.template] = _BEHIND.sub("waiting", self._core.explain(lv.id))
                 lv.record.wait_reason = reason
 
-    def _handle(self, decisions: Any) -> None:
-        if not len(decisions):
+    def _handle(self, records: Any) -> None:
+        if not len(records):
             return
-        for action, _gm, grant, _t, kind, node, device, service, elastic_kind, reason in decisions.tolist():
+        for decision in decisions(records):
+            kind = decision.kind
             if kind == START:
-                self._start(self._live[action], node, device, grant, elastic_kind, service)
+                self._start(self._live[decision.action], decision)
             elif kind == REJECT:
-                lv = self._live[action]
+                lv = self._live[decision.action]
                 lv.in_core = False  # the core forgot it
-                self._finish(lv, "infeasible", error=ActionInfeasible(action, self._core.message(reason)))
+                self._finish(lv, "infeasible", error=ActionInfeasible(lv.id, self._core.message(decision.reason)))
             elif kind == RESIZE:
-                lv = self._live.get(action)
+                lv = self._live.get(decision.action)
                 if lv is not None:  # else it ended and its completion is still on the way to the core
-                    self._resize(lv, grant, elastic_kind)
+                    self._resize(lv, decision.grant, decision.elastic_kind)
             elif kind == RESTORE:
-                self._device_op("restore", service, node, device)
+                self._device_op("restore", decision.service, decision.node, decision.device)
             elif kind == EVICT:
-                self._device_op("evict", service, node, device, discard=reason == DISCARD)
+                self._device_op("evict", decision.service, decision.node, decision.device,
+                                discard=decision.reason == DISCARD)
 
-    def _start(self, lv: _Live, node: int, device: int, grant: float, elastic_kind: int, service: int) -> None:
+    def _start(self, lv: _Live, decision: Decision) -> None:
+        node, device, service = decision.node, decision.device, decision.service
         # A call naming a replicated service runs on the copy the core routed it to.
         lv.replica = service if service >= 0 and self._service_names[service] != lv.call.service else -1
         call = lv.call
         resources = call.resources
         cores = float(resources.get("cpu", 0.0))
         memory = float(resources.get("memory", 0.0))
+        elastic_kind = decision.elastic_kind
         if elastic_kind >= 0:
+            grant = decision.grant
             if elastic_kind == self._cpu:
                 cores = grant
             elif elastic_kind == self._memory:
