@@ -85,7 +85,8 @@ std::int32_t Scheduler::Impl::class_for(const ActionSpec& s) {
   const bool in_slot = row.rules.bins == BinLayout::kTrajectorySlots && s.service == kNone;
   TrajectoryId traj = in_slot ? s.trajectory : 0;
   std::uint64_t h = 1469598103934665603ull;
-  auto mix = [&h](std::int64_t x) { h ^= static_cast<std::uint64_t>(x) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+  // FNV-1a over whole words: class_index (an IdMap) mixes the result again.
+  auto mix = [&h](std::int64_t x) { h = (h ^ static_cast<std::uint64_t>(x)) * 0x100000001b3ull; };
   for (Quantity q : s.demand) mix(q);
   mix(s.gpu_memory);
   mix(partition);

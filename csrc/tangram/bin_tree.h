@@ -48,8 +48,8 @@ class BinTree {
       return;
     }
     settle();
-    // Depth-first, left child first, with an explicit stack (at most one pending right
-    // sibling per level).
+    // Depth-first, left child first: the walk goes down the left child at once, and the
+    // right one waits on an explicit stack (at most one pending right sibling per level).
     struct Span {
       std::int32_t node, nlo, nhi;
     };
@@ -57,18 +57,19 @@ class BinTree {
     std::int32_t top = 0;
     stack[top++] = Span{1, 0, size_};
     while (top > 0) {
-      const Span s = stack[--top];
-      if (s.nhi <= lo || hi <= s.nlo || !covers(s.node, demand)) continue;
-      if (s.nhi - s.nlo == 1) {
-        if (!skip(s.nlo)) {
-          out.push_back(s.nlo);
-          if (out.size() >= stop) return;
+      Span s = stack[--top];
+      while (s.nlo < hi && lo < s.nhi && covers(s.node, demand)) {
+        if (s.nhi - s.nlo == 1) {
+          if (!skip(s.nlo)) {
+            out.push_back(s.nlo);
+            if (out.size() >= stop) return;
+          }
+          break;
         }
-        continue;
+        const std::int32_t mid = s.nlo + (s.nhi - s.nlo) / 2;
+        stack[top++] = Span{2 * s.node + 1, mid, s.nhi};
+        s = Span{2 * s.node, s.nlo, mid};
       }
-      const std::int32_t mid = s.nlo + (s.nhi - s.nlo) / 2;
-      stack[top++] = Span{2 * s.node + 1, mid, s.nhi};
-      stack[top++] = Span{2 * s.node, s.nlo, mid};
     }
   }
 

@@ -129,23 +129,30 @@ void Scheduler::Impl::flush_releases() {
     if (malleable && !reclaim_bins[p].empty())
       for (std::int32_t leaf : leaves)
         if (bin_run[part.bins[leaf]].reclaim_sum > 0) shrink_bins.push_back(part.bins[leaf]);
-    // The list in policy order: the few parked since the last flush sorted, then merged.
+    // The list in policy order: the few parked since the last flush sorted, then merged in
+    // as the list is filtered (one walk, into heads_scratch, swapped in after).
     std::sort(part.parked_new.begin(), part.parked_new.end());
-    heads_scratch.clear();
-    std::merge(part.parked.begin(), part.parked.end(), part.parked_new.begin(), part.parked_new.end(),
-               std::back_inserter(heads_scratch));
-    part.parked_new.clear();
-    part.parked.swap(heads_scratch);
     const std::size_t node_wakes = pending_wakes.size();
+    heads_scratch.resize(part.parked.size() + part.parked_new.size());
     std::size_t kept = 0;
-    for (const ClassHead entry : part.parked) {
+    auto next_old = part.parked.cbegin(), next_new = part.parked_new.cbegin();
+    const auto old_end = part.parked.cend(), new_end = part.parked_new.cend();
+    for (;;) {
+      ClassHead entry;  // the next in policy order, ties to the older list (as std::merge)
+      if (next_new != new_end && (next_old == old_end || *next_new < *next_old)) {
+        entry = *next_new++;
+      } else if (next_old != old_end) {
+        entry = *next_old++;
+      } else {
+        break;
+      }
       Class& cl = classes[entry.cls];
       // Stale entries go; so do repeats (parked again under the same head since).
       if (!cl.parked || cl.park_node != kNone || cl.waiting.head().seq != entry.seq ||
           cl.seen_flush == release_epoch)
         continue;
       cl.seen_flush = release_epoch;
-      part.parked[kept++] = entry;
+      heads_scratch[kept++] = entry;
       bool may_fit = true;
       for (std::int32_t k = 0; k < K && may_fit; ++k) may_fit = cl.demand[k] <= most_released[k];
       const std::int32_t at = may_fit ? first_released_fit(p, 0, cl.demand) : -1;
@@ -159,7 +166,9 @@ void Scheduler::Impl::flush_releases() {
       cl.pending_pass = pass_epoch;
       pending_wakes.push_back(entry);  // in policy order, like the list
     }
-    part.parked.resize(kept);
+    heads_scratch.resize(kept);
+    part.parked.swap(heads_scratch);
+    part.parked_new.clear();
     // Merge this partition's wakes (in order) into those before them (in order).
     if (node_wakes > 0 && node_wakes < pending_wakes.size()) {
       heads_scratch.clear();

@@ -51,8 +51,11 @@ void Scheduler::Impl::contend(std::int32_t part, std::int32_t node, const Quanti
     mark = pass_epoch;
     std::fill(need, need + K, 0);
   }
-  for (std::int32_t k = 0; k < K; ++k)
-    need[k] = std::max(need[k], demand != nullptr ? demand[k] : std::numeric_limits<Quantity>::max());
+  if (demand == nullptr) {
+    std::fill(need, need + K, std::numeric_limits<Quantity>::max());
+    return;
+  }
+  for (std::int32_t k = 0; k < K; ++k) need[k] = std::max(need[k], demand[k]);
 }
 
 // What spare units leave free on a bin (kUncontended), once per bin and pass. The parked
