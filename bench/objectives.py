@@ -21,7 +21,8 @@ from multiprocessing import Pool
 
 import numpy as np
 
-from tangram.sim.engine import POLICY_NAMES, make_policy, simulate
+from tangram.sim.bounds import step_bounds
+from tangram.sim.engine import POLICY_NAMES, StepSimulation, make_policy
 from tangram.sim.workloads import builtin, builtin_names
 
 METRICS = ("avg_act", "step_duration", "p99_act")
@@ -32,13 +33,14 @@ def run_cell_seed(task: tuple[str, int, int]) -> dict:
     name, load, seed = task
     w = builtin(name).with_batch(load)
     step = w.sample(seed)
+    bounds = step_bounds(w, step)  # the same for every policy
     out: dict = {"workload": name, "load": load, "seed": seed}
     for objective in OBJECTIVES:
-        row = simulate(w, make_policy(w, "tangram", objective), seed, step=step, check=False).row()
+        row = StepSimulation(w, make_policy(w, "tangram", objective), step, seed, bounds=bounds).run(check=False).row()
         out[objective] = {m: row[m] for m in METRICS}
     for policy in POLICY_NAMES:
         if policy != "tangram":
-            row = simulate(w, policy, seed, step=step, check=False).row()
+            row = StepSimulation(w, policy, step, seed, bounds=bounds).run(check=False).row()
             out[policy] = {m: row[m] for m in METRICS}
     return out
 

@@ -24,7 +24,8 @@ import time
 
 import numpy as np
 
-from tangram.sim.engine import simulate
+from tangram.sim.bounds import step_bounds
+from tangram.sim.engine import StepSimulation
 from tangram.sim.workloads import builtin
 
 METRICS = ("avg_act", "p99_act", "step_duration")
@@ -46,9 +47,10 @@ def main(argv: list[str] | None = None) -> int:
         w = builtin(name)
         for seed in range(args.seeds):
             step = w.sample(seed)
+            bounds = step_bounds(w, step)  # the same for every policy and estimate
             for policy in policies:
                 for way in ways:
-                    r = simulate(w, policy, seed, step=step, estimates=way).row()
+                    r = StepSimulation(w, policy, step, seed, way, bounds).run().row()
                     rows.append({k: r[k] for k in ("workload", "policy", "seed", "load", "estimates", *METRICS)})
         print(f"  {name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     summary = summarise(rows, ways, policies)

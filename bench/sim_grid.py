@@ -13,7 +13,7 @@ tangram wins, ties (within --tie percent) and loses. A cell "holds" for a metric
 mean paired margin against every other policy is at least -tie: tangram is best there or
 tied with the best. The summary counts the cells that hold. Last, per cell, tangram's mean
 ACT over the zero-wait bound and over the capacity bound (tangram.sim.bounds), and its step
-over the step bound (tangram.sim.engine: bound_schedule), mean over seeds, and every
+over the step bound (tangram.sim.bounds: bound_schedule), mean over seeds, and every
 policy's mean ACT over the capacity bound. Last, every policy's ratio to the exact optima
 of small instances (bench/exact_optima.py).
 
@@ -31,7 +31,8 @@ from multiprocessing import Pool
 
 import numpy as np
 
-from tangram.sim.engine import POLICY_NAMES, simulate
+from tangram.sim.bounds import step_bounds
+from tangram.sim.engine import POLICY_NAMES, StepSimulation
 from tangram.sim.workloads import builtin, builtin_names
 
 try:
@@ -49,9 +50,10 @@ def run_cell_seed(task: tuple[str, int, int]) -> list[dict]:
     name, load, seed = task
     w = builtin(name).with_batch(load)
     step = w.sample(seed)
+    bounds = step_bounds(w, step)  # the same for every policy
     rows = []
     for policy in POLICY_NAMES:
-        row = simulate(w, policy, seed, step=step, check=False).row()
+        row = StepSimulation(w, policy, step, seed, bounds=bounds).run(check=False).row()
         rows.append({key: row[key] for key in ("workload", "load", "seed", "policy", "avg_act", "p99_act",
                                                "step_duration", "lower_bound_act", "capacity_bound_act", "step_bound",
                                                "rejected")})

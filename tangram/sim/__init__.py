@@ -2,8 +2,9 @@
 core through the same events a live runtime sends, under each policy."""
 
 from .cli import cli_main
-from .engine import POLICY_NAMES, SimResult, build_inventory, make_policy, simulate, trajectory_slot_cpu
+from .engine import POLICY_NAMES, build_inventory, make_policy, simulate, trajectory_slot_cpu
 from .experiments import Progress, act_timeline, run_many, savings_search, smallest_meeting
+from .result import SimResult
 from .workloads import DEFAULT_GPU_BATCH_GAIN, Dist, QuotaSpec, RewardService, Step, Workload, builtin, builtin_names
 
 __all__ = [

@@ -61,12 +61,13 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from .workloads import ActionKind, Step, Workload
+from .workloads import ActionKind, NodeShape, Reward, RewardService, Step, Workload
 
 
 # ------------------------------------------------------------------ one machine
@@ -420,3 +421,148 @@ def capacity_bound(w: Workload, st: Step) -> dict[str, float]:
         if value > best_sum:
             best_name, best_sum = name, value
     return {"capacity_bound_act": (best_sum - a.think) / len(a.traj), "capacity_bound_weighting": best_name}
+
+
+# ------------------------------------------------------------------ the zero-wait schedule against the inventory
+
+
+def _peak(events: list[tuple[float, int, int, float]], scopes: int, capacity: list[float]) -> tuple[float, float]:
+    """Events (time, +1 start / -1 end, scope, amount); ends before starts at one instant.
+    Returns (peak of the largest demand / capacity over scopes, share of starts made while
+    their scope's demand exceeds its capacity)."""
+    events.sort(key=lambda e: (e[0], e[1]))
+    level = [0.0] * scopes
+    peak, over, starts = 0.0, 0, 0
+    for _, sign, scope, amount in events:
+        level[scope] += sign * amount
+        if sign > 0:
+            starts += 1
+            r = level[scope] / capacity[scope] if capacity[scope] > 0 else math.inf
+            peak = max(peak, r)
+            over += r > 1 + 1e-9
+    return peak, (over / starts if starts else 0.0)
+
+
+@dataclass
+class _ZeroWaitDemand:
+    """What a step's zero-wait schedule asks of each resource (bound_schedule)."""
+
+    longest: float  # the longest trajectory's end
+    tail: float  # the shortest reward's think and run time; 0 without rewards
+    cpu_events: list[tuple[float, int, int, float]]  # (time, +1 / -1, sandbox node, best-grant cores)
+    quota_events: list[tuple[float, int, int, float]]  # (time, +1 / -1, quota, 1 request)
+    node_area: list[float]  # core-seconds at the minimum grant per sandbox node
+    quota_calls: list[int]  # requests per quota
+    rewards: list[tuple[float, float, int]]  # (release, end, service) per reward
+
+
+def _zero_wait_demand(w: Workload, st: Step) -> _ZeroWaitDemand:
+    """The zero-wait schedule's demand: each trajectory on its sandbox node (round robin)."""
+    inv = w.inventory
+    quota_index = {q.name: i for i, q in enumerate(w.quotas)}
+    d = _ZeroWaitDemand(0.0, math.inf, [], [], [0.0] * inv.cpu_nodes, [0] * len(w.quotas), [])
+    for x in zero_wait_walk(w, st):
+        end = x.release + x.best
+        d.longest = max(d.longest, end)
+        k = x.kind
+        if k is None:
+            d.tail = min(d.tail, x.think + x.best)
+            d.rewards.append((x.release, end, x.service))
+            continue
+        node = x.traj % inv.cpu_nodes
+        cores = k.max_units if k.elastic else k.cpu
+        d.cpu_events += [(x.release, 1, node, cores), (end, -1, node, cores)]
+        d.node_area[node] += x.least_work
+        if k.quota:
+            q = quota_index[k.quota]
+            d.quota_events += [(x.release, 1, q, 1.0), (end, -1, q, 1.0)]
+            d.quota_calls[q] += 1
+    d.tail = 0.0 if math.isinf(d.tail) else d.tail
+    return d
+
+
+def _gpu_memory_peak(services: Sequence[RewardService], rewards: list[tuple[float, float, int]],
+                     total: float) -> tuple[float, float]:
+    """(the most GPU memory the rewards' services need at once over `total`, the share of
+    rewards started while that need is over it): each service with rewards running needs
+    ceil(running / max_batch) resident copies."""
+    ev = sorted([(a, 1, s) for a, _, s in rewards] + [(b, -1, s) for _, b, s in rewards], key=lambda e: (e[0], e[1]))
+    running = [0] * len(services)
+    need, peak, over, starts = 0.0, 0.0, 0, 0
+    for _, sign, s in ev:
+        before = math.ceil(running[s] / services[s].max_batch)
+        running[s] += sign
+        need += (math.ceil(running[s] / services[s].max_batch) - before) * services[s].gpu_memory
+        if sign > 0:
+            starts += 1
+            peak = max(peak, need / total)
+            over += need > total
+    return peak, (over / starts if starts else 0.0)
+
+
+def _gpu_drained(reward: Reward, rewards: list[tuple[float, float, int]], total: float, gpu_node: NodeShape,
+                 gpu_nodes: int) -> list[float]:
+    """Lower bounds on when the GPUs have served the rewards: their share of GPU memory over
+    all of it (`total`) and, under the GPU compute model, the devices' and each service's
+    copies' throughput (bound_schedule)."""
+    svcs = reward.services
+    drained = [sum(svcs[s].gpu_memory * (b - a) / svcs[s].max_batch for a, b, s in rewards) / total]
+    gain = reward.gpu_batch_gain
+    if math.isfinite(gain):
+        work = [0.0] * len(svcs)  # alone-seconds per service
+        for a, b, s in rewards:
+            work[s] += b - a
+        drained.append(sum(work) / (gain * len(gpu_node.gpus) * gpu_nodes))
+        drained += [x * (1 + (sv.max_batch - 1) / gain) / (sv.max_batch * sv.copies)
+                    for x, sv in zip(work, svcs) if x > 0]
+    return drained
+
+
+def bound_schedule(w: Workload, st: Step) -> dict[str, float]:
+    """What the lower bound asks of the inventory. The bound runs every action at its best
+    grant with zero wait, so its schedule does not depend on any policy: each trajectory
+    thinks, runs its actions back to back at their best grants (times the same noise), then
+    its reward. Over that schedule: `bound_peak_cpu` is the largest best-grant core demand
+    of the actions running at once on one sandbox node, over that node's cores;
+    `bound_cpu_over` the share of environment actions that start while their node is over
+    its cores; `bound_peak_gpu` the largest GPU memory the reward services would need at
+    once (each service with actions running needs ceil(running / max_batch) resident copies)
+    over the inventory's GPU memory; `bound_gpu_over` the share of reward actions that start
+    while that need is over the inventory; `bound_peak_quota` and `bound_quota_over` the same
+    for the in-flight requests of API quotas against their max_concurrency (their rate
+    limit is not counted). A value above 1 means the bound cannot be met on
+    this inventory by any policy.
+
+    `step_bound` is a lower bound on the step's duration that counts capacity: the step
+    lasts at least as long as its longest trajectory's zero-wait schedule, and at least
+    until each resource has served the step's demand for it: a sandbox node's actions at
+    their least core-seconds (the minimum grant: under Amdahl's law g x t(g) grows with g)
+    over its cores; a quota's requests after its burst at its rate; the rewards' share of
+    GPU memory (memory x run time / max_batch) over all of it; after a node or quota is
+    done, the shortest reward (think and run) still follows. With the GPU compute model on
+    (a finite `gpu_batch_gain` S), two more: a device serves at most S alone-seconds of
+    reward work per second, so all of it takes at least its total over S x the devices; and
+    each copy of a service runs on one device at most `max_batch` at once, so its work alone
+    takes at least its total over copies x max_batch / (1 + (max_batch - 1) / S)."""
+    inv = w.inventory
+    d = _zero_wait_demand(w, st)
+    drained = [area / inv.cpu_node.cpu + d.tail for area in d.node_area if area > 0]
+    drained += [max(0.0, calls - q.burst) / q.rate + d.tail for q, calls in zip(w.quotas, d.quota_calls) if q.rate > 0]
+    peak_cpu, cpu_over = _peak(d.cpu_events, inv.cpu_nodes, [inv.cpu_node.cpu] * inv.cpu_nodes)
+    out = {"bound_peak_cpu": peak_cpu, "bound_cpu_over": cpu_over}
+    if d.quota_events and any(q.max_concurrency > 0 for q in w.quotas):
+        caps = [float(q.max_concurrency) if q.max_concurrency > 0 else math.inf for q in w.quotas]
+        out["bound_peak_quota"], out["bound_quota_over"] = _peak(d.quota_events, len(caps), caps)
+    if w.reward is not None and inv.gpu_node is not None and inv.gpu_nodes:
+        total = float(sum(inv.gpu_node.gpus)) * inv.gpu_nodes
+        out["bound_peak_gpu"], out["bound_gpu_over"] = _gpu_memory_peak(w.reward.services, d.rewards, total)
+        drained += _gpu_drained(w.reward, d.rewards, total, inv.gpu_node, inv.gpu_nodes)
+    out["step_bound"] = max([d.longest, *drained])
+    return out
+
+
+def step_bounds(w: Workload, st: Step) -> dict[str, Any]:
+    """Every bound of one step (`bound_schedule` and `capacity_bound`): properties of the
+    step and its inventory, the same under every policy, so a comparison of policies on one
+    step computes them once and hands them to each run (engine.StepSimulation)."""
+    return {**bound_schedule(w, st), **capacity_bound(w, st)}

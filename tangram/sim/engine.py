@@ -47,18 +47,15 @@ from typing import Any
 import numpy as np
 
 from .._errors import ValidationError
-from .._model import Action, Amdahl, Constant, Gpu, Inventory, Node, Quota, Service
+from .._model import Action, Amdahl, Constant, Gpu, Inventory, Model, Node, Quota, Service
 from .._records import EVICT, RESIZE, RESTORE, START
 from ..runtime.estimates import RunTimeEstimates
-from ..scheduler import POLICIES, Policy, Scheduler
-from .bounds import capacity_bound, zero_wait_walk
+from ..scheduler import POLICIES, Decisions, Policy, Scheduler
+from .bounds import step_bounds
+from .result import ENV, KIND_LABELS, REWARD, SimResult
 from .workloads import Step, Workload
 
 POLICY_NAMES = POLICIES  # every built-in policy, in the core's order
-ENV, REWARD = 0, 1
-KIND_LABELS = ("env", "reward")
-
-_FINISH, _SUBMIT = 0, 1
 
 
 # ------------------------------------------------------------------ setup
@@ -120,241 +117,6 @@ def make_policy(w: Workload, name: str, objective: str = "step") -> Policy:
     return Policy(name=name)
 
 
-# ------------------------------------------------------------------ the bound's own schedule
-
-
-def _peak(events: list[tuple[float, int, int, float]], scopes: int, capacity: list[float]) -> tuple[float, float]:
-    """Events (time, +1 start / -1 end, scope, amount); ends before starts at one instant.
-    Returns (peak of the largest demand / capacity over scopes, share of starts made while
-    their scope's demand exceeds its capacity)."""
-    events.sort(key=lambda e: (e[0], e[1]))
-    level = [0.0] * scopes
-    peak, over, starts = 0.0, 0, 0
-    for _, sign, scope, amount in events:
-        level[scope] += sign * amount
-        if sign > 0:
-            starts += 1
-            r = level[scope] / capacity[scope] if capacity[scope] > 0 else math.inf
-            peak = max(peak, r)
-            over += r > 1 + 1e-9
-    return peak, (over / starts if starts else 0.0)
-
-
-# The bounds of the last step simulated. They are properties of the step, not of the
-# policy, and every comparison runs each policy on one sampled step in turn, so the next
-# policy's run of the same step (the same objects) takes them from here.
-_last_bounds: tuple[Workload, Step, dict[str, Any]] | None = None
-
-
-def step_bounds(w: Workload, st: Step) -> dict[str, Any]:
-    """`bound_schedule` and `bounds.capacity_bound` of one step."""
-    global _last_bounds
-    if _last_bounds is None or _last_bounds[0] is not w or _last_bounds[1] is not st:
-        _last_bounds = (w, st, {**bound_schedule(w, st), **capacity_bound(w, st)})
-    return dict(_last_bounds[2])
-
-
-def bound_schedule(w: Workload, st: Step) -> dict[str, float]:
-    """What the lower bound asks of the inventory. The bound runs every action at its best
-    grant with zero wait, so its schedule does not depend on any policy: each trajectory
-    thinks, runs its actions back to back at their best grants (times the same noise), then
-    its reward. Over that schedule: `bound_peak_cpu` is the largest best-grant core demand
-    of the actions running at once on one sandbox node, over that node's cores;
-    `bound_cpu_over` the share of environment actions that start while their node is over
-    its cores; `bound_peak_gpu` the largest GPU memory the reward services would need at
-    once (each service with actions running needs ceil(running / max_batch) resident copies)
-    over the inventory's GPU memory; `bound_gpu_over` the share of reward actions that start
-    while that need is over the inventory; `bound_peak_quota` and `bound_quota_over` the same
-    for the in-flight requests of API quotas against their max_concurrency (their rate
-    limit is not counted). A value above 1 means the bound cannot be met on
-    this inventory by any policy.
-
-    `step_bound` is a lower bound on the step's duration that counts capacity: the step
-    lasts at least as long as its longest trajectory's zero-wait schedule, and at least
-    until each resource has served the step's demand for it: a sandbox node's actions at
-    their least core-seconds (the minimum grant: under Amdahl's law g x t(g) grows with g)
-    over its cores; a quota's requests after its burst at its rate; the rewards' share of
-    GPU memory (memory x run time / max_batch) over all of it; after a node or quota is
-    done, the shortest reward (think and run) still follows. With the GPU compute model on
-    (a finite `gpu_batch_gain` S), two more: a device serves at most S alone-seconds of
-    reward work per second, so all of it takes at least its total over S x the devices; and
-    each copy of a service runs on one device at most `max_batch` at once, so its work alone
-    takes at least its total over copies x max_batch / (1 + (max_batch - 1) / S)."""
-    inv = w.inventory
-    cpu_ev: list[tuple[float, int, int, float]] = []
-    quota_ev: list[tuple[float, int, int, float]] = []
-    quota_index = {q.name: i for i, q in enumerate(w.quotas)}
-    rew: list[tuple[float, float, int]] = []
-    longest = 0.0  # the longest trajectory, zero-wait
-    node_area = [0.0] * inv.cpu_nodes  # core-seconds at the minimum grant per sandbox node
-    quota_calls = [0] * len(w.quotas)
-    tail = math.inf  # the shortest reward's think and run time
-    for x in zero_wait_walk(w, st):
-        end = x.release + x.best
-        longest = max(longest, end)
-        k = x.kind
-        if k is None:
-            tail = min(tail, x.think + x.best)
-            rew.append((x.release, end, x.service))
-            continue
-        node = x.traj % inv.cpu_nodes
-        cores = k.max_units if k.elastic else k.cpu
-        cpu_ev += [(x.release, 1, node, cores), (end, -1, node, cores)]
-        node_area[node] += x.least_work
-        if k.quota:
-            q = quota_index[k.quota]
-            quota_ev += [(x.release, 1, q, 1.0), (end, -1, q, 1.0)]
-            quota_calls[q] += 1
-    tail = 0.0 if math.isinf(tail) else tail
-    drained = [area / inv.cpu_node.cpu + tail for area in node_area if area > 0]
-    drained += [max(0.0, calls - q.burst) / q.rate + tail for q, calls in zip(w.quotas, quota_calls) if q.rate > 0]
-    peak_cpu, cpu_over = _peak(cpu_ev, inv.cpu_nodes, [inv.cpu_node.cpu] * inv.cpu_nodes)
-    out = {"bound_peak_cpu": peak_cpu, "bound_cpu_over": cpu_over}
-    if quota_ev and any(q.max_concurrency > 0 for q in w.quotas):
-        caps = [float(q.max_concurrency) if q.max_concurrency > 0 else math.inf for q in w.quotas]
-        out["bound_peak_quota"], out["bound_quota_over"] = _peak(quota_ev, len(caps), caps)
-    if w.reward is not None and inv.gpu_node is not None and inv.gpu_nodes:
-        svcs = w.reward.services
-        total = float(sum(inv.gpu_node.gpus)) * inv.gpu_nodes
-        ev = sorted([(a, 1, s) for a, _, s in rew] + [(b, -1, s) for _, b, s in rew], key=lambda e: (e[0], e[1]))
-        running = [0] * len(svcs)
-        need, peak, over, starts = 0.0, 0.0, 0, 0
-        for _, sign, s in ev:
-            before = math.ceil(running[s] / svcs[s].max_batch)
-            running[s] += sign
-            need += (math.ceil(running[s] / svcs[s].max_batch) - before) * svcs[s].gpu_memory
-            if sign > 0:
-                starts += 1
-                peak = max(peak, need / total)
-                over += need > total
-        out["bound_peak_gpu"] = peak
-        out["bound_gpu_over"] = over / starts if starts else 0.0
-        drained.append(sum(svcs[s].gpu_memory * (b - a) / svcs[s].max_batch for a, b, s in rew) / total)
-        gain = w.reward.gpu_batch_gain
-        if math.isfinite(gain):
-            work = [0.0] * len(svcs)  # alone-seconds per service
-            for a, b, s in rew:
-                work[s] += b - a
-            drained.append(sum(work) / (gain * len(inv.gpu_node.gpus) * inv.gpu_nodes))
-            drained += [x * (1 + (sv.max_batch - 1) / gain) / (sv.max_batch * sv.copies)
-                        for x, sv in zip(work, svcs) if x > 0]
-    out["step_bound"] = max([longest, *drained])
-    return out
-
-
-# ------------------------------------------------------------------ result
-
-
-@dataclass
-class SimResult:
-    workload: str
-    policy: str
-    seed: int
-    load: int  # trajectories in the step
-    label: np.ndarray  # ENV or REWARD per action (index = action id)
-    trajectory: np.ndarray
-    submit: np.ndarray
-    start: np.ndarray  # NaN for rejected actions
-    finish: np.ndarray
-    grant: np.ndarray  # elastic units granted at start (cores); the minimum for non-elastic actions
-    run: np.ndarray  # finish - start (after any resizes)
-    best: np.ndarray  # run time at the best grant (elastic max), same noise
-    rejected: np.ndarray  # bool
-    step_duration: float
-    utilisation: dict[str, float]
-    resource_seconds: dict[str, float]  # granted resource-seconds per kind
-    cpu_held_seconds: float  # what the policy holds: granted, or whole slots under trajectory
-    restores: int
-    evictions: int
-    action_kind: np.ndarray  # index into workload.actions per environment action; -1 for rewards
-    service: np.ndarray  # index into workload.reward.services per reward action; -1 otherwise
-    copy: np.ndarray  # the core service it ran on (a copy of a replicated one: service_log's index); -1 otherwise
-    kind_names: tuple[str, ...]  # the workload's action kind names
-    # (time, RESTORE or EVICT (tangram._records), service index, node, device), in decision order
-    service_log: list[tuple[float, int, int, int, int]] = field(default_factory=list, repr=False)
-    scheduler: Scheduler | None = field(default=None, repr=False, compare=False)
-    bound: dict[str, Any] = field(default_factory=dict)  # bound_schedule() and bounds.capacity_bound()
-    cores: int = 0  # cores per CPU (sandbox) node of the inventory it ran on
-    gpus: int = 0  # GPUs per GPU node (the built-ins have one GPU node: the total)
-    estimates: str = "oracle"  # what the core was told of run times (see the module docstring)
-    gpu_batch_gain: float = math.inf  # S of the GPU compute model it ran under; inf: no contention
-
-    @property
-    def wait(self) -> np.ndarray:
-        return self.start - self.submit
-
-    @property
-    def act(self) -> np.ndarray:
-        return self.finish - self.submit
-
-    def row(self) -> dict[str, Any]:
-        ok = ~self.rejected
-        act = self.act[ok]
-        lab = self.label[ok]
-
-        def mean(a: np.ndarray) -> float:
-            return float(a.mean()) if len(a) else float("nan")
-
-        lb = mean(self.best[ok])
-        avg = mean(act)
-        ak = self.action_kind[ok]
-        by_kind = {name: mean(act[ak == i]) for i, name in enumerate(self.kind_names) if (ak == i).any()}
-        if (lab == REWARD).any():
-            by_kind["reward"] = mean(act[lab == REWARD])
-        return {
-            "workload": self.workload,
-            "policy": self.policy,
-            "seed": self.seed,
-            "load": self.load,
-            "cores": self.cores,
-            "gpus": self.gpus,
-            "estimates": self.estimates,
-            # S of the GPU compute model; None (null): no contention modelled
-            "gpu_batch_gain": self.gpu_batch_gain if math.isfinite(self.gpu_batch_gain) else None,
-            "actions": int(ok.sum()),
-            "rejected": int(self.rejected.sum()),
-            "avg_act": avg,
-            "p99_act": float(np.percentile(act, 99)) if len(act) else float("nan"),
-            "lower_bound_act": lb,
-            "act_ratio_to_bound": avg / lb if lb > 0 else float("nan"),
-            # the capacity bound counts every action: no ratio when some were rejected
-            "act_ratio_to_capacity_bound": (avg / self.bound["capacity_bound_act"]
-                                            if self.bound.get("capacity_bound_act", 0) > 0 and not self.rejected.any()
-                                            else float("nan")),
-            "step_ratio_to_bound": (self.step_duration / self.bound["step_bound"]
-                                    if self.bound.get("step_bound", 0) > 0 else float("nan")),
-            **self.bound,
-            "act_env": mean(act[lab == ENV]),
-            "act_reward": mean(act[lab == REWARD]),
-            "act_by_kind": by_kind,
-            "avg_wait": mean(self.wait[ok]),
-            "step_duration": self.step_duration,
-            "utilisation": dict(self.utilisation),
-            "resource_seconds": dict(self.resource_seconds),
-            "cpu_held_seconds": self.cpu_held_seconds,
-            "restores": self.restores,
-            "evictions": self.evictions,
-            # GPU compute: how much slower than alone rewards ran, and co-location
-            "reward_slowdown": mean(np.divide(self.run, self.best, out=np.ones_like(self.run),
-                                              where=self.best > 0)[ok & (self.label == REWARD)]),
-            "peak_services_per_device": self.peak_services_per_device(),
-        }
-
-    def peak_services_per_device(self) -> int:
-        """The most services resident (or restoring) on one GPU device at once, from the
-        restore and eviction decisions."""
-        resident: dict[tuple[int, int], set[int]] = {}
-        peak = 0
-        for _, kind, svc, node, device in self.service_log:
-            here = resident.setdefault((node, device), set())
-            if kind == RESTORE:
-                here.add(svc)
-                peak = max(peak, len(here))
-            else:
-                here.discard(svc)
-        return peak
-
-
 # ------------------------------------------------------------------ simulation
 
 
@@ -376,380 +138,578 @@ def parse_estimates(text: str) -> tuple[str, float]:
     raise ValidationError("estimates", f"must be oracle, learned, learned-runtimes or noisy:SIGMA, got {text!r}")
 
 
+# ------------------------------------------------------------------ the simulation's state
+
+_FINISH, _SUBMIT = 0, 1  # event kinds: an action's completion, a trajectory's next submission
+
+
+class _EventQueue:
+    """The step's pending events in time order, ties in the order they were pushed:
+    completions (_FINISH, action id) and submissions (_SUBMIT, trajectory). Moving an
+    action's completion (a resize, a change of its GPU compute share) pushes it again; its
+    earlier entries go stale and are skipped."""
+
+    def __init__(self, actions: int) -> None:
+        self.heap: list[tuple[float, int, int, int]] = []  # (time, push order, event kind, action or trajectory)
+        self.pushed = 0
+        # Each action's live completion entry (its push order); -1 until it is timed.
+        self.live_finish = np.full(actions, -1, dtype=np.int64)
+
+    def push(self, time: float, kind: int, x: int) -> None:
+        """Queues an event; a completion replaces the action's earlier one."""
+        heapq.heappush(self.heap, (time, self.pushed, kind, x))
+        if kind == _FINISH:
+            self.live_finish[x] = self.pushed
+        self.pushed += 1
+
+    def next_time(self) -> float | None:
+        """When the next live event is due; None when nothing is pending."""
+        heap, live = self.heap, self.live_finish
+        while heap and heap[0][2] == _FINISH and heap[0][1] != live[heap[0][3]]:
+            heapq.heappop(heap)  # a completion that was moved
+        return heap[0][0] if heap else None
+
+    def pop_due(self, now: float) -> tuple[list[int], list[int]]:
+        """The live events due at `now`: (actions that complete, trajectories that submit)."""
+        heap, live = self.heap, self.live_finish
+        finished: list[int] = []
+        submits: list[int] = []
+        while heap and heap[0][0] == now:
+            _, pushed, kind, x = heapq.heappop(heap)
+            if kind == _SUBMIT:
+                submits.append(x)
+            elif pushed == live[x]:
+                finished.append(x)
+        return finished, submits
+
+
+@dataclass
+class _ActionLog:
+    """What happened to each action of the step (index = action id), as SimResult reports
+    it: environment actions first, in trajectory order, then one reward per trajectory."""
+
+    label: np.ndarray  # ENV or REWARD
+    trajectory: np.ndarray
+    action_kind: np.ndarray  # index into workload.actions; -1 for rewards
+    service: np.ndarray  # index into workload.reward.services; -1 otherwise
+    copy: np.ndarray  # the core service (copy) a reward ran on; -1 otherwise
+    submit: np.ndarray
+    start: np.ndarray  # NaN until it starts (for ever when rejected)
+    finish: np.ndarray
+    grant: np.ndarray  # elastic units granted at start; the minimum for non-elastic actions
+    run: np.ndarray  # finish - start, as resizes and GPU compute shares moved it
+    best: np.ndarray  # run time at the best grant (elastic max), same noise
+    rejected: np.ndarray  # bool
+
+    @classmethod
+    def of_step(cls, st: Step, trajectories: int, n_env: int, has_reward: bool) -> _ActionLog:
+        """Every action of the step, none submitted yet."""
+        total = n_env + (trajectories if has_reward else 0)
+        log = cls(label=np.zeros(total, dtype=np.int8), trajectory=np.zeros(total, dtype=np.int64),
+                  action_kind=np.full(total, -1, dtype=np.int64), service=np.full(total, -1, dtype=np.int64),
+                  copy=np.full(total, -1, dtype=np.int64), submit=np.full(total, np.nan),
+                  start=np.full(total, np.nan), finish=np.full(total, np.nan), grant=np.zeros(total),
+                  run=np.zeros(total), best=np.zeros(total), rejected=np.zeros(total, dtype=bool))
+        log.trajectory[:n_env] = np.repeat(np.arange(trajectories), st.turns)
+        log.action_kind[:n_env] = st.kind
+        if has_reward:
+            log.label[n_env:] = REWARD
+            log.trajectory[n_env:] = np.arange(trajectories)
+            log.service[n_env:] = st.reward_service
+        return log
+
+
+@dataclass
+class _Truth:
+    """What each action's executor really runs (index = action id): its seconds at the
+    minimum grant, Amdahl's parallel fraction (0: a fixed action) and that minimum, whether
+    it is elastic (up to max_units cores), and its noise factor."""
+
+    seconds: np.ndarray
+    parallel: np.ndarray
+    minimum: np.ndarray
+    elastic: np.ndarray  # bool
+    max_units: np.ndarray
+    noise: np.ndarray
+
+    @classmethod
+    def of_step(cls, st: Step, log: _ActionLog, n_env: int) -> _Truth:
+        """Nothing recorded yet but each action's noise: the step's entry for it (an
+        environment action's index offsets[t] + t + j, a reward's offsets[t + 1] + t)."""
+        total = len(log.label)
+        side = np.arange(total) + log.trajectory
+        side[n_env:] = st.offsets[1:][log.trajectory[n_env:]] + log.trajectory[n_env:]
+        return cls(seconds=np.zeros(total), parallel=np.zeros(total), minimum=np.ones(total),
+                   elastic=np.zeros(total, dtype=bool), max_units=np.zeros(total), noise=st.noise[side])
+
+    def record(self, aid: int, seconds: float, parallel: float | None, minimum: float, max_units: float) -> None:
+        """An action's truth as it is submitted; `parallel` None: it is not elastic."""
+        self.seconds[aid] = seconds
+        if parallel is not None:
+            self.parallel[aid], self.minimum[aid] = parallel, minimum
+            self.elastic[aid] = True
+            self.max_units[aid] = max_units
+
+    def runtime(self, aid: int, grant: float) -> float:
+        """Its run time at `grant` cores, without noise."""
+        p = self.parallel[aid]
+        if p > 0:
+            return float(self.seconds[aid] * ((1 - p) + p * self.minimum[aid] / grant))
+        return float(self.seconds[aid])
+
+
+@dataclass
+class _Holding:
+    """Each action's hold on resources and its progress while it runs (index = action id).
+    A resize, or a change of a reward's GPU compute share, moves a running action's
+    completion: the share of its work done since it was last timed is banked and the rest
+    runs at its new grant and pace."""
+
+    demand: np.ndarray  # (actions, kinds): its minimum per kind from submission; the elastic kind's grant once started
+    pace: np.ndarray  # its slowdown: 1 + (n - 1) / S for a reward sharing its device with n - 1 others; else 1
+    since: np.ndarray  # since when it runs at its current grant and pace
+    work_left: np.ndarray  # the share of its work left then
+    held_before: np.ndarray  # (actions, kinds): the resource-seconds it held before then
+    moved: np.ndarray  # bool: its grant or pace changed while it ran
+
+    @classmethod
+    def empty(cls, actions: int, kinds: int) -> _Holding:
+        """Nothing held yet."""
+        return cls(demand=np.zeros((actions, kinds)), pace=np.ones(actions), since=np.zeros(actions),
+                   work_left=np.ones(actions), held_before=np.zeros((actions, kinds)),
+                   moved=np.zeros(actions, dtype=bool))
+
+    def held_seconds(self, ok: np.ndarray, finish: np.ndarray, run: np.ndarray) -> np.ndarray:
+        """The resource-seconds per kind the actions `ok` held, each grant for as long as it
+        was held."""
+        if not self.moved.any():
+            return (self.demand[ok] * run[ok, None]).sum(axis=0)
+        rows = self.demand * run[:, None]
+        r = np.flatnonzero(self.moved & ok)
+        rows[r] = self.held_before[r] + self.demand[r] * (finish[r] - self.since[r])[:, None]
+        return rows[ok].sum(axis=0)
+
+
+class _GpuSharing:
+    """The GPU compute model's state (module docstring): the rewards running on each
+    (node, device), in start order, and the devices whose count changed at this instant."""
+
+    def __init__(self, gain: float) -> None:
+        self.gain = gain
+        self.running: dict[tuple[int, int], dict[int, None]] = {}
+        self.device_of: dict[int, tuple[int, int]] = {}
+        self.changed: dict[tuple[int, int], None] = {}
+
+    def add(self, aid: int, device: tuple[int, int]) -> None:
+        """Reward `aid` started on `device`."""
+        self.running.setdefault(device, {})[aid] = None
+        self.device_of[aid] = device
+        self.changed[device] = None
+
+    def remove(self, aid: int) -> None:
+        """Action `aid` ended; if it ran on a device, the others there speed up."""
+        device = self.device_of.pop(aid, None)
+        if device is not None:
+            del self.running[device][aid]
+            self.changed[device] = None
+
+    def repaced(self) -> list[tuple[float, list[int]]]:
+        """For each device whose count changed since last asked: the pace its rewards run
+        at now and those rewards."""
+        out = []
+        for device in self.changed:
+            running = self.running[device]
+            out.append((1.0 + (len(running) - 1) / self.gain if running else 1.0, list(running)))
+        self.changed.clear()
+        return out
+
+
+class _Declarations:
+    """What the core is told of each action's run time (`estimates`, module docstring)
+    and, under learned estimates, the learner that watches the step's runs as the live
+    orchestrator's does."""
+
+    def __init__(self, mode: str, sigma: float, seed: int, actions: int) -> None:
+        self.mode = mode
+        self.error = np.ones(actions)  # noisy: the factor each declared run time is off by
+        if mode == "noisy":
+            self.error = np.random.default_rng([seed, 0x6E6F697379]).lognormal(-sigma * sigma / 2, sigma, actions)
+        self.learner = RunTimeEstimates() if mode in ("learned", "learned-runtimes") else None
+        self.keys: dict[int, tuple[str, str, bool]] = {}  # action id -> its key, kind and elasticity
+
+    def model(self, aid: int, key: str, kind: str, seconds: float, parallel: float | None, minimum: float) -> Model:
+        """The model the core is told for an action whose truth is (seconds, parallel)."""
+        if self.learner is not None:
+            elastic = parallel is not None
+            self.keys[aid] = (key, kind, elastic)
+            declared = parallel if self.mode == "learned-runtimes" else None  # the true fraction, for the diagnosis
+            return self.learner.plan(key, kind, elastic, minimum, parallel=declared).model
+        seconds = seconds * float(self.error[aid])
+        return Constant(seconds) if parallel is None else Amdahl(seconds, parallel)
+
+    def started(self, aid: int, grant: float, now: float) -> None:
+        """Action `aid` started at `grant`."""
+        if self.learner is not None:
+            key, kind, elastic = self.keys[aid]
+            self.learner.started(aid, key, kind, elastic, grant, now)
+
+    def resized(self, aid: int, grant: float, now: float) -> None:
+        """Running action `aid` runs on at `grant`."""
+        if self.learner is not None:
+            self.learner.resized(aid, grant, now)
+
+    def finished(self, aid: int, now: float) -> None:
+        """Action `aid` ended."""
+        if self.learner is not None:
+            self.learner.finished(aid, now)
+
+
+@dataclass
+class _Trajectories:
+    """Each trajectory's progress (index = trajectory) and, under the `trajectory` policy,
+    its sandbox slot: when it bound one, and which trajectories run in a slot lent to them
+    (holding none)."""
+
+    next_action: np.ndarray  # j of its next action (its reward's is its turns)
+    end: np.ndarray  # when it ended; NaN until then
+    slot_from: np.ndarray  # under `trajectory`: when it bound its slot; NaN until then
+    lent: set[int] = field(default_factory=set)
+
+    @classmethod
+    def starting(cls, trajectories: int) -> _Trajectories:
+        """None has run an action."""
+        return cls(np.zeros(trajectories, dtype=np.int64), np.full(trajectories, np.nan), np.full(trajectories, np.nan))
+
+    def started_in_slot(self, t: int, scheduler: Scheduler, now: float) -> None:
+        """An environment action of t started under `trajectory`: t holds its slot from the
+        start that binds one (a start in a slot lent to it binds none)."""
+        if math.isnan(self.slot_from[t]):
+            if scheduler.trajectory_slot(t) is not None:
+                self.slot_from[t] = now
+            else:
+                self.lent.add(t)
+
+    def take_over_lent(self, scheduler: Scheduler, now: float) -> None:
+        """A slot let go with a lent action in it is taken over by that action's
+        trajectory, which holds it from now on."""
+        for t in list(self.lent):
+            if scheduler.trajectory_slot(t) is not None or not math.isnan(self.end[t]):
+                self.lent.discard(t)
+                if math.isnan(self.slot_from[t]) and math.isnan(self.end[t]):
+                    self.slot_from[t] = now
+
+
+# ------------------------------------------------------------------ the simulation
+
+
+class StepSimulation:
+    """One RL step of `workload` under `policy` (module docstring): the sampled `step`
+    driven through a `tangram.Scheduler` in virtual time. `estimates`: what the core is told
+    of run times; `bounds`: the step's (bounds.step_bounds), computed at the end when not
+    given: they do not depend on the policy, so a comparison of policies on one step
+    computes them once. `run` it once."""
+
+    def __init__(self, workload: Workload, policy: str | Policy, step: Step, seed: int = 0,
+                 estimates: str = "oracle", bounds: dict[str, Any] | None = None) -> None:
+        mode, sigma = parse_estimates(estimates)
+        self.workload, self.step, self.seed, self.estimates, self.bounds = workload, step, seed, estimates, bounds
+        self.policy = make_policy(workload, policy) if isinstance(policy, str) else policy
+        self.inventory = build_inventory(workload)
+        self.scheduler = Scheduler(self.inventory, self.policy)
+        self.kinds = self.scheduler.kinds
+        self.kind_column = {kind: i for i, kind in enumerate(self.kinds)}
+        self.cpu = self.kind_column["cpu"]  # the elastic kind's column
+        self.slots = self.policy.name == "trajectory"  # trajectories hold sandbox slots
+        reward = workload.reward
+        self.gain = reward.gpu_batch_gain if reward is not None else math.inf
+        self.contention = math.isfinite(self.gain)  # the GPU compute model is on
+        self.reward_services = tuple(sv.name for sv in reward.services) if reward is not None else ()
+        self.reward_demand = {"cpu": reward.cpu, "memory": reward.memory} if reward is not None else {}
+        self.batch = workload.batch
+        offsets = step.offsets
+        self.n_env = int(offsets[-1])
+        self.first_action = offsets.tolist()  # each trajectory's first environment action id
+        self.actions_of = (step.turns + (1 if reward is not None else 0)).tolist()  # per trajectory
+        self.log = _ActionLog.of_step(step, self.batch, self.n_env, reward is not None)
+        total = len(self.log.label)
+        self.truth = _Truth.of_step(step, self.log, self.n_env)
+        self.holding = _Holding.empty(total, len(self.kinds))
+        self.told = _Declarations(mode, sigma, seed, total)
+        self.queue = _EventQueue(total)
+        self.gpu = _GpuSharing(self.gain)
+        self.paths = _Trajectories.starting(self.batch)
+        # The work of the instant being handled: trajectories whose next action is
+        # submitted now, trajectories that ended (for the core to hear of), rejections.
+        self.submitting: list[int] = []
+        self.ending: list[int] = []
+        self.rejected_now: list[int] = []
+        self.restores = self.evictions = 0
+        self.service_log: list[tuple[float, int, int, int, int]] = []
+
+    def run(self, check: bool = True) -> SimResult:
+        """Runs the step until every trajectory has ended; `check`: the core then checks its
+        invariants. Raises RuntimeError when the core stalls with actions left."""
+        for t in range(self.batch):
+            self._queue_next(t, 0.0)
+        now = 0.0
+        self._handle(now, [], [])
+        while True:
+            due = self.queue.next_time()
+            wake = self.scheduler.next_wakeup
+            if wake is not None and now < wake < (math.inf if due is None else due):
+                now = wake
+                self._apply(self.scheduler.tick(now), now)
+                self._handle(now, [], [])
+            elif due is None:
+                break
+            else:
+                now = due
+                self._handle(now, *self.queue.pop_due(now))
+        self._check_finished(now, check)
+        return self._result()
+
+    # ---------------------------------------------------------------- events
+
+    def _handle(self, now: float, finished: list[int], submits: list[int]) -> None:
+        """Events at `now`, in a fixed order: completions, then trajectories that ended,
+        then submissions (and again while rejections or zero think times chain on)."""
+        self.submitting += submits
+        if finished:
+            self._complete(finished, now)
+        while self.ending or self.submitting:
+            if self.ending:
+                self._end_trajectories(now)
+            if self.submitting:
+                self._submit(now)
+
+    def _complete(self, finished: list[int], now: float) -> None:
+        """Actions that end at `now`: the core hears of them, their trajectories go on."""
+        log, told, gpu = self.log, self.told, self.gpu
+        for aid in finished:
+            log.finish[aid] = now
+            told.finished(aid, now)
+            gpu.remove(aid)
+        self._apply(self.scheduler.complete(finished, now), now)
+        for aid in finished:
+            self._advance(aid, now)
+
+    def _end_trajectories(self, now: float) -> None:
+        """Tells the core of the trajectories that ended at `now`."""
+        ended, self.ending = self.ending, []
+        self._apply(self.scheduler.end_trajectories(ended, now), now)
+        self.paths.take_over_lent(self.scheduler, now)
+
+    def _submit(self, now: float) -> None:
+        """Submits the next action of each trajectory due to submit at `now`; one the core
+        rejects (it can never run) ends at once, failed, and its trajectory goes on."""
+        batch = [self._next_action(t, now) for t in self.submitting]
+        self.submitting = []
+        self._apply(self.scheduler.submit(batch, now), now)
+        refused, self.rejected_now = self.rejected_now, []
+        for aid in refused:
+            self.log.rejected[aid] = True
+            self.log.finish[aid] = now
+            self._advance(aid, now)
+
+    def _advance(self, aid: int, now: float) -> None:
+        """Action `aid` ended at `now`: its trajectory moves on to its next action."""
+        t = int(self.log.trajectory[aid])
+        self.paths.next_action[t] += 1
+        self._queue_next(t, now)
+
+    def _queue_next(self, t: int, now: float) -> None:
+        """Trajectory t's next action is submitted after its think time; with none left,
+        t ends."""
+        j = int(self.paths.next_action[t])
+        if j >= self.actions_of[t]:
+            self.paths.end[t] = now
+            self.ending.append(t)
+            return
+        think = float(self.step.think[self.first_action[t] + t + j])
+        if think > 0:
+            self.queue.push(now + think, _SUBMIT, t)
+        else:
+            self.submitting.append(t)
+
+    # ---------------------------------------------------------------- actions
+
+    def _next_action(self, t: int, now: float) -> Action:
+        """Trajectory t's next action, submitted at `now`: its truth recorded, its minimum
+        demand held from here on."""
+        j = int(self.paths.next_action[t])
+        first = self.first_action[t]
+        a = self._environment_action(t, first + j) if first + j < self.first_action[t + 1] else self._reward_action(t)
+        self.log.submit[a.id] = now
+        demand = self.holding.demand[a.id]
+        for kind, amount in a.demand.items():
+            demand[self.kind_column[kind]] = amount
+        return a
+
+    def _environment_action(self, t: int, aid: int) -> Action:
+        """Environment action `aid` of trajectory t, on t's sandbox node (round robin)."""
+        st = self.step
+        k = self.workload.actions[int(st.kind[aid])]
+        seconds = float(st.seconds[aid])
+        parallel = k.parallel_fraction if k.elastic else None
+        self.truth.record(aid, seconds, parallel, k.cpu, k.max_units)
+        model = self.told.model(aid, k.name, KIND_LABELS[ENV], seconds, parallel, k.cpu)
+        return Action(aid, {"cpu": k.cpu, "memory": k.memory}, model,
+                      elastic="cpu" if k.elastic else None, max_units=k.max_units if k.elastic else None,
+                      trajectory=t, affinity=t % self.workload.inventory.cpu_nodes,
+                      quota=k.quota or None, tokens=int(st.tokens[aid]) if k.quota else 0)
+
+    def _reward_action(self, t: int) -> Action:
+        """Trajectory t's reward action, on its reward service."""
+        aid = self.n_env + t
+        service = self.reward_services[int(self.step.reward_service[t])]
+        seconds = float(self.step.reward_seconds[t])
+        self.truth.record(aid, seconds, None, 0.0, 0.0)
+        model = self.told.model(aid, service, KIND_LABELS[REWARD], seconds, None, 0.0)
+        return Action(aid, self.reward_demand, model, trajectory=t, service=service)
+
+    # ---------------------------------------------------------------- decisions
+
+    def _apply(self, decisions: Decisions, now: float) -> None:
+        """Carries out the core's decisions at `now` (rejections are ended by `_submit`);
+        then the rewards on each device whose count changed run on at their new pace."""
+        for r in decisions.array:
+            kind = int(r["kind"])
+            if kind == START:
+                self._start(int(r["action"]), float(r["grant"]), int(r["service"]),
+                            (int(r["node"]), int(r["device"])), now)
+            elif kind == RESIZE:
+                self._resize(int(r["action"]), float(r["grant"]), now)
+            elif kind == RESTORE or kind == EVICT:
+                if kind == RESTORE:
+                    self.restores += 1
+                else:
+                    self.evictions += 1
+                self.service_log.append((now, kind, int(r["service"]), int(r["node"]), int(r["device"])))
+            else:
+                self.rejected_now.append(int(r["action"]))
+        if self.gpu.changed:
+            self._share_compute(now)
+
+    def _start(self, aid: int, grant: float, copy: int, device: tuple[int, int], now: float) -> None:
+        """The core started action `aid` at `grant` on service `copy` (a reward) and
+        `device`: it runs its true time at that grant times its noise."""
+        log, truth = self.log, self.truth
+        noise = float(truth.noise[aid])
+        if truth.elastic[aid]:
+            run = truth.runtime(aid, grant) * noise
+            log.best[aid] = truth.runtime(aid, float(truth.max_units[aid])) * noise
+            log.grant[aid] = grant
+            self.holding.demand[aid, self.cpu] = grant
+        else:
+            run = truth.runtime(aid, 1.0) * noise
+            log.best[aid] = run
+            log.grant[aid] = self.holding.demand[aid, self.cpu]
+        log.start[aid] = now
+        log.run[aid] = run
+        log.copy[aid] = copy
+        self.holding.since[aid] = now
+        if self.slots and log.label[aid] == ENV:
+            self.paths.started_in_slot(int(log.trajectory[aid]), self.scheduler, now)
+        self.told.started(aid, grant, now)
+        if self.contention and log.label[aid] == REWARD:
+            self.gpu.add(aid, device)  # timed by _share_compute, once every start is in
+        else:
+            self.queue.push(now + run, _FINISH, aid)
+
+    def _resize(self, aid: int, grant: float, now: float) -> None:
+        """Running action `aid` runs the work it has left at `grant`."""
+        self._bank(aid, now)
+        self.told.resized(aid, grant, now)
+        self.holding.demand[aid, self.cpu] = grant
+        self._retime(aid, now)
+
+    def _share_compute(self, now: float) -> None:
+        """Every reward running on a device whose count changed at `now` runs on at its new
+        share of the device's compute."""
+        pace, live = self.holding.pace, self.queue.live_finish
+        for device_pace, running in self.gpu.repaced():
+            for aid in running:
+                if live[aid] >= 0 and pace[aid] == device_pace:
+                    continue  # timed, and its pace is the same
+                self._bank(aid, now)
+                pace[aid] = device_pace
+                self._retime(aid, now)
+
+    def _bank(self, aid: int, now: float) -> None:
+        """Before a running action's grant or pace changes: the share of its work done since
+        it was last timed (at the grant and pace it had) comes off its work left."""
+        h, truth = self.holding, self.truth
+        grant = float(h.demand[aid, self.cpu])
+        before = truth.runtime(aid, grant) * truth.noise[aid] * h.pace[aid]
+        left = h.work_left[aid] - (now - h.since[aid]) / before if before > 0 else 0.0
+        h.work_left[aid] = max(left, 0.0)
+        h.held_before[aid] += h.demand[aid] * (now - h.since[aid])
+        h.since[aid] = now
+        h.moved[aid] = True
+
+    def _retime(self, aid: int, now: float) -> None:
+        """After _bank and the change: its completion moves to when its work left ends at
+        its grant and pace now."""
+        h, truth = self.holding, self.truth
+        grant = float(h.demand[aid, self.cpu])
+        end = now + h.work_left[aid] * truth.runtime(aid, grant) * truth.noise[aid] * h.pace[aid]
+        self.log.run[aid] = end - self.log.start[aid]
+        self.queue.push(end, _FINISH, aid)
+
+    # ---------------------------------------------------------------- the end
+
+    def _check_finished(self, now: float, check: bool) -> None:
+        """Raises RuntimeError when the core still holds actions at the end (it stalled);
+        with `check`, has the core check its invariants."""
+        sched, log = self.scheduler, self.log
+        if sched.waiting or sched.running:
+            stuck = np.flatnonzero(np.isnan(log.finish) & ~np.isnan(log.submit))[:3]
+            why = "; ".join(f"{i}: {sched.explain(int(i))}" for i in stuck)
+            raise RuntimeError(f"simulation stalled at t={now:g} with {sched.waiting} waiting, "
+                               f"{sched.running} running ({why})")
+        if check:
+            sched.check_invariants()
+
+    def _cpu_held(self, held: np.ndarray, ok: np.ndarray) -> float:
+        """The CPU core-seconds the policy holds: what it granted or, under `trajectory`,
+        each trajectory's whole slot from the start that binds it until it ends, plus its
+        reward's grant (a lent slot is its holder's)."""
+        if not self.slots:
+            return float(held[self.cpu])
+        log, paths = self.log, self.paths
+        bound = ~np.isnan(paths.slot_from)
+        rewards = ok & (log.label == REWARD)
+        reward_cpu = float((self.holding.demand[rewards, self.cpu] * log.run[rewards]).sum())
+        return float((self.policy.trajectory_slot_cpu * (paths.end[bound] - paths.slot_from[bound])).sum()) + reward_cpu
+
+    def _result(self) -> SimResult:
+        """The step's outcome."""
+        w, log = self.workload, self.log
+        step_duration = float(np.nanmax(self.paths.end)) if self.batch else 0.0
+        ok = ~log.rejected
+        held = self.holding.held_seconds(ok, log.finish, log.run)
+        capacity = np.zeros(len(self.kinds))
+        for node in self.inventory.nodes:
+            for k, kind in enumerate(self.kinds):
+                capacity[k] += node.resources.get(kind, 0.0)
+        span = step_duration if step_duration > 0 else 1.0
+        return SimResult(
+            workload=w.name, policy=self.policy.name, seed=self.seed, load=self.batch, step_duration=step_duration,
+            utilisation={kind: float(held[k] / (capacity[k] * span)) if capacity[k] > 0 else 0.0
+                         for k, kind in enumerate(self.kinds)},
+            resource_seconds={kind: float(held[k]) for k, kind in enumerate(self.kinds)},
+            cpu_held_seconds=self._cpu_held(held, ok), restores=self.restores, evictions=self.evictions,
+            kind_names=tuple(k.name for k in w.actions), service_log=self.service_log, scheduler=self.scheduler,
+            cores=w.value("cores"), gpus=w.value("gpus"), estimates=self.estimates,
+            bound=dict(self.bounds) if self.bounds is not None else step_bounds(w, self.step),
+            gpu_batch_gain=self.gain, **vars(log))
+
+
 def simulate(workload: Workload, policy: str | Policy, seed: int = 0,
              step: Step | None = None, check: bool = True, estimates: str = "oracle") -> SimResult:
     """Simulates one RL step of `workload` under `policy`. Deterministic for a seed.
-    `estimates`: what the core is told of run times (see the module docstring)."""
-    mode, sigma = parse_estimates(estimates)
-    w = workload
-    gain = w.reward.gpu_batch_gain if w.reward is not None else math.inf
-    contention = math.isfinite(gain)  # the GPU compute model (module docstring) is on
-    pol = make_policy(w, policy) if isinstance(policy, str) else policy
-    inventory = build_inventory(w)
-    sched = Scheduler(inventory, pol)
-    st = step if step is not None else w.sample(seed)
-    n = w.batch
-    offsets = st.offsets
-    n_env = int(offsets[-1])
-    has_reward = w.reward is not None
-    total = n_env + (n if has_reward else 0)
-    kinds = sched.kinds
-    cpu_nodes = w.inventory.cpu_nodes
-
-    label = np.zeros(total, dtype=np.int8)
-    traj_of = np.zeros(total, dtype=np.int64)
-    traj_of[:n_env] = np.repeat(np.arange(n), st.turns)
-    action_kind = np.full(total, -1, dtype=np.int64)
-    action_kind[:n_env] = st.kind
-    service_of = np.full(total, -1, dtype=np.int64)
-    copy_of = np.full(total, -1, dtype=np.int64)  # the core service (copy) a reward ran on
-    if has_reward:
-        label[n_env:] = REWARD
-        traj_of[n_env:] = np.arange(n)
-        service_of[n_env:] = st.reward_service
-    submit = np.full(total, np.nan)
-    start = np.full(total, np.nan)
-    finish = np.full(total, np.nan)
-    grant = np.zeros(total)
-    run = np.zeros(total)
-    best = np.zeros(total)
-    rejected = np.zeros(total, dtype=bool)
-    demand = np.zeros((total, len(kinds)))  # held per kind (elastic kind = grant), now
-    elastic = np.zeros(total, dtype=bool)
-    max_units = np.zeros(total)
-    # Moving a running action's completion (a resize, or a reward's GPU compute share
-    # changing): since when it runs at its current grant and pace, the share of its work
-    # left then, what it held before (resource-seconds per kind), and the heap entry (its
-    # seq) of its pending completion; earlier entries of a moved action are stale.
-    since = np.zeros(total)
-    work_left = np.ones(total)
-    held_before = np.zeros((total, len(kinds)))
-    moved = np.zeros(total, dtype=bool)
-    finish_seq = np.full(total, -1, dtype=np.int64)
-    # GPU compute: each action's slowdown now (1 + (n - 1) / S for a reward sharing its
-    # device with n - 1 others; 1 otherwise), the rewards running on each (node, device) in
-    # start order, and the devices whose count changed at this instant.
-    pace = np.ones(total)
-    noise_at = np.ones(total)  # each started action's noise factor (noise_of), kept
-    on_device: dict[tuple[int, int], dict[int, None]] = {}
-    device_of: dict[int, tuple[int, int]] = {}
-    changed: dict[tuple[int, int], None] = {}
-    # The truth an executor runs: seconds at the minimum, Amdahl's parallel fraction (0 for
-    # a fixed action) and the minimum, per action.
-    true_seconds = np.zeros(total)
-    true_parallel = np.zeros(total)
-    true_minimum = np.ones(total)
-    planned_factor = np.ones(total)  # noisy: the error of the run time the core is told
-    if mode == "noisy":
-        planned_factor = np.random.default_rng([seed, 0x6E6F697379]).lognormal(-sigma * sigma / 2, sigma, total)
-    learner = RunTimeEstimates() if mode in ("learned", "learned-runtimes") else None
-    learn_key: dict[int, tuple[str, str, bool]] = {}  # action id -> its key, kind and elasticity
-
-    def true_runtime(aid: int, g: float) -> float:
-        p = true_parallel[aid]
-        return float(true_seconds[aid] * ((1 - p) + p * true_minimum[aid] / g)) if p > 0 else float(true_seconds[aid])
-
-    def planned(aid: int, key: str, kind: str, secs: float, p: float | None, minimum: float) -> Any:
-        """The model the core is told for an action whose truth is (secs, p)."""
-        true_seconds[aid] = secs
-        if p is not None:
-            true_parallel[aid], true_minimum[aid] = p, minimum
-        if learner is not None:
-            learn_key[aid] = (key, kind, p is not None)
-            declared = p if mode == "learned-runtimes" else None  # the true fraction, for the diagnosis
-            return learner.plan(key, kind, p is not None, minimum, parallel=declared).model
-        secs = secs * float(planned_factor[aid])
-        return Constant(secs) if p is None else Amdahl(secs, p)
-
-    # noise/think index: per trajectory, one entry per env action then one for the reward
-    def side_index(t: int, j: int) -> int:
-        return int(offsets[t]) + t + j
-
-    def make_action(t: int, j: int) -> tuple[int, Action]:
-        """The j-th action of trajectory t (j == turns[t]: its reward)."""
-        if j < st.turns[t]:
-            aid = int(offsets[t]) + j
-            k = w.actions[int(st.kind[aid])]
-            secs = float(st.seconds[aid])
-            extra = {"quota": k.quota, "tokens": int(st.tokens[aid])} if k.quota else {}
-            if k.elastic:
-                elastic[aid] = True
-                max_units[aid] = k.max_units
-                model = planned(aid, k.name, KIND_LABELS[ENV], secs, k.parallel_fraction, k.cpu)
-                a = Action(aid, {"cpu": k.cpu, "memory": k.memory}, model,
-                           elastic="cpu", max_units=k.max_units, trajectory=t, affinity=t % cpu_nodes,
-                           **extra)  # type: ignore[arg-type]
-            else:
-                model = planned(aid, k.name, KIND_LABELS[ENV], secs, None, k.cpu)
-                a = Action(aid, {"cpu": k.cpu, "memory": k.memory}, model,
-                           trajectory=t, affinity=t % cpu_nodes, **extra)  # type: ignore[arg-type]
-            return aid, a
-        r = w.reward
-        assert r is not None
-        aid = n_env + t
-        service = r.services[int(st.reward_service[t])].name
-        model = planned(aid, service, KIND_LABELS[REWARD], float(st.reward_seconds[t]), None, 0.0)
-        a = Action(aid, {"cpu": r.cpu, "memory": r.memory}, model, trajectory=t, service=service)
-        return aid, a
-
-    base_demand = {}  # action id -> minimum demand vector, filled at submit
-
-    heap: list[tuple[float, int, int, int]] = []
-    seq = 0
-    next_j = np.zeros(n, dtype=np.int64)  # next action index per trajectory
-    traj_end = np.full(n, np.nan)
-    traj_first_start = np.full(n, np.nan)  # under "trajectory": when it bound its slot
-    slots = pol.name == "trajectory"
-    lent: set[int] = set()  # trajectories that ran in a slot lent to them, holding none
-    restores = evictions = 0
-    rejected_now: list[int] = []
-    service_log: list[tuple[float, int, int, int, int]] = []
-
-    def push(time: float, kind: int, x: int) -> None:
-        nonlocal seq
-        heapq.heappush(heap, (time, seq, kind, x))
-        if kind == _FINISH:
-            finish_seq[x] = seq
-        seq += 1
-
-    def noise_of(aid: int) -> float:
-        return float(st.noise[side_index(int(traj_of[aid]), _j_of(aid))])
-
-    def bank(aid: int, now: float) -> None:
-        """Before a running action's grant or pace changes: the share of its work done since
-        it was last timed (at the grant and pace it had) comes off its work left."""
-        before = true_runtime(aid, float(demand[aid, 0])) * noise_at[aid] * pace[aid]
-        left = work_left[aid] - (now - since[aid]) / before if before > 0 else 0.0
-        work_left[aid] = max(left, 0.0)
-        held_before[aid] += demand[aid] * (now - since[aid])
-        since[aid] = now
-        moved[aid] = True
-
-    def retime(aid: int, now: float) -> None:
-        """After bank() and the change: its completion moves to when its work left ends at
-        its grant and pace now (earlier heap entries go stale)."""
-        end = now + work_left[aid] * true_runtime(aid, float(demand[aid, 0])) * noise_at[aid] * pace[aid]
-        run[aid] = end - start[aid]
-        push(end, _FINISH, aid)
-
-    def share_compute(now: float) -> None:
-        """Every reward running on a device whose count changed at `now` runs on at its new
-        share of the device's compute."""
-        for key in changed:
-            running = on_device[key]
-            p = 1.0 + (len(running) - 1) / gain if running else 1.0
-            for aid in running:
-                if finish_seq[aid] >= 0 and pace[aid] == p:
-                    continue  # timed, and its pace is the same
-                bank(aid, now)
-                pace[aid] = p
-                retime(aid, now)
-        changed.clear()
-
-    def apply(decisions, now: float) -> None:  # type: ignore[no-untyped-def]
-        nonlocal restores, evictions
-        arr = decisions.array
-        for r in arr:
-            kind = int(r["kind"])
-            if kind == START:
-                aid = int(r["action"])
-                g = float(r["grant"])
-                noise = noise_at[aid] = noise_of(aid)
-                if elastic[aid]:
-                    t_run = true_runtime(aid, g) * noise
-                    best[aid] = true_runtime(aid, float(max_units[aid])) * noise
-                    grant[aid] = g
-                else:
-                    t_run = true_runtime(aid, 1.0) * noise
-                    best[aid] = t_run
-                    grant[aid] = base_demand[aid][0]
-                start[aid] = now
-                run[aid] = t_run
-                copy_of[aid] = int(r["service"])
-                d = base_demand[aid]
-                if elastic[aid]:
-                    d = d.copy()
-                    d[0] = g
-                demand[aid] = d
-                t = int(traj_of[aid])
-                # Under "trajectory" it holds its slot from the start that binds one (a start
-                # in a slot lent to it binds none).
-                if slots and label[aid] == ENV and math.isnan(traj_first_start[t]):
-                    if sched.trajectory_slot(t) is not None:
-                        traj_first_start[t] = now
-                    else:
-                        lent.add(t)
-                since[aid] = now
-                if learner is not None:  # as the live orchestrator reports a run as it goes
-                    key, kind_name, is_elastic = learn_key[aid]
-                    learner.started(aid, key, kind_name, is_elastic, g, now)
-                if contention and label[aid] == REWARD:  # timed by share_compute() below
-                    device = (int(r["node"]), int(r["device"]))
-                    on_device.setdefault(device, {})[aid] = None
-                    device_of[aid] = device
-                    changed[device] = None
-                else:
-                    push(now + t_run, _FINISH, aid)
-            elif kind == RESTORE:
-                restores += 1
-                service_log.append((now, RESTORE, int(r["service"]), int(r["node"]), int(r["device"])))
-            elif kind == EVICT:
-                evictions += 1
-                service_log.append((now, EVICT, int(r["service"]), int(r["node"]), int(r["device"])))
-            elif kind == RESIZE:  # the work left runs on at the new grant
-                aid = int(r["action"])
-                g = float(r["grant"])
-                bank(aid, now)
-                if learner is not None:
-                    learner.resized(aid, g, now)
-                demand[aid, 0] = g
-                retime(aid, now)
-            else:
-                rejected_now.append(int(r["action"]))
-        if changed:
-            share_compute(now)
-
-    def _j_of(aid: int) -> int:
-        if aid >= n_env:
-            return int(st.turns[aid - n_env])
-        return aid - int(offsets[int(traj_of[aid])])
-
-    def n_actions(t: int) -> int:
-        return int(st.turns[t]) + (1 if has_reward else 0)
-
-    def queue_next(t: int, now: float, immediate: list[int], ended: list[int]) -> None:
-        j = int(next_j[t])
-        if j >= n_actions(t):
-            traj_end[t] = now
-            ended.append(t)
-            return
-        think = float(st.think[side_index(t, j)])
-        if think > 0:
-            push(now + think, _SUBMIT, t)
-        else:
-            immediate.append(t)
-
-    now = 0.0
-    immediate: list[int] = []
-    ended: list[int] = []
-    for t in range(n):
-        queue_next(t, 0.0, immediate, ended)
-
-    def advance(aid: int, now: float, to_submit: list[int], ended: list[int]) -> None:
-        t = int(traj_of[aid])
-        next_j[t] += 1
-        queue_next(t, now, to_submit, ended)
-
-    def handle(now: float, finished: list[int], to_submit: list[int], ended: list[int]) -> None:
-        """Events at `now`, in a fixed order: completions, then trajectories that ended,
-        then submissions (and again while rejections or zero think times chain on)."""
-        if finished:
-            for aid in finished:
-                finish[aid] = now
-                if learner is not None:  # what the live orchestrator learns as an action ends
-                    learner.finished(aid, now)
-                device = device_of.pop(aid, None)
-                if device is not None:  # the others there speed up (share_compute, in apply)
-                    del on_device[device][aid]
-                    changed[device] = None
-            apply(sched.complete(finished, now), now)
-            for aid in finished:
-                advance(aid, now, to_submit, ended)
-        while ended or to_submit:
-            if ended:
-                apply(sched.end_trajectories(ended, now), now)
-                ended = []
-                # A slot let go with a lent action in it is taken over by that action's
-                # trajectory, which holds it from now on.
-                for t in list(lent):
-                    if sched.trajectory_slot(t) is not None or not math.isnan(traj_end[t]):
-                        lent.discard(t)
-                        if math.isnan(traj_first_start[t]) and math.isnan(traj_end[t]):
-                            traj_first_start[t] = now
-            if to_submit:
-                batch = []
-                for t in to_submit:
-                    aid, a = make_action(t, int(next_j[t]))
-                    submit[aid] = now
-                    vec = np.zeros(len(kinds))
-                    for kname, v in a.demand.items():
-                        vec[kinds.index(kname)] = v
-                    base_demand[aid] = vec
-                    batch.append(a)
-                to_submit = []
-                apply(sched.submit(batch, now), now)
-                refused = list(rejected_now)
-                rejected_now.clear()
-                for aid in refused:  # can never run: ends now, failed; its trajectory goes on
-                    rejected[aid] = True
-                    finish[aid] = now
-                    advance(aid, now, to_submit, ended)
-
-    assert kinds[0] == "cpu"
-    handle(0.0, [], immediate, ended)
-    while True:
-        while heap and heap[0][2] == _FINISH and heap[0][1] != finish_seq[heap[0][3]]:
-            heapq.heappop(heap)  # a completion a resize or the GPU compute model moved
-        wake = sched.next_wakeup
-        nxt = heap[0][0] if heap else math.inf
-        if wake is not None and now < wake < nxt:
-            now = wake
-            apply(sched.tick(now), now)
-            handle(now, [], [], [])
-            continue
-        if not heap:
-            break
-        now = nxt
-        finished: list[int] = []
-        subs: list[int] = []
-        while heap and heap[0][0] == now:
-            _, entry, kind, x = heapq.heappop(heap)
-            if kind == _FINISH and entry != finish_seq[x]:
-                continue  # moved by a resize or a change of its GPU compute share
-            (finished if kind == _FINISH else subs).append(x)
-        handle(now, finished, subs, [])
-
-    if sched.waiting or sched.running:
-        stuck = [i for i in range(total) if np.isnan(finish[i]) and not np.isnan(submit[i])][:3]
-        why = "; ".join(f"{i}: {sched.explain(i)}" for i in stuck)
-        raise RuntimeError(f"simulation stalled at t={now:g} with {sched.waiting} waiting, "
-                           f"{sched.running} running ({why})")
-    if check:
-        sched.check_invariants()
-
-    step_duration = float(np.nanmax(traj_end)) if n else 0.0
-    ok = ~rejected
-    if moved.any():  # each grant for as long as it was held
-        rows = demand * run[:, None]
-        r = np.flatnonzero(moved & ok)
-        rows[r] = held_before[r] + demand[r] * (finish[r] - since[r])[:, None]
-        held = rows[ok].sum(axis=0)
-    else:
-        held = (demand[ok] * run[ok, None]).sum(axis=0)
-    capacity = np.zeros(len(kinds))
-    for node in inventory.nodes:
-        for k, kname in enumerate(kinds):
-            capacity[k] += node.resources.get(kname, 0.0)
-    span = step_duration if step_duration > 0 else 1.0
-    utilisation = {kname: float(held[k] / (capacity[k] * span)) if capacity[k] > 0 else 0.0
-                   for k, kname in enumerate(kinds)}
-    resource_seconds = {kname: float(held[k]) for k, kname in enumerate(kinds)}
-    cpu_held = float(held[0])
-    if pol.name == "trajectory":
-        # Each trajectory holds its whole slot from the start that binds it until it ends;
-        # reward actions and actions in lent slots bind none (a lent slot is its holder's).
-        slot = pol.trajectory_slot_cpu
-        bound = ~np.isnan(traj_first_start)
-        reward_cpu = float((demand[ok & (label == REWARD), 0] * run[ok & (label == REWARD)]).sum())
-        cpu_held = float((slot * (traj_end[bound] - traj_first_start[bound])).sum()) + reward_cpu
-    return SimResult(
-        workload=w.name, policy=pol.name, seed=seed, load=n, label=label, trajectory=traj_of,
-        submit=submit, start=start, finish=finish, grant=grant, run=run, best=best,
-        rejected=rejected, step_duration=step_duration, utilisation=utilisation,
-        resource_seconds=resource_seconds, cpu_held_seconds=cpu_held, restores=restores,
-        evictions=evictions, action_kind=action_kind, service=service_of, copy=copy_of,
-        kind_names=tuple(k.name for k in w.actions), service_log=service_log, scheduler=sched,
-        cores=w.value("cores"), gpus=w.value("gpus"), estimates=estimates,
-        bound=step_bounds(w, st),
-        gpu_batch_gain=gain,
-    )
+    `step`: the sampled step (default: `workload.sample(seed)`); `estimates`: what the
+    core is told of run times (see the module docstring). Computes the step's bounds: to
+    run several policies on one step, compute them once and pass them to StepSimulation."""
+    st = step if step is not None else workload.sample(seed)
+    return StepSimulation(workload, policy, st, seed, estimates).run(check)

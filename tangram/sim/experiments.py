@@ -15,7 +15,9 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from .engine import SimResult, simulate
+from .bounds import step_bounds
+from .engine import StepSimulation
+from .result import SimResult
 from .workloads import Step, Workload
 
 RESOURCES = ("gpus", "cores")
@@ -83,9 +85,10 @@ def run_many(workload: Workload, policies: Sequence[str], seeds: Iterable[int],
              progress: Progress | None = None,
              on_result: Callable[[SimResult], None] | None = None,
              steps: dict[int, Step] | None = None, estimates: str = "oracle") -> list[dict[str, Any]]:
-    """One row per (policy, seed); every policy sees the same sampled step for a seed.
-    `on_result` sees each full SimResult (e.g. for ACT over time); `steps` caches samples;
-    `estimates`: what the core is told of run times (tangram.sim.engine)."""
+    """One row per (policy, seed); every policy sees the same sampled step for a seed, and
+    the step's bounds, computed once. `on_result` sees each full SimResult (e.g. for ACT
+    over time); `steps` caches samples; `estimates`: what the core is told of run times
+    (tangram.sim.engine)."""
     rows = []
     for seed in seeds:
         if steps is not None and seed in steps:
@@ -94,8 +97,9 @@ def run_many(workload: Workload, policies: Sequence[str], seeds: Iterable[int],
             step = workload.sample(seed)
             if steps is not None:
                 steps[seed] = step
+        bounds = step_bounds(workload, step)
         for p in policies:
-            r = simulate(workload, p, seed, step=step, estimates=estimates)
+            r = StepSimulation(workload, p, step, seed, estimates, bounds).run()
             if on_result is not None:
                 on_result(r)
             rows.append(r.row())

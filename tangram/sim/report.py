@@ -13,8 +13,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .engine import POLICY_NAMES, SimResult
+from .engine import POLICY_NAMES
 from .experiments import RESOURCE_WORDS, Progress, act_timeline, mean_act_by_kind, run_many, savings_search
+from .result import SimResult
 from .workloads import Workload, builtin
 
 WORKLOADS = ("coding", "deepsearch", "multireward")
@@ -127,7 +128,7 @@ def who_wins(rows: list[dict[str, Any]], policies: Sequence[str]) -> str:
 
 
 def bound_section(all_rows: list[dict[str, Any]], names: Sequence[str]) -> list[str]:
-    """What the lower bound asks of each workload's inventory (engine.bound_schedule)."""
+    """What the lower bound asks of each workload's inventory (bounds.bound_schedule)."""
     keys = [(k, label) for k, label in BOUND_KEYS if any(k in r for r in all_rows)]
     out = ["| workload | ACT / bound (`tangram`) | ACT / capacity bound | " + " | ".join(label for _, label in keys)
            + " |", "| --- | ---: | ---: | " + " | ".join("---:" for _ in keys) + " |"]
