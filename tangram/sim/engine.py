@@ -48,7 +48,7 @@ import numpy as np
 
 from .._errors import ValidationError
 from .._model import Action, Amdahl, Constant, Gpu, Inventory, Model, Node, Quota, Service
-from .._records import EVICT, RESIZE, RESTORE, START
+from .._records import EVICT, RESIZE, RESTORE, START, Decision, decisions
 from ..runtime.estimates import RunTimeEstimates
 from ..scheduler import POLICIES, Decisions, Policy, Scheduler
 from .bounds import step_bounds
@@ -569,50 +569,49 @@ class StepSimulation:
 
     # ---------------------------------------------------------------- decisions
 
-    def _apply(self, decisions: Decisions, now: float) -> None:
+    def _apply(self, made: Decisions, now: float) -> None:
         """Carries out the core's decisions at `now` (rejections are ended by `_submit`);
         then the rewards on each device whose count changed run on at their new pace."""
-        for r in decisions.array:
-            kind = int(r["kind"])
-            if kind == START:
-                self._start(int(r["action"]), float(r["grant"]), int(r["service"]),
-                            (int(r["node"]), int(r["device"])), now)
-            elif kind == RESIZE:
-                self._resize(int(r["action"]), float(r["grant"]), now)
-            elif kind == RESTORE or kind == EVICT:
-                if kind == RESTORE:
+        for d in decisions(made.array):
+            if d.kind == START:
+                self._start(d, now)
+            elif d.kind == RESIZE:
+                self._resize(d.action, d.grant, now)
+            elif d.kind == RESTORE or d.kind == EVICT:
+                if d.kind == RESTORE:
                     self.restores += 1
                 else:
                     self.evictions += 1
-                self.service_log.append((now, kind, int(r["service"]), int(r["node"]), int(r["device"])))
+                self.service_log.append((now, d.kind, d.service, d.node, d.device))
             else:
-                self.rejected_now.append(int(r["action"]))
+                self.rejected_now.append(d.action)
         if self.gpu.changed:
             self._share_compute(now)
 
-    def _start(self, aid: int, grant: float, copy: int, device: tuple[int, int], now: float) -> None:
-        """The core started action `aid` at `grant` on service `copy` (a reward) and
-        `device`: it runs its true time at that grant times its noise."""
-        log, truth = self.log, self.truth
+    def _start(self, d: Decision, now: float) -> None:
+        """The core started action `d.action` at `d.grant` (a reward: on service copy
+        `d.service`, on `d.device` of `d.node`): it runs its true time at that grant times
+        its noise."""
+        log, truth, aid = self.log, self.truth, d.action
         noise = float(truth.noise[aid])
         if truth.elastic[aid]:
-            run = truth.runtime(aid, grant) * noise
+            run = truth.runtime(aid, d.grant) * noise
             log.best[aid] = truth.runtime(aid, float(truth.max_units[aid])) * noise
-            log.grant[aid] = grant
-            self.holding.demand[aid, self.cpu] = grant
+            log.grant[aid] = d.grant
+            self.holding.demand[aid, self.cpu] = d.grant
         else:
             run = truth.runtime(aid, 1.0) * noise
             log.best[aid] = run
             log.grant[aid] = self.holding.demand[aid, self.cpu]
         log.start[aid] = now
         log.run[aid] = run
-        log.copy[aid] = copy
+        log.copy[aid] = d.service
         self.holding.since[aid] = now
         if self.slots and log.label[aid] == ENV:
             self.paths.started_in_slot(int(log.trajectory[aid]), self.scheduler, now)
-        self.told.started(aid, grant, now)
+        self.told.started(aid, d.grant, now)
         if self.contention and log.label[aid] == REWARD:
-            self.gpu.add(aid, device)  # timed by _share_compute, once every start is in
+            self.gpu.add(aid, (d.node, d.device))  # timed by _share_compute, once every start is in
         else:
             self.queue.push(now + run, _FINISH, aid)
 
