@@ -168,6 +168,8 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
   reclaim_bins.resize(partitions.size());
   reclaim_bound.assign(partitions.size() * static_cast<std::size_t>(K), 0);
   reclaim_bound_pass.assign(partitions.size(), 0);
+  no_shrink_memo.assign(partitions.size(), NoShrinkMemo{});
+  no_shrink_demands.assign(partitions.size() * kNoShrinkMemo * static_cast<std::size_t>(K), 0);
   shrink_candidates.resize(partitions.size());
   shrink_candidates_pass.assign(partitions.size(), 0);
   std::vector<NodeBins> splits(static_cast<std::size_t>(N));

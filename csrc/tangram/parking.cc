@@ -48,6 +48,7 @@ void Scheduler::Impl::wake(std::vector<Entry>& list, std::int32_t scope, Fits&& 
 // a pass the node is noted and its parked classes are looked at once per event, at the next
 // pass (flush_releases); during a pass (an eviction) they are woken at once.
 void Scheduler::Impl::release_on_node(std::int32_t node, std::int32_t partition) {
+  ++shrink_room_version;  // room came back: known_no_shrink_room's demands may fit now
   if (!node_online[node]) return;  // nothing starts there; set_node_online(true) wakes
   bool noted = node_parked_count[node] > 0;
   if (in_pass) wake(node_parked[node], node, [&](const Class& cl) { return fits_or_shrinks_on_node(cl, node); });

@@ -34,7 +34,10 @@ void Scheduler::Impl::append_bin_resize_state() {
 }
 
 void Scheduler::Impl::add_reclaim(std::int32_t bin, std::int32_t kind, Quantity units) {
-  if (units > 0) reclaim_bound_pass[bin_partition[bin]] = 0;  // the bound may have grown
+  if (units > 0) {  // the bound may have grown
+    reclaim_bound_pass[bin_partition[bin]] = 0;
+    ++shrink_room_version;
+  }
   bin_reclaim[static_cast<std::size_t>(bin) * K + kind] += units;
   BinRun& run = bin_run[bin];
   const Quantity sum = run.reclaim_sum += units;
@@ -197,11 +200,36 @@ bool Scheduler::Impl::shrink_room_somewhere(const Class& cl) {
       if (shrink_may_help(cl, part.bins[leaf])) return true;
     return false;
   }
+  const bool plain = in_pass && !cl.in_trajectory_slot && lo == 0 && hi == part.free_tree.leaves();
+  if (plain && known_no_shrink_room(cl)) return false;
   for (std::int32_t b : list) {
     const std::int32_t leaf = bin_leaf[b];
     if (leaf >= lo && leaf < hi && shrink_may_help(cl, b)) return true;
   }
+  if (plain) note_no_shrink_room(cl);
   return false;
+}
+
+bool Scheduler::Impl::known_no_shrink_room(const Class& cl) {
+  const NoShrinkMemo& memo = no_shrink_memo[cl.partition];
+  if (memo.pass != pass_epoch || memo.version != shrink_room_version) return false;
+  const Quantity* rows = &no_shrink_demands[static_cast<std::size_t>(cl.partition) * kNoShrinkMemo * K];
+  for (std::int32_t m = 0; m < memo.count; ++m) {
+    const Quantity* failed = rows + static_cast<std::size_t>(m) * K;
+    bool at_least = true;
+    for (std::int32_t k = 0; k < K && at_least; ++k) at_least = cl.demand[k] >= failed[k];
+    if (at_least) return true;
+  }
+  return false;
+}
+
+void Scheduler::Impl::note_no_shrink_room(const Class& cl) {
+  NoShrinkMemo& memo = no_shrink_memo[cl.partition];
+  if (memo.pass != pass_epoch || memo.version != shrink_room_version) memo = NoShrinkMemo{pass_epoch, shrink_room_version, 0, 0};
+  const std::int32_t row = memo.count < kNoShrinkMemo ? memo.count++ : memo.next;
+  memo.next = (row + 1) % kNoShrinkMemo;
+  std::copy(cl.demand, cl.demand + K,
+            &no_shrink_demands[(static_cast<std::size_t>(cl.partition) * kNoShrinkMemo + row) * K]);
 }
 
 bool Scheduler::Impl::reclaim_bound_covers(const Class& cl) {
@@ -316,6 +344,7 @@ bool Scheduler::Impl::shrink_futile(std::int32_t bin) {
 
 void Scheduler::Impl::shrink_futility_lost(std::int32_t bin) {
   bin_run[bin].shrink_futile = false;
+  ++shrink_room_version;
   const std::int32_t node = bin_node[bin];
   if (node_online[node] && node_released[node] != release_epoch) {
     node_released[node] = release_epoch;

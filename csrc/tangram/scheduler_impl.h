@@ -753,6 +753,22 @@ struct Scheduler::Impl {
   std::vector<Quantity> reclaim_bound;
   std::vector<std::uint64_t> reclaim_bound_pass;
   bool reclaim_bound_covers(const Class& cl);
+  // Per partition, the demands of plain classes (no trajectory slot, the whole partition
+  // in range) that found no shrink room in this pass, the last kNoShrinkMemo of them. In a
+  // pass a bin's free room plus reclaimable units only shrink and a futile bin stays
+  // futile, until a release, units added or a bin's futility lost bump
+  // shrink_room_version: till then a plain class asking at least as much of every kind
+  // finds none either, without the walk over the partition's reclaim bins.
+  static constexpr std::int32_t kNoShrinkMemo = 4;
+  struct NoShrinkMemo {
+    std::uint64_t pass = 0, version = 0;
+    std::int32_t count = 0, next = 0;
+  };
+  std::vector<NoShrinkMemo> no_shrink_memo;
+  std::vector<Quantity> no_shrink_demands;  // per partition, kNoShrinkMemo rows of K
+  std::uint64_t shrink_room_version = 0;
+  bool known_no_shrink_room(const Class& cl);
+  void note_no_shrink_room(const Class& cl);
   bool fits_or_shrinks(Class& cl, std::int32_t node);  // may_start_now with units to take back
   bool fits_or_shrinks_on_node(const Class& cl, std::int32_t node) const {
     return fits_some_bin(cl, node) || (may_reclaim(cl) && reclaim_fits_node(cl, node));
