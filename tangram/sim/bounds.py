@@ -55,6 +55,10 @@ environment actions): each is valid, so their maximum is. What it cannot see is 
 single-machine relaxation sees: GPU memory (services that do not fit together and must be swapped), a device's
 restores in series, the per-device split of compute, and elastic actions paying more
 core-seconds at larger grants for their speed.
+
+The zero-wait schedule also says what a step asks of its inventory, and how long the step
+lasts at least (`bound_schedule`). `step_bounds` gives every bound of a step: the same
+under every policy, so a comparison of policies on one step computes them once.
 """
 
 from __future__ import annotations
@@ -200,53 +204,81 @@ def chain_token_bound(chain: np.ndarray, release: np.ndarray, best: np.ndarray, 
     end = (n - burst) / rate
     if not np.any(w_last > 0) or end <= z[0]:
         return base
-    # The pairs below number about moments x sum_t n_t^2: keep them within memory (fewer
-    # moments only loosen the bound).
+    # The dual's (candidate, request) pairs number about moments x sum_t n_t^2: keep them
+    # within memory (fewer moments only loosen the bound).
     moments = min(moments, CHAIN_PAIRS // max(1, int(np.dot(lengths, lengths))))
     if moments < 8:
         return base
     taus = np.linspace(z[0], end, moments)
-    capacity = burst + rate * taus
-    # Candidates for L_t: 0, and each tau_k - z_j > 0 of its requests (just past it, the
-    # request is no longer counted at tau_k); between them a trajectory's cost only grows.
-    traj_of = np.repeat(np.arange(len(heads)), lengths)
-    k, j = np.nonzero(taus[:, None] > z[None, :])
-    cand_traj = np.r_[np.arange(len(heads)), traj_of[j]]
-    cand_late = np.r_[np.zeros(len(heads)), taus[k] - z[j]]
-    by_traj = np.argsort(cand_traj, kind="stable")
-    cand_traj, cand_late = cand_traj[by_traj], cand_late[by_traj]
-    cand_heads = np.flatnonzero(np.r_[True, cand_traj[1:] != cand_traj[:-1]])
-    cand_count = np.diff(np.r_[cand_heads, len(cand_traj)])
-    # every (candidate, request of its trajectory) pair: the first moment the request is
-    # still counted at, i.e. the first tau_k > z_j + L (moments from there on count it)
-    per_cand = lengths[cand_traj]
-    pair_heads = np.cumsum(per_cand) - per_cand
-    pair_cand = np.repeat(np.arange(len(cand_traj)), per_cand)
-    pair_req = np.repeat(heads[cand_traj] - pair_heads, per_cand) + np.arange(len(pair_cand))
-    first_counted = np.searchsorted(taus, z[pair_req] + cand_late[pair_cand], side="right")
-    own = w_last[cand_traj] * cand_late
+    dual = _ChainDual.of(z, heads, lengths, w_last, taus, burst + rate * taus)
+    first_step = 0.3 * float(w_last.max())  # converges in 100 rounds on deepsearch
+    return float(base + dual.ascend(first_step, rounds))
 
-    def dual(mu: np.ndarray) -> tuple[float, np.ndarray]:
+
+@dataclass
+class _ChainDual:
+    """chain_token_bound's Lagrangian dual: every candidate lateness L of each trajectory
+    (0, and each tau_k - z_j > 0 of its requests: just past it, the request is no longer
+    counted at tau_k; between them a trajectory's cost only grows), grouped by trajectory,
+    and every (candidate, request of its trajectory) pair with the first moment the
+    request is still counted at (the first tau_k > z_j + L)."""
+
+    z: np.ndarray  # zero-wait releases, by trajectory
+    traj_of: np.ndarray  # each request's trajectory (the order of `heads`)
+    taus: np.ndarray  # the moments
+    capacity: np.ndarray  # the bucket's starts by each moment
+    own: np.ndarray  # per candidate: its trajectory's last weight x L
+    cand_late: np.ndarray  # per candidate: L
+    cand_heads: np.ndarray  # each trajectory's first candidate
+    cand_count: np.ndarray  # candidates per trajectory
+    pair_heads: np.ndarray  # each candidate's first pair
+    first_counted: np.ndarray  # per pair: the first moment its request is counted at
+
+    @classmethod
+    def of(cls, z: np.ndarray, heads: np.ndarray, lengths: np.ndarray, w_last: np.ndarray, taus: np.ndarray,
+           capacity: np.ndarray) -> _ChainDual:
+        """The dual of requests released at `z`, sorted by trajectory (trajectory t's are
+        heads[t] .. heads[t] + lengths[t] - 1, its last of weight w_last[t])."""
+        traj_of = np.repeat(np.arange(len(heads)), lengths)
+        k, j = np.nonzero(taus[:, None] > z[None, :])
+        cand_traj = np.r_[np.arange(len(heads)), traj_of[j]]
+        cand_late = np.r_[np.zeros(len(heads)), taus[k] - z[j]]
+        by_traj = np.argsort(cand_traj, kind="stable")
+        cand_traj, cand_late = cand_traj[by_traj], cand_late[by_traj]
+        cand_heads = np.flatnonzero(np.r_[True, cand_traj[1:] != cand_traj[:-1]])
+        per_cand = lengths[cand_traj]
+        pair_heads = np.cumsum(per_cand) - per_cand
+        pair_cand = np.repeat(np.arange(len(cand_traj)), per_cand)
+        pair_req = np.repeat(heads[cand_traj] - pair_heads, per_cand) + np.arange(len(pair_cand))
+        return cls(z=z, traj_of=traj_of, taus=taus, capacity=capacity, own=w_last[cand_traj] * cand_late,
+                   cand_late=cand_late, cand_heads=cand_heads,
+                   cand_count=np.diff(np.r_[cand_heads, len(cand_traj)]), pair_heads=pair_heads,
+                   first_counted=np.searchsorted(taus, z[pair_req] + cand_late[pair_cand], side="right"))
+
+    def value(self, mu: np.ndarray) -> tuple[float, np.ndarray]:
+        """The dual's value at multipliers `mu`, and its subgradient: the requests counted
+        at each moment under the minimisers, over capacity."""
         counted_from = np.r_[np.cumsum(mu[::-1])[::-1], 0.0]  # price of a request counted from moment k on
-        cost = own + np.add.reduceat(counted_from[first_counted], pair_heads)
-        cheapest = np.minimum.reduceat(cost, cand_heads)
-        at_min = np.flatnonzero(cost <= np.repeat(cheapest, cand_count))
-        pick = at_min[np.searchsorted(at_min, cand_heads)]  # each trajectory's first cheapest candidate
-        # subgradient: requests counted at each moment under the minimisers, over capacity
-        starts_by = np.sort(z + cand_late[pick][traj_of])
-        over = np.searchsorted(starts_by, taus, side="left") - capacity
-        return float(cost[pick].sum() - np.dot(mu, capacity)), over
+        cost = self.own + np.add.reduceat(counted_from[self.first_counted], self.pair_heads)
+        cheapest = np.minimum.reduceat(cost, self.cand_heads)
+        at_min = np.flatnonzero(cost <= np.repeat(cheapest, self.cand_count))
+        pick = at_min[np.searchsorted(at_min, self.cand_heads)]  # each trajectory's first cheapest candidate
+        starts_by = np.sort(self.z + self.cand_late[pick][self.traj_of])
+        over = np.searchsorted(starts_by, self.taus, side="left") - self.capacity
+        return float(cost[pick].sum() - np.dot(mu, self.capacity)), over
 
-    mu = np.zeros(moments)
-    gain = 0.0
-    step = 0.3 * float(w_last.max())  # the ascent's first step: converges in 100 rounds on deepsearch
-    for r in range(rounds):
-        value, over = dual(mu)
-        gain = max(gain, value)
-        if not np.any(over > 0) and not np.any(mu > 0):
-            break  # no moment is over the bucket: nothing to price
-        mu = np.maximum(0.0, mu + step / np.sqrt(1 + r) * over / max(1.0, float(np.abs(over).max())))
-    return float(base + gain)
+    def ascend(self, step: float, rounds: int) -> float:
+        """The best value a projected subgradient ascent from mu = 0 finds in `rounds`,
+        starting with `step`."""
+        mu = np.zeros(len(self.taus))
+        gain = 0.0
+        for r in range(rounds):
+            value, over = self.value(mu)
+            gain = max(gain, value)
+            if not np.any(over > 0) and not np.any(mu > 0):
+                break  # no moment is over the bucket: nothing to price
+            mu = np.maximum(0.0, mu + step / np.sqrt(1 + r) * over / max(1.0, float(np.abs(over).max())))
+        return gain
 
 
 # ------------------------------------------------------------------ a step
@@ -408,7 +440,7 @@ def _bound_for(a: _Actions, lam: np.ndarray) -> float:
     return total + float(np.dot(lam[rest], a.release[rest] + a.best[rest]))
 
 
-def capacity_bound(w: Workload, st: Step) -> dict[str, float]:
+def capacity_bound(w: Workload, st: Step) -> dict[str, float | str]:
     """`capacity_bound_act`: a lower bound on the step's average ACT under any policy that
     counts each resource's capacity (module docstring); `capacity_bound_weighting` names the
     weighting that gave it."""
