@@ -186,26 +186,40 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """The command: --report, a --savings search, or the workload's runs over policies and
+    seeds (at each value of a --sweep)."""
     if not args.savings and (stray := _given(args, "resource", "baseline_value", "cap")):
         parser.error(f"{', '.join(stray)}: only with --savings")
     progress = not args.no_progress
-
     if args.report is not None:
-        from .report import write_report
-
-        stray = _given(args, "workload", "policies", "batch", "sweep", "json", "savings", "figures")
-        if args.estimates != "oracle":
-            stray.append("--estimates")
-        if stray:
-            parser.error(f"--report runs every built-in workload and policy; it does not take {', '.join(stray)}")
-        writable_dir(args.report, "--report")
-        seeds = args.seeds if args.seeds is not None else range(3)
-        path = write_report(args.report, seeds=seeds, progress=progress, gpu_batch_gain=args.gpu_batch_gain)
-        print(path.read_text(encoding="utf-8"))
-        return 0
-
+        return _run_report(parser, args, progress)
     policies = list(args.policies or POLICY_NAMES)
     seeds = args.seeds if args.seeds is not None else range(1)
+    w = _checked_workload(parser, args)
+    if args.savings:
+        return _run_savings(parser, args, w, policies, seeds, progress)
+    return _run_sweep(parser, args, w, policies, seeds, progress)
+
+
+def _run_report(parser: argparse.ArgumentParser, args: argparse.Namespace, progress: bool) -> int:
+    """--report: every built-in workload and policy, written to the report's directory."""
+    from .report import write_report
+
+    stray = _given(args, "workload", "policies", "batch", "sweep", "json", "savings", "figures")
+    if args.estimates != "oracle":
+        stray.append("--estimates")
+    if stray:
+        parser.error(f"--report runs every built-in workload and policy; it does not take {', '.join(stray)}")
+    writable_dir(args.report, "--report")
+    seeds = args.seeds if args.seeds is not None else range(3)
+    path = write_report(args.report, seeds=seeds, progress=progress, gpu_batch_gain=args.gpu_batch_gain)
+    print(path.read_text(encoding="utf-8"))
+    return 0
+
+
+def _checked_workload(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Workload:
+    """The workload as the arguments shape it, once the estimates and the output paths are
+    checked."""
     parse_estimates(args.estimates)
     if args.estimates != "oracle" and args.savings:
         parser.error("--estimates: the savings search runs with oracle estimates")
@@ -227,41 +241,50 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             w = w.with_gpu_batch_gain(args.gpu_batch_gain)
         except ValidationError as e:  # no reward services
             parser.error(f"--gpu-batch-gain: {e.reason}")
+    return w
 
-    if args.savings:
-        from .experiments import savings_search
 
-        if args.resource is None:
-            parser.error("--savings needs --resource gpus|cores")
-        if args.sweep is not None:
-            parser.error("--savings and --sweep do not combine")
-        try:
-            bval = args.baseline_value or w.value(args.resource)
-            w.with_value(args.resource, max(1, bval))
-        except ValueError as e:  # ValidationError, e.g. no GPU node
-            parser.error(f"--resource: {e}")
-        if args.cap is not None and args.cap < bval:
-            parser.error(f"--cap: {args.cap} is below the baseline's inventory {bval} of {args.resource}")
-        t0 = time.perf_counter()
-        try:
-            with Progress(None, f"savings {w.name}/{args.resource}", progress) as bar:
-                rows = savings_search(w, policies, args.baseline, args.resource, seeds,
-                                      baseline_value=args.baseline_value, cap=args.cap, progress=bar)
-        except ValueError as e:  # a baseline that rejects actions sets no target
-            parser.error(f"--baseline: {e}")
-        print(savings_table(rows))
-        print(f"searched in {time.perf_counter() - t0:.1f} s of wall time")
-        if args.json:
-            _write_json(args.json, rows)
-        if args.figures:
-            from pathlib import Path
+def _run_savings(parser: argparse.ArgumentParser, args: argparse.Namespace, w: Workload, policies: list[str],
+                 seeds: Sequence[int], progress: bool) -> int:
+    """--savings: per policy, the smallest inventory that matches the baseline's ACT."""
+    from .experiments import savings_search
 
-            from .figures import savings_figure
+    if args.resource is None:
+        parser.error("--savings needs --resource gpus|cores")
+    if args.sweep is not None:
+        parser.error("--savings and --sweep do not combine")
+    try:
+        bval = args.baseline_value or w.value(args.resource)
+        w.with_value(args.resource, max(1, bval))
+    except ValueError as e:  # ValidationError, e.g. no GPU node
+        parser.error(f"--resource: {e}")
+    if args.cap is not None and args.cap < bval:
+        parser.error(f"--cap: {args.cap} is below the baseline's inventory {bval} of {args.resource}")
+    t0 = time.perf_counter()
+    try:
+        with Progress(None, f"savings {w.name}/{args.resource}", progress) as bar:
+            rows = savings_search(w, policies, args.baseline, args.resource, seeds,
+                                  baseline_value=args.baseline_value, cap=args.cap, progress=bar)
+    except ValueError as e:  # a baseline that rejects actions sets no target
+        parser.error(f"--baseline: {e}")
+    print(savings_table(rows))
+    print(f"searched in {time.perf_counter() - t0:.1f} s of wall time")
+    if args.json:
+        _write_json(args.json, rows)
+    if args.figures:
+        from pathlib import Path
 
-            d = Path(args.figures)
-            print(f"wrote {savings_figure(rows, d / f'savings_{w.name}_{args.resource}.png')}")
-        return 0
+        from .figures import savings_figure
 
+        d = Path(args.figures)
+        print(f"wrote {savings_figure(rows, d / f'savings_{w.name}_{args.resource}.png')}")
+    return 0
+
+
+def _run_sweep(parser: argparse.ArgumentParser, args: argparse.Namespace, w: Workload, policies: list[str],
+               seeds: Sequence[int], progress: bool) -> int:
+    """Every policy over the seeds, at the workload's load or at each value of --sweep: a
+    table per value, and the rows and figures asked for."""
     key, values = "batch", [w.batch]
     if args.sweep is not None:
         try:
