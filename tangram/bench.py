@@ -223,15 +223,8 @@ class _Sim:
             push(self.heap, (f, a))
 
     def submit(self, lo: int, hi: int, now: float) -> None:
-        batch = self.records[lo:hi]
-        c0 = time.thread_time_ns()
-        t0 = time.perf_counter_ns()
-        out = self.sched.submit(batch, now)
-        self.ns += time.perf_counter_ns() - t0
-        self.cpu_ns += time.thread_time_ns() - c0
-        self.calls += 1
+        self._timed(self.sched.submit, self.records[lo:hi], now)
         self.submitted += hi - lo
-        self._take(out)
 
     def complete_next(self, count: int) -> float:
         """Completes the `count` earliest finishers at the last one's finish time."""
@@ -240,15 +233,18 @@ class _Sim:
         pop = heapq.heappop
         items = [pop(self.heap) for _ in range(min(count, len(self.heap)))]
         now = items[-1][0]
-        ids = np.fromiter((a for _, a in items), dtype=np.uint64, count=len(items))
+        self._timed(self.sched.complete, np.fromiter((a for _, a in items), dtype=np.uint64, count=len(items)), now)
+        return now
+
+    def _timed(self, event: Callable[[np.ndarray, float], np.ndarray], records: np.ndarray, now: float) -> None:
+        """One event into the scheduler, its wall and CPU time counted, its decisions taken."""
         c0 = time.thread_time_ns()
         t0 = time.perf_counter_ns()
-        out = self.sched.complete(ids, now)
+        out = event(records, now)
         self.ns += time.perf_counter_ns() - t0
         self.cpu_ns += time.thread_time_ns() - c0
         self.calls += 1
         self._take(out)
-        return now
 
     def drain(self) -> float:
         """Completes everything still running (untimed); returns the final time."""

@@ -651,18 +651,19 @@ class Scheduler:
         return self._encoder.kind_index[kind]
 
     def _quota(self, quota: int | str) -> int:
-        if not isinstance(quota, str):
-            return int(quota)
-        if quota not in self._encoder.quota_index:
-            raise UnknownNameError("quota", f"no quota named {quota!r}")
-        return self._encoder.quota_index[quota]
+        return _index_of("quota", quota, self._encoder.quota_index)
 
     def _service(self, service: int | str) -> int:
-        if not isinstance(service, str):
-            return int(service)
-        if service not in self._encoder.service_index:
-            raise UnknownNameError("service", f"no service named {service!r}")
-        return self._encoder.service_index[service]
+        return _index_of("service", service, self._encoder.service_index)
+
+
+def _index_of(what: str, name: int | str, index: dict[str, int]) -> int:
+    """A quota's or service's index: given as one, or looked up by its name."""
+    if not isinstance(name, str):
+        return int(name)
+    if name not in index:
+        raise UnknownNameError(what, f"no {what} named {name!r}")
+    return index[name]
 
 
 # Record fields named as the Action attributes that fill them.

@@ -456,18 +456,7 @@ class Client:
         P.keepalive(transport.get_extra_info("socket"))
 
     def _data_received(self, nbytes: int) -> None:
-        reader = self._reader
-        reader.buffer_updated(nbytes)
-        try:
-            while True:
-                item = reader.next()
-                if item is None:
-                    return
-                self._frame(*item)
-        except TangramError as e:
-            self._protocol_failure(e)
-        except Exception as e:
-            self._protocol_failure(ProtocolError("frame", f"cannot read the server's frame: {type(e).__name__}: {e}"))
+        self._reader.deliver(nbytes, self._frame, self._protocol_failure, "the client")
 
     def _protocol_failure(self, error: TangramError) -> None:
         self._server_error = error

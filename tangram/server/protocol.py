@@ -40,7 +40,7 @@ from __future__ import annotations
 import json
 import socket
 import struct
-from typing import Any
+from typing import Any, Callable
 
 from .._errors import TangramError, ValidationError
 
@@ -308,6 +308,24 @@ class FrameReader:
         self.start = end
         with memoryview(buf) as view:
             return kind, bytes(view[pos + HEADER.size:end])
+
+    def deliver(self, nbytes: int, on_frame: Callable[[int, bytes], None], on_failure: Callable[[TangramError], None],
+                handler: str, is_open: Callable[[], bool] | None = None) -> None:
+        """Counts `nbytes` more received and hands every complete frame to `on_frame`
+        (while `is_open()` holds). A bad frame, or an exception escaping `on_frame` (a bug
+        must cost the connection, not the process), goes to `on_failure` as a TangramError;
+        `handler` names who failed to handle it in that error."""
+        self.end += nbytes
+        try:
+            while is_open is None or is_open():
+                item = self.next()
+                if item is None:
+                    return
+                on_frame(*item)
+        except TangramError as e:
+            on_failure(e)
+        except Exception as e:
+            on_failure(ProtocolError("frame", f"{handler} could not handle a frame: {type(e).__name__}: {e}"))
 
     def _reset(self) -> None:
         self.buffer, self.start, self.end = bytearray(self.INITIAL), 0, 0

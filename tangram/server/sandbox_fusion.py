@@ -233,10 +233,9 @@ class SandboxFusionEndpoint:
 
     async def _answer(self, request: Any) -> Any:
         web = _web()
-        try:
-            body = await request.json()
-        except ValueError as e:
-            return _invalid(["body"], f"not JSON: {e}", "json_invalid")
+        body, refusal = await _json_body(request)
+        if refusal is not None:
+            return refusal
         try:
             checked = check_request(body)
         except ValidationError as e:
@@ -314,10 +313,9 @@ class SandboxFusionEndpoint:
 
     async def _end_session(self, request: Any) -> Any:
         web = _web()
-        try:
-            body = await request.json()
-        except ValueError as e:
-            return _invalid(["body"], f"not JSON: {e}", "json_invalid")
+        body, refusal = await _json_body(request)
+        if refusal is not None:
+            return refusal
         session_id = body.get("session_id") if isinstance(body, dict) else None
         if not isinstance(session_id, str) or not session_id:
             return _invalid(["body", "session_id"], "is required, a non-empty string", "value_error")
@@ -358,6 +356,14 @@ class SandboxFusionEndpoint:
             for session_id, session in list(self._sessions.items()):
                 if session.running == 0 and session.used < idle_since:
                     self._end(session_id)
+
+
+async def _json_body(request: Any) -> tuple[Any, Any]:
+    """The request's JSON body and None, or None and the 422 for a body that is not JSON."""
+    try:
+        return await request.json(), None
+    except ValueError as e:
+        return None, _invalid(["body"], f"not JSON: {e}", "json_invalid")
 
 
 def _invalid(location: list[str], message: str, kind: str) -> Any:

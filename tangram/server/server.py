@@ -312,17 +312,10 @@ class _Connection(asyncio.BufferedProtocol):
         if self.state == "closed":  # read after the end: dropped unread
             reader.start = reader.end = 0
             return
-        reader.buffer_updated(nbytes)
-        try:
-            while self.state != "closed":
-                item = reader.next()
-                if item is None:
-                    break
-                self._frame(*item)
-        except TangramError as e:
-            self.fail(e)
-        except Exception as e:  # a bug here must cost this connection, not the server
-            self.fail(ProtocolError("frame", f"the server could not handle a frame: {type(e).__name__}: {e}"))
+        reader.deliver(nbytes, self._frame, self.fail, "the server", self._is_open)
+
+    def _is_open(self) -> bool:
+        return self.state != "closed"
 
     def eof_received(self) -> bool | None:
         return None  # close our side too
