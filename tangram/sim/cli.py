@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 import sys
@@ -17,6 +16,7 @@ from .._arguments import ArgumentParser, name_list, positive_int, writable_dir, 
 from ..runtime.isolation import cpu_list  # "0-2,7": the seeds as --seeds takes them
 from .engine import POLICY_NAMES, parse_estimates
 from .experiments import RESOURCES, Progress, run_many
+from .report import write_json, write_report
 from .workloads import Workload, builtin_names, parse_gpu_batch_gain
 
 
@@ -102,12 +102,6 @@ def parse_seeds(text: str) -> Sequence[int]:
 
 
 _SEED_ENTRY = re.compile(r"([0-9]+)(?:\s*-\s*([0-9]+))?")
-
-
-def _write_json(path: str, obj: Any) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1)
-        f.write("\n")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -203,8 +197,6 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 def _run_report(parser: argparse.ArgumentParser, args: argparse.Namespace, progress: bool) -> int:
     """--report: every built-in workload and policy, written to the report's directory."""
-    from .report import write_report
-
     stray = _given(args, "workload", "policies", "batch", "sweep", "json", "savings", "figures")
     if args.estimates != "oracle":
         stray.append("--estimates")
@@ -270,7 +262,7 @@ def _run_savings(parser: argparse.ArgumentParser, args: argparse.Namespace, w: W
     print(savings_table(rows))
     print(f"searched in {time.perf_counter() - t0:.1f} s of wall time")
     if args.json:
-        _write_json(args.json, rows)
+        write_json(args.json, rows)
     if args.figures:
         from pathlib import Path
 
@@ -319,7 +311,7 @@ def _run_sweep(parser: argparse.ArgumentParser, args: argparse.Namespace, w: Wor
             print(f"simulated {len(part)} step(s) in {elapsed:.1f} s of wall time")
             rows += part
     if args.json:
-        _write_json(args.json, rows)
+        write_json(args.json, rows)
     if args.figures:
         for p in write_run_figures(args.figures, w, rows, first, policies, key if args.sweep else None):
             print(f"wrote {p}")
@@ -370,7 +362,7 @@ def write_run_figures(directory: str, w: Workload, rows: list[dict[str, Any]], f
         nodes = w.total(sweep_key) // max(1, w.value(sweep_key))
         curves = {}
         for p in policies:
-            pts = {}
+            pts: dict[int, list[float]] = {}
             for r in rows:
                 if r["policy"] == p:
                     pts.setdefault(r[sweep_key] * nodes, []).append(r["avg_act"])

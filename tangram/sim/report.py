@@ -8,8 +8,9 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -199,6 +200,25 @@ def savings_section(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def write_json(path: str | Path, obj: Any) -> None:
+    """`obj` as indented JSON, one trailing newline."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1)
+        f.write("\n")
+
+
+@dataclass
+class _ReportRuns:
+    """What the report's simulations gave."""
+
+    rows: list[dict[str, Any]]  # every workload, policy and seed at its default load
+    firsts: dict[str, dict[str, SimResult]]  # per workload: the first seed's result per policy
+    sweep_rows: list[dict[str, Any]]  # the load sweep, the default load included
+    savings: list[list[dict[str, Any]]]  # one list of rows per savings search
+    runs_seconds: float  # wall time of the runs
+    seconds: float  # wall time of the runs and the savings searches
+
+
 def write_report(directory: str | Path, seeds: int | Sequence[int] = 3, progress: bool = True,
                  workloads: Sequence[str] = WORKLOADS, policies: Sequence[str] = POLICY_NAMES,
                  batch: int | None = None, savings: Sequence[tuple[Any, ...]] = SAVINGS,
@@ -211,7 +231,7 @@ def write_report(directory: str | Path, seeds: int | Sequence[int] = 3, progress
     seeds = range(seeds) if isinstance(seeds, int) else list(seeds)
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
+
     def load(name: str) -> Workload:
         w = builtin(name)
         if batch is not None:
@@ -219,9 +239,34 @@ def write_report(directory: str | Path, seeds: int | Sequence[int] = 3, progress
         return w.with_gpu_batch_gain(gpu_batch_gain) if gpu_batch_gain is not None else w
 
     loaded = {name: load(name) for name in workloads}
+    runs = _report_runs(loaded, load, policies, seeds, savings, load_fractions, progress)
+    pngs, fig_note = _report_figures(d, loaded, runs, policies, seeds) if figures else ([], "")
+    write_json(d / "rows.json", runs.rows)
+    write_json(d / "sweep.json", runs.sweep_rows)
+    write_json(d / "savings.json", [r for sv in runs.savings for r in sv])
+    md = _report_markdown(directory, loaded, runs, policies, seeds, batch, gpu_batch_gain, load_fractions)
+    md += ["## Figures", ""]
+    if fig_note:
+        md += [fig_note, ""]
+    for p in pngs:
+        md += [f"![{p.stem}]({p.name})", ""]
+    md += ["Raw rows: `rows.json` (one per workload, policy, seed, default load), `sweep.json` (the "
+           "load sweep, default load included), `savings.json` (one per search and policy, with every "
+           "probe).", ""]
+    out = d / "results.md"
+    out.write_text("\n".join(md), encoding="utf-8")
+    return out
+
+
+def _report_runs(loaded: dict[str, Workload], load: Callable[[str], Workload], policies: Sequence[str],
+                 seeds: Sequence[int], savings: Sequence[tuple[Any, ...]], load_fractions: Sequence[float],
+                 progress: bool) -> _ReportRuns:
+    """Every loaded workload under every policy over the seeds, at its default load and at
+    each fraction of it, then the savings searches (on workloads `load` gives)."""
+    t0 = time.perf_counter()
     all_rows: list[dict[str, Any]] = []
     firsts: dict[str, dict[str, SimResult]] = {}
-    with Progress(len(workloads) * len(policies) * len(seeds), "report runs", progress) as bar:
+    with Progress(len(loaded) * len(policies) * len(seeds), "report runs", progress) as bar:
         for name, w in loaded.items():
             first: dict[str, SimResult] = {}
 
@@ -232,7 +277,7 @@ def write_report(directory: str | Path, seeds: int | Sequence[int] = 3, progress
             all_rows += run_many(w, policies, seeds, progress=bar, on_result=keep)
             firsts[name] = first
     sweep_rows: list[dict[str, Any]] = []
-    with Progress(len(workloads) * len(policies) * len(seeds) * len(load_fractions), "load sweep", progress) as bar:
+    with Progress(len(loaded) * len(policies) * len(seeds) * len(load_fractions), "load sweep", progress) as bar:
         for name, w in loaded.items():
             for f in load_fractions:
                 wl = w.with_batch(max(1, int(round(w.batch * f))))
@@ -247,48 +292,48 @@ def write_report(directory: str | Path, seeds: int | Sequence[int] = 3, progress
         with Progress(None, f"savings {name}/{resource} vs {baseline}", progress) as bar:
             all_savings.append(savings_search(w, policies, baseline, resource, seeds,
                                               baseline_value=bval, cap=cap, progress=bar))
-    elapsed = time.perf_counter() - t0
+    return _ReportRuns(all_rows, firsts, sweep_rows, all_savings, t_runs, time.perf_counter() - t0)
 
+
+def _report_figures(d: Path, loaded: dict[str, Workload], runs: _ReportRuns, policies: Sequence[str],
+                    seeds: Sequence[int]) -> tuple[list[Path], str]:
+    """The report's PNG figures in `d`, and a note for the report when matplotlib is missing."""
     pngs: list[Path] = []
-    fig_note = ""
-    if figures:
-        try:
-            from . import figures as fg
+    try:
+        from . import figures as fg
 
-            for name in loaded:
-                rows = [r for r in all_rows if r["workload"] == name]
-                tl = {p: act_timeline(firsts[name][p], BIN_SECONDS)[:2] for p in policies}
-                pngs.append(fg.act_over_time(tl, d / f"act_over_time_{name}.png",
-                                             f"{name}: ACT over time (seed {seeds[0]})", BIN_SECONDS))
-                pngs.append(fg.act_by_kind(mean_act_by_kind(rows, policies), d / f"act_by_kind_{name}.png",
-                                           f"{name}: ACT by action kind (mean over {len(seeds)} seeds)"))
-            curves: dict[str, list[tuple[float, float, float]]] = {}
-            for name in loaded:
-                for p in policies:
-                    pts = {}
-                    for r in sweep_rows:
-                        if r["workload"] == name and r["policy"] == p:
-                            pts.setdefault(r["load"], []).append(r["avg_act"])
-                    curves[f"{name} {p}"] = [(x, float(np.mean(v)), float(np.std(v, ddof=1)) if len(v) > 1 else 0.0)
-                                             for x, v in pts.items()]
-            pngs.append(fg.load_sweep(curves, d / "load_sweep.png", list(loaded), list(policies)))
-            for sv in all_savings:
-                s0 = sv[0]
-                pngs.append(fg.savings_figure(sv, d / f"savings_{s0['workload']}_{s0['resource']}_"
-                                                      f"{s0['baseline']}{s0['baseline_total']}.png"))
-        except RuntimeError as e:  # matplotlib missing
-            fig_note = f"Figures not written: {e}."
+        for name in loaded:
+            rows = [r for r in runs.rows if r["workload"] == name]
+            tl = {p: act_timeline(runs.firsts[name][p], BIN_SECONDS)[:2] for p in policies}
+            pngs.append(fg.act_over_time(tl, d / f"act_over_time_{name}.png",
+                                         f"{name}: ACT over time (seed {seeds[0]})", BIN_SECONDS))
+            pngs.append(fg.act_by_kind(mean_act_by_kind(rows, policies), d / f"act_by_kind_{name}.png",
+                                       f"{name}: ACT by action kind (mean over {len(seeds)} seeds)"))
+        curves: dict[str, list[tuple[float, float, float]]] = {}
+        for name in loaded:
+            for p in policies:
+                pts: dict[int, list[float]] = {}
+                for r in runs.sweep_rows:
+                    if r["workload"] == name and r["policy"] == p:
+                        pts.setdefault(r["load"], []).append(r["avg_act"])
+                curves[f"{name} {p}"] = [(x, float(np.mean(v)), float(np.std(v, ddof=1)) if len(v) > 1 else 0.0)
+                                         for x, v in pts.items()]
+        pngs.append(fg.load_sweep(curves, d / "load_sweep.png", list(loaded), list(policies)))
+        for sv in runs.savings:
+            s0 = sv[0]
+            pngs.append(fg.savings_figure(sv, d / f"savings_{s0['workload']}_{s0['resource']}_"
+                                                  f"{s0['baseline']}{s0['baseline_total']}.png"))
+    except RuntimeError as e:  # matplotlib missing
+        return pngs, f"Figures not written: {e}."
+    return pngs, ""
 
-    with open(d / "rows.json", "w", encoding="utf-8") as f:
-        json.dump(all_rows, f, indent=1)
-        f.write("\n")
-    with open(d / "sweep.json", "w", encoding="utf-8") as f:
-        json.dump(sweep_rows, f, indent=1)
-        f.write("\n")
-    with open(d / "savings.json", "w", encoding="utf-8") as f:
-        json.dump([r for sv in all_savings for r in sv], f, indent=1)
-        f.write("\n")
 
+def _report_markdown(directory: str | Path, loaded: dict[str, Workload], runs: _ReportRuns,
+                     policies: Sequence[str], seeds: Sequence[int], batch: int | None,
+                     gpu_batch_gain: float | None, load_fractions: Sequence[float]) -> list[str]:
+    """results.md's lines up to its figures."""
+    all_rows, sweep_rows, all_savings = runs.rows, runs.sweep_rows, runs.savings
+    elapsed, t_runs = runs.seconds, runs.runs_seconds
     gains = sorted({w.reward.gpu_batch_gain for w in loaded.values() if w.reward is not None})
     flag = "" if gpu_batch_gain is None else f" --gpu-batch-gain {_gain_text(gpu_batch_gain)}"
     md = ["# Simulator results", "",
@@ -339,14 +384,4 @@ def write_report(directory: str | Path, seeds: int | Sequence[int] = 3, progress
            "so percentages move in steps of 1/baseline.", ""]
     for sv in all_savings:
         md += savings_section(sv) + [""]
-    md += ["## Figures", ""]
-    if fig_note:
-        md += [fig_note, ""]
-    for p in pngs:
-        md += [f"![{p.stem}]({p.name})", ""]
-    md += ["Raw rows: `rows.json` (one per workload, policy, seed, default load), `sweep.json` (the "
-           "load sweep, default load included), `savings.json` (one per search and policy, with every "
-           "probe).", ""]
-    out = d / "results.md"
-    out.write_text("\n".join(md), encoding="utf-8")
-    return out
+    return md
