@@ -63,9 +63,9 @@ def _main(argv: list[str] | None) -> int:
 
         return bench.main(rest)
     if args.command == "serve":
-        from .server import server
+        from .server import command
 
-        return server.cli_main(rest, ray_orchestrator=_ray_orchestrator)
+        return command.cli_main(rest, ray_orchestrator=_ray_orchestrator)
     if args.command == "top":
         from . import top
 

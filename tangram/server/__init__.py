@@ -12,7 +12,8 @@ from .protocol import (
     RemoteError,
     ServerUnreachable,
 )
-from .server import Server, cli_main
+from .command import cli_main
+from .server import Server
 
 __all__ = [
     "AuthenticationError", "Client", "ClientHandle", "ConnectionLost", "DEFAULT_MAX_FRAME", "DEFAULT_PORT",

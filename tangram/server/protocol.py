@@ -37,6 +37,7 @@ same TangramError subclass on the other side (see encode_error/decode_error).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import socket
 import struct
@@ -394,6 +395,15 @@ def _port(port: object, address: object) -> int:
     if not 0 < value < 65536:
         raise ValidationError("address", f"{address!r}: the port must be 1 to 65535, got {value}")
     return value
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost, or "" (every interface)
 
 
 def format_address(host: str, port: int) -> str:

@@ -66,6 +66,7 @@ from typing import Any
 from .._errors import TangramError, ValidationError
 from ..runtime.orchestrator import Orchestrator
 from ..runtime.run_code import TrajectoryPool, check_request, error_answer, run_code_call, sandbox_error
+from .protocol import is_loopback
 
 DEFAULT_PORT = 8080  # Sandbox Fusion's (SkyRL's verifier assumes it)
 DEFAULT_MAX_BODY = 64 << 20
@@ -140,8 +141,6 @@ class SandboxFusionEndpoint:
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> "SandboxFusionEndpoint":
-        from .server import is_loopback
-
         if not is_loopback(self.host) and self.token is None:
             raise ValidationError("token", f"refusing to serve Sandbox Fusion on {self.host or 'every interface'!r} "
                                            "without a token: any host that reaches the port could run code")
