@@ -555,22 +555,59 @@ def _first_repeat(ids: list[int]) -> int | None:
     return None
 
 
+def _policy_rules(policy: str, rules: PolicyRules | Sequence[tuple[str, str]] | None) -> PolicyRules:
+    """The policy's row: `rules` as given ((rule, value) pairs, as the core takes them), or
+    the named policy's."""
+    if rules is not None and not isinstance(rules, PolicyRules):  # (rule, value) pairs, as the core takes them
+        rules = PolicyRules(**dict(rules))
+    if rules is None:
+        if policy not in POLICY_RULES:
+            raise UnknownNameError("policy", f"unknown policy {policy!r} ({', '.join(POLICY_RULES)})")
+        rules = POLICY_RULES[policy]
+    if rules.gain == "wait" and rules.resize != "malleable":
+        raise ValidationError(f"policy({policy}).rules.gain", "'wait' needs resize 'malleable' (it counts the actions running on a bin)")
+    return rules
+
+
 class ReferenceScheduler:
     """The scheduling rules of tangram._core.Scheduler, naively (see the module docstring)."""
 
     def __init__(self, *, kinds, node_names, capacity, gpus, quotas, services, offload_memory, policy, aging,
                  candidates, min_relative_gain, starvation_seconds, trajectory_slot_cpu=0, pools=(),
                  rules: PolicyRules | Sequence[tuple[str, str]] | None = None) -> None:
-        if rules is not None and not isinstance(rules, PolicyRules):  # (rule, value) pairs, as the core takes them
-            rules = PolicyRules(**dict(rules))
-        if rules is None:
-            if policy not in POLICY_RULES:
-                raise UnknownNameError("policy", f"unknown policy {policy!r} ({', '.join(POLICY_RULES)})")
-            rules = POLICY_RULES[policy]
-        if rules.gain == "wait" and rules.resize != "malleable":
-            raise ValidationError(f"policy({policy}).rules.gain", "'wait' needs resize 'malleable' (it counts the actions running on a bin)")
-        self.rules = rules
+        self.rules = rules = _policy_rules(policy, rules)
         capacity = np.asarray(capacity, dtype=np.int64)
+        self._add_inventory(kinds, node_names, capacity, gpus, offload_memory)
+        self._add_quotas(quotas)
+        self._add_services(services)
+        pf = f"policy({policy})"
+        if not math.isfinite(aging) or not 0 <= aging <= 4:
+            raise ValidationError(f"{pf}.aging", "must be a finite number in [0, 4]")
+        if not 1 <= candidates <= 1024:
+            raise ValidationError(f"{pf}.candidates", "must be in [1, 1024]")
+        if not math.isfinite(min_relative_gain) or not 0 <= min_relative_gain <= 1:
+            raise ValidationError(f"{pf}.min_relative_gain", "must be a finite number in [0, 1]")
+        if not math.isfinite(starvation_seconds) or not 0 < starvation_seconds <= MAX_SECONDS:
+            raise ValidationError(f"{pf}.starvation_seconds", "must be a finite number in (0, 1e9]")
+        self.policy, self.candidates, self.min_relative_gain = policy, int(candidates), float(min_relative_gain)
+        self.aging_permille = to_milli(aging)
+        self.progress: dict[int, int] = {}  # order "progress": trajectory -> actions started
+        self.starvation_ns = to_ns(starvation_seconds)
+        self._add_bins(pf, capacity, trajectory_slot_cpu, pools)
+        self.slot_of: dict[int, int] = {}  # trajectory -> the bin it holds
+        self.tables: list[list[tuple[float, float]]] = []
+        self.actions: dict[int, _Action] = {}  # live actions, by id
+        self.seq = 0
+        self.now_ns = 0
+        self.prev_pass_ns = -1  # when the last pass ran: a service ready since then is not evictable yet
+        self.spared_fresh = False  # this pass: a plan fell short sparing such a service
+        self.draining: set[int] = set()  # services drained for a starving one (_drain), this pass
+        self.wakeup_ns: int | None = None
+        self.messages: list[str] = []
+        self.freed_bins: set[int] = set()  # resize "malleable": bins a complete or cancel freed room on
+
+    def _add_inventory(self, kinds, node_names, capacity, gpus, offload_memory) -> None:
+        """The nodes with their capacities and host memory for offloads, and the GPUs."""
         N, K = len(node_names), len(kinds)
         if capacity.ndim != 2 or capacity.shape != (N, K):
             raise ValidationError("inventory.capacity", "must be a nodes x kinds array")
@@ -606,61 +643,60 @@ class ReferenceScheduler:
         self.dev_ops_end = [0] * len(self.dev_total)  # per device: when its last restore or offload ends
         self.dev_offline = [False] * len(self.dev_total)  # out of placement: its memory fenced off
         self.dev_fenced = [0] * len(self.dev_total)
+
+    def _add_quotas(self, quotas) -> None:
         self.quotas = []
         for q, spec in enumerate(quotas):
             self.quotas.append(_Quota(spec, f"inventory.quotas[{q}]"))
             if any(o.name == spec[0] for o in self.quotas[:-1]):
                 raise ValidationError(f"inventory.quotas[{q}].name", f"duplicate quota {spec[0]!r}")
+
+    def _add_services(self, services) -> None:
         self.services = []
         for s, (name, memory, restore_seconds, max_batch, offload_seconds, asleep, movable, host, replica_of,
                 surplus) in enumerate(services):
-            f = f"inventory.services[{s}]"
-            if any(o.name == name for o in self.services):
-                raise ValidationError(f"{f}.name", f"duplicate service {name!r}")
-            if not 0 <= memory <= MAX_MILLI:
-                raise ValidationError(f"{f}.memory", "must be in [0, 1e12] MiB")
-            if not math.isfinite(restore_seconds) or not 0 <= restore_seconds <= MAX_SECONDS:
-                raise ValidationError(f"{f}.restore_seconds", "must be a finite number in [0, 1e9]")
-            if not math.isfinite(offload_seconds) or not 0 <= offload_seconds <= MAX_SECONDS:
-                raise ValidationError(f"{f}.offload_seconds", "must be a finite number in [0, 1e9]")
-            if max_batch < 1:
-                raise ValidationError(f"{f}.max_batch", "must be at least 1")
-            if not 0 <= host <= MAX_MILLI:
-                raise ValidationError(f"{f}.host_memory", "must be in [0, 1e12] MiB")
-            if not 0 <= asleep <= memory:
-                raise ValidationError(f"{f}.asleep_memory", "must be in [0, memory]")
-            if asleep > 0 and movable:
-                raise ValidationError(f"{f}.asleep_memory", "memory kept while offloaded stays on its device: the "
-                                                           "service must not be movable")
-            if not self.dev_node:
-                raise ValidationError(f, "a GPU service needs at least one GPU in the inventory")
-            if replica_of != -1:
-                first = self.services[replica_of] if 0 <= replica_of < s else None
-                if first is None or first.replica_of != -1:
-                    raise ValidationError(f"{f}.replica_of",
-                                          "must be the index of an earlier service that is not itself a replica")
-                if (memory, max_batch, asleep, movable) != (first.memory, first.max_batch, first.asleep, first.movable):
-                    raise ValidationError(f"{f}.replica_of", "a replica must have its first copy's memory, max_batch, "
-                                                             "asleep_memory and movable")
-            elif surplus:
-                raise ValidationError(f"{f}.surplus", "only a replica (replica_of set) can be surplus")
+            self._check_service(s, name, memory, restore_seconds, max_batch, offload_seconds, asleep, movable, host,
+                                replica_of, surplus)
             self.services.append(_Service(name, int(memory), to_ns(restore_seconds), int(max_batch), to_ns(offload_seconds),
                                           int(asleep), bool(movable), host=int(host), replica_of=int(replica_of),
                                           surplus=bool(surplus)))
-        pf = f"policy({policy})"
-        if not math.isfinite(aging) or not 0 <= aging <= 4:
-            raise ValidationError(f"{pf}.aging", "must be a finite number in [0, 4]")
-        if not 1 <= candidates <= 1024:
-            raise ValidationError(f"{pf}.candidates", "must be in [1, 1024]")
-        if not math.isfinite(min_relative_gain) or not 0 <= min_relative_gain <= 1:
-            raise ValidationError(f"{pf}.min_relative_gain", "must be a finite number in [0, 1]")
-        if not math.isfinite(starvation_seconds) or not 0 < starvation_seconds <= MAX_SECONDS:
-            raise ValidationError(f"{pf}.starvation_seconds", "must be a finite number in (0, 1e9]")
-        self.policy, self.candidates, self.min_relative_gain = policy, int(candidates), float(min_relative_gain)
-        self.aging_permille = to_milli(aging)
-        self.progress: dict[int, int] = {}  # order "progress": trajectory -> actions started
-        self.starvation_ns = to_ns(starvation_seconds)
-        # The bins' options, then every node's bins, partition by partition.
+
+    def _check_service(self, s, name, memory, restore_seconds, max_batch, offload_seconds, asleep, movable, host,
+                       replica_of, surplus) -> None:
+        f = f"inventory.services[{s}]"
+        if any(o.name == name for o in self.services):
+            raise ValidationError(f"{f}.name", f"duplicate service {name!r}")
+        if not 0 <= memory <= MAX_MILLI:
+            raise ValidationError(f"{f}.memory", "must be in [0, 1e12] MiB")
+        if not math.isfinite(restore_seconds) or not 0 <= restore_seconds <= MAX_SECONDS:
+            raise ValidationError(f"{f}.restore_seconds", "must be a finite number in [0, 1e9]")
+        if not math.isfinite(offload_seconds) or not 0 <= offload_seconds <= MAX_SECONDS:
+            raise ValidationError(f"{f}.offload_seconds", "must be a finite number in [0, 1e9]")
+        if max_batch < 1:
+            raise ValidationError(f"{f}.max_batch", "must be at least 1")
+        if not 0 <= host <= MAX_MILLI:
+            raise ValidationError(f"{f}.host_memory", "must be in [0, 1e12] MiB")
+        if not 0 <= asleep <= memory:
+            raise ValidationError(f"{f}.asleep_memory", "must be in [0, memory]")
+        if asleep > 0 and movable:
+            raise ValidationError(f"{f}.asleep_memory", "memory kept while offloaded stays on its device: the "
+                                                       "service must not be movable")
+        if not self.dev_node:
+            raise ValidationError(f, "a GPU service needs at least one GPU in the inventory")
+        if replica_of != -1:
+            first = self.services[replica_of] if 0 <= replica_of < s else None
+            if first is None or first.replica_of != -1:
+                raise ValidationError(f"{f}.replica_of",
+                                      "must be the index of an earlier service that is not itself a replica")
+            if (memory, max_batch, asleep, movable) != (first.memory, first.max_batch, first.asleep, first.movable):
+                raise ValidationError(f"{f}.replica_of", "a replica must have its first copy's memory, max_batch, "
+                                                         "asleep_memory and movable")
+        elif surplus:
+            raise ValidationError(f"{f}.surplus", "only a replica (replica_of set) can be surplus")
+
+    def _add_bins(self, pf: str, capacity, trajectory_slot_cpu, pools) -> None:
+        """The bins' options, then every node's bins, partition by partition."""
+        rules, N = self.rules, len(self.node_names)
         self.slot_cpu_cores = float(trajectory_slot_cpu)
         self.pools = [(int(task), float(weight)) for task, weight in pools]
         self.pool_partition: dict[int, int] = {}
@@ -696,17 +732,6 @@ class ReferenceScheduler:
             deployed = [svc for svc in self.services if not svc.surplus]
             for i, svc in enumerate(deployed if self.dev_node else []):
                 svc.home = i % len(self.dev_node)
-        self.slot_of: dict[int, int] = {}  # trajectory -> the bin it holds
-        self.tables: list[list[tuple[float, float]]] = []
-        self.actions: dict[int, _Action] = {}  # live actions, by id
-        self.seq = 0
-        self.now_ns = 0
-        self.prev_pass_ns = -1  # when the last pass ran: a service ready since then is not evictable yet
-        self.spared_fresh = False  # this pass: a plan fell short sparing such a service
-        self.draining: set[int] = set()  # services drained for a starving one (_drain), this pass
-        self.wakeup_ns: int | None = None
-        self.messages: list[str] = []
-        self.freed_bins: set[int] = set()  # resize "malleable": bins a complete or cancel freed room on
 
     # ------------------------------------------------------------ inventory
     @property
@@ -1333,43 +1358,68 @@ class ReferenceScheduler:
         return sum(1 for a in self.actions.values() if a.running and all(getattr(a, k) == v for k, v in match.items()))
 
     def _try(self, a: _Action, p: _Pass, out: list) -> str:
-        now = self.now_ns
         if a.quota >= 0 and a.quota in p.blocked_quotas:
             return WAITS
         device = -1
         if a.service >= 0:
-            svc = self.services[a.service]
-            if svc.device >= 0 and not self._device_online(svc.device):
-                return WAITS  # evicted once its actions there have ended
-            if svc.device >= 0 and svc.ready_ns <= now and not self._could_serve(a, svc.device):
-                # Moved once its batch is done and no other waiting action of it could run
-                # where it is, for an action its quota admits now.
-                if self._running(service=a.service) > 0 or any(
-                        not b.running and b.service == a.service and b is not a and self._could_serve(b, svc.device)
-                        for b in self.actions.values()):
-                    return WAITS
-                if a.quota >= 0 and not self._quota_would_admit(a, p):
-                    return WAITS
-                self._evict(a.service, out, discard=not self._offload_fits(self.dev_node[svc.device], svc.host))
-            # A restore is made for an action its quota would admit now.
-            if svc.device < 0 and a.quota >= 0 and not self._quota_would_admit(a, p):
+            device = self._service_device(a, p, out)
+            if device < 0:
                 return WAITS
-            if svc.device < 0 and not self._restore(a, out):
-                return WAITS
-            if svc.ready_ns > now or a.service in self.draining or self._running(service=a.service) >= svc.max_batch:
-                return WAITS
-            device = svc.device
         if a.in_slot and a.trajectory in self.slot_of:
-            # A slot that can never hold it is given up once nothing of its trajectory runs there.
-            slot = self.slot_of[a.trajectory]
-            if self._slot_never_holds(a, slot) and not any(
-                    x.running and x.bin == slot and x.trajectory == a.trajectory and x.in_slot and not x.borrowed
-                    for x in self.actions.values()):
-                self._free_slot(self.slot_of.pop(a.trajectory))
+            self._give_up_slot_never_holding(a)
         own_slot = a.in_slot and a.trajectory in self.slot_of
         bins = [self.slot_of[a.trajectory]] if own_slot else self._eligible(a)
         # A trajectory's own slot is nobody else's: no starving action holds it back.
         masked = not own_slot and a.partition in p.held_partitions
+        cands, borrowed = self._candidates(a, bins, own_slot, masked, device, p)
+        if not cands:
+            return self._no_candidate(a, bins, own_slot, masked, device, p, out)
+        if not self._admit_quota(a, p):
+            return WAITS
+
+        def score(b: int) -> int:
+            free, cap = self.bins[b].free, self.bins[b].capacity
+            return sum(((free[k] - a.demand[k]) * 1024) // cap[k] for k in range(self.K) if cap[k] > 0)
+
+        return self._start(a, min(cands, key=score), device, p, out, borrowed)  # best fit, first on ties
+
+    def _service_device(self, a: _Action, p: _Pass, out: list) -> int:
+        """The device of a's service, ready with room in its batch, restored (or moved) for a
+        if it is not resident; -1 when a waits for its service."""
+        svc = self.services[a.service]
+        if svc.device >= 0 and not self._device_online(svc.device):
+            return -1  # evicted once its actions there have ended
+        if svc.device >= 0 and svc.ready_ns <= self.now_ns and not self._could_serve(a, svc.device):
+            # Moved once its batch is done and no other waiting action of it could run
+            # where it is, for an action its quota admits now.
+            if self._running(service=a.service) > 0 or any(
+                    not b.running and b.service == a.service and b is not a and self._could_serve(b, svc.device)
+                    for b in self.actions.values()):
+                return -1
+            if a.quota >= 0 and not self._quota_would_admit(a, p):
+                return -1
+            self._evict(a.service, out, discard=not self._offload_fits(self.dev_node[svc.device], svc.host))
+        # A restore is made for an action its quota would admit now.
+        if svc.device < 0 and a.quota >= 0 and not self._quota_would_admit(a, p):
+            return -1
+        if svc.device < 0 and not self._restore(a, out):
+            return -1
+        if svc.ready_ns > self.now_ns or a.service in self.draining or self._running(service=a.service) >= svc.max_batch:
+            return -1
+        return svc.device
+
+    def _give_up_slot_never_holding(self, a: _Action) -> None:
+        """A slot that can never hold a is given up once nothing of its trajectory runs there."""
+        slot = self.slot_of[a.trajectory]
+        if self._slot_never_holds(a, slot) and not any(
+                x.running and x.bin == slot and x.trajectory == a.trajectory and x.in_slot and not x.borrowed
+                for x in self.actions.values()):
+            self._free_slot(self.slot_of.pop(a.trajectory))
+
+    def _candidates(self, a: _Action, bins: list[int] | None, own_slot: bool, masked: bool, device: int,
+                    p: _Pass) -> tuple[list[int], bool]:
+        """The first bins (up to `candidates`) where a fits now, and whether they are slots
+        lent to it."""
         cands: list[int] = []
         # Trajectory slots: a service action runs in its own trajectory's held slot on its
         # service's node first, else in a free slot there, else in another held one (held
@@ -1406,13 +1456,19 @@ class ReferenceScheduler:
             borrowed = bool(cands)
         if device >= 0 and self.dev_free[device] < a.gpu_memory:
             cands = []
-        if not cands and a.gpu_memory > 0 and bins is not None and not masked:
+        return cands, borrowed
+
+    def _no_candidate(self, a: _Action, bins: list[int] | None, own_slot: bool, masked: bool, device: int,
+                      p: _Pass, out: list) -> str:
+        """a fits no bin now: GPU memory made by evictions, or room by shrinks, else it is
+        blocked (a starving one first claims its bins)."""
+        if a.gpu_memory > 0 and bins is not None and not masked:
             # No eviction for an action its quota refuses now (as no restore).
             if a.quota >= 0 and not self._quota_would_admit(a, p):
                 return WAITS
             if self._make_gpu_room(a, bins, own_slot, device, p, out):
                 return self._try(a, p, out)
-        if not cands and self.rules.resize == "malleable" and bins is not None and not masked:
+        if self.rules.resize == "malleable" and bins is not None and not masked:
             plan = self._plan_shrink(a, bins, own_slot, device, p)
             if plan is not None:
                 if not self._admit_quota(a, p):
@@ -1423,30 +1479,21 @@ class ReferenceScheduler:
                     x.grant = grant
                     self._resized(x, work, p, out)
                 return self._start(a, b, device, p, out)
-        if not cands:
-            starving = now - a.submit_ns >= self.starvation_ns
-            # While a node is offline, only an action that some online bin could hold claims bins.
-            claims = all(self.online) or (bins is not None and self._fits_online_capacity(a, bins, device))
-            if starving and not own_slot and claims:  # first claim on its bins
-                scope = self._scope_node(a)
-                if scope >= 0:
-                    p.held_nodes.add(scope)
-                elif self.rules.bins == "trajectory_slots" and bins is not None:
-                    # only the nodes whose slots could ever hold it (see the core's no_room)
-                    p.held_nodes.update(self.bins[b].node for b in bins if not self._slot_never_holds(a, b))
-                else:
-                    p.held_partitions.add(a.partition)
-                    if self.n_partitions == 1 and self.rules.bins != "trajectory_slots":
-                        return HALT
-            return BLOCKED
-        if not self._admit_quota(a, p):
-            return WAITS
-
-        def score(b: int) -> int:
-            free, cap = self.bins[b].free, self.bins[b].capacity
-            return sum(((free[k] - a.demand[k]) * 1024) // cap[k] for k in range(self.K) if cap[k] > 0)
-
-        return self._start(a, min(cands, key=score), device, p, out, borrowed)  # best fit, first on ties
+        starving = self.now_ns - a.submit_ns >= self.starvation_ns
+        # While a node is offline, only an action that some online bin could hold claims bins.
+        claims = all(self.online) or (bins is not None and self._fits_online_capacity(a, bins, device))
+        if starving and not own_slot and claims:  # first claim on its bins
+            scope = self._scope_node(a)
+            if scope >= 0:
+                p.held_nodes.add(scope)
+            elif self.rules.bins == "trajectory_slots" and bins is not None:
+                # only the nodes whose slots could ever hold it (see the core's no_room)
+                p.held_nodes.update(self.bins[b].node for b in bins if not self._slot_never_holds(a, b))
+            else:
+                p.held_partitions.add(a.partition)
+                if self.n_partitions == 1 and self.rules.bins != "trajectory_slots":
+                    return HALT
+        return BLOCKED
 
     def _quota_would_admit(self, a: _Action, p: _Pass) -> bool:
         """Whether a's quota admits it now (nothing taken); if not, the quota is blocked for the
