@@ -60,7 +60,7 @@ void Scheduler::Impl::validate_spec(const ActionSpec& s, const Field& field) con
   if (s.affinity_node != kNone && (s.affinity_node < 0 || s.affinity_node >= static_cast<std::int32_t>(inv.nodes.size())))
     throw Error(ErrorCode::kUnknownName, field() + ".affinity_node", "no node with index " + std::to_string(s.affinity_node));
   if (s.service != kNone) {
-    if (s.service < 0 || s.service >= static_cast<std::int32_t>(services.size()))
+    if (s.service < 0 || s.service >= static_cast<std::int32_t>(gpus.services.size()))
       throw Error(ErrorCode::kUnknownName, field() + ".service", "no service with index " + std::to_string(s.service));
     if (s.affinity_node != kNone) bad("affinity_node", "cannot be combined with a service: actions run where their service is resident");
     if (s.any_replica && inv.services[s.service].replica_of != kNone)
@@ -193,12 +193,12 @@ std::string Scheduler::Impl::infeasible_reason(const Class& c) const {
   auto no_skip = [](std::int32_t) { return false; };
   if (c.service != kNone) {
     const ServiceSpec& spec = inv.services[c.service];
-    const ServiceRec& rec = services[c.service];
+    const ServiceRec& rec = gpus.services[c.service];
     std::int32_t dlo = rec.home_device != kNone ? rec.home_device : 0;
-    std::int32_t dhi = rec.home_device != kNone ? rec.home_device + 1 : static_cast<std::int32_t>(dev_node.size());
+    std::int32_t dhi = rec.home_device != kNone ? rec.home_device + 1 : static_cast<std::int32_t>(gpus.dev_node.size());
     for (std::int32_t d = dlo; d < dhi; ++d) {
-      if (dev_total[d] < spec.memory + c.gpu_memory) continue;
-      std::int32_t n = dev_node[d];
+      if (gpus.dev_total[d] < spec.memory + c.gpu_memory) continue;
+      std::int32_t n = gpus.dev_node[d];
       if (part.node_lo[n] < 0) continue;
       found.clear();
       part.cap_tree.find(part.node_lo[n], part.node_hi[n], need.data(), 1, no_skip, found);
@@ -269,7 +269,7 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
   ActionSpec routed;  // an action routed to another copy of its service than the one it names
   for (std::size_t i = 0; i < n; ++i) {
     const ActionSpec* spec = &a[i];
-    if (a[i].any_replica && replica_group[a[i].service].size() > 1) {
+    if (a[i].any_replica && gpus.replica_group[a[i].service].size() > 1) {
       const std::int32_t copy = route_replica(a[i]);
       if (copy != a[i].service) {
         routed = a[i];
@@ -330,7 +330,7 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
     ++n_waiting;
     Class& cl = classes[c];
     if (cl.service != kNone) {
-      ServiceRec& svc = services[cl.service];
+      ServiceRec& svc = gpus.services[cl.service];
       svc.waiting += 1;
       svc.queued_ns += detail.est_ns;
       if (svc.last_request_ns >= 0) {
@@ -358,7 +358,7 @@ void Scheduler::Impl::finish(std::int32_t slot) {
   std::int32_t node = bin_node[r.bin];
   const bool frees_gpu_memory = r.device != kNone && cl.gpu_memory > 0;
   if (frees_gpu_memory) {
-    give_back_gpu(r.device, cl.gpu_memory);
+    gpus.give_back(r.device, cl.gpu_memory);
     refresh_node_devices(node);
   }
   // A trajectory slot stays bound (hidden from the free tree) until its trajectory ends.
@@ -372,7 +372,7 @@ void Scheduler::Impl::finish(std::int32_t slot) {
       if (classes[other].parked && slot_never_holds(classes[other], r.bin)) unpark(other);
   }
   if (cl.quota != kNone) quotas[cl.quota].release();
-  if (cl.service != kNone) services[cl.service].running -= 1;
+  if (cl.service != kNone) gpus.services[cl.service].running -= 1;
   --n_running;
   if (--*trajectory_live.find(r.trajectory) == 0) {
     trajectory_live.erase(r.trajectory);
@@ -394,8 +394,8 @@ void Scheduler::Impl::unqueue(std::int32_t slot) {
   if (was_head && cl.parked) unpark(r.cls);  // its new head may starve sooner
   else if (was_head) activate(r.cls);
   if (cl.service != kNone) {
-    services[cl.service].waiting -= 1;
-    services[cl.service].queued_ns -= details[slot].est_ns;
+    gpus.services[cl.service].waiting -= 1;
+    gpus.services[cl.service].queued_ns -= details[slot].est_ns;
   }
   --n_waiting;
   if (--*trajectory_live.find(r.trajectory) == 0) {

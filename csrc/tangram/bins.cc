@@ -41,30 +41,10 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
     if (node.offload_memory < -1 || node.offload_memory > kMaxMilli)
       throw Error(ErrorCode::kInvalidArgument, f + ".offload_memory", "must be in [0, 1e12] MiB, or unlimited");
   }
-  node_offload_used.assign(N, 0);
-  // devices
-  node_first_dev.resize(N + 1);
-  for (std::int32_t n = 0; n < N; ++n) {
-    node_first_dev[n] = static_cast<std::int32_t>(dev_node.size());
-    for (std::size_t g = 0; g < inv.nodes[n].gpus.size(); ++g) {
-      dev_node.push_back(n);
-      dev_local.push_back(static_cast<std::int32_t>(g));
-      dev_total.push_back(inv.nodes[n].gpus[g].memory);
-    }
-  }
-  node_first_dev[N] = static_cast<std::int32_t>(dev_node.size());
-  dev_free = dev_total;
-  dev_ops_end.assign(dev_total.size(), 0);
-  dev_offline.assign(dev_total.size(), 0);
-  dev_fenced.assign(dev_total.size(), 0);
-  has_gpus = !dev_node.empty();
-  D = K + (has_gpus ? 1 : 0);
-  node_max_dev_free.assign(N, 0);
-  node_max_dev_total.assign(N, 0);
-  for (std::int32_t n = 0; n < N; ++n)
-    for (std::int32_t d = node_first_dev[n]; d < node_first_dev[n + 1]; ++d)
-      node_max_dev_total[n] = std::max(node_max_dev_total[n], dev_total[d]);
+  for (const NodeSpec& node : inv.nodes) node_max_dev_total.push_back(gpus.add_node(node));
   node_max_dev_free = node_max_dev_total;
+  has_gpus = gpus.any();
+  D = K + (has_gpus ? 1 : 0);
 
   // quotas and services
   for (std::size_t q = 0; q < inv.quotas.size(); ++q) {
@@ -110,9 +90,9 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
     ServiceRec rec;
     rec.restore_ns = to_ns(spec.restore_seconds);
     rec.offload_ns = to_ns(spec.offload_seconds);
-    services.push_back(rec);
-    replica_group.emplace_back();
-    replica_group[spec.replica_of == kNone ? s : spec.replica_of].push_back(static_cast<std::int32_t>(s));
+    gpus.services.push_back(rec);
+    gpus.replica_group.emplace_back();
+    gpus.replica_group[spec.replica_of == kNone ? s : spec.replica_of].push_back(static_cast<std::int32_t>(s));
   }
 
   // policy
@@ -184,13 +164,13 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
     // A dedicated deployment: each service runs its minimum copies only (its surplus copies
     // are never routed to, so never restored), and each of those is given a home device up
     // front, round robin over all devices in service order, as a dedicated reward pool would be.
-    for (std::vector<std::int32_t>& group : replica_group)
+    for (std::vector<std::int32_t>& group : gpus.replica_group)
       group.erase(std::remove_if(group.begin(), group.end(),
                                  [&](std::int32_t copy) { return inv.services[copy].surplus; }),
                   group.end());
     std::size_t deployed = 0;
-    for (std::size_t s = 0; has_gpus && s < services.size(); ++s)
-      if (!inv.services[s].surplus) services[s].home_device = static_cast<std::int32_t>(deployed++ % dev_node.size());
+    for (std::size_t s = 0; has_gpus && s < gpus.services.size(); ++s)
+      if (!inv.services[s].surplus) gpus.services[s].home_device = static_cast<std::int32_t>(deployed++ % gpus.dev_node.size());
   }
   node_online.assign(N, 1);
   node_busy_holders.assign(N, 0);
@@ -231,8 +211,7 @@ void Scheduler::Impl::refresh_leaf(std::int32_t bin) {
 }
 
 void Scheduler::Impl::refresh_node_devices(std::int32_t node) {
-  Quantity best = 0;
-  for (std::int32_t d = node_first_dev[node]; d < node_first_dev[node + 1]; ++d) best = std::max(best, dev_free[d]);
+  const Quantity best = gpus.most_free_on(node);
   if (best == node_max_dev_free[node]) return;
   if (best > node_max_dev_free[node]) ++search_epoch;  // room grew: search hints are void
   node_max_dev_free[node] = best;
@@ -305,18 +284,9 @@ void Scheduler::Impl::set_node_online(std::int32_t node, bool online) {
 // A device out of placement (online=false) fences its free memory off, and whatever
 // returns to it later; back online, the fenced memory is free again.
 void Scheduler::Impl::set_device_online(std::int32_t d, bool online) {
-  if (!dev_offline[d] == online) return;
-  dev_offline[d] = online ? 0 : 1;
-  n_offline_devices += online ? -1 : 1;
-  if (online) {
-    dev_free[d] += dev_fenced[d];
-    dev_fenced[d] = 0;
-  } else {
-    dev_fenced[d] += dev_free[d];
-    dev_free[d] = 0;
-  }
-  refresh_node_devices(dev_node[d]);
-  if (online) release_on_node(dev_node[d], kNone);
+  if (!gpus.set_online(d, online)) return;
+  refresh_node_devices(gpus.dev_node[d]);
+  if (online) release_on_node(gpus.dev_node[d], kNone);
 }
 
 // A bin at the end of its partition's leaves, all of its capacity free.
@@ -392,28 +362,15 @@ std::int32_t Scheduler::Impl::add_node(NodeSpec spec) {
   for (std::size_t p = 0; p < split.size(); ++p)
     for (const std::vector<Quantity>& cap : split[p]) append_bin(n, static_cast<std::int32_t>(p), cap);
   // devices: appended after every existing one, so global device indices stay valid
-  node_first_dev[n] = static_cast<std::int32_t>(dev_node.size());
-  Quantity most = 0;
-  for (std::size_t g = 0; g < spec.gpus.size(); ++g) {
-    dev_node.push_back(n);
-    dev_local.push_back(static_cast<std::int32_t>(g));
-    dev_total.push_back(spec.gpus[g].memory);
-    dev_free.push_back(spec.gpus[g].memory);
-    dev_ops_end.push_back(0);
-    dev_offline.push_back(0);
-    dev_fenced.push_back(0);
-    most = std::max(most, spec.gpus[g].memory);
-  }
-  node_first_dev.push_back(static_cast<std::int32_t>(dev_node.size()));
+  const Quantity most = gpus.add_node(spec);
   node_max_dev_free.push_back(most);
   node_max_dev_total.push_back(most);
-  has_gpus = !dev_node.empty();
+  has_gpus = gpus.any();
   D = K + (has_gpus ? 1 : 0);
   scratch.assign(D, 0);
   inv.nodes.push_back(std::move(spec));
   node_online.push_back(1);
   node_busy_holders.push_back(0);
-  node_offload_used.push_back(0);
   node_parked.emplace_back();
   node_parked_count.push_back(0);
   node_released.push_back(0);

@@ -18,7 +18,7 @@ std::string Scheduler::Impl::explain(ActionId id) const {
   Text os;
   if (a.state == ActionState::kRunning) {
     os << "running on node " << bin_node[a.bin] << " (" << inv.nodes[bin_node[a.bin]].name << ")";
-    if (a.device != kNone) os << ", GPU " << dev_local[a.device];
+    if (a.device != kNone) os << ", GPU " << gpus.dev_local[a.device];
     if (a.elastic_kind != kNone) {
       os << ", " << inv.kinds[a.elastic_kind] << " grant " << a.grant / 1000.0;
       const RunState* r = malleable ? &run_state[*slot] : nullptr;
@@ -89,7 +89,7 @@ std::string Scheduler::Impl::explain(ActionId id) const {
       os << " for service '" << inv.services[cl.service].name << "': no GPU can make room for it now (resident services are busy)";
       break;
     case Block::kServiceDraining: {
-      const ServiceRec& svc = services[cl.service];
+      const ServiceRec& svc = gpus.services[cl.service];
       os << " for service '" << inv.services[cl.service].name << "': it starts nothing until it is evicted for service '"
          << inv.services[svc.draining_for].name << "', which has waited longer than starvation_seconds for GPU memory";
       break;
@@ -145,8 +145,8 @@ void Scheduler::Impl::check() const {
   auto fail = [](const std::string& what) { throw std::logic_error("invariant violated: " + what); };
   const std::size_t B = bin_node.size();
   std::vector<Quantity> used(B * K, 0);
-  std::vector<Quantity> dev_used(dev_node.size(), 0);
-  std::vector<std::int32_t> svc_running(services.size(), 0), quota_running(quotas.size(), 0);
+  std::vector<Quantity> dev_used(gpus.dev_node.size(), 0);
+  std::vector<std::int32_t> svc_running(gpus.services.size(), 0), quota_running(quotas.size(), 0);
   std::size_t waiting = 0, running = 0;
   by_id.for_each([&](ActionId id, std::int32_t slot) {
     const ActionRec& a = slots[slot];
@@ -165,7 +165,7 @@ void Scheduler::Impl::check() const {
       if (cl.gpu_memory > 0) dev_used[a.device] += cl.gpu_memory;
       if (cl.service != kNone) {
         ++svc_running[cl.service];
-        if (a.device != services[cl.service].device) fail("service action off its service's device");
+        if (a.device != gpus.services[cl.service].device) fail("service action off its service's device");
       }
       if (cl.quota != kNone) ++quota_running[cl.quota];
     } else if (a.state == ActionState::kWaiting) {
@@ -183,30 +183,30 @@ void Scheduler::Impl::check() const {
       if (f < 0) fail("capacity exceeded on bin " + std::to_string(b));
       if (f + used[b * K + k] != cap) fail("free + used != capacity on bin " + std::to_string(b));
     }
-  for (std::size_t s = 0; s < services.size(); ++s) {
-    if (services[s].running != svc_running[s]) fail("service running count");
-    if (services[s].device != kNone) dev_used[services[s].device] += inv.services[s].memory;
-    else if (services[s].running) fail("offloaded service with running actions");
-    else if (services[s].pinned_device != kNone) dev_used[services[s].pinned_device] += inv.services[s].asleep_memory;
-    if (services[s].device != kNone && services[s].pinned_device != kNone && services[s].device != services[s].pinned_device)
+  for (std::size_t s = 0; s < gpus.services.size(); ++s) {
+    if (gpus.services[s].running != svc_running[s]) fail("service running count");
+    if (gpus.services[s].device != kNone) dev_used[gpus.services[s].device] += inv.services[s].memory;
+    else if (gpus.services[s].running) fail("offloaded service with running actions");
+    else if (gpus.services[s].pinned_device != kNone) dev_used[gpus.services[s].pinned_device] += inv.services[s].asleep_memory;
+    if (gpus.services[s].device != kNone && gpus.services[s].pinned_device != kNone && gpus.services[s].device != gpus.services[s].pinned_device)
       fail("unmovable service resident away from its process's device");
   }
   std::vector<Quantity> offload_used(inv.nodes.size(), 0);
-  for (std::size_t s = 0; s < services.size(); ++s) {
-    if (services[s].host_node == kNone) continue;
-    if (services[s].device != kNone) fail("a resident service holds offloaded host memory");
-    offload_used[services[s].host_node] += inv.services[s].host_memory;
+  for (std::size_t s = 0; s < gpus.services.size(); ++s) {
+    if (gpus.services[s].host_node == kNone) continue;
+    if (gpus.services[s].device != kNone) fail("a resident service holds offloaded host memory");
+    offload_used[gpus.services[s].host_node] += inv.services[s].host_memory;
   }
   for (std::size_t n = 0; n < inv.nodes.size(); ++n) {
-    if (offload_used[n] != node_offload_used[n]) fail("offload memory accounting on node " + std::to_string(n));
+    if (offload_used[n] != gpus.node_offload_used[n]) fail("offload memory accounting on node " + std::to_string(n));
     if (inv.nodes[n].offload_memory >= 0 && offload_used[n] > inv.nodes[n].offload_memory)
       fail("offload memory exceeded on node " + std::to_string(n));
   }
-  for (std::size_t d = 0; d < dev_node.size(); ++d) {
-    if (dev_free[d] < 0) fail("GPU memory exceeded on device " + std::to_string(d));
-    if (dev_free[d] + dev_used[d] + dev_fenced[d] != dev_total[d])
+  for (std::size_t d = 0; d < gpus.dev_node.size(); ++d) {
+    if (gpus.dev_free[d] < 0) fail("GPU memory exceeded on device " + std::to_string(d));
+    if (gpus.dev_free[d] + dev_used[d] + gpus.dev_fenced[d] != gpus.dev_total[d])
       fail("GPU free + used + fenced != total on device " + std::to_string(d));
-    if (dev_offline[d] ? dev_free[d] != 0 : dev_fenced[d] != 0) fail("GPU fence out of sync on device " + std::to_string(d));
+    if (gpus.dev_offline[d] ? gpus.dev_free[d] != 0 : gpus.dev_fenced[d] != 0) fail("GPU fence out of sync on device " + std::to_string(d));
   }
   for (std::size_t q = 0; q < quotas.size(); ++q)
     if (quotas[q].running != quota_running[q]) fail("quota running count");
@@ -268,8 +268,8 @@ void Scheduler::Impl::check() const {
   for (std::uint8_t on : node_online) offline += on ? 0 : 1;
   if (offline != n_offline || node_online.size() != inv.nodes.size()) fail("offline node count");
   std::int32_t offline_devices = 0;
-  for (std::uint8_t off : dev_offline) offline_devices += off ? 1 : 0;
-  if (offline_devices != n_offline_devices) fail("offline device count");
+  for (std::uint8_t off : gpus.dev_offline) offline_devices += off ? 1 : 0;
+  if (offline_devices != gpus.n_offline_devices) fail("offline device count");
   for (std::size_t n = 0; n < node_count.size(); ++n)
     if (node_count[n] != node_parked_count[n]) fail("node parked count");
   for (std::size_t p = 0; p < part_count.size(); ++p)

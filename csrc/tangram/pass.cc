@@ -56,7 +56,7 @@ bool Scheduler::Impl::eligible_range(const Class& c, std::int32_t& lo, std::int3
   const Partition& part = partitions[c.partition];
   fixed_leaf = kNone;
   std::int32_t node = c.affinity_node;
-  if (c.service != kNone) node = dev_node[services[c.service].device];
+  if (c.service != kNone) node = gpus.dev_node[gpus.services[c.service].device];
   if (c.in_trajectory_slot) {
     auto it = trajectory_bin.find(c.trajectory);
     if (it != trajectory_bin.end()) {
@@ -84,8 +84,8 @@ std::int32_t Scheduler::Impl::scope_node(const Class& c) const {
     if (it != trajectory_bin.end()) return bin_node[it->second];
   }
   if (c.service != kNone) {
-    std::int32_t d = services[c.service].device;
-    return d == kNone ? kNone : dev_node[d];
+    std::int32_t d = gpus.services[c.service].device;
+    return d == kNone ? kNone : gpus.dev_node[d];
   }
   return c.affinity_node;
 }
@@ -153,7 +153,7 @@ inline Scheduler::Impl::Room Scheduler::Impl::find_room(Class& cl, std::int32_t 
   const bool service_in_slots = cl.service != kNone && row.rules.bins == BinLayout::kTrajectorySlots;
   // A service action's GPU memory, if any, must fit its service's device.
   auto gpu_fits = [&] {
-    if (!cand.empty() && device != kNone && dev_free[device] < cl.gpu_memory) cand.clear();
+    if (!cand.empty() && device != kNone && gpus.dev_free[device] < cl.gpu_memory) cand.clear();
     return room;
   };
   if (service_in_slots && room.has_range && held_slot_room(cl, room, true)) return gpu_fits();
@@ -442,9 +442,9 @@ inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::
   const std::int32_t node = bin_node[bin];
   if (device == kNone && cl.gpu_memory > 0) {
     Quantity best_left = INT64_MAX;
-    for (std::int32_t d = node_first_dev[node]; d < node_first_dev[node + 1]; ++d)
-      if (dev_free[d] >= cl.gpu_memory && dev_free[d] - cl.gpu_memory < best_left) {
-        best_left = dev_free[d] - cl.gpu_memory;
+    for (std::int32_t d = gpus.node_first_dev[node]; d < gpus.node_first_dev[node + 1]; ++d)
+      if (gpus.dev_free[d] >= cl.gpu_memory && gpus.dev_free[d] - cl.gpu_memory < best_left) {
+        best_left = gpus.dev_free[d] - cl.gpu_memory;
         device = d;
       }
   }
@@ -469,7 +469,7 @@ inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::
       released_first_max[p] = *std::max_element(cols.begin(), cols.begin() + static_cast<std::ptrdiff_t>(n_leaves));
   }
   if (cl.gpu_memory > 0) {
-    dev_free[device] -= cl.gpu_memory;
+    gpus.dev_free[device] -= cl.gpu_memory;
     refresh_node_devices(node);
   }
   a.bin = bin;
@@ -494,9 +494,9 @@ inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::
     refresh_leaf(bin);
   }
   if (cl.service != kNone) {
-    services[cl.service].running += 1;
-    services[cl.service].waiting -= 1;
-    services[cl.service].queued_ns -= details[slot].est_ns;
+    gpus.services[cl.service].running += 1;
+    gpus.services[cl.service].waiting -= 1;
+    gpus.services[cl.service].queued_ns -= details[slot].est_ns;
   }
   deactivate(c);
   cl.waiting.pop(queue_pos);
@@ -524,7 +524,7 @@ inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::
   d.kind = DecisionKind::kStart;
   d.action = a.id;
   d.node = node;
-  d.device = device == kNone ? kNone : dev_local[device];
+  d.device = device == kNone ? kNone : gpus.dev_local[device];
   d.service = cl.service;
   d.elastic_kind = a.elastic_kind;
   d.grant = a.grant;
@@ -555,8 +555,8 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
     if (cl.parked && cl.park_generation == due.generation) unpark(due.cls);
   }
   in_pass = true;
-  if ((n_offline > 0 || n_offline_devices > 0) && !services.empty()) evict_offline_services(out);
-  if (row.rules.restore == RestoreRule::kQueuesFirst && !services.empty()) restore_queues(out);
+  if ((n_offline > 0 || gpus.n_offline_devices > 0) && !gpus.services.empty()) evict_offline_services(out);
+  if (row.rules.restore == RestoreRule::kQueuesFirst && !gpus.services.empty()) restore_queues(out);
   // Walk the heads in policy order. A head pushed behind the cursor (a class woken by an
   // eviction) waits for the next pass, like any head this pass has already passed by.
   active_deferred.clear();
@@ -650,7 +650,7 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
   freed_bins.clear();
   for (std::size_t q = 0; q < quotas.size(); ++q)
     if (quota_blocked[q] && quotas[q].last_until != kNever) wakeup = std::min(wakeup, quotas[q].last_until);
-  for (const ServiceRec& s : services)
+  for (const ServiceRec& s : gpus.services)
     if (s.device != kNone && s.ready_ns > now) wakeup = std::min(wakeup, s.ready_ns);
   // A plan fell short sparing a service ready only since the last pass (its waiting actions
   // had this pass to start): the next pass may evict it, so one comes even when no event

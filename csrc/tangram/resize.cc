@@ -187,7 +187,7 @@ bool Scheduler::Impl::reclaim_fits_node(const Class& cl, std::int32_t node) cons
 bool Scheduler::Impl::shrink_room_somewhere(const Class& cl) {
   const std::vector<std::int32_t>& list = reclaim_bins[cl.partition];
   if (!reclaim_bound_covers(cl)) return false;
-  if (cl.service != kNone && services[cl.service].device == kNone) return false;
+  if (cl.service != kNone && gpus.services[cl.service].device == kNone) return false;
   std::int32_t lo = 0, hi = 0, fixed_leaf = kNone;
   if (!eligible_range(cl, lo, hi, fixed_leaf)) return false;
   const Partition& part = partitions[cl.partition];
@@ -262,7 +262,7 @@ bool Scheduler::Impl::fits_or_shrinks(Class& cl, std::int32_t node) {
 bool Scheduler::Impl::plan_shrink(const Class& cl, const Room& room, std::int32_t device, ShrinkPlan& plan) {
   const std::vector<std::int32_t>& list = reclaim_bins[cl.partition];
   if (list.empty() || !room.has_range || room.masked || !reclaim_bound_covers(cl)) return false;
-  if (device != kNone && dev_free[device] < cl.gpu_memory) return false;
+  if (device != kNone && gpus.dev_free[device] < cl.gpu_memory) return false;
   const Partition& part = partitions[cl.partition];
   shrink_bins.clear();
   auto consider = [&](std::int32_t leaf) {

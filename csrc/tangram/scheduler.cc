@@ -153,7 +153,7 @@ void Scheduler::tick(TimeNs now, std::vector<Decision>& out) {
 }
 
 void Scheduler::Impl::check_service(std::int32_t service) const {
-  if (service < 0 || service >= static_cast<std::int32_t>(services.size()))
+  if (service < 0 || service >= static_cast<std::int32_t>(gpus.services.size()))
     throw Error(ErrorCode::kUnknownName, "service", "no service with index " + std::to_string(service));
 }
 
@@ -164,8 +164,8 @@ void Scheduler::Impl::check_node(std::int32_t node) const {
 
 std::int32_t Scheduler::Impl::global_device(std::int32_t node, std::int32_t device) const {
   check_node(node);
-  const std::int32_t d = node_first_dev[node] + device;
-  if (device < 0 || d >= node_first_dev[node + 1])
+  const std::int32_t d = gpus.node_first_dev[node] + device;
+  if (device < 0 || d >= gpus.node_first_dev[node + 1])
     throw Error(ErrorCode::kUnknownName, "device", "node " + std::to_string(node) + " has no GPU " + std::to_string(device));
   return d;
 }
@@ -179,9 +179,9 @@ void Scheduler::service_restored(std::int32_t service, std::int32_t node, std::i
   const std::int32_t d = m.global_device(node, device);
   m.messages.clear();
   m.now = now;
-  ServiceRec& svc = m.services[service];
+  ServiceRec& svc = m.gpus.services[service];
   if (svc.device == d && svc.ready_ns > now) {
-    if (m.dev_ops_end[d] == svc.ready_ns) m.dev_ops_end[d] = now;
+    if (m.gpus.dev_ops_end[d] == svc.ready_ns) m.gpus.dev_ops_end[d] = now;
     svc.ready_ns = now;
   }
   m.pass(out);
@@ -208,8 +208,8 @@ void Scheduler::set_service_times(std::int32_t service, double restore_seconds, 
     throw Error(ErrorCode::kInvalidArgument, "restore_seconds", "must be a finite number in [0, 1e9]");
   if (!std::isfinite(offload_seconds) || offload_seconds < 0 || offload_seconds > kMaxSeconds)
     throw Error(ErrorCode::kInvalidArgument, "offload_seconds", "must be a finite number in [0, 1e9]");
-  m.services[service].restore_ns = to_ns(restore_seconds);
-  m.services[service].offload_ns = to_ns(offload_seconds);
+  m.gpus.services[service].restore_ns = to_ns(restore_seconds);
+  m.gpus.services[service].offload_ns = to_ns(offload_seconds);
 }
 
 void Scheduler::set_node_online(std::int32_t node, bool online, TimeNs now, std::vector<Decision>& out) {
@@ -261,7 +261,7 @@ void Scheduler::set_device_online(std::int32_t node, std::int32_t device, bool o
 }
 
 bool Scheduler::device_online(std::int32_t node, std::int32_t device) const {
-  return !impl_->dev_offline[impl_->global_device(node, device)];
+  return !impl_->gpus.dev_offline[impl_->global_device(node, device)];
 }
 
 bool Scheduler::node_online(std::int32_t node) const {
@@ -297,7 +297,7 @@ Decision Scheduler::placement(ActionId id) const {
   d.kind = DecisionKind::kStart;
   d.action = id;
   d.node = impl_->bin_node[a.bin];
-  d.device = a.device == kNone ? kNone : impl_->dev_local[a.device];
+  d.device = a.device == kNone ? kNone : impl_->gpus.dev_local[a.device];
   d.service = impl_->classes[a.cls].service;
   d.elastic_kind = a.elastic_kind;
   d.grant = a.grant;
@@ -322,7 +322,7 @@ Quantity Scheduler::free(std::int32_t node, std::int32_t kind) const {
 }
 
 Quantity Scheduler::gpu_free(std::int32_t node, std::int32_t device) const {
-  return impl_->dev_free[impl_->global_device(node, device)];
+  return impl_->gpus.dev_free[impl_->global_device(node, device)];
 }
 
 std::int32_t Scheduler::trajectory_slot_node(TrajectoryId trajectory) const {
@@ -333,15 +333,15 @@ std::int32_t Scheduler::trajectory_slot_node(TrajectoryId trajectory) const {
 std::pair<std::int32_t, std::int32_t> Scheduler::service_location(std::int32_t service) const {
   const Impl& m = *impl_;
   m.check_service(service);
-  std::int32_t d = m.services[service].device;
+  std::int32_t d = m.gpus.services[service].device;
   if (d == kNone) return {kNone, kNone};
-  return {m.dev_node[d], m.dev_local[d]};
+  return {m.gpus.dev_node[d], m.gpus.dev_local[d]};
 }
 
 bool Scheduler::service_ready(std::int32_t service) const {
   const Impl& m = *impl_;
   m.check_service(service);
-  return m.service_is_ready(m.services[service]);
+  return m.gpus.services[service].ready(m.now);
 }
 
 double Scheduler::runtime(ActionId id, Quantity units) const {

@@ -44,6 +44,7 @@
 
 #include "tangram/bin_tree.h"
 #include "tangram/elasticity.h"
+#include "tangram/gpus.h"
 #include "tangram/id_map.h"
 #include "tangram/quota.h"
 #include "tangram/scheduler.h"
@@ -219,24 +220,6 @@ struct Partition {
   std::int64_t parked_count = 0;     // classes parked here now
 };
 
-struct ServiceRec {
-  std::int32_t device = kNone;  // global device index while resident or restoring
-  TimeNs ready_ns = 0;
-  std::int32_t running = 0;
-  std::int64_t waiting = 0;
-  TimeNs queued_ns = 0;  // estimated work of waiting actions
-  std::int32_t home_device = kNone;  // ServiceDevices::kHome
-  std::int32_t pinned_device = kNone;  // an unmovable one: where its process runs (keeping asleep_memory)
-  std::int32_t host_node = kNone;  // offloaded: the node whose offload_memory holds its host_memory
-  TimeNs restore_ns = 0;
-  TimeNs offload_ns = 0;
-  TimeNs last_request_ns = -1;  // its latest action's submit (-1: never asked for)
-  TimeNs mean_gap_ns = -1;      // between its actions' submits, a moving average (-1: fewer than two)
-  // Drained for a starving service (restore()): it starts nothing while == pass_epoch.
-  std::uint64_t draining_pass = 0;
-  std::int32_t draining_for = kNone;  // the starving service it was last drained for
-};
-
 struct Scheduler::Impl {
   Inventory inv;
   PolicyConfig policy;
@@ -266,18 +249,9 @@ struct Scheduler::Impl {
   std::vector<Partition> partitions;
   std::unordered_map<std::uint32_t, std::int32_t> pool_partition;  // BinLayout::kTaskPools
 
-  // GPUs (global device index)
-  std::vector<std::int32_t> dev_node, dev_local;
-  std::vector<Quantity> dev_total, dev_free;
-  // Per device: when its last restore or offload ends (ServiceSpec: they run in order).
-  std::vector<TimeNs> dev_ops_end;
-  std::vector<std::int32_t> node_first_dev;  // node -> first global device
-  std::vector<Quantity> node_max_dev_free, node_max_dev_total;
+  std::vector<Quantity> node_max_dev_free, node_max_dev_total;  // per node, over its devices
 
-  std::vector<ServiceRec> services;
-  // Per service: the copies of its replica group, itself first, when it is a group's first
-  // copy (a single copy for an unreplicated service); empty for the other copies.
-  std::vector<std::vector<std::int32_t>> replica_group;
+  Gpus gpus;  // services and devices (gpus.h)
   std::vector<QuotaState> quotas;
   std::vector<RuntimeTable> tables;
 
@@ -404,13 +378,7 @@ struct Scheduler::Impl {
   // the free trees (all -1, like a bound trajectory slot), so nothing is placed there; its
   // running actions keep their resources until the caller completes or cancels them.
   std::vector<std::uint8_t> node_online;  // per node
-  std::vector<Quantity> node_offload_used;  // per node: host_memory of the services offloaded there
   std::int32_t n_offline = 0;
-  // Per device: out of placement (a GPU that needs a reset); its memory is fenced off: what
-  // was free, and whatever comes back to it, goes to dev_fenced instead of dev_free.
-  std::vector<std::uint8_t> dev_offline;
-  std::vector<Quantity> dev_fenced;
-  std::int32_t n_offline_devices = 0;
 
   // ---- bins.cc: construction, bins and node membership
   Impl(Inventory inventory, PolicyConfig cfg);
@@ -563,7 +531,6 @@ struct Scheduler::Impl {
 
   // ---- services.cc: GPU services and eviction
   std::int32_t route_replica(const ActionSpec& s) const;
-  bool service_is_ready(const ServiceRec& s) const { return s.device != kNone && s.ready_ns <= now; }
   bool uses_service_home() const { return row.rules.service_devices == ServiceDevices::kHome; }
   bool service_admits(Class& cl, std::int32_t& device, std::vector<Decision>& out);
   bool restore(std::int32_t svc_id, const Class& head_class, std::vector<Decision>& out);
@@ -590,26 +557,17 @@ struct Scheduler::Impl {
                      std::int32_t device, std::vector<Decision>& out);
   void evict(std::int32_t svc_id, std::vector<Decision>& out, bool discard = false);
   void discard_asleep(std::int32_t svc_id, std::vector<Decision>& out);
-  void release_offloaded_state(std::int32_t svc_id);
   void emit_evict(std::int32_t svc_id, std::int32_t device, bool discard, std::vector<Decision>& out) const;
   void evict_plan(const RoomPlan& plan, std::vector<Decision>& out);
   void evict_offline_services(std::vector<Decision>& out);
   bool could_serve(const Class& cl, std::int32_t d) const;
   bool serves_another(const Class& cl, std::int32_t d) const;
-  Quantity evict_frees(std::int32_t svc_id) const;
-  bool device_online(std::int32_t d) const { return node_online[dev_node[d]] && !dev_offline[d]; }
+  bool device_online(std::int32_t d) const { return node_online[gpus.dev_node[d]] && !gpus.dev_offline[d]; }
   // Argument checks of the public calls: Error naming the field when out of range.
   void check_service(std::int32_t service) const;
   void check_node(std::int32_t node) const;
   std::int32_t global_device(std::int32_t node, std::int32_t device) const;  // node's GPU `device`
-  // Memory back to device d: free, or fenced off while the device is offline.
-  void give_back_gpu(std::int32_t d, Quantity amount) { (dev_offline[d] ? dev_fenced[d] : dev_free[d]) += amount; }
   void set_device_online(std::int32_t d, bool online);
-  // Whether `extra` more host memory of offloaded services fits the node's offload_memory.
-  bool offload_fits(std::int32_t node, Quantity extra) const {
-    const Quantity cap = inv.nodes[node].offload_memory;
-    return cap < 0 || node_offload_used[node] + extra <= cap;
-  }
 
   // ---- spare.cc: spare elastic units
   // A candidate for spare units: an action started in this pass (its kStart's index in

@@ -23,10 +23,10 @@ namespace tangram {
 // runs there (the caller ends those); until then its actions wait (try_head). Its state
 // there is gone: a discard.
 void Scheduler::Impl::evict_offline_services(std::vector<Decision>& out) {
-  for (std::int32_t s = 0; s < static_cast<std::int32_t>(services.size()); ++s) {
-    const ServiceRec& svc = services[s];
+  for (std::int32_t s = 0; s < static_cast<std::int32_t>(gpus.services.size()); ++s) {
+    const ServiceRec& svc = gpus.services[s];
     if (svc.device == kNone || svc.running > 0 || device_online(svc.device)) continue;
-    const std::int32_t node = dev_node[svc.device];
+    const std::int32_t node = gpus.dev_node[svc.device];
     evict(s, out, /*discard=*/true);
     refresh_node_devices(node);
   }
@@ -49,8 +49,8 @@ std::int32_t Scheduler::Impl::route_replica(const ActionSpec& s) const {
   std::int32_t best = s.service;
   __int128 best_wait = -1;
   std::int64_t best_live = 0;
-  for (std::int32_t copy : replica_group[s.service]) {
-    const ServiceRec& r = services[copy];
+  for (std::int32_t copy : gpus.replica_group[s.service]) {
+    const ServiceRec& r = gpus.services[copy];
     if (inv.services[copy].surplus && r.device == kNone && !free_device_holds(inv.services[copy].memory)) continue;
     const TimeNs until = !inv.services[copy].surplus ? 0
                          : r.device == kNone     ? r.restore_ns
@@ -68,14 +68,9 @@ std::int32_t Scheduler::Impl::route_replica(const ActionSpec& s) const {
 
 // Whether an online device has `memory` free now (a surplus copy is routed to only then).
 bool Scheduler::Impl::free_device_holds(Quantity memory) const {
-  for (std::size_t d = 0; d < dev_free.size(); ++d)
-    if (dev_free[d] >= memory && device_online(static_cast<std::int32_t>(d))) return true;
+  for (std::size_t d = 0; d < gpus.dev_free.size(); ++d)
+    if (gpus.dev_free[d] >= memory && device_online(static_cast<std::int32_t>(d))) return true;
   return false;
-}
-
-// Device memory an eviction of service s frees (what it keeps asleep stays).
-Quantity Scheduler::Impl::evict_frees(std::int32_t s) const {
-  return inv.services[s].memory - inv.services[s].asleep_memory;
 }
 
 // Greedy eviction plan for `need` milli-MiB on device d: never a service with running
@@ -95,15 +90,15 @@ Quantity Scheduler::Impl::evict_frees(std::int32_t s) const {
 Scheduler::Impl::RoomPlan Scheduler::Impl::plan_room(std::int32_t d, Quantity need, std::int32_t keep,
                                                      bool starving) const {
   RoomPlan plan;
-  Quantity room = dev_free[d] - promised_on(d, keep);
+  Quantity room = gpus.dev_free[d] - promised_on(d, keep);
   if (room >= need) {
     plan.ok = true;
     return plan;
   }
   std::vector<std::int32_t> cands;
   bool spared = false;
-  for (std::int32_t s = 0; s < static_cast<std::int32_t>(services.size()); ++s) {
-    const ServiceRec& o = services[s];
+  for (std::int32_t s = 0; s < static_cast<std::int32_t>(gpus.services.size()); ++s) {
+    const ServiceRec& o = gpus.services[s];
     // A service that became ready since the last pass gets that pass for its waiting
     // actions before it may be evicted: otherwise a restore can be undone unused.
     if (s != keep && o.device == d && o.running == 0) {
@@ -119,8 +114,8 @@ Scheduler::Impl::RoomPlan Scheduler::Impl::plan_room(std::int32_t d, Quantity ne
     return std::max<TimeNs>(std::max<TimeNs>(r.mean_gap_ns, since), 1);
   };
   std::sort(cands.begin(), cands.end(), [&](std::int32_t x, std::int32_t y) {
-    const ServiceRec& a = services[x];
-    const ServiceRec& b = services[y];
+    const ServiceRec& a = gpus.services[x];
+    const ServiceRec& b = gpus.services[y];
     bool ia = a.waiting == 0, ib = b.waiting == 0;
     if (ia != ib) return ia;
     if (ia && inv.services[x].surplus != inv.services[y].surplus) return inv.services[x].surplus;  // surplus copies first
@@ -142,15 +137,15 @@ Scheduler::Impl::RoomPlan Scheduler::Impl::plan_room(std::int32_t d, Quantity ne
   });
   // The victims' host memory must fit the node's offload memory, less what `keep` gives
   // back there when this plan is for its restore.
-  const ServiceRec* kept = keep != kNone ? &services[keep] : nullptr;
-  Quantity host = kept != nullptr && kept->device == kNone && kept->host_node == dev_node[d]
+  const ServiceRec* kept = keep != kNone ? &gpus.services[keep] : nullptr;
+  Quantity host = kept != nullptr && kept->device == kNone && kept->host_node == gpus.dev_node[d]
                       ? -inv.services[keep].host_memory
                       : 0;
   for (std::size_t i = 0; i < cands.size() && room < need; ++i) {
-    const ServiceRec& o = services[cands[i]];
-    const bool kept_state = offload_fits(dev_node[d], host + inv.services[cands[i]].host_memory);
+    const ServiceRec& o = gpus.services[cands[i]];
+    const bool kept_state = gpus.offload_fits(gpus.dev_node[d], host + inv.services[cands[i]].host_memory);
     if (kept_state) host += inv.services[cands[i]].host_memory;
-    room += kept_state ? evict_frees(cands[i]) : inv.services[cands[i]].memory;
+    room += kept_state ? evict_frees(inv.services[cands[i]]) : inv.services[cands[i]].memory;
     plan.discard.push_back(kept_state ? 0 : 1);
     plan.busy += o.waiting > 0 ? 1 : 0;
     plan.queued += o.queued_ns;
@@ -166,8 +161,8 @@ Scheduler::Impl::RoomPlan Scheduler::Impl::plan_room(std::int32_t d, Quantity ne
     room += inv.services[v].asleep_memory;
     plan.discard[i] = 1;
   }
-  for (std::int32_t s = 0; s < static_cast<std::int32_t>(services.size()) && room < need; ++s) {
-    const ServiceRec& o = services[s];
+  for (std::int32_t s = 0; s < static_cast<std::int32_t>(gpus.services.size()) && room < need; ++s) {
+    const ServiceRec& o = gpus.services[s];
     if (s == keep || o.device != kNone || o.pinned_device != d || (o.waiting > 0 && !starving)) continue;
     if (inv.services[s].asleep_memory == 0) continue;
     room += inv.services[s].asleep_memory;
@@ -188,8 +183,8 @@ Scheduler::Impl::RoomPlan Scheduler::Impl::plan_room(std::int32_t d, Quantity ne
 // may use it: what they take comes back when they end.
 Quantity Scheduler::Impl::promised_on(std::int32_t d, std::int32_t keep) const {
   Quantity promised = 0;
-  for (std::int32_t s = 0; s < static_cast<std::int32_t>(services.size()); ++s) {
-    const ServiceRec& o = services[s];
+  for (std::int32_t s = 0; s < static_cast<std::int32_t>(gpus.services.size()); ++s) {
+    const ServiceRec& o = gpus.services[s];
     if (s == keep || o.device != d || o.ready_ns <= prev_pass_now || o.running > 0 || o.waiting == 0) continue;
     const Class* first = nullptr;
     for (const Class& cl : classes)
@@ -203,7 +198,7 @@ Quantity Scheduler::Impl::promised_on(std::int32_t d, std::int32_t keep) const {
 void Scheduler::Impl::evict_plan(const RoomPlan& plan, std::vector<Decision>& out) {
   for (std::size_t i = 0; i < plan.victims.size(); ++i) {
     const std::int32_t v = plan.victims[i];
-    if (services[v].device == kNone) discard_asleep(v, out);
+    if (gpus.services[v].device == kNone) discard_asleep(v, out);
     else evict(v, out, plan.discard[i] != 0);
   }
 }
@@ -212,30 +207,22 @@ void Scheduler::Impl::evict_plan(const RoomPlan& plan, std::vector<Decision>& ou
 // keeps there (and its host memory) is free again, and its next restore is a fresh load.
 // Emits a kEvict with reason kDiscard for the device its process was on.
 void Scheduler::Impl::discard_asleep(std::int32_t v, std::vector<Decision>& out) {
-  ServiceRec& svc = services[v];
+  ServiceRec& svc = gpus.services[v];
   const std::int32_t d = svc.pinned_device;
-  give_back_gpu(d, inv.services[v].asleep_memory);
+  gpus.give_back(d, inv.services[v].asleep_memory);
   svc.pinned_device = kNone;
-  release_offloaded_state(v);
-  dev_ops_end[d] = std::max(now, dev_ops_end[d]);
-  refresh_node_devices(dev_node[d]);
+  gpus.release_offloaded_state(v, inv.services[v].host_memory);
+  gpus.dev_ops_end[d] = std::max(now, gpus.dev_ops_end[d]);
+  refresh_node_devices(gpus.dev_node[d]);
   emit_evict(v, d, true, out);
-}
-
-// Its offloaded state leaves host memory (restored, or given up).
-void Scheduler::Impl::release_offloaded_state(std::int32_t v) {
-  ServiceRec& svc = services[v];
-  if (svc.host_node == kNone) return;
-  node_offload_used[svc.host_node] -= inv.services[v].host_memory;
-  svc.host_node = kNone;
 }
 
 void Scheduler::Impl::emit_evict(std::int32_t v, std::int32_t d, bool discard, std::vector<Decision>& out) const {
   Decision e;
   e.kind = DecisionKind::kEvict;
   e.service = v;
-  e.node = dev_node[d];
-  e.device = dev_local[d];
+  e.node = gpus.dev_node[d];
+  e.device = gpus.dev_local[d];
   e.time = now;
   if (discard) e.reason = kDiscard;
   out.push_back(e);
@@ -245,21 +232,21 @@ void Scheduler::Impl::emit_evict(std::int32_t v, std::int32_t d, bool discard, s
 // asleep stays on the device), or with `discard` its state given up (all of its memory
 // free; an unmovable one's process too, so it is no longer pinned).
 void Scheduler::Impl::evict(std::int32_t v, std::vector<Decision>& out, bool discard) {
-  ServiceRec& svc = services[v];
+  ServiceRec& svc = gpus.services[v];
   const ServiceSpec& spec = inv.services[v];
   const std::int32_t d = svc.device;
   svc.device = kNone;
   if (discard) {
-    give_back_gpu(d, spec.memory);
+    gpus.give_back(d, spec.memory);
     svc.pinned_device = kNone;
   } else {
-    give_back_gpu(d, evict_frees(v));
+    gpus.give_back(d, evict_frees(spec));
     if (spec.host_memory > 0) {
-      node_offload_used[dev_node[d]] += spec.host_memory;
-      svc.host_node = dev_node[d];
+      gpus.node_offload_used[gpus.dev_node[d]] += spec.host_memory;
+      svc.host_node = gpus.dev_node[d];
     }
   }
-  dev_ops_end[d] = std::max(now, dev_ops_end[d]) + svc.offload_ns;
+  gpus.dev_ops_end[d] = std::max(now, gpus.dev_ops_end[d]) + svc.offload_ns;
   emit_evict(v, d, discard, out);
 }
 
@@ -267,9 +254,9 @@ void Scheduler::Impl::evict(std::int32_t v, std::vector<Decision>& out, bool dis
 // for the service beside the action's GPU memory, on a node with a bin of the class's
 // partition whose capacity covers its demand. By capacity alone: what runs there now ends.
 bool Scheduler::Impl::could_serve(const Class& cl, std::int32_t d) const {
-  if (dev_total[d] < inv.services[cl.service].memory + cl.gpu_memory) return false;
+  if (gpus.dev_total[d] < inv.services[cl.service].memory + cl.gpu_memory) return false;
   const Partition& part = partitions[cl.partition];
-  const std::int32_t n = dev_node[d];
+  const std::int32_t n = gpus.dev_node[d];
   if (part.node_lo[n] < 0) return false;
   std::vector<Quantity> demand(cl.demand, cl.demand + K);
   if (has_gpus) demand.push_back(0);
@@ -288,7 +275,7 @@ bool Scheduler::Impl::serves_another(const Class& cl, std::int32_t d) const {
 // Makes `svc_id` resident (or restoring) somewhere, evicting greedily (plan_room).
 // Emits the evict and restore decisions; false when no device can make room now.
 bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vector<Decision>& out) {
-  ServiceRec& svc = services[svc_id];
+  ServiceRec& svc = gpus.services[svc_id];
   const ServiceSpec& spec = inv.services[svc_id];
   // Its whole memory must fit the device; restored where it is pinned (an unmovable one
   // asleep there) it takes only what it does not keep asleep.
@@ -300,7 +287,7 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
   auto room_on = [&](std::int32_t d) { return need_on(d) + head.gpu_memory; };
   const Partition& part = partitions[head.partition];
   std::int32_t dlo = svc.home_device != kNone ? svc.home_device : 0;
-  std::int32_t dhi = svc.home_device != kNone ? svc.home_device + 1 : static_cast<std::int32_t>(dev_node.size());
+  std::int32_t dhi = svc.home_device != kNone ? svc.home_device + 1 : static_cast<std::int32_t>(gpus.dev_node.size());
   std::vector<std::int32_t> found;
   auto no_skip = [](std::int32_t) { return false; };
   std::vector<Quantity> demand(head.demand, head.demand + K);
@@ -308,13 +295,13 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
   auto usable = [&](std::int32_t d) { return device_online(d) && could_serve(head, d); };
   // Prefer devices whose node has room for the waiting action right now.
   auto busy_node = [&](std::int32_t d) -> std::int64_t {
-    std::int32_t n = dev_node[d];
+    std::int32_t n = gpus.dev_node[d];
     found.clear();
     part.free_tree.find(part.node_lo[n], part.node_hi[n], demand.data(), 1, no_skip, found);
     return found.empty() ? 1 : 0;
   };
   // When a restore on d could begin: after d's earlier restores and offloads.
-  auto begins = [&](std::int32_t d) { return std::max(now, dev_ops_end[d]); };
+  auto begins = [&](std::int32_t d) { return std::max(now, gpus.dev_ops_end[d]); };
   // An unmovable service restores where it is pinned while its head could ever run there;
   // else (an offline node, a head whose demand that node or device can never hold) its
   // process there is given up, and it loads afresh on a device of its own range.
@@ -325,7 +312,7 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
   // keeps a restore off the device of one heavily used service.
   auto actions_on = [&](std::int32_t d) {
     std::int64_t n = 0;
-    for (const ServiceRec& o : services) n += o.device == d ? o.running + o.waiting : 0;
+    for (const ServiceRec& o : gpus.services) n += o.device == d ? o.running + o.waiting : 0;
     return n;
   };
   // 1. A device with room already: the fewest actions there, the soonest free, then best
@@ -333,9 +320,9 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
   std::int32_t target = kNone;
   std::tuple<std::int64_t, std::int64_t, TimeNs, Quantity> best_fit{2, 0, 0, 0};
   for (std::int32_t d = dlo; d < dhi; ++d)
-    if (dev_free[d] - promised_on(d, svc_id) >= room_on(d) && usable(d)) {
+    if (gpus.dev_free[d] - promised_on(d, svc_id) >= room_on(d) && usable(d)) {
       std::tuple<std::int64_t, std::int64_t, TimeNs, Quantity> fit{busy_node(d), actions_on(d), begins(d),
-                                                                    dev_free[d] - room_on(d)};
+                                                                    gpus.dev_free[d] - room_on(d)};
       if (fit < best_fit) {
         best_fit = fit;
         target = d;
@@ -350,7 +337,7 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
       RoomPlan plan = plan_room(d, room_on(d), svc_id);
       if (!plan.ok) continue;
       TimeNs ready = begins(d);  // after the victims' offloads
-      for (std::int32_t v : plan.victims) ready += services[v].offload_ns;
+      for (std::int32_t v : plan.victims) ready += gpus.services[v].offload_ns;
       auto cost = std::make_tuple(busy_node(d), plan.busy, plan.queued, ready, plan.likely, plan.victims.size(), d);
       if (cost < best) {
         best = cost;
@@ -364,20 +351,20 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
     }
     evict_plan(chosen, out);
   }
-  dev_free[target] -= need_on(target);
+  gpus.dev_free[target] -= need_on(target);
   if (svc.pinned_device != kNone && svc.pinned_device != target) discard_asleep(svc_id, out);  // its old process
-  release_offloaded_state(svc_id);  // its offloaded state goes back to the device
+  gpus.release_offloaded_state(svc_id, spec.host_memory);  // its offloaded state goes back to the device
   if (!spec.movable) svc.pinned_device = target;
   svc.device = target;
   svc.ready_ns = begins(target) + svc.restore_ns;
-  dev_ops_end[target] = svc.ready_ns;
-  refresh_node_devices(dev_node[target]);
-  if (!chosen.victims.empty()) release_on_node(dev_node[target], kNone);
+  gpus.dev_ops_end[target] = svc.ready_ns;
+  refresh_node_devices(gpus.dev_node[target]);
+  if (!chosen.victims.empty()) release_on_node(gpus.dev_node[target], kNone);
   Decision d;
   d.kind = DecisionKind::kRestore;
   d.service = svc_id;
-  d.node = dev_node[target];
-  d.device = dev_local[target];
+  d.node = gpus.dev_node[target];
+  d.device = gpus.dev_local[target];
   d.time = svc.ready_ns;
   out.push_back(d);
   if (svc.ready_ns > now) wakeup = std::min(wakeup, svc.ready_ns);
@@ -400,13 +387,13 @@ void Scheduler::Impl::drain(std::int32_t svc_id, std::int32_t dlo, std::int32_t 
   for (std::int32_t d = dlo; d < dhi; ++d) {
     if (!usable(d)) continue;
     in_way.clear();
-    for (std::int32_t o = 0; o < static_cast<std::int32_t>(services.size()); ++o) {
-      if (o == svc_id || services[o].device != d || services[o].ready_ns > prev_pass_now) continue;
+    for (std::int32_t o = 0; o < static_cast<std::int32_t>(gpus.services.size()); ++o) {
+      if (o == svc_id || gpus.services[o].device != d || gpus.services[o].ready_ns > prev_pass_now) continue;
       // A service keeps its device against drains for starvation_seconds after it became
       // ready: else, with a burst queued at both, two services drain each other in turn,
       // each restored to serve a share of its queue (bench/sim_grid.py, rewardburst). A pass
       // comes when that residency ends.
-      const TimeNs kept_until = services[o].ready_ns + starvation_ns;
+      const TimeNs kept_until = gpus.services[o].ready_ns + starvation_ns;
       if (kept_until > now) {
         wakeup = std::min(wakeup, kept_until);
         continue;
@@ -414,22 +401,22 @@ void Scheduler::Impl::drain(std::int32_t svc_id, std::int32_t dlo, std::int32_t 
       in_way.push_back(o);
     }
     std::sort(in_way.begin(), in_way.end(), [&](std::int32_t x, std::int32_t y) {
-      return std::make_pair(services[x].running, x) < std::make_pair(services[y].running, y);
+      return std::make_pair(gpus.services[x].running, x) < std::make_pair(gpus.services[y].running, y);
     });
-    Quantity room = dev_free[d];
+    Quantity room = gpus.dev_free[d];
     std::int64_t running = 0;
     std::size_t k = 0;
     for (; k < in_way.size() && room < room_on(d); ++k) {
-      room += evict_frees(in_way[k]);
-      running += services[in_way[k]].running;
+      room += evict_frees(inv.services[in_way[k]]);
+      running += gpus.services[in_way[k]].running;
     }
     if (room < room_on(d) || running >= least) continue;
     least = running;
     victims.assign(in_way.begin(), in_way.begin() + static_cast<std::ptrdiff_t>(k));
   }
   for (std::int32_t v : victims) {
-    services[v].draining_pass = pass_epoch;
-    services[v].draining_for = svc_id;
+    gpus.services[v].draining_pass = pass_epoch;
+    gpus.services[v].draining_for = svc_id;
   }
 }
 
@@ -444,10 +431,10 @@ void Scheduler::Impl::drain(std::int32_t svc_id, std::int32_t dlo, std::int32_t 
 // starves, none is restored ahead of the walk.
 void Scheduler::Impl::restore_queues(std::vector<Decision>& out) {
   std::vector<std::int32_t> order;
-  for (std::int32_t s = 0; s < static_cast<std::int32_t>(services.size()); ++s)
-    if (services[s].device == kNone && services[s].waiting > 0) order.push_back(s);
+  for (std::int32_t s = 0; s < static_cast<std::int32_t>(gpus.services.size()); ++s)
+    if (gpus.services[s].device == kNone && gpus.services[s].waiting > 0) order.push_back(s);
   if (order.empty()) return;
-  std::vector<std::int32_t> head(services.size(), kNone);  // class holding the service's first waiting action
+  std::vector<std::int32_t> head(gpus.services.size(), kNone);  // class holding the service's first waiting action
   for (std::int32_t c = 0; c < static_cast<std::int32_t>(classes.size()); ++c) {
     const Class& cl = classes[c];
     // A starving GPU action (no service) gets its memory in the walk, in policy order: restores
@@ -455,26 +442,26 @@ void Scheduler::Impl::restore_queues(std::vector<Decision>& out) {
     if (cl.service == kNone && cl.gpu_memory > 0 && !cl.waiting.empty() &&
         now - cl.waiting.head().submit_ns >= starvation_ns)
       return;
-    if (cl.service == kNone || cl.waiting.empty() || services[cl.service].device != kNone) continue;
+    if (cl.service == kNone || cl.waiting.empty() || gpus.services[cl.service].device != kNone) continue;
     std::int32_t& h = head[cl.service];
     if (h == kNone || cl.waiting.head() < classes[h].waiting.head()) h = c;
   }
   auto starving = [&](std::int32_t s) { return now - classes[head[s]].waiting.head().submit_ns >= starvation_ns; };
   auto span = [&](std::int32_t s) {
-    return services[s].restore_ns + services[s].queued_ns / inv.services[s].max_batch;
+    return gpus.services[s].restore_ns + gpus.services[s].queued_ns / inv.services[s].max_batch;
   };
   std::sort(order.begin(), order.end(), [&](std::int32_t x, std::int32_t y) {
     bool sx = starving(x), sy = starving(y);
     if (sx != sy) return sx;
-    __int128 lhs = static_cast<__int128>(services[x].waiting) * span(y);
-    __int128 rhs = static_cast<__int128>(services[y].waiting) * span(x);
+    __int128 lhs = static_cast<__int128>(gpus.services[x].waiting) * span(y);
+    __int128 rhs = static_cast<__int128>(gpus.services[y].waiting) * span(x);
     if (lhs != rhs) return lhs > rhs;
     return x < y;
   });
   for (std::int32_t s : order) {
     const Class& cl = classes[head[s]];
     if (cl.quota != kNone && !quotas[cl.quota].admits(now, cl.tokens)) continue;  // the walk will say why
-    if (services[s].device == kNone) restore(s, cl, out);
+    if (gpus.services[s].device == kNone) restore(s, cl, out);
   }
 }
 
@@ -486,7 +473,7 @@ bool Scheduler::Impl::make_gpu_room(const Class& c, std::int32_t lo, std::int32_
   std::int32_t target = kNone;
   RoomPlan chosen;
   if (device != kNone) {
-    if (dev_free[device] >= c.gpu_memory) return false;  // it waits for something else
+    if (gpus.dev_free[device] >= c.gpu_memory) return false;  // it waits for something else
     // Its service's node must hold the rest of its demand now, else the memory freed would go
     // unused (and the victims be restored and evicted again, pass after pass).
     const Partition& part = partitions[c.partition];
@@ -519,8 +506,8 @@ bool Scheduler::Impl::make_gpu_room(const Class& c, std::int32_t lo, std::int32_
       bool fits = true;
       for (std::int32_t k = 0; k < K && fits; ++k) fits = f[k] >= c.demand[k];
       if (!fits) continue;
-      for (std::int32_t d = node_first_dev[n]; d < node_first_dev[n + 1]; ++d) {
-        if (dev_total[d] < c.gpu_memory || dev_offline[d]) continue;
+      for (std::int32_t d = gpus.node_first_dev[n]; d < gpus.node_first_dev[n + 1]; ++d) {
+        if (gpus.dev_total[d] < c.gpu_memory || gpus.dev_offline[d]) continue;
         RoomPlan plan = plan_room(d, c.gpu_memory, kNone, now - c.waiting.head().submit_ns >= starvation_ns);
         if (!plan.ok || plan.victims.empty()) continue;
         auto cost = std::make_tuple(plan.busy, plan.queued, plan.likely, plan.victims.size(), d);
@@ -534,8 +521,8 @@ bool Scheduler::Impl::make_gpu_room(const Class& c, std::int32_t lo, std::int32_
     if (target == kNone) return false;
   }
   evict_plan(chosen, out);
-  refresh_node_devices(dev_node[target]);
-  release_on_node(dev_node[target], kNone);
+  refresh_node_devices(gpus.dev_node[target]);
+  release_on_node(gpus.dev_node[target], kNone);
   return true;
 }
 
@@ -545,7 +532,7 @@ bool Scheduler::Impl::make_gpu_room(const Class& c, std::int32_t lo, std::int32_
 // one. True with `device` set to the service's device; false when the action waits (its
 // class's Block says for what).
 bool Scheduler::Impl::service_admits(Class& cl, std::int32_t& device, std::vector<Decision>& out) {
-  ServiceRec& svc = services[cl.service];
+  ServiceRec& svc = gpus.services[cl.service];
   if (svc.device != kNone && !device_online(svc.device)) {
     // Resident on an offline node or device: evicted once its running actions there have ended.
     cl.block = Block::kServiceOffline;
@@ -563,8 +550,8 @@ bool Scheduler::Impl::service_admits(Class& cl, std::int32_t& device, std::vecto
       return false;
     }
     if (cl.quota != kNone && quota_refuses(cl)) return false;
-    const std::int32_t node = dev_node[svc.device];
-    evict(cl.service, out, !offload_fits(node, inv.services[cl.service].host_memory));
+    const std::int32_t node = gpus.dev_node[svc.device];
+    evict(cl.service, out, !gpus.offload_fits(node, inv.services[cl.service].host_memory));
     refresh_node_devices(node);
     release_on_node(node, kNone);
   }
