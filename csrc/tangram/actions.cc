@@ -230,11 +230,11 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
   // duplicate and a repeat within the batch; on any error the batch's ids come out again.
   std::size_t repeat = SIZE_MAX;  // the first position whose id came earlier in the batch
   std::size_t i = 0;
-  by_id.reserve(by_id.size() + n);  // one rehash for a burst, not one per doubling
+  actions.by_id.reserve(actions.by_id.size() + n);  // one rehash for a burst, not one per doubling
   try {
     for (; i < n; ++i) {
       auto field = [i] { return "actions[" + std::to_string(i) + "]"; };
-      auto [slot, inserted] = by_id.insert(a[i].id, kBatchSlot);
+      auto [slot, inserted] = actions.by_id.insert(a[i].id, kBatchSlot);
       if (!inserted && *slot != kBatchSlot) {
         throw Error(ErrorCode::kDuplicateId, field() + ".id", "action " + std::to_string(a[i].id) + " is already live");
       }
@@ -248,21 +248,21 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
     // Positions before i hold batch ids only (a live duplicate throws at once); position
     // i's id is the batch's too unless it was the live duplicate.
     for (std::size_t j = 0; j <= i && j < n; ++j) {
-      const std::int32_t* slot = by_id.find(a[j].id);
-      if (slot != nullptr && *slot == kBatchSlot) by_id.erase(a[j].id);
+      const std::int32_t* slot = actions.by_id.find(a[j].id);
+      if (slot != nullptr && *slot == kBatchSlot) actions.by_id.erase(a[j].id);
     }
     throw;
   }
   messages.clear();
   now = t;
-  if (free_slots.size() < n) {
+  if (actions.free_slots.size() < n) {
     // Grow once for a burst rather than once per doubling (and still geometrically, so a
     // stream of single submits does not reallocate each time).
-    const std::size_t need = slots.size() + (n - free_slots.size());
-    if (need > slots.capacity()) slots.reserve(std::max(need, 2 * slots.capacity()));
-    if (need > details.capacity()) details.reserve(slots.capacity());
-    if (need > queue_pos.capacity()) queue_pos.reserve(slots.capacity());
-    if (malleable && need > run_state.capacity()) run_state.reserve(slots.capacity());
+    const std::size_t need = actions.slots.size() + (n - actions.free_slots.size());
+    if (need > actions.slots.capacity()) actions.slots.reserve(std::max(need, 2 * actions.slots.capacity()));
+    if (need > actions.details.capacity()) actions.details.reserve(actions.slots.capacity());
+    if (need > actions.queue_pos.capacity()) actions.queue_pos.reserve(actions.slots.capacity());
+    if (malleable && need > run_state.capacity()) run_state.reserve(actions.slots.capacity());
   }
   // The aging term of the order key is the same for the whole batch.
   const std::int64_t aging_offset = static_cast<std::int64_t>((static_cast<__int128>(now) * aging_permille) / 1000);
@@ -281,7 +281,7 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
     std::int32_t c = class_for(s);
     const std::string& why = classes[c].infeasible;
     if (!why.empty()) {
-      by_id.erase(s.id);
+      actions.by_id.erase(s.id);
       Decision d;
       d.kind = DecisionKind::kReject;
       d.action = s.id;
@@ -292,18 +292,18 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
       continue;
     }
     std::int32_t slot;
-    if (!free_slots.empty()) {
-      slot = free_slots.back();
-      free_slots.pop_back();
+    if (!actions.free_slots.empty()) {
+      slot = actions.free_slots.back();
+      actions.free_slots.pop_back();
     } else {
-      slot = static_cast<std::int32_t>(slots.size());
-      slots.emplace_back();
-      details.emplace_back();
-      queue_pos.push_back(-1);
+      slot = static_cast<std::int32_t>(actions.slots.size());
+      actions.slots.emplace_back();
+      actions.details.emplace_back();
+      actions.queue_pos.push_back(-1);
       if (malleable) run_state.emplace_back();
     }
-    ActionRec& r = slots[slot];
-    ActionDetail& detail = details[slot];
+    ActionRec& r = actions.slots[slot];
+    ActionDetail& detail = actions.details[slot];
     r = ActionRec{};
     r.id = s.id;
     r.trajectory = s.trajectory;
@@ -321,13 +321,13 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
     // kProgress go by their trajectory's progress first (OrderRule).
     std::int64_t key = (classes[c].quota == kNone ? detail.est_ns * estimate_weight : 0) + aging_offset;
     if (count_progress && classes[c].quota != kNone) {
-      const std::int32_t* started_before = trajectory_progress.find(s.trajectory);
+      const std::int32_t* started_before = actions.trajectory_progress.find(s.trajectory);
       if (started_before != nullptr) key -= kProgressCreditNs * *started_before;
     }
-    detail.order = OrderKey{key, next_seq++, now, -s.priority, slot};
-    *by_id.find(s.id) = slot;
-    if (++*trajectory_live.insert(s.trajectory, 0).first == 1) holder_live(s.trajectory, +1);
-    ++n_waiting;
+    detail.order = OrderKey{key, actions.next_seq++, now, -s.priority, slot};
+    *actions.by_id.find(s.id) = slot;
+    if (actions.trajectory_gains(s.trajectory)) holder_live(s.trajectory, +1);
+    ++actions.n_waiting;
     Class& cl = classes[c];
     if (cl.service != kNone) {
       ServiceRec& svc = gpus.services[cl.service];
@@ -341,7 +341,7 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
     }
     bool new_head = cl.waiting.empty() || detail.order < cl.waiting.head();
     if (new_head) deactivate(c);
-    cl.waiting.push(detail.order, queue_pos);
+    cl.waiting.push(detail.order, actions.queue_pos);
     if (new_head && !cl.parked) activate(c);
     // Parked across the partition: listed again under its new head (the old entry is stale).
     if (new_head && cl.parked && cl.park_node == kNone) partitions[cl.partition].parked_new.emplace_back(cl.waiting.head(), c);
@@ -349,7 +349,7 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
 }
 
 void Scheduler::Impl::finish(std::int32_t slot) {
-  ActionRec& r = slots[slot];
+  ActionRec& r = actions.slots[slot];
   Class& cl = classes[r.cls];
   if (malleable) forget_running(slot);
   Quantity* f = free_of(r.bin);
@@ -373,38 +373,28 @@ void Scheduler::Impl::finish(std::int32_t slot) {
   }
   if (cl.quota != kNone) quotas[cl.quota].release();
   if (cl.service != kNone) gpus.services[cl.service].running -= 1;
-  --n_running;
-  if (--*trajectory_live.find(r.trajectory) == 0) {
-    trajectory_live.erase(r.trajectory);
-    holder_live(r.trajectory, -1);
-  }
-  by_id.erase(r.id);
-  r.state = ActionState::kUnknown;
-  free_slots.push_back(slot);
+  --actions.n_running;
+  if (actions.trajectory_loses(r.trajectory)) holder_live(r.trajectory, -1);
+  actions.release(r, slot);
   // Freed GPU memory is shared by every partition on the node.
   release_on_node(node, frees_gpu_memory ? kNone : bin_partition[r.bin]);
 }
 
 void Scheduler::Impl::unqueue(std::int32_t slot) {
-  ActionRec& r = slots[slot];
+  ActionRec& r = actions.slots[slot];
   Class& cl = classes[r.cls];
   bool was_head = cl.waiting.head().slot == slot;
   if (was_head) deactivate(r.cls);
-  cl.waiting.erase(slot, queue_pos);
+  cl.waiting.erase(slot, actions.queue_pos);
   if (was_head && cl.parked) unpark(r.cls);  // its new head may starve sooner
   else if (was_head) activate(r.cls);
   if (cl.service != kNone) {
     gpus.services[cl.service].waiting -= 1;
-    gpus.services[cl.service].queued_ns -= details[slot].est_ns;
+    gpus.services[cl.service].queued_ns -= actions.details[slot].est_ns;
   }
-  --n_waiting;
-  if (--*trajectory_live.find(r.trajectory) == 0) {
-    trajectory_live.erase(r.trajectory);
-    holder_live(r.trajectory, -1);
-  }
-  by_id.erase(r.id);
-  r.state = ActionState::kUnknown;
-  free_slots.push_back(slot);
+  --actions.n_waiting;
+  if (actions.trajectory_loses(r.trajectory)) holder_live(r.trajectory, -1);
+  actions.release(r, slot);
 }
 
 }  // namespace tangram

@@ -323,11 +323,11 @@ Scheduler::Impl::NodeBins Scheduler::Impl::node_bins(const std::vector<Quantity>
       std::int32_t cpu = kNone;
       for (std::int32_t k = 0; k < K; ++k)
         if (inv.kinds[k] == "cpu") cpu = k;
-      const Quantity slots = trajectory_slots(capacity[cpu], policy.trajectory_slot_cpu);
+      const Quantity n_slots = trajectory_slots(capacity[cpu], policy.trajectory_slot_cpu);
       std::vector<Quantity> cap(K);
       for (std::int32_t k = 0; k < K; ++k)
-        cap[k] = k == cpu ? to_milli(policy.trajectory_slot_cpu) : (slots > 0 ? capacity[k] / slots : 0);
-      bins[0].assign(static_cast<std::size_t>(slots), cap);
+        cap[k] = k == cpu ? to_milli(policy.trajectory_slot_cpu) : (n_slots > 0 ? capacity[k] / n_slots : 0);
+      bins[0].assign(static_cast<std::size_t>(n_slots), cap);
       break;
     }
     case BinLayout::kTaskPools: {

@@ -12,9 +12,9 @@
 namespace tangram {
 
 std::string Scheduler::Impl::explain(ActionId id) const {
-  const std::int32_t* slot = by_id.find(id);
+  const std::int32_t* slot = actions.by_id.find(id);
   if (slot == nullptr) return "action " + std::to_string(id) + " is not live (never submitted, or already ended)";
-  const ActionRec& a = slots[*slot];
+  const ActionRec& a = actions.slots[*slot];
   Text os;
   if (a.state == ActionState::kRunning) {
     os << "running on node " << bin_node[a.bin] << " (" << inv.nodes[bin_node[a.bin]].name << ")";
@@ -24,8 +24,8 @@ std::string Scheduler::Impl::explain(ActionId id) const {
       const RunState* r = malleable ? &run_state[*slot] : nullptr;
       if (r != nullptr && r->resized_ns >= 0)
         os << " (from " << r->grant_before / 1000.0 << " at " << to_seconds(r->resized_ns) << " s)";
-      if (a.elastic_max < details[*slot].submitted_max)
-        os << ", limited by the action to " << a.elastic_max / 1000.0 << " of " << details[*slot].submitted_max / 1000.0;
+      if (a.elastic_max < actions.details[*slot].submitted_max)
+        os << ", limited by the action to " << a.elastic_max / 1000.0 << " of " << actions.details[*slot].submitted_max / 1000.0;
     }
     return os.str();
   }
@@ -113,7 +113,7 @@ void Scheduler::Impl::check_running() const {
     const BinRun& run = bin_run[b];
     for (std::size_t i = 0; i < run.running.size(); ++i) {
       const std::int32_t s = run.running[i];
-      const ActionRec& a = slots[s];
+      const ActionRec& a = actions.slots[s];
       if (a.state != ActionState::kRunning || a.bin != static_cast<std::int32_t>(b) ||
           run_state[s].running_pos != static_cast<std::int32_t>(i))
         fail("running list of bin " + std::to_string(b) + " out of sync");
@@ -138,7 +138,7 @@ void Scheduler::Impl::check_running() const {
   for (const std::vector<std::int32_t>& list : reclaim_bins) in_lists += list.size();
   std::size_t with_units = 0;
   for (std::size_t b = 0; b < B; ++b) with_units += bin_run[b].reclaim_sum > 0 ? 1 : 0;
-  if (listed != n_running || in_lists != with_units) fail("running or reclaim lists out of sync");
+  if (listed != actions.n_running || in_lists != with_units) fail("running or reclaim lists out of sync");
 }
 
 void Scheduler::Impl::check() const {
@@ -148,8 +148,8 @@ void Scheduler::Impl::check() const {
   std::vector<Quantity> dev_used(gpus.dev_node.size(), 0);
   std::vector<std::int32_t> svc_running(gpus.services.size(), 0), quota_running(quotas.size(), 0);
   std::size_t waiting = 0, running = 0;
-  by_id.for_each([&](ActionId id, std::int32_t slot) {
-    const ActionRec& a = slots[slot];
+  actions.by_id.for_each([&](ActionId id, std::int32_t slot) {
+    const ActionRec& a = actions.slots[slot];
     if (a.id != id) fail("id index out of sync");
     const Class& cl = classes[a.cls];
     if (a.state == ActionState::kRunning) {
@@ -158,7 +158,7 @@ void Scheduler::Impl::check() const {
       if (a.elastic_kind != kNone) {
         if (a.grant < cl.demand[a.elastic_kind] || a.grant > std::max(a.elastic_max, cl.demand[a.elastic_kind]))
           fail("grant outside [minimum, elastic_max] for action " + std::to_string(id));
-        if (a.elastic_max > details[slot].submitted_max)
+        if (a.elastic_max > actions.details[slot].submitted_max)
           fail("elastic_max above the maximum submitted for action " + std::to_string(id));
         used[a.bin * K + a.elastic_kind] += a.grant - cl.demand[a.elastic_kind];
       }
@@ -170,12 +170,12 @@ void Scheduler::Impl::check() const {
       if (cl.quota != kNone) ++quota_running[cl.quota];
     } else if (a.state == ActionState::kWaiting) {
       ++waiting;
-      if (!cl.waiting.contains(details[slot].order, queue_pos)) fail("waiting action missing from its class");
+      if (!cl.waiting.contains(actions.details[slot].order, actions.queue_pos)) fail("waiting action missing from its class");
     } else {
       fail("live action in a terminal state");
     }
   });
-  if (waiting != n_waiting || running != n_running) fail("waiting/running counts");
+  if (waiting != actions.n_waiting || running != actions.n_running) fail("waiting/running counts");
   if (malleable) check_running();
   for (std::size_t b = 0; b < B; ++b)
     for (std::int32_t k = 0; k < K; ++k) {
@@ -290,7 +290,7 @@ void Scheduler::Impl::check() const {
   // Trajectory slots: holders, their running actions per slot, busy holders per node.
   std::vector<std::int32_t> holder_running(bin_node.size(), 0), lent_running(bin_node.size(), 0),
       busy(inv.nodes.size(), 0);
-  for (const ActionRec& a : slots) {
+  for (const ActionRec& a : actions.slots) {
     if (a.state != ActionState::kRunning) continue;
     if (a.own_slot) {
       if (!bin_bound[a.bin] || bin_holder[a.bin] != a.trajectory) fail("an action in its own slot outside it");
@@ -311,7 +311,7 @@ void Scheduler::Impl::check() const {
   if (bound != trajectory_bin.size()) fail("bound slots and trajectory bindings differ");
   for (const auto& [traj, b] : trajectory_bin) {
     if (!bin_bound[b] || bin_holder[b] != traj) fail("trajectory binding out of sync");
-    if (trajectory_live.find(traj) != nullptr) ++busy[bin_node[b]];
+    if (actions.trajectory_live.find(traj) != nullptr) ++busy[bin_node[b]];
   }
   for (std::size_t n = 0; n < busy.size(); ++n)
     if (busy[n] != node_busy_holders[n]) fail("busy slot holders per node out of sync");

@@ -99,7 +99,7 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
   const std::int32_t slot = cl.waiting.head().slot;
   // A start commits to the head's record and takes the head off the queue, most likely
   // cache misses: fetch them while the placement search runs.
-  prefetch(&slots[slot]);
+  prefetch(&actions.slots[slot]);
   cl.waiting.prefetch_pop();
   if (cl.quota != kNone && quota_blocked[cl.quota]) {  // refused earlier in this pass
     note_quota_block(cl, quotas[cl.quota]);
@@ -221,7 +221,7 @@ bool Scheduler::Impl::held_slot_room(const Class& cl, const Room& room, bool own
       if (f[k] < cl.demand[k]) return false;
     return true;
   };
-  auto it = trajectory_bin.find(slots[cl.waiting.head().slot].trajectory);
+  auto it = trajectory_bin.find(actions.slots[cl.waiting.head().slot].trajectory);
   const std::int32_t own_leaf = it == trajectory_bin.end() ? kNone : bin_leaf[it->second];
   if (own) {
     if (own_leaf == kNone || own_leaf < room.lo || own_leaf >= room.hi || !fits(own_leaf)) return false;
@@ -290,11 +290,11 @@ void Scheduler::Impl::unbind_slot(std::int32_t c, std::int32_t bin) {
 void Scheduler::Impl::free_slot(std::int32_t bin) {
   std::int32_t heir = kNone;
   if (bin_lent_running[bin] > 0)
-    for (std::int32_t s = 0; s < static_cast<std::int32_t>(slots.size()); ++s) {
-      const ActionRec& a = slots[s];
+    for (std::int32_t s = 0; s < static_cast<std::int32_t>(actions.slots.size()); ++s) {
+      const ActionRec& a = actions.slots[s];
       if (a.state != ActionState::kRunning || a.bin != bin || a.own_slot || !classes[a.cls].in_trajectory_slot) continue;
       if (trajectory_bin.count(a.trajectory)) continue;
-      if (heir == kNone || a.id < slots[heir].id) heir = s;
+      if (heir == kNone || a.id < actions.slots[heir].id) heir = s;
     }
   if (heir == kNone) {
     bin_bound[bin] = 0;
@@ -303,7 +303,7 @@ void Scheduler::Impl::free_slot(std::int32_t bin) {
     release_on_node(bin_node[bin], bin_partition[bin]);
     return;
   }
-  ActionRec& a = slots[heir];
+  ActionRec& a = actions.slots[heir];
   a.own_slot = true;
   --bin_lent_running[bin];
   ++bin_holder_running[bin];
@@ -433,9 +433,9 @@ inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::
   Class& cl = classes[c];
   Partition& part = partitions[cl.partition];
   const std::int32_t slot = cl.waiting.head().slot;
-  ActionRec& a = slots[slot];
+  ActionRec& a = actions.slots[slot];
   if (count_progress) {
-    std::int32_t& started_before = *trajectory_progress.insert(a.trajectory, 0).first;
+    std::int32_t& started_before = *actions.trajectory_progress.insert(a.trajectory, 0).first;
     started_before = std::min(started_before + 1, kProgressCap);
   }
   const std::int32_t bin = part.bins[leaf];
@@ -496,10 +496,10 @@ inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::
   if (cl.service != kNone) {
     gpus.services[cl.service].running += 1;
     gpus.services[cl.service].waiting -= 1;
-    gpus.services[cl.service].queued_ns -= details[slot].est_ns;
+    gpus.services[cl.service].queued_ns -= actions.details[slot].est_ns;
   }
   deactivate(c);
-  cl.waiting.pop(queue_pos);
+  cl.waiting.pop(actions.queue_pos);
   // The class's next head would be tried later in this pass, where room only shrinks: if
   // it surely cannot start now, it parks now, as that try would park it.
   if (!cl.waiting.empty() && cl.service == kNone && cl.gpu_memory == 0 &&
@@ -518,8 +518,8 @@ inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::
   a.state = ActionState::kRunning;
   a.device = device;
   a.start_ns = now;
-  --n_waiting;
-  ++n_running;
+  --actions.n_waiting;
+  ++actions.n_running;
   Decision d;
   d.kind = DecisionKind::kStart;
   d.action = a.id;
@@ -611,10 +611,10 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
     const std::int32_t c = e.cls;
     // The heads tried after this one start by committing to their action's record, most
     // likely a cache miss: fetch them while this one is tried.
-    if (!active.empty()) prefetch(&slots[active.front().key.slot]);
+    if (!active.empty()) prefetch(&actions.slots[active.front().key.slot]);
     if (next_wake < pending_wakes.size()) {
       const WaitQueue<OrderKey>& next = classes[pending_wakes[next_wake].cls].waiting;
-      if (!next.empty()) prefetch(&slots[next.head().slot]);
+      if (!next.empty()) prefetch(&actions.slots[next.head().slot]);
     }
     pass_cursor = &cursor;
     Try r = try_head(c, out);
@@ -655,7 +655,7 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
   // A plan fell short sparing a service ready only since the last pass (its waiting actions
   // had this pass to start): the next pass may evict it, so one comes even when no event
   // does; else what waits for its memory would wait for good.
-  if (spared_fresh && n_waiting > 0) wakeup = std::min(wakeup, now + 1);
+  if (spared_fresh && actions.n_waiting > 0) wakeup = std::min(wakeup, now + 1);
   spared_fresh = false;
   prev_pass_now = now;
 }

@@ -60,10 +60,10 @@ void Scheduler::Impl::add_reclaim(std::int32_t bin, std::int32_t kind, Quantity 
 // no positive run time has none left.
 double Scheduler::Impl::work_now(std::int32_t slot) const {
   const RunState& run = run_state[slot];
-  const TimeNs since = run.resized_ns >= 0 ? run.resized_ns : slots[slot].start_ns;
+  const TimeNs since = run.resized_ns >= 0 ? run.resized_ns : actions.slots[slot].start_ns;
   const double work = run.resized_ns >= 0 ? run.work_left : 1.0;
   if (since >= now) return work;
-  const double t = seconds(slot, slots[slot].grant);
+  const double t = seconds(slot, actions.slots[slot].grant);
   if (!(t > 0)) return 0.0;
   const double left = work - static_cast<double>(now - since) / 1e9 / t;
   return left > 0 ? left : 0.0;
@@ -74,9 +74,9 @@ double Scheduler::Impl::work_now(std::int32_t slot) const {
 // time).
 double Scheduler::Impl::estimated_finish(std::int32_t slot) const {
   const RunState& run = run_state[slot];
-  const double since = to_seconds(run.resized_ns >= 0 ? run.resized_ns : slots[slot].start_ns);
+  const double since = to_seconds(run.resized_ns >= 0 ? run.resized_ns : actions.slots[slot].start_ns);
   const double work = run.resized_ns >= 0 ? run.work_left : 1.0;
-  const double t = seconds(slot, slots[slot].grant);
+  const double t = seconds(slot, actions.slots[slot].grant);
   if (!(t > 0) || !(work > 0)) return since;
   return since + work * t;
 }
@@ -101,7 +101,7 @@ void Scheduler::Impl::record_resize(std::int32_t slot, Quantity old_grant, doubl
 
 void Scheduler::Impl::record_resize(std::int32_t slot, Quantity old_grant, double work, std::uint64_t pass,
                                     std::vector<Decision>& out) {
-  const ActionRec& a = slots[slot];
+  const ActionRec& a = actions.slots[slot];
   running_changed(a.bin);
   RunState& run = run_state[slot];
   run.work_left = work;
@@ -128,7 +128,7 @@ void Scheduler::Impl::push_resize(const ActionRec& a, std::vector<Decision>& out
 // actions are candidates for spare units in that pass, as after a completion (so an
 // action limited to more than its grant may grow back to it).
 void Scheduler::Impl::limit_grant(std::int32_t slot, Quantity max, std::vector<Decision>& out) {
-  ActionRec& a = slots[slot];
+  ActionRec& a = actions.slots[slot];
   a.elastic_max = max;
   BinRun* run = malleable ? &bin_run[a.bin] : nullptr;
   if (run != nullptr && !run->freed) {
@@ -318,13 +318,13 @@ bool Scheduler::Impl::shrink_futile(std::int32_t bin) {
     double floor = kNoFinish;  // no action to take from: every plan fails
     bool lasting = true;
     for (std::int32_t s : run.running) {
-      const ActionRec& a = slots[s];
+      const ActionRec& a = actions.slots[s];
       if (a.elastic_kind == kNone || a.grant <= minimum(a)) continue;
       if (started_this_pass(s) || resized_this_pass(s)) {
         lasting = false;
         continue;
       }
-      const ModelKind model = details[s].model.kind;
+      const ModelKind model = actions.details[s].model.kind;
       if (model != ModelKind::kAmdahl && model != ModelKind::kConstant) {
         floor = -kNoFinish;
         break;
@@ -379,7 +379,7 @@ bool Scheduler::Impl::plan_shrink_on(const Class& cl, std::int32_t bin, ShrinkPl
   std::vector<Donor>& donors = shrink_donors;
   donors.clear();
   for (std::int32_t s : bin_run[bin].running) {
-    const ActionRec& a = slots[s];
+    const ActionRec& a = actions.slots[s];
     if (a.elastic_kind == kNone || short_by[a.elastic_kind] == 0 || a.grant <= minimum(a)) continue;
     if (started_this_pass(s) || resized_this_pass(s)) continue;
     donors.push_back(Donor{s, a.grant, work_now(s)});
@@ -395,21 +395,21 @@ bool Scheduler::Impl::plan_shrink_on(const Class& cl, std::int32_t bin, ShrinkPl
     double best_loss = 0;
     for (std::size_t i = 0; i < donors.size(); ++i) {
       const Donor& d = donors[i];
-      const ActionRec& a = slots[d.slot];
+      const ActionRec& a = actions.slots[d.slot];
       const Quantity lowest = minimum(a);
       if (short_by[a.elastic_kind] == 0 || d.grant <= lowest) continue;
       const Quantity step = shrink_step(a, d.grant);
       const double cut = d.work * (seconds(d.slot, d.grant - step) - seconds(d.slot, d.grant));
       if (cut != cut) continue;  // NaN: a model that gives no usable run time there
-      if (best == SIZE_MAX || cut < best_loss || (cut == best_loss && a.id < slots[donors[best].slot].id)) {
+      if (best == SIZE_MAX || cut < best_loss || (cut == best_loss && a.id < actions.slots[donors[best].slot].id)) {
         best = i;
         best_loss = cut;
       }
     }
     if (best == SIZE_MAX) return false;
     Donor& d = donors[best];
-    const std::int32_t kind = slots[d.slot].elastic_kind;
-    const Quantity step = shrink_step(slots[d.slot], d.grant);
+    const std::int32_t kind = actions.slots[d.slot].elastic_kind;
+    const Quantity step = shrink_step(actions.slots[d.slot], d.grant);
     d.grant -= step;
     short_by[kind] = std::max<Quantity>(0, short_by[kind] - step);
     loss += best_loss;
@@ -418,9 +418,9 @@ bool Scheduler::Impl::plan_shrink_on(const Class& cl, std::int32_t bin, ShrinkPl
   plan.grants.clear();
   plan.work.clear();
   std::sort(donors.begin(), donors.end(),
-            [&](const Donor& x, const Donor& y) { return slots[x.slot].id < slots[y.slot].id; });
+            [&](const Donor& x, const Donor& y) { return actions.slots[x.slot].id < actions.slots[y.slot].id; });
   for (const Donor& d : donors) {
-    if (d.grant == slots[d.slot].grant) continue;
+    if (d.grant == actions.slots[d.slot].grant) continue;
     plan.grants.emplace_back(d.slot, d.grant);
     plan.work.push_back(d.work);
   }
@@ -436,7 +436,7 @@ void Scheduler::Impl::start_by_shrinking(std::int32_t c, const Room& room, std::
   Quantity* f = free_of(bin);
   for (std::size_t i = 0; i < plan.grants.size(); ++i) {
     const auto [slot, grant] = plan.grants[i];
-    ActionRec& a = slots[slot];
+    ActionRec& a = actions.slots[slot];
     const Quantity old_grant = a.grant;
     f[a.elastic_kind] += old_grant - grant;
     a.grant = grant;

@@ -28,49 +28,19 @@ void Scheduler::submit(const ActionSpec* actions, std::size_t count, TimeNs now,
   impl_->pass(out);
 }
 
-namespace {
-// Every id is live and passes state_ok; then no id repeats (reported at its later position).
-// Repeats are found by marking slots, so the check is one probe per id.
-template <class F>
-void validate_ids(const IdMap& by_id, std::vector<ActionRec>& slots, std::uint32_t& mark, const ActionId* ids,
-                  std::size_t n, F&& state_ok) {
-  if (++mark == 0) {  // wrapped round: old marks could pass for this batch's
-    for (ActionRec& r : slots) r.mark = 0;
-    mark = 1;
-  }
-  std::size_t repeat = SIZE_MAX;
-  constexpr std::size_t kAhead = 8;  // ids whose index lines are fetched ahead of their probe
-  for (std::size_t i = 0; i < std::min(n, kAhead); ++i) by_id.prefetch(ids[i]);
-  for (std::size_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) by_id.prefetch(ids[i + kAhead]);
-    const std::int32_t* slot = by_id.find(ids[i]);
-    if (slot == nullptr)
-      throw Error(ErrorCode::kUnknownAction, "ids[" + std::to_string(i) + "]",
-                  "action " + std::to_string(ids[i]) + " is not live (never submitted, or already ended)");
-    state_ok(*slot, i);
-    ActionRec& r = slots[*slot];
-    if (r.mark == mark) repeat = std::min(repeat, i);
-    r.mark = mark;
-  }
-  if (repeat != SIZE_MAX)
-    throw Error(ErrorCode::kDuplicateId, "ids[" + std::to_string(repeat) + "]",
-                "action " + std::to_string(ids[repeat]) + " appears twice in the batch");
-}
-}  // namespace
-
 void Scheduler::complete(const ActionId* ids, std::size_t count, TimeNs now, std::vector<Decision>& out) {
   out.clear();
   Impl& m = *impl_;
   m.validate_now(now);
-  validate_ids(m.by_id, m.slots, m.mark, ids, count, [&](std::int32_t slot, std::size_t i) {
-    if (m.slots[slot].state != ActionState::kRunning)
+  m.actions.validate_ids(ids, count, [&](std::int32_t slot, std::size_t i) {
+    if (m.actions.slots[slot].state != ActionState::kRunning)
       throw Error(ErrorCode::kInvalidState, "ids[" + std::to_string(i) + "]",
-                  "action " + std::to_string(m.slots[slot].id) + " has not started");
-    m.trajectory_live.prefetch(m.slots[slot].trajectory);  // finish() counts it down
+                  "action " + std::to_string(m.actions.slots[slot].id) + " has not started");
+    m.actions.trajectory_live.prefetch(m.actions.slots[slot].trajectory);  // finish() counts it down
   });
   m.messages.clear();
   m.now = now;
-  for (std::size_t i = 0; i < count; ++i) m.finish(*m.by_id.find(ids[i]));
+  for (std::size_t i = 0; i < count; ++i) m.finish(*m.actions.by_id.find(ids[i]));
   m.pass(out);
 }
 
@@ -78,12 +48,12 @@ void Scheduler::cancel(const ActionId* ids, std::size_t count, TimeNs now, std::
   out.clear();
   Impl& m = *impl_;
   m.validate_now(now);
-  validate_ids(m.by_id, m.slots, m.mark, ids, count, [](std::int32_t, std::size_t) {});
+  m.actions.validate_ids(ids, count, [](std::int32_t, std::size_t) {});
   m.messages.clear();
   m.now = now;
   for (std::size_t i = 0; i < count; ++i) {
-    std::int32_t slot = *m.by_id.find(ids[i]);
-    if (m.slots[slot].state == ActionState::kRunning) m.finish(slot);
+    std::int32_t slot = *m.actions.by_id.find(ids[i]);
+    if (m.actions.slots[slot].state == ActionState::kRunning) m.finish(slot);
     else m.unqueue(slot);
   }
   m.pass(out);
@@ -94,14 +64,14 @@ void Scheduler::limit(const ActionId* ids, const Quantity* limits, std::size_t c
   out.clear();
   Impl& m = *impl_;
   m.validate_now(now);
-  validate_ids(m.by_id, m.slots, m.mark, ids, count, [&](std::int32_t slot, std::size_t i) {
-    const ActionRec& a = m.slots[slot];
+  m.actions.validate_ids(ids, count, [&](std::int32_t slot, std::size_t i) {
+    const ActionRec& a = m.actions.slots[slot];
     const std::string field = "ids[" + std::to_string(i) + "]";
     if (a.state != ActionState::kRunning)
       throw Error(ErrorCode::kInvalidState, field, "action " + std::to_string(a.id) + " has not started");
     if (a.elastic_kind == kNone)
       throw Error(ErrorCode::kInvalidArgument, field, "action " + std::to_string(a.id) + " is not elastic");
-    const Quantity lo = m.minimum(a), hi = m.details[slot].submitted_max;
+    const Quantity lo = m.minimum(a), hi = m.actions.details[slot].submitted_max;
     if (limits[i] < lo || limits[i] > hi) {
       Text why;
       why << "must be in [" << lo / 1000.0 << ", " << hi / 1000.0
@@ -111,7 +81,7 @@ void Scheduler::limit(const ActionId* ids, const Quantity* limits, std::size_t c
   });
   m.messages.clear();
   m.now = now;
-  for (std::size_t i = 0; i < count; ++i) m.limit_grant(*m.by_id.find(ids[i]), limits[i], out);
+  for (std::size_t i = 0; i < count; ++i) m.limit_grant(*m.actions.by_id.find(ids[i]), limits[i], out);
   m.pass(out);
 }
 
@@ -120,7 +90,7 @@ void Scheduler::end_trajectories(const TrajectoryId* ids, std::size_t count, Tim
   Impl& m = *impl_;
   m.validate_now(now);
   for (std::size_t i = 0; i < count; ++i) {
-    const std::int32_t* live = m.trajectory_live.find(ids[i]);
+    const std::int32_t* live = m.actions.trajectory_live.find(ids[i]);
     if (live != nullptr)
       throw Error(ErrorCode::kInvalidState, "trajectories[" + std::to_string(i) + "]",
                   "trajectory " + std::to_string(ids[i]) + " still has " + std::to_string(*live) + " live action(s)");
@@ -134,7 +104,7 @@ void Scheduler::end_trajectories(const TrajectoryId* ids, std::size_t count, Tim
       for (std::int32_t c : classes_of->second) m.free_class(c);
       m.trajectory_classes.erase(classes_of);
     }
-    if (m.count_progress) m.trajectory_progress.erase(ids[i]);
+    if (m.count_progress) m.actions.trajectory_progress.erase(ids[i]);
     auto it = m.trajectory_bin.find(ids[i]);
     if (it == m.trajectory_bin.end()) continue;
     std::int32_t bin = it->second;
@@ -284,15 +254,15 @@ std::size_t Scheduler::message_count() const { return impl_->messages.size(); }
 std::string Scheduler::explain(ActionId id) const { return impl_->explain(id); }
 
 ActionState Scheduler::state(ActionId id) const {
-  const std::int32_t* slot = impl_->by_id.find(id);
-  return slot == nullptr ? ActionState::kUnknown : impl_->slots[*slot].state;
+  const std::int32_t* slot = impl_->actions.by_id.find(id);
+  return slot == nullptr ? ActionState::kUnknown : impl_->actions.slots[*slot].state;
 }
 
 Decision Scheduler::placement(ActionId id) const {
-  const std::int32_t* slot = impl_->by_id.find(id);
-  if (slot == nullptr || impl_->slots[*slot].state != ActionState::kRunning)
+  const std::int32_t* slot = impl_->actions.by_id.find(id);
+  if (slot == nullptr || impl_->actions.slots[*slot].state != ActionState::kRunning)
     throw Error(ErrorCode::kInvalidState, "id", "action " + std::to_string(id) + " is not running");
-  const ActionRec& a = impl_->slots[*slot];
+  const ActionRec& a = impl_->actions.slots[*slot];
   Decision d;
   d.kind = DecisionKind::kStart;
   d.action = id;
@@ -307,8 +277,8 @@ Decision Scheduler::placement(ActionId id) const {
 
 const Inventory& Scheduler::inventory() const { return impl_->inv; }
 const PolicyConfig& Scheduler::policy() const { return impl_->policy; }
-std::size_t Scheduler::waiting_count() const { return impl_->n_waiting; }
-std::size_t Scheduler::running_count() const { return impl_->n_running; }
+std::size_t Scheduler::waiting_count() const { return impl_->actions.n_waiting; }
+std::size_t Scheduler::running_count() const { return impl_->actions.n_running; }
 std::size_t Scheduler::class_count() const { return impl_->classes.size() - impl_->free_classes.size(); }
 
 Quantity Scheduler::free(std::int32_t node, std::int32_t kind) const {
@@ -345,9 +315,9 @@ bool Scheduler::service_ready(std::int32_t service) const {
 }
 
 double Scheduler::runtime(ActionId id, Quantity units) const {
-  const std::int32_t* slot = impl_->by_id.find(id);
+  const std::int32_t* slot = impl_->actions.by_id.find(id);
   if (slot == nullptr) throw Error(ErrorCode::kUnknownAction, "id", "action " + std::to_string(id) + " is not live");
-  const ActionRec& a = impl_->slots[*slot];
+  const ActionRec& a = impl_->actions.slots[*slot];
   if (a.elastic_kind != kNone && units <= 0) throw Error(ErrorCode::kInvalidArgument, "units", "must be positive");
   return impl_->seconds(*slot, units);
 }

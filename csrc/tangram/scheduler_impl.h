@@ -42,6 +42,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "tangram/actions.h"
 #include "tangram/bin_tree.h"
 #include "tangram/elasticity.h"
 #include "tangram/gpus.h"
@@ -54,7 +55,6 @@ namespace tangram {
 
 inline constexpr Quantity kMaxMilli = static_cast<Quantity>(kMaxBaseUnits) * kMilli;
 inline constexpr Quantity kElasticStep = kMilli;  // elastic grants grow one base unit at a time
-inline constexpr std::int32_t kBatchSlot = -2;  // by_id: an id of the batch being validated
 
 // Why a class could not start its head in the last pass that looked at it.
 enum class Block : std::uint8_t {
@@ -69,52 +69,6 @@ enum class Block : std::uint8_t {
   kServiceOffline,  // resident on a node taken offline: moves once its actions there end
   kServiceBatchFull,
   kServiceDraining,  // resident, but drained for a starving service (restore())
-};
-
-// Policy order: (neg_priority, key, seq). Fields laid out so the struct packs into 32 bytes
-// (two to a cache line): heaps and sorts move many of these. `slot` and `submit_ns` ride
-// along so that a class's next head can be judged (starving or not) without a trip to its
-// action record, a likely cache miss.
-template <class A, class B>
-bool policy_before(const A& x, const B& y) {
-  if (x.neg_priority != y.neg_priority) return x.neg_priority < y.neg_priority;
-  if (x.key != y.key) return x.key < y.key;
-  return x.seq < y.seq;
-}
-
-struct OrderKey {
-  std::int64_t key;
-  std::uint64_t seq;
-  TimeNs submit_ns;   // when the action was submitted; not part of the order
-  std::int32_t neg_priority;
-  std::int32_t slot;  // the action's slot; not part of the order
-  bool operator<(const OrderKey& o) const { return policy_before(*this, o); }
-};
-
-// What an event touches of a live action, in one cache line: completions look up ids at
-// random, and a start commits to the head's record, so each costs one line, not three.
-struct alignas(64) ActionRec {
-  ActionId id = 0;
-  TrajectoryId trajectory = 0;
-  Quantity elastic_max = 0;
-  Quantity grant = 0;  // elastic grant while running
-  TimeNs start_ns = 0;
-  std::int32_t cls = kNone;
-  std::int32_t elastic_kind = kNone;
-  std::int32_t bin = kNone;
-  std::int32_t device = kNone;  // global device index
-  std::uint32_t mark = 0;  // validate_ids: the batch mark when its id was last seen
-  ActionState state = ActionState::kUnknown;
-  bool own_slot = false;  // running in its trajectory's own slot (BinLayout::kTrajectorySlots)
-};
-static_assert(sizeof(ActionRec) == 64, "an action's hot record is one cache line");
-
-// The rest of a live action's record: read at submit, for spare units and for queries.
-struct ActionDetail {
-  ElasticityModel model;
-  TimeNs est_ns = 0;
-  Quantity submitted_max = 0;  // elastic_max as submitted (Scheduler::limit may lower it)
-  OrderKey order{};  // with its submit time
 };
 
 // A running action under ResizeRule::kMalleable, by slot, set at its start: its place in
@@ -235,10 +189,8 @@ struct Scheduler::Impl {
   std::int32_t D = 0;  // tree dims: K (+1 when there are GPUs)
   bool has_gpus = false;
   std::int64_t aging_permille = 0;
-  // OrderRule::kProgress: per trajectory, the actions it has started, from its first start
-  // until end_trajectories names it (a trajectory never ended keeps its entry).
+  // OrderRule::kProgress: Actions::trajectory_progress counts each trajectory's starts.
   bool count_progress = false;
-  IdMap trajectory_progress;
   TimeNs starvation_ns = 0;
 
   // bins
@@ -255,12 +207,9 @@ struct Scheduler::Impl {
   std::vector<QuotaState> quotas;
   std::vector<RuntimeTable> tables;
 
-  // actions and classes
-  std::vector<ActionRec> slots;
-  std::vector<ActionDetail> details;  // by slot, like `slots`
-  std::vector<std::int32_t> free_slots;
-  IdMap by_id;  // live action id -> slot
-  std::vector<std::int32_t> queue_pos;  // per slot: position in its class's WaitQueue while waiting
+  Actions actions;  // live actions by slot (actions.h)
+
+  // classes
   std::vector<Class> classes;
   // Class demand vectors, K per row, in chunks that never move (Class::demand points
   // here): classes made one after another lie side by side, unlike one vector each.
@@ -313,7 +262,6 @@ struct Scheduler::Impl {
     bool operator>(const ParkDeadline& o) const { return std::tie(at, cls) > std::tie(o.at, o.cls); }
   };
   std::vector<ParkDeadline> park_deadlines;
-  IdMap trajectory_live;  // trajectory -> its live actions
   std::unordered_map<TrajectoryId, std::int32_t> trajectory_bin;  // trajectory slot bindings
   std::vector<std::uint8_t> bin_bound;  // trajectory slots: held by a trajectory (hidden from the free tree)
   // Trajectory slots, per bin: its holder, and how many of the holder's own actions run there.
@@ -324,8 +272,6 @@ struct Scheduler::Impl {
   // that is 0 lends its held slots (lend_slot_room): every slot there is held by a trajectory
   // with nothing to do, so no work in progress could free one for a trajectory without.
   std::vector<std::int32_t> node_busy_holders;
-  std::uint64_t next_seq = 0;
-  std::size_t n_waiting = 0, n_running = 0;
   TimeNs now = 0;
   TimeNs wakeup = kNever;
   TimeNs prev_pass_now = -1;  // when the previous pass ran
@@ -350,7 +296,6 @@ struct Scheduler::Impl {
   std::vector<std::size_t> started_decision;
   std::vector<std::int32_t> cand;
   std::vector<Quantity> scratch;
-  std::uint32_t mark = 0;  // validate_ids: the current batch's mark (ActionRec::mark)
   // Nodes released since the last pass (partition-wide wakes are done once per event).
   std::vector<std::int32_t> released_nodes;
   std::vector<std::uint64_t> node_released;  // == release_epoch when in released_nodes
@@ -409,8 +354,8 @@ struct Scheduler::Impl {
   void unqueue(std::int32_t slot);  // waiting -> gone
   // Run time at `units` of the elastic kind (the minimum when not elastic).
   double seconds(std::int32_t slot, Quantity units) const {
-    const ActionRec& a = slots[slot];
-    const ElasticityModel& model = details[slot].model;
+    const ActionRec& a = actions.slots[slot];
+    const ElasticityModel& model = actions.details[slot].model;
     if (a.elastic_kind == kNone) return model_seconds(model, kMilli, kMilli, tables);
     return model_seconds(model, units, classes[a.cls].demand[a.elastic_kind], tables);
   }
@@ -638,7 +583,7 @@ struct Scheduler::Impl {
   void shrink_futility_lost(std::int32_t bin);  // out of line: the starts and ends stay inlined
   // A start (inline: on every start and end of a malleable row).
   void note_running(std::int32_t slot) {
-    const ActionRec& a = slots[slot];
+    const ActionRec& a = actions.slots[slot];
     BinRun& bin = bin_run[a.bin];
     if (bin.started_pass != pass_epoch) {
       bin.started_pass = pass_epoch;
@@ -658,7 +603,7 @@ struct Scheduler::Impl {
   }
   // An end, before its slot is freed: the bin where room was freed is noted.
   void forget_running(std::int32_t slot) {
-    const ActionRec& a = slots[slot];
+    const ActionRec& a = actions.slots[slot];
     BinRun& bin = bin_run[a.bin];
     const std::int32_t pos = run_state[slot].running_pos;
     const std::int32_t last = bin.running.back();
@@ -673,7 +618,7 @@ struct Scheduler::Impl {
     }
   }
   bool started_this_pass(std::int32_t slot) const {
-    const BinRun& bin = bin_run[slots[slot].bin];
+    const BinRun& bin = bin_run[actions.slots[slot].bin];
     return bin.started_pass == pass_epoch && run_state[slot].running_pos >= bin.started_from;
   }
   // A resize is at `now`, so the pass's low bits and its time name the pass (it would take

@@ -44,11 +44,11 @@ void Scheduler::Impl::parked_need(std::int32_t part, std::int32_t node, Quantity
 }
 
 void Scheduler::Impl::contend(std::int32_t part, std::int32_t node, const Quantity* demand) {
-  std::uint64_t& mark = node == kNone ? partition_contended[part] : node_contended[node];
+  std::uint64_t& stamp = node == kNone ? partition_contended[part] : node_contended[node];
   Quantity* need = node == kNone ? &partition_need[static_cast<std::size_t>(part) * K]
                                  : &node_need[static_cast<std::size_t>(node) * K];
-  if (mark != pass_epoch) {
-    mark = pass_epoch;
+  if (stamp != pass_epoch) {
+    stamp = pass_epoch;
     std::fill(need, need + K, 0);
   }
   if (demand == nullptr) {
@@ -99,7 +99,7 @@ const Quantity* Scheduler::Impl::bin_reserve(std::int32_t bin) {
 // the bin's running actions). A fraction of a CPU runs a process no faster under a
 // guarantee, it only lets more of them share the CPU; the heads after it see what is left.
 void Scheduler::Impl::top_up_start(std::int32_t slot, std::int32_t bin, Quantity* f) {
-  ActionRec& a = slots[slot];
+  ActionRec& a = actions.slots[slot];
   if (a.grant % kElasticStep == 0) return;
   if (!(step_cut(slot, bin, f, 1.0, static_cast<std::int64_t>(bin_run[bin].running.size())) > 0)) return;
   const Quantity step = grow_step(a, a.grant);
@@ -119,7 +119,7 @@ void Scheduler::Impl::top_up_start(std::int32_t slot, std::int32_t bin, Quantity
 // other.
 double Scheduler::Impl::step_cut(std::int32_t slot, std::int32_t bin, const Quantity* f, double work,
                                  std::int64_t others, const Quantity* reserve) const {
-  const ActionRec& a = slots[slot];
+  const ActionRec& a = actions.slots[slot];
   const Quantity step = grow_step(a, a.grant);
   const std::int32_t k = a.elastic_kind;
   if (step <= 0 || f[k] < step || (reserve != nullptr && f[k] - step < reserve[k])) return 0.0;
@@ -148,7 +148,7 @@ void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
   // running actions by id.
   std::map<std::int32_t, std::vector<SpareMember>> by_bin;
   for (std::size_t i = 0; i < started.size(); ++i) {
-    const ActionRec& a = slots[started[i]];
+    const ActionRec& a = actions.slots[started[i]];
     if (a.elastic_kind == kNone || a.grant >= a.elastic_max) continue;
     if (free_of(a.bin)[a.elastic_kind] <= bin_reserve(a.bin)[a.elastic_kind]) continue;  // no unit to spare
     by_bin[a.bin].push_back(SpareMember{started[i], started_decision[i], 1.0, a.grant});
@@ -164,7 +164,7 @@ void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
     std::vector<SpareMember>& running = spare_running;
     running.clear();
     for (std::int32_t s : bin_run[bin].running) {
-      const ActionRec& a = slots[s];
+      const ActionRec& a = actions.slots[s];
       if (a.elastic_kind == kNone || a.grant >= a.elastic_max || started_this_pass(s) ||
           resized_this_pass(s))
         continue;
@@ -172,7 +172,7 @@ void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
     }
     if (running.empty()) continue;
     std::sort(running.begin(), running.end(),
-              [&](const SpareMember& x, const SpareMember& y) { return slots[x.slot].id < slots[y.slot].id; });
+              [&](const SpareMember& x, const SpareMember& y) { return actions.slots[x.slot].id < actions.slots[y.slot].id; });
     std::vector<SpareMember>& members = by_bin[bin];
     members.insert(members.end(), running.begin(), running.end());
   }
@@ -195,7 +195,7 @@ void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
       }
       if (best == SIZE_MAX) break;
       const SpareMember& m = members[best];
-      ActionRec& a = slots[m.slot];
+      ActionRec& a = actions.slots[m.slot];
       Quantity step = grow_step(a, a.grant);
       a.grant += step;
       f[a.elastic_kind] -= step;
@@ -204,7 +204,7 @@ void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
     refresh_leaf(bin);
     if (!malleable) continue;
     for (const SpareMember& m : members) {
-      const ActionRec& a = slots[m.slot];
+      const ActionRec& a = actions.slots[m.slot];
       if (a.grant == m.was) continue;
       add_reclaim(bin, a.elastic_kind, a.grant - m.was);
       running_changed(bin);
