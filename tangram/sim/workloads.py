@@ -256,6 +256,145 @@ class InventorySpec:
     gpu_node: NodeShape | None = None
 
 
+# ------------------------------------------------------------------ a workload's parts, from JSON
+
+
+def _quotas(obj: Mapping[str, Any]) -> tuple[QuotaSpec, ...]:
+    """workload.quotas, their names unique."""
+    quotas: list[QuotaSpec] = []
+    for i, q in enumerate(_list(obj, "quotas", "workload")):
+        w = f"workload.quotas[{i}]"
+        _object(q, w, ("name", "rate", "burst", "max_concurrency", "tokens_per_minute"), required=("name",))
+        quotas.append(QuotaSpec(
+            name=_string(q, "name", w),
+            rate=_number(q, "rate", w, 0.0),
+            burst=int(_number(q, "burst", w, 1, integer=True, positive=True)),
+            max_concurrency=int(_number(q, "max_concurrency", w, 0, integer=True)),
+            tokens_per_minute=int(_number(q, "tokens_per_minute", w, 0, integer=True)),
+        ))
+    if len({q.name for q in quotas}) != len(quotas):
+        raise ValidationError("workload.quotas", "quota names must be unique")
+    return tuple(quotas)
+
+
+def _action_kind(a: Any, i: int, quota_names: list[str]) -> ActionKind:
+    """workload.actions[i]; its quota one of `quota_names`."""
+    w = f"workload.actions[{i}]"
+    _object(a, w, ("name", "weight", "cpu", "memory", "seconds", "parallel_fraction", "max_units", "quota",
+                   "tokens"), required=("seconds",))
+    kind = ActionKind(
+        name=_string(a, "name", w, f"action{i}"),
+        weight=_number(a, "weight", w, 1.0),
+        cpu=_number(a, "cpu", w, 1.0, positive=True),
+        memory=_number(a, "memory", w, 0.0),
+        seconds=Dist.parse(a["seconds"], f"{w}.seconds"),
+        parallel_fraction=_number(a, "parallel_fraction", w, 0.0),
+        max_units=_number(a, "max_units", w, 0.0),
+        quota=_string(a, "quota", w) if "quota" in a else None,
+        tokens=Dist.parse(a["tokens"], f"{w}.tokens") if "tokens" in a else None,
+    )
+    if kind.quota is not None and kind.quota not in quota_names:
+        raise ValidationError(f"{w}.quota", f"no quota named {kind.quota!r} in workload.quotas")
+    if kind.tokens is not None and kind.quota is None:
+        raise ValidationError(f"{w}.tokens", "tokens count against a quota: name one")
+    if kind.parallel_fraction > 1:
+        raise ValidationError(f"{w}.parallel_fraction", "must be in [0, 1]")
+    return kind
+
+
+def _node_shape(o: Any, where: str) -> NodeShape:
+    """One node of the inventory: its cores, memory and GPUs (the memory of each)."""
+    _object(o, where, ("cpu", "memory", "gpus"), required=("cpu", "memory"))
+    gpus = _list(o, "gpus", where)
+    return NodeShape(_number(o, "cpu", where), _number(o, "memory", where),
+                     tuple(_number({f"gpus[{i}]": g}, f"gpus[{i}]", where) for i, g in enumerate(gpus)))
+
+
+def _inventory(inv: Any) -> InventorySpec:
+    """workload.inventory."""
+    where = "workload.inventory"
+    _object(inv, where, ("cpu_nodes", "cpu_node", "gpu_nodes", "gpu_node"), required=("cpu_nodes", "cpu_node"))
+    gpu_nodes = int(_number(inv, "gpu_nodes", where, 0, integer=True))
+    if gpu_nodes and "gpu_node" not in inv:
+        raise ValidationError(f"{where}.gpu_node", "is required when gpu_nodes is not 0")
+    return InventorySpec(
+        cpu_nodes=int(_number(inv, "cpu_nodes", where, integer=True, positive=True)),
+        cpu_node=_node_shape(inv["cpu_node"], f"{where}.cpu_node"),
+        gpu_nodes=gpu_nodes,
+        gpu_node=_node_shape(inv["gpu_node"], f"{where}.gpu_node") if gpu_nodes else None,
+    )
+
+
+_REWARD_MODEL_KEYS = ("replicas", "max_replicas", "gpu_memory", "restore_seconds", "offload_seconds", "max_batch")
+
+
+def _reward(r: Any, inventory: InventorySpec) -> Reward:
+    """workload.reward: an explicit list of services, or copies of one model; the inventory
+    must have GPUs for them."""
+    w = "workload.reward"
+    shared = ("cpu", "memory", "seconds", "gpu_batch_gain")
+    _object(r, w, (*shared, "services", *_REWARD_MODEL_KEYS), required=("seconds",))
+    if "services" in r:
+        services, routing = _listed_services(r, w), "popularity"
+    else:
+        _object(r, w, (*shared, *_REWARD_MODEL_KEYS), required=("gpu_memory",))
+        services, routing = _model_copies(r, w)
+    reward = Reward(
+        services=tuple(services),
+        routing=routing,
+        cpu=_number(r, "cpu", w, 0.0),
+        memory=_number(r, "memory", w, 0.0),
+        seconds=Dist.parse(r["seconds"], f"{w}.seconds"),
+        gpu_batch_gain=parse_gpu_batch_gain(r.get("gpu_batch_gain", DEFAULT_GPU_BATCH_GAIN), f"{w}.gpu_batch_gain"),
+    )
+    if not inventory.gpu_nodes or not inventory.gpu_node or not inventory.gpu_node.gpus:
+        raise ValidationError("workload.inventory.gpu_nodes", "a reward service needs GPU nodes with GPUs")
+    return reward
+
+
+def _listed_services(r: Any, w: str) -> list[RewardService]:
+    """reward.services: each with its own model, names unique, weights not all zero."""
+    for key in _REWARD_MODEL_KEYS:
+        if key in r:  # it would be ignored: each service has its own
+            raise ValidationError(f"{w}.{key}", "not with reward.services: give it per service")
+    services = []
+    for i, sv in enumerate(_list(r, "services", w, required=True)):
+        ws = f"{w}.services[{i}]"
+        _object(sv, ws, ("name", "gpu_memory", "restore_seconds", "offload_seconds", "max_batch",
+                         "weight", "seconds", "replicas", "max_replicas"), required=("gpu_memory",))
+        copies = _copies(sv, ws)
+        services.append(RewardService(
+            name=_string(sv, "name", ws, f"reward-{i}"),
+            gpu_memory=_number(sv, "gpu_memory", ws),
+            restore_seconds=_number(sv, "restore_seconds", ws, 0.0),
+            max_batch=int(_number(sv, "max_batch", ws, 1, integer=True, positive=True)),
+            weight=_number(sv, "weight", ws, 1.0),
+            seconds=Dist.parse(sv["seconds"], f"{ws}.seconds") if "seconds" in sv else None,
+            offload_seconds=_number(sv, "offload_seconds", ws) if "offload_seconds" in sv else None,
+            replicas=copies[0], max_replicas=copies[1],
+        ))
+    if len({sv.name for sv in services}) != len(services):
+        raise ValidationError(f"{w}.services", "service names must be unique")
+    if sum(sv.weight for sv in services) <= 0:
+        raise ValidationError(f"{w}.services", "weights must not all be zero")
+    return services
+
+
+def _model_copies(r: Any, w: str) -> tuple[list[RewardService], str]:
+    """(services, routing) of one reward model in copies: with max_replicas one replicated
+    service whose copies the core routes to, else `replicas` services of their own, round
+    robin."""
+    replicas, max_replicas = _copies(r, w)
+    mem, restore = _number(r, "gpu_memory", w), _number(r, "restore_seconds", w, 0.0)
+    offload = _number(r, "offload_seconds", w) if "offload_seconds" in r else None
+    batch = int(_number(r, "max_batch", w, 1, integer=True, positive=True))
+    if "max_replicas" in r:
+        return [RewardService("reward", mem, restore, batch, offload_seconds=offload,
+                              replicas=replicas, max_replicas=max_replicas)], "core"
+    return [RewardService(f"reward-{i}", mem, restore, batch, offload_seconds=offload)
+            for i in range(replicas)], "round_robin"
+
+
 @dataclass(frozen=True)
 class Workload:
     name: str
@@ -278,121 +417,14 @@ class Workload:
         _object(obj, "workload", ("name", "description", "batch", "turns", "think", "noise_sigma", "actions",
                                   "quotas", "reward", "inventory"),
                 required=("batch", "turns", "actions", "inventory"))
-        quotas: list[QuotaSpec] = []
-        for i, q in enumerate(_list(obj, "quotas", "workload")):
-            w = f"workload.quotas[{i}]"
-            _object(q, w, ("name", "rate", "burst", "max_concurrency", "tokens_per_minute"), required=("name",))
-            quotas.append(QuotaSpec(
-                name=_string(q, "name", w),
-                rate=_number(q, "rate", w, 0.0),
-                burst=int(_number(q, "burst", w, 1, integer=True, positive=True)),
-                max_concurrency=int(_number(q, "max_concurrency", w, 0, integer=True)),
-                tokens_per_minute=int(_number(q, "tokens_per_minute", w, 0, integer=True)),
-            ))
+        quotas = _quotas(obj)
         quota_names = [q.name for q in quotas]
-        if len(set(quota_names)) != len(quota_names):
-            raise ValidationError("workload.quotas", "quota names must be unique")
-        kinds = []
-        for i, a in enumerate(_list(obj, "actions", "workload", required=True)):
-            w = f"workload.actions[{i}]"
-            _object(a, w, ("name", "weight", "cpu", "memory", "seconds", "parallel_fraction", "max_units", "quota",
-                           "tokens"), required=("seconds",))
-            kinds.append(ActionKind(
-                name=_string(a, "name", w, f"action{i}"),
-                weight=_number(a, "weight", w, 1.0),
-                cpu=_number(a, "cpu", w, 1.0, positive=True),
-                memory=_number(a, "memory", w, 0.0),
-                seconds=Dist.parse(a["seconds"], f"{w}.seconds"),
-                parallel_fraction=_number(a, "parallel_fraction", w, 0.0),
-                max_units=_number(a, "max_units", w, 0.0),
-                quota=_string(a, "quota", w) if "quota" in a else None,
-                tokens=Dist.parse(a["tokens"], f"{w}.tokens") if "tokens" in a else None,
-            ))
-            if kinds[-1].quota is not None and kinds[-1].quota not in quota_names:
-                raise ValidationError(f"{w}.quota", f"no quota named {kinds[-1].quota!r} in workload.quotas")
-            if kinds[-1].tokens is not None and kinds[-1].quota is None:
-                raise ValidationError(f"{w}.tokens", "tokens count against a quota: name one")
-            if kinds[-1].parallel_fraction > 1:
-                raise ValidationError(f"{w}.parallel_fraction", "must be in [0, 1]")
+        actions = _list(obj, "actions", "workload", required=True)
+        kinds = [_action_kind(a, i, quota_names) for i, a in enumerate(actions)]
         if sum(k.weight for k in kinds) <= 0:
             raise ValidationError("workload.actions", "weights must not all be zero")
-
-        where = "workload.inventory"
-        inv = _object(obj["inventory"], where, ("cpu_nodes", "cpu_node", "gpu_nodes", "gpu_node"),
-                      required=("cpu_nodes", "cpu_node"))
-
-        def shape(o: Any, where: str) -> NodeShape:
-            _object(o, where, ("cpu", "memory", "gpus"), required=("cpu", "memory"))
-            gpus = _list(o, "gpus", where)
-            return NodeShape(_number(o, "cpu", where), _number(o, "memory", where),
-                             tuple(_number({f"gpus[{i}]": g}, f"gpus[{i}]", where) for i, g in enumerate(gpus)))
-
-        gpu_nodes = int(_number(inv, "gpu_nodes", where, 0, integer=True))
-        if gpu_nodes and "gpu_node" not in inv:
-            raise ValidationError(f"{where}.gpu_node", "is required when gpu_nodes is not 0")
-        inventory = InventorySpec(
-            cpu_nodes=int(_number(inv, "cpu_nodes", where, integer=True, positive=True)),
-            cpu_node=shape(inv["cpu_node"], f"{where}.cpu_node"),
-            gpu_nodes=gpu_nodes,
-            gpu_node=shape(inv["gpu_node"], f"{where}.gpu_node") if gpu_nodes else None,
-        )
-        reward = None
-        if obj.get("reward") is not None:
-            w = "workload.reward"
-            shared = ("cpu", "memory", "seconds", "gpu_batch_gain")
-            r = _object(obj["reward"], w, (*shared, "services", "replicas", "max_replicas", "gpu_memory",
-                                           "restore_seconds", "offload_seconds", "max_batch"), required=("seconds",))
-            if "services" in r:
-                for key in ("replicas", "max_replicas", "gpu_memory", "restore_seconds", "offload_seconds", "max_batch"):
-                    if key in r:  # it would be ignored: each service has its own
-                        raise ValidationError(f"{w}.{key}", "not with reward.services: give it per service")
-                services = []
-                for i, sv in enumerate(_list(r, "services", w, required=True)):
-                    ws = f"{w}.services[{i}]"
-                    _object(sv, ws, ("name", "gpu_memory", "restore_seconds", "offload_seconds", "max_batch",
-                                     "weight", "seconds", "replicas", "max_replicas"), required=("gpu_memory",))
-                    copies = _copies(sv, ws)
-                    services.append(RewardService(
-                        name=_string(sv, "name", ws, f"reward-{i}"),
-                        gpu_memory=_number(sv, "gpu_memory", ws),
-                        restore_seconds=_number(sv, "restore_seconds", ws, 0.0),
-                        max_batch=int(_number(sv, "max_batch", ws, 1, integer=True, positive=True)),
-                        weight=_number(sv, "weight", ws, 1.0),
-                        seconds=Dist.parse(sv["seconds"], f"{ws}.seconds") if "seconds" in sv else None,
-                        offload_seconds=_number(sv, "offload_seconds", ws) if "offload_seconds" in sv else None,
-                        replicas=copies[0], max_replicas=copies[1],
-                    ))
-                if len({sv.name for sv in services}) != len(services):
-                    raise ValidationError(f"{w}.services", "service names must be unique")
-                if sum(sv.weight for sv in services) <= 0:
-                    raise ValidationError(f"{w}.services", "weights must not all be zero")
-                routing = "popularity"
-            else:
-                _object(r, w, (*shared, "replicas", "max_replicas", "gpu_memory", "restore_seconds", "offload_seconds",
-                               "max_batch"), required=("gpu_memory",))
-                replicas, max_replicas = _copies(r, w)
-                mem, restore = _number(r, "gpu_memory", w), _number(r, "restore_seconds", w, 0.0)
-                offload = _number(r, "offload_seconds", w) if "offload_seconds" in r else None
-                batch = int(_number(r, "max_batch", w, 1, integer=True, positive=True))
-                if "max_replicas" in r:  # one replicated service: the core routes to its copies
-                    services = [RewardService("reward", mem, restore, batch, offload_seconds=offload,
-                                              replicas=replicas, max_replicas=max_replicas)]
-                    routing = "core"
-                else:
-                    services = [RewardService(f"reward-{i}", mem, restore, batch, offload_seconds=offload)
-                                for i in range(replicas)]
-                    routing = "round_robin"
-            reward = Reward(
-                services=tuple(services),
-                routing=routing,
-                cpu=_number(r, "cpu", w, 0.0),
-                memory=_number(r, "memory", w, 0.0),
-                seconds=Dist.parse(r["seconds"], f"{w}.seconds"),
-                gpu_batch_gain=parse_gpu_batch_gain(r.get("gpu_batch_gain", DEFAULT_GPU_BATCH_GAIN),
-                                                    f"{w}.gpu_batch_gain"),
-            )
-            if not gpu_nodes or not inventory.gpu_node or not inventory.gpu_node.gpus:
-                raise ValidationError("workload.inventory.gpu_nodes", "a reward service needs GPU nodes with GPUs")
+        inventory = _inventory(obj["inventory"])
+        reward = _reward(obj["reward"], inventory) if obj.get("reward") is not None else None
         return Workload(
             name=_string(obj, "name", "workload", "custom"),
             batch=int(_number(obj, "batch", "workload", integer=True, positive=True)),
@@ -402,7 +434,7 @@ class Workload:
             actions=tuple(kinds),
             inventory=inventory,
             reward=reward,
-            quotas=tuple(quotas),
+            quotas=quotas,
             description=_string(obj, "description", "workload", ""),
             source=dict(obj),
         )
