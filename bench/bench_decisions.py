@@ -1,7 +1,7 @@
 """Decision-latency microbenchmarks (pytest-benchmark).
 
 Under the default `--benchmark-disable` each runs once as a correctness test; time them
-with `pytest bench --benchmark-enable`. `tangram bench` (tangram/bench.py) is the fuller
+with `pytest bench --benchmark-enable`. `tangram bench` (tangram/bench/__init__.py) is the fuller
 report: more sizes, the churn scenario, machine info and core/reference ratios.
 """
 
@@ -14,7 +14,7 @@ import pytest
 
 import tangram
 from tangram import bench
-from tangram._numpy_placement import NumpyPlacement
+from tangram.bench.numpy_placement import NumpyPlacement
 from tangram.scheduler import Policy, core_arguments
 
 NODES = 1024
@@ -70,7 +70,7 @@ def test_burst_core(benchmark, inventory, records):
 # Invariant: the reference starts every action of its (smaller) burst of the same workload
 # and returns every pool to capacity.
 def test_burst_reference(benchmark, inventory):
-    pytest.importorskip("tangram.reference")
+    pytest.importorskip("tangram.bench.reference")
     sched = _burst(benchmark, "reference", inventory, bench.make_actions(REFERENCE_BURST, NODES))
     assert sched.running_count == 0
 
@@ -166,7 +166,7 @@ def test_single_submit_raw_core(benchmark):
 # (impl, scenario, size) with the fields the report promises; the core/reference speedup
 # compares rows of the same workload.
 def test_bench_main_json(tmp_path, capsys):
-    pytest.importorskip("tangram.reference")
+    pytest.importorskip("tangram.bench.reference")
     path = tmp_path / "bench.json"
     assert bench.main(["--quick", "--sizes", "64", "--burst", "300", "--repeats", "1", "--reference-budget", "0.5",
                        "-q", "--json", str(path)]) == 0

@@ -1,4 +1,4 @@
-"""Differential tests: the C++ core against the naive Python reference (tangram/reference.py).
+"""Differential tests: the C++ core against the naive Python reference (tangram/bench/reference.py).
 
 Both are fed the same random inventories, policies (all five, with their options) and
 event streams (submit, complete, cancel, end_trajectories, tick, set_node_online,
@@ -31,7 +31,7 @@ from tangram import (
 from tangram._records import (
     DECISION_DTYPE, DISCARD, EVICT, MODEL_AMDAHL, MODEL_CONSTANT, MODEL_TABLE, REJECT, RESIZE, RESTORE, START, empty_actions,
 )
-from tangram.reference import POLICY_RULES, PolicyRules, ReferenceScheduler, to_milli, trajectory_slots
+from tangram.bench.reference import POLICY_RULES, PolicyRules, ReferenceScheduler, to_milli, trajectory_slots
 from tangram.scheduler import core_arguments
 
 FIELDS = ("kind", "action", "node", "device", "service", "elastic_kind", "grant_milli", "grant", "time", "reason")

@@ -8,7 +8,7 @@ The layers, lowest first:
              tangram.worker and tangram._run_code (what sandboxes import)
   devices    tangram.devices: GPU discovery (NVML, or the TANGRAM_FAKE_GPUS inventory)
   model      tangram._model: inventory, elasticity models, actions
-  scheduler  tangram.scheduler, tangram.reference, tangram._numpy_placement
+  scheduler  tangram.scheduler
   face       the package itself (tangram/__init__.py): it imports base..scheduler; the
              names it exports from higher layers are imported on first use (its
              `_LAZY` table, mirrored by an `if TYPE_CHECKING:` block for type checkers,
@@ -19,7 +19,9 @@ The layers, lowest first:
   ray        tangram.ray.*: the Ray backend
   sim        tangram.sim.*: the virtual-time simulator
   demo       tangram.demo.*: `tangram demo`
-  tools      tangram.cli, tangram.bench, tangram.top, tangram.__main__: the `tangram` command
+  tools      tangram.cli, tangram.top, tangram.__main__: the `tangram` command; tangram.bench.*:
+             `tangram bench`, with the test oracle (bench.reference) and the NumPy scan it is
+             measured against
 
 Every import counts, at module level and inside functions, relative ones resolved;
 `from tangram import Name` counts as an import of the module `Name` lives in (the
@@ -52,7 +54,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
               "tangram.worker", "tangram._run_code")),
     ("devices", ("tangram.devices",)),
     ("model", ("tangram._model",)),
-    ("scheduler", ("tangram.scheduler", "tangram.reference", "tangram._numpy_placement")),
+    ("scheduler", ("tangram.scheduler",)),
     ("face", ("tangram",)),
     ("runtime", ("tangram.runtime.",)),
     ("server", ("tangram.server.",)),
@@ -60,7 +62,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("ray", ("tangram.ray.",)),
     ("sim", ("tangram.sim.",)),
     ("demo", ("tangram.demo.",)),
-    ("tools", ("tangram.cli", "tangram.bench", "tangram.top", "tangram.__main__")),
+    ("tools", ("tangram.cli", "tangram.bench.", "tangram.top", "tangram.__main__")),
 ]
 FACE = next(i for i, (name, _) in enumerate(LAYERS) if name == "face")
 

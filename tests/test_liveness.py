@@ -29,7 +29,7 @@ from test_differential import SETTINGS, Harness, events, inventories, policies
 
 import tangram
 from tangram import POLICIES, Inventory, Node, Policy, Scheduler, ValidationError
-from tangram.reference import PolicyRules, ReferenceScheduler, trajectory_slots
+from tangram.bench.reference import PolicyRules, ReferenceScheduler, trajectory_slots
 from tangram._records import empty_actions
 from tangram.scheduler import core_arguments
 

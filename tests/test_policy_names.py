@@ -43,7 +43,7 @@ def test_cli_lists_the_core_names(command: list[str]) -> None:
 
 
 def test_rules_of_every_builtin_policy() -> None:
-    from tangram.reference import PolicyRules
+    from tangram.bench.reference import PolicyRules
 
     assert tuple(_core.POLICY_RULES) == _core.POLICIES
     assert tuple(_core.RULES) == ROW_FIELDS

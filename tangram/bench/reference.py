@@ -295,9 +295,9 @@ from typing import Callable, ClassVar, Iterable, Sequence
 
 import numpy as np
 
-from . import _core
-from ._errors import DuplicateIdError, InvalidStateError, UnknownActionError, UnknownNameError, ValidationError
-from ._records import (
+from .. import _core
+from .._errors import DuplicateIdError, InvalidStateError, UnknownActionError, UnknownNameError, ValidationError
+from .._records import (
     ACTION_HEADER_SIZE, DECISION_DTYPE, DISCARD, EVICT, MODEL_AMDAHL, MODEL_CALLBACK, MODEL_CONSTANT, MODEL_TABLE, REJECT,
     RESIZE, RESTORE, START,
 )

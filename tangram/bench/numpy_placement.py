@@ -27,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ._records import DECISION_DTYPE, REJECT, START
+from .._records import DECISION_DTYPE, REJECT, START
 
 __all__ = ["NumpyPlacement"]
 

@@ -5,11 +5,11 @@ DECISION_DTYPE arrays out):
 
   core       the compiled core, `tangram._core.Scheduler` (the raw binding: the time is
              the core's plus one crossing per call)
-  reference  the pure-Python reference, `tangram.reference.ReferenceScheduler`, on the
+  reference  the pure-Python reference, `tangram.bench.reference.ReferenceScheduler`, on the
              largest workload of a ladder (1,000 / 3,000 / 10,000 actions) that fits a
              time budget; `burst` says which, and the core also runs that size so that
              the speedup compares like with like
-  numpy      `tangram._numpy_placement.NumpyPlacement`: one vectorised first-fit/best-fit
+  numpy      `tangram.bench.numpy_placement.NumpyPlacement`: one vectorised first-fit/best-fit
              scan over a (nodes x kinds) free matrix per action, minimum grants, strict
              arrival order: what a straightforward vectorised Python scheduler costs
 
@@ -62,13 +62,13 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from . import _core
-from ._errors import TangramError
-from ._model import Inventory, Node
-from ._numpy_placement import NumpyPlacement
-from ._records import DECISION_DTYPE, MODEL_AMDAHL, MODEL_CONSTANT, REJECT, START, empty_actions
-from ._arguments import ArgumentParser, name_list, non_negative_int, non_negative_seconds, positive_int, writable_file
-from .scheduler import Policy, Scheduler, core_arguments
+from .. import _core
+from .._errors import TangramError
+from .._model import Inventory, Node
+from .numpy_placement import NumpyPlacement
+from .._records import DECISION_DTYPE, MODEL_AMDAHL, MODEL_CONSTANT, REJECT, START, empty_actions
+from .._arguments import ArgumentParser, name_list, non_negative_int, non_negative_seconds, positive_int, writable_file
+from ..scheduler import Policy, Scheduler, core_arguments
 
 __all__ = ["Config", "KINDS", "make_actions", "make_inventory", "make_scheduler", "record_burst", "replay",
            "run_burst", "run_churn", "run_single_submit", "run", "format_table", "main"]
@@ -557,7 +557,7 @@ def machine_info() -> dict[str, Any]:
                                         capture_output=True, text=True, timeout=5).stdout.strip())
     except (OSError, subprocess.SubprocessError):
         pass
-    from . import __version__
+    from .. import __version__
 
     return {
         "platform": platform.platform(),
