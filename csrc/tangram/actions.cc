@@ -32,7 +32,7 @@ void Scheduler::Impl::validate_spec(const ActionSpec& s, const Field& field) con
   for (std::int32_t k = 0; k < K; ++k)
     if (s.demand[k] < 0 || s.demand[k] > kMaxMilli) bad("demand." + inv.kinds[k], "must be in [0, 1e12] units");
   if (s.gpu_memory < 0 || s.gpu_memory > kMaxMilli) bad("gpu_memory", "must be in [0, 1e12] MiB");
-  if (s.gpu_memory > 0 && !has_gpus && s.service == kNone) bad("gpu_memory", "the inventory has no GPU");
+  if (s.gpu_memory > 0 && !bins.has_gpus && s.service == kNone) bad("gpu_memory", "the inventory has no GPU");
   if (s.elastic_kind != kNone) {
     if (s.elastic_kind < 0 || s.elastic_kind >= K) bad("elastic_kind", "no kind with index " + std::to_string(s.elastic_kind));
     Quantity lo = s.demand[s.elastic_kind];
@@ -72,7 +72,7 @@ void Scheduler::Impl::validate_spec(const ActionSpec& s, const Field& field) con
     throw Error(ErrorCode::kUnknownName, field() + ".quota", "no quota with index " + std::to_string(s.quota));
   if (s.tokens < 0 || s.tokens > static_cast<std::int64_t>(kMaxBaseUnits)) bad("tokens", "must be in [0, 1e12]");
   if (s.tokens > 0 && s.quota == kNone) bad("tokens", "tokens need a quota to draw from");
-  if (row.rules.bins == BinLayout::kTaskPools && !pool_partition.count(s.task))
+  if (row.rules.bins == BinLayout::kTaskPools && !bins.pool_partition.count(s.task))
     throw Error(ErrorCode::kUnknownName, field() + ".task", "no task pool " + std::to_string(s.task) + " among the policy's task pools");
   // The model must give a usable run time at the minimum grant.
   Quantity lo = s.elastic_kind == kNone ? kMilli : s.demand[s.elastic_kind];
@@ -81,7 +81,7 @@ void Scheduler::Impl::validate_spec(const ActionSpec& s, const Field& field) con
 }
 
 std::int32_t Scheduler::Impl::class_for(const ActionSpec& s) {
-  std::int32_t partition = row.rules.bins == BinLayout::kTaskPools ? pool_partition.at(s.task) : 0;
+  std::int32_t partition = row.rules.bins == BinLayout::kTaskPools ? bins.pool_partition.at(s.task) : 0;
   const bool in_slot = row.rules.bins == BinLayout::kTrajectorySlots && s.service == kNone;
   TrajectoryId traj = in_slot ? s.trajectory : 0;
   std::uint64_t h = 1469598103934665603ull;
@@ -160,27 +160,27 @@ void Scheduler::Impl::free_class(std::int32_t c) {
 
 // Why no action of this class can ever run, or "" if one could.
 std::string Scheduler::Impl::infeasible_reason(const Class& c) const {
-  const Partition& part = partitions[c.partition];
+  const Partition& part = bins.partitions[c.partition];
   if (c.service == kNone && c.quota == kNone && c.affinity_node != kNone && part.node_lo[c.affinity_node] >= 0) {
     // The common case, an action pinned to its trajectory's node: a new class per
     // trajectory, so look at the node's few bins directly (the search below gives the
     // same answer, and the words when none fits).
     for (std::int32_t leaf = part.node_lo[c.affinity_node]; leaf < part.node_hi[c.affinity_node]; ++leaf) {
       const Quantity* cap = part.cap_tree.leaf(leaf);
-      bool fits = !has_gpus || cap[K] >= c.gpu_memory;
+      bool fits = !bins.has_gpus || cap[K] >= c.gpu_memory;
       for (std::int32_t k = 0; k < K && fits; ++k) fits = cap[k] >= c.demand[k];
       if (fits) return "";
     }
   }
   std::vector<Quantity> need(c.demand, c.demand + K);
-  if (has_gpus) need.push_back(c.service == kNone ? c.gpu_memory : 0);
+  if (bins.has_gpus) need.push_back(c.service == kNone ? c.gpu_memory : 0);
   auto describe_shortfall = [&](std::int32_t lo, std::int32_t hi, const char* where) {
     Text os;
     os << "demand does not fit " << where << ":";
-    std::vector<Quantity> best(D, 0);
+    std::vector<Quantity> best(bins.D, 0);
     for (std::int32_t leaf = lo; leaf < hi; ++leaf)
-      for (std::int32_t d = 0; d < D; ++d) best[d] = std::max(best[d], part.cap_tree.leaf(leaf)[d]);
-    for (std::int32_t d = 0; d < D; ++d)
+      for (std::int32_t d = 0; d < bins.D; ++d) best[d] = std::max(best[d], part.cap_tree.leaf(leaf)[d]);
+    for (std::int32_t d = 0; d < bins.D; ++d)
       if (need[d] > best[d])
         os << " " << (d < K ? inv.kinds[d] : std::string("gpu_memory")) << " needs " << need[d] / 1000.0 << ", largest is " << best[d] / 1000.0 << ";";
     std::string s = os.str();
@@ -344,7 +344,7 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
     cl.waiting.push(detail.order, actions.queue_pos);
     if (new_head && !cl.parked) activate(c);
     // Parked across the partition: listed again under its new head (the old entry is stale).
-    if (new_head && cl.parked && cl.park_node == kNone) partitions[cl.partition].parked_new.emplace_back(cl.waiting.head(), c);
+    if (new_head && cl.parked && cl.park_node == kNone) partition_parking[cl.partition].parked_new.emplace_back(cl.waiting.head(), c);
   }
 }
 
@@ -352,24 +352,24 @@ void Scheduler::Impl::finish(std::int32_t slot) {
   ActionRec& r = actions.slots[slot];
   Class& cl = classes[r.cls];
   if (malleable) forget_running(slot);
-  Quantity* f = free_of(r.bin);
+  Quantity* f = bins.free_of(r.bin);
   for (std::int32_t k = 0; k < K; ++k) f[k] += cl.demand[k];
   if (r.elastic_kind != kNone) f[r.elastic_kind] += r.grant - cl.demand[r.elastic_kind];  // its current grant
-  std::int32_t node = bin_node[r.bin];
+  std::int32_t node = bins.bin_node[r.bin];
   const bool frees_gpu_memory = r.device != kNone && cl.gpu_memory > 0;
   if (frees_gpu_memory) {
     gpus.give_back(r.device, cl.gpu_memory);
     refresh_node_devices(node);
   }
   // A trajectory slot stays bound (hidden from the free tree) until its trajectory ends.
-  if (!bin_bound[r.bin]) refresh_leaf(r.bin);
-  if (cl.in_trajectory_slot && !r.own_slot) --bin_lent_running[r.bin];
-  if (r.own_slot && --bin_holder_running[r.bin] == 0) {
+  if (!bins.bin_bound[r.bin]) bins.refresh_leaf(r.bin);
+  if (cl.in_trajectory_slot && !r.own_slot) --bins.bin_lent_running[r.bin];
+  if (r.own_slot && --bins.bin_holder_running[r.bin] == 0) {
     // Nothing of its trajectory runs in the slot now: a class of it that the slot can never
     // hold may give the slot up (try_head), so it is looked at again.
     auto list = trajectory_classes.find(r.trajectory);
     for (std::int32_t other : list->second)
-      if (classes[other].parked && slot_never_holds(classes[other], r.bin)) unpark(other);
+      if (classes[other].parked && bins.never_holds(r.bin, classes[other].demand, classes[other].gpu_memory)) unpark(other);
   }
   if (cl.quota != kNone) quotas[cl.quota].release();
   if (cl.service != kNone) gpus.services[cl.service].running -= 1;
@@ -377,7 +377,7 @@ void Scheduler::Impl::finish(std::int32_t slot) {
   if (actions.trajectory_loses(r.trajectory)) holder_live(r.trajectory, -1);
   actions.release(r, slot);
   // Freed GPU memory is shared by every partition on the node.
-  release_on_node(node, frees_gpu_memory ? kNone : bin_partition[r.bin]);
+  release_on_node(node, frees_gpu_memory ? kNone : bins.bin_partition[r.bin]);
 }
 
 void Scheduler::Impl::unqueue(std::int32_t slot) {

@@ -1,4 +1,6 @@
-// Construction, bins and node membership.
+// Construction, bins and node membership: Impl's constructor and add_node (the bins the
+// policy's BinLayout makes of a node, and every part's entries for them), and the Bins
+// part's methods (bins.h).
 //
 // Reads: the inventory and the policy's row (BinLayout, ServiceDevices).
 // Changes: bins (capacity, free room; under kMalleable each bin's running-action state),
@@ -41,10 +43,8 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
     if (node.offload_memory < -1 || node.offload_memory > kMaxMilli)
       throw Error(ErrorCode::kInvalidArgument, f + ".offload_memory", "must be in [0, 1e12] MiB, or unlimited");
   }
-  for (const NodeSpec& node : inv.nodes) node_max_dev_total.push_back(gpus.add_node(node));
-  node_max_dev_free = node_max_dev_total;
-  has_gpus = gpus.any();
-  D = K + (has_gpus ? 1 : 0);
+  for (const NodeSpec& node : inv.nodes) bins.add_node(gpus.add_node(node));
+  bins.set_dims(K, gpus.any());
 
   // quotas and services
   for (std::size_t q = 0; q < inv.quotas.size(); ++q) {
@@ -73,7 +73,7 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
     if (spec.asleep_memory > 0 && spec.movable)
       throw Error(ErrorCode::kInvalidArgument, f + ".asleep_memory",
                   "memory kept while offloaded stays on its device: the service must not be movable");
-    if (!has_gpus) throw Error(ErrorCode::kInvalidArgument, f, "a GPU service needs at least one GPU in the inventory");
+    if (!bins.has_gpus) throw Error(ErrorCode::kInvalidArgument, f, "a GPU service needs at least one GPU in the inventory");
     if (spec.replica_of != kNone) {
       const std::int32_t first = spec.replica_of;
       if (first < 0 || first >= static_cast<std::int32_t>(s) || inv.services[first].replica_of != kNone)
@@ -117,7 +117,7 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
   // Validate the policy's bin options; then every node's bins, partition by partition.
   switch (row.rules.bins) {
     case BinLayout::kNodes:
-      partitions.resize(1);
+      bins.partitions.resize(1);
       break;
     case BinLayout::kTrajectorySlots: {
       bool has_cpu = false;
@@ -128,7 +128,7 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
         throw Error(ErrorCode::kInvalidArgument, pf + ".trajectory_slot_cpu", "must be a finite number in (0, 1e12]");
       if (to_milli(policy.trajectory_slot_cpu) < 1)
         throw Error(ErrorCode::kInvalidArgument, pf + ".trajectory_slot_cpu", "must be at least 0.0005 cores (one milli-core)");
-      partitions.resize(1);
+      bins.partitions.resize(1);
       break;
     }
     case BinLayout::kTaskPools: {
@@ -137,28 +137,28 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
         double w = policy.pools[p].second;
         if (!std::isfinite(w) || w <= 0 || w > 1e6)
           throw Error(ErrorCode::kInvalidArgument, pf + ".pools[" + std::to_string(p) + "].weight", "must be a finite number in (0, 1e6]");
-        if (pool_partition.count(policy.pools[p].first))
+        if (bins.pool_partition.count(policy.pools[p].first))
           throw Error(ErrorCode::kInvalidArgument, pf + ".pools[" + std::to_string(p) + "].task", "duplicate task pool " + std::to_string(policy.pools[p].first));
-        pool_partition[policy.pools[p].first] = static_cast<std::int32_t>(p);
+        bins.pool_partition[policy.pools[p].first] = static_cast<std::int32_t>(p);
       }
-      partitions.resize(policy.pools.size());
+      bins.partitions.resize(policy.pools.size());
       break;
     }
   }
-  reclaim_bins.resize(partitions.size());
-  reclaim_bound.assign(partitions.size() * static_cast<std::size_t>(K), 0);
-  reclaim_bound_pass.assign(partitions.size(), 0);
-  no_shrink_memo.assign(partitions.size(), NoShrinkMemo{});
-  no_shrink_demands.assign(partitions.size() * kNoShrinkMemo * static_cast<std::size_t>(K), 0);
-  shrink_candidates.resize(partitions.size());
-  shrink_candidates_pass.assign(partitions.size(), 0);
+  reclaim_bins.resize(bins.partitions.size());
+  reclaim_bound.assign(bins.partitions.size() * static_cast<std::size_t>(K), 0);
+  reclaim_bound_pass.assign(bins.partitions.size(), 0);
+  no_shrink_memo.assign(bins.partitions.size(), NoShrinkMemo{});
+  no_shrink_demands.assign(bins.partitions.size() * kNoShrinkMemo * static_cast<std::size_t>(K), 0);
+  shrink_candidates.resize(bins.partitions.size());
+  shrink_candidates_pass.assign(bins.partitions.size(), 0);
   std::vector<NodeBins> splits(static_cast<std::size_t>(N));
   for (std::int32_t n = 0; n < N; ++n) splits[n] = node_bins(inv.nodes[n].capacity);
-  for (std::size_t p = 0; p < partitions.size(); ++p)
+  for (std::size_t p = 0; p < bins.partitions.size(); ++p)
     for (std::int32_t n = 0; n < N; ++n)
       for (const std::vector<Quantity>& cap : splits[n][p]) append_bin(n, static_cast<std::int32_t>(p), cap);
-  starving_head_halts = partitions.size() == 1 && row.rules.bins != BinLayout::kTrajectorySlots;
-  if (row.rules.bins == BinLayout::kTrajectorySlots && partitions[0].bins.empty())
+  starving_head_halts = bins.partitions.size() == 1 && row.rules.bins != BinLayout::kTrajectorySlots;
+  if (row.rules.bins == BinLayout::kTrajectorySlots && bins.partitions[0].bins.empty())
     throw Error(ErrorCode::kInvalidArgument, pf + ".trajectory_slot_cpu", "larger than every node's cpu: no slot fits");
   if (uses_service_home()) {
     // A dedicated deployment: each service runs its minimum copies only (its surplus copies
@@ -169,49 +169,73 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
                                  [&](std::int32_t copy) { return inv.services[copy].surplus; }),
                   group.end());
     std::size_t deployed = 0;
-    for (std::size_t s = 0; has_gpus && s < gpus.services.size(); ++s)
+    for (std::size_t s = 0; bins.has_gpus && s < gpus.services.size(); ++s)
       if (!inv.services[s].surplus) gpus.services[s].home_device = static_cast<std::int32_t>(deployed++ % gpus.dev_node.size());
   }
-  node_online.assign(N, 1);
-  node_busy_holders.assign(N, 0);
-  for (auto& part : partitions) {
-    part.node_lo.assign(N, -1);
-    part.node_hi.assign(N, -1);
-  }
-  build_trees();
+  bins.build_trees();
   node_parked.resize(N);
   node_parked_count.assign(N, 0);
+  partition_parking.resize(bins.partitions.size());
   node_released.assign(N, 0);
-  released_leaves.resize(partitions.size());
-  released_free.resize(partitions.size());
-  released_first_max.assign(partitions.size(), -1);
-  bin_released_at.assign(bin_node.size(), 0);
-  bin_released_pass.assign(bin_node.size(), 0);
+  released_leaves.resize(bins.partitions.size());
+  released_free.resize(bins.partitions.size());
+  released_first_max.assign(bins.partitions.size(), -1);
+  bin_released_at.assign(bins.bin_node.size(), 0);
+  bin_released_pass.assign(bins.bin_node.size(), 0);
   node_contended.assign(N, 0);
   node_need.assign(static_cast<std::size_t>(N) * K, 0);
   node_masked.assign(N, 0);
-  partition_contended.assign(partitions.size(), 0);
-  partition_need.assign(partitions.size() * K, 0);
-  partition_masked.assign(partitions.size(), 0);
+  partition_contended.assign(bins.partitions.size(), 0);
+  partition_need.assign(bins.partitions.size() * K, 0);
+  partition_masked.assign(bins.partitions.size(), 0);
   elastic_kind_seen.assign(K, 0);
-  parked_need_pass.assign(partitions.size(), 0);
-  parked_need_rows.assign(partitions.size() * K, 0);
-  scratch.resize(D);
+  parked_need_pass.assign(bins.partitions.size(), 0);
+  parked_need_rows.assign(bins.partitions.size() * K, 0);
+  scratch.resize(bins.D);
 }
 
-void Scheduler::Impl::refresh_leaf(std::int32_t bin) {
+// ---- Bins
+
+void Bins::set_dims(std::int32_t kinds, bool gpus) {
+  K = kinds;
+  has_gpus = gpus;
+  D = K + (has_gpus ? 1 : 0);
+  leaf_row.assign(D, 0);
+}
+
+void Bins::add_node(Quantity max_dev) {
+  node_max_dev_free.push_back(max_dev);
+  node_max_dev_total.push_back(max_dev);
+  node_online.push_back(1);
+  node_busy_holders.push_back(0);
+}
+
+void Bins::append_bin(std::int32_t node, std::int32_t part, const std::vector<Quantity>& cap) {
+  const std::int32_t b = static_cast<std::int32_t>(bin_node.size());
+  bin_node.push_back(node);
+  bin_partition.push_back(part);
+  bin_leaf.push_back(static_cast<std::int32_t>(partitions[part].bins.size()));
+  partitions[part].bins.push_back(b);
+  bin_room.insert(bin_room.end(), cap.begin(), cap.end());  // free: all of it
+  bin_room.insert(bin_room.end(), cap.begin(), cap.end());
+  bin_bound.push_back(0);
+  bin_holder.push_back(0);
+  bin_holder_running.push_back(0);
+  bin_lent_running.push_back(0);
+}
+
+void Bins::refresh_leaf(std::int32_t bin) {
   Partition& part = partitions[bin_partition[bin]];
   std::int32_t leaf = bin_leaf[bin];
   // A bound trajectory slot and an offline node's bins stay hidden: nothing else is placed
   // there (a bound slot's own trajectory finds it through trajectory_bin).
   if (bin_bound[bin] || !node_online[bin_node[bin]]) return hide_leaf(part, leaf);
-  std::copy(free_of(bin), free_of(bin) + K, scratch.begin());
-  if (has_gpus) scratch[K] = node_max_dev_free[bin_node[bin]];
-  part.free_tree.set(leaf, scratch.data());
+  std::copy(free_of(bin), free_of(bin) + K, leaf_row.begin());
+  if (has_gpus) leaf_row[K] = node_max_dev_free[bin_node[bin]];
+  part.free_tree.set(leaf, leaf_row.data());
 }
 
-void Scheduler::Impl::refresh_node_devices(std::int32_t node) {
-  const Quantity best = gpus.most_free_on(node);
+void Bins::set_node_dev_free(std::int32_t node, Quantity best) {
   if (best == node_max_dev_free[node]) return;
   if (best > node_max_dev_free[node]) ++search_epoch;  // room grew: search hints are void
   node_max_dev_free[node] = best;
@@ -220,17 +244,17 @@ void Scheduler::Impl::refresh_node_devices(std::int32_t node) {
     if (part.node_lo[node] < 0) continue;
     for (std::int32_t leaf = part.node_lo[node]; leaf < part.node_hi[node]; ++leaf) {
       if (bin_bound[part.bins[leaf]]) continue;  // a bound trajectory slot stays hidden
-      std::copy(part.free_tree.leaf(leaf), part.free_tree.leaf(leaf) + D, scratch.begin());
-      scratch[K] = best;
-      part.free_tree.set(leaf, scratch.data());
+      std::copy(part.free_tree.leaf(leaf), part.free_tree.leaf(leaf) + D, leaf_row.begin());
+      leaf_row[K] = best;
+      part.free_tree.set(leaf, leaf_row.data());
     }
   }
 }
 
 // (Re)builds every partition's trees and node ranges from the bins' current state: at
 // construction, and when add_node appends bins (and maybe the GPU dimension).
-void Scheduler::Impl::build_trees() {
-  const std::int32_t N = static_cast<std::int32_t>(inv.nodes.size());
+void Bins::build_trees() {
+  const std::int32_t N = nodes();
   std::vector<Quantity> v(D), hidden(D, -1);
   for (auto& part : partitions) {
     std::int32_t leaves = static_cast<std::int32_t>(part.bins.size());
@@ -258,16 +282,15 @@ void Scheduler::Impl::build_trees() {
   }
 }
 
-void Scheduler::Impl::hide_leaf(Partition& part, std::int32_t leaf) {
-  std::fill(scratch.begin(), scratch.end(), -1);
-  part.free_tree.set(leaf, scratch.data());
+void Bins::hide_leaf(Partition& part, std::int32_t leaf) {
+  std::fill(leaf_row.begin(), leaf_row.end(), -1);
+  part.free_tree.set(leaf, leaf_row.data());
 }
 
 // Offline: the node's leaves leave the free trees; nothing more is placed there. Online:
-// its unbound leaves come back with their exact free vectors, and classes parked for room
-// are woken as by a release on the node.
-void Scheduler::Impl::set_node_online(std::int32_t node, bool online) {
-  if (static_cast<bool>(node_online[node]) == online) return;
+// its unbound leaves come back with their exact free vectors.
+bool Bins::set_node_online(std::int32_t node, bool online) {
+  if (static_cast<bool>(node_online[node]) == online) return false;
   node_online[node] = online ? 1 : 0;
   n_offline += online ? -1 : 1;
   for (auto& part : partitions) {
@@ -278,7 +301,67 @@ void Scheduler::Impl::set_node_online(std::int32_t node, bool online) {
       else if (!bin_bound[b]) refresh_leaf(b);
     }
   }
-  if (online) release_on_node(node, kNone);
+  return true;
+}
+
+void Bins::bind_slot(std::int32_t bin, TrajectoryId trajectory) {
+  trajectory_bin[trajectory] = bin;
+  bin_holder[bin] = trajectory;
+  ++node_busy_holders[bin_node[bin]];  // it has a live action
+  if (bin_bound[bin]) return;  // taken over: hidden already
+  bin_bound[bin] = 1;
+  hide_leaf(partitions[bin_partition[bin]], bin_leaf[bin]);
+}
+
+void Bins::clear_slot(std::int32_t bin) {
+  bin_bound[bin] = 0;
+  bin_holder[bin] = 0;
+  refresh_leaf(bin);
+}
+
+bool Bins::fits_some_bin(std::int32_t partition, const Quantity* demand, std::int32_t node) const {
+  const Partition& part = partitions[partition];
+  for (std::int32_t leaf = part.node_lo[node]; leaf >= 0 && leaf < part.node_hi[node]; ++leaf) {
+    const Quantity* f = free_of(part.bins[leaf]);
+    bool fits = true;
+    for (std::int32_t k = 0; k < K && fits; ++k) fits = f[k] >= demand[k];
+    if (fits) return true;
+  }
+  return false;
+}
+
+// Only asked while a node is offline: a starving action that fits nowhere online must not
+// hold the online bins back for a node that may never return.
+bool Bins::fits_online_capacity(std::int32_t partition, const Quantity* demand, Quantity gpu_memory, std::int32_t lo,
+                                std::int32_t hi, std::int32_t device) const {
+  const Partition& part = partitions[partition];
+  for (std::int32_t leaf = lo; leaf < hi; ++leaf) {
+    const std::int32_t b = part.bins[leaf];
+    const std::int32_t n = bin_node[b];
+    if (!node_online[n]) continue;
+    const Quantity* cap = cap_of(b);
+    bool fits = true;
+    for (std::int32_t k = 0; k < K && fits; ++k) fits = cap[k] >= demand[k];
+    if (fits && device == kNone && gpu_memory > 0) fits = node_max_dev_total[n] >= gpu_memory;
+    if (fits) return true;
+  }
+  return false;
+}
+
+bool Bins::never_holds(std::int32_t bin, const Quantity* demand, Quantity gpu_memory) const {
+  const Quantity* cap = cap_of(bin);
+  for (std::int32_t k = 0; k < K; ++k)
+    if (cap[k] < demand[k]) return true;
+  return has_gpus && gpu_memory > 0 && node_max_dev_total[bin_node[bin]] < gpu_memory;
+}
+
+void Scheduler::Impl::refresh_node_devices(std::int32_t node) { bins.set_node_dev_free(node, gpus.most_free_on(node)); }
+
+// Offline: the node's leaves leave the free trees; nothing more is placed there. Online:
+// its unbound leaves come back with their exact free vectors, and classes parked for room
+// are woken as by a release on the node.
+void Scheduler::Impl::set_node_online(std::int32_t node, bool online) {
+  if (bins.set_node_online(node, online) && online) release_on_node(node, kNone);
 }
 
 // A device out of placement (online=false) fences its free memory off, and whatever
@@ -289,19 +372,10 @@ void Scheduler::Impl::set_device_online(std::int32_t d, bool online) {
   if (online) release_on_node(gpus.dev_node[d], kNone);
 }
 
-// A bin at the end of its partition's leaves, all of its capacity free.
+// A bin at the end of its partition's leaves, all of its capacity free, and its entries in
+// the other parts.
 void Scheduler::Impl::append_bin(std::int32_t node, std::int32_t part, const std::vector<Quantity>& cap) {
-  const std::int32_t b = static_cast<std::int32_t>(bin_node.size());
-  bin_node.push_back(node);
-  bin_partition.push_back(part);
-  bin_leaf.push_back(static_cast<std::int32_t>(partitions[part].bins.size()));
-  partitions[part].bins.push_back(b);
-  bin_room.insert(bin_room.end(), cap.begin(), cap.end());  // free: all of it
-  bin_room.insert(bin_room.end(), cap.begin(), cap.end());
-  bin_bound.push_back(0);
-  bin_holder.push_back(0);
-  bin_holder_running.push_back(0);
-  bin_lent_running.push_back(0);
+  bins.append_bin(node, part, cap);
   reserve_pass.push_back(0);
   reserve_rows.resize(reserve_rows.size() + K, 0);
   if (malleable) append_bin_resize_state();
@@ -314,10 +388,10 @@ void Scheduler::Impl::append_bin(std::int32_t node, std::int32_t part, const std
 // then the milli-units left over spread evenly, the first pools taking one more, so the
 // shares sum to the node.
 Scheduler::Impl::NodeBins Scheduler::Impl::node_bins(const std::vector<Quantity>& capacity) const {
-  NodeBins bins(partitions.size());
+  NodeBins split(bins.partitions.size());
   switch (row.rules.bins) {
     case BinLayout::kNodes:
-      bins[0].push_back(capacity);
+      split[0].push_back(capacity);
       break;
     case BinLayout::kTrajectorySlots: {
       std::int32_t cpu = kNone;
@@ -327,30 +401,30 @@ Scheduler::Impl::NodeBins Scheduler::Impl::node_bins(const std::vector<Quantity>
       std::vector<Quantity> cap(K);
       for (std::int32_t k = 0; k < K; ++k)
         cap[k] = k == cpu ? to_milli(policy.trajectory_slot_cpu) : (n_slots > 0 ? capacity[k] / n_slots : 0);
-      bins[0].assign(static_cast<std::size_t>(n_slots), cap);
+      split[0].assign(static_cast<std::size_t>(n_slots), cap);
       break;
     }
     case BinLayout::kTaskPools: {
       double total = 0;
       for (const auto& pool : policy.pools) total += pool.second;
       const std::size_t P = policy.pools.size();
-      for (std::size_t p = 0; p < P; ++p) bins[p].assign(1, std::vector<Quantity>(K));
+      for (std::size_t p = 0; p < P; ++p) split[p].assign(1, std::vector<Quantity>(K));
       for (std::int32_t k = 0; k < K; ++k) {
         Quantity given = 0;
         for (std::size_t p = 0; p < P; ++p) {
           const Quantity ppm = static_cast<Quantity>(std::floor(policy.pools[p].second / total * 1e6));
           const Quantity q = static_cast<Quantity>((static_cast<__int128>(capacity[k]) * ppm) / 1000000);
-          bins[p][0][k] = q;
+          split[p][0][k] = q;
           given += q;
         }
         const Quantity left = capacity[k] - given, each = left / static_cast<Quantity>(P);
         const std::size_t extra = static_cast<std::size_t>(left % static_cast<Quantity>(P));
-        for (std::size_t p = 0; p < P; ++p) bins[p][0][k] += each + (p < extra ? 1 : 0);
+        for (std::size_t p = 0; p < P; ++p) split[p][0][k] += each + (p < extra ? 1 : 0);
       }
       break;
     }
   }
-  return bins;
+  return split;
 }
 
 // Appends a node: its bins (as the constructor makes them for the policy), its GPUs, and
@@ -362,15 +436,10 @@ std::int32_t Scheduler::Impl::add_node(NodeSpec spec) {
   for (std::size_t p = 0; p < split.size(); ++p)
     for (const std::vector<Quantity>& cap : split[p]) append_bin(n, static_cast<std::int32_t>(p), cap);
   // devices: appended after every existing one, so global device indices stay valid
-  const Quantity most = gpus.add_node(spec);
-  node_max_dev_free.push_back(most);
-  node_max_dev_total.push_back(most);
-  has_gpus = gpus.any();
-  D = K + (has_gpus ? 1 : 0);
-  scratch.assign(D, 0);
+  bins.add_node(gpus.add_node(spec));
+  bins.set_dims(K, gpus.any());
+  scratch.assign(bins.D, 0);
   inv.nodes.push_back(std::move(spec));
-  node_online.push_back(1);
-  node_busy_holders.push_back(0);
   node_parked.emplace_back();
   node_parked_count.push_back(0);
   node_released.push_back(0);
@@ -378,30 +447,12 @@ std::int32_t Scheduler::Impl::add_node(NodeSpec spec) {
   node_need.resize(node_need.size() + K, 0);
   node_masked.push_back(0);
   for (auto& leaves : released_leaves) leaves.clear();  // leaf positions change below
-  bin_released_at.assign(bin_node.size(), 0);
-  bin_released_pass.assign(bin_node.size(), 0);
-  build_trees();
+  bin_released_at.assign(bins.bin_node.size(), 0);
+  bin_released_pass.assign(bins.bin_node.size(), 0);
+  bins.build_trees();
   for (auto& cl : classes) cl.infeasible = infeasible_reason(cl);
   release_on_node(n, kNone);
   return n;
-}
-
-// Whether some online bin in [lo, hi) could ever hold the class (by capacity). Only asked
-// while a node is offline: a starving action that fits nowhere online must not hold the
-// online bins back for a node that may never return.
-bool Scheduler::Impl::fits_online_capacity(const Class& cl, std::int32_t lo, std::int32_t hi, std::int32_t device) const {
-  const Partition& part = partitions[cl.partition];
-  for (std::int32_t leaf = lo; leaf < hi; ++leaf) {
-    const std::int32_t b = part.bins[leaf];
-    const std::int32_t n = bin_node[b];
-    if (!node_online[n]) continue;
-    const Quantity* cap = cap_of(b);
-    bool fits = true;
-    for (std::int32_t k = 0; k < K && fits; ++k) fits = cap[k] >= cl.demand[k];
-    if (fits && device == kNone && cl.gpu_memory > 0) fits = node_max_dev_total[n] >= cl.gpu_memory;
-    if (fits) return true;
-  }
-  return false;
 }
 
 }  // namespace tangram

@@ -17,7 +17,7 @@ std::string Scheduler::Impl::explain(ActionId id) const {
   const ActionRec& a = actions.slots[*slot];
   Text os;
   if (a.state == ActionState::kRunning) {
-    os << "running on node " << bin_node[a.bin] << " (" << inv.nodes[bin_node[a.bin]].name << ")";
+    os << "running on node " << bins.bin_node[a.bin] << " (" << inv.nodes[bins.bin_node[a.bin]].name << ")";
     if (a.device != kNone) os << ", GPU " << gpus.dev_local[a.device];
     if (a.elastic_kind != kNone) {
       os << ", " << inv.kinds[a.elastic_kind] << " grant " << a.grant / 1000.0;
@@ -51,19 +51,19 @@ std::string Scheduler::Impl::explain(ActionId id) const {
       if (cl.service != kNone) os << " beside service '" << inv.services[cl.service].name << "'";
       // Over the bins it could be placed in: online, on its affinity node if it has one,
       // and not another trajectory's slot (a service action may use those: held_slot_room).
-      const Partition& part = partitions[cl.partition];
-      auto own = trajectory_bin.find(cl.trajectory);
-      const std::int32_t own_bin = cl.in_trajectory_slot && own != trajectory_bin.end() ? own->second : kNone;
+      const Partition& part = bins.partitions[cl.partition];
+      auto own = bins.trajectory_bin.find(cl.trajectory);
+      const std::int32_t own_bin = cl.in_trajectory_slot && own != bins.trajectory_bin.end() ? own->second : kNone;
       const bool any_slot = cl.service != kNone;
       std::vector<Quantity> best(K, 0);
       for (std::int32_t b : part.bins) {
-        if (!node_online[bin_node[b]] || (bin_bound[b] && b != own_bin && !any_slot)) continue;
-        if (cl.affinity_node != kNone && bin_node[b] != cl.affinity_node) continue;
-        for (std::int32_t k = 0; k < K; ++k) best[k] = std::max(best[k], free_of(b)[k]);
+        if (!bins.node_online[bins.bin_node[b]] || (bins.bin_bound[b] && b != own_bin && !any_slot)) continue;
+        if (cl.affinity_node != kNone && bins.bin_node[b] != cl.affinity_node) continue;
+        for (std::int32_t k = 0; k < K; ++k) best[k] = std::max(best[k], bins.free_of(b)[k]);
       }
       os << "; most free on one bin it may use:";
       for (std::int32_t k = 0; k < K; ++k) os << " " << inv.kinds[k] << "=" << best[k] / 1000.0;
-      if (cl.in_trajectory_slot && !trajectory_bin.count(cl.trajectory))
+      if (cl.in_trajectory_slot && !bins.trajectory_bin.count(cl.trajectory))
         os << " (no free trajectory slot, and every node's held slots are full or have work in progress)";
       break;
     }
@@ -106,7 +106,7 @@ std::string Scheduler::Impl::explain(ActionId id) const {
 // listed in its partition exactly when there are some; remaining work a fraction.
 void Scheduler::Impl::check_running() const {
   auto fail = [](const std::string& what) { throw std::logic_error("invariant violated: " + what); };
-  const std::size_t B = bin_node.size();
+  const std::size_t B = bins.bin_node.size();
   std::vector<Quantity> reclaim(B * K, 0);
   std::size_t listed = 0;
   for (std::size_t b = 0; b < B; ++b) {
@@ -130,7 +130,7 @@ void Scheduler::Impl::check_running() const {
     }
     if (sum != run.reclaim_sum) fail("reclaimable sum of bin " + std::to_string(b));
     const std::int32_t pos = run.reclaim_pos;
-    const std::vector<std::int32_t>& list = reclaim_bins[bin_partition[b]];
+    const std::vector<std::int32_t>& list = reclaim_bins[bins.bin_partition[b]];
     if ((sum > 0) != (pos >= 0) || (pos >= 0 && (pos >= static_cast<std::int32_t>(list.size()) || list[pos] != static_cast<std::int32_t>(b))))
       fail("reclaim list of bin " + std::to_string(b));
   }
@@ -143,7 +143,7 @@ void Scheduler::Impl::check_running() const {
 
 void Scheduler::Impl::check() const {
   auto fail = [](const std::string& what) { throw std::logic_error("invariant violated: " + what); };
-  const std::size_t B = bin_node.size();
+  const std::size_t B = bins.bin_node.size();
   std::vector<Quantity> used(B * K, 0);
   std::vector<Quantity> dev_used(gpus.dev_node.size(), 0);
   std::vector<std::int32_t> svc_running(gpus.services.size(), 0), quota_running(quotas.size(), 0);
@@ -179,7 +179,7 @@ void Scheduler::Impl::check() const {
   if (malleable) check_running();
   for (std::size_t b = 0; b < B; ++b)
     for (std::int32_t k = 0; k < K; ++k) {
-      Quantity cap = cap_of(static_cast<std::int32_t>(b))[k], f = free_of(static_cast<std::int32_t>(b))[k];
+      Quantity cap = bins.cap_of(static_cast<std::int32_t>(b))[k], f = bins.free_of(static_cast<std::int32_t>(b))[k];
       if (f < 0) fail("capacity exceeded on bin " + std::to_string(b));
       if (f + used[b * K + k] != cap) fail("free + used != capacity on bin " + std::to_string(b));
     }
@@ -250,7 +250,7 @@ void Scheduler::Impl::check() const {
   for (const auto& [traj, list] : trajectory_classes)
     for (std::int32_t c : list)
       if (is_free[c] || classes[c].trajectory != traj) fail("trajectory's class list out of sync");
-  std::vector<std::int64_t> node_count(node_parked.size(), 0), part_count(partitions.size(), 0);
+  std::vector<std::int64_t> node_count(node_parked.size(), 0), part_count(bins.partitions.size(), 0);
   std::size_t deadlines = 0;
   for (const Class& cl : classes) {
     if (!cl.parked) continue;
@@ -265,35 +265,35 @@ void Scheduler::Impl::check() const {
   }
   if (deadlines > park_deadlines.size()) fail("parked class without a deadline");
   std::int32_t offline = 0;
-  for (std::uint8_t on : node_online) offline += on ? 0 : 1;
-  if (offline != n_offline || node_online.size() != inv.nodes.size()) fail("offline node count");
+  for (std::uint8_t on : bins.node_online) offline += on ? 0 : 1;
+  if (offline != bins.n_offline || bins.node_online.size() != inv.nodes.size()) fail("offline node count");
   std::int32_t offline_devices = 0;
   for (std::uint8_t off : gpus.dev_offline) offline_devices += off ? 1 : 0;
   if (offline_devices != gpus.n_offline_devices) fail("offline device count");
   for (std::size_t n = 0; n < node_count.size(); ++n)
     if (node_count[n] != node_parked_count[n]) fail("node parked count");
   for (std::size_t p = 0; p < part_count.size(); ++p)
-    if (part_count[p] != partitions[p].parked_count) fail("partition parked count");
-  for (const Partition& part : partitions)
+    if (part_count[p] != partition_parking[p].count) fail("partition parked count");
+  for (const Partition& part : bins.partitions)
     for (std::size_t leaf = 0; leaf < part.bins.size(); ++leaf) {
       std::int32_t b = part.bins[leaf];
       const Quantity* v = part.free_tree.leaf(static_cast<std::int32_t>(leaf));
-      if (bin_bound[b] || !node_online[bin_node[b]]) {
-        for (std::int32_t d = 0; d < D; ++d)
-          if (v[d] != -1) fail(bin_bound[b] ? "bound trajectory slot visible in the free tree" : "offline node's bin visible in the free tree");
+      if (bins.bin_bound[b] || !bins.node_online[bins.bin_node[b]]) {
+        for (std::int32_t d = 0; d < bins.D; ++d)
+          if (v[d] != -1) fail(bins.bin_bound[b] ? "bound trajectory slot visible in the free tree" : "offline node's bin visible in the free tree");
         continue;
       }
       for (std::int32_t k = 0; k < K; ++k)
-        if (v[k] != free_of(static_cast<std::int32_t>(b))[k]) fail("free tree out of sync");
-      if (has_gpus && v[K] != node_max_dev_free[bin_node[b]]) fail("free tree GPU entry out of sync");
+        if (v[k] != bins.free_of(static_cast<std::int32_t>(b))[k]) fail("free tree out of sync");
+      if (bins.has_gpus && v[K] != bins.node_max_dev_free[bins.bin_node[b]]) fail("free tree GPU entry out of sync");
     }
   // Trajectory slots: holders, their running actions per slot, busy holders per node.
-  std::vector<std::int32_t> holder_running(bin_node.size(), 0), lent_running(bin_node.size(), 0),
+  std::vector<std::int32_t> holder_running(bins.bin_node.size(), 0), lent_running(bins.bin_node.size(), 0),
       busy(inv.nodes.size(), 0);
   for (const ActionRec& a : actions.slots) {
     if (a.state != ActionState::kRunning) continue;
     if (a.own_slot) {
-      if (!bin_bound[a.bin] || bin_holder[a.bin] != a.trajectory) fail("an action in its own slot outside it");
+      if (!bins.bin_bound[a.bin] || bins.bin_holder[a.bin] != a.trajectory) fail("an action in its own slot outside it");
       ++holder_running[a.bin];
     } else if (classes[a.cls].in_trajectory_slot) {
       // A lent slot may be free again: its holder let it go and no trajectory without a
@@ -302,19 +302,19 @@ void Scheduler::Impl::check() const {
     }
   }
   std::size_t bound = 0;
-  for (std::size_t b = 0; b < bin_node.size(); ++b) {
-    bound += bin_bound[b] ? 1 : 0;
-    if (holder_running[b] != bin_holder_running[b]) fail("slot holder's running count out of sync");
-    if (lent_running[b] != bin_lent_running[b]) fail("lent slot's running count out of sync");
-    if (!bin_bound[b] && bin_holder[b] != 0) fail("free slot with a holder");
+  for (std::size_t b = 0; b < bins.bin_node.size(); ++b) {
+    bound += bins.bin_bound[b] ? 1 : 0;
+    if (holder_running[b] != bins.bin_holder_running[b]) fail("slot holder's running count out of sync");
+    if (lent_running[b] != bins.bin_lent_running[b]) fail("lent slot's running count out of sync");
+    if (!bins.bin_bound[b] && bins.bin_holder[b] != 0) fail("free slot with a holder");
   }
-  if (bound != trajectory_bin.size()) fail("bound slots and trajectory bindings differ");
-  for (const auto& [traj, b] : trajectory_bin) {
-    if (!bin_bound[b] || bin_holder[b] != traj) fail("trajectory binding out of sync");
-    if (actions.trajectory_live.find(traj) != nullptr) ++busy[bin_node[b]];
+  if (bound != bins.trajectory_bin.size()) fail("bound slots and trajectory bindings differ");
+  for (const auto& [traj, b] : bins.trajectory_bin) {
+    if (!bins.bin_bound[b] || bins.bin_holder[b] != traj) fail("trajectory binding out of sync");
+    if (actions.trajectory_live.find(traj) != nullptr) ++busy[bins.bin_node[b]];
   }
   for (std::size_t n = 0; n < busy.size(); ++n)
-    if (busy[n] != node_busy_holders[n]) fail("busy slot holders per node out of sync");
+    if (busy[n] != bins.node_busy_holders[n]) fail("busy slot holders per node out of sync");
 }
 
 }  // namespace tangram

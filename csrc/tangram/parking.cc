@@ -16,19 +16,6 @@
 
 namespace tangram {
 
-// Resources came back on `node` (in `partition`, or every partition when kNone): classes
-// parked there may fit now.
-bool Scheduler::Impl::fits_some_bin(const Class& cl, std::int32_t node) const {
-  const Partition& part = partitions[cl.partition];
-  for (std::int32_t leaf = part.node_lo[node]; leaf >= 0 && leaf < part.node_hi[node]; ++leaf) {
-    const Quantity* f = free_of(part.bins[leaf]);
-    bool fits = true;
-    for (std::int32_t k = 0; k < K && fits; ++k) fits = f[k] >= cl.demand[k];
-    if (fits) return true;
-  }
-  return false;
-}
-
 // Wakes the parked classes of `list` that `fits` says may fit now; the rest stay parked.
 template <class Entry, class Fits>
 void Scheduler::Impl::wake(std::vector<Entry>& list, std::int32_t scope, Fits&& fits) {
@@ -49,16 +36,16 @@ void Scheduler::Impl::wake(std::vector<Entry>& list, std::int32_t scope, Fits&& 
 // pass (flush_releases); during a pass (an eviction) they are woken at once.
 void Scheduler::Impl::release_on_node(std::int32_t node, std::int32_t partition) {
   ++shrink_room_version;  // room came back: known_no_shrink_room's demands may fit now
-  if (!node_online[node]) return;  // nothing starts there; set_node_online(true) wakes
+  if (!bins.node_online[node]) return;  // nothing starts there; set_node_online(true) wakes
   bool noted = node_parked_count[node] > 0;
   if (in_pass) wake(node_parked[node], node, [&](const Class& cl) { return fits_or_shrinks_on_node(cl, node); });
-  for (std::size_t p = 0; p < partitions.size(); ++p) {
+  for (std::size_t p = 0; p < bins.partitions.size(); ++p) {
     if (partition != kNone && static_cast<std::int32_t>(p) != partition) continue;
-    if (partitions[p].parked_count == 0) continue;
+    if (partition_parking[p].count == 0) continue;
     if (in_pass) {
       auto fits = [&](const Class& cl) { return fits_or_shrinks_on_node(cl, node); };
-      wake(partitions[p].parked, kNone, fits);
-      wake(partitions[p].parked_new, kNone, fits);
+      wake(partition_parking[p].parked, kNone, fits);
+      wake(partition_parking[p].parked_new, kNone, fits);
     }
     noted = true;
   }
@@ -94,11 +81,12 @@ void Scheduler::Impl::flush_releases() {
     list.resize(kept);
   }
   std::sort(pending_wakes.begin(), pending_wakes.end());  // the few node-parked ones
-  for (std::size_t p = 0; p < partitions.size(); ++p) {
-    Partition& part = partitions[p];
-    if (part.parked_count == 0) {  // whatever is listed is stale
-      part.parked.clear();
-      part.parked_new.clear();
+  for (std::size_t p = 0; p < bins.partitions.size(); ++p) {
+    const Partition& part = bins.partitions[p];
+    PartitionParking& parking = partition_parking[p];
+    if (parking.count == 0) {  // whatever is listed is stale
+      parking.parked.clear();
+      parking.parked_new.clear();
       continue;
     }
     std::vector<std::int32_t>& leaves = released_leaves[p];
@@ -116,7 +104,7 @@ void Scheduler::Impl::flush_releases() {
     cols.resize(n_leaves * static_cast<std::size_t>(K));
     most_released.assign(K, -1);
     for (std::size_t i = 0; i < n_leaves; ++i) {
-      const Quantity* f = free_of(part.bins[leaves[i]]);
+      const Quantity* f = bins.free_of(part.bins[leaves[i]]);
       for (std::int32_t k = 0; k < K; ++k) {
         cols[static_cast<std::size_t>(k) * n_leaves + i] = f[k];
         most_released[k] = std::max(most_released[k], f[k]);
@@ -132,12 +120,12 @@ void Scheduler::Impl::flush_releases() {
         if (bin_run[part.bins[leaf]].reclaim_sum > 0) shrink_bins.push_back(part.bins[leaf]);
     // The list in policy order: the few parked since the last flush sorted, then merged in
     // as the list is filtered (one walk, into heads_scratch, swapped in after).
-    std::sort(part.parked_new.begin(), part.parked_new.end());
+    std::sort(parking.parked_new.begin(), parking.parked_new.end());
     const std::size_t node_wakes = pending_wakes.size();
-    heads_scratch.resize(part.parked.size() + part.parked_new.size());
+    heads_scratch.resize(parking.parked.size() + parking.parked_new.size());
     std::size_t kept = 0;
-    auto next_old = part.parked.cbegin(), next_new = part.parked_new.cbegin();
-    const auto old_end = part.parked.cend(), new_end = part.parked_new.cend();
+    auto next_old = parking.parked.cbegin(), next_new = parking.parked_new.cbegin();
+    const auto old_end = parking.parked.cend(), new_end = parking.parked_new.cend();
     for (;;) {
       ClassHead entry;  // the next in policy order, ties to the older list (as std::merge)
       if (next_new != new_end && (next_old == old_end || *next_new < *next_old)) {
@@ -161,15 +149,15 @@ void Scheduler::Impl::flush_releases() {
         cl.fit_pass = pass_epoch;  // flush runs at the start of the pass
         cl.fit_from = at;
       } else if (!std::any_of(shrink_bins.begin(), shrink_bins.end(),
-                              [&](std::int32_t b) { return reclaim_covers(cl, b) && may_use_bin(cl, b); })) {
+                              [&](std::int32_t b) { return reclaim_covers(cl, b) && bins.may_use(b, cl.in_trajectory_slot, cl.trajectory); })) {
         continue;
       }
       cl.pending_pass = pass_epoch;
       pending_wakes.push_back(entry);  // in policy order, like the list
     }
     heads_scratch.resize(kept);
-    part.parked.swap(heads_scratch);
-    part.parked_new.clear();
+    parking.parked.swap(heads_scratch);
+    parking.parked_new.clear();
     // Merge this partition's wakes (in order) into those before them (in order).
     if (node_wakes > 0 && node_wakes < pending_wakes.size()) {
       heads_scratch.clear();
@@ -194,8 +182,8 @@ void Scheduler::Impl::park(std::int32_t c, std::int32_t node) {
   park_deadlines.push_back(ParkDeadline{cl.park_deadline, c, ++cl.park_generation});
   std::push_heap(park_deadlines.begin(), park_deadlines.end(), std::greater<>());
   if (node == kNone) {
-    partitions[cl.partition].parked_new.emplace_back(cl.waiting.head(), c);
-    ++partitions[cl.partition].parked_count;
+    partition_parking[cl.partition].parked_new.emplace_back(cl.waiting.head(), c);
+    ++partition_parking[cl.partition].count;
   } else {
     node_parked[node].push_back(c);
     ++node_parked_count[node];

@@ -26,22 +26,22 @@ bool Scheduler::Impl::may_start_now(Class& cl) {
   if (any_mask || (cl.quota != kNone && quota_blocked[cl.quota])) return true;
   const std::int32_t node = cl.parked ? cl.park_node : scope_node(cl);
   if (may_reclaim(cl)) return fits_or_shrinks(cl, node);  // kept apart: the common path stays lean
-  if (node != kNone) return fits_some_bin(cl, node);
+  if (node != kNone) return bins.fits_some_bin(cl.partition, cl.demand, node);
   return cl.fit_pass == fit_epoch ? fits_released_leaf(cl) : true;
 }
 
 // Does a released leaf from the class's `fit_from` on still hold its head? The same test as
 // try_head's placement for a class woken by this pass's releases, with no masks set.
 bool Scheduler::Impl::fits_released_leaf(Class& cl) {
-  const Partition& part = partitions[cl.partition];
+  const Partition& part = bins.partitions[cl.partition];
   const std::vector<std::int32_t>& leaves = released_leaves[cl.partition];
   const Quantity* demand = cl.demand;
   for (std::int32_t i = first_released_fit(cl.partition, cl.fit_from, demand); i >= 0;
        i = first_released_fit(cl.partition, i + 1, demand)) {
     const std::int32_t bin = part.bins[leaves[i]];
-    if ((bin_bound[bin] && !lends_to(cl, bin)) || !node_online[bin_node[bin]]) continue;
-    if (has_gpus && node_max_dev_free[bin_node[bin]] < cl.gpu_memory) continue;
-    if (bin_bound[bin]) return true;  // lent: found by lend_slot_room, not from fit_from
+    if ((bins.bin_bound[bin] && !bins.lends_to(cl.in_trajectory_slot, cl.trajectory, bin)) || !bins.node_online[bins.bin_node[bin]]) continue;
+    if (bins.has_gpus && bins.node_max_dev_free[bins.bin_node[bin]] < cl.gpu_memory) continue;
+    if (bins.bin_bound[bin]) return true;  // lent: found by lend_slot_room, not from fit_from
     cl.fit_from = i;
     return true;
   }
@@ -53,14 +53,14 @@ bool Scheduler::Impl::fits_released_leaf(Class& cl) {
 // trajectory slot, hidden from the free tree). False when it has nowhere to go right now.
 bool Scheduler::Impl::eligible_range(const Class& c, std::int32_t& lo, std::int32_t& hi,
                                      std::int32_t& fixed_leaf) const {
-  const Partition& part = partitions[c.partition];
+  const Partition& part = bins.partitions[c.partition];
   fixed_leaf = kNone;
   std::int32_t node = c.affinity_node;
   if (c.service != kNone) node = gpus.dev_node[gpus.services[c.service].device];
   if (c.in_trajectory_slot) {
-    auto it = trajectory_bin.find(c.trajectory);
-    if (it != trajectory_bin.end()) {
-      fixed_leaf = bin_leaf[it->second];
+    auto it = bins.trajectory_bin.find(c.trajectory);
+    if (it != bins.trajectory_bin.end()) {
+      fixed_leaf = bins.bin_leaf[it->second];
       lo = fixed_leaf;
       hi = fixed_leaf + 1;
       return true;
@@ -80,8 +80,8 @@ bool Scheduler::Impl::eligible_range(const Class& c, std::int32_t& lo, std::int3
 // slot), or kNone when it may use any bin of its partition.
 std::int32_t Scheduler::Impl::scope_node(const Class& c) const {
   if (c.in_trajectory_slot) {
-    auto it = trajectory_bin.find(c.trajectory);
-    if (it != trajectory_bin.end()) return bin_node[it->second];
+    auto it = bins.trajectory_bin.find(c.trajectory);
+    if (it != bins.trajectory_bin.end()) return bins.bin_node[it->second];
   }
   if (c.service != kNone) {
     std::int32_t d = gpus.services[c.service].device;
@@ -110,8 +110,8 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
   if (cl.in_trajectory_slot) {
     // A slot that can never hold the head (another node's shape) is given up once nothing of
     // its trajectory runs there; the trajectory then takes a slot as one without would.
-    auto it = trajectory_bin.find(cl.trajectory);
-    if (it != trajectory_bin.end() && bin_holder_running[it->second] == 0 && slot_never_holds(cl, it->second))
+    auto it = bins.trajectory_bin.find(cl.trajectory);
+    if (it != bins.trajectory_bin.end() && bins.bin_holder_running[it->second] == 0 && bins.never_holds(it->second, cl.demand, cl.gpu_memory))
       unbind_slot(c, it->second);
   }
   const Room room = find_room(cl, device);
@@ -131,7 +131,7 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
     return no_room(cl, room, device);
   }
   if (cl.quota != kNone && !quota_admits(cl)) return Try::kWaits;
-  start_head(c, best_fit(cl), room.fixed_leaf, device, out, room.borrowed);
+  start_head(c, bins.best_fit(cand, cl.partition, cl.demand), room.fixed_leaf, device, out, room.borrowed);
   return Try::kStarted;
 }
 
@@ -161,20 +161,20 @@ inline Scheduler::Impl::Room Scheduler::Impl::find_room(Class& cl, std::int32_t 
     if (service_in_slots && room.has_range) held_slot_room(cl, room, false);
     return gpu_fits();
   }
-  const Partition& part = partitions[cl.partition];
+  const Partition& part = bins.partitions[cl.partition];
   const std::int32_t lo = room.lo, hi = room.hi;
   if (room.fixed_leaf != kNone) {
     std::int32_t b = part.bins[room.fixed_leaf];
-    const Quantity* f = free_of(b);
+    const Quantity* f = bins.free_of(b);
     bool fits = true;
     for (std::int32_t k = 0; k < K && fits; ++k) fits = f[k] >= cl.demand[k];
-    if (fits && cl.gpu_memory > 0 && device == kNone) fits = node_max_dev_free[bin_node[b]] >= cl.gpu_memory;
-    if (fits) fits = node_online[bin_node[b]] != 0;
+    if (fits && cl.gpu_memory > 0 && device == kNone) fits = bins.node_max_dev_free[bins.bin_node[b]] >= cl.gpu_memory;
+    if (fits) fits = bins.node_online[bins.bin_node[b]] != 0;
     if (fits) cand.push_back(room.fixed_leaf);
   } else {
     std::copy(cl.demand, cl.demand + K, scratch.begin());
-    if (has_gpus) scratch[K] = device == kNone ? cl.gpu_memory : 0;
-    auto skip = [&](std::int32_t leaf) { return any_mask && node_masked[bin_node[part.bins[leaf]]] == pass_epoch; };
+    if (bins.has_gpus) scratch[K] = device == kNone ? cl.gpu_memory : 0;
+    auto skip = [&](std::int32_t leaf) { return any_mask && node_masked[bins.bin_node[part.bins[leaf]]] == pass_epoch; };
     if (cl.fit_pass == fit_epoch && lo == 0 && hi == part.free_tree.leaves()) {
       // Woken by this pass's releases: only released leaves can hold it (see Class).
       const std::vector<std::int32_t>& leaves = released_leaves[cl.partition];
@@ -184,17 +184,17 @@ inline Scheduler::Impl::Room Scheduler::Impl::find_room(Class& cl, std::int32_t 
       cl.fit_from = first < 0 ? static_cast<std::int32_t>(leaves.size()) : first;
       for (std::int32_t i = first; i >= 0; i = first_released_fit(cl.partition, i + 1, cl.demand)) {
         const std::int32_t leaf = leaves[i];
-        if (bin_bound[part.bins[leaf]] || !node_online[bin_node[part.bins[leaf]]] || skip(leaf)) continue;
-        if (has_gpus && node_max_dev_free[bin_node[part.bins[leaf]]] < scratch[K]) continue;
+        if (bins.bin_bound[part.bins[leaf]] || !bins.node_online[bins.bin_node[part.bins[leaf]]] || skip(leaf)) continue;
+        if (bins.has_gpus && bins.node_max_dev_free[bins.bin_node[part.bins[leaf]]] < scratch[K]) continue;
         cand.push_back(leaf);
         if (static_cast<std::int32_t>(cand.size()) == policy.candidates) break;
       }
     } else if (lo == 0 && hi == part.free_tree.leaves()) {
       // Its heads are tried again and again in one pass: each search starts where the
       // last one found its first fit, past the leaves filled up since the pass began.
-      const std::int32_t from = cl.tree_epoch == search_epoch ? cl.tree_from : 0;
+      const std::int32_t from = cl.tree_epoch == bins.search_epoch ? cl.tree_from : 0;
       part.free_tree.find(from, hi, scratch.data(), policy.candidates, skip, cand);
-      cl.tree_epoch = search_epoch;
+      cl.tree_epoch = bins.search_epoch;
       cl.tree_from = cand.empty() ? hi : cand[0];
     } else {
       part.free_tree.find(lo, hi, scratch.data(), policy.candidates, skip, cand);
@@ -212,17 +212,17 @@ inline Scheduler::Impl::Room Scheduler::Impl::find_room(Class& cl, std::int32_t 
 // free slots those rewards would wait for ever. A reward is its service's work, which no
 // sandbox owns. True when it found one.
 bool Scheduler::Impl::held_slot_room(const Class& cl, const Room& room, bool own) {
-  const Partition& part = partitions[cl.partition];
+  const Partition& part = bins.partitions[cl.partition];
   auto fits = [&](std::int32_t leaf) {
     const std::int32_t b = part.bins[leaf];
-    if (!bin_bound[b] || !node_online[bin_node[b]]) return false;
-    const Quantity* f = free_of(b);
+    if (!bins.bin_bound[b] || !bins.node_online[bins.bin_node[b]]) return false;
+    const Quantity* f = bins.free_of(b);
     for (std::int32_t k = 0; k < K; ++k)
       if (f[k] < cl.demand[k]) return false;
     return true;
   };
-  auto it = trajectory_bin.find(actions.slots[cl.waiting.head().slot].trajectory);
-  const std::int32_t own_leaf = it == trajectory_bin.end() ? kNone : bin_leaf[it->second];
+  auto it = bins.trajectory_bin.find(actions.slots[cl.waiting.head().slot].trajectory);
+  const std::int32_t own_leaf = it == bins.trajectory_bin.end() ? kNone : bins.bin_leaf[it->second];
   if (own) {
     if (own_leaf == kNone || own_leaf < room.lo || own_leaf >= room.hi || !fits(own_leaf)) return false;
     cand.push_back(own_leaf);
@@ -242,17 +242,17 @@ bool Scheduler::Impl::held_slot_room(const Class& cl, const Room& room, bool own
 // There, no work in progress could ever free a slot for it (only trajectory ends do, which
 // the caller may never send), so it runs in one, binding nothing. True when it found one.
 bool Scheduler::Impl::lend_slot_room(const Class& cl, const Room& room) {
-  const Partition& part = partitions[cl.partition];
+  const Partition& part = bins.partitions[cl.partition];
   for (std::int32_t leaf = room.lo; leaf < room.hi;) {
     const std::int32_t b = part.bins[leaf];
-    const std::int32_t n = bin_node[b];
-    if (node_busy_holders[n] > 0 || !node_online[n] || (any_mask && node_masked[n] == pass_epoch)) {
+    const std::int32_t n = bins.bin_node[b];
+    if (bins.node_busy_holders[n] > 0 || !bins.node_online[n] || (any_mask && node_masked[n] == pass_epoch)) {
       leaf = part.node_hi[n];  // a node's bins are contiguous leaves
       continue;
     }
     ++leaf;
-    if (!bin_bound[b] || (has_gpus && node_max_dev_free[n] < cl.gpu_memory)) continue;
-    const Quantity* f = free_of(b);
+    if (!bins.bin_bound[b] || (bins.has_gpus && bins.node_max_dev_free[n] < cl.gpu_memory)) continue;
+    const Quantity* f = bins.free_of(b);
     bool fits = true;
     for (std::int32_t k = 0; k < K && fits; ++k) fits = f[k] >= cl.demand[k];
     if (!fits) continue;
@@ -262,22 +262,13 @@ bool Scheduler::Impl::lend_slot_room(const Class& cl, const Room& room) {
   return !cand.empty();
 }
 
-// Whether a trajectory's slot `bin` can never hold the class's head: by capacity, or GPU
-// memory no device of its node has.
-bool Scheduler::Impl::slot_never_holds(const Class& cl, std::int32_t bin) const {
-  const Quantity* cap = cap_of(bin);
-  for (std::int32_t k = 0; k < K; ++k)
-    if (cap[k] < cl.demand[k]) return true;
-  return has_gpus && cl.gpu_memory > 0 && node_max_dev_total[bin_node[bin]] < cl.gpu_memory;
-}
-
 // The trajectory of class c gives its slot `bin` up (it has a live action, the head): the
 // slot is free again (or taken over, free_slot), its node may now lend its held slots, and
 // the trajectory's other classes, parked on that slot's node, are looked at again.
 void Scheduler::Impl::unbind_slot(std::int32_t c, std::int32_t bin) {
   const TrajectoryId t = classes[c].trajectory;
-  trajectory_bin.erase(t);
-  --node_busy_holders[bin_node[bin]];
+  bins.trajectory_bin.erase(t);
+  --bins.node_busy_holders[bins.bin_node[bin]];
   free_slot(bin);
   for (std::int32_t other : trajectory_classes[t])
     if (other != c && classes[other].parked) unpark(other);
@@ -289,27 +280,23 @@ void Scheduler::Impl::unbind_slot(std::int32_t c, std::int32_t bin) {
 // always held.
 void Scheduler::Impl::free_slot(std::int32_t bin) {
   std::int32_t heir = kNone;
-  if (bin_lent_running[bin] > 0)
+  if (bins.bin_lent_running[bin] > 0)
     for (std::int32_t s = 0; s < static_cast<std::int32_t>(actions.slots.size()); ++s) {
       const ActionRec& a = actions.slots[s];
       if (a.state != ActionState::kRunning || a.bin != bin || a.own_slot || !classes[a.cls].in_trajectory_slot) continue;
-      if (trajectory_bin.count(a.trajectory)) continue;
+      if (bins.trajectory_bin.count(a.trajectory)) continue;
       if (heir == kNone || a.id < actions.slots[heir].id) heir = s;
     }
   if (heir == kNone) {
-    bin_bound[bin] = 0;
-    bin_holder[bin] = 0;
-    refresh_leaf(bin);
-    release_on_node(bin_node[bin], bin_partition[bin]);
+    bins.clear_slot(bin);
+    release_on_node(bins.bin_node[bin], bins.bin_partition[bin]);
     return;
   }
   ActionRec& a = actions.slots[heir];
   a.own_slot = true;
-  --bin_lent_running[bin];
-  ++bin_holder_running[bin];
-  trajectory_bin[a.trajectory] = bin;
-  bin_holder[bin] = a.trajectory;
-  ++node_busy_holders[bin_node[bin]];  // it has a live action: this one
+  --bins.bin_lent_running[bin];
+  ++bins.bin_holder_running[bin];
+  bins.bind_slot(bin, a.trajectory);  // it has a live action: this one
   for (std::int32_t other : trajectory_classes[a.trajectory])
     if (classes[other].parked) unpark(other);
 }
@@ -319,11 +306,11 @@ void Scheduler::Impl::free_slot(std::int32_t bin) {
 // slots, so classes parked for room there are looked at again.
 void Scheduler::Impl::holder_live(TrajectoryId trajectory, std::int32_t delta) {
   if (row.rules.bins != BinLayout::kTrajectorySlots) return;
-  auto it = trajectory_bin.find(trajectory);
-  if (it == trajectory_bin.end()) return;
-  const std::int32_t n = bin_node[it->second];
-  node_busy_holders[n] += delta;
-  if (node_busy_holders[n] == 0) release_on_node(n, bin_partition[it->second]);
+  auto it = bins.trajectory_bin.find(trajectory);
+  if (it == bins.trajectory_bin.end()) return;
+  const std::int32_t n = bins.bin_node[it->second];
+  bins.node_busy_holders[n] += delta;
+  if (bins.node_busy_holders[n] == 0) release_on_node(n, bins.bin_partition[it->second]);
 }
 
 // Nothing fits the head now. A starving head (waited starvation_seconds) holds back every
@@ -338,15 +325,15 @@ Scheduler::Impl::Try Scheduler::Impl::no_room(Class& cl, const Room& room, std::
   // While a node is offline, an action that fits no online node's capacity holds nothing
   // back (it waits for the node, or for a new one, parked like any other).
   if (!room.own_slot && now - cl.waiting.head().submit_ns >= starvation_ns &&
-      (n_offline == 0 || (room.has_range && fits_online_capacity(cl, room.lo, room.hi, device)))) {
+      (bins.n_offline == 0 || (room.has_range && bins.fits_online_capacity(cl.partition, cl.demand, cl.gpu_memory, room.lo, room.hi, device)))) {
     // With trajectory slots, the bins held back are the free slots only, so the pass goes
     // on for bound ones; and only on the nodes whose slots could ever hold it: a free slot
     // it can never use, held back, could keep the holder of the slot it waits for from
     // ever finishing (its action needing that very slot, on its service's node).
     if (room.scope == kNone && row.rules.bins == BinLayout::kTrajectorySlots && room.has_range) {
-      const Partition& part = partitions[cl.partition];
+      const Partition& part = bins.partitions[cl.partition];
       for (std::int32_t leaf = room.lo; leaf < room.hi; ++leaf)
-        if (!slot_never_holds(cl, part.bins[leaf])) node_masked[bin_node[part.bins[leaf]]] = pass_epoch;
+        if (!bins.never_holds(part.bins[leaf], cl.demand, cl.gpu_memory)) node_masked[bins.bin_node[part.bins[leaf]]] = pass_epoch;
     } else if (room.scope == kNone) {
       partition_masked[cl.partition] = pass_epoch;
       if (starving_head_halts) return Try::kHalt;
@@ -367,11 +354,11 @@ Scheduler::Impl::Try Scheduler::Impl::no_room(Class& cl, const Room& room, std::
 bool Scheduler::Impl::fits_a_held_back_node(const Class& cl, const Room& room) {
   if (!any_mask || room.own_slot || room.scope != kNone || !room.has_range || room.masked) return false;
   std::copy(cl.demand, cl.demand + K, scratch.begin());
-  if (has_gpus) scratch[K] = 0;
+  if (bins.has_gpus) scratch[K] = 0;
   std::vector<std::int32_t> found;
-  const Partition& part = partitions[cl.partition];
+  const Partition& part = bins.partitions[cl.partition];
   part.free_tree.find(room.lo, room.hi, scratch.data(), 1, [](std::int32_t) { return false; }, found);
-  return !found.empty() && node_masked[bin_node[part.bins[found[0]]]] == pass_epoch;
+  return !found.empty() && node_masked[bins.bin_node[part.bins[found[0]]]] == pass_epoch;
 }
 
 void Scheduler::Impl::note_quota_block(Class& cl, const QuotaState& q) {
@@ -402,28 +389,6 @@ bool Scheduler::Impl::quota_refuses(Class& cl) {
   return true;
 }
 
-// Best fit among the candidates: least normalised room left over; first on ties.
-inline std::int32_t Scheduler::Impl::best_fit(const Class& cl) const {
-  const Partition& part = partitions[cl.partition];
-  std::int32_t best_leaf = cand[0];
-  if (cand.size() > 1) {
-    std::int64_t best_score = INT64_MAX;
-    for (std::int32_t leaf : cand) {
-      std::int32_t b = part.bins[leaf];
-      const Quantity* f = free_of(b);
-      const Quantity* cap = cap_of(b);
-      std::int64_t score = 0;
-      for (std::int32_t k = 0; k < K; ++k)
-        if (cap[k] > 0) score += ((f[k] - cl.demand[k]) * 1024) / cap[k];
-      if (score < best_score) {
-        best_score = score;
-        best_leaf = leaf;
-      }
-    }
-  }
-  return best_leaf;
-}
-
 // Starts the head of class `c` on `leaf` of its partition: takes its resources (and a GPU
 // device by best fit, when it needs one and has no service), binds a trajectory slot on its
 // first start, takes the head off its class, and emits the kStart decision. The class's
@@ -431,7 +396,7 @@ inline std::int32_t Scheduler::Impl::best_fit(const Class& cl) const {
 inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::int32_t fixed_leaf, std::int32_t device,
                                  std::vector<Decision>& out, bool borrowed) {
   Class& cl = classes[c];
-  Partition& part = partitions[cl.partition];
+  Partition& part = bins.partitions[cl.partition];
   const std::int32_t slot = cl.waiting.head().slot;
   ActionRec& a = actions.slots[slot];
   if (count_progress) {
@@ -439,7 +404,7 @@ inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::
     started_before = std::min(started_before + 1, kProgressCap);
   }
   const std::int32_t bin = part.bins[leaf];
-  const std::int32_t node = bin_node[bin];
+  const std::int32_t node = bins.bin_node[bin];
   if (device == kNone && cl.gpu_memory > 0) {
     Quantity best_left = INT64_MAX;
     for (std::int32_t d = gpus.node_first_dev[node]; d < gpus.node_first_dev[node + 1]; ++d)
@@ -448,7 +413,7 @@ inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::
         device = d;
       }
   }
-  Quantity* f = free_of(bin);
+  Quantity* f = bins.free_of(bin);
   for (std::int32_t k = 0; k < K; ++k) f[k] -= cl.demand[k];
   a.grant = a.elastic_kind == kNone ? 0 : cl.demand[a.elastic_kind];
   if (a.elastic_kind != kNone && cl.in_trajectory_slot) {
@@ -460,7 +425,7 @@ inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::
     top_up_start(slot, bin, f);
   }
   if (bin_released_pass[bin] == pass_epoch) {  // keep the released columns exact
-    const std::int32_t p = bin_partition[bin];
+    const std::int32_t p = bins.bin_partition[bin];
     std::vector<Quantity>& cols = released_free[p];
     const std::size_t n_leaves = released_leaves[p].size();
     const Quantity was = cols[bin_released_at[bin]];
@@ -474,24 +439,19 @@ inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::
   }
   a.bin = bin;
   a.own_slot = cl.in_trajectory_slot && !borrowed;
-  if (a.own_slot) ++bin_holder_running[bin];
-  if (borrowed) ++bin_lent_running[bin];
+  if (a.own_slot) ++bins.bin_holder_running[bin];
+  if (borrowed) ++bins.bin_lent_running[bin];
   // Listed before the next head's look below: units it holds above its minimum are ones a
   // shrink could take back later.
   if (malleable) note_running(slot);
   if (cl.in_trajectory_slot && fixed_leaf == kNone && !borrowed) {
-    trajectory_bin[cl.trajectory] = bin;
-    bin_bound[bin] = 1;
-    bin_holder[bin] = cl.trajectory;
-    ++node_busy_holders[node];  // it has a live action: this one
-    std::vector<Quantity> hidden(D, -1);
-    part.free_tree.set(leaf, hidden.data());
+    bins.bind_slot(bin, cl.trajectory);  // it has a live action: this one
     // The trajectory's other classes now wait for this slot alone, not where they were
     // parked (their affinity node, or any free slot): they are looked at again.
     for (std::int32_t other : trajectory_classes[cl.trajectory])
       if (other != c && classes[other].parked) unpark(other);
-  } else if (!bin_bound[bin]) {
-    refresh_leaf(bin);
+  } else if (!bins.bin_bound[bin]) {
+    bins.refresh_leaf(bin);
   }
   if (cl.service != kNone) {
     gpus.services[cl.service].running += 1;
@@ -536,7 +496,7 @@ inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::
 
 void Scheduler::Impl::pass(std::vector<Decision>& out) {
   ++pass_epoch;
-  ++search_epoch;
+  ++bins.search_epoch;
   fit_epoch = pass_epoch;
   any_mask = false;
   wakeup = kNever;
@@ -555,7 +515,7 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
     if (cl.parked && cl.park_generation == due.generation) unpark(due.cls);
   }
   in_pass = true;
-  if ((n_offline > 0 || gpus.n_offline_devices > 0) && !gpus.services.empty()) evict_offline_services(out);
+  if ((bins.n_offline > 0 || gpus.n_offline_devices > 0) && !gpus.services.empty()) evict_offline_services(out);
   if (row.rules.restore == RestoreRule::kQueuesFirst && !gpus.services.empty()) restore_queues(out);
   // Walk the heads in policy order. A head pushed behind the cursor (a class woken by an
   // eviction) waits for the next pass, like any head this pass has already passed by.

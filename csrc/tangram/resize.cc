@@ -35,17 +35,17 @@ void Scheduler::Impl::append_bin_resize_state() {
 
 void Scheduler::Impl::add_reclaim(std::int32_t bin, std::int32_t kind, Quantity units) {
   if (units > 0) {  // the bound may have grown
-    reclaim_bound_pass[bin_partition[bin]] = 0;
+    reclaim_bound_pass[bins.bin_partition[bin]] = 0;
     ++shrink_room_version;
   }
   bin_reclaim[static_cast<std::size_t>(bin) * K + kind] += units;
   BinRun& run = bin_run[bin];
   const Quantity sum = run.reclaim_sum += units;
-  std::vector<std::int32_t>& list = reclaim_bins[bin_partition[bin]];
+  std::vector<std::int32_t>& list = reclaim_bins[bins.bin_partition[bin]];
   if (sum > 0 && run.reclaim_pos < 0) {
     run.reclaim_pos = static_cast<std::int32_t>(list.size());
     list.push_back(bin);
-    shrink_candidates_pass[bin_partition[bin]] = 0;
+    shrink_candidates_pass[bins.bin_partition[bin]] = 0;
   } else if (sum == 0 && run.reclaim_pos >= 0) {
     const std::int32_t last = list.back();
     list[run.reclaim_pos] = last;
@@ -115,7 +115,7 @@ void Scheduler::Impl::push_resize(const ActionRec& a, std::vector<Decision>& out
   Decision dec;
   dec.kind = DecisionKind::kResize;
   dec.action = a.id;
-  dec.node = bin_node[a.bin];
+  dec.node = bins.bin_node[a.bin];
   dec.elastic_kind = a.elastic_kind;
   dec.grant = a.grant;
   dec.time = now;
@@ -138,7 +138,7 @@ void Scheduler::Impl::limit_grant(std::int32_t slot, Quantity max, std::vector<D
   if (a.grant <= max) return;
   const Quantity old_grant = a.grant;
   const double work = malleable ? work_now(slot) : 0.0;
-  free_of(a.bin)[a.elastic_kind] += old_grant - max;
+  bins.free_of(a.bin)[a.elastic_kind] += old_grant - max;
   a.grant = max;
   if (malleable) {
     add_reclaim(a.bin, a.elastic_kind, max - old_grant);
@@ -146,23 +146,14 @@ void Scheduler::Impl::limit_grant(std::int32_t slot, Quantity max, std::vector<D
   } else {
     push_resize(a, out);
   }
-  if (!bin_bound[a.bin]) refresh_leaf(a.bin);
-  release_on_node(bin_node[a.bin], bin_partition[a.bin]);
-}
-
-// Online, and not another trajectory's slot.
-bool Scheduler::Impl::may_use_bin(const Class& cl, std::int32_t bin) const {
-  if (!node_online[bin_node[bin]]) return false;
-  if (!bin_bound[bin]) return true;
-  if (!cl.in_trajectory_slot) return false;
-  auto it = trajectory_bin.find(cl.trajectory);
-  return it != trajectory_bin.end() && it->second == bin;
+  if (!bins.bin_bound[a.bin]) bins.refresh_leaf(a.bin);
+  release_on_node(bins.bin_node[a.bin], bins.bin_partition[a.bin]);
 }
 
 // Free room plus what a shrink could take back there covers the class's demand.
 bool Scheduler::Impl::reclaim_covers(const Class& cl, std::int32_t bin) const {
   if (bin_run[bin].reclaim_sum == 0) return false;
-  const Quantity* f = free_of(bin);
+  const Quantity* f = bins.free_of(bin);
   const Quantity* back = &bin_reclaim[static_cast<std::size_t>(bin) * K];
   for (std::int32_t k = 0; k < K; ++k)
     if (f[k] + back[k] < cl.demand[k]) return false;
@@ -170,10 +161,10 @@ bool Scheduler::Impl::reclaim_covers(const Class& cl, std::int32_t bin) const {
 }
 
 bool Scheduler::Impl::reclaim_fits_node(const Class& cl, std::int32_t node) const {
-  const Partition& part = partitions[cl.partition];
+  const Partition& part = bins.partitions[cl.partition];
   for (std::int32_t leaf = part.node_lo[node]; leaf >= 0 && leaf < part.node_hi[node]; ++leaf) {
     const std::int32_t b = part.bins[leaf];
-    if (reclaim_covers(cl, b) && may_use_bin(cl, b)) return true;
+    if (reclaim_covers(cl, b) && bins.may_use(b, cl.in_trajectory_slot, cl.trajectory)) return true;
   }
   return false;
 }
@@ -190,10 +181,10 @@ bool Scheduler::Impl::shrink_room_somewhere(const Class& cl) {
   if (cl.service != kNone && gpus.services[cl.service].device == kNone) return false;
   std::int32_t lo = 0, hi = 0, fixed_leaf = kNone;
   if (!eligible_range(cl, lo, hi, fixed_leaf)) return false;
-  const Partition& part = partitions[cl.partition];
+  const Partition& part = bins.partitions[cl.partition];
   if (fixed_leaf != kNone) {
     const std::int32_t b = part.bins[fixed_leaf];
-    return node_online[bin_node[b]] && reclaim_covers(cl, b) && !bin_run[b].shrink_futile;
+    return bins.node_online[bins.bin_node[b]] && reclaim_covers(cl, b) && !bin_run[b].shrink_futile;
   }
   if (static_cast<std::size_t>(hi - lo) <= list.size()) {
     for (std::int32_t leaf = lo; leaf < hi; ++leaf)
@@ -203,7 +194,7 @@ bool Scheduler::Impl::shrink_room_somewhere(const Class& cl) {
   const bool plain = in_pass && !cl.in_trajectory_slot && lo == 0 && hi == part.free_tree.leaves();
   if (plain && known_no_shrink_room(cl)) return false;
   for (std::int32_t b : list) {
-    const std::int32_t leaf = bin_leaf[b];
+    const std::int32_t leaf = bins.bin_leaf[b];
     if (leaf >= lo && leaf < hi && shrink_may_help(cl, b)) return true;
   }
   if (plain) note_no_shrink_room(cl);
@@ -238,7 +229,7 @@ bool Scheduler::Impl::reclaim_bound_covers(const Class& cl) {
   if (reclaim_bound_pass[p] != pass_epoch) {
     std::fill(bound, bound + K, 0);
     for (std::int32_t b : reclaim_bins[p]) {
-      const Quantity* f = free_of(b);
+      const Quantity* f = bins.free_of(b);
       const Quantity* back = &bin_reclaim[static_cast<std::size_t>(b) * K];
       for (std::int32_t k = 0; k < K; ++k) bound[k] = std::max(bound[k], f[k] + back[k]);
     }
@@ -252,7 +243,7 @@ bool Scheduler::Impl::reclaim_bound_covers(const Class& cl) {
 // may_start_now's test when the class's partition has units a shrink could take back: some
 // bin it may use holds it, or would with those units (`node`: where it is confined, or kNone).
 bool Scheduler::Impl::fits_or_shrinks(Class& cl, std::int32_t node) {
-  if (node != kNone) return fits_some_bin(cl, node) || reclaim_fits_node(cl, node);
+  if (node != kNone) return bins.fits_some_bin(cl.partition, cl.demand, node) || reclaim_fits_node(cl, node);
   return cl.fit_pass != fit_epoch || fits_released_leaf(cl) || shrink_room_somewhere(cl);
 }
 
@@ -263,27 +254,27 @@ bool Scheduler::Impl::plan_shrink(const Class& cl, const Room& room, std::int32_
   const std::vector<std::int32_t>& list = reclaim_bins[cl.partition];
   if (list.empty() || !room.has_range || room.masked || !reclaim_bound_covers(cl)) return false;
   if (device != kNone && gpus.dev_free[device] < cl.gpu_memory) return false;
-  const Partition& part = partitions[cl.partition];
+  const Partition& part = bins.partitions[cl.partition];
   shrink_bins.clear();
   auto consider = [&](std::int32_t leaf) {
     const std::int32_t b = part.bins[leaf];
-    const std::int32_t node = bin_node[b];
+    const std::int32_t node = bins.bin_node[b];
     // First whether any plan there could pay (once per pass and bin; mostly none can):
     // plan_shrink_on would fail there whatever the class.
     if (shrink_futile(b) || !reclaim_covers(cl, b)) return;
     if (room.own_slot) {
-      if (!node_online[node]) return;
-    } else if (!may_use_bin(cl, b) || (any_mask && node_masked[node] == pass_epoch)) {
+      if (!bins.node_online[node]) return;
+    } else if (!bins.may_use(b, cl.in_trajectory_slot, cl.trajectory) || (any_mask && node_masked[node] == pass_epoch)) {
       return;
     }
-    if (device == kNone && cl.gpu_memory > 0 && node_max_dev_free[node] < cl.gpu_memory) return;
+    if (device == kNone && cl.gpu_memory > 0 && bins.node_max_dev_free[node] < cl.gpu_memory) return;
     shrink_bins.push_back(leaf);
   };
   if (room.fixed_leaf != kNone) {
     consider(room.fixed_leaf);
   } else {
     for (std::int32_t b : shrink_candidates_of(cl.partition))
-      if (bin_leaf[b] >= room.lo && bin_leaf[b] < room.hi) consider(bin_leaf[b]);
+      if (bins.bin_leaf[b] >= room.lo && bins.bin_leaf[b] < room.hi) consider(bins.bin_leaf[b]);
     std::sort(shrink_bins.begin(), shrink_bins.end());
   }
   for (std::int32_t leaf : shrink_bins) {
@@ -345,8 +336,8 @@ bool Scheduler::Impl::shrink_futile(std::int32_t bin) {
 void Scheduler::Impl::shrink_futility_lost(std::int32_t bin) {
   bin_run[bin].shrink_futile = false;
   ++shrink_room_version;
-  const std::int32_t node = bin_node[bin];
-  if (node_online[node] && node_released[node] != release_epoch) {
+  const std::int32_t node = bins.bin_node[bin];
+  if (bins.node_online[node] && node_released[node] != release_epoch) {
     node_released[node] = release_epoch;
     released_nodes.push_back(node);
   }
@@ -372,7 +363,7 @@ const std::vector<std::int32_t>& Scheduler::Impl::shrink_candidates_of(std::int3
 // total loss is less than the head's gain: the wait it avoids, until the earliest
 // estimated finish among the actions running there.
 bool Scheduler::Impl::plan_shrink_on(const Class& cl, std::int32_t bin, ShrinkPlan& plan) {
-  const Quantity* f = free_of(bin);
+  const Quantity* f = bins.free_of(bin);
   std::vector<Quantity>& short_by = shrink_short_by;
   short_by.assign(static_cast<std::size_t>(K), 0);
   for (std::int32_t k = 0; k < K; ++k) short_by[k] = std::max<Quantity>(0, cl.demand[k] - f[k]);
@@ -432,8 +423,8 @@ bool Scheduler::Impl::plan_shrink_on(const Class& cl, std::int32_t bin, ShrinkPl
 // search hints and the released-leaf shortcut no longer hold for this pass.
 void Scheduler::Impl::start_by_shrinking(std::int32_t c, const Room& room, std::int32_t device,
                                          const ShrinkPlan& plan, std::vector<Decision>& out) {
-  const std::int32_t bin = partitions[classes[c].partition].bins[plan.leaf];
-  Quantity* f = free_of(bin);
+  const std::int32_t bin = bins.partitions[classes[c].partition].bins[plan.leaf];
+  Quantity* f = bins.free_of(bin);
   for (std::size_t i = 0; i < plan.grants.size(); ++i) {
     const auto [slot, grant] = plan.grants[i];
     ActionRec& a = actions.slots[slot];
@@ -443,7 +434,7 @@ void Scheduler::Impl::start_by_shrinking(std::int32_t c, const Room& room, std::
     add_reclaim(bin, a.elastic_kind, grant - old_grant);
     record_resize(slot, old_grant, plan.work[i], out);
   }
-  ++search_epoch;
+  ++bins.search_epoch;
   fit_epoch = kNoFitEpoch;
   start_head(c, plan.leaf, room.fixed_leaf, device, out);
 }

@@ -105,10 +105,10 @@ void Scheduler::end_trajectories(const TrajectoryId* ids, std::size_t count, Tim
       m.trajectory_classes.erase(classes_of);
     }
     if (m.count_progress) m.actions.trajectory_progress.erase(ids[i]);
-    auto it = m.trajectory_bin.find(ids[i]);
-    if (it == m.trajectory_bin.end()) continue;
+    auto it = m.bins.trajectory_bin.find(ids[i]);
+    if (it == m.bins.trajectory_bin.end()) continue;
     std::int32_t bin = it->second;
-    m.trajectory_bin.erase(it);
+    m.bins.trajectory_bin.erase(it);
     m.free_slot(bin);
   }
   m.pass(out);
@@ -237,7 +237,7 @@ bool Scheduler::device_online(std::int32_t node, std::int32_t device) const {
 bool Scheduler::node_online(std::int32_t node) const {
   const Impl& m = *impl_;
   m.check_node(node);
-  return m.node_online[node] != 0;
+  return m.bins.node_online[node] != 0;
 }
 
 TimeNs Scheduler::next_wakeup() const { return impl_->wakeup; }
@@ -266,7 +266,7 @@ Decision Scheduler::placement(ActionId id) const {
   Decision d;
   d.kind = DecisionKind::kStart;
   d.action = id;
-  d.node = impl_->bin_node[a.bin];
+  d.node = impl_->bins.bin_node[a.bin];
   d.device = a.device == kNone ? kNone : impl_->gpus.dev_local[a.device];
   d.service = impl_->classes[a.cls].service;
   d.elastic_kind = a.elastic_kind;
@@ -286,8 +286,8 @@ Quantity Scheduler::free(std::int32_t node, std::int32_t kind) const {
   m.check_node(node);
   if (kind < 0 || kind >= m.K) throw Error(ErrorCode::kUnknownName, "kind", "no kind with index " + std::to_string(kind));
   Quantity total = 0;
-  for (std::size_t b = 0; b < m.bin_node.size(); ++b)
-    if (m.bin_node[b] == node) total += m.free_of(static_cast<std::int32_t>(b))[kind];
+  for (std::size_t b = 0; b < m.bins.bin_node.size(); ++b)
+    if (m.bins.bin_node[b] == node) total += m.bins.free_of(static_cast<std::int32_t>(b))[kind];
   return total;
 }
 
@@ -296,8 +296,8 @@ Quantity Scheduler::gpu_free(std::int32_t node, std::int32_t device) const {
 }
 
 std::int32_t Scheduler::trajectory_slot_node(TrajectoryId trajectory) const {
-  auto it = impl_->trajectory_bin.find(trajectory);
-  return it == impl_->trajectory_bin.end() ? kNone : impl_->bin_node[it->second];
+  auto it = impl_->bins.trajectory_bin.find(trajectory);
+  return it == impl_->bins.trajectory_bin.end() ? kNone : impl_->bins.bin_node[it->second];
 }
 
 std::pair<std::int32_t, std::int32_t> Scheduler::service_location(std::int32_t service) const {

@@ -44,6 +44,7 @@
 
 #include "tangram/actions.h"
 #include "tangram/bin_tree.h"
+#include "tangram/bins.h"
 #include "tangram/elasticity.h"
 #include "tangram/gpus.h"
 #include "tangram/id_map.h"
@@ -160,18 +161,13 @@ static_assert(offsetof(Class, waiting) == 64 && offsetof(Class, tokens) == 128,
               "a class's hot fields fill its first two cache lines");
 
 
-struct Partition {
-  std::vector<std::int32_t> bins;       // global bin ids, in leaf order
-  std::vector<std::int32_t> node_lo;    // per node: first leaf of its bins (or -1)
-  std::vector<std::int32_t> node_hi;
-  BinTree free_tree;  // free vector (+ node's largest free device memory); -1 = unusable
-  BinTree cap_tree;   // capacity vector (+ node's largest device) for feasibility
-  // Classes parked on any bin of this partition, with their heads: `parked` in policy
-  // order as of the last flush, `parked_new` added since (unsorted). A flush sorts the few
-  // new ones and merges, instead of sorting them all. Entries of classes since unparked,
-  // parked elsewhere or with another head are stale and dropped at the next flush.
+// Classes parked on any bin of a partition, with their heads: `parked` in policy order as
+// of the last flush, `parked_new` added since (unsorted). A flush sorts the few new ones
+// and merges, instead of sorting them all. Entries of classes since unparked, parked
+// elsewhere or with another head are stale and dropped at the next flush.
+struct PartitionParking {
   std::vector<ClassHead> parked, parked_new;
-  std::int64_t parked_count = 0;     // classes parked here now
+  std::int64_t count = 0;  // classes parked here now
 };
 
 struct Scheduler::Impl {
@@ -186,23 +182,12 @@ struct Scheduler::Impl {
   // their trajectories' own).
   bool starving_head_halts = false;
   std::int32_t K = 0;  // kinds
-  std::int32_t D = 0;  // tree dims: K (+1 when there are GPUs)
-  bool has_gpus = false;
   std::int64_t aging_permille = 0;
   // OrderRule::kProgress: Actions::trajectory_progress counts each trajectory's starts.
   bool count_progress = false;
   TimeNs starvation_ns = 0;
 
-  // bins
-  // Per bin: its free vector then its capacity (2K entries), side by side because the
-  // best-fit score of a candidate reads both.
-  std::vector<Quantity> bin_room;
-  std::vector<std::int32_t> bin_node, bin_partition, bin_leaf;
-  std::vector<Partition> partitions;
-  std::unordered_map<std::uint32_t, std::int32_t> pool_partition;  // BinLayout::kTaskPools
-
-  std::vector<Quantity> node_max_dev_free, node_max_dev_total;  // per node, over its devices
-
+  Bins bins;  // bins and trees, node membership, trajectory slots (bins.h)
   Gpus gpus;  // services and devices (gpus.h)
   std::vector<QuotaState> quotas;
   std::vector<RuntimeTable> tables;
@@ -251,6 +236,7 @@ struct Scheduler::Impl {
   }
   std::vector<std::vector<std::int32_t>> node_parked;  // classes parked on one node's bins (may hold stale ids)
   std::vector<std::int64_t> node_parked_count;
+  std::vector<PartitionParking> partition_parking;  // by partition
   // Parked classes by the time their head starts starving: then they must be looked at
   // again, since the starvation guard changes what a failure means.
   // A min-heap of (deadline, class, park generation); entries of classes since unparked
@@ -262,16 +248,6 @@ struct Scheduler::Impl {
     bool operator>(const ParkDeadline& o) const { return std::tie(at, cls) > std::tie(o.at, o.cls); }
   };
   std::vector<ParkDeadline> park_deadlines;
-  std::unordered_map<TrajectoryId, std::int32_t> trajectory_bin;  // trajectory slot bindings
-  std::vector<std::uint8_t> bin_bound;  // trajectory slots: held by a trajectory (hidden from the free tree)
-  // Trajectory slots, per bin: its holder, and how many of the holder's own actions run there.
-  std::vector<TrajectoryId> bin_holder;
-  std::vector<std::int32_t> bin_holder_running;
-  std::vector<std::int32_t> bin_lent_running;  // actions running there in it as a lent slot
-  // Trajectory slots, per node: its held slots whose holder has a live action. A node where
-  // that is 0 lends its held slots (lend_slot_room): every slot there is held by a trajectory
-  // with nothing to do, so no work in progress could free one for a trajectory without.
-  std::vector<std::int32_t> node_busy_holders;
   TimeNs now = 0;
   TimeNs wakeup = kNever;
   TimeNs prev_pass_now = -1;  // when the previous pass ran
@@ -279,7 +255,6 @@ struct Scheduler::Impl {
 
   // per-pass scratch
   std::uint64_t pass_epoch = 0;
-  std::uint64_t search_epoch = 0;  // moves on at each pass and whenever room grows in one
   const OrderKey* pass_cursor = nullptr;  // the head being looked at, while a pass runs
   std::vector<std::uint64_t> node_contended, partition_contended;  // == pass_epoch when set
   // While contended: the most of each kind (K per node / partition) a class waiting there
@@ -319,28 +294,15 @@ struct Scheduler::Impl {
   std::uint64_t release_epoch = 1;
   bool in_pass = false;
 
-  // Node membership (set_node_online / add_node). An offline node's bins are hidden from
-  // the free trees (all -1, like a bound trajectory slot), so nothing is placed there; its
-  // running actions keep their resources until the caller completes or cancels them.
-  std::vector<std::uint8_t> node_online;  // per node
-  std::int32_t n_offline = 0;
-
   // ---- bins.cc: construction, bins and node membership
   Impl(Inventory inventory, PolicyConfig cfg);
-  Quantity* free_of(std::int32_t bin) { return &bin_room[static_cast<std::size_t>(bin) * 2 * K]; }
-  const Quantity* free_of(std::int32_t bin) const { return &bin_room[static_cast<std::size_t>(bin) * 2 * K]; }
-  const Quantity* cap_of(std::int32_t bin) const { return &bin_room[(static_cast<std::size_t>(bin) * 2 + 1) * K]; }
   // Per partition, the capacities of one node's bins under the policy's BinLayout.
   using NodeBins = std::vector<std::vector<std::vector<Quantity>>>;
   NodeBins node_bins(const std::vector<Quantity>& capacity) const;
   void append_bin(std::int32_t node, std::int32_t part, const std::vector<Quantity>& cap);
-  void build_trees();
-  void refresh_leaf(std::int32_t bin);  // after its free vector changed
   void refresh_node_devices(std::int32_t node);  // after a device's free memory changed
-  void hide_leaf(Partition& part, std::int32_t leaf);
   void set_node_online(std::int32_t node, bool online);
   std::int32_t add_node(NodeSpec spec);
-  bool fits_online_capacity(const Class& cl, std::int32_t lo, std::int32_t hi, std::int32_t device) const;
 
   // ---- actions.cc: validation, classes, submit, the end of an action
   void validate_now(TimeNs t) const;
@@ -383,7 +345,6 @@ struct Scheduler::Impl {
 
 
   // ---- parking.cc: parking and wakes
-  bool fits_some_bin(const Class& cl, std::int32_t node) const;
   static std::int32_t class_of(std::int32_t c) { return c; }
   static std::int32_t class_of(const ClassHead& entry) { return entry.cls; }
   template <class Entry, class Fits>
@@ -393,7 +354,7 @@ struct Scheduler::Impl {
   void park(std::int32_t c, std::int32_t node_or_none);
   void leave_park(Class& cl) {  // the park's bookkeeping, nothing else
     cl.parked = false;
-    if (cl.park_node == kNone) --partitions[cl.partition].parked_count;
+    if (cl.park_node == kNone) --partition_parking[cl.partition].count;
     else --node_parked_count[cl.park_node];
   }
   void unpark(std::int32_t c);
@@ -436,12 +397,6 @@ struct Scheduler::Impl {
   bool fits_a_held_back_node(const Class& cl, const Room& room);
   bool held_slot_room(const Class& cl, const Room& room, bool own);
   bool lend_slot_room(const Class& cl, const Room& room);
-  // A held slot `bin` is lent to the class: it is one of a trajectory holding no slot, on a
-  // node where no holder has anything live.
-  bool lends_to(const Class& cl, std::int32_t bin) const {
-    return cl.in_trajectory_slot && node_busy_holders[bin_node[bin]] == 0 && !trajectory_bin.count(cl.trajectory);
-  }
-  bool slot_never_holds(const Class& cl, std::int32_t bin) const;
   void unbind_slot(std::int32_t c, std::int32_t bin);
   void holder_live(TrajectoryId trajectory, std::int32_t delta);
   void free_slot(std::int32_t bin);
@@ -449,7 +404,6 @@ struct Scheduler::Impl {
   void note_quota_block(Class& cl, const QuotaState& q);
   bool quota_admits(Class& cl);
   bool quota_refuses(Class& cl);
-  std::int32_t best_fit(const Class& cl) const;
   void start_head(std::int32_t c, std::int32_t leaf, std::int32_t fixed_leaf, std::int32_t device,
                   std::vector<Decision>& out, bool borrowed = false);
   std::int32_t scope_node(const Class& c) const;
@@ -507,7 +461,7 @@ struct Scheduler::Impl {
   void evict_offline_services(std::vector<Decision>& out);
   bool could_serve(const Class& cl, std::int32_t d) const;
   bool serves_another(const Class& cl, std::int32_t d) const;
-  bool device_online(std::int32_t d) const { return node_online[gpus.dev_node[d]] && !gpus.dev_offline[d]; }
+  bool device_online(std::int32_t d) const { return bins.node_online[gpus.dev_node[d]] && !gpus.dev_offline[d]; }
   // Argument checks of the public calls: Error naming the field when out of range.
   void check_service(std::int32_t service) const;
   void check_node(std::int32_t node) const;
@@ -640,7 +594,6 @@ struct Scheduler::Impl {
   // `max`, a grant above it drops to it, before the event's pass.
   void limit_grant(std::int32_t slot, Quantity max, std::vector<Decision>& out);
   void push_resize(const ActionRec& a, std::vector<Decision>& out) const;  // its kResize decision
-  bool may_use_bin(const Class& cl, std::int32_t bin) const;
   bool reclaim_covers(const Class& cl, std::int32_t bin) const;
   bool reclaim_fits_node(const Class& cl, std::int32_t node) const;
   // Nothing to take back in the class's partition (the common case): one test, inline.
@@ -648,7 +601,7 @@ struct Scheduler::Impl {
   bool could_shrink_into(const Class& cl) { return may_reclaim(cl) && shrink_room_somewhere(cl); }
   bool shrink_room_somewhere(const Class& cl);
   bool shrink_may_help(const Class& cl, std::int32_t bin) const {
-    return !bin_run[bin].shrink_futile && reclaim_covers(cl, bin) && may_use_bin(cl, bin);
+    return !bin_run[bin].shrink_futile && reclaim_covers(cl, bin) && bins.may_use(bin, cl.in_trajectory_slot, cl.trajectory);
   }
   // Per partition and kind, the most free room plus reclaimable units on one of its bins
   // with any, as of the pass it was taken in (reclaim_bound_pass): room only shrinks in a
@@ -674,7 +627,7 @@ struct Scheduler::Impl {
   void note_no_shrink_room(const Class& cl);
   bool fits_or_shrinks(Class& cl, std::int32_t node);  // may_start_now with units to take back
   bool fits_or_shrinks_on_node(const Class& cl, std::int32_t node) const {
-    return fits_some_bin(cl, node) || (may_reclaim(cl) && reclaim_fits_node(cl, node));
+    return bins.fits_some_bin(cl.partition, cl.demand, node) || (may_reclaim(cl) && reclaim_fits_node(cl, node));
   }
   struct ShrinkPlan {
     std::int32_t leaf = kNone;

@@ -255,11 +255,11 @@ void Scheduler::Impl::evict(std::int32_t v, std::vector<Decision>& out, bool dis
 // partition whose capacity covers its demand. By capacity alone: what runs there now ends.
 bool Scheduler::Impl::could_serve(const Class& cl, std::int32_t d) const {
   if (gpus.dev_total[d] < inv.services[cl.service].memory + cl.gpu_memory) return false;
-  const Partition& part = partitions[cl.partition];
+  const Partition& part = bins.partitions[cl.partition];
   const std::int32_t n = gpus.dev_node[d];
   if (part.node_lo[n] < 0) return false;
   std::vector<Quantity> demand(cl.demand, cl.demand + K);
-  if (has_gpus) demand.push_back(0);
+  if (bins.has_gpus) demand.push_back(0);
   std::vector<std::int32_t> found;
   part.cap_tree.find(part.node_lo[n], part.node_hi[n], demand.data(), 1, [](std::int32_t) { return false; }, found);
   return !found.empty();
@@ -285,13 +285,13 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
   // would evict (make_gpu_room) the very services the next restore needs, and restores
   // made for actions that never fit beside them would evict each other pass after pass.
   auto room_on = [&](std::int32_t d) { return need_on(d) + head.gpu_memory; };
-  const Partition& part = partitions[head.partition];
+  const Partition& part = bins.partitions[head.partition];
   std::int32_t dlo = svc.home_device != kNone ? svc.home_device : 0;
   std::int32_t dhi = svc.home_device != kNone ? svc.home_device + 1 : static_cast<std::int32_t>(gpus.dev_node.size());
   std::vector<std::int32_t> found;
   auto no_skip = [](std::int32_t) { return false; };
   std::vector<Quantity> demand(head.demand, head.demand + K);
-  if (has_gpus) demand.push_back(0);
+  if (bins.has_gpus) demand.push_back(0);
   auto usable = [&](std::int32_t d) { return device_online(d) && could_serve(head, d); };
   // Prefer devices whose node has room for the waiting action right now.
   auto busy_node = [&](std::int32_t d) -> std::int64_t {
@@ -476,12 +476,12 @@ bool Scheduler::Impl::make_gpu_room(const Class& c, std::int32_t lo, std::int32_
     if (gpus.dev_free[device] >= c.gpu_memory) return false;  // it waits for something else
     // Its service's node must hold the rest of its demand now, else the memory freed would go
     // unused (and the victims be restored and evicted again, pass after pass).
-    const Partition& part = partitions[c.partition];
+    const Partition& part = bins.partitions[c.partition];
     bool rest_fits = false;
     for (std::int32_t leaf = lo; leaf < hi && !rest_fits; ++leaf) {
       const std::int32_t b = part.bins[leaf];
-      if (!node_online[bin_node[b]] || (any_mask && node_masked[bin_node[b]] == pass_epoch)) continue;
-      const Quantity* f = free_of(b);
+      if (!bins.node_online[bins.bin_node[b]] || (any_mask && node_masked[bins.bin_node[b]] == pass_epoch)) continue;
+      const Quantity* f = bins.free_of(b);
       rest_fits = true;
       for (std::int32_t k = 0; k < K && rest_fits; ++k) rest_fits = f[k] >= c.demand[k];
     }
@@ -490,19 +490,19 @@ bool Scheduler::Impl::make_gpu_room(const Class& c, std::int32_t lo, std::int32_
     if (!chosen.ok) return false;
     target = device;
   } else {
-    const Partition& part = partitions[c.partition];
+    const Partition& part = bins.partitions[c.partition];
     std::tuple<std::int64_t, std::int64_t, double, std::size_t, std::int32_t> best{INT64_MAX, 0, 0, 0, 0};
     if (fixed_leaf != kNone) lo = fixed_leaf, hi = fixed_leaf + 1;
     for (std::int32_t leaf = lo; leaf < hi; ++leaf) {
       const std::int32_t b = part.bins[leaf];
-      const std::int32_t n = bin_node[b];
-      if (fixed_leaf == kNone && bin_bound[b] && !lends_to(c, b)) continue;
-      if (!node_online[n]) continue;
+      const std::int32_t n = bins.bin_node[b];
+      if (fixed_leaf == kNone && bins.bin_bound[b] && !bins.lends_to(c.in_trajectory_slot, c.trajectory, b)) continue;
+      if (!bins.node_online[n]) continue;
       // A trajectory's own slot is nobody else's: no starving action holds it back (else a
       // starving action waiting for that slot, and the slot's own action waiting for GPU
       // memory there, would wait on each other for good).
       if (fixed_leaf == kNone && any_mask && node_masked[n] == pass_epoch) continue;
-      const Quantity* f = free_of(b);
+      const Quantity* f = bins.free_of(b);
       bool fits = true;
       for (std::int32_t k = 0; k < K && fits; ++k) fits = f[k] >= c.demand[k];
       if (!fits) continue;

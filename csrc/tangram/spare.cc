@@ -27,7 +27,7 @@ namespace tangram {
 // quota refused an earlier head in this pass: then it waits for the quota (try_head looks
 // at that first), which holds no room back.
 void Scheduler::Impl::parked_need(std::int32_t part, std::int32_t node, Quantity* reserve) const {
-  const std::int64_t count = node == kNone ? partitions[part].parked_count : node_parked_count[node];
+  const std::int64_t count = node == kNone ? partition_parking[part].count : node_parked_count[node];
   if (count == 0) return;
   auto take = [&](std::int32_t c) {
     const Class& k = classes[c];
@@ -39,7 +39,7 @@ void Scheduler::Impl::parked_need(std::int32_t part, std::int32_t node, Quantity
     for (std::int32_t c : node_parked[node]) take(c);
     return;
   }
-  for (const std::vector<ClassHead>* list : {&partitions[part].parked, &partitions[part].parked_new})
+  for (const std::vector<ClassHead>* list : {&partition_parking[part].parked, &partition_parking[part].parked_new})
     for (const ClassHead& entry : *list) take(entry.cls);
 }
 
@@ -69,14 +69,14 @@ const Quantity* Scheduler::Impl::bin_reserve(std::int32_t bin) {
   Quantity* reserve = &reserve_rows[at];
   std::fill(reserve, reserve + K, 0);
   if (row.rules.spare != SpareRule::kUncontended) return reserve;
-  const std::int32_t node = bin_node[bin];
-  const std::int32_t part = bin_partition[bin];
+  const std::int32_t node = bins.bin_node[bin];
+  const std::int32_t part = bins.bin_partition[bin];
   for (std::int32_t k = 0; k < K; ++k) {
     if (partition_contended[part] == pass_epoch)
       reserve[k] = std::max(reserve[k], partition_need[static_cast<std::size_t>(part) * K + k]);
     if (node_contended[node] == pass_epoch) reserve[k] = std::max(reserve[k], node_need[static_cast<std::size_t>(node) * K + k]);
   }
-  const Quantity* free = free_of(bin);
+  const Quantity* free = bins.free_of(bin);
   bool room = false;
   for (std::int32_t k = 0; k < K && !room; ++k) room = elastic_kind_seen[k] && free[k] > reserve[k];
   if (!room) return reserve;
@@ -129,8 +129,8 @@ double Scheduler::Impl::step_cut(std::int32_t slot, std::int32_t bin, const Quan
   const double cut = work * (now_s - next_s);
   if (!(remaining > 0) || !(cut > 0)) return 0.0;
   if (row.rules.gain == GainRule::kRelative) return cut >= policy.min_relative_gain * remaining ? cut : 0.0;
-  const double capacity = static_cast<double>(cap_of(bin)[k]);
-  const double in_use = static_cast<double>(cap_of(bin)[k] - f[k]) / capacity;
+  const double capacity = static_cast<double>(bins.cap_of(bin)[k]);
+  const double in_use = static_cast<double>(bins.cap_of(bin)[k] - f[k]) / capacity;
   const double added = work * (static_cast<double>(a.grant + step) * next_s - static_cast<double>(a.grant) * now_s);
   const double wait = static_cast<double>(others) * in_use * added / capacity;
   return cut > wait ? cut : 0.0;
@@ -150,13 +150,13 @@ void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
   for (std::size_t i = 0; i < started.size(); ++i) {
     const ActionRec& a = actions.slots[started[i]];
     if (a.elastic_kind == kNone || a.grant >= a.elastic_max) continue;
-    if (free_of(a.bin)[a.elastic_kind] <= bin_reserve(a.bin)[a.elastic_kind]) continue;  // no unit to spare
+    if (bins.free_of(a.bin)[a.elastic_kind] <= bin_reserve(a.bin)[a.elastic_kind]) continue;  // no unit to spare
     by_bin[a.bin].push_back(SpareMember{started[i], started_decision[i], 1.0, a.grant});
   }
   for (std::int32_t bin : freed_bins) {
-    if (!node_online[bin_node[bin]]) continue;
+    if (!bins.node_online[bins.bin_node[bin]]) continue;
     // Room to spare, beyond what waiters ask for, in a kind some action is elastic in.
-    const Quantity* free = free_of(bin);
+    const Quantity* free = bins.free_of(bin);
     const Quantity* reserve = bin_reserve(bin);
     bool room = false;
     for (std::int32_t k = 0; k < K && !room; ++k) room = elastic_kind_seen[k] && free[k] > reserve[k];
@@ -177,7 +177,7 @@ void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
     members.insert(members.end(), running.begin(), running.end());
   }
   for (auto& [bin, members] : by_bin) {
-    Quantity* f = free_of(bin);
+    Quantity* f = bins.free_of(bin);
     const Quantity* reserve = bin_reserve(bin);
     // Every member is among the bin's running actions (kWait counts the others; the rows
     // with kRelative keep no such list).
@@ -201,7 +201,7 @@ void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
       f[a.elastic_kind] -= step;
       if (m.decision != SIZE_MAX) out[m.decision].grant = a.grant;
     }
-    refresh_leaf(bin);
+    bins.refresh_leaf(bin);
     if (!malleable) continue;
     for (const SpareMember& m : members) {
       const ActionRec& a = actions.slots[m.slot];
