@@ -80,78 +80,19 @@ void Scheduler::Impl::validate_spec(const ActionSpec& s, const Field& field) con
   if (!std::isfinite(t) || t < 0 || t > kMaxSeconds) bad("model", "run time at the minimum grant is not a finite number in [0, 1e9] s");
 }
 
-std::int32_t Scheduler::Impl::class_for(const ActionSpec& s) {
-  std::int32_t partition = row.rules.bins == BinLayout::kTaskPools ? bins.pool_partition.at(s.task) : 0;
-  const bool in_slot = row.rules.bins == BinLayout::kTrajectorySlots && s.service == kNone;
-  TrajectoryId traj = in_slot ? s.trajectory : 0;
-  std::uint64_t h = 1469598103934665603ull;
-  // FNV-1a over whole words: class_index (an IdMap) mixes the result again.
-  auto mix = [&h](std::int64_t x) { h = (h ^ static_cast<std::uint64_t>(x)) * 0x100000001b3ull; };
-  for (Quantity q : s.demand) mix(q);
-  mix(s.gpu_memory);
-  mix(partition);
-  mix(s.affinity_node);
-  mix(s.service);
-  mix(s.quota);
-  mix(s.tokens);
-  mix(static_cast<std::int64_t>(traj));
-  mix(in_slot ? 1 : 0);
-  const std::int32_t* found = class_index.find(h);
-  const std::int32_t chain = found == nullptr ? kNone : *found;
-  for (std::int32_t c = chain; c != kNone; c = classes[c].next_same_hash) {
-    const Class& o = classes[c];
-    if (std::equal(s.demand.begin(), s.demand.end(), o.demand) && o.gpu_memory == s.gpu_memory && o.partition == partition &&
-        o.affinity_node == s.affinity_node && o.service == s.service && o.quota == s.quota &&
-        o.tokens == s.tokens && o.trajectory == traj && o.in_trajectory_slot == in_slot)
-      return c;
-  }
-  Class c;
-  c.next_same_hash = chain;
-  c.key_hash = h;
-  std::int32_t id;
-  if (free_classes.empty()) {
-    id = static_cast<std::int32_t>(classes.size());
-    c.demand = store_demand(s.demand);
-  } else {
-    id = free_classes.back();
-    free_classes.pop_back();
-    const Class& old = classes[id];
-    // Stale heap and deadline entries may still name this slot: its generations go on
-    // from where they were, so those entries stay stale. Its demand row is reused.
-    c.active_gen = old.active_gen;
-    c.park_generation = old.park_generation;
-    Quantity* row = const_cast<Quantity*>(old.demand);  // a row of demand_rows, owned here
-    std::copy(s.demand.begin(), s.demand.end(), row);
-    c.demand = row;
-  }
-  c.gpu_memory = s.gpu_memory;
-  c.partition = partition;
-  c.affinity_node = s.affinity_node;
-  c.service = s.service;
-  c.quota = s.quota;
-  c.tokens = s.tokens;
-  c.trajectory = traj;
-  c.in_trajectory_slot = in_slot;
-  if (id == static_cast<std::int32_t>(classes.size())) classes.push_back(std::move(c));
-  else classes[id] = std::move(c);
-  *class_index.insert(h, id).first = id;  // the chain's new head
-  if (in_slot) trajectory_classes[traj].push_back(id);
-  // Feasibility depends only on capacities and the class: decided once, here.
-  classes[id].infeasible = infeasible_reason(classes[id]);
-  return id;
-}
+// ---- Classes
 
 // An empty class (neither active nor parked) leaves its hash chain; its slot is reused.
-void Scheduler::Impl::free_class(std::int32_t c) {
-  Class& cl = classes[c];
-  std::int32_t* head = class_index.find(cl.key_hash);
+void Classes::free_class(std::int32_t c) {
+  Class& cl = all[c];
+  std::int32_t* head = index.find(cl.key_hash);
   if (*head == c) {
-    if (cl.next_same_hash == kNone) class_index.erase(cl.key_hash);
+    if (cl.next_same_hash == kNone) index.erase(cl.key_hash);
     else *head = cl.next_same_hash;
   } else {
     std::int32_t p = *head;
-    while (classes[p].next_same_hash != c) p = classes[p].next_same_hash;
-    classes[p].next_same_hash = cl.next_same_hash;
+    while (all[p].next_same_hash != c) p = all[p].next_same_hash;
+    all[p].next_same_hash = cl.next_same_hash;
   }
   cl.next_same_hash = kNone;
   cl.infeasible.clear();
@@ -278,7 +219,11 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
       }
     }
     const ActionSpec& s = *spec;
-    std::int32_t c = class_for(s);
+    const std::int32_t partition = row.rules.bins == BinLayout::kTaskPools ? bins.pool_partition.at(s.task) : 0;
+    const bool in_slot = row.rules.bins == BinLayout::kTrajectorySlots && s.service == kNone;
+    // Feasibility depends only on capacities and the class: decided once, when it is made.
+    const std::int32_t c =
+        classes.find_or_add(s, partition, in_slot, [&](Class& made) { made.infeasible = infeasible_reason(made); });
     const std::string& why = classes[c].infeasible;
     if (!why.empty()) {
       actions.by_id.erase(s.id);
@@ -340,11 +285,11 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
       svc.last_request_ns = now;
     }
     bool new_head = cl.waiting.empty() || detail.order < cl.waiting.head();
-    if (new_head) deactivate(c);
+    if (new_head) classes.deactivate(c);
     cl.waiting.push(detail.order, actions.queue_pos);
-    if (new_head && !cl.parked) activate(c);
+    if (new_head && !cl.parked) classes.activate(c);
     // Parked across the partition: listed again under its new head (the old entry is stale).
-    if (new_head && cl.parked && cl.park_node == kNone) partition_parking[cl.partition].parked_new.emplace_back(cl.waiting.head(), c);
+    if (new_head && cl.parked && cl.park_node == kNone) classes.partition_parking[cl.partition].parked_new.emplace_back(cl.waiting.head(), c);
   }
 }
 
@@ -367,7 +312,7 @@ void Scheduler::Impl::finish(std::int32_t slot) {
   if (r.own_slot && --bins.bin_holder_running[r.bin] == 0) {
     // Nothing of its trajectory runs in the slot now: a class of it that the slot can never
     // hold may give the slot up (try_head), so it is looked at again.
-    auto list = trajectory_classes.find(r.trajectory);
+    auto list = classes.trajectory_classes.find(r.trajectory);
     for (std::int32_t other : list->second)
       if (classes[other].parked && bins.never_holds(r.bin, classes[other].demand, classes[other].gpu_memory)) unpark(other);
   }
@@ -384,10 +329,10 @@ void Scheduler::Impl::unqueue(std::int32_t slot) {
   ActionRec& r = actions.slots[slot];
   Class& cl = classes[r.cls];
   bool was_head = cl.waiting.head().slot == slot;
-  if (was_head) deactivate(r.cls);
+  if (was_head) classes.deactivate(r.cls);
   cl.waiting.erase(slot, actions.queue_pos);
   if (was_head && cl.parked) unpark(r.cls);  // its new head may starve sooner
-  else if (was_head) activate(r.cls);
+  else if (was_head) classes.activate(r.cls);
   if (cl.service != kNone) {
     gpus.services[cl.service].waiting -= 1;
     gpus.services[cl.service].queued_ns -= actions.details[slot].est_ns;

@@ -173,9 +173,10 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
       if (!inv.services[s].surplus) gpus.services[s].home_device = static_cast<std::int32_t>(deployed++ % gpus.dev_node.size());
   }
   bins.build_trees();
-  node_parked.resize(N);
-  node_parked_count.assign(N, 0);
-  partition_parking.resize(bins.partitions.size());
+  classes.K = K;
+  classes.node_parked.resize(N);
+  classes.node_parked_count.assign(N, 0);
+  classes.partition_parking.resize(bins.partitions.size());
   node_released.assign(N, 0);
   released_leaves.resize(bins.partitions.size());
   released_free.resize(bins.partitions.size());
@@ -440,8 +441,8 @@ std::int32_t Scheduler::Impl::add_node(NodeSpec spec) {
   bins.set_dims(K, gpus.any());
   scratch.assign(bins.D, 0);
   inv.nodes.push_back(std::move(spec));
-  node_parked.emplace_back();
-  node_parked_count.push_back(0);
+  classes.node_parked.emplace_back();
+  classes.node_parked_count.push_back(0);
   node_released.push_back(0);
   node_contended.push_back(0);
   node_need.resize(node_need.size() + K, 0);

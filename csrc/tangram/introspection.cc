@@ -216,22 +216,22 @@ void Scheduler::Impl::check() const {
     if (cl.in_active) {
       ++heads;
       std::size_t entries = 0;
-      for (const ActiveEntry& e : active)
-        if (live(e)) {
+      for (const Classes::ActiveEntry& e : classes.active)
+        if (classes.live(e)) {
           if (e.cls == static_cast<std::int32_t>(c)) ++entries;
         }
       if (cl.waiting.empty() || entries != 1) fail("active class head missing or duplicated");
-      for (const ActiveEntry& e : active)
-        if (live(e) && e.cls == static_cast<std::int32_t>(c) && e.key.seq != cl.waiting.head().seq)
+      for (const Classes::ActiveEntry& e : classes.active)
+        if (classes.live(e) && e.cls == static_cast<std::int32_t>(c) && e.key.seq != cl.waiting.head().seq)
           fail("active entry is not the class head");
       if (cl.parked) fail("class both parked and active");
     } else if (!cl.waiting.empty() && !cl.parked) {
       fail("waiting class neither active nor parked");
     }
   }
-  if (heads != active_count) fail("active count out of sync");
+  if (heads != classes.active_count) fail("active count out of sync");
   std::vector<std::uint8_t> is_free(classes.size(), 0);
-  for (std::int32_t c : free_classes) {
+  for (std::int32_t c : classes.free_classes) {
     if (is_free[c]) fail("class freed twice");
     is_free[c] = 1;
     const Class& cl = classes[c];
@@ -239,7 +239,7 @@ void Scheduler::Impl::check() const {
   }
   for (std::size_t c = 0; c < classes.size(); ++c) {
     if (is_free[c]) continue;
-    const std::int32_t* head = class_index.find(classes[c].key_hash);
+    const std::int32_t* head = classes.index.find(classes[c].key_hash);
     std::int32_t p = head == nullptr ? kNone : *head;
     while (p != kNone && p != static_cast<std::int32_t>(c)) {
       if (is_free[p]) fail("freed class still indexed");
@@ -247,10 +247,10 @@ void Scheduler::Impl::check() const {
     }
     if (p == kNone) fail("class missing from its hash chain");
   }
-  for (const auto& [traj, list] : trajectory_classes)
+  for (const auto& [traj, list] : classes.trajectory_classes)
     for (std::int32_t c : list)
       if (is_free[c] || classes[c].trajectory != traj) fail("trajectory's class list out of sync");
-  std::vector<std::int64_t> node_count(node_parked.size(), 0), part_count(bins.partitions.size(), 0);
+  std::vector<std::int64_t> node_count(classes.node_parked.size(), 0), part_count(bins.partitions.size(), 0);
   std::size_t deadlines = 0;
   for (const Class& cl : classes) {
     if (!cl.parked) continue;
@@ -259,11 +259,11 @@ void Scheduler::Impl::check() const {
     if (cl.park_node == kNone) ++part_count[cl.partition];
     else ++node_count[cl.park_node];
   }
-  for (const ParkDeadline& d : park_deadlines) {
+  for (const Classes::ParkDeadline& d : classes.park_deadlines) {
     const Class& cl = classes[d.cls];
     if (cl.parked && cl.park_generation == d.generation && d.at != cl.park_deadline) fail("park deadline out of sync");
   }
-  if (deadlines > park_deadlines.size()) fail("parked class without a deadline");
+  if (deadlines > classes.park_deadlines.size()) fail("parked class without a deadline");
   std::int32_t offline = 0;
   for (std::uint8_t on : bins.node_online) offline += on ? 0 : 1;
   if (offline != bins.n_offline || bins.node_online.size() != inv.nodes.size()) fail("offline node count");
@@ -271,9 +271,9 @@ void Scheduler::Impl::check() const {
   for (std::uint8_t off : gpus.dev_offline) offline_devices += off ? 1 : 0;
   if (offline_devices != gpus.n_offline_devices) fail("offline device count");
   for (std::size_t n = 0; n < node_count.size(); ++n)
-    if (node_count[n] != node_parked_count[n]) fail("node parked count");
+    if (node_count[n] != classes.node_parked_count[n]) fail("node parked count");
   for (std::size_t p = 0; p < part_count.size(); ++p)
-    if (part_count[p] != partition_parking[p].count) fail("partition parked count");
+    if (part_count[p] != classes.partition_parking[p].count) fail("partition parked count");
   for (const Partition& part : bins.partitions)
     for (std::size_t leaf = 0; leaf < part.bins.size(); ++leaf) {
       std::int32_t b = part.bins[leaf];

@@ -37,15 +37,15 @@ void Scheduler::Impl::wake(std::vector<Entry>& list, std::int32_t scope, Fits&& 
 void Scheduler::Impl::release_on_node(std::int32_t node, std::int32_t partition) {
   ++shrink_room_version;  // room came back: known_no_shrink_room's demands may fit now
   if (!bins.node_online[node]) return;  // nothing starts there; set_node_online(true) wakes
-  bool noted = node_parked_count[node] > 0;
-  if (in_pass) wake(node_parked[node], node, [&](const Class& cl) { return fits_or_shrinks_on_node(cl, node); });
+  bool noted = classes.node_parked_count[node] > 0;
+  if (in_pass) wake(classes.node_parked[node], node, [&](const Class& cl) { return fits_or_shrinks_on_node(cl, node); });
   for (std::size_t p = 0; p < bins.partitions.size(); ++p) {
     if (partition != kNone && static_cast<std::int32_t>(p) != partition) continue;
-    if (partition_parking[p].count == 0) continue;
+    if (classes.partition_parking[p].count == 0) continue;
     if (in_pass) {
       auto fits = [&](const Class& cl) { return fits_or_shrinks_on_node(cl, node); };
-      wake(partition_parking[p].parked, kNone, fits);
-      wake(partition_parking[p].parked_new, kNone, fits);
+      wake(classes.partition_parking[p].parked, kNone, fits);
+      wake(classes.partition_parking[p].parked_new, kNone, fits);
     }
     noted = true;
   }
@@ -62,11 +62,11 @@ void Scheduler::Impl::flush_releases() {
   if (released_nodes.empty()) return;
   std::sort(released_nodes.begin(), released_nodes.end());  // leaves lie in node order
   for (std::int32_t n : released_nodes) {
-    if (node_parked_count[n] == 0) {  // whatever is listed is stale
-      node_parked[n].clear();
+    if (classes.node_parked_count[n] == 0) {  // whatever is listed is stale
+      classes.node_parked[n].clear();
       continue;
     }
-    std::vector<std::int32_t>& list = node_parked[n];
+    std::vector<std::int32_t>& list = classes.node_parked[n];
     std::size_t kept = 0;
     for (std::int32_t c : list) {
       Class& cl = classes[c];
@@ -83,7 +83,7 @@ void Scheduler::Impl::flush_releases() {
   std::sort(pending_wakes.begin(), pending_wakes.end());  // the few node-parked ones
   for (std::size_t p = 0; p < bins.partitions.size(); ++p) {
     const Partition& part = bins.partitions[p];
-    PartitionParking& parking = partition_parking[p];
+    PartitionParking& parking = classes.partition_parking[p];
     if (parking.count == 0) {  // whatever is listed is stale
       parking.parked.clear();
       parking.parked_new.clear();
@@ -122,7 +122,7 @@ void Scheduler::Impl::flush_releases() {
     // as the list is filtered (one walk, into heads_scratch, swapped in after).
     std::sort(parking.parked_new.begin(), parking.parked_new.end());
     const std::size_t node_wakes = pending_wakes.size();
-    heads_scratch.resize(parking.parked.size() + parking.parked_new.size());
+    classes.heads_scratch.resize(parking.parked.size() + parking.parked_new.size());
     std::size_t kept = 0;
     auto next_old = parking.parked.cbegin(), next_new = parking.parked_new.cbegin();
     const auto old_end = parking.parked.cend(), new_end = parking.parked_new.cend();
@@ -141,7 +141,7 @@ void Scheduler::Impl::flush_releases() {
           cl.seen_flush == release_epoch)
         continue;
       cl.seen_flush = release_epoch;
-      heads_scratch[kept++] = entry;
+      classes.heads_scratch[kept++] = entry;
       bool may_fit = true;
       for (std::int32_t k = 0; k < K && may_fit; ++k) may_fit = cl.demand[k] <= most_released[k];
       const std::int32_t at = may_fit ? first_released_fit(p, 0, cl.demand) : -1;
@@ -155,24 +155,37 @@ void Scheduler::Impl::flush_releases() {
       cl.pending_pass = pass_epoch;
       pending_wakes.push_back(entry);  // in policy order, like the list
     }
-    heads_scratch.resize(kept);
-    parking.parked.swap(heads_scratch);
+    classes.heads_scratch.resize(kept);
+    parking.parked.swap(classes.heads_scratch);
     parking.parked_new.clear();
     // Merge this partition's wakes (in order) into those before them (in order).
     if (node_wakes > 0 && node_wakes < pending_wakes.size()) {
-      heads_scratch.clear();
+      classes.heads_scratch.clear();
       std::merge(pending_wakes.begin(), pending_wakes.begin() + static_cast<std::ptrdiff_t>(node_wakes),
                  pending_wakes.begin() + static_cast<std::ptrdiff_t>(node_wakes), pending_wakes.end(),
-                 std::back_inserter(heads_scratch));
-      pending_wakes.swap(heads_scratch);
+                 std::back_inserter(classes.heads_scratch));
+      pending_wakes.swap(classes.heads_scratch);
     }
   }
   released_nodes.clear();
   ++release_epoch;
 }
 
-void Scheduler::Impl::park(std::int32_t c, std::int32_t node) {
+void Scheduler::Impl::unpark(std::int32_t c) {
   Class& cl = classes[c];
+  classes.leave_park(cl);
+  classes.activate(c);
+  // Woken mid-pass behind the cursor: this pass has passed it by, as it would have passed
+  // by a failed head, so it still waits there (for room, or for its refused quota).
+  if (pass_cursor != nullptr && cl.waiting.head() < *pass_cursor && waits_for_room(cl)) {
+    contend(cl.partition, cl.park_node, cl.demand);
+  }
+}
+
+// ---- Classes
+
+void Classes::park(std::int32_t c, std::int32_t node, TimeNs starvation_ns) {
+  Class& cl = all[c];
   deactivate(c);
   cl.parked = true;
   cl.park_node = node;
@@ -188,24 +201,6 @@ void Scheduler::Impl::park(std::int32_t c, std::int32_t node) {
     node_parked[node].push_back(c);
     ++node_parked_count[node];
   }
-}
-
-void Scheduler::Impl::unpark(std::int32_t c) {
-  Class& cl = classes[c];
-  leave_park(cl);
-  activate(c);
-  // Woken mid-pass behind the cursor: this pass has passed it by, as it would have passed
-  // by a failed head, so it still waits there (for room, or for its refused quota).
-  if (pass_cursor != nullptr && cl.waiting.head() < *pass_cursor && waits_for_room(cl)) {
-    contend(cl.partition, cl.park_node, cl.demand);
-  }
-}
-
-// unpark() for a class whose head is tried at once: its active entry is returned rather
-// than pushed (the caller takes it as if popped from the heap).
-Scheduler::Impl::ActiveEntry Scheduler::Impl::unpark_for_try(std::int32_t c) {
-  leave_park(classes[c]);
-  return make_active(c);
 }
 
 }  // namespace tangram

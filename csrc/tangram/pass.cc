@@ -270,7 +270,7 @@ void Scheduler::Impl::unbind_slot(std::int32_t c, std::int32_t bin) {
   bins.trajectory_bin.erase(t);
   --bins.node_busy_holders[bins.bin_node[bin]];
   free_slot(bin);
-  for (std::int32_t other : trajectory_classes[t])
+  for (std::int32_t other : classes.trajectory_classes[t])
     if (other != c && classes[other].parked) unpark(other);
 }
 
@@ -297,7 +297,7 @@ void Scheduler::Impl::free_slot(std::int32_t bin) {
   --bins.bin_lent_running[bin];
   ++bins.bin_holder_running[bin];
   bins.bind_slot(bin, a.trajectory);  // it has a live action: this one
-  for (std::int32_t other : trajectory_classes[a.trajectory])
+  for (std::int32_t other : classes.trajectory_classes[a.trajectory])
     if (classes[other].parked) unpark(other);
 }
 
@@ -448,7 +448,7 @@ inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::
     bins.bind_slot(bin, cl.trajectory);  // it has a live action: this one
     // The trajectory's other classes now wait for this slot alone, not where they were
     // parked (their affinity node, or any free slot): they are looked at again.
-    for (std::int32_t other : trajectory_classes[cl.trajectory])
+    for (std::int32_t other : classes.trajectory_classes[cl.trajectory])
       if (other != c && classes[other].parked) unpark(other);
   } else if (!bins.bin_bound[bin]) {
     bins.refresh_leaf(bin);
@@ -458,7 +458,7 @@ inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::
     gpus.services[cl.service].waiting -= 1;
     gpus.services[cl.service].queued_ns -= actions.details[slot].est_ns;
   }
-  deactivate(c);
+  classes.deactivate(c);
   cl.waiting.pop(actions.queue_pos);
   // The class's next head would be tried later in this pass, where room only shrinks: if
   // it surely cannot start now, it parks now, as that try would park it.
@@ -471,9 +471,9 @@ inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::
     if (cl.quota == kNone) {
       contend(cl.partition, next_scope, cl.demand);
     }
-    park(c, next_scope);
+    classes.park(c, next_scope, starvation_ns);
   } else {
-    activate(c);
+    classes.activate(c);
   }
   a.state = ActionState::kRunning;
   a.device = device;
@@ -507,28 +507,22 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
   started_decision.clear();
   pending_wakes.clear();
   flush_releases();
-  while (!park_deadlines.empty() && park_deadlines.front().at <= now) {
-    ParkDeadline due = park_deadlines.front();
-    std::pop_heap(park_deadlines.begin(), park_deadlines.end(), std::greater<>());
-    park_deadlines.pop_back();
-    const Class& cl = classes[due.cls];
-    if (cl.parked && cl.park_generation == due.generation) unpark(due.cls);
-  }
+  for (std::int32_t c = classes.next_starving(now); c != kNone; c = classes.next_starving(now)) unpark(c);
   in_pass = true;
   if ((bins.n_offline > 0 || gpus.n_offline_devices > 0) && !gpus.services.empty()) evict_offline_services(out);
   if (row.rules.restore == RestoreRule::kQueuesFirst && !gpus.services.empty()) restore_queues(out);
   // Walk the heads in policy order. A head pushed behind the cursor (a class woken by an
   // eviction) waits for the next pass, like any head this pass has already passed by.
-  active_deferred.clear();
+  classes.active_deferred.clear();
   bool have_cursor = false;
   OrderKey cursor{};
   std::size_t next_wake = 0;
   for (;;) {
-    while (!active.empty() && !live(active.front())) {
-      std::pop_heap(active.begin(), active.end(), std::greater<>());
-      active.pop_back();
+    while (!classes.active.empty() && !classes.live(classes.active.front())) {
+      std::pop_heap(classes.active.begin(), classes.active.end(), std::greater<>());
+      classes.active.pop_back();
     }
-    ActiveEntry e{};  // the head tried next
+    Classes::ActiveEntry e{};  // the head tried next
     bool woken = false;
     // A pending wake still parked (not woken since, nor parked again) whose head comes
     // before the heap's: at its turn it is tried if it may still fit, or else stays parked,
@@ -540,7 +534,7 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
         ++next_wake;
         continue;
       }
-      if (active.empty() || policy_before(w, active.front().key)) {
+      if (classes.active.empty() || policy_before(w, classes.active.front().key)) {
         ++next_wake;
         if (!may_start_now(wc)) {
           wc.fit_pass = 0;
@@ -551,19 +545,19 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
         }
         // Woken: its head comes before every head in the heap, so it is tried now (what
         // a trip into the heap and straight out again would come to).
-        e = unpark_for_try(w.cls);
+        e = classes.unpark_for_try(w.cls);
         woken = true;
       }
     }
     if (!woken) {
-      if (active.empty()) break;
-      e = active.front();
-      std::pop_heap(active.begin(), active.end(), std::greater<>());
-      active.pop_back();
-      if (!live(e)) continue;
+      if (classes.active.empty()) break;
+      e = classes.active.front();
+      std::pop_heap(classes.active.begin(), classes.active.end(), std::greater<>());
+      classes.active.pop_back();
+      if (!classes.live(e)) continue;
     }
     if (have_cursor && e.key < cursor) {
-      active_deferred.push_back(e);
+      classes.active_deferred.push_back(e);
       continue;
     }
     cursor = e.key;
@@ -571,7 +565,7 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
     const std::int32_t c = e.cls;
     // The heads tried after this one start by committing to their action's record, most
     // likely a cache miss: fetch them while this one is tried.
-    if (!active.empty()) prefetch(&actions.slots[active.front().key.slot]);
+    if (!classes.active.empty()) prefetch(&actions.slots[classes.active.front().key.slot]);
     if (next_wake < pending_wakes.size()) {
       const WaitQueue<OrderKey>& next = classes[pending_wakes[next_wake].cls].waiting;
       if (!next.empty()) prefetch(&actions.slots[next.head().slot]);
@@ -587,9 +581,9 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
         if (wc.parked && wc.pending_pass == pass_epoch) unpark(pending_wakes[next_wake].cls);
       }
       contend(classes[c].partition, kNone, nullptr);  // every head behind it is held back
-      active_deferred.push_back(e);
-      for (const ActiveEntry& rest : active)
-        if (live(rest)) classes[rest.cls].block = Block::kHeldBack;
+      classes.active_deferred.push_back(e);
+      for (const Classes::ActiveEntry& rest : classes.active)
+        if (classes.live(rest)) classes[rest.cls].block = Block::kHeldBack;
       break;
     }
     if (r == Try::kStarted) continue;  // try_head pushed the class's next head, if any
@@ -597,11 +591,11 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
     // units there. (Waiting for a quota or a service is waiting for something else.)
     std::int32_t node = scope_node(classes[c]);
     if (r != Try::kWaits) contend(classes[c].partition, node, classes[c].demand);
-    if (r == Try::kParked) park(c, node);
-    else active_deferred.push_back(e);
+    if (r == Try::kParked) classes.park(c, node, starvation_ns);
+    else classes.active_deferred.push_back(e);
   }
-  for (const ActiveEntry& e : active_deferred)
-    if (live(e)) push_active(e);
+  for (const Classes::ActiveEntry& e : classes.active_deferred)
+    if (classes.live(e)) classes.push_active(e);
   in_pass = false;
   // Spare units for this pass's starts, and (kMalleable) for the running actions on bins a
   // completion freed room on since the last pass.

@@ -99,10 +99,10 @@ void Scheduler::end_trajectories(const TrajectoryId* ids, std::size_t count, Tim
   m.now = now;
   for (std::size_t i = 0; i < count; ++i) {
     // No live action: its classes are empty, neither active nor parked.
-    auto classes_of = m.trajectory_classes.find(ids[i]);
-    if (classes_of != m.trajectory_classes.end()) {
-      for (std::int32_t c : classes_of->second) m.free_class(c);
-      m.trajectory_classes.erase(classes_of);
+    auto classes_of = m.classes.trajectory_classes.find(ids[i]);
+    if (classes_of != m.classes.trajectory_classes.end()) {
+      for (std::int32_t c : classes_of->second) m.classes.free_class(c);
+      m.classes.trajectory_classes.erase(classes_of);
     }
     if (m.count_progress) m.actions.trajectory_progress.erase(ids[i]);
     auto it = m.bins.trajectory_bin.find(ids[i]);
@@ -279,7 +279,7 @@ const Inventory& Scheduler::inventory() const { return impl_->inv; }
 const PolicyConfig& Scheduler::policy() const { return impl_->policy; }
 std::size_t Scheduler::waiting_count() const { return impl_->actions.n_waiting; }
 std::size_t Scheduler::running_count() const { return impl_->actions.n_running; }
-std::size_t Scheduler::class_count() const { return impl_->classes.size() - impl_->free_classes.size(); }
+std::size_t Scheduler::class_count() const { return impl_->classes.in_use(); }
 
 Quantity Scheduler::free(std::int32_t node, std::int32_t kind) const {
   const Impl& m = *impl_;

@@ -45,6 +45,7 @@
 #include "tangram/actions.h"
 #include "tangram/bin_tree.h"
 #include "tangram/bins.h"
+#include "tangram/classes.h"
 #include "tangram/elasticity.h"
 #include "tangram/gpus.h"
 #include "tangram/id_map.h"
@@ -56,21 +57,6 @@ namespace tangram {
 
 inline constexpr Quantity kMaxMilli = static_cast<Quantity>(kMaxBaseUnits) * kMilli;
 inline constexpr Quantity kElasticStep = kMilli;  // elastic grants grow one base unit at a time
-
-// Why a class could not start its head in the last pass that looked at it.
-enum class Block : std::uint8_t {
-  kNotConsidered,
-  kResources,
-  kHeldBack,  // an older starving action holds the bins
-  kQuotaRate,
-  kQuotaConcurrency,
-  kQuotaTokens,
-  kServiceRestoring,
-  kServiceNoRoom,
-  kServiceOffline,  // resident on a node taken offline: moves once its actions there end
-  kServiceBatchFull,
-  kServiceDraining,  // resident, but drained for a starving service (restore())
-};
 
 // A running action under ResizeRule::kMalleable, by slot, set at its start: its place in
 // its bin's list of running actions, and its last grant change, if any. Half a cache line.
@@ -97,79 +83,6 @@ struct alignas(64) BinRun {
   bool shrink_futile = false;         // no shrink plan here can pay until it changes (shrink_futile)
 };
 
-// A class with its head's order fields (24 bytes, cheap to sort and merge): the entries of
-// the partition-parked lists and of a pass's pending wakes.
-struct ClassHead {
-  ClassHead() = default;
-  ClassHead(const OrderKey& head, std::int32_t c)
-      : key(head.key), seq(head.seq), neg_priority(head.neg_priority), cls(c) {}
-  std::int64_t key = 0;
-  std::uint64_t seq = 0;
-  std::int32_t neg_priority = 0;
-  std::int32_t cls = kNone;
-  bool operator<(const ClassHead& o) const { return policy_before(*this, o); }
-};
-
-struct alignas(64) Class {
-  // Laid out by use. The first cache line holds what a flush, a pass and a completion look
-  // at for every class they meet; the second its queue (head inline), affinity and GPU
-  // memory (what a try reads besides); the class key's other fields and the rest follow.
-  bool parked = false;
-  bool in_active = false;
-  // Trajectory slots, non-service actions: the class runs in its trajectory's own slot. Service
-  // actions run beside their service: in their own trajectory's slot when it is on that
-  // node, else in a free slot there, else in another held one (held_slot_room); they bind
-  // nothing.
-  bool in_trajectory_slot = false;
-  Block block = Block::kNotConsidered;
-  std::int32_t park_node = kNone;  // while parked: the node it waits on, or kNone (partition)
-  std::uint64_t seen_flush = 0;    // release epoch of the last flush that listed it
-  std::uint64_t pending_pass = 0;  // a pending wake of this pass (partition-wide or node)
-  // A pending wake of pass `fit_pass` (flush_releases): it fitted nowhere when parked and
-  // only released bins have grown since, so in that pass its only possible bins are the
-  // partition's released leaves from position `fit_from` on (the first it fitted). Free
-  // room only shrinks within a pass, so placement needs to look at nothing else.
-  std::uint64_t fit_pass = 0;
-  std::int32_t fit_from = 0;
-  std::int32_t partition = 0;
-  const Quantity* demand = nullptr;  // K kinds: a row of Impl::demand_rows, never moved
-  std::int32_t quota = kNone;
-  std::int32_t service = kNone;
-  std::uint64_t active_gen = 0;  // counts activations; older heap entries are stale
-
-  WaitQueue<OrderKey> waiting;  // its waiting actions, head first
-  std::int32_t affinity_node = kNone;
-  std::int32_t next_same_hash = kNone;
-  Quantity gpu_memory = 0;
-
-  // the rest of the class key (with demand, partition, affinity, service, quota, gpu memory)
-  std::int64_t tokens = 0;
-  TrajectoryId trajectory = 0;
-  // state
-  // A search hint for its placements across all bins (try_head): while `tree_epoch` is the
-  // scheduler's search_epoch, no leaf before `tree_from` holds its demand (free room only
-  // shrinks until the epoch moves on: at each pass, and when an eviction frees GPU memory).
-  std::uint64_t tree_epoch = 0;
-  std::int32_t tree_from = 0;
-  TimeNs park_deadline = 0;        // when its head starts starving
-  std::uint64_t park_generation = 0;  // counts parkings, to spot stale deadline entries
-  TimeNs block_until = 0;
-  std::string infeasible;  // why no action of this class can ever run; empty if one can
-  std::uint64_t key_hash = 0;  // its entry in Impl::class_index
-};
-static_assert(offsetof(Class, waiting) == 64 && offsetof(Class, tokens) == 128,
-              "a class's hot fields fill its first two cache lines");
-
-
-// Classes parked on any bin of a partition, with their heads: `parked` in policy order as
-// of the last flush, `parked_new` added since (unsorted). A flush sorts the few new ones
-// and merges, instead of sorting them all. Entries of classes since unparked, parked
-// elsewhere or with another head are stale and dropped at the next flush.
-struct PartitionParking {
-  std::vector<ClassHead> parked, parked_new;
-  std::int64_t count = 0;  // classes parked here now
-};
-
 struct Scheduler::Impl {
   Inventory inv;
   PolicyConfig policy;
@@ -193,61 +106,7 @@ struct Scheduler::Impl {
   std::vector<RuntimeTable> tables;
 
   Actions actions;  // live actions by slot (actions.h)
-
-  // classes
-  std::vector<Class> classes;
-  // Class demand vectors, K per row, in chunks that never move (Class::demand points
-  // here): classes made one after another lie side by side, unlike one vector each.
-  static constexpr std::size_t kDemandRowsPerChunk = 256;
-  std::vector<std::unique_ptr<Quantity[]>> demand_rows;
-  std::size_t demand_rows_used = kDemandRowsPerChunk;  // in the last chunk
-  const Quantity* store_demand(const std::vector<Quantity>& demand) {
-    if (demand_rows_used == kDemandRowsPerChunk) {
-      demand_rows.emplace_back(new Quantity[kDemandRowsPerChunk * static_cast<std::size_t>(K)]);
-      demand_rows_used = 0;
-    }
-    Quantity* row = demand_rows.back().get() + demand_rows_used++ * static_cast<std::size_t>(K);
-    std::copy(demand.begin(), demand.end(), row);
-    return row;
-  }
-  // Classes by hash of their constraints; equal hashes chain through Class::next_same_hash.
-  IdMap class_index;
-  // With trajectory slots a class is keyed by its trajectory: an ended trajectory's classes (all empty)
-  // are freed and their slots reused, so a long run does not grow by one class per
-  // trajectory. Other policies' classes are bounded by their distinct constraints.
-  std::unordered_map<TrajectoryId, std::vector<std::int32_t>> trajectory_classes;
-  std::vector<std::int32_t> free_classes;
-  // The head of every class that may start, as a min-heap in policy order. Deactivating
-  // only clears Class::in_active: entries whose generation is not the class's current one
-  // are stale and dropped when they surface (each pass drains the heap).
-  struct ActiveEntry {
-    OrderKey key;
-    std::int32_t cls;
-    std::uint64_t gen;
-    bool operator>(const ActiveEntry& o) const { return o.key < key; }
-  };
-  std::vector<ActiveEntry> active;
-  std::vector<ActiveEntry> active_deferred;  // popped in a pass, still active: pushed back after it
-  std::size_t active_count = 0;
-  bool live(const ActiveEntry& e) const { return classes[e.cls].in_active && classes[e.cls].active_gen == e.gen; }
-  void push_active(const ActiveEntry& e) {
-    active.push_back(e);
-    std::push_heap(active.begin(), active.end(), std::greater<>());
-  }
-  std::vector<std::vector<std::int32_t>> node_parked;  // classes parked on one node's bins (may hold stale ids)
-  std::vector<std::int64_t> node_parked_count;
-  std::vector<PartitionParking> partition_parking;  // by partition
-  // Parked classes by the time their head starts starving: then they must be looked at
-  // again, since the starvation guard changes what a failure means.
-  // A min-heap of (deadline, class, park generation); entries of classes since unparked
-  // are stale and skipped when they surface.
-  struct ParkDeadline {
-    TimeNs at;
-    std::int32_t cls;
-    std::uint64_t generation;
-    bool operator>(const ParkDeadline& o) const { return std::tie(at, cls) > std::tie(o.at, o.cls); }
-  };
-  std::vector<ParkDeadline> park_deadlines;
+  Classes classes;  // classes, the active heap, parked classes (classes.h)
   TimeNs now = 0;
   TimeNs wakeup = kNever;
   TimeNs prev_pass_now = -1;  // when the previous pass ran
@@ -290,7 +149,6 @@ struct Scheduler::Impl {
   // the room to an earlier head, and a look at the released leaves then is far cheaper
   // than a trip through the active heap and back into the park (see pass()).
   std::vector<ClassHead> pending_wakes;
-  std::vector<ClassHead> heads_scratch;  // flush_releases: merges
   std::uint64_t release_epoch = 1;
   bool in_pass = false;
 
@@ -308,8 +166,6 @@ struct Scheduler::Impl {
   void validate_now(TimeNs t) const;
   template <class Field>
   void validate_spec(const ActionSpec& s, const Field& field) const;
-  std::int32_t class_for(const ActionSpec& s);
-  void free_class(std::int32_t c);
   std::string infeasible_reason(const Class& c) const;
   void submit(const ActionSpec* a, std::size_t n, TimeNs t, std::vector<Decision>& out);
   void finish(std::int32_t slot);  // running -> gone, resources back
@@ -351,31 +207,7 @@ struct Scheduler::Impl {
   void wake(std::vector<Entry>& list, std::int32_t scope, Fits&& fits);
   void release_on_node(std::int32_t node, std::int32_t partition);
   void flush_releases();
-  void park(std::int32_t c, std::int32_t node_or_none);
-  void leave_park(Class& cl) {  // the park's bookkeeping, nothing else
-    cl.parked = false;
-    if (cl.park_node == kNone) --partition_parking[cl.partition].count;
-    else --node_parked_count[cl.park_node];
-  }
   void unpark(std::int32_t c);
-  ActiveEntry unpark_for_try(std::int32_t c);
-  ActiveEntry make_active(std::int32_t c) {  // marks the class active; its entry for the heap
-    Class& cl = classes[c];
-    cl.in_active = true;
-    ++active_count;
-    return ActiveEntry{cl.waiting.head(), c, ++cl.active_gen};
-  }
-  void activate(std::int32_t c) {
-    const Class& cl = classes[c];
-    if (cl.in_active || cl.parked || cl.waiting.empty()) return;
-    push_active(make_active(c));
-  }
-  void deactivate(std::int32_t c) {
-    Class& cl = classes[c];
-    if (!cl.in_active) return;
-    cl.in_active = false;  // its heap entry is now stale
-    --active_count;
-  }
 
   // ---- pass.cc: the pass
   // kBlocked: short of resources; kWaits: for its quota or its GPU service, which do not

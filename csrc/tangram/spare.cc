@@ -27,7 +27,7 @@ namespace tangram {
 // quota refused an earlier head in this pass: then it waits for the quota (try_head looks
 // at that first), which holds no room back.
 void Scheduler::Impl::parked_need(std::int32_t part, std::int32_t node, Quantity* reserve) const {
-  const std::int64_t count = node == kNone ? partition_parking[part].count : node_parked_count[node];
+  const std::int64_t count = node == kNone ? classes.partition_parking[part].count : classes.node_parked_count[node];
   if (count == 0) return;
   auto take = [&](std::int32_t c) {
     const Class& k = classes[c];
@@ -36,10 +36,10 @@ void Scheduler::Impl::parked_need(std::int32_t part, std::int32_t node, Quantity
     for (std::int32_t x = 0; x < K; ++x) reserve[x] = std::max(reserve[x], k.demand[x]);
   };
   if (node != kNone) {
-    for (std::int32_t c : node_parked[node]) take(c);
+    for (std::int32_t c : classes.node_parked[node]) take(c);
     return;
   }
-  for (const std::vector<ClassHead>* list : {&partition_parking[part].parked, &partition_parking[part].parked_new})
+  for (const std::vector<ClassHead>* list : {&classes.partition_parking[part].parked, &classes.partition_parking[part].parked_new})
     for (const ClassHead& entry : *list) take(entry.cls);
 }
 
