@@ -56,6 +56,14 @@ def test_bounds_handed_in_are_those_simulate_computes() -> None:
     assert handed[1].bound["step_bound"] == bounds["step_bound"] > 0
 
 
+def test_a_simulation_runs_once() -> None:
+    w = tiny()
+    simulation = StepSimulation(w, "fifo", w.sample(0))
+    simulation.run()
+    with pytest.raises(tangram.InvalidStateError, match="runs once"):
+        simulation.run()
+
+
 # ------------------------------------------------------------------ conservation
 
 

@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import ValidationError
+from .._errors import InvalidStateError, ValidationError
 from .._model import Action, Amdahl, Constant, Gpu, Inventory, Model, Node, Quota, Service
 from .._records import EVICT, RESIZE, RESTORE, START, Decision, decisions
 from ..runtime.estimates import RunTimeEstimates
@@ -265,7 +265,8 @@ class _Holding:
     completion: the share of its work done since it was last timed is banked and the rest
     runs at its new grant and pace."""
 
-    demand: np.ndarray  # (actions, kinds): its minimum per kind from submission; the elastic kind's grant once started
+    # (actions, kinds): its minimum per kind from submission; of the elastic kind, its grant once started
+    demand: np.ndarray
     pace: np.ndarray  # its slowdown: 1 + (n - 1) / S for a reward sharing its device with n - 1 others; else 1
     since: np.ndarray  # since when it runs at its current grant and pace
     work_left: np.ndarray  # the share of its work left then
@@ -378,7 +379,8 @@ class _Trajectories:
     @classmethod
     def starting(cls, trajectories: int) -> _Trajectories:
         """None has run an action."""
-        return cls(np.zeros(trajectories, dtype=np.int64), np.full(trajectories, np.nan), np.full(trajectories, np.nan))
+        return cls(next_action=np.zeros(trajectories, dtype=np.int64), end=np.full(trajectories, np.nan),
+                   slot_from=np.full(trajectories, np.nan))
 
     def started_in_slot(self, t: int, scheduler: Scheduler, now: float) -> None:
         """An environment action of t started under `trajectory`: t holds its slot from the
@@ -437,7 +439,7 @@ class StepSimulation:
         self.told = _Declarations(mode, sigma, seed, total)
         self.queue = _EventQueue(total)
         self.gpu = _GpuSharing(self.gain)
-        self.paths = _Trajectories.starting(self.batch)
+        self.trajectories = _Trajectories.starting(self.batch)
         # The work of the instant being handled: trajectories whose next action is
         # submitted now, trajectories that ended (for the core to hear of), rejections.
         self.submitting: list[int] = []
@@ -445,10 +447,15 @@ class StepSimulation:
         self.rejected_now: list[int] = []
         self.restores = self.evictions = 0
         self.service_log: list[tuple[float, int, int, int, int]] = []
+        self.ran = False
 
     def run(self, check: bool = True) -> SimResult:
         """Runs the step until every trajectory has ended; `check`: the core then checks its
-        invariants. Raises RuntimeError when the core stalls with actions left."""
+        invariants. Raises RuntimeError when the core stalls with actions left, and
+        InvalidStateError when run a second time (its state is the step's end)."""
+        if self.ran:
+            raise InvalidStateError("StepSimulation.run", "a simulation runs once: make another to run again")
+        self.ran = True
         for t in range(self.batch):
             self._queue_next(t, 0.0)
         now = 0.0
@@ -497,7 +504,7 @@ class StepSimulation:
         """Tells the core of the trajectories that ended at `now`."""
         ended, self.ending = self.ending, []
         self._apply(self.scheduler.end_trajectories(ended, now), now)
-        self.paths.take_over_lent(self.scheduler, now)
+        self.trajectories.take_over_lent(self.scheduler, now)
 
     def _submit(self, now: float) -> None:
         """Submits the next action of each trajectory due to submit at `now`; one the core
@@ -514,15 +521,15 @@ class StepSimulation:
     def _advance(self, aid: int, now: float) -> None:
         """Action `aid` ended at `now`: its trajectory moves on to its next action."""
         t = int(self.log.trajectory[aid])
-        self.paths.next_action[t] += 1
+        self.trajectories.next_action[t] += 1
         self._queue_next(t, now)
 
     def _queue_next(self, t: int, now: float) -> None:
         """Trajectory t's next action is submitted after its think time; with none left,
         t ends."""
-        j = int(self.paths.next_action[t])
+        j = int(self.trajectories.next_action[t])
         if j >= self.actions_of[t]:
-            self.paths.end[t] = now
+            self.trajectories.end[t] = now
             self.ending.append(t)
             return
         think = float(self.step.think[self.first_action[t] + t + j])
@@ -536,7 +543,7 @@ class StepSimulation:
     def _next_action(self, t: int, now: float) -> Action:
         """Trajectory t's next action, submitted at `now`: its truth recorded, its minimum
         demand held from here on."""
-        j = int(self.paths.next_action[t])
+        j = int(self.trajectories.next_action[t])
         first = self.first_action[t]
         a = self._environment_action(t, first + j) if first + j < self.first_action[t + 1] else self._reward_action(t)
         self.log.submit[a.id] = now
@@ -608,7 +615,7 @@ class StepSimulation:
         log.copy[aid] = d.service
         self.holding.since[aid] = now
         if self.slots and log.label[aid] == ENV:
-            self.paths.started_in_slot(int(log.trajectory[aid]), self.scheduler, now)
+            self.trajectories.started_in_slot(int(log.trajectory[aid]), self.scheduler, now)
         self.told.started(aid, d.grant, now)
         if self.contention and log.label[aid] == REWARD:
             self.gpu.add(aid, (d.node, d.device))  # timed by _share_compute, once every start is in
@@ -675,16 +682,17 @@ class StepSimulation:
         reward's grant (a lent slot is its holder's)."""
         if not self.slots:
             return float(held[self.cpu])
-        log, paths = self.log, self.paths
-        bound = ~np.isnan(paths.slot_from)
+        log, trajectories = self.log, self.trajectories
+        bound = ~np.isnan(trajectories.slot_from)
         rewards = ok & (log.label == REWARD)
         reward_cpu = float((self.holding.demand[rewards, self.cpu] * log.run[rewards]).sum())
-        return float((self.policy.trajectory_slot_cpu * (paths.end[bound] - paths.slot_from[bound])).sum()) + reward_cpu
+        held_slots = trajectories.end[bound] - trajectories.slot_from[bound]
+        return float((self.policy.trajectory_slot_cpu * held_slots).sum()) + reward_cpu
 
     def _result(self) -> SimResult:
         """The step's outcome."""
         w, log = self.workload, self.log
-        step_duration = float(np.nanmax(self.paths.end)) if self.batch else 0.0
+        step_duration = float(np.nanmax(self.trajectories.end)) if self.batch else 0.0
         ok = ~log.rejected
         held = self.holding.held_seconds(ok, log.finish, log.run)
         capacity = np.zeros(len(self.kinds))
