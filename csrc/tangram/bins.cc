@@ -177,12 +177,7 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
   classes.node_parked.resize(N);
   classes.node_parked_count.assign(N, 0);
   classes.partition_parking.resize(bins.partitions.size());
-  node_released.assign(N, 0);
-  released_leaves.resize(bins.partitions.size());
-  released_free.resize(bins.partitions.size());
-  released_first_max.assign(bins.partitions.size(), -1);
-  bin_released_at.assign(bins.bin_node.size(), 0);
-  bin_released_pass.assign(bins.bin_node.size(), 0);
+  released.resize(K, N, bins.partitions.size(), bins.bin_node.size());
   node_contended.assign(N, 0);
   node_need.assign(static_cast<std::size_t>(N) * K, 0);
   node_masked.assign(N, 0);
@@ -443,13 +438,10 @@ std::int32_t Scheduler::Impl::add_node(NodeSpec spec) {
   inv.nodes.push_back(std::move(spec));
   classes.node_parked.emplace_back();
   classes.node_parked_count.push_back(0);
-  node_released.push_back(0);
   node_contended.push_back(0);
   node_need.resize(node_need.size() + K, 0);
   node_masked.push_back(0);
-  for (auto& leaves : released_leaves) leaves.clear();  // leaf positions change below
-  bin_released_at.assign(bins.bin_node.size(), 0);
-  bin_released_pass.assign(bins.bin_node.size(), 0);
+  released.resize(K, bins.nodes(), bins.partitions.size(), bins.bin_node.size());  // leaf positions change below
   bins.build_trees();
   for (auto& cl : classes) cl.infeasible = infeasible_reason(cl);
   release_on_node(n, kNone);

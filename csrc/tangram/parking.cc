@@ -49,19 +49,16 @@ void Scheduler::Impl::release_on_node(std::int32_t node, std::int32_t partition)
     }
     noted = true;
   }
-  if (!in_pass && noted && node_released[node] != release_epoch) {
-    node_released[node] = release_epoch;
-    released_nodes.push_back(node);
-  }
+  if (!in_pass && noted) released.note(node);
 }
 
 // Lists as pending wakes the parked classes that fit a bin of one of the nodes released
 // since the last pass: those parked on such a node, and the partition-wide ones. Checking
 // exactly costs a few comparisons per class and node, far less than a retry that fails.
 void Scheduler::Impl::flush_releases() {
-  if (released_nodes.empty()) return;
-  std::sort(released_nodes.begin(), released_nodes.end());  // leaves lie in node order
-  for (std::int32_t n : released_nodes) {
+  if (released.nodes.empty()) return;
+  std::sort(released.nodes.begin(), released.nodes.end());  // leaves lie in node order
+  for (std::int32_t n : released.nodes) {
     if (classes.node_parked_count[n] == 0) {  // whatever is listed is stale
       classes.node_parked[n].clear();
       continue;
@@ -71,8 +68,8 @@ void Scheduler::Impl::flush_releases() {
     for (std::int32_t c : list) {
       Class& cl = classes[c];
       // Stale entries go; so do repeats (a class parked again after a wake elsewhere).
-      if (!cl.parked || cl.park_node != n || cl.seen_flush == release_epoch) continue;
-      cl.seen_flush = release_epoch;
+      if (!cl.parked || cl.park_node != n || cl.seen_flush == released.epoch) continue;
+      cl.seen_flush = released.epoch;
       list[kept++] = c;
       if (!fits_or_shrinks_on_node(cl, n)) continue;
       cl.pending_pass = pass_epoch;
@@ -89,28 +86,9 @@ void Scheduler::Impl::flush_releases() {
       parking.parked_new.clear();
       continue;
     }
-    std::vector<std::int32_t>& leaves = released_leaves[p];
-    leaves.clear();
-    for (std::int32_t n : released_nodes)
-      for (std::int32_t leaf = part.node_lo[n]; leaf >= 0 && leaf < part.node_hi[n]; ++leaf) {
-        bin_released_at[part.bins[leaf]] = static_cast<std::int32_t>(leaves.size());
-        bin_released_pass[part.bins[leaf]] = pass_epoch;
-        leaves.push_back(leaf);
-      }
-    // Their free vectors as columns, and the per-kind maximum over them, which rules most
-    // classes out in K comparisons.
-    const std::size_t n_leaves = leaves.size();
-    std::vector<Quantity>& cols = released_free[p];
-    cols.resize(n_leaves * static_cast<std::size_t>(K));
-    most_released.assign(K, -1);
-    for (std::size_t i = 0; i < n_leaves; ++i) {
-      const Quantity* f = bins.free_of(part.bins[leaves[i]]);
-      for (std::int32_t k = 0; k < K; ++k) {
-        cols[static_cast<std::size_t>(k) * n_leaves + i] = f[k];
-        most_released[k] = std::max(most_released[k], f[k]);
-      }
-    }
-    released_first_max[p] = most_released[0];
+    // The per-kind maximum over the released leaves rules most classes out in K comparisons.
+    const std::vector<Quantity>& most = released.list_leaves(p, bins, pass_epoch);
+    const std::vector<std::int32_t>& leaves = released.leaves[p];
     // kMalleable: released leaves where a shrink could take units back. A class that fits
     // none of the released leaves' free room may fit one of these with those units: it is
     // tried in full at its turn (no released-leaf shortcut).
@@ -138,13 +116,13 @@ void Scheduler::Impl::flush_releases() {
       Class& cl = classes[entry.cls];
       // Stale entries go; so do repeats (parked again under the same head since).
       if (!cl.parked || cl.park_node != kNone || cl.waiting.head().seq != entry.seq ||
-          cl.seen_flush == release_epoch)
+          cl.seen_flush == released.epoch)
         continue;
-      cl.seen_flush = release_epoch;
+      cl.seen_flush = released.epoch;
       classes.heads_scratch[kept++] = entry;
       bool may_fit = true;
-      for (std::int32_t k = 0; k < K && may_fit; ++k) may_fit = cl.demand[k] <= most_released[k];
-      const std::int32_t at = may_fit ? first_released_fit(p, 0, cl.demand) : -1;
+      for (std::int32_t k = 0; k < K && may_fit; ++k) may_fit = cl.demand[k] <= most[k];
+      const std::int32_t at = may_fit ? released.first_fit(p, 0, cl.demand) : -1;
       if (at >= 0) {
         cl.fit_pass = pass_epoch;  // flush runs at the start of the pass
         cl.fit_from = at;
@@ -167,8 +145,8 @@ void Scheduler::Impl::flush_releases() {
       pending_wakes.swap(classes.heads_scratch);
     }
   }
-  released_nodes.clear();
-  ++release_epoch;
+  released.nodes.clear();
+  ++released.epoch;
 }
 
 void Scheduler::Impl::unpark(std::int32_t c) {
@@ -201,6 +179,34 @@ void Classes::park(std::int32_t c, std::int32_t node, TimeNs starvation_ns) {
     node_parked[node].push_back(c);
     ++node_parked_count[node];
   }
+}
+
+// ---- Releases
+
+const std::vector<Quantity>& Releases::list_leaves(std::size_t p, const Bins& bins, std::uint64_t pass) {
+  const Partition& part = bins.partitions[p];
+  std::vector<std::int32_t>& list = leaves[p];
+  list.clear();
+  for (std::int32_t n : nodes)
+    for (std::int32_t leaf = part.node_lo[n]; leaf >= 0 && leaf < part.node_hi[n]; ++leaf) {
+      bin_pos[part.bins[leaf]] = static_cast<std::int32_t>(list.size());
+      bin_pass[part.bins[leaf]] = pass;
+      list.push_back(leaf);
+    }
+  // Their free vectors as columns, and the per-kind maximum over them.
+  const std::size_t n_leaves = list.size();
+  std::vector<Quantity>& cols = free_cols[p];
+  cols.resize(n_leaves * static_cast<std::size_t>(K));
+  most.assign(K, -1);
+  for (std::size_t i = 0; i < n_leaves; ++i) {
+    const Quantity* f = bins.free_of(part.bins[list[i]]);
+    for (std::int32_t k = 0; k < K; ++k) {
+      cols[static_cast<std::size_t>(k) * n_leaves + i] = f[k];
+      most[k] = std::max(most[k], f[k]);
+    }
+  }
+  first_max[p] = most[0];
+  return most;
 }
 
 }  // namespace tangram

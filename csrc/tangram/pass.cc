@@ -34,10 +34,10 @@ bool Scheduler::Impl::may_start_now(Class& cl) {
 // try_head's placement for a class woken by this pass's releases, with no masks set.
 bool Scheduler::Impl::fits_released_leaf(Class& cl) {
   const Partition& part = bins.partitions[cl.partition];
-  const std::vector<std::int32_t>& leaves = released_leaves[cl.partition];
+  const std::vector<std::int32_t>& leaves = released.leaves[cl.partition];
   const Quantity* demand = cl.demand;
-  for (std::int32_t i = first_released_fit(cl.partition, cl.fit_from, demand); i >= 0;
-       i = first_released_fit(cl.partition, i + 1, demand)) {
+  for (std::int32_t i = released.first_fit(cl.partition, cl.fit_from, demand); i >= 0;
+       i = released.first_fit(cl.partition, i + 1, demand)) {
     const std::int32_t bin = part.bins[leaves[i]];
     if ((bins.bin_bound[bin] && !bins.lends_to(cl.in_trajectory_slot, cl.trajectory, bin)) || !bins.node_online[bins.bin_node[bin]]) continue;
     if (bins.has_gpus && bins.node_max_dev_free[bins.bin_node[bin]] < cl.gpu_memory) continue;
@@ -177,12 +177,12 @@ inline Scheduler::Impl::Room Scheduler::Impl::find_room(Class& cl, std::int32_t 
     auto skip = [&](std::int32_t leaf) { return any_mask && node_masked[bins.bin_node[part.bins[leaf]]] == pass_epoch; };
     if (cl.fit_pass == fit_epoch && lo == 0 && hi == part.free_tree.leaves()) {
       // Woken by this pass's releases: only released leaves can hold it (see Class).
-      const std::vector<std::int32_t>& leaves = released_leaves[cl.partition];
-      const std::int32_t first = first_released_fit(cl.partition, cl.fit_from, cl.demand);
+      const std::vector<std::int32_t>& leaves = released.leaves[cl.partition];
+      const std::int32_t first = released.first_fit(cl.partition, cl.fit_from, cl.demand);
       // Leaves before `first` do not fit now, and room only shrinks in a pass: later
       // heads of this class start their scan there.
       cl.fit_from = first < 0 ? static_cast<std::int32_t>(leaves.size()) : first;
-      for (std::int32_t i = first; i >= 0; i = first_released_fit(cl.partition, i + 1, cl.demand)) {
+      for (std::int32_t i = first; i >= 0; i = released.first_fit(cl.partition, i + 1, cl.demand)) {
         const std::int32_t leaf = leaves[i];
         if (bins.bin_bound[part.bins[leaf]] || !bins.node_online[bins.bin_node[part.bins[leaf]]] || skip(leaf)) continue;
         if (bins.has_gpus && bins.node_max_dev_free[bins.bin_node[part.bins[leaf]]] < scratch[K]) continue;
@@ -424,15 +424,7 @@ inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::
   } else if (a.elastic_kind != kNone && malleable && row.rules.spare != SpareRule::kNone) {
     top_up_start(slot, bin, f);
   }
-  if (bin_released_pass[bin] == pass_epoch) {  // keep the released columns exact
-    const std::int32_t p = bins.bin_partition[bin];
-    std::vector<Quantity>& cols = released_free[p];
-    const std::size_t n_leaves = released_leaves[p].size();
-    const Quantity was = cols[bin_released_at[bin]];
-    for (std::int32_t k = 0; k < K; ++k) cols[static_cast<std::size_t>(k) * n_leaves + bin_released_at[bin]] = f[k];
-    if (was == released_first_max[p] && f[0] < was)  // it held the maximum: find the new one
-      released_first_max[p] = *std::max_element(cols.begin(), cols.begin() + static_cast<std::ptrdiff_t>(n_leaves));
-  }
+  if (released.bin_pass[bin] == pass_epoch) released.took(bin, bins.bin_partition[bin], f);  // the columns stay exact
   if (cl.gpu_memory > 0) {
     gpus.dev_free[device] -= cl.gpu_memory;
     refresh_node_devices(node);

@@ -337,10 +337,7 @@ void Scheduler::Impl::shrink_futility_lost(std::int32_t bin) {
   bin_run[bin].shrink_futile = false;
   ++shrink_room_version;
   const std::int32_t node = bins.bin_node[bin];
-  if (bins.node_online[node] && node_released[node] != release_epoch) {
-    node_released[node] = release_epoch;
-    released_nodes.push_back(node);
-  }
+  if (bins.node_online[node]) released.note(node);
 }
 
 // Within a pass a futile bin becomes worth a plan again only by a shrink on it (the only

@@ -50,6 +50,7 @@
 #include "tangram/gpus.h"
 #include "tangram/id_map.h"
 #include "tangram/quota.h"
+#include "tangram/releases.h"
 #include "tangram/scheduler.h"
 #include "tangram/wait_queue.h"
 
@@ -107,6 +108,7 @@ struct Scheduler::Impl {
 
   Actions actions;  // live actions by slot (actions.h)
   Classes classes;  // classes, the active heap, parked classes (classes.h)
+  Releases released;  // room released since the last pass (releases.h)
   TimeNs now = 0;
   TimeNs wakeup = kNever;
   TimeNs prev_pass_now = -1;  // when the previous pass ran
@@ -130,26 +132,11 @@ struct Scheduler::Impl {
   std::vector<std::size_t> started_decision;
   std::vector<std::int32_t> cand;
   std::vector<Quantity> scratch;
-  // Nodes released since the last pass (partition-wide wakes are done once per event).
-  std::vector<std::int32_t> released_nodes;
-  std::vector<std::uint64_t> node_released;  // == release_epoch when in released_nodes
-  std::vector<Quantity> most_released;
-  std::vector<std::vector<std::int32_t>> released_leaves;  // per partition, in leaf order
-  // Per partition: the released leaves' free vectors by kind (K columns of the leaves'
-  // count), kept exact through the pass's starts; bins map to their position.
-  std::vector<std::vector<Quantity>> released_free;
-  // Per partition: the largest free amount of the first kind over its released leaves, now.
-  // A class asking more fits none of them: most looks at a pass's pending wakes end here
-  // once the pass's starts have used the room up.
-  std::vector<Quantity> released_first_max;
-  std::vector<std::int32_t> bin_released_at;
-  std::vector<std::uint64_t> bin_released_pass;  // == pass_epoch when released this pass
   // Parked classes that fit a bin released since the last pass (flush_releases), in policy
   // order of their heads. They stay parked until their turn in the pass: most lose
   // the room to an earlier head, and a look at the released leaves then is far cheaper
   // than a trip through the active heap and back into the park (see pass()).
   std::vector<ClassHead> pending_wakes;
-  std::uint64_t release_epoch = 1;
   bool in_pass = false;
 
   // ---- bins.cc: construction, bins and node membership
@@ -242,24 +229,6 @@ struct Scheduler::Impl {
   bool eligible_range(const Class& c, std::int32_t& lo, std::int32_t& hi, std::int32_t& fixed_leaf) const;
   bool may_start_now(Class& cl);
   bool fits_released_leaf(Class& cl);
-  // The first released leaf of `partition` from position `from` on whose free vector covers
-  // `demand`, or -1. The scan runs down the first kind's column, which rules most out (the
-  // constructor makes sure there is at least one kind).
-  std::int32_t first_released_fit(std::size_t partition, std::int32_t from, const Quantity* demand) const {
-    if (demand[0] > released_first_max[partition]) return -1;
-    const std::vector<Quantity>& cols = released_free[partition];
-    const std::int32_t n = static_cast<std::int32_t>(released_leaves[partition].size());
-    const Quantity* first = cols.data();
-    for (std::int32_t i = from; i < n; ++i) {
-      if (first[i] < demand[0]) continue;
-      bool fits = true;
-      for (std::int32_t k = 1; k < K && fits; ++k) fits = cols[static_cast<std::size_t>(k) * n + i] >= demand[k];
-      if (fits) return i;
-    }
-    return -1;
-  }
-
-
   // ---- services.cc: GPU services and eviction
   std::int32_t route_replica(const ActionSpec& s) const;
   bool uses_service_home() const { return row.rules.service_devices == ServiceDevices::kHome; }
