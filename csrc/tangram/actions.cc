@@ -203,7 +203,7 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
     if (need > actions.slots.capacity()) actions.slots.reserve(std::max(need, 2 * actions.slots.capacity()));
     if (need > actions.details.capacity()) actions.details.reserve(actions.slots.capacity());
     if (need > actions.queue_pos.capacity()) actions.queue_pos.reserve(actions.slots.capacity());
-    if (malleable && need > run_state.capacity()) run_state.reserve(actions.slots.capacity());
+    if (malleable && need > elastic.run_state.capacity()) elastic.run_state.reserve(actions.slots.capacity());
   }
   // The aging term of the order key is the same for the whole batch.
   const std::int64_t aging_offset = static_cast<std::int64_t>((static_cast<__int128>(now) * aging_permille) / 1000);
@@ -245,7 +245,7 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
       actions.slots.emplace_back();
       actions.details.emplace_back();
       actions.queue_pos.push_back(-1);
-      if (malleable) run_state.emplace_back();
+      if (malleable) elastic.run_state.emplace_back();
     }
     ActionRec& r = actions.slots[slot];
     ActionDetail& detail = actions.details[slot];
@@ -256,7 +256,7 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
     r.state = ActionState::kWaiting;
     r.elastic_kind = s.elastic_kind;
     r.elastic_max = s.elastic_max;
-    if (s.elastic_kind != kNone) elastic_kind_seen[s.elastic_kind] = 1;
+    if (s.elastic_kind != kNone) spare.elastic_kind_seen[s.elastic_kind] = 1;
     detail = ActionDetail{};
     detail.model = s.model;
     detail.submitted_max = s.elastic_max;

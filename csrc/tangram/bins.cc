@@ -145,13 +145,8 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
       break;
     }
   }
-  reclaim_bins.resize(bins.partitions.size());
-  reclaim_bound.assign(bins.partitions.size() * static_cast<std::size_t>(K), 0);
-  reclaim_bound_pass.assign(bins.partitions.size(), 0);
-  no_shrink_memo.assign(bins.partitions.size(), NoShrinkMemo{});
-  no_shrink_demands.assign(bins.partitions.size() * kNoShrinkMemo * static_cast<std::size_t>(K), 0);
-  shrink_candidates.resize(bins.partitions.size());
-  shrink_candidates_pass.assign(bins.partitions.size(), 0);
+  elastic.resize(K, bins.partitions.size());
+  spare.resize(K, N, bins.partitions.size());
   std::vector<NodeBins> splits(static_cast<std::size_t>(N));
   for (std::int32_t n = 0; n < N; ++n) splits[n] = node_bins(inv.nodes[n].capacity);
   for (std::size_t p = 0; p < bins.partitions.size(); ++p)
@@ -178,15 +173,8 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
   classes.node_parked_count.assign(N, 0);
   classes.partition_parking.resize(bins.partitions.size());
   released.resize(K, N, bins.partitions.size(), bins.bin_node.size());
-  node_contended.assign(N, 0);
-  node_need.assign(static_cast<std::size_t>(N) * K, 0);
   node_masked.assign(N, 0);
-  partition_contended.assign(bins.partitions.size(), 0);
-  partition_need.assign(bins.partitions.size() * K, 0);
   partition_masked.assign(bins.partitions.size(), 0);
-  elastic_kind_seen.assign(K, 0);
-  parked_need_pass.assign(bins.partitions.size(), 0);
-  parked_need_rows.assign(bins.partitions.size() * K, 0);
   scratch.resize(bins.D);
 }
 
@@ -372,9 +360,8 @@ void Scheduler::Impl::set_device_online(std::int32_t d, bool online) {
 // the other parts.
 void Scheduler::Impl::append_bin(std::int32_t node, std::int32_t part, const std::vector<Quantity>& cap) {
   bins.append_bin(node, part, cap);
-  reserve_pass.push_back(0);
-  reserve_rows.resize(reserve_rows.size() + K, 0);
-  if (malleable) append_bin_resize_state();
+  spare.append_bin();
+  if (malleable) elastic.append_bin(part);
 }
 
 // The policy's bins for one node of `capacity` (the options already validated): per
@@ -438,8 +425,7 @@ std::int32_t Scheduler::Impl::add_node(NodeSpec spec) {
   inv.nodes.push_back(std::move(spec));
   classes.node_parked.emplace_back();
   classes.node_parked_count.push_back(0);
-  node_contended.push_back(0);
-  node_need.resize(node_need.size() + K, 0);
+  spare.resize(K, bins.nodes(), bins.partitions.size());
   node_masked.push_back(0);
   released.resize(K, bins.nodes(), bins.partitions.size(), bins.bin_node.size());  // leaf positions change below
   bins.build_trees();

@@ -21,7 +21,7 @@ std::string Scheduler::Impl::explain(ActionId id) const {
     if (a.device != kNone) os << ", GPU " << gpus.dev_local[a.device];
     if (a.elastic_kind != kNone) {
       os << ", " << inv.kinds[a.elastic_kind] << " grant " << a.grant / 1000.0;
-      const RunState* r = malleable ? &run_state[*slot] : nullptr;
+      const RunState* r = malleable ? &elastic.run_state[*slot] : nullptr;
       if (r != nullptr && r->resized_ns >= 0)
         os << " (from " << r->grant_before / 1000.0 << " at " << to_seconds(r->resized_ns) << " s)";
       if (a.elastic_max < actions.details[*slot].submitted_max)
@@ -110,34 +110,34 @@ void Scheduler::Impl::check_running() const {
   std::vector<Quantity> reclaim(B * K, 0);
   std::size_t listed = 0;
   for (std::size_t b = 0; b < B; ++b) {
-    const BinRun& run = bin_run[b];
+    const BinRun& run = elastic.bin_run[b];
     for (std::size_t i = 0; i < run.running.size(); ++i) {
       const std::int32_t s = run.running[i];
       const ActionRec& a = actions.slots[s];
       if (a.state != ActionState::kRunning || a.bin != static_cast<std::int32_t>(b) ||
-          run_state[s].running_pos != static_cast<std::int32_t>(i))
+          elastic.run_state[s].running_pos != static_cast<std::int32_t>(i))
         fail("running list of bin " + std::to_string(b) + " out of sync");
       if (a.elastic_kind != kNone) reclaim[b * K + a.elastic_kind] += a.grant - minimum(a);
-      const double work = run_state[s].work_left;
-      if (run_state[s].resized_ns >= 0 && !(work >= 0 && work <= 1))
+      const double work = elastic.run_state[s].work_left;
+      if (elastic.run_state[s].resized_ns >= 0 && !(work >= 0 && work <= 1))
         fail("work left outside [0, 1] for action " + std::to_string(a.id));
       ++listed;
     }
     Quantity sum = 0;
     for (std::int32_t k = 0; k < K; ++k) {
-      if (reclaim[b * K + k] != bin_reclaim[b * K + k]) fail("reclaimable units of bin " + std::to_string(b));
+      if (reclaim[b * K + k] != elastic.bin_reclaim[b * K + k]) fail("reclaimable units of bin " + std::to_string(b));
       sum += reclaim[b * K + k];
     }
     if (sum != run.reclaim_sum) fail("reclaimable sum of bin " + std::to_string(b));
     const std::int32_t pos = run.reclaim_pos;
-    const std::vector<std::int32_t>& list = reclaim_bins[bins.bin_partition[b]];
+    const std::vector<std::int32_t>& list = elastic.reclaim_bins[bins.bin_partition[b]];
     if ((sum > 0) != (pos >= 0) || (pos >= 0 && (pos >= static_cast<std::int32_t>(list.size()) || list[pos] != static_cast<std::int32_t>(b))))
       fail("reclaim list of bin " + std::to_string(b));
   }
   std::size_t in_lists = 0;
-  for (const std::vector<std::int32_t>& list : reclaim_bins) in_lists += list.size();
+  for (const std::vector<std::int32_t>& list : elastic.reclaim_bins) in_lists += list.size();
   std::size_t with_units = 0;
-  for (std::size_t b = 0; b < B; ++b) with_units += bin_run[b].reclaim_sum > 0 ? 1 : 0;
+  for (std::size_t b = 0; b < B; ++b) with_units += elastic.bin_run[b].reclaim_sum > 0 ? 1 : 0;
   if (listed != actions.n_running || in_lists != with_units) fail("running or reclaim lists out of sync");
 }
 

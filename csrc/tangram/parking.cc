@@ -35,7 +35,7 @@ void Scheduler::Impl::wake(std::vector<Entry>& list, std::int32_t scope, Fits&& 
 // a pass the node is noted and its parked classes are looked at once per event, at the next
 // pass (flush_releases); during a pass (an eviction) they are woken at once.
 void Scheduler::Impl::release_on_node(std::int32_t node, std::int32_t partition) {
-  ++shrink_room_version;  // room came back: known_no_shrink_room's demands may fit now
+  ++elastic.shrink_room_version;  // room came back: known_no_shrink_room's demands may fit now
   if (!bins.node_online[node]) return;  // nothing starts there; set_node_online(true) wakes
   bool noted = classes.node_parked_count[node] > 0;
   if (in_pass) wake(classes.node_parked[node], node, [&](const Class& cl) { return fits_or_shrinks_on_node(cl, node); });
@@ -92,10 +92,10 @@ void Scheduler::Impl::flush_releases() {
     // kMalleable: released leaves where a shrink could take units back. A class that fits
     // none of the released leaves' free room may fit one of these with those units: it is
     // tried in full at its turn (no released-leaf shortcut).
-    shrink_bins.clear();
-    if (malleable && !reclaim_bins[p].empty())
+    elastic.shrink_bins.clear();
+    if (malleable && !elastic.reclaim_bins[p].empty())
       for (std::int32_t leaf : leaves)
-        if (bin_run[part.bins[leaf]].reclaim_sum > 0) shrink_bins.push_back(part.bins[leaf]);
+        if (elastic.bin_run[part.bins[leaf]].reclaim_sum > 0) elastic.shrink_bins.push_back(part.bins[leaf]);
     // The list in policy order: the few parked since the last flush sorted, then merged in
     // as the list is filtered (one walk, into heads_scratch, swapped in after).
     std::sort(parking.parked_new.begin(), parking.parked_new.end());
@@ -126,7 +126,7 @@ void Scheduler::Impl::flush_releases() {
       if (at >= 0) {
         cl.fit_pass = pass_epoch;  // flush runs at the start of the pass
         cl.fit_from = at;
-      } else if (!std::any_of(shrink_bins.begin(), shrink_bins.end(),
+      } else if (!std::any_of(elastic.shrink_bins.begin(), elastic.shrink_bins.end(),
                               [&](std::int32_t b) { return reclaim_covers(cl, b) && bins.may_use(b, cl.in_trajectory_slot, cl.trajectory); })) {
         continue;
       }
@@ -156,7 +156,7 @@ void Scheduler::Impl::unpark(std::int32_t c) {
   // Woken mid-pass behind the cursor: this pass has passed it by, as it would have passed
   // by a failed head, so it still waits there (for room, or for its refused quota).
   if (pass_cursor != nullptr && cl.waiting.head() < *pass_cursor && waits_for_room(cl)) {
-    contend(cl.partition, cl.park_node, cl.demand);
+    spare.contend(cl.partition, cl.park_node, cl.demand, pass_epoch);
   }
 }
 

@@ -123,9 +123,9 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
     if (make_gpu_room(cl, room.lo, room.hi, room.fixed_leaf, device, out)) return try_head(c, out);
   }
   if (cand.empty()) {
-    if (may_reclaim(cl) && plan_shrink(cl, room, device, shrink_plan)) {
+    if (may_reclaim(cl) && plan_shrink(cl, room, device, elastic.shrink_plan)) {
       if (cl.quota != kNone && !quota_admits(cl)) return Try::kWaits;
-      start_by_shrinking(c, room, device, shrink_plan, out);
+      start_by_shrinking(c, room, device, elastic.shrink_plan, out);
       return Try::kStarted;
     }
     return no_room(cl, room, device);
@@ -461,7 +461,7 @@ inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::
     // It contends for room where it parks; with a quota, only if that quota is not refused
     // before its turn, which grant_spare judges from where it is parked.
     if (cl.quota == kNone) {
-      contend(cl.partition, next_scope, cl.demand);
+      spare.contend(cl.partition, next_scope, cl.demand, pass_epoch);
     }
     classes.park(c, next_scope, starvation_ns);
   } else {
@@ -532,7 +532,7 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
           wc.fit_pass = 0;
           wc.pending_pass = 0;
           wc.block = Block::kResources;
-          contend(wc.partition, wc.park_node, wc.demand);
+          spare.contend(wc.partition, wc.park_node, wc.demand, pass_epoch);
           continue;
         }
         // Woken: its head comes before every head in the heap, so it is tried now (what
@@ -572,7 +572,7 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
         const Class& wc = classes[pending_wakes[next_wake].cls];
         if (wc.parked && wc.pending_pass == pass_epoch) unpark(pending_wakes[next_wake].cls);
       }
-      contend(classes[c].partition, kNone, nullptr);  // every head behind it is held back
+      spare.contend(classes[c].partition, kNone, nullptr, pass_epoch);  // every head behind it is held back
       classes.active_deferred.push_back(e);
       for (const Classes::ActiveEntry& rest : classes.active)
         if (classes.live(rest)) classes[rest.cls].block = Block::kHeldBack;
@@ -582,7 +582,7 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
     // Whoever still waits for resources has a claim on the bins it could use: no spare
     // units there. (Waiting for a quota or a service is waiting for something else.)
     std::int32_t node = scope_node(classes[c]);
-    if (r != Try::kWaits) contend(classes[c].partition, node, classes[c].demand);
+    if (r != Try::kWaits) spare.contend(classes[c].partition, node, classes[c].demand, pass_epoch);
     if (r == Try::kParked) classes.park(c, node, starvation_ns);
     else classes.active_deferred.push_back(e);
   }
@@ -591,9 +591,8 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
   in_pass = false;
   // Spare units for this pass's starts, and (kMalleable) for the running actions on bins a
   // completion freed room on since the last pass.
-  if (row.rules.spare != SpareRule::kNone && (!started.empty() || !freed_bins.empty())) grant_spare(out);
-  for (std::int32_t b : freed_bins) bin_run[b].freed = false;
-  freed_bins.clear();
+  if (row.rules.spare != SpareRule::kNone && (!started.empty() || !elastic.freed_bins.empty())) grant_spare(out);
+  elastic.clear_freed();
   for (std::size_t q = 0; q < quotas.size(); ++q)
     if (quota_blocked[q] && quotas[q].last_until != kNever) wakeup = std::min(wakeup, quotas[q].last_until);
   for (const ServiceRec& s : gpus.services)

@@ -25,41 +25,11 @@ namespace {
 constexpr double kNoFinish = std::numeric_limits<double>::infinity();  // no running action
 }  // namespace
 
-void Scheduler::Impl::append_bin_resize_state() {
-  bin_run.emplace_back();
-  bin_run.back().running.reserve(8);  // a node's actions, mostly: few regrowths as they come and go
-  bin_reclaim.insert(bin_reclaim.end(), static_cast<std::size_t>(K), 0);
-  bin_shrink_floor.push_back(0);
-  bin_shrink_floor_pass.push_back(0);
-}
-
-void Scheduler::Impl::add_reclaim(std::int32_t bin, std::int32_t kind, Quantity units) {
-  if (units > 0) {  // the bound may have grown
-    reclaim_bound_pass[bins.bin_partition[bin]] = 0;
-    ++shrink_room_version;
-  }
-  bin_reclaim[static_cast<std::size_t>(bin) * K + kind] += units;
-  BinRun& run = bin_run[bin];
-  const Quantity sum = run.reclaim_sum += units;
-  std::vector<std::int32_t>& list = reclaim_bins[bins.bin_partition[bin]];
-  if (sum > 0 && run.reclaim_pos < 0) {
-    run.reclaim_pos = static_cast<std::int32_t>(list.size());
-    list.push_back(bin);
-    shrink_candidates_pass[bins.bin_partition[bin]] = 0;
-  } else if (sum == 0 && run.reclaim_pos >= 0) {
-    const std::int32_t last = list.back();
-    list[run.reclaim_pos] = last;
-    bin_run[last].reclaim_pos = run.reclaim_pos;
-    list.pop_back();
-    run.reclaim_pos = -1;
-  }
-}
-
 // The fraction of its work a running action has left now: what it had at its last grant
 // change, less the time since over its run time at that grant. An action whose model gives
 // no positive run time has none left.
 double Scheduler::Impl::work_now(std::int32_t slot) const {
-  const RunState& run = run_state[slot];
+  const RunState& run = elastic.run_state[slot];
   const TimeNs since = run.resized_ns >= 0 ? run.resized_ns : actions.slots[slot].start_ns;
   const double work = run.resized_ns >= 0 ? run.work_left : 1.0;
   if (since >= now) return work;
@@ -73,7 +43,7 @@ double Scheduler::Impl::work_now(std::int32_t slot) const {
 // plus its work left then x its run time (that alone when the model gives no positive run
 // time).
 double Scheduler::Impl::estimated_finish(std::int32_t slot) const {
-  const RunState& run = run_state[slot];
+  const RunState& run = elastic.run_state[slot];
   const double since = to_seconds(run.resized_ns >= 0 ? run.resized_ns : actions.slots[slot].start_ns);
   const double work = run.resized_ns >= 0 ? run.work_left : 1.0;
   const double t = seconds(slot, actions.slots[slot].grant);
@@ -84,7 +54,7 @@ double Scheduler::Impl::estimated_finish(std::int32_t slot) const {
 // A head's gain from starting on `bin` now rather than waiting there: until the earliest
 // estimated finish among the actions running there (0 once one is due).
 double Scheduler::Impl::gain_on(std::int32_t bin) {
-  BinRun& run = bin_run[bin];
+  BinRun& run = elastic.bin_run[bin];
   if (!run.finish_ok) {
     double earliest = kNoFinish;
     for (std::int32_t s : run.running) earliest = std::min(earliest, estimated_finish(s));
@@ -103,7 +73,7 @@ void Scheduler::Impl::record_resize(std::int32_t slot, Quantity old_grant, doubl
                                     std::vector<Decision>& out) {
   const ActionRec& a = actions.slots[slot];
   running_changed(a.bin);
-  RunState& run = run_state[slot];
+  RunState& run = elastic.run_state[slot];
   run.work_left = work;
   run.resized_ns = now;
   run.grant_before = old_grant;
@@ -130,18 +100,14 @@ void Scheduler::Impl::push_resize(const ActionRec& a, std::vector<Decision>& out
 void Scheduler::Impl::limit_grant(std::int32_t slot, Quantity max, std::vector<Decision>& out) {
   ActionRec& a = actions.slots[slot];
   a.elastic_max = max;
-  BinRun* run = malleable ? &bin_run[a.bin] : nullptr;
-  if (run != nullptr && !run->freed) {
-    run->freed = true;
-    freed_bins.push_back(a.bin);
-  }
+  if (malleable) elastic.mark_freed(a.bin);
   if (a.grant <= max) return;
   const Quantity old_grant = a.grant;
   const double work = malleable ? work_now(slot) : 0.0;
   bins.free_of(a.bin)[a.elastic_kind] += old_grant - max;
   a.grant = max;
   if (malleable) {
-    add_reclaim(a.bin, a.elastic_kind, max - old_grant);
+    elastic.add_reclaim(a.bin, a.elastic_kind, max - old_grant);
     record_resize(slot, old_grant, work, pass_epoch + 1, out);
   } else {
     push_resize(a, out);
@@ -152,9 +118,9 @@ void Scheduler::Impl::limit_grant(std::int32_t slot, Quantity max, std::vector<D
 
 // Free room plus what a shrink could take back there covers the class's demand.
 bool Scheduler::Impl::reclaim_covers(const Class& cl, std::int32_t bin) const {
-  if (bin_run[bin].reclaim_sum == 0) return false;
+  if (elastic.bin_run[bin].reclaim_sum == 0) return false;
   const Quantity* f = bins.free_of(bin);
-  const Quantity* back = &bin_reclaim[static_cast<std::size_t>(bin) * K];
+  const Quantity* back = &elastic.bin_reclaim[static_cast<std::size_t>(bin) * K];
   for (std::int32_t k = 0; k < K; ++k)
     if (f[k] + back[k] < cl.demand[k]) return false;
   return true;
@@ -176,7 +142,7 @@ bool Scheduler::Impl::reclaim_fits_node(const Class& cl, std::int32_t node) cons
 // not can only be helped by a release, or a change on a futile bin, both of which wake it
 // (running_changed notes the bin's node as released).
 bool Scheduler::Impl::shrink_room_somewhere(const Class& cl) {
-  const std::vector<std::int32_t>& list = reclaim_bins[cl.partition];
+  const std::vector<std::int32_t>& list = elastic.reclaim_bins[cl.partition];
   if (!reclaim_bound_covers(cl)) return false;
   if (cl.service != kNone && gpus.services[cl.service].device == kNone) return false;
   std::int32_t lo = 0, hi = 0, fixed_leaf = kNone;
@@ -184,7 +150,7 @@ bool Scheduler::Impl::shrink_room_somewhere(const Class& cl) {
   const Partition& part = bins.partitions[cl.partition];
   if (fixed_leaf != kNone) {
     const std::int32_t b = part.bins[fixed_leaf];
-    return bins.node_online[bins.bin_node[b]] && reclaim_covers(cl, b) && !bin_run[b].shrink_futile;
+    return bins.node_online[bins.bin_node[b]] && reclaim_covers(cl, b) && !elastic.bin_run[b].shrink_futile;
   }
   if (static_cast<std::size_t>(hi - lo) <= list.size()) {
     for (std::int32_t leaf = lo; leaf < hi; ++leaf)
@@ -192,48 +158,26 @@ bool Scheduler::Impl::shrink_room_somewhere(const Class& cl) {
     return false;
   }
   const bool plain = in_pass && !cl.in_trajectory_slot && lo == 0 && hi == part.free_tree.leaves();
-  if (plain && known_no_shrink_room(cl)) return false;
+  if (plain && elastic.known_no_shrink_room(cl.partition, cl.demand, pass_epoch)) return false;
   for (std::int32_t b : list) {
     const std::int32_t leaf = bins.bin_leaf[b];
     if (leaf >= lo && leaf < hi && shrink_may_help(cl, b)) return true;
   }
-  if (plain) note_no_shrink_room(cl);
+  if (plain) elastic.note_no_shrink_room(cl.partition, cl.demand, pass_epoch);
   return false;
-}
-
-bool Scheduler::Impl::known_no_shrink_room(const Class& cl) {
-  const NoShrinkMemo& memo = no_shrink_memo[cl.partition];
-  if (memo.pass != pass_epoch || memo.version != shrink_room_version) return false;
-  const Quantity* rows = &no_shrink_demands[static_cast<std::size_t>(cl.partition) * kNoShrinkMemo * K];
-  for (std::int32_t m = 0; m < memo.count; ++m) {
-    const Quantity* failed = rows + static_cast<std::size_t>(m) * K;
-    bool at_least = true;
-    for (std::int32_t k = 0; k < K && at_least; ++k) at_least = cl.demand[k] >= failed[k];
-    if (at_least) return true;
-  }
-  return false;
-}
-
-void Scheduler::Impl::note_no_shrink_room(const Class& cl) {
-  NoShrinkMemo& memo = no_shrink_memo[cl.partition];
-  if (memo.pass != pass_epoch || memo.version != shrink_room_version) memo = NoShrinkMemo{pass_epoch, shrink_room_version, 0, 0};
-  const std::int32_t row = memo.count < kNoShrinkMemo ? memo.count++ : memo.next;
-  memo.next = (row + 1) % kNoShrinkMemo;
-  std::copy(cl.demand, cl.demand + K,
-            &no_shrink_demands[(static_cast<std::size_t>(cl.partition) * kNoShrinkMemo + row) * K]);
 }
 
 bool Scheduler::Impl::reclaim_bound_covers(const Class& cl) {
   const std::int32_t p = cl.partition;
-  Quantity* bound = &reclaim_bound[static_cast<std::size_t>(p) * K];
-  if (reclaim_bound_pass[p] != pass_epoch) {
+  Quantity* bound = &elastic.reclaim_bound[static_cast<std::size_t>(p) * K];
+  if (elastic.reclaim_bound_pass[p] != pass_epoch) {
     std::fill(bound, bound + K, 0);
-    for (std::int32_t b : reclaim_bins[p]) {
+    for (std::int32_t b : elastic.reclaim_bins[p]) {
       const Quantity* f = bins.free_of(b);
-      const Quantity* back = &bin_reclaim[static_cast<std::size_t>(b) * K];
+      const Quantity* back = &elastic.bin_reclaim[static_cast<std::size_t>(b) * K];
       for (std::int32_t k = 0; k < K; ++k) bound[k] = std::max(bound[k], f[k] + back[k]);
     }
-    reclaim_bound_pass[p] = pass_epoch;
+    elastic.reclaim_bound_pass[p] = pass_epoch;
   }
   for (std::int32_t k = 0; k < K; ++k)
     if (cl.demand[k] > bound[k]) return false;
@@ -251,11 +195,11 @@ bool Scheduler::Impl::fits_or_shrinks(Class& cl, std::int32_t node) {
 // held back by a starving action, GPU memory on the node), where shrinking running actions
 // lets the head start and pays. False when there is none.
 bool Scheduler::Impl::plan_shrink(const Class& cl, const Room& room, std::int32_t device, ShrinkPlan& plan) {
-  const std::vector<std::int32_t>& list = reclaim_bins[cl.partition];
+  const std::vector<std::int32_t>& list = elastic.reclaim_bins[cl.partition];
   if (list.empty() || !room.has_range || room.masked || !reclaim_bound_covers(cl)) return false;
   if (device != kNone && gpus.dev_free[device] < cl.gpu_memory) return false;
   const Partition& part = bins.partitions[cl.partition];
-  shrink_bins.clear();
+  elastic.shrink_bins.clear();
   auto consider = [&](std::int32_t leaf) {
     const std::int32_t b = part.bins[leaf];
     const std::int32_t node = bins.bin_node[b];
@@ -268,16 +212,16 @@ bool Scheduler::Impl::plan_shrink(const Class& cl, const Room& room, std::int32_
       return;
     }
     if (device == kNone && cl.gpu_memory > 0 && bins.node_max_dev_free[node] < cl.gpu_memory) return;
-    shrink_bins.push_back(leaf);
+    elastic.shrink_bins.push_back(leaf);
   };
   if (room.fixed_leaf != kNone) {
     consider(room.fixed_leaf);
   } else {
     for (std::int32_t b : shrink_candidates_of(cl.partition))
       if (bins.bin_leaf[b] >= room.lo && bins.bin_leaf[b] < room.hi) consider(bins.bin_leaf[b]);
-    std::sort(shrink_bins.begin(), shrink_bins.end());
+    std::sort(elastic.shrink_bins.begin(), elastic.shrink_bins.end());
   }
-  for (std::int32_t leaf : shrink_bins) {
+  for (std::int32_t leaf : elastic.shrink_bins) {
     if (plan_shrink_on(cl, part.bins[leaf], plan)) {
       plan.leaf = leaf;
       return true;
@@ -302,16 +246,16 @@ bool Scheduler::Impl::plan_shrink(const Class& cl, const Room& room, std::int32_
 // actions or grants change (which clears BinRun::shrink_futile), given a margin far above
 // rounding.
 bool Scheduler::Impl::shrink_futile(std::int32_t bin) {
-  BinRun& run = bin_run[bin];
+  BinRun& run = elastic.bin_run[bin];
   if (run.shrink_futile) return true;
   const double gain = gain_on(bin);
-  if (bin_shrink_floor_pass[bin] != pass_epoch) {
+  if (elastic.bin_shrink_floor_pass[bin] != pass_epoch) {
     double floor = kNoFinish;  // no action to take from: every plan fails
     bool lasting = true;
     for (std::int32_t s : run.running) {
       const ActionRec& a = actions.slots[s];
       if (a.elastic_kind == kNone || a.grant <= minimum(a)) continue;
-      if (started_this_pass(s) || resized_this_pass(s)) {
+      if (elastic.started_in(s, a.bin, pass_epoch) || elastic.resized_in(s, now, pass_epoch)) {
         lasting = false;
         continue;
       }
@@ -326,16 +270,16 @@ bool Scheduler::Impl::shrink_futile(std::int32_t bin) {
       if (cut < floor) floor = cut;  // a NaN cut is skipped, as plan_shrink_on skips it
       lasting = lasting && step_time - now_time <= now_time;
     }
-    bin_shrink_floor[bin] = floor;
-    bin_shrink_floor_pass[bin] = pass_epoch;
+    elastic.bin_shrink_floor[bin] = floor;
+    elastic.bin_shrink_floor_pass[bin] = pass_epoch;
     if (lasting && floor >= gain + 1e-9 * (1.0 + std::abs(gain))) run.shrink_futile = true;
   }
-  return !(bin_shrink_floor[bin] < gain);
+  return !(elastic.bin_shrink_floor[bin] < gain);
 }
 
 void Scheduler::Impl::shrink_futility_lost(std::int32_t bin) {
-  bin_run[bin].shrink_futile = false;
-  ++shrink_room_version;
+  elastic.bin_run[bin].shrink_futile = false;
+  ++elastic.shrink_room_version;
   const std::int32_t node = bins.bin_node[bin];
   if (bins.node_online[node]) released.note(node);
 }
@@ -344,12 +288,12 @@ void Scheduler::Impl::shrink_futility_lost(std::int32_t bin) {
 // change that can raise its gain), which needs it to be a candidate already; a bin that
 // joins the reclaim list resets the candidates.
 const std::vector<std::int32_t>& Scheduler::Impl::shrink_candidates_of(std::int32_t partition) {
-  std::vector<std::int32_t>& candidates = shrink_candidates[partition];
-  if (shrink_candidates_pass[partition] != pass_epoch) {
+  std::vector<std::int32_t>& candidates = elastic.shrink_candidates[partition];
+  if (elastic.shrink_candidates_pass[partition] != pass_epoch) {
     candidates.clear();
-    for (std::int32_t b : reclaim_bins[partition])
+    for (std::int32_t b : elastic.reclaim_bins[partition])
       if (!shrink_futile(b)) candidates.push_back(b);
-    shrink_candidates_pass[partition] = pass_epoch;
+    elastic.shrink_candidates_pass[partition] = pass_epoch;
   }
   return candidates;
 }
@@ -361,16 +305,16 @@ const std::vector<std::int32_t>& Scheduler::Impl::shrink_candidates_of(std::int3
 // estimated finish among the actions running there.
 bool Scheduler::Impl::plan_shrink_on(const Class& cl, std::int32_t bin, ShrinkPlan& plan) {
   const Quantity* f = bins.free_of(bin);
-  std::vector<Quantity>& short_by = shrink_short_by;
+  std::vector<Quantity>& short_by = elastic.shrink_short_by;
   short_by.assign(static_cast<std::size_t>(K), 0);
   for (std::int32_t k = 0; k < K; ++k) short_by[k] = std::max<Quantity>(0, cl.demand[k] - f[k]);
-  std::vector<Donor>& donors = shrink_donors;
+  std::vector<ShrinkDonor>& donors = elastic.shrink_donors;
   donors.clear();
-  for (std::int32_t s : bin_run[bin].running) {
+  for (std::int32_t s : elastic.bin_run[bin].running) {
     const ActionRec& a = actions.slots[s];
     if (a.elastic_kind == kNone || short_by[a.elastic_kind] == 0 || a.grant <= minimum(a)) continue;
-    if (started_this_pass(s) || resized_this_pass(s)) continue;
-    donors.push_back(Donor{s, a.grant, work_now(s)});
+    if (elastic.started_in(s, a.bin, pass_epoch) || elastic.resized_in(s, now, pass_epoch)) continue;
+    donors.push_back(ShrinkDonor{s, a.grant, work_now(s)});
   }
   if (donors.empty()) return false;
   const double gain = gain_on(bin);
@@ -382,7 +326,7 @@ bool Scheduler::Impl::plan_shrink_on(const Class& cl, std::int32_t bin, ShrinkPl
     std::size_t best = SIZE_MAX;
     double best_loss = 0;
     for (std::size_t i = 0; i < donors.size(); ++i) {
-      const Donor& d = donors[i];
+      const ShrinkDonor& d = donors[i];
       const ActionRec& a = actions.slots[d.slot];
       const Quantity lowest = minimum(a);
       if (short_by[a.elastic_kind] == 0 || d.grant <= lowest) continue;
@@ -395,7 +339,7 @@ bool Scheduler::Impl::plan_shrink_on(const Class& cl, std::int32_t bin, ShrinkPl
       }
     }
     if (best == SIZE_MAX) return false;
-    Donor& d = donors[best];
+    ShrinkDonor& d = donors[best];
     const std::int32_t kind = actions.slots[d.slot].elastic_kind;
     const Quantity step = shrink_step(actions.slots[d.slot], d.grant);
     d.grant -= step;
@@ -406,8 +350,8 @@ bool Scheduler::Impl::plan_shrink_on(const Class& cl, std::int32_t bin, ShrinkPl
   plan.grants.clear();
   plan.work.clear();
   std::sort(donors.begin(), donors.end(),
-            [&](const Donor& x, const Donor& y) { return actions.slots[x.slot].id < actions.slots[y.slot].id; });
-  for (const Donor& d : donors) {
+            [&](const ShrinkDonor& x, const ShrinkDonor& y) { return actions.slots[x.slot].id < actions.slots[y.slot].id; });
+  for (const ShrinkDonor& d : donors) {
     if (d.grant == actions.slots[d.slot].grant) continue;
     plan.grants.emplace_back(d.slot, d.grant);
     plan.work.push_back(d.work);
@@ -428,12 +372,78 @@ void Scheduler::Impl::start_by_shrinking(std::int32_t c, const Room& room, std::
     const Quantity old_grant = a.grant;
     f[a.elastic_kind] += old_grant - grant;
     a.grant = grant;
-    add_reclaim(bin, a.elastic_kind, grant - old_grant);
+    elastic.add_reclaim(bin, a.elastic_kind, grant - old_grant);
     record_resize(slot, old_grant, plan.work[i], out);
   }
   ++bins.search_epoch;
   fit_epoch = kNoFitEpoch;
   start_head(c, plan.leaf, room.fixed_leaf, device, out);
+}
+
+// ---- Elastic
+
+void Elastic::resize(std::int32_t kinds, std::size_t n_partitions) {
+  K = kinds;
+  reclaim_bins.resize(n_partitions);
+  reclaim_bound.assign(n_partitions * static_cast<std::size_t>(K), 0);
+  reclaim_bound_pass.assign(n_partitions, 0);
+  no_shrink_memo.assign(n_partitions, NoShrinkMemo{});
+  no_shrink_demands.assign(n_partitions * kNoShrinkMemo * static_cast<std::size_t>(K), 0);
+  shrink_candidates.resize(n_partitions);
+  shrink_candidates_pass.assign(n_partitions, 0);
+}
+
+void Elastic::append_bin(std::int32_t partition) {
+  bin_run.emplace_back();
+  bin_run.back().partition = partition;
+  bin_run.back().running.reserve(8);  // a node's actions, mostly: few regrowths as they come and go
+  bin_reclaim.insert(bin_reclaim.end(), static_cast<std::size_t>(K), 0);
+  bin_shrink_floor.push_back(0);
+  bin_shrink_floor_pass.push_back(0);
+}
+
+void Elastic::add_reclaim(std::int32_t bin, std::int32_t kind, Quantity units) {
+  BinRun& run = bin_run[bin];
+  const std::int32_t partition = run.partition;
+  if (units > 0) {  // the bound may have grown
+    reclaim_bound_pass[partition] = 0;
+    ++shrink_room_version;
+  }
+  bin_reclaim[static_cast<std::size_t>(bin) * K + kind] += units;
+  const Quantity sum = run.reclaim_sum += units;
+  std::vector<std::int32_t>& list = reclaim_bins[partition];
+  if (sum > 0 && run.reclaim_pos < 0) {
+    run.reclaim_pos = static_cast<std::int32_t>(list.size());
+    list.push_back(bin);
+    shrink_candidates_pass[partition] = 0;
+  } else if (sum == 0 && run.reclaim_pos >= 0) {
+    const std::int32_t last = list.back();
+    list[run.reclaim_pos] = last;
+    bin_run[last].reclaim_pos = run.reclaim_pos;
+    list.pop_back();
+    run.reclaim_pos = -1;
+  }
+}
+
+bool Elastic::known_no_shrink_room(std::int32_t partition, const Quantity* demand, std::uint64_t pass) const {
+  const NoShrinkMemo& memo = no_shrink_memo[partition];
+  if (memo.pass != pass || memo.version != shrink_room_version) return false;
+  const Quantity* rows = &no_shrink_demands[static_cast<std::size_t>(partition) * kNoShrinkMemo * K];
+  for (std::int32_t m = 0; m < memo.count; ++m) {
+    const Quantity* failed = rows + static_cast<std::size_t>(m) * K;
+    bool at_least = true;
+    for (std::int32_t k = 0; k < K && at_least; ++k) at_least = demand[k] >= failed[k];
+    if (at_least) return true;
+  }
+  return false;
+}
+
+void Elastic::note_no_shrink_room(std::int32_t partition, const Quantity* demand, std::uint64_t pass) {
+  NoShrinkMemo& memo = no_shrink_memo[partition];
+  if (memo.pass != pass || memo.version != shrink_room_version) memo = NoShrinkMemo{pass, shrink_room_version, 0, 0};
+  const std::int32_t row = memo.count < kNoShrinkMemo ? memo.count++ : memo.next;
+  memo.next = (row + 1) % kNoShrinkMemo;
+  std::copy(demand, demand + K, &no_shrink_demands[(static_cast<std::size_t>(partition) * kNoShrinkMemo + row) * K]);
 }
 
 }  // namespace tangram

@@ -46,43 +46,20 @@
 #include "tangram/bin_tree.h"
 #include "tangram/bins.h"
 #include "tangram/classes.h"
+#include "tangram/elastic_state.h"
 #include "tangram/elasticity.h"
 #include "tangram/gpus.h"
 #include "tangram/id_map.h"
 #include "tangram/quota.h"
 #include "tangram/releases.h"
 #include "tangram/scheduler.h"
+#include "tangram/spare.h"
 #include "tangram/wait_queue.h"
 
 namespace tangram {
 
 inline constexpr Quantity kMaxMilli = static_cast<Quantity>(kMaxBaseUnits) * kMilli;
 inline constexpr Quantity kElasticStep = kMilli;  // elastic grants grow one base unit at a time
-
-// A running action under ResizeRule::kMalleable, by slot, set at its start: its place in
-// its bin's list of running actions, and its last grant change, if any. Half a cache line.
-struct alignas(32) RunState {
-  TimeNs resized_ns = -1;          // when its grant last changed; -1: not since its start
-  double work_left = 1.0;          // the share of its work left then (unused while -1)
-  Quantity grant_before = 0;       // its grant before that change
-  std::uint32_t resized_pass = 0;  // the pass that made it, low bits (with resized_ns: the pass)
-  std::int32_t running_pos = -1;   // its position in its bin's running list
-};
-static_assert(sizeof(RunState) == 32, "a running action's resize state is half a cache line");
-
-// A bin's running actions under ResizeRule::kMalleable, in one cache line: a start or an
-// end touches this and the action's RunState.
-struct alignas(64) BinRun {
-  std::vector<std::int32_t> running;  // its running actions (slots)
-  std::uint64_t started_pass = 0;     // the last pass that started something here
-  std::int32_t started_from = 0;      // entries from here on started in that pass
-  std::int32_t reclaim_pos = -1;      // its position in its partition's reclaim_bins, or -1
-  Quantity reclaim_sum = 0;           // its reclaimable units over all kinds
-  double finish_min = 0;              // earliest estimated finish there, while finish_ok
-  bool finish_ok = false;             // cleared whenever its running actions or grants change
-  bool freed = false;                 // listed in freed_bins
-  bool shrink_futile = false;         // no shrink plan here can pay until it changes (shrink_futile)
-};
 
 struct Scheduler::Impl {
   Inventory inv;
@@ -109,6 +86,8 @@ struct Scheduler::Impl {
   Actions actions;  // live actions by slot (actions.h)
   Classes classes;  // classes, the active heap, parked classes (classes.h)
   Releases released;  // room released since the last pass (releases.h)
+  Elastic elastic;  // running actions per bin, reclaimable units, shrink memos (elastic_state.h)
+  SpareReserve spare;  // what spare units leave free in a pass (spare.h)
   TimeNs now = 0;
   TimeNs wakeup = kNever;
   TimeNs prev_pass_now = -1;  // when the previous pass ran
@@ -117,10 +96,6 @@ struct Scheduler::Impl {
   // per-pass scratch
   std::uint64_t pass_epoch = 0;
   const OrderKey* pass_cursor = nullptr;  // the head being looked at, while a pass runs
-  std::vector<std::uint64_t> node_contended, partition_contended;  // == pass_epoch when set
-  // While contended: the most of each kind (K per node / partition) a class waiting there
-  // asks for; spare units leave that much free (bin_reserve).
-  std::vector<Quantity> node_need, partition_need;
   std::vector<std::uint64_t> node_masked, partition_masked;
   bool any_mask = false;
   std::vector<std::uint8_t> quota_blocked;
@@ -270,14 +245,6 @@ struct Scheduler::Impl {
   void set_device_online(std::int32_t d, bool online);
 
   // ---- spare.cc: spare elastic units
-  // A candidate for spare units: an action started in this pass (its kStart's index in
-  // `out`), or a running one (decision SIZE_MAX) on a bin a completion freed room on.
-  struct SpareMember {
-    std::int32_t slot;
-    std::size_t decision;
-    double work;        // fraction of its work left now (1 for a start)
-    Quantity was;       // its grant before this pass's spare units
-  };
   void grant_spare(std::vector<Decision>& out);
   void top_up_start(std::int32_t slot, std::int32_t bin, Quantity* f);  // a fractional minimum to a whole unit (kMalleable)
   // The spare rule's test on `bin` (whose free room is `f`): the step's cut, or 0 when the
@@ -285,21 +252,11 @@ struct Scheduler::Impl {
   // refuses it (`others`: the other actions running on the bin).
   double step_cut(std::int32_t slot, std::int32_t bin, const Quantity* f, double work, std::int64_t others,
                   const Quantity* reserve = nullptr) const;
-  // A class waits for room in partition `part`, on `node` (kNone: anywhere in it); its
-  // `demand` (nullptr: all of every kind, a starving head that halts the pass) is held
-  // back from spare units there.
-  void contend(std::int32_t part, std::int32_t node, const Quantity* demand);
   // SpareRule::kUncontended: what spare units must leave free on `bin` in this pass, per
   // kind: the most any class waiting for room there asks for. A waiter short of memory
   // keeps back its cores, not all of them, so idle cores still speed up the running
   // actions it waits on. Computed once per bin and pass.
   const Quantity* bin_reserve(std::int32_t bin);
-  std::vector<std::uint64_t> parked_need_pass;  // by partition: the pass of its parked_need_rows row
-  std::vector<Quantity> parked_need_rows;       // by partition, K each: parked_need(part, kNone)
-  std::vector<std::uint64_t> reserve_pass;  // by bin: the pass its reserve_rows row is of
-  std::vector<Quantity> reserve_rows;       // by bin, K each
-  std::vector<std::uint8_t> elastic_kind_seen;  // by kind: some action was elastic in it
-  std::vector<SpareMember> spare_running;  // scratch of grant_spare
   void parked_need(std::int32_t part, std::int32_t node, Quantity* reserve) const;
   // A head that cannot fit, tried now in this pass: false when it would wait for its quota
   // (refused for an earlier head of this pass) rather than for room.
@@ -309,29 +266,17 @@ struct Scheduler::Impl {
 
   // ---- resize.cc: running grants under ResizeRule::kMalleable
   bool malleable = false;
-  std::vector<BinRun> bin_run;      // by bin
-  // shrink_futile's floor per bin, and the pass it was computed in.
-  std::vector<double> bin_shrink_floor;
-  std::vector<std::uint64_t> bin_shrink_floor_pass;
-  std::vector<RunState> run_state;  // by slot
-  std::vector<Quantity> bin_reclaim;  // per bin and kind (K a bin): units above minimum
-  std::vector<std::vector<std::int32_t>> reclaim_bins;  // per partition: bins with a reclaim sum > 0
-  // Bins where a complete or cancel freed room since the last pass: their running actions
-  // are candidates for spare units.
-  std::vector<std::int32_t> freed_bins;
   // Class::fit_pass marks a pending wake whose only possible bins are released leaves only
   // while it equals this (set at each pass). A shrink that leaves a bin with more free room
   // than before moves it off for the rest of the pass, so such classes search everywhere.
   std::uint64_t fit_epoch = 0;
   static constexpr std::uint64_t kNoFitEpoch = UINT64_MAX;
-  void append_bin_resize_state();
-  void add_reclaim(std::int32_t bin, std::int32_t kind, Quantity units);
   // Its running actions or their grants changed: the earliest finish is stale, and a bin
   // where no shrink could pay (shrink_futile) may now have one that does: its node counts as
   // released for the next pass (flush_releases), which wakes the classes parked for want of
   // a shrink that pays there.
   void running_changed(std::int32_t bin) {
-    BinRun& run = bin_run[bin];
+    BinRun& run = elastic.bin_run[bin];
     run.finish_ok = false;
     if (run.shrink_futile) [[unlikely]] shrink_futility_lost(bin);
   }
@@ -339,12 +284,12 @@ struct Scheduler::Impl {
   // A start (inline: on every start and end of a malleable row).
   void note_running(std::int32_t slot) {
     const ActionRec& a = actions.slots[slot];
-    BinRun& bin = bin_run[a.bin];
+    BinRun& bin = elastic.bin_run[a.bin];
     if (bin.started_pass != pass_epoch) {
       bin.started_pass = pass_epoch;
       bin.started_from = static_cast<std::int32_t>(bin.running.size());
     }
-    RunState& run = run_state[slot];
+    RunState& run = elastic.run_state[slot];
     run.resized_ns = -1;
     run.running_pos = static_cast<std::int32_t>(bin.running.size());
     bin.running.push_back(slot);
@@ -353,34 +298,22 @@ struct Scheduler::Impl {
     bin.finish_ok = false;
     if (a.elastic_kind != kNone && a.grant > minimum(a)) {
       running_changed(a.bin);
-      add_reclaim(a.bin, a.elastic_kind, a.grant - minimum(a));
+      elastic.add_reclaim(a.bin, a.elastic_kind, a.grant - minimum(a));
     }
   }
   // An end, before its slot is freed: the bin where room was freed is noted.
   void forget_running(std::int32_t slot) {
     const ActionRec& a = actions.slots[slot];
-    BinRun& bin = bin_run[a.bin];
-    const std::int32_t pos = run_state[slot].running_pos;
+    BinRun& bin = elastic.bin_run[a.bin];
+    const std::int32_t pos = elastic.run_state[slot].running_pos;
     const std::int32_t last = bin.running.back();
     bin.running[pos] = last;
-    run_state[last].running_pos = pos;
+    elastic.run_state[last].running_pos = pos;
     bin.running.pop_back();
     running_changed(a.bin);
-    if (a.elastic_kind != kNone && a.grant > minimum(a)) add_reclaim(a.bin, a.elastic_kind, minimum(a) - a.grant);
-    if (!bin.freed) {
-      bin.freed = true;
-      freed_bins.push_back(a.bin);
-    }
-  }
-  bool started_this_pass(std::int32_t slot) const {
-    const BinRun& bin = bin_run[actions.slots[slot].bin];
-    return bin.started_pass == pass_epoch && run_state[slot].running_pos >= bin.started_from;
-  }
-  // A resize is at `now`, so the pass's low bits and its time name the pass (it would take
-  // 2^32 passes at one instant to mistake another).
-  bool resized_this_pass(std::int32_t slot) const {
-    const RunState& r = run_state[slot];
-    return r.resized_ns == now && r.resized_pass == static_cast<std::uint32_t>(pass_epoch);
+    if (a.elastic_kind != kNone && a.grant > minimum(a))
+      elastic.add_reclaim(a.bin, a.elastic_kind, minimum(a) - a.grant);
+    elastic.mark_freed(a.bin);
   }
   double work_now(std::int32_t slot) const;
   double estimated_finish(std::int32_t slot) const;  // seconds on the caller's clock
@@ -398,62 +331,26 @@ struct Scheduler::Impl {
   bool reclaim_covers(const Class& cl, std::int32_t bin) const;
   bool reclaim_fits_node(const Class& cl, std::int32_t node) const;
   // Nothing to take back in the class's partition (the common case): one test, inline.
-  bool may_reclaim(const Class& cl) const { return malleable && !reclaim_bins[cl.partition].empty(); }
+  bool may_reclaim(const Class& cl) const { return malleable && !elastic.reclaim_bins[cl.partition].empty(); }
   bool could_shrink_into(const Class& cl) { return may_reclaim(cl) && shrink_room_somewhere(cl); }
   bool shrink_room_somewhere(const Class& cl);
   bool shrink_may_help(const Class& cl, std::int32_t bin) const {
-    return !bin_run[bin].shrink_futile && reclaim_covers(cl, bin) && bins.may_use(bin, cl.in_trajectory_slot, cl.trajectory);
+    return !elastic.bin_run[bin].shrink_futile && reclaim_covers(cl, bin) && bins.may_use(bin, cl.in_trajectory_slot, cl.trajectory);
   }
-  // Per partition and kind, the most free room plus reclaimable units on one of its bins
-  // with any, as of the pass it was taken in (reclaim_bound_pass): room only shrinks in a
-  // pass, so a class asking more of some kind fits none of them. Reset when units are added.
-  std::vector<Quantity> reclaim_bound;
-  std::vector<std::uint64_t> reclaim_bound_pass;
+  // Whether the most free plus reclaimable room of some bin of the class's partition
+  // (Elastic::reclaim_bound, per pass) covers its demand.
   bool reclaim_bound_covers(const Class& cl);
-  // Per partition, the demands of plain classes (no trajectory slot, the whole partition
-  // in range) that found no shrink room in this pass, the last kNoShrinkMemo of them. In a
-  // pass a bin's free room plus reclaimable units only shrink and a futile bin stays
-  // futile, until a release, units added or a bin's futility lost bump
-  // shrink_room_version: till then a plain class asking at least as much of every kind
-  // finds none either, without the walk over the partition's reclaim bins.
-  static constexpr std::int32_t kNoShrinkMemo = 4;
-  struct NoShrinkMemo {
-    std::uint64_t pass = 0, version = 0;
-    std::int32_t count = 0, next = 0;
-  };
-  std::vector<NoShrinkMemo> no_shrink_memo;
-  std::vector<Quantity> no_shrink_demands;  // per partition, kNoShrinkMemo rows of K
-  std::uint64_t shrink_room_version = 0;
-  bool known_no_shrink_room(const Class& cl);
-  void note_no_shrink_room(const Class& cl);
   bool fits_or_shrinks(Class& cl, std::int32_t node);  // may_start_now with units to take back
   bool fits_or_shrinks_on_node(const Class& cl, std::int32_t node) const {
     return bins.fits_some_bin(cl.partition, cl.demand, node) || (may_reclaim(cl) && reclaim_fits_node(cl, node));
   }
-  struct ShrinkPlan {
-    std::int32_t leaf = kNone;
-    std::vector<std::pair<std::int32_t, Quantity>> grants;  // (slot, new grant), by action id
-    std::vector<double> work;  // each one's work left now, at its old grant
-  };
   bool plan_shrink(const Class& cl, const Room& room, std::int32_t device, ShrinkPlan& plan);
   bool plan_shrink_on(const Class& cl, std::int32_t bin, ShrinkPlan& plan);
   bool shrink_futile(std::int32_t bin);  // no shrink plan on `bin` can pay now
-  // Per partition, the bins of reclaim_bins not futile when the pass first asked, in list
-  // order; recomputed in each pass, and when a bin joins the list.
-  std::vector<std::vector<std::int32_t>> shrink_candidates;
-  std::vector<std::uint64_t> shrink_candidates_pass;
+  // Per partition, the bins of reclaim_bins not futile when the pass first asked.
   const std::vector<std::int32_t>& shrink_candidates_of(std::int32_t partition);
   void start_by_shrinking(std::int32_t c, const Room& room, std::int32_t device, const ShrinkPlan& plan,
                           std::vector<Decision>& out);
-  ShrinkPlan shrink_plan;  // scratch
-  std::vector<std::int32_t> shrink_bins;  // scratch
-  struct Donor {
-    std::int32_t slot;
-    Quantity grant;  // as planned
-    double work;     // its work left now
-  };
-  std::vector<Donor> shrink_donors;       // scratch of plan_shrink_on
-  std::vector<Quantity> shrink_short_by;  // scratch of plan_shrink_on
 
   // ---- introspection.cc
   std::string explain(ActionId id) const;

@@ -43,51 +43,36 @@ void Scheduler::Impl::parked_need(std::int32_t part, std::int32_t node, Quantity
     for (const ClassHead& entry : *list) take(entry.cls);
 }
 
-void Scheduler::Impl::contend(std::int32_t part, std::int32_t node, const Quantity* demand) {
-  std::uint64_t& stamp = node == kNone ? partition_contended[part] : node_contended[node];
-  Quantity* need = node == kNone ? &partition_need[static_cast<std::size_t>(part) * K]
-                                 : &node_need[static_cast<std::size_t>(node) * K];
-  if (stamp != pass_epoch) {
-    stamp = pass_epoch;
-    std::fill(need, need + K, 0);
-  }
-  if (demand == nullptr) {
-    std::fill(need, need + K, std::numeric_limits<Quantity>::max());
-    return;
-  }
-  for (std::int32_t k = 0; k < K; ++k) need[k] = std::max(need[k], demand[k]);
-}
-
 // What spare units leave free on a bin (kUncontended), once per bin and pass. The parked
 // classes are looked at only when the classes that failed in this pass leave room to spare
 // in an elastic kind (a full bin, the usual case under load, costs no scan), those across
 // the partition once per pass.
 const Quantity* Scheduler::Impl::bin_reserve(std::int32_t bin) {
   const std::size_t at = static_cast<std::size_t>(bin) * K;
-  if (reserve_pass[bin] == pass_epoch) return &reserve_rows[at];
-  reserve_pass[bin] = pass_epoch;
-  Quantity* reserve = &reserve_rows[at];
+  if (spare.reserve_pass[bin] == pass_epoch) return &spare.reserve_rows[at];
+  spare.reserve_pass[bin] = pass_epoch;
+  Quantity* reserve = &spare.reserve_rows[at];
   std::fill(reserve, reserve + K, 0);
   if (row.rules.spare != SpareRule::kUncontended) return reserve;
   const std::int32_t node = bins.bin_node[bin];
   const std::int32_t part = bins.bin_partition[bin];
   for (std::int32_t k = 0; k < K; ++k) {
-    if (partition_contended[part] == pass_epoch)
-      reserve[k] = std::max(reserve[k], partition_need[static_cast<std::size_t>(part) * K + k]);
-    if (node_contended[node] == pass_epoch) reserve[k] = std::max(reserve[k], node_need[static_cast<std::size_t>(node) * K + k]);
+    if (spare.partition_contended[part] == pass_epoch)
+      reserve[k] = std::max(reserve[k], spare.partition_need[static_cast<std::size_t>(part) * K + k]);
+    if (spare.node_contended[node] == pass_epoch) reserve[k] = std::max(reserve[k], spare.node_need[static_cast<std::size_t>(node) * K + k]);
   }
   const Quantity* free = bins.free_of(bin);
   bool room = false;
-  for (std::int32_t k = 0; k < K && !room; ++k) room = elastic_kind_seen[k] && free[k] > reserve[k];
+  for (std::int32_t k = 0; k < K && !room; ++k) room = spare.elastic_kind_seen[k] && free[k] > reserve[k];
   if (!room) return reserve;
-  if (parked_need_pass[part] != pass_epoch) {
-    parked_need_pass[part] = pass_epoch;
-    Quantity* across = &parked_need_rows[static_cast<std::size_t>(part) * K];
+  if (spare.parked_need_pass[part] != pass_epoch) {
+    spare.parked_need_pass[part] = pass_epoch;
+    Quantity* across = &spare.parked_need_rows[static_cast<std::size_t>(part) * K];
     std::fill(across, across + K, 0);
     parked_need(part, kNone, across);
   }
   for (std::int32_t k = 0; k < K; ++k)
-    reserve[k] = std::max(reserve[k], parked_need_rows[static_cast<std::size_t>(part) * K + k]);
+    reserve[k] = std::max(reserve[k], spare.parked_need_rows[static_cast<std::size_t>(part) * K + k]);
   parked_need(part, node, reserve);
   return reserve;
 }
@@ -101,7 +86,7 @@ const Quantity* Scheduler::Impl::bin_reserve(std::int32_t bin) {
 void Scheduler::Impl::top_up_start(std::int32_t slot, std::int32_t bin, Quantity* f) {
   ActionRec& a = actions.slots[slot];
   if (a.grant % kElasticStep == 0) return;
-  if (!(step_cut(slot, bin, f, 1.0, static_cast<std::int64_t>(bin_run[bin].running.size())) > 0)) return;
+  if (!(step_cut(slot, bin, f, 1.0, static_cast<std::int64_t>(elastic.bin_run[bin].running.size())) > 0)) return;
   const Quantity step = grow_step(a, a.grant);
   a.grant += step;
   f[a.elastic_kind] -= step;
@@ -153,20 +138,20 @@ void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
     if (bins.free_of(a.bin)[a.elastic_kind] <= bin_reserve(a.bin)[a.elastic_kind]) continue;  // no unit to spare
     by_bin[a.bin].push_back(SpareMember{started[i], started_decision[i], 1.0, a.grant});
   }
-  for (std::int32_t bin : freed_bins) {
+  for (std::int32_t bin : elastic.freed_bins) {
     if (!bins.node_online[bins.bin_node[bin]]) continue;
     // Room to spare, beyond what waiters ask for, in a kind some action is elastic in.
     const Quantity* free = bins.free_of(bin);
     const Quantity* reserve = bin_reserve(bin);
     bool room = false;
-    for (std::int32_t k = 0; k < K && !room; ++k) room = elastic_kind_seen[k] && free[k] > reserve[k];
+    for (std::int32_t k = 0; k < K && !room; ++k) room = spare.elastic_kind_seen[k] && free[k] > reserve[k];
     if (!room) continue;
-    std::vector<SpareMember>& running = spare_running;
+    std::vector<SpareMember>& running = spare.spare_running;
     running.clear();
-    for (std::int32_t s : bin_run[bin].running) {
+    for (std::int32_t s : elastic.bin_run[bin].running) {
       const ActionRec& a = actions.slots[s];
-      if (a.elastic_kind == kNone || a.grant >= a.elastic_max || started_this_pass(s) ||
-          resized_this_pass(s))
+      if (a.elastic_kind == kNone || a.grant >= a.elastic_max || elastic.started_in(s, a.bin, pass_epoch) ||
+          elastic.resized_in(s, now, pass_epoch))
         continue;
       running.push_back(SpareMember{s, SIZE_MAX, work_now(s), a.grant});
     }
@@ -181,7 +166,7 @@ void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
     const Quantity* reserve = bin_reserve(bin);
     // Every member is among the bin's running actions (kWait counts the others; the rows
     // with kRelative keep no such list).
-    const std::int64_t others = malleable ? static_cast<std::int64_t>(bin_run[bin].running.size()) - 1 : 0;
+    const std::int64_t others = malleable ? static_cast<std::int64_t>(elastic.bin_run[bin].running.size()) - 1 : 0;
     for (;;) {
       std::size_t best = SIZE_MAX;
       double best_cut = 0;
@@ -206,11 +191,28 @@ void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
     for (const SpareMember& m : members) {
       const ActionRec& a = actions.slots[m.slot];
       if (a.grant == m.was) continue;
-      add_reclaim(bin, a.elastic_kind, a.grant - m.was);
+      elastic.add_reclaim(bin, a.elastic_kind, a.grant - m.was);
       running_changed(bin);
       if (m.decision == SIZE_MAX) record_resize(m.slot, m.was, m.work, out);
     }
   }
+}
+
+// ---- SpareReserve
+
+void SpareReserve::contend(std::int32_t part, std::int32_t node, const Quantity* demand, std::uint64_t pass) {
+  std::uint64_t& stamp = node == kNone ? partition_contended[part] : node_contended[node];
+  Quantity* need = node == kNone ? &partition_need[static_cast<std::size_t>(part) * K]
+                                 : &node_need[static_cast<std::size_t>(node) * K];
+  if (stamp != pass) {
+    stamp = pass;
+    std::fill(need, need + K, 0);
+  }
+  if (demand == nullptr) {
+    std::fill(need, need + K, std::numeric_limits<Quantity>::max());
+    return;
+  }
+  for (std::int32_t k = 0; k < K; ++k) need[k] = std::max(need[k], demand[k]);
 }
 
 }  // namespace tangram
