@@ -11,7 +11,7 @@ import argparse
 import math
 import os
 from pathlib import Path
-from typing import NoReturn, Sequence
+from typing import Iterable, NoReturn, Sequence
 
 from ._errors import ValidationError
 
@@ -22,6 +22,20 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message}\n")
+
+
+def int_ranges(ids: Iterable[int]) -> str:
+    """Integers as the kernel's cpusets and `tangram sim --seeds` write them: "0-3,6"."""
+    ids = sorted(set(ids))
+    out: list[str] = []
+    i = 0
+    while i < len(ids):
+        j = i
+        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
+            j += 1
+        out.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
+        i = j + 1
+    return ",".join(out)
 
 
 def positive_int(text: str) -> int:

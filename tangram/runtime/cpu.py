@@ -59,12 +59,13 @@ from typing import Any
 
 import cloudpickle
 
+from .._arguments import int_ranges
 from .call import Call, CommandResult, Placement, require_fn_or_command
 from .containers import ENGINES, ContainerError, ContainerJail, check_engine, engine_path, image_known, remove_orphans
 from .errors import ActionCrashed, ActionFailed, ManagerError, ResourceLimitExceeded
 from .grant import whole_cores
 from .images import ImageCache, ImageError
-from .isolation import Isolation, ManagerCgroups, SandboxCgroup, cpu_list, descendants, detect, hierarchy_path
+from .isolation import Isolation, ManagerCgroups, SandboxCgroup, descendants, detect, hierarchy_path
 from .manager import LiveAction, ResourceManager
 from .namespaces import ISOLATIONS, SANDBOX_OWN_PATHS, Boundary, disk_full, python_paths, unmount_orphans, unmount_under
 from .namespaces import detect as detect_boundary
@@ -261,7 +262,7 @@ class CpuManager(ResourceManager):
                 raise ManagerError(f + "cpus", "no CPU given")
             bad = [c for c in chosen if c not in allowed]
             if bad:
-                raise ManagerError(f + "cpus", f"CPU {bad} not available to this process (allowed: {cpu_list(allowed)})")
+                raise ManagerError(f + "cpus", f"CPU {bad} not available to this process (allowed: {int_ranges(allowed)})")
         env = dict(env or {})
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise ManagerError(f + "env", "keys and values must be strings")
@@ -370,7 +371,7 @@ class CpuManager(ResourceManager):
                 shutil.rmtree(self._dir, ignore_errors=True)
                 self._dir = None
                 raise
-        self._all_cpus = cpu_list(self.cpus)
+        self._all_cpus = int_ranges(self.cpus)
         if self.warm_sandboxes:
             place = None
             if self._cgroups is not None:
@@ -457,7 +458,7 @@ class CpuManager(ResourceManager):
                        "none here (task images need isolation='namespaces' under root, or containers)"),
             "resource_control": iso.mechanism,
             "resource_control_detail": iso.description,
-            "cpus": cpu_list(self.cpus),
+            "cpus": int_ranges(self.cpus),
             "output_limit": self.output_limit,
             "memory_limit": "cgroup memory limit of the sandbox" if iso.cgroup else "RLIMIT_AS (functions: growth of "
                             "the worker's address space; commands: each child's address space)",
@@ -699,7 +700,7 @@ class CpuManager(ResourceManager):
 
     @staticmethod
     def _apply_ceiling(cg: Any, charge: Mapping[int, int], cores: float) -> None:
-        cg.set_cpus(cpu_list(charge))
+        cg.set_cpus(int_ranges(charge))
         whole = sum(1 for m in charge.values() if m >= _MILLI) == len(charge) and cores == len(charge)
         cg.set_quota(None if whole or cores <= 0 else cores)
 
@@ -707,7 +708,7 @@ class CpuManager(ResourceManager):
         call = action.call
         sb, charge = running.sandbox, running.charge
         ids = sorted(charge) if self.ceiling else self.cpus
-        cpus = cpu_list(ids)
+        cpus = int_ranges(ids)
         cores = placement.cores
         n = str(whole_cores(cores))
         env = dict.fromkeys(_THREAD_VARS, n)

@@ -41,6 +41,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from .._arguments import int_ranges
 from .errors import ManagerError
 
 MECHANISMS = ("cgroup-v2", "cgroup-v1", "affinity")
@@ -352,20 +353,6 @@ def alive(pid: int) -> bool:
     return stat[i + 2:i + 3] not in (b"Z", b"X", b"")
 
 
-def cpu_list(cpus: Iterable[int]) -> str:
-    """"0-3,6" style list."""
-    ids = sorted(set(cpus))
-    out: list[str] = []
-    i = 0
-    while i < len(ids):
-        j = i
-        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
-            j += 1
-        out.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
-        i = j + 1
-    return ",".join(out)
-
-
 class ManagerCgroups:
     """The manager's own cgroup(s): `<base>/tangram-<pid>-<n>` in each hierarchy."""
 
@@ -386,7 +373,7 @@ class ManagerCgroups:
                 if c == "cpuset":
                     parent = iso.dirs[c]
                     mems = _read(os.path.join(parent, "cpuset.effective_mems")).strip() if not self.v2 else ""
-                    _write(os.path.join(d, "cpuset.cpus"), cpu_list(cpus))
+                    _write(os.path.join(d, "cpuset.cpus"), int_ranges(cpus))
                     if not self.v2:
                         _write(os.path.join(d, "cpuset.mems"), mems)
                     self.mems = mems
@@ -737,7 +724,7 @@ class SandboxCgroup:
                 _rmdir(d)
 
 
-__all__ = ["ENV_VAR", "MECHANISMS", "Isolation", "ManagerCgroups", "SandboxCgroup", "children_of", "cpu_list", "descendants", "cpu_weight", "detect",
+__all__ = ["ENV_VAR", "MECHANISMS", "Isolation", "ManagerCgroups", "SandboxCgroup", "children_of", "descendants", "cpu_weight", "detect",
            "hierarchy_path", "remove_stale"]
 
 

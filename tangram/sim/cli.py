@@ -13,7 +13,7 @@ import numpy as np
 
 from .._errors import TangramError, ValidationError
 from .._arguments import ArgumentParser, name_list, positive_int, writable_dir, writable_file
-from ..runtime.isolation import cpu_list  # "0-2,7": the seeds as --seeds takes them
+from .._arguments import int_ranges
 from .engine import POLICY_NAMES, parse_estimates
 from .experiments import RESOURCES, Progress, run_many
 from .report import write_json, write_report
@@ -305,7 +305,7 @@ def _run_sweep(parser: argparse.ArgumentParser, args: argparse.Namespace, w: Wor
                     "gpus": f"{wl.value('gpus')} GPUs per GPU node, load {wl.batch}",
                     "cores": f"{wl.value('cores')} cores per CPU node ({wl.total('cores')} in all), load {wl.batch}"}[key]
             told = "" if args.estimates == "oracle" else f", run times {args.estimates}"
-            print(f"tangram sim: workload {wl.name}, {what}, {len(seeds)} seed(s) ({cpu_list(seeds)}){told}; "
+            print(f"tangram sim: workload {wl.name}, {what}, {len(seeds)} seed(s) ({int_ranges(seeds)}){told}; "
                   f"seconds of virtual time (mean±sd over seeds)")
             print(table(part, policies))
             print(f"simulated {len(part)} step(s) in {elapsed:.1f} s of wall time")

@@ -28,7 +28,8 @@ from tangram.runtime.errors import (
     ManagerError,
     ResourceLimitExceeded,
 )
-from tangram.runtime.isolation import cpu_list, cpu_weight, descendants, detect
+from tangram._arguments import int_ranges
+from tangram.runtime.isolation import cpu_weight, descendants, detect
 from tangram.runtime.namespaces import HOME
 from tangram.runtime.namespaces import detect as detect_boundary
 from tangram.runtime.manager import LiveAction, manager_class
@@ -334,7 +335,7 @@ def test_a_guarantee_runs_on_every_cpu_with_a_weight_of_its_grant(mechanism: str
         assert aff == CPUS  # a quarter core may use every idle CPU
         r = await run(mgr, Call(command="grep Cpus_allowed_list /proc/self/status; echo $TANGRAM_CPUS"), cores=1)
         listed, env = r.stdout.decode().split("\n")[:2]
-        assert listed.split()[-1] == env == cpu_list(CPUS)
+        assert listed.split()[-1] == env == int_ranges(CPUS)
         cg = mgr._sandbox(0).cgroup
         if cg is None:
             return
