@@ -27,7 +27,7 @@ SCRIPT = ROOT / "bench" / "gpu_check.py"
 # when it collects bench/, not for this file alone).
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-from bench import gpu_check  # noqa: E402
+from bench import gpu_check, gpu_check_cases, gpu_probe  # noqa: E402
 
 CHECK_NAMES = [name for name, _, _ in gpu_check.CHECKS]
 H200_UUID = "GPU-5a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9"
@@ -138,59 +138,59 @@ def test_a_child_past_its_limit_is_killed_with_what_it_started(tmp_path: Path) -
 
 
 def test_cu_result_names() -> None:
-    assert gpu_check.cu_result_name(2) == "CUDA_ERROR_OUT_OF_MEMORY"
-    assert gpu_check.cu_result_name(2, lambda code: "FROM_THE_DRIVER") == "FROM_THE_DRIVER"
-    assert gpu_check.cu_result_name(100, lambda code: None) == "CUDA_ERROR_NO_DEVICE"  # the driver cannot name it
+    assert gpu_probe.cu_result_name(2) == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert gpu_probe.cu_result_name(2, lambda code: "FROM_THE_DRIVER") == "FROM_THE_DRIVER"
+    assert gpu_probe.cu_result_name(100, lambda code: None) == "CUDA_ERROR_NO_DEVICE"  # the driver cannot name it
 
     def broken(code: int) -> str:
         raise OSError("no cuGetErrorName")
 
-    assert gpu_check.cu_result_name(805, broken) == "CUDA_ERROR_MPS_CONNECTION_FAILED"
-    assert gpu_check.cu_result_name(12345) == "CUresult 12345"
-    error = gpu_check.CudaError("cuMemAlloc_v2", 2, "CUDA_ERROR_OUT_OF_MEMORY")
+    assert gpu_probe.cu_result_name(805, broken) == "CUDA_ERROR_MPS_CONNECTION_FAILED"
+    assert gpu_probe.cu_result_name(12345) == "CUresult 12345"
+    error = gpu_probe.CudaError("cuMemAlloc_v2", 2, "CUDA_ERROR_OUT_OF_MEMORY")
     assert str(error) == "cuMemAlloc_v2 failed: CUDA_ERROR_OUT_OF_MEMORY (2)" and error.code == 2
 
 
 def test_cuda_driver_errors_say_what_is_missing() -> None:
-    with pytest.raises(gpu_check.CudaUnavailable, match="/no/such/libcuda.so.1 cannot be loaded"):
-        gpu_check.CudaDriver("/no/such/libcuda.so.1")
-    libc = gpu_check.CudaDriver("libc.so.6")  # a library without the driver API
-    with pytest.raises(gpu_check.CudaUnavailable, match="has no cuInit"):
+    with pytest.raises(gpu_probe.CudaUnavailable, match="/no/such/libcuda.so.1 cannot be loaded"):
+        gpu_probe.CudaDriver("/no/such/libcuda.so.1")
+    libc = gpu_probe.CudaDriver("libc.so.6")  # a library without the driver API
+    with pytest.raises(gpu_probe.CudaUnavailable, match="has no cuInit"):
         libc.init()
     if not has_libcuda():
-        with pytest.raises(gpu_check.CudaUnavailable, match="cannot be loaded"):
-            gpu_check.CudaDriver.open("/no/such/libcuda.so.1")
+        with pytest.raises(gpu_probe.CudaUnavailable, match="cannot be loaded"):
+            gpu_probe.CudaDriver.open("/no/such/libcuda.so.1")
 
 
 def test_uuid_formatting() -> None:
     raw = bytes(range(16))
-    assert gpu_check.format_uuid(raw) == "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"
-    assert gpu_check.format_uuid(raw, "MIG-") == "MIG-00010203-0405-0607-0809-0a0b0c0d0e0f"
-    assert gpu_check.format_uuid(bytes.fromhex("5a1b2c3d4e5f60718293a4b5c6d7e8f9")) == H200_UUID
+    assert gpu_probe.format_uuid(raw) == "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"
+    assert gpu_probe.format_uuid(raw, "MIG-") == "MIG-00010203-0405-0607-0809-0a0b0c0d0e0f"
+    assert gpu_probe.format_uuid(bytes.fromhex("5a1b2c3d4e5f60718293a4b5c6d7e8f9")) == H200_UUID
     with pytest.raises(ValueError, match="16 bytes"):
-        gpu_check.format_uuid(raw[:15])
+        gpu_probe.format_uuid(raw[:15])
     key = "000102030405060708090a0b0c0d0e0f"
-    assert gpu_check.uuid_key("GPU-00010203-0405-0607-0809-0A0B0C0D0E0F") == key
-    assert gpu_check.uuid_key(gpu_check.format_uuid(raw, "MIG-")) == key
-    assert gpu_check.uuid_prefix("MIG-0001") == "MIG-" and gpu_check.uuid_prefix(H200_UUID) == "GPU-"
-    assert gpu_check.uuid_prefix(None) == "GPU-"
-    assert gpu_check.format_cuda_version(13000) == "13.0" and gpu_check.format_cuda_version(12040) == "12.4"
+    assert gpu_probe.uuid_key("GPU-00010203-0405-0607-0809-0A0B0C0D0E0F") == key
+    assert gpu_probe.uuid_key(gpu_probe.format_uuid(raw, "MIG-")) == key
+    assert gpu_probe.uuid_prefix("MIG-0001") == "MIG-" and gpu_probe.uuid_prefix(H200_UUID) == "GPU-"
+    assert gpu_probe.uuid_prefix(None) == "GPU-"
+    assert gpu_probe.format_cuda_version(13000) == "13.0" and gpu_probe.format_cuda_version(12040) == "12.4"
 
 
 def test_no_gpu_reason() -> None:
     missing = {"cuda": {"load_error": "libcuda.so.1 cannot be loaded: nope"}, "nvml": {"error": "nvmlInit failed"}}
-    assert gpu_check.no_gpu_reason(missing).startswith("libcuda.so.1 cannot be loaded")
+    assert gpu_probe.no_gpu_reason(missing).startswith("libcuda.so.1 cannot be loaded")
     # NVML sees a GPU that CUDA cannot reach: the checks run and fail, saying why.
-    assert gpu_check.no_gpu_reason({**missing, "nvml": {"devices": [{"name": "NVIDIA H200"}]}}) is None
+    assert gpu_probe.no_gpu_reason({**missing, "nvml": {"devices": [{"name": "NVIDIA H200"}]}}) is None
     no_device = {"cuda": {"error": "cuInit failed: CUDA_ERROR_NO_DEVICE (100)", "error_call": "cuInit",
                           "error_name": "CUDA_ERROR_NO_DEVICE"}, "nvml": {"devices": [{}]}}
-    assert "CUDA_ERROR_NO_DEVICE" in gpu_check.no_gpu_reason(no_device)
+    assert "CUDA_ERROR_NO_DEVICE" in gpu_probe.no_gpu_reason(no_device)
     mismatch = {"cuda": {"error": "cuInit failed: CUDA_ERROR_SYSTEM_DRIVER_MISMATCH (803)", "error_call": "cuInit",
                          "error_name": "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH"}, "nvml": {"devices": [{}]}}
-    assert gpu_check.no_gpu_reason(mismatch) is None  # a broken driver is a FAIL, not "no GPU"
+    assert gpu_probe.no_gpu_reason(mismatch) is None  # a broken driver is a FAIL, not "no GPU"
     hidden = {"cuda": {"device_count": 0}, "nvml": {"devices": [{}]}, "environment": {"CUDA_VISIBLE_DEVICES": ""}}
-    assert gpu_check.no_gpu_reason(hidden).startswith("CUDA finds no device (CUDA_VISIBLE_DEVICES='')")
-    assert gpu_check.no_gpu_reason({"cuda": {"device_count": 1}, "nvml": {"devices": [{}]}}) is None
+    assert gpu_probe.no_gpu_reason(hidden).startswith("CUDA finds no device (CUDA_VISIBLE_DEVICES='')")
+    assert gpu_probe.no_gpu_reason({"cuda": {"device_count": 1}, "nvml": {"devices": [{}]}}) is None
 
 
 # ------------------------------------------------------------------ judging, by hand-made measurements
@@ -214,7 +214,7 @@ def nvml_reading(total: float = 143771.0, reserved: float = 561.0, used: float =
 
 def test_discovery_that_matches_passes() -> None:
     for cuda_total in (143210.0, 143771.0):  # CUDA's total with or without the driver's reservation
-        result = gpu_check.judge_discovery([tangram_device()], [cuda_device(total=cuda_total)],
+        result = gpu_check_cases.judge_discovery([tangram_device()], [cuda_device(total=cuda_total)],
                                            {H200_UUID: nvml_reading()})
         assert result["status"] == "PASS", result["problems"]
         assert "the same UUIDs" in result["headline"] and "compute capability 9.0" in result["headline"]
@@ -222,7 +222,7 @@ def test_discovery_that_matches_passes() -> None:
         assert row["compute_capability"] == "9.0" and row["nvml_reserved_mib"] == 561.0
     # A MIG instance: tangram writes MIG-..., CUDA's bytes carry no prefix.
     mig = "MIG-" + H200_UUID[4:]
-    result = gpu_check.judge_discovery([tangram_device(mig, mig=True)], [cuda_device(H200_UUID)],
+    result = gpu_check_cases.judge_discovery([tangram_device(mig, mig=True)], [cuda_device(H200_UUID)],
                                        {mig: nvml_reading()})
     assert result["status"] == "PASS", result["problems"]
 
@@ -243,7 +243,7 @@ def test_discovery_that_matches_passes() -> None:
 ])
 def test_discovery_that_disagrees_fails(tangram: list[dict[str, Any]], cuda: list[dict[str, Any]],
                                         nvml: dict[str, Any], words: str) -> None:
-    result = gpu_check.judge_discovery(tangram, cuda, nvml)
+    result = gpu_check_cases.judge_discovery(tangram, cuda, nvml)
     assert result["status"] == "FAIL"
     assert any(words in p for p in result["problems"]), result["problems"]
     assert words in result["headline"] or result["headline"].startswith(result["problems"][0][:20])
@@ -254,20 +254,20 @@ def test_discovery_order_matters_only_where_pci_order_is_promised() -> None:
     tangram = [tangram_device(), tangram_device(other)]
     cuda = [cuda_device(other), cuda_device(ordinal=1)]
     nvml = {H200_UUID: nvml_reading(), other: nvml_reading()}
-    relaxed = gpu_check.judge_discovery(tangram, cuda, nvml)
+    relaxed = gpu_check_cases.judge_discovery(tangram, cuda, nvml)
     assert relaxed["status"] == "PASS" and "grants name UUIDs" in relaxed["notes"][0]
-    strict = gpu_check.judge_discovery(tangram, cuda, nvml, pci_order=True)
+    strict = gpu_check_cases.judge_discovery(tangram, cuda, nvml, pci_order=True)
     assert strict["status"] == "FAIL" and "CUDA_DEVICE_ORDER=PCI_BUS_ID" in strict["headline"]
 
 
 def test_context_cost() -> None:
     before, during, after = nvml_reading(used=0.0), nvml_reading(used=520.0), nvml_reading(used=0.0)
-    result = gpu_check.judge_context_cost(before, during, after, free_in_context_mib=142690.0, create_seconds=0.4)
+    result = gpu_check_cases.judge_context_cost(before, during, after, free_in_context_mib=142690.0, create_seconds=0.4)
     assert result["status"] == "PASS" and result["figures"]["context_mib_nvml_used"] == 520.0
     assert result["figures"]["context_mib_cuda_free"] == 520.0 and result["notes"] == []
-    big = gpu_check.judge_context_cost(before, nvml_reading(used=1500.0), after, 141710.0, 0.4)
+    big = gpu_check_cases.judge_context_cost(before, nvml_reading(used=1500.0), after, 141710.0, 0.4)
     assert big["status"] == "PASS" and "more than the 1024 MiB" in big["notes"][0]
-    unseen = gpu_check.judge_context_cost(before, before, before, 143210.0, 0.4)
+    unseen = gpu_check_cases.judge_context_cost(before, before, before, 143210.0, 0.4)
     assert unseen["status"] == "FAIL" and "no memory taken by a CUDA context" in unseen["headline"]
 
 
@@ -299,7 +299,7 @@ def namespaced_grant_run(**changes: Any) -> dict[str, Any]:
 
 
 def test_namespaced_grants_pass_with_the_devices_in_gpu_sandboxes_only() -> None:
-    result = gpu_check.judge_grants(namespaced_grant_run())
+    result = gpu_check_cases.judge_grants(namespaced_grant_run())
     assert result["status"] == "PASS", result["problems"]
     assert "/dev/nvidia* in the GPU actions' only" in result["headline"]
 
@@ -312,17 +312,17 @@ def test_namespaced_grants_pass_with_the_devices_in_gpu_sandboxes_only() -> None
 def test_namespaced_grants_wrong_fail(changes: dict[str, Any], words: str) -> None:
     run = namespaced_grant_run(**{k: v for k, v in changes.items() if "__" in k})
     run.update({k: v for k, v in changes.items() if "__" not in k})
-    result = gpu_check.judge_grants(run)
+    result = gpu_check_cases.judge_grants(run)
     assert result["status"] == "FAIL" and any(words in p for p in result["problems"]), result["problems"]
 
 
 def test_grants_seen_right_pass() -> None:
-    result = gpu_check.judge_grants(grant_run())
+    result = gpu_check_cases.judge_grants(grant_run())
     assert result["status"] == "PASS", result["problems"]
     assert "4096 and 8192 MiB" in result["headline"]
     assert [a["TANGRAM_GPU_MEMORY_MIB"] for a in result["figures"]["actions"]] == ["4096", "8192"]
     under_mps = grant_run(**{"0__pinned_env": "0=4096M", "1__pinned_env": "0=8192M"})
-    assert gpu_check.judge_grants({**under_mps, "mps": True})["status"] == "PASS"
+    assert gpu_check_cases.judge_grants({**under_mps, "mps": True})["status"] == "PASS"
 
 
 @pytest.mark.parametrize("changes, words", [
@@ -337,36 +337,36 @@ def test_grants_seen_right_pass() -> None:
     ({"0__pinned_env": "0=4096M"}, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT='0=4096M', expected None"),
 ])
 def test_grants_seen_wrong_fail(changes: dict[str, Any], words: str) -> None:
-    result = gpu_check.judge_grants(grant_run(**changes))
+    result = gpu_check_cases.judge_grants(grant_run(**changes))
     assert result["status"] == "FAIL" and any(words in p for p in result["problems"]), result["problems"]
 
 
 def test_grant_sizes_and_the_mps_limit_they_carry() -> None:
-    assert gpu_check.grant_sizes(143210.0) == (4096.0, 8192.0)
-    assert gpu_check.grant_sizes(10000.0) == (2500.0, 5000.0)
-    assert gpu_check.expected_pinned_limit(2048.0, 143210.0, mig=False, mps=True) == "0=2048M"
-    assert gpu_check.expected_pinned_limit(2048.5, 143210.0, mig=False, mps=True) == "0=2048M"
-    assert gpu_check.expected_pinned_limit(2048.0, 143210.0, mig=False, mps=False) is None
-    assert gpu_check.expected_pinned_limit(2048.0, 143210.0, mig=True, mps=True) is None
-    assert gpu_check.expected_pinned_limit(143210.0, 143210.0, mig=False, mps=True) is None  # the whole device
+    assert gpu_check_cases.grant_sizes(143210.0) == (4096.0, 8192.0)
+    assert gpu_check_cases.grant_sizes(10000.0) == (2500.0, 5000.0)
+    assert gpu_check_cases.expected_pinned_limit(2048.0, 143210.0, mig=False, mps=True) == "0=2048M"
+    assert gpu_check_cases.expected_pinned_limit(2048.5, 143210.0, mig=False, mps=True) == "0=2048M"
+    assert gpu_check_cases.expected_pinned_limit(2048.0, 143210.0, mig=False, mps=False) is None
+    assert gpu_check_cases.expected_pinned_limit(2048.0, 143210.0, mig=True, mps=True) is None
+    assert gpu_check_cases.expected_pinned_limit(143210.0, 143210.0, mig=False, mps=True) is None  # the whole device
 
 
 @pytest.mark.parametrize("free", [16384.0, 81920.0, 143210.0])
 def test_eviction_plan_forces_an_eviction_that_a_premature_start_would_feel(free: float) -> None:
-    plan = gpu_check.eviction_plan(free)
+    plan = gpu_check_cases.eviction_plan(free)
     assert plan is not None
-    allowance = gpu_check.CONTEXT_ALLOWANCE_MIB
-    assert plan["service_memory_mib"] + gpu_check.SERVICE_CALL_GPU_MIB <= free  # the service fits alone
+    allowance = gpu_check_cases.CONTEXT_ALLOWANCE_MIB
+    assert plan["service_memory_mib"] + gpu_check_cases.SERVICE_CALL_GPU_MIB <= free  # the service fits alone
     assert plan["service_memory_mib"] + plan["action_grant_mib"] > free  # not with the action: an eviction
     assert plan["asleep_memory_mib"] + plan["action_grant_mib"] <= free  # the action fits once it is evicted
     assert plan["action_alloc_mib"] + allowance <= plan["action_grant_mib"]  # its allocation and context in its grant
     # Both allocations and two contexts of a few hundred MiB cannot share the device.
     assert plan["service_alloc_mib"] + plan["action_alloc_mib"] + 2 * 300 > free
-    assert gpu_check.eviction_plan(8192.0) is None
+    assert gpu_check_cases.eviction_plan(8192.0) is None
 
 
 def eviction_run(**changes: Any) -> dict[str, Any]:
-    plan = gpu_check.eviction_plan(143210.0)
+    plan = gpu_check_cases.eviction_plan(143210.0)
     run = {"plan": plan, "device": H200_UUID, "free_seen_by_service_mib": 56764.0, "resident_before": [0, 0],
            "resident_after": None, "timeline": [("load_start", 10.0), ("load_end", 10.5), ("offload_start", 11.0),
                                                 ("offload_end", 12.0), ("closed", 14.0)],
@@ -378,7 +378,7 @@ def eviction_run(**changes: Any) -> dict[str, Any]:
 
 
 def test_eviction_in_order_passes() -> None:
-    result = gpu_check.judge_eviction(eviction_run())
+    result = gpu_check_cases.judge_eviction(eviction_run())
     assert result["status"] == "PASS", result["problems"]
     assert result["figures"]["action_start_after_offload_end_ms"] == pytest.approx(50.0)
     assert result["figures"]["offload_seconds"] == 1.0 and result["figures"]["load_seconds"] == 0.5
@@ -396,7 +396,7 @@ def test_eviction_in_order_passes() -> None:
      "CUDA_ERROR_DEVICE_UNAVAILABLE"),
 ])
 def test_eviction_out_of_order_or_short_of_memory_fails(changes: dict[str, Any], words: str) -> None:
-    result = gpu_check.judge_eviction(eviction_run(**changes))
+    result = gpu_check_cases.judge_eviction(eviction_run(**changes))
     assert result["status"] == "FAIL" and any(words in p for p in result["problems"]), result["problems"]
 
 
@@ -410,15 +410,15 @@ ALLOCATED = {"mib": 1024.0, "ok": True, "error": None}
 
 
 def test_mps_limits() -> None:
-    result = gpu_check.judge_mps(mps_run(REFUSED, ALLOCATED))
+    result = gpu_check_cases.judge_mps(mps_run(REFUSED, ALLOCATED))
     assert result["status"] == "PASS" and "4096 MiB refused" in result["headline"]
-    unenforced = gpu_check.judge_mps(mps_run({"mib": 4096.0, "ok": True, "error": None}, ALLOCATED))
+    unenforced = gpu_check_cases.judge_mps(mps_run({"mib": 4096.0, "ok": True, "error": None}, ALLOCATED))
     assert unenforced["status"] == "FAIL" and "MPS did not enforce the limit" in unenforced["headline"]
-    other = gpu_check.judge_mps(mps_run({**REFUSED, "error": "CUDA_ERROR_MPS_CONNECTION_FAILED"}, ALLOCATED))
+    other = gpu_check_cases.judge_mps(mps_run({**REFUSED, "error": "CUDA_ERROR_MPS_CONNECTION_FAILED"}, ALLOCATED))
     assert other["status"] == "FAIL" and "not CUDA_ERROR_OUT_OF_MEMORY" in other["headline"]
-    starved = gpu_check.judge_mps(mps_run(REFUSED, {"mib": 1024.0, "ok": False, "error": "CUDA_ERROR_OUT_OF_MEMORY"}))
+    starved = gpu_check_cases.judge_mps(mps_run(REFUSED, {"mib": 1024.0, "ok": False, "error": "CUDA_ERROR_OUT_OF_MEMORY"}))
     assert starved["status"] == "FAIL" and "within the limit failed" in starved["headline"]
-    uncapped = gpu_check.judge_mps(mps_run(REFUSED, ALLOCATED, pinned=None))
+    uncapped = gpu_check_cases.judge_mps(mps_run(REFUSED, ALLOCATED, pinned=None))
     assert uncapped["status"] == "FAIL" and "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=None" in uncapped["headline"]
 
 
@@ -446,7 +446,7 @@ def test_each_gpu_action_gets_its_own_grant_through_the_runtime() -> None:
     what tangram gave each one (environment, process) is real, and the functions reached
     the sandbox by reference."""
     devices = parse_fake("20000")
-    run = asyncio.run(asyncio.wait_for(gpu_check.measure_grants(devices, (4096.0, 8192.0), None), 60))
+    run = asyncio.run(asyncio.wait_for(gpu_check_cases.measure_grants(devices, (4096.0, 8192.0), None), 60))
     reports = [a["report"] for a in run["actions"]]
     assert [r["visible"] for r in reports] == ["GPU-fake-0", "GPU-fake-0"]
     assert [r["memory_env"] for r in reports] == ["4096", "8192"]
@@ -455,7 +455,7 @@ def test_each_gpu_action_gets_its_own_grant_through_the_runtime() -> None:
     else:
         assert all(r["ppid"] == run["worker_pid"] != r["pid"] for r in reports)
     assert reports[0]["pid"] != reports[1]["pid"]
-    result = gpu_check.judge_grants(run)
+    result = gpu_check_cases.judge_grants(run)
     if has_libcuda():
         return  # libcuda with no device behind the fake UUID: CUDA's answers differ, the grants do not
     assert result["status"] == "FAIL"
@@ -493,7 +493,7 @@ class SimulatedDriver:
 
     def mem_alloc(self, nbytes: int) -> int:
         if self.used + nbytes > self.total:
-            raise gpu_check.CudaError("cuMemAlloc_v2", 2, "CUDA_ERROR_OUT_OF_MEMORY")
+            raise gpu_probe.CudaError("cuMemAlloc_v2", 2, "CUDA_ERROR_OUT_OF_MEMORY")
         pointer = len(self.allocations) + 1
         self.allocations[pointer] = nbytes
         self.used += nbytes
@@ -514,12 +514,12 @@ def test_the_core_evicts_the_service_and_the_action_starts_after_the_offload() -
     core evicts the resident service for the action, and the action's process starts only
     after the offload hook has returned (its CUDA calls fail here)."""
     device = parse_fake("20000")[0]
-    plan = gpu_check.eviction_plan(device.memory_mib)
+    plan = gpu_check_cases.eviction_plan(device.memory_mib)
     assert plan is not None
-    driver = SimulatedDriver(int(device.memory_mib) * gpu_check.MIB)
-    model = gpu_check.DeviceMemoryService(plan["service_alloc_mib"] * gpu_check.MIB, hold_s=0.3,
+    driver = SimulatedDriver(int(device.memory_mib) * gpu_probe.MIB)
+    model = gpu_check_cases.DeviceMemoryService(plan["service_alloc_mib"] * gpu_probe.MIB, hold_s=0.3,
                                           driver_factory=lambda: driver)
-    run = asyncio.run(asyncio.wait_for(gpu_check.measure_eviction(device, plan, None, model), 60))
+    run = asyncio.run(asyncio.wait_for(gpu_check_cases.measure_eviction(device, plan, None, model), 60))
     events = [event for event, _ in run["timeline"]]
     assert events == ["load_start", "load_end", "offload_start", "offload_end", "closed"]
     assert run["resident_before"] == (0, 0) and run["resident_after"] is None
@@ -528,7 +528,7 @@ def test_the_core_evicts_the_service_and_the_action_starts_after_the_offload() -
     offload_end = dict(run["timeline"])["offload_end"]
     assert run["action"]["started"] >= offload_end
     assert driver.used == 0 and driver.allocations == {}
-    result = gpu_check.judge_eviction(run)
+    result = gpu_check_cases.judge_eviction(run)
     assert result["figures"]["action_start_after_offload_end_ms"] >= 0
     assert result["figures"]["offload_seconds"] >= 0.3
     if not has_libcuda():
