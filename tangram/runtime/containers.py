@@ -55,7 +55,7 @@ from .errors import ManagerError
 from .isolation import SandboxCgroup
 from .namespaces import CONTROL, HOME, SYSTEM_DIRS, outermost
 from .rootfs import HOST, host_python_argv, host_python_paths, inside
-from .sandbox import MARKER, WORKER_FILE, Needs, Preload, SlotDirs
+from .sandbox import MARKER, WORKER_FILE, Needs, Preload, SlotDirs, start_with_channel
 
 ENGINES = ("podman", "docker")
 # Host uids of the containers' user namespaces (podman under root): a range of 2**16 per
@@ -213,17 +213,8 @@ class ContainerJail:
             start.update(path=[inside(p) for p in preload.path], preload=list(preload.modules))
         argv = [self.engine, "exec", "-i", "--env", f"{MARKER}={env.get(MARKER, '')}", slot.name,
                 *host_python_argv(), inside(WORKER_FILE), "stdio", json.dumps(start)]
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            with open(slot.log, "ab") as log:
-                proc = subprocess.Popen(argv, cwd=slot.root, stdin=child, stdout=child, stderr=log,
-                                        start_new_session=True, close_fds=True)
-        except BaseException:
-            parent.close()
-            raise
-        finally:
-            child.close()
-        return proc, parent
+        return start_with_channel(slot.log, lambda child, log: subprocess.Popen(
+            argv, cwd=slot.root, stdin=child, stdout=child, stderr=log, start_new_session=True, close_fds=True))
 
     def detach(self, slot: ContainerSlot) -> None:
         """Before its files go: the container removed (its processes killed)."""

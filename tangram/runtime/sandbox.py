@@ -41,7 +41,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 from .errors import ManagerError
 from .grant import GrantChannel
@@ -375,19 +375,30 @@ def spawn_worker(directory: str, env: Mapping[str, str], log_path: str, preload:
     "sys_path": its sys.path); `fds`: more descriptors it inherits (bwrap's seccomp
     filter); `python` and `worker_file`: the interpreter's argv and the worker's file
     (default: this interpreter with -I, and the worker's path here)."""
-    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    argv = [*prefix, *(python or (sys.executable, "-I")), worker_file, str(child.fileno())]
     start: dict[str, Any] = dict(options or {})
     if preload is not None and preload.modules:
         start.update(path=list(preload.path), preload=list(preload.modules))
-    if start:
-        argv.append(json.dumps(start))
+
+    def popen(child: socket.socket, log: BinaryIO) -> subprocess.Popen[bytes]:
+        argv = [*prefix, *(python or (sys.executable, "-I")), worker_file, str(child.fileno())]
+        if start:
+            argv.append(json.dumps(start))
+        return subprocess.Popen(  # a new worker in the same sandbox logs after the last one's words
+            argv, cwd=directory, env=dict(env), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            pass_fds=(child.fileno(), *fds), start_new_session=True, close_fds=True)
+
+    return start_with_channel(log_path, popen)
+
+
+def start_with_channel(log_path: str, popen: Callable[[socket.socket, BinaryIO], subprocess.Popen[bytes]],
+                       ) -> tuple[subprocess.Popen[bytes], socket.socket]:
+    """A worker started by `popen(child, log)`, given its end of a new socket pair and its
+    log open for appending, and the orchestrator's end of that pair (closed if the start
+    fails; the worker's end is closed here either way, the worker holding its own copy)."""
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        with open(log_path, "ab") as log:  # a new worker in the same sandbox: after the last one's words
-            proc = subprocess.Popen(
-                argv,
-                cwd=directory, env=dict(env), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                pass_fds=(child.fileno(), *fds), start_new_session=True, close_fds=True)
+        with open(log_path, "ab") as log:
+            proc = popen(child, log)
     except BaseException:
         parent.close()
         raise
@@ -772,13 +783,19 @@ async def _wait(proc: subprocess.Popen[bytes], timeout: float | None) -> int | N
 
 def _kill_descendants(pid: int, rounds: int = 20) -> None:
     """SIGKILL every descendant of `pid` (not `pid` itself), until none is left."""
+    _kill_until_none(lambda: [c for c in descendants(pid) if _alive(c)], rounds)
+
+
+def _kill_until_none(find: Callable[[], list[int]], rounds: int) -> None:
+    """SIGKILL what `find()` lists, again until it lists nothing (a process may fork as
+    its siblings die), at most `rounds` times."""
     for _ in range(rounds):
-        found = [c for c in descendants(pid) if _alive(c)]
-        if not found:
+        pids = find()
+        if not pids:
             return
-        for c in found:
+        for pid in pids:
             try:
-                os.kill(c, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
 
@@ -806,15 +823,7 @@ def marked_processes(prefix: str, exact: bool = False) -> list[int]:
 
 def kill_marked(prefix: str, exact: bool = False, rounds: int = 20) -> None:
     """SIGKILL the processes `marked_processes` finds, until none is left."""
-    for _ in range(rounds):
-        pids = marked_processes(prefix, exact)
-        if not pids:
-            return
-        for p in pids:
-            try:
-                os.kill(p, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+    _kill_until_none(lambda: marked_processes(prefix, exact), rounds)
 
 
 __all__ = ["MARKER", "WORKER_FILE", "Jail", "Needs", "Sandbox", "Slot", "SlotDirs", "WarmWorkers", "WorkerDied", "kill_marked",
