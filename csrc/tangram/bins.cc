@@ -53,8 +53,8 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
       if (inv.quotas[j].name == inv.quotas[q].name)
         throw Error(ErrorCode::kInvalidArgument, "inventory.quotas[" + std::to_string(q) + "].name", "duplicate quota '" + inv.quotas[q].name + "'");
   }
-  quota_blocked.assign(quotas.size(), 0);
-  quota_blocked_at.assign(quotas.size(), OrderKey{});
+  this_pass.quota_blocked.assign(quotas.size(), 0);
+  this_pass.quota_blocked_at.assign(quotas.size(), OrderKey{});
   for (std::size_t s = 0; s < inv.services.size(); ++s) {
     const auto& spec = inv.services[s];
     std::string f = "inventory.services[" + std::to_string(s) + "]";
@@ -173,9 +173,9 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
   classes.node_parked_count.assign(N, 0);
   classes.partition_parking.resize(bins.partitions.size());
   released.resize(K, N, bins.partitions.size(), bins.bin_node.size());
-  node_masked.assign(N, 0);
-  partition_masked.assign(bins.partitions.size(), 0);
-  scratch.resize(bins.D);
+  this_pass.node_masked.assign(N, 0);
+  this_pass.partition_masked.assign(bins.partitions.size(), 0);
+  this_pass.query.resize(bins.D);
 }
 
 // ---- Bins
@@ -421,12 +421,12 @@ std::int32_t Scheduler::Impl::add_node(NodeSpec spec) {
   // devices: appended after every existing one, so global device indices stay valid
   bins.add_node(gpus.add_node(spec));
   bins.set_dims(K, gpus.any());
-  scratch.assign(bins.D, 0);
+  this_pass.query.assign(bins.D, 0);
   inv.nodes.push_back(std::move(spec));
   classes.node_parked.emplace_back();
   classes.node_parked_count.push_back(0);
   spare.resize(K, bins.nodes(), bins.partitions.size());
-  node_masked.push_back(0);
+  this_pass.node_masked.push_back(0);
   released.resize(K, bins.nodes(), bins.partitions.size(), bins.bin_node.size());  // leaf positions change below
   bins.build_trees();
   for (auto& cl : classes) cl.infeasible = infeasible_reason(cl);

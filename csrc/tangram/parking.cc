@@ -38,24 +38,25 @@ void Scheduler::Impl::release_on_node(std::int32_t node, std::int32_t partition)
   ++elastic.shrink_room_version;  // room came back: known_no_shrink_room's demands may fit now
   if (!bins.node_online[node]) return;  // nothing starts there; set_node_online(true) wakes
   bool noted = classes.node_parked_count[node] > 0;
-  if (in_pass) wake(classes.node_parked[node], node, [&](const Class& cl) { return fits_or_shrinks_on_node(cl, node); });
+  if (this_pass.walking) wake(classes.node_parked[node], node, [&](const Class& cl) { return fits_or_shrinks_on_node(cl, node); });
   for (std::size_t p = 0; p < bins.partitions.size(); ++p) {
     if (partition != kNone && static_cast<std::int32_t>(p) != partition) continue;
     if (classes.partition_parking[p].count == 0) continue;
-    if (in_pass) {
+    if (this_pass.walking) {
       auto fits = [&](const Class& cl) { return fits_or_shrinks_on_node(cl, node); };
       wake(classes.partition_parking[p].parked, kNone, fits);
       wake(classes.partition_parking[p].parked_new, kNone, fits);
     }
     noted = true;
   }
-  if (!in_pass && noted) released.note(node);
+  if (!this_pass.walking && noted) released.note(node);
 }
 
-// Lists as pending wakes the parked classes that fit a bin of one of the nodes released
-// since the last pass: those parked on such a node, and the partition-wide ones. Checking
-// exactly costs a few comparisons per class and node, far less than a retry that fails.
-void Scheduler::Impl::flush_releases() {
+// Lists as `wakes`, in policy order, the parked classes that fit a bin of one of the nodes
+// released since the last pass: those parked on such a node, and the partition-wide ones.
+// Checking exactly costs a few comparisons per class and node, far less than a retry that
+// fails.
+void Scheduler::Impl::flush_releases(std::vector<ClassHead>& wakes) {
   if (released.nodes.empty()) return;
   std::sort(released.nodes.begin(), released.nodes.end());  // leaves lie in node order
   for (std::int32_t n : released.nodes) {
@@ -72,12 +73,12 @@ void Scheduler::Impl::flush_releases() {
       cl.seen_flush = released.epoch;
       list[kept++] = c;
       if (!fits_or_shrinks_on_node(cl, n)) continue;
-      cl.pending_pass = pass_epoch;
-      pending_wakes.emplace_back(cl.waiting.head(), c);
+      cl.pending_pass = this_pass.epoch;
+      wakes.emplace_back(cl.waiting.head(), c);
     }
     list.resize(kept);
   }
-  std::sort(pending_wakes.begin(), pending_wakes.end());  // the few node-parked ones
+  std::sort(wakes.begin(), wakes.end());  // the few node-parked ones
   for (std::size_t p = 0; p < bins.partitions.size(); ++p) {
     const Partition& part = bins.partitions[p];
     PartitionParking& parking = classes.partition_parking[p];
@@ -87,7 +88,7 @@ void Scheduler::Impl::flush_releases() {
       continue;
     }
     // The per-kind maximum over the released leaves rules most classes out in K comparisons.
-    const std::vector<Quantity>& most = released.list_leaves(p, bins, pass_epoch);
+    const std::vector<Quantity>& most = released.list_leaves(p, bins, this_pass.epoch);
     const std::vector<std::int32_t>& leaves = released.leaves[p];
     // kMalleable: released leaves where a shrink could take units back. A class that fits
     // none of the released leaves' free room may fit one of these with those units: it is
@@ -99,7 +100,7 @@ void Scheduler::Impl::flush_releases() {
     // The list in policy order: the few parked since the last flush sorted, then merged in
     // as the list is filtered (one walk, into heads_scratch, swapped in after).
     std::sort(parking.parked_new.begin(), parking.parked_new.end());
-    const std::size_t node_wakes = pending_wakes.size();
+    const std::size_t node_wakes = wakes.size();
     classes.heads_scratch.resize(parking.parked.size() + parking.parked_new.size());
     std::size_t kept = 0;
     auto next_old = parking.parked.cbegin(), next_new = parking.parked_new.cbegin();
@@ -124,25 +125,25 @@ void Scheduler::Impl::flush_releases() {
       for (std::int32_t k = 0; k < K && may_fit; ++k) may_fit = cl.demand[k] <= most[k];
       const std::int32_t at = may_fit ? released.first_fit(p, 0, cl.demand) : -1;
       if (at >= 0) {
-        cl.fit_pass = pass_epoch;  // flush runs at the start of the pass
+        cl.fit_pass = this_pass.epoch;  // flush runs at the start of the pass
         cl.fit_from = at;
       } else if (!std::any_of(elastic.shrink_bins.begin(), elastic.shrink_bins.end(),
                               [&](std::int32_t b) { return reclaim_covers(cl, b) && bins.may_use(b, cl.in_trajectory_slot, cl.trajectory); })) {
         continue;
       }
-      cl.pending_pass = pass_epoch;
-      pending_wakes.push_back(entry);  // in policy order, like the list
+      cl.pending_pass = this_pass.epoch;
+      wakes.push_back(entry);  // in policy order, like the list
     }
     classes.heads_scratch.resize(kept);
     parking.parked.swap(classes.heads_scratch);
     parking.parked_new.clear();
     // Merge this partition's wakes (in order) into those before them (in order).
-    if (node_wakes > 0 && node_wakes < pending_wakes.size()) {
+    if (node_wakes > 0 && node_wakes < wakes.size()) {
       classes.heads_scratch.clear();
-      std::merge(pending_wakes.begin(), pending_wakes.begin() + static_cast<std::ptrdiff_t>(node_wakes),
-                 pending_wakes.begin() + static_cast<std::ptrdiff_t>(node_wakes), pending_wakes.end(),
+      std::merge(wakes.begin(), wakes.begin() + static_cast<std::ptrdiff_t>(node_wakes),
+                 wakes.begin() + static_cast<std::ptrdiff_t>(node_wakes), wakes.end(),
                  std::back_inserter(classes.heads_scratch));
-      pending_wakes.swap(classes.heads_scratch);
+      wakes.swap(classes.heads_scratch);
     }
   }
   released.nodes.clear();
@@ -155,8 +156,8 @@ void Scheduler::Impl::unpark(std::int32_t c) {
   classes.activate(c);
   // Woken mid-pass behind the cursor: this pass has passed it by, as it would have passed
   // by a failed head, so it still waits there (for room, or for its refused quota).
-  if (pass_cursor != nullptr && cl.waiting.head() < *pass_cursor && waits_for_room(cl)) {
-    spare.contend(cl.partition, cl.park_node, cl.demand, pass_epoch);
+  if (this_pass.cursor != nullptr && cl.waiting.head() < *this_pass.cursor && waits_for_room(cl)) {
+    spare.contend(cl.partition, cl.park_node, cl.demand, this_pass.epoch);
   }
 }
 

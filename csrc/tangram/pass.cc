@@ -23,11 +23,11 @@ namespace tangram {
 // pass's releases can use; a class confined to a node checks the node's bins. Under a
 // mask or a blocked quota the full try decides.
 bool Scheduler::Impl::may_start_now(Class& cl) {
-  if (any_mask || (cl.quota != kNone && quota_blocked[cl.quota])) return true;
+  if (this_pass.any_mask || (cl.quota != kNone && this_pass.quota_blocked[cl.quota])) return true;
   const std::int32_t node = cl.parked ? cl.park_node : scope_node(cl);
   if (may_reclaim(cl)) return fits_or_shrinks(cl, node);  // kept apart: the common path stays lean
   if (node != kNone) return bins.fits_some_bin(cl.partition, cl.demand, node);
-  return cl.fit_pass == fit_epoch ? fits_released_leaf(cl) : true;
+  return cl.fit_pass == this_pass.fit_epoch ? fits_released_leaf(cl) : true;
 }
 
 // Does a released leaf from the class's `fit_from` on still hold its head? The same test as
@@ -101,7 +101,7 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
   // cache misses: fetch them while the placement search runs.
   prefetch(&actions.slots[slot]);
   cl.waiting.prefetch_pop();
-  if (cl.quota != kNone && quota_blocked[cl.quota]) {  // refused earlier in this pass
+  if (cl.quota != kNone && this_pass.quota_blocked[cl.quota]) {  // refused earlier in this pass
     note_quota_block(cl, quotas[cl.quota]);
     return Try::kWaits;
   }
@@ -114,7 +114,8 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
     if (it != bins.trajectory_bin.end() && bins.bin_holder_running[it->second] == 0 && bins.never_holds(it->second, cl.demand, cl.gpu_memory))
       unbind_slot(c, it->second);
   }
-  const Room room = find_room(cl, device);
+  std::vector<std::int32_t>& cand = this_pass.cand;
+  const Room room = find_room(cl, device, cand);
   // GPU memory held by resident services is reclaimed for an action that needs it, when its
   // quota admits it now (as a restore is made only then): else the memory would sit unused
   // while the services evicted for it came back, pass after pass.
@@ -139,13 +140,13 @@ Scheduler::Impl::Try Scheduler::Impl::try_head(std::int32_t c, std::vector<Decis
 // whose free room covers its demand (and GPU memory), first in leaf order, skipping bins
 // held back by a starving action. Empty when none fits, when it has nowhere to go, or when
 // its whole partition is held back.
-inline Scheduler::Impl::Room Scheduler::Impl::find_room(Class& cl, std::int32_t device) {
+inline Scheduler::Impl::Room Scheduler::Impl::find_room(Class& cl, std::int32_t device, std::vector<std::int32_t>& cand) {
   Room room;
   room.has_range = eligible_range(cl, room.lo, room.hi, room.fixed_leaf);
   room.scope = scope_node(cl);
   // A trajectory's own slot is nobody else's: a starving action elsewhere cannot claim it.
   room.own_slot = room.fixed_leaf != kNone;
-  room.masked = !room.own_slot && partition_masked[cl.partition] == pass_epoch;
+  room.masked = !room.own_slot && this_pass.partition_masked[cl.partition] == this_pass.epoch;
   cand.clear();
   // Trajectory slots: a service action runs in its own trajectory's held slot when that is
   // on its service's node, else in a free slot there, else in another held one
@@ -156,9 +157,9 @@ inline Scheduler::Impl::Room Scheduler::Impl::find_room(Class& cl, std::int32_t 
     if (!cand.empty() && device != kNone && gpus.dev_free[device] < cl.gpu_memory) cand.clear();
     return room;
   };
-  if (service_in_slots && room.has_range && held_slot_room(cl, room, true)) return gpu_fits();
+  if (service_in_slots && room.has_range && held_slot_room(cl, room, true, cand)) return gpu_fits();
   if (!room.has_range || room.masked) {
-    if (service_in_slots && room.has_range) held_slot_room(cl, room, false);
+    if (service_in_slots && room.has_range) held_slot_room(cl, room, false, cand);
     return gpu_fits();
   }
   const Partition& part = bins.partitions[cl.partition];
@@ -172,10 +173,10 @@ inline Scheduler::Impl::Room Scheduler::Impl::find_room(Class& cl, std::int32_t 
     if (fits) fits = bins.node_online[bins.bin_node[b]] != 0;
     if (fits) cand.push_back(room.fixed_leaf);
   } else {
-    std::copy(cl.demand, cl.demand + K, scratch.begin());
-    if (bins.has_gpus) scratch[K] = device == kNone ? cl.gpu_memory : 0;
-    auto skip = [&](std::int32_t leaf) { return any_mask && node_masked[bins.bin_node[part.bins[leaf]]] == pass_epoch; };
-    if (cl.fit_pass == fit_epoch && lo == 0 && hi == part.free_tree.leaves()) {
+    std::copy(cl.demand, cl.demand + K, this_pass.query.begin());
+    if (bins.has_gpus) this_pass.query[K] = device == kNone ? cl.gpu_memory : 0;
+    auto skip = [&](std::int32_t leaf) { return this_pass.any_mask && this_pass.node_masked[bins.bin_node[part.bins[leaf]]] == this_pass.epoch; };
+    if (cl.fit_pass == this_pass.fit_epoch && lo == 0 && hi == part.free_tree.leaves()) {
       // Woken by this pass's releases: only released leaves can hold it (see Class).
       const std::vector<std::int32_t>& leaves = released.leaves[cl.partition];
       const std::int32_t first = released.first_fit(cl.partition, cl.fit_from, cl.demand);
@@ -185,7 +186,7 @@ inline Scheduler::Impl::Room Scheduler::Impl::find_room(Class& cl, std::int32_t 
       for (std::int32_t i = first; i >= 0; i = released.first_fit(cl.partition, i + 1, cl.demand)) {
         const std::int32_t leaf = leaves[i];
         if (bins.bin_bound[part.bins[leaf]] || !bins.node_online[bins.bin_node[part.bins[leaf]]] || skip(leaf)) continue;
-        if (bins.has_gpus && bins.node_max_dev_free[bins.bin_node[part.bins[leaf]]] < scratch[K]) continue;
+        if (bins.has_gpus && bins.node_max_dev_free[bins.bin_node[part.bins[leaf]]] < this_pass.query[K]) continue;
         cand.push_back(leaf);
         if (static_cast<std::int32_t>(cand.size()) == policy.candidates) break;
       }
@@ -193,15 +194,15 @@ inline Scheduler::Impl::Room Scheduler::Impl::find_room(Class& cl, std::int32_t 
       // Its heads are tried again and again in one pass: each search starts where the
       // last one found its first fit, past the leaves filled up since the pass began.
       const std::int32_t from = cl.tree_epoch == bins.search_epoch ? cl.tree_from : 0;
-      part.free_tree.find(from, hi, scratch.data(), policy.candidates, skip, cand);
+      part.free_tree.find(from, hi, this_pass.query.data(), policy.candidates, skip, cand);
       cl.tree_epoch = bins.search_epoch;
       cl.tree_from = cand.empty() ? hi : cand[0];
     } else {
-      part.free_tree.find(lo, hi, scratch.data(), policy.candidates, skip, cand);
+      part.free_tree.find(lo, hi, this_pass.query.data(), policy.candidates, skip, cand);
     }
   }
-  if (cand.empty() && service_in_slots) held_slot_room(cl, room, false);
-  if (cand.empty() && cl.in_trajectory_slot && room.fixed_leaf == kNone) room.borrowed = lend_slot_room(cl, room);
+  if (cand.empty() && service_in_slots) held_slot_room(cl, room, false, cand);
+  if (cand.empty() && cl.in_trajectory_slot && room.fixed_leaf == kNone) room.borrowed = lend_slot_room(cl, room, cand);
   return gpu_fits();
 }
 
@@ -211,7 +212,7 @@ inline Scheduler::Impl::Room Scheduler::Impl::find_room(Class& cl, std::int32_t 
 // reward of that node's service (one machine, or services on sandbox nodes' GPUs); kept to
 // free slots those rewards would wait for ever. A reward is its service's work, which no
 // sandbox owns. True when it found one.
-bool Scheduler::Impl::held_slot_room(const Class& cl, const Room& room, bool own) {
+bool Scheduler::Impl::held_slot_room(const Class& cl, const Room& room, bool own, std::vector<std::int32_t>& cand) {
   const Partition& part = bins.partitions[cl.partition];
   auto fits = [&](std::int32_t leaf) {
     const std::int32_t b = part.bins[leaf];
@@ -241,12 +242,12 @@ bool Scheduler::Impl::held_slot_room(const Class& cl, const Room& room, bool own
 // held slot's trajectory has nothing live (node_busy_holders == 0), with room for the head.
 // There, no work in progress could ever free a slot for it (only trajectory ends do, which
 // the caller may never send), so it runs in one, binding nothing. True when it found one.
-bool Scheduler::Impl::lend_slot_room(const Class& cl, const Room& room) {
+bool Scheduler::Impl::lend_slot_room(const Class& cl, const Room& room, std::vector<std::int32_t>& cand) {
   const Partition& part = bins.partitions[cl.partition];
   for (std::int32_t leaf = room.lo; leaf < room.hi;) {
     const std::int32_t b = part.bins[leaf];
     const std::int32_t n = bins.bin_node[b];
-    if (bins.node_busy_holders[n] > 0 || !bins.node_online[n] || (any_mask && node_masked[n] == pass_epoch)) {
+    if (bins.node_busy_holders[n] > 0 || !bins.node_online[n] || (this_pass.any_mask && this_pass.node_masked[n] == this_pass.epoch)) {
       leaf = part.node_hi[n];  // a node's bins are contiguous leaves
       continue;
     }
@@ -319,7 +320,7 @@ void Scheduler::Impl::holder_live(TrajectoryId trajectory, std::int32_t delta) {
 // cached service turns idle; so is a class a shrink could make room for, since whether a
 // shrink pays changes with time).
 Scheduler::Impl::Try Scheduler::Impl::no_room(Class& cl, const Room& room, std::int32_t device) {
-  const bool held = room.masked || (!room.own_slot && room.scope != kNone && node_masked[room.scope] == pass_epoch) ||
+  const bool held = room.masked || (!room.own_slot && room.scope != kNone && this_pass.node_masked[room.scope] == this_pass.epoch) ||
                     fits_a_held_back_node(cl, room);
   cl.block = held ? Block::kHeldBack : Block::kResources;
   // While a node is offline, an action that fits no online node's capacity holds nothing
@@ -333,17 +334,17 @@ Scheduler::Impl::Try Scheduler::Impl::no_room(Class& cl, const Room& room, std::
     if (room.scope == kNone && row.rules.bins == BinLayout::kTrajectorySlots && room.has_range) {
       const Partition& part = bins.partitions[cl.partition];
       for (std::int32_t leaf = room.lo; leaf < room.hi; ++leaf)
-        if (!bins.never_holds(part.bins[leaf], cl.demand, cl.gpu_memory)) node_masked[bins.bin_node[part.bins[leaf]]] = pass_epoch;
+        if (!bins.never_holds(part.bins[leaf], cl.demand, cl.gpu_memory)) this_pass.node_masked[bins.bin_node[part.bins[leaf]]] = this_pass.epoch;
     } else if (room.scope == kNone) {
-      partition_masked[cl.partition] = pass_epoch;
+      this_pass.partition_masked[cl.partition] = this_pass.epoch;
       if (starving_head_halts) return Try::kHalt;
     } else {
-      node_masked[room.scope] = pass_epoch;
+      this_pass.node_masked[room.scope] = this_pass.epoch;
     }
-    any_mask = true;
+    this_pass.any_mask = true;
     return Try::kBlocked;
   }
-  if (!any_mask && cl.service == kNone && cl.gpu_memory == 0 && !could_shrink_into(cl))
+  if (!this_pass.any_mask && cl.service == kNone && cl.gpu_memory == 0 && !could_shrink_into(cl))
     return Try::kParked;
   return Try::kBlocked;
 }
@@ -352,13 +353,13 @@ Scheduler::Impl::Try Scheduler::Impl::no_room(Class& cl, const Room& room, std::
 // where its demand fits are held back by a starving action (node masks: the search skipped
 // them). A search of its range without the masks, on this failure path only.
 bool Scheduler::Impl::fits_a_held_back_node(const Class& cl, const Room& room) {
-  if (!any_mask || room.own_slot || room.scope != kNone || !room.has_range || room.masked) return false;
-  std::copy(cl.demand, cl.demand + K, scratch.begin());
-  if (bins.has_gpus) scratch[K] = 0;
+  if (!this_pass.any_mask || room.own_slot || room.scope != kNone || !room.has_range || room.masked) return false;
+  std::copy(cl.demand, cl.demand + K, this_pass.query.begin());
+  if (bins.has_gpus) this_pass.query[K] = 0;
   std::vector<std::int32_t> found;
   const Partition& part = bins.partitions[cl.partition];
-  part.free_tree.find(room.lo, room.hi, scratch.data(), 1, [](std::int32_t) { return false; }, found);
-  return !found.empty() && node_masked[bins.bin_node[part.bins[found[0]]]] == pass_epoch;
+  part.free_tree.find(room.lo, room.hi, this_pass.query.data(), 1, [](std::int32_t) { return false; }, found);
+  return !found.empty() && this_pass.node_masked[bins.bin_node[part.bins[found[0]]]] == this_pass.epoch;
 }
 
 void Scheduler::Impl::note_quota_block(Class& cl, const QuotaState& q) {
@@ -381,9 +382,9 @@ bool Scheduler::Impl::quota_admits(Class& cl) {
 bool Scheduler::Impl::quota_refuses(Class& cl) {
   QuotaState& q = quotas[cl.quota];
   if (q.admits(now, cl.tokens)) return false;
-  quota_blocked[cl.quota] = 1;
-  quota_blocked_at[cl.quota] = cl.waiting.head();
-  quota_refused = true;
+  this_pass.quota_blocked[cl.quota] = 1;
+  this_pass.quota_blocked_at[cl.quota] = cl.waiting.head();
+  this_pass.quota_refused = true;
   note_quota_block(cl, q);
   if (q.last_until != kNever) wakeup = std::min(wakeup, q.last_until);
   return true;
@@ -424,7 +425,7 @@ inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::
   } else if (a.elastic_kind != kNone && malleable && row.rules.spare != SpareRule::kNone) {
     top_up_start(slot, bin, f);
   }
-  if (released.bin_pass[bin] == pass_epoch) released.took(bin, bins.bin_partition[bin], f);  // the columns stay exact
+  if (released.bin_pass[bin] == this_pass.epoch) released.took(bin, bins.bin_partition[bin], f);  // the columns stay exact
   if (cl.gpu_memory > 0) {
     gpus.dev_free[device] -= cl.gpu_memory;
     refresh_node_devices(node);
@@ -461,7 +462,7 @@ inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::
     // It contends for room where it parks; with a quota, only if that quota is not refused
     // before its turn, which grant_spare judges from where it is parked.
     if (cl.quota == kNone) {
-      spare.contend(cl.partition, next_scope, cl.demand, pass_epoch);
+      spare.contend(cl.partition, next_scope, cl.demand, this_pass.epoch);
     }
     classes.park(c, next_scope, starvation_ns);
   } else {
@@ -481,26 +482,27 @@ inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::
   d.elastic_kind = a.elastic_kind;
   d.grant = a.grant;
   d.time = now;
-  started.push_back(slot);
-  started_decision.push_back(out.size());
+  this_pass.started.push_back(slot);
+  this_pass.started_decision.push_back(out.size());
   out.push_back(d);
 }
 
 void Scheduler::Impl::pass(std::vector<Decision>& out) {
-  ++pass_epoch;
+  ++this_pass.epoch;
   ++bins.search_epoch;
-  fit_epoch = pass_epoch;
-  any_mask = false;
+  this_pass.fit_epoch = this_pass.epoch;
+  this_pass.any_mask = false;
   wakeup = kNever;
-  spared_fresh = false;
-  std::fill(quota_blocked.begin(), quota_blocked.end(), 0);
-  quota_refused = false;
-  started.clear();
-  started_decision.clear();
-  pending_wakes.clear();
-  flush_releases();
+  this_pass.spared_fresh = false;
+  std::fill(this_pass.quota_blocked.begin(), this_pass.quota_blocked.end(), 0);
+  this_pass.quota_refused = false;
+  this_pass.started.clear();
+  this_pass.started_decision.clear();
+  std::vector<ClassHead>& wakes = this_pass.pending_wakes;
+  wakes.clear();
+  flush_releases(wakes);
   for (std::int32_t c = classes.next_starving(now); c != kNone; c = classes.next_starving(now)) unpark(c);
-  in_pass = true;
+  this_pass.walking = true;
   if ((bins.n_offline > 0 || gpus.n_offline_devices > 0) && !gpus.services.empty()) evict_offline_services(out);
   if (row.rules.restore == RestoreRule::kQueuesFirst && !gpus.services.empty()) restore_queues(out);
   // Walk the heads in policy order. A head pushed behind the cursor (a class woken by an
@@ -519,10 +521,10 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
     // A pending wake still parked (not woken since, nor parked again) whose head comes
     // before the heap's: at its turn it is tried if it may still fit, or else stays parked,
     // exactly where a failed try would park it.
-    if (next_wake < pending_wakes.size()) {
-      const ClassHead& w = pending_wakes[next_wake];
+    if (next_wake < wakes.size()) {
+      const ClassHead& w = wakes[next_wake];
       Class& wc = classes[w.cls];
-      if (!wc.parked || wc.pending_pass != pass_epoch) {
+      if (!wc.parked || wc.pending_pass != this_pass.epoch) {
         ++next_wake;
         continue;
       }
@@ -532,7 +534,7 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
           wc.fit_pass = 0;
           wc.pending_pass = 0;
           wc.block = Block::kResources;
-          spare.contend(wc.partition, wc.park_node, wc.demand, pass_epoch);
+          spare.contend(wc.partition, wc.park_node, wc.demand, this_pass.epoch);
           continue;
         }
         // Woken: its head comes before every head in the heap, so it is tried now (what
@@ -558,21 +560,21 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
     // The heads tried after this one start by committing to their action's record, most
     // likely a cache miss: fetch them while this one is tried.
     if (!classes.active.empty()) prefetch(&actions.slots[classes.active.front().key.slot]);
-    if (next_wake < pending_wakes.size()) {
-      const WaitQueue<OrderKey>& next = classes[pending_wakes[next_wake].cls].waiting;
+    if (next_wake < wakes.size()) {
+      const WaitQueue<OrderKey>& next = classes[wakes[next_wake].cls].waiting;
       if (!next.empty()) prefetch(&actions.slots[next.head().slot]);
     }
-    pass_cursor = &cursor;
+    this_pass.cursor = &cursor;
     Try r = try_head(c, out);
-    pass_cursor = nullptr;
+    this_pass.cursor = nullptr;
     if (r == Try::kHalt) {
       // A starving action that may use any bin stops the pass: the whole partition is its.
       // Pending wakes not reached join the heap, held back like every head behind it.
-      for (; next_wake < pending_wakes.size(); ++next_wake) {
-        const Class& wc = classes[pending_wakes[next_wake].cls];
-        if (wc.parked && wc.pending_pass == pass_epoch) unpark(pending_wakes[next_wake].cls);
+      for (; next_wake < wakes.size(); ++next_wake) {
+        const Class& wc = classes[wakes[next_wake].cls];
+        if (wc.parked && wc.pending_pass == this_pass.epoch) unpark(wakes[next_wake].cls);
       }
-      spare.contend(classes[c].partition, kNone, nullptr, pass_epoch);  // every head behind it is held back
+      spare.contend(classes[c].partition, kNone, nullptr, this_pass.epoch);  // every head behind it is held back
       classes.active_deferred.push_back(e);
       for (const Classes::ActiveEntry& rest : classes.active)
         if (classes.live(rest)) classes[rest.cls].block = Block::kHeldBack;
@@ -582,26 +584,26 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
     // Whoever still waits for resources has a claim on the bins it could use: no spare
     // units there. (Waiting for a quota or a service is waiting for something else.)
     std::int32_t node = scope_node(classes[c]);
-    if (r != Try::kWaits) spare.contend(classes[c].partition, node, classes[c].demand, pass_epoch);
+    if (r != Try::kWaits) spare.contend(classes[c].partition, node, classes[c].demand, this_pass.epoch);
     if (r == Try::kParked) classes.park(c, node, starvation_ns);
     else classes.active_deferred.push_back(e);
   }
   for (const Classes::ActiveEntry& e : classes.active_deferred)
     if (classes.live(e)) classes.push_active(e);
-  in_pass = false;
+  this_pass.walking = false;
   // Spare units for this pass's starts, and (kMalleable) for the running actions on bins a
   // completion freed room on since the last pass.
-  if (row.rules.spare != SpareRule::kNone && (!started.empty() || !elastic.freed_bins.empty())) grant_spare(out);
+  if (row.rules.spare != SpareRule::kNone && (!this_pass.started.empty() || !elastic.freed_bins.empty())) grant_spare(out);
   elastic.clear_freed();
   for (std::size_t q = 0; q < quotas.size(); ++q)
-    if (quota_blocked[q] && quotas[q].last_until != kNever) wakeup = std::min(wakeup, quotas[q].last_until);
+    if (this_pass.quota_blocked[q] && quotas[q].last_until != kNever) wakeup = std::min(wakeup, quotas[q].last_until);
   for (const ServiceRec& s : gpus.services)
     if (s.device != kNone && s.ready_ns > now) wakeup = std::min(wakeup, s.ready_ns);
   // A plan fell short sparing a service ready only since the last pass (its waiting actions
   // had this pass to start): the next pass may evict it, so one comes even when no event
   // does; else what waits for its memory would wait for good.
-  if (spared_fresh && actions.n_waiting > 0) wakeup = std::min(wakeup, now + 1);
-  spared_fresh = false;
+  if (this_pass.spared_fresh && actions.n_waiting > 0) wakeup = std::min(wakeup, now + 1);
+  this_pass.spared_fresh = false;
   prev_pass_now = now;
 }
 

@@ -66,7 +66,7 @@ double Scheduler::Impl::gain_on(std::int32_t bin) {
 }
 
 void Scheduler::Impl::record_resize(std::int32_t slot, Quantity old_grant, double work, std::vector<Decision>& out) {
-  record_resize(slot, old_grant, work, pass_epoch, out);
+  record_resize(slot, old_grant, work, this_pass.epoch, out);
 }
 
 void Scheduler::Impl::record_resize(std::int32_t slot, Quantity old_grant, double work, std::uint64_t pass,
@@ -108,7 +108,7 @@ void Scheduler::Impl::limit_grant(std::int32_t slot, Quantity max, std::vector<D
   a.grant = max;
   if (malleable) {
     elastic.add_reclaim(a.bin, a.elastic_kind, max - old_grant);
-    record_resize(slot, old_grant, work, pass_epoch + 1, out);
+    record_resize(slot, old_grant, work, this_pass.epoch + 1, out);
   } else {
     push_resize(a, out);
   }
@@ -157,27 +157,27 @@ bool Scheduler::Impl::shrink_room_somewhere(const Class& cl) {
       if (shrink_may_help(cl, part.bins[leaf])) return true;
     return false;
   }
-  const bool plain = in_pass && !cl.in_trajectory_slot && lo == 0 && hi == part.free_tree.leaves();
-  if (plain && elastic.known_no_shrink_room(cl.partition, cl.demand, pass_epoch)) return false;
+  const bool plain = this_pass.walking && !cl.in_trajectory_slot && lo == 0 && hi == part.free_tree.leaves();
+  if (plain && elastic.known_no_shrink_room(cl.partition, cl.demand, this_pass.epoch)) return false;
   for (std::int32_t b : list) {
     const std::int32_t leaf = bins.bin_leaf[b];
     if (leaf >= lo && leaf < hi && shrink_may_help(cl, b)) return true;
   }
-  if (plain) elastic.note_no_shrink_room(cl.partition, cl.demand, pass_epoch);
+  if (plain) elastic.note_no_shrink_room(cl.partition, cl.demand, this_pass.epoch);
   return false;
 }
 
 bool Scheduler::Impl::reclaim_bound_covers(const Class& cl) {
   const std::int32_t p = cl.partition;
   Quantity* bound = &elastic.reclaim_bound[static_cast<std::size_t>(p) * K];
-  if (elastic.reclaim_bound_pass[p] != pass_epoch) {
+  if (elastic.reclaim_bound_pass[p] != this_pass.epoch) {
     std::fill(bound, bound + K, 0);
     for (std::int32_t b : elastic.reclaim_bins[p]) {
       const Quantity* f = bins.free_of(b);
       const Quantity* back = &elastic.bin_reclaim[static_cast<std::size_t>(b) * K];
       for (std::int32_t k = 0; k < K; ++k) bound[k] = std::max(bound[k], f[k] + back[k]);
     }
-    elastic.reclaim_bound_pass[p] = pass_epoch;
+    elastic.reclaim_bound_pass[p] = this_pass.epoch;
   }
   for (std::int32_t k = 0; k < K; ++k)
     if (cl.demand[k] > bound[k]) return false;
@@ -188,7 +188,7 @@ bool Scheduler::Impl::reclaim_bound_covers(const Class& cl) {
 // bin it may use holds it, or would with those units (`node`: where it is confined, or kNone).
 bool Scheduler::Impl::fits_or_shrinks(Class& cl, std::int32_t node) {
   if (node != kNone) return bins.fits_some_bin(cl.partition, cl.demand, node) || reclaim_fits_node(cl, node);
-  return cl.fit_pass != fit_epoch || fits_released_leaf(cl) || shrink_room_somewhere(cl);
+  return cl.fit_pass != this_pass.fit_epoch || fits_released_leaf(cl) || shrink_room_somewhere(cl);
 }
 
 // The first bin in leaf order, among those the head may use now (as placement would: not
@@ -208,7 +208,7 @@ bool Scheduler::Impl::plan_shrink(const Class& cl, const Room& room, std::int32_
     if (shrink_futile(b) || !reclaim_covers(cl, b)) return;
     if (room.own_slot) {
       if (!bins.node_online[node]) return;
-    } else if (!bins.may_use(b, cl.in_trajectory_slot, cl.trajectory) || (any_mask && node_masked[node] == pass_epoch)) {
+    } else if (!bins.may_use(b, cl.in_trajectory_slot, cl.trajectory) || (this_pass.any_mask && this_pass.node_masked[node] == this_pass.epoch)) {
       return;
     }
     if (device == kNone && cl.gpu_memory > 0 && bins.node_max_dev_free[node] < cl.gpu_memory) return;
@@ -249,13 +249,13 @@ bool Scheduler::Impl::shrink_futile(std::int32_t bin) {
   BinRun& run = elastic.bin_run[bin];
   if (run.shrink_futile) return true;
   const double gain = gain_on(bin);
-  if (elastic.bin_shrink_floor_pass[bin] != pass_epoch) {
+  if (elastic.bin_shrink_floor_pass[bin] != this_pass.epoch) {
     double floor = kNoFinish;  // no action to take from: every plan fails
     bool lasting = true;
     for (std::int32_t s : run.running) {
       const ActionRec& a = actions.slots[s];
       if (a.elastic_kind == kNone || a.grant <= minimum(a)) continue;
-      if (elastic.started_in(s, a.bin, pass_epoch) || elastic.resized_in(s, now, pass_epoch)) {
+      if (elastic.started_in(s, a.bin, this_pass.epoch) || elastic.resized_in(s, now, this_pass.epoch)) {
         lasting = false;
         continue;
       }
@@ -271,7 +271,7 @@ bool Scheduler::Impl::shrink_futile(std::int32_t bin) {
       lasting = lasting && step_time - now_time <= now_time;
     }
     elastic.bin_shrink_floor[bin] = floor;
-    elastic.bin_shrink_floor_pass[bin] = pass_epoch;
+    elastic.bin_shrink_floor_pass[bin] = this_pass.epoch;
     if (lasting && floor >= gain + 1e-9 * (1.0 + std::abs(gain))) run.shrink_futile = true;
   }
   return !(elastic.bin_shrink_floor[bin] < gain);
@@ -289,11 +289,11 @@ void Scheduler::Impl::shrink_futility_lost(std::int32_t bin) {
 // joins the reclaim list resets the candidates.
 const std::vector<std::int32_t>& Scheduler::Impl::shrink_candidates_of(std::int32_t partition) {
   std::vector<std::int32_t>& candidates = elastic.shrink_candidates[partition];
-  if (elastic.shrink_candidates_pass[partition] != pass_epoch) {
+  if (elastic.shrink_candidates_pass[partition] != this_pass.epoch) {
     candidates.clear();
     for (std::int32_t b : elastic.reclaim_bins[partition])
       if (!shrink_futile(b)) candidates.push_back(b);
-    elastic.shrink_candidates_pass[partition] = pass_epoch;
+    elastic.shrink_candidates_pass[partition] = this_pass.epoch;
   }
   return candidates;
 }
@@ -313,7 +313,7 @@ bool Scheduler::Impl::plan_shrink_on(const Class& cl, std::int32_t bin, ShrinkPl
   for (std::int32_t s : elastic.bin_run[bin].running) {
     const ActionRec& a = actions.slots[s];
     if (a.elastic_kind == kNone || short_by[a.elastic_kind] == 0 || a.grant <= minimum(a)) continue;
-    if (elastic.started_in(s, a.bin, pass_epoch) || elastic.resized_in(s, now, pass_epoch)) continue;
+    if (elastic.started_in(s, a.bin, this_pass.epoch) || elastic.resized_in(s, now, this_pass.epoch)) continue;
     donors.push_back(ShrinkDonor{s, a.grant, work_now(s)});
   }
   if (donors.empty()) return false;
@@ -376,7 +376,7 @@ void Scheduler::Impl::start_by_shrinking(std::int32_t c, const Room& room, std::
     record_resize(slot, old_grant, plan.work[i], out);
   }
   ++bins.search_epoch;
-  fit_epoch = kNoFitEpoch;
+  this_pass.fit_epoch = PassState::kNoFitEpoch;
   start_head(c, plan.leaf, room.fixed_leaf, device, out);
 }
 

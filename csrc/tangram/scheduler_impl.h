@@ -61,6 +61,42 @@ namespace tangram {
 inline constexpr Quantity kMaxMilli = static_cast<Quantity>(kMaxBaseUnits) * kMilli;
 inline constexpr Quantity kElasticStep = kMilli;  // elastic grants grow one base unit at a time
 
+// The state of one pass (pass.cc): set up as it begins, valid until the next one begins.
+// Guarantees: an entry stamped with a pass (the masks, Class::fit_pass, the spare reserve's
+// rows, a service's draining_pass...) is this pass's exactly when it equals `epoch`, so
+// nothing needs clearing between passes; while `walking`, a wake happens at once (a head
+// behind `cursor` waits for the next pass, as a failed head would).
+struct PassState {
+  std::uint64_t epoch = 0;
+  bool walking = false;  // the walk over the heads runs
+  const OrderKey* cursor = nullptr;  // the head being looked at, while the walk runs
+  // Bins held back by a starving head: its node's (== epoch) or its whole partition's.
+  std::vector<std::uint64_t> node_masked, partition_masked;
+  bool any_mask = false;
+  std::vector<std::uint8_t> quota_blocked;  // by quota: it refused a head in this pass
+  // The head each blocked quota refused: a parked class of that quota whose head comes
+  // after it would, at its turn, wait for the quota and not for room (spare.cc).
+  std::vector<OrderKey> quota_blocked_at;
+  bool quota_refused = false;  // some quota refused a head in this pass
+  std::vector<std::int32_t> started;  // action slots started in this pass
+  std::vector<std::size_t> started_decision;  // the index of each one's kStart in the event's decisions
+  // Class::fit_pass marks a pending wake whose only possible bins are released leaves only
+  // while it equals this (set at each pass). A shrink that leaves a bin with more free room
+  // than before moves it off for the rest of the pass, so such classes search everywhere.
+  std::uint64_t fit_epoch = 0;
+  static constexpr std::uint64_t kNoFitEpoch = UINT64_MAX;
+  // A room plan fell short while sparing a service ready only since the last pass: the next
+  // pass may evict it, so one is due even if no event comes.
+  bool spared_fresh = false;
+  // Parked classes that fit a bin released since the last pass (flush_releases), in policy
+  // order of their heads. They stay parked until their turn in the pass: most lose
+  // the room to an earlier head, and a look at the released leaves then is far cheaper
+  // than a trip through the active heap and back into the park (see pass()).
+  std::vector<ClassHead> pending_wakes;
+  std::vector<std::int32_t> cand;  // scratch of try_head: find_room's candidate leaves
+  std::vector<Quantity> query;     // scratch of placement searches: a demand and GPU memory (D entries)
+};
+
 struct Scheduler::Impl {
   Inventory inv;
   PolicyConfig policy;
@@ -93,26 +129,7 @@ struct Scheduler::Impl {
   TimeNs prev_pass_now = -1;  // when the previous pass ran
   std::vector<std::string> messages;
 
-  // per-pass scratch
-  std::uint64_t pass_epoch = 0;
-  const OrderKey* pass_cursor = nullptr;  // the head being looked at, while a pass runs
-  std::vector<std::uint64_t> node_masked, partition_masked;
-  bool any_mask = false;
-  std::vector<std::uint8_t> quota_blocked;
-  // The head each blocked quota refused: a parked class of that quota whose head comes
-  // after it would, at its turn, wait for the quota and not for room (spare.cc).
-  std::vector<OrderKey> quota_blocked_at;
-  bool quota_refused = false;  // some quota refused a head in this pass
-  std::vector<std::int32_t> started;  // action slots started in this pass
-  std::vector<std::size_t> started_decision;
-  std::vector<std::int32_t> cand;
-  std::vector<Quantity> scratch;
-  // Parked classes that fit a bin released since the last pass (flush_releases), in policy
-  // order of their heads. They stay parked until their turn in the pass: most lose
-  // the room to an earlier head, and a look at the released leaves then is far cheaper
-  // than a trip through the active heap and back into the park (see pass()).
-  std::vector<ClassHead> pending_wakes;
-  bool in_pass = false;
+  PassState this_pass;  // what holds for the current pass only
 
   // ---- bins.cc: construction, bins and node membership
   Impl(Inventory inventory, PolicyConfig cfg);
@@ -168,7 +185,7 @@ struct Scheduler::Impl {
   template <class Entry, class Fits>
   void wake(std::vector<Entry>& list, std::int32_t scope, Fits&& fits);
   void release_on_node(std::int32_t node, std::int32_t partition);
-  void flush_releases();
+  void flush_releases(std::vector<ClassHead>& wakes);
   void unpark(std::int32_t c);
 
   // ---- pass.cc: the pass
@@ -177,7 +194,7 @@ struct Scheduler::Impl {
   enum class Try { kStarted, kBlocked, kWaits, kParked, kHalt };
   void pass(std::vector<Decision>& out);
   Try try_head(std::int32_t c, std::vector<Decision>& out);
-  // Where a head may go (find_room); its candidates are in `cand`.
+  // Where a head may go (find_room, which fills its candidate leaves in `cand`).
   struct Room {
     std::int32_t lo = 0, hi = 0;        // leaves of its partition it may use
     std::int32_t fixed_leaf = kNone;    // or its trajectory's bound slot
@@ -187,10 +204,10 @@ struct Scheduler::Impl {
     bool masked = false;                // its whole partition is held back
     bool borrowed = false;              // `cand` are held slots lent to it (lend_slot_room)
   };
-  Room find_room(Class& cl, std::int32_t device);
+  Room find_room(Class& cl, std::int32_t device, std::vector<std::int32_t>& cand);
   bool fits_a_held_back_node(const Class& cl, const Room& room);
-  bool held_slot_room(const Class& cl, const Room& room, bool own);
-  bool lend_slot_room(const Class& cl, const Room& room);
+  bool held_slot_room(const Class& cl, const Room& room, bool own, std::vector<std::int32_t>& cand);
+  bool lend_slot_room(const Class& cl, const Room& room, std::vector<std::int32_t>& cand);
   void unbind_slot(std::int32_t c, std::int32_t bin);
   void holder_live(TrajectoryId trajectory, std::int32_t delta);
   void free_slot(std::int32_t bin);
@@ -221,10 +238,10 @@ struct Scheduler::Impl {
     double likely = 0;
     std::vector<std::int32_t> victims;
     std::vector<std::uint8_t> discard;  // per victim: its state is given up (evict or discard_asleep)
+    // Short of room while it spared a service ready only since the last pass, which the
+    // next pass may evict (PassState::spared_fresh).
+    bool spared_fresh = false;
   };
-  // Some plan_room of this pass fell short while sparing a service ready only since the
-  // last pass: the next pass may evict it, so one is due even if no event comes (pass()).
-  mutable bool spared_fresh = false;
   RoomPlan plan_room(std::int32_t device, Quantity need, std::int32_t keep, bool starving = false) const;
   Quantity promised_on(std::int32_t device, std::int32_t keep) const;
   bool free_device_holds(Quantity memory) const;
@@ -261,16 +278,11 @@ struct Scheduler::Impl {
   // A head that cannot fit, tried now in this pass: false when it would wait for its quota
   // (refused for an earlier head of this pass) rather than for room.
   bool waits_for_room(const Class& k) const {
-    return k.quota == kNone || !quota_blocked[k.quota] || k.waiting.head() < quota_blocked_at[k.quota];
+    return k.quota == kNone || !this_pass.quota_blocked[k.quota] || k.waiting.head() < this_pass.quota_blocked_at[k.quota];
   }
 
   // ---- resize.cc: running grants under ResizeRule::kMalleable
   bool malleable = false;
-  // Class::fit_pass marks a pending wake whose only possible bins are released leaves only
-  // while it equals this (set at each pass). A shrink that leaves a bin with more free room
-  // than before moves it off for the rest of the pass, so such classes search everywhere.
-  std::uint64_t fit_epoch = 0;
-  static constexpr std::uint64_t kNoFitEpoch = UINT64_MAX;
   // Its running actions or their grants changed: the earliest finish is stale, and a bin
   // where no shrink could pay (shrink_futile) may now have one that does: its node counts as
   // released for the next pass (flush_releases), which wakes the classes parked for want of
@@ -285,8 +297,8 @@ struct Scheduler::Impl {
   void note_running(std::int32_t slot) {
     const ActionRec& a = actions.slots[slot];
     BinRun& bin = elastic.bin_run[a.bin];
-    if (bin.started_pass != pass_epoch) {
-      bin.started_pass = pass_epoch;
+    if (bin.started_pass != this_pass.epoch) {
+      bin.started_pass = this_pass.epoch;
       bin.started_from = static_cast<std::int32_t>(bin.running.size());
     }
     RunState& run = elastic.run_state[slot];

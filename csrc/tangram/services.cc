@@ -170,7 +170,7 @@ Scheduler::Impl::RoomPlan Scheduler::Impl::plan_room(std::int32_t d, Quantity ne
     plan.discard.push_back(1);
   }
   plan.ok = room >= need;
-  if (!plan.ok && spared) spared_fresh = true;
+  plan.spared_fresh = !plan.ok && spared;
   return plan;
 }
 
@@ -335,6 +335,7 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
     for (std::int32_t d = dlo; d < dhi; ++d) {
       if (!usable(d)) continue;
       RoomPlan plan = plan_room(d, room_on(d), svc_id);
+      this_pass.spared_fresh |= plan.spared_fresh;
       if (!plan.ok) continue;
       TimeNs ready = begins(d);  // after the victims' offloads
       for (std::int32_t v : plan.victims) ready += gpus.services[v].offload_ns;
@@ -415,7 +416,7 @@ void Scheduler::Impl::drain(std::int32_t svc_id, std::int32_t dlo, std::int32_t 
     victims.assign(in_way.begin(), in_way.begin() + static_cast<std::ptrdiff_t>(k));
   }
   for (std::int32_t v : victims) {
-    gpus.services[v].draining_pass = pass_epoch;
+    gpus.services[v].draining_pass = this_pass.epoch;
     gpus.services[v].draining_for = svc_id;
   }
 }
@@ -480,13 +481,14 @@ bool Scheduler::Impl::make_gpu_room(const Class& c, std::int32_t lo, std::int32_
     bool rest_fits = false;
     for (std::int32_t leaf = lo; leaf < hi && !rest_fits; ++leaf) {
       const std::int32_t b = part.bins[leaf];
-      if (!bins.node_online[bins.bin_node[b]] || (any_mask && node_masked[bins.bin_node[b]] == pass_epoch)) continue;
+      if (!bins.node_online[bins.bin_node[b]] || (this_pass.any_mask && this_pass.node_masked[bins.bin_node[b]] == this_pass.epoch)) continue;
       const Quantity* f = bins.free_of(b);
       rest_fits = true;
       for (std::int32_t k = 0; k < K && rest_fits; ++k) rest_fits = f[k] >= c.demand[k];
     }
     if (!rest_fits) return false;
     chosen = plan_room(device, c.gpu_memory, c.service, now - c.waiting.head().submit_ns >= starvation_ns);
+    this_pass.spared_fresh |= chosen.spared_fresh;
     if (!chosen.ok) return false;
     target = device;
   } else {
@@ -501,7 +503,7 @@ bool Scheduler::Impl::make_gpu_room(const Class& c, std::int32_t lo, std::int32_
       // A trajectory's own slot is nobody else's: no starving action holds it back (else a
       // starving action waiting for that slot, and the slot's own action waiting for GPU
       // memory there, would wait on each other for good).
-      if (fixed_leaf == kNone && any_mask && node_masked[n] == pass_epoch) continue;
+      if (fixed_leaf == kNone && this_pass.any_mask && this_pass.node_masked[n] == this_pass.epoch) continue;
       const Quantity* f = bins.free_of(b);
       bool fits = true;
       for (std::int32_t k = 0; k < K && fits; ++k) fits = f[k] >= c.demand[k];
@@ -509,6 +511,7 @@ bool Scheduler::Impl::make_gpu_room(const Class& c, std::int32_t lo, std::int32_
       for (std::int32_t d = gpus.node_first_dev[n]; d < gpus.node_first_dev[n + 1]; ++d) {
         if (gpus.dev_total[d] < c.gpu_memory || gpus.dev_offline[d]) continue;
         RoomPlan plan = plan_room(d, c.gpu_memory, kNone, now - c.waiting.head().submit_ns >= starvation_ns);
+        this_pass.spared_fresh |= plan.spared_fresh;
         if (!plan.ok || plan.victims.empty()) continue;
         auto cost = std::make_tuple(plan.busy, plan.queued, plan.likely, plan.victims.size(), d);
         if (cost < best) {
@@ -569,7 +572,7 @@ bool Scheduler::Impl::service_admits(Class& cl, std::int32_t& device, std::vecto
     wakeup = std::min(wakeup, svc.ready_ns);
     return false;
   }
-  if (svc.draining_pass == pass_epoch) {
+  if (svc.draining_pass == this_pass.epoch) {
     cl.block = Block::kServiceDraining;
     return false;
   }

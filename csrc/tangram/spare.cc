@@ -32,7 +32,7 @@ void Scheduler::Impl::parked_need(std::int32_t part, std::int32_t node, Quantity
   auto take = [&](std::int32_t c) {
     const Class& k = classes[c];
     if (!k.parked || k.park_node != node || (node == kNone && k.partition != part)) return;  // stale entry
-    if (quota_refused && !waits_for_room(k)) return;
+    if (this_pass.quota_refused && !waits_for_room(k)) return;
     for (std::int32_t x = 0; x < K; ++x) reserve[x] = std::max(reserve[x], k.demand[x]);
   };
   if (node != kNone) {
@@ -49,24 +49,24 @@ void Scheduler::Impl::parked_need(std::int32_t part, std::int32_t node, Quantity
 // the partition once per pass.
 const Quantity* Scheduler::Impl::bin_reserve(std::int32_t bin) {
   const std::size_t at = static_cast<std::size_t>(bin) * K;
-  if (spare.reserve_pass[bin] == pass_epoch) return &spare.reserve_rows[at];
-  spare.reserve_pass[bin] = pass_epoch;
+  if (spare.reserve_pass[bin] == this_pass.epoch) return &spare.reserve_rows[at];
+  spare.reserve_pass[bin] = this_pass.epoch;
   Quantity* reserve = &spare.reserve_rows[at];
   std::fill(reserve, reserve + K, 0);
   if (row.rules.spare != SpareRule::kUncontended) return reserve;
   const std::int32_t node = bins.bin_node[bin];
   const std::int32_t part = bins.bin_partition[bin];
   for (std::int32_t k = 0; k < K; ++k) {
-    if (spare.partition_contended[part] == pass_epoch)
+    if (spare.partition_contended[part] == this_pass.epoch)
       reserve[k] = std::max(reserve[k], spare.partition_need[static_cast<std::size_t>(part) * K + k]);
-    if (spare.node_contended[node] == pass_epoch) reserve[k] = std::max(reserve[k], spare.node_need[static_cast<std::size_t>(node) * K + k]);
+    if (spare.node_contended[node] == this_pass.epoch) reserve[k] = std::max(reserve[k], spare.node_need[static_cast<std::size_t>(node) * K + k]);
   }
   const Quantity* free = bins.free_of(bin);
   bool room = false;
   for (std::int32_t k = 0; k < K && !room; ++k) room = spare.elastic_kind_seen[k] && free[k] > reserve[k];
   if (!room) return reserve;
-  if (spare.parked_need_pass[part] != pass_epoch) {
-    spare.parked_need_pass[part] = pass_epoch;
+  if (spare.parked_need_pass[part] != this_pass.epoch) {
+    spare.parked_need_pass[part] = this_pass.epoch;
     Quantity* across = &spare.parked_need_rows[static_cast<std::size_t>(part) * K];
     std::fill(across, across + K, 0);
     parked_need(part, kNone, across);
@@ -132,11 +132,11 @@ void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
   // Candidates by bin (ordered: deterministic): this pass's starts in start order, then
   // running actions by id.
   std::map<std::int32_t, std::vector<SpareMember>> by_bin;
-  for (std::size_t i = 0; i < started.size(); ++i) {
-    const ActionRec& a = actions.slots[started[i]];
+  for (std::size_t i = 0; i < this_pass.started.size(); ++i) {
+    const ActionRec& a = actions.slots[this_pass.started[i]];
     if (a.elastic_kind == kNone || a.grant >= a.elastic_max) continue;
     if (bins.free_of(a.bin)[a.elastic_kind] <= bin_reserve(a.bin)[a.elastic_kind]) continue;  // no unit to spare
-    by_bin[a.bin].push_back(SpareMember{started[i], started_decision[i], 1.0, a.grant});
+    by_bin[a.bin].push_back(SpareMember{this_pass.started[i], this_pass.started_decision[i], 1.0, a.grant});
   }
   for (std::int32_t bin : elastic.freed_bins) {
     if (!bins.node_online[bins.bin_node[bin]]) continue;
@@ -150,8 +150,8 @@ void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
     running.clear();
     for (std::int32_t s : elastic.bin_run[bin].running) {
       const ActionRec& a = actions.slots[s];
-      if (a.elastic_kind == kNone || a.grant >= a.elastic_max || elastic.started_in(s, a.bin, pass_epoch) ||
-          elastic.resized_in(s, now, pass_epoch))
+      if (a.elastic_kind == kNone || a.grant >= a.elastic_max || elastic.started_in(s, a.bin, this_pass.epoch) ||
+          elastic.resized_in(s, now, this_pass.epoch))
         continue;
       running.push_back(SpareMember{s, SIZE_MAX, work_now(s), a.grant});
     }
