@@ -117,7 +117,7 @@ async def encode_costs() -> tuple[float, float]:
 
     async with Orchestrator(inventory=Inventory.uniform(1, {"cpu": 64, "memory": 65536}), default_managers=False,
                             managers={"cpu": NoopManager()}) as orch:
-        encoder = orch._encoder
+        encoder = orch._dispatch.encoder
         t = encoder.template(Call(runtime=0.0, resources={"cpu": 0.001}))
         templates = encoder._templates
 

@@ -40,7 +40,7 @@ def _limits(limits: dict[str, Any] | None) -> str:
 
 
 def render(status: dict[str, Any], address: str) -> Any:
-    """One frame: a rich renderable of a status snapshot (Orchestrator.status_now)."""
+    """One frame: a rich renderable of a status snapshot (Orchestrator.status_now; tangram.runtime.status documents it)."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text

@@ -94,7 +94,7 @@ def run(coro: Any) -> Any:
 
 def assert_idle(orch: Orchestrator) -> None:
     """Every action ended and the core holds nothing."""
-    assert not orch._live and not orch._pending_submit
+    assert not orch._live and orch._dispatch is not None and not orch._dispatch.pending_submit
     assert orch.scheduler is not None and orch.scheduler.waiting == 0 and orch.scheduler.running == 0
     orch.scheduler.check_invariants()
 
@@ -202,7 +202,7 @@ def test_bad_fields_raise_at_submit_naming_the_field(kwargs: dict[str, Any], fie
             with pytest.raises(tangram.ValidationError) as info:
                 orch.submit(Call(**{"fn": operator.add, "args": (1, 2), **kwargs}))
             assert info.value.field == field, str(info.value)
-            assert not orch._live and not orch._pending_submit
+            assert not orch._live and orch._dispatch is not None and not orch._dispatch.pending_submit
             assert await orch.run(Call(fn=operator.add, args=(1, 2))) == 3
 
     run(main())

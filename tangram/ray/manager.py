@@ -18,7 +18,7 @@ from ..runtime.api import ApiManager
 from ..runtime.call import Call, Placement, manager_for, require_fn_or_command, require_service_input
 from ..runtime.config import RuntimeConfig
 from ..runtime.errors import ActionCrashed, ActionFailed, ManagerError
-from ..runtime.manager import LiveAction, ResourceManager
+from ..runtime.manager import Host, LiveAction, ResourceManager
 from ..runtime.orchestrator import ActionHandle, Orchestrator
 from .agent import NodeAgent, pack_batch, rebuild_error, unpack_completions
 from .claim import ClusterClaimed, advertise, claim_cluster, release_claim
@@ -156,7 +156,6 @@ class RayManager(ResourceManager):
         self.exclusive = bool(exclusive)
         self.serves = str(serves)
         self._claim: Any = None  # the cluster's claim while this manager runs (exclusive)
-        self.orchestrator: Orchestrator | None = None
         self.nodes: dict[str, _NodeState] = {}  # by name, lost ones included
         self._by_index: dict[int, _NodeState] = {}
         self._known_ids: set[str] = set()
@@ -179,7 +178,7 @@ class RayManager(ResourceManager):
         super().attach(inventory)
         self._attached = inventory
 
-    def bind(self, orchestrator: Orchestrator) -> None:
+    def bind(self, orchestrator: Host) -> None:
         """Lets the manager tell the orchestrator about node changes (offline, joined) and
         requeue actions; the orchestrator binds it at its start."""
         self.orchestrator = orchestrator
@@ -442,31 +441,32 @@ class RayManager(ResourceManager):
             del self._sticky[t]
         for names in self._trajectory_nodes.values():
             names.discard(st.name)
-        orch = self.orchestrator
-        bound = orch is not None and orch.state == "running"
+        # The orchestrator, when this manager is bound to a running one.
+        orch = self.orchestrator if self.orchestrator is not None and self.orchestrator.state == "running" else None
         reason = f"node {st.name} was lost: {why}"
-        requeue = self.on_node_loss == "requeue" and bound
+        requeue = self.on_node_loss == "requeue"
         try:
-            if bound:
-                orch.set_node_online(st.name, False)  # type: ignore[union-attr]
+            if orch is not None:
+                orch.set_node_online(st.name, False)
             for action_id, future in list(st.inflight.items()):
                 lost = reason
-                if requeue and not _idempotent(orch, action_id):  # type: ignore[arg-type]
-                    # It may have run there, or even finished with only its reply lost.
-                    lost = f"{reason}; not rerun elsewhere because the call is not idempotent (Call.idempotent=False)"
-                elif requeue and orch.requeue(action_id, _without_affinity(orch, action_id, st.name)):  # type: ignore[union-attr]
-                    continue
+                if orch is not None and requeue:
+                    if not _idempotent(orch, action_id):
+                        # It may have run there, or even finished with only its reply lost.
+                        lost = f"{reason}; not rerun elsewhere because the call is not idempotent (Call.idempotent=False)"
+                    elif orch.requeue(action_id, _without_affinity(orch, action_id, st.name)):
+                        continue
                 if not future.done():
                     future.set_result(("lost", lost))
-            if bound:
+            if orch is not None:
                 # Waiting actions whose affinity names the lost node could never start.
-                for action_id, call in orch.waiting_calls().items():  # type: ignore[union-attr]
+                for action_id, call in orch.waiting_calls().items():
                     if call.affinity != st.name:
                         continue
                     if requeue:
-                        orch.requeue(action_id, dataclasses.replace(call, affinity=None))  # type: ignore[union-attr]
+                        orch.requeue(action_id, dataclasses.replace(call, affinity=None))
                     else:
-                        orch.abort(action_id, NodeLost(action_id, f"{reason} (the node its affinity names)", st.name))  # type: ignore[union-attr]
+                        orch.abort(action_id, NodeLost(action_id, f"{reason} (the node its affinity names)", st.name))
         finally:  # whatever failed above, no action of the node is left hanging
             for future in st.inflight.values():
                 if not future.done():
@@ -542,12 +542,12 @@ def _complete(st: _NodeState, done: Sequence[tuple[int, str, Any]]) -> int:
     return n
 
 
-def _idempotent(orch: Orchestrator, action_id: int) -> bool:
+def _idempotent(orch: Host, action_id: int) -> bool:
     call = orch.live_call(action_id)
     return call is None or call.idempotent
 
 
-def _without_affinity(orch: Orchestrator, action_id: int, node: str) -> Call | None:
+def _without_affinity(orch: Host, action_id: int, node: str) -> Call | None:
     call = orch.live_call(action_id)
     if call is None or call.affinity != node:
         return None

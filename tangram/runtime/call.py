@@ -211,12 +211,15 @@ def require_service_input(call: Call) -> None:
                                            f"{len(call.kwargs)}")
 
 
+SERVICES_MANAGER = "gpu"  # the manager of service calls by default, which also restores and evicts services
+
+
 def manager_for(call: Call) -> str:
     """The default manager of a call: "gpu" for a service, "api" for a quota, else "cpu"."""
     if call.manager is not None:
         return call.manager
     if call.service is not None:
-        return "gpu"
+        return SERVICES_MANAGER
     if call.quota is not None:
         return "api"
     return "cpu"

@@ -92,6 +92,7 @@ CENSORED_ROUNDS = 30  # Newton rounds of the censored fit at most (it stops soon
 CENSORED_SETTLED = 1e-6  # ... once the likelihood gains less than this (relative)
 VAR_FLOOR = 1e-9  # the least variance of scaled log runs (runs that all scale alike)
 SAVE_EVERY = 10.0
+DECLARED = "declared"  # an Estimate's source when the call declared its run time
 FORMAT_VERSION = 2  # 2: statistics carry the Jacobian sums (a version-1 file still loads)
 _DECAY = 0.5 ** (1 / HALF_LIFE)
 _STEP = math.log(1.01)  # estimates move in steps of 1%
@@ -155,7 +156,7 @@ class Estimate:
             planned = f"{float(model):.4g} s"
         else:
             planned = repr(model)
-        if self.source == "declared":
+        if self.source == DECLARED:
             return f"run time declared: {planned}"
         if self.source == "learned":
             elasticity = "" if self.parallel is None else (", elasticity fitted" if self.fitted else
@@ -472,7 +473,7 @@ class RunTimeEstimates:
     def estimate(self, call: Call) -> Estimate:
         """What `call` is planned with: its declared runtime, else an estimate."""
         if call.runtime is not None:
-            return Estimate(call.runtime, "declared")
+            return Estimate(call.runtime, DECLARED)
         elastic = call.elastic is not None
         try:
             minimum = float(call.resources.get(call.elastic, 0.0)) if elastic else 0.0  # type: ignore[arg-type]

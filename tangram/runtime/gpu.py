@@ -47,7 +47,7 @@ from .._model import Inventory
 from ..devices import FAKE_ENV, VISIBLE_ENV, GpuDevice, discover, parse_fake, visible
 from .call import Call, Placement, require_service_input
 from .errors import ActionFailed, ManagerError
-from .manager import LiveAction, ResourceManager
+from .manager import GpuCapabilities, LiveAction, ResourceManager
 
 log = logging.getLogger("tangram.gpu")
 
@@ -367,7 +367,7 @@ def _resolve_hooks(name: str, hooks: Any) -> ServiceHooks:
     return hooks
 
 
-class GpuManager(ResourceManager):
+class GpuManager(ResourceManager, GpuCapabilities):
     """Runs GPU services' actions on their resident instances, and gives GPU grants.
 
     Options: `services` maps each service of the inventory to its ServiceHooks (or a
@@ -931,11 +931,10 @@ class GpuManager(ResourceManager):
         self.xid_events.append({"device": device, "xid": xid, "fatal": fatal, "time": time.time()})
         (log.error if fatal else log.warning)("device %d (%s): Xid %d%s", device, self.devices[device].uuid, xid,
                                              ": it needs a reset; out of placement" if fatal else "")
-        orchestrator = getattr(self, "orchestrator", None)
         if fatal:
             self.offline_devices.add(device)
-            if orchestrator is not None and hasattr(orchestrator, "set_device_online"):
-                orchestrator.set_device_online(self.node, device, False)
+            if self.orchestrator is not None:
+                self.orchestrator.set_device_online(self.node, device, False)
         for st in self._services.values():
             if st.residency is not None and st.residency.device == device:
                 st.suspect = f"Xid {xid} on device {device}"

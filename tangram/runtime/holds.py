@@ -58,10 +58,12 @@ def check_backoff_seconds(seconds: Any, field: str = "seconds") -> float:
 
 
 class Backoffs:
-    """Per quota: the pause a throttle without retry_after asks for (doubling in a row)."""
+    """Per quota: the pause a throttle without retry_after asks for (doubling in a row),
+    and when its latest pause ends (times on the orchestrator's clock)."""
 
     def __init__(self) -> None:
         self._streak: dict[str, int] = {}
+        self._paused_until: dict[str, float] = {}
 
     def next(self, quota: str) -> float:
         streak = self._streak.get(quota, 0)
@@ -70,6 +72,23 @@ class Backoffs:
 
     def clear(self, quota: str) -> None:
         self._streak.pop(quota, None)
+
+    def pause(self, quota: str, seconds: float | None, now: float) -> tuple[float, float | None]:
+        """A throttle of `quota` at `now`, asking for `seconds` (None: the next step):
+        (the pause, when it ends), or (what is left of it, None) when the quota is paused
+        already and `seconds` is None: the throttles of requests sent before the pause
+        answer for the same burst, not a new one, so the backoff does not step up for each."""
+        paused_until = self._paused_until.get(quota, 0.0)
+        if seconds is None and paused_until > now:
+            return paused_until - now, None
+        pause = self.next(quota) if seconds is None else check_backoff_seconds(seconds, "retry_after")
+        until = now + pause
+        self._paused_until[quota] = max(paused_until, until)
+        return pause, until
+
+    def paused_for(self, quota: str, now: float) -> float:
+        """The seconds left of the quota's latest pause (0: none)."""
+        return max(0.0, self._paused_until.get(quota, 0.0) - now)
 
 
 class QuotaHold:

@@ -88,7 +88,7 @@ class OrchestratorAPI(Protocol):
         ...
 
     async def status(self) -> dict[str, Any]:
-        """A snapshot for a live view (`tangram top`; Orchestrator.status_now documents it)."""
+        """A snapshot for a live view (`tangram top`; tangram.runtime.status documents it)."""
         ...
 
     def quota(self, name: str, tokens: int = 0, trajectory: int = 0, kind: str = "hold") -> Any:

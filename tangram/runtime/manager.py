@@ -16,11 +16,12 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping, Protocol, Sequence, runtime_checkable
 
-from .._model import Inventory
-from .call import Call, Placement
-from .errors import ManagerError
+from .._model import Inventory, Node
+from .call import SERVICES_MANAGER, Call, Placement
+from .config import RuntimeConfig
+from .errors import ActionError, ManagerError
 
 ENTRY_POINT_GROUP = "tangram.managers"
 
@@ -33,6 +34,44 @@ class LiveAction:
     call: Call
 
 
+class Host(Protocol):
+    """The orchestrator as its managers see it (`ResourceManager.orchestrator`, set by
+    `bind`): exactly the calls managers make back to it, each documented on Orchestrator."""
+
+    @property
+    def state(self) -> str: ...
+    def limit_grant(self, action_id: int, amount: float) -> bool: ...
+    def requeue(self, action_id: int, call: Call | None = None) -> bool: ...
+    def abort(self, action_id: int, error: ActionError) -> bool: ...
+    def live_call(self, action_id: int) -> Call | None: ...
+    def waiting_calls(self) -> dict[int, Call]: ...
+    def set_node_online(self, node: str | int, online: bool) -> None: ...
+    def set_device_online(self, node: str | int, device: int, online: bool) -> None: ...
+    def add_node(self, node: Node) -> int: ...
+
+
+@runtime_checkable
+class GpuCapabilities(Protocol):
+    """What a manager of one node's GPUs offers the orchestrator beyond running actions
+    (GpuManager declares it; the orchestrator looks for it once, at start):
+
+      node                the inventory node whose devices it manages (known after `attach`)
+      context_mib         device memory a GPU action's process holds beyond what it
+                          allocates (its CUDA context): the core counts it in the grant
+      device_environment  the environment that carries a GPU grant to a process the CPU
+                          manager starts (CUDA_VISIBLE_DEVICES, MPS limits)
+      service_states      each service instance: its state and device (`tangram top`)
+      set_device_online   a device left placement (False) or came back (True)
+    """
+
+    node: int
+    context_mib: float
+
+    def device_environment(self, node: int, device: int, gpu_memory: float) -> Mapping[str, str]: ...
+    def service_states(self) -> Mapping[str, tuple[str, int | None]]: ...
+    def set_device_online(self, device: int, online: bool) -> None: ...
+
+
 class ResourceManager(abc.ABC):
     """Base of every resource manager. Subclasses set `name` and implement `execute`.
 
@@ -42,7 +81,11 @@ class ResourceManager(abc.ABC):
     """
 
     name: ClassVar[str]
-    orchestrator: Any = None  # set by `bind`
+    # True: the manager puts a GPU grant's environment into the action's process itself,
+    # where it runs (a Ray node agent, on its node): the orchestrator leaves it out of
+    # Placement.env.
+    gpu_env_on_node: ClassVar[bool] = False
+    orchestrator: Host | None = None  # set by `bind`
 
     def attach(self, inventory: Inventory) -> None:
         """Called before `start` with the inventory the core schedules (node names and
@@ -50,7 +93,7 @@ class ResourceManager(abc.ABC):
         with it. Default: keep it as `self.inventory`."""
         self.inventory = inventory
 
-    def bind(self, orchestrator: Any) -> None:
+    def bind(self, orchestrator: Host) -> None:
         """Called after `attach` with the orchestrator that runs this manager, so that the
         manager can tell it what it learns while actions run: a running action's limit on
         its own grant (`orchestrator.limit_grant`), lost nodes, requeues. Default: kept as
@@ -209,4 +252,27 @@ def manager_class(name: str) -> type[ResourceManager]:
     raise ManagerError(f"managers.{name}", f"no resource manager named {name!r}; known: {', '.join(known)}")
 
 
-__all__ = ["ENTRY_POINT_GROUP", "LiveAction", "ResourceManager", "MockManager", "register_manager", "manager_class"]
+def make_managers(config: RuntimeConfig, given: Sequence[ResourceManager] | Mapping[str, ResourceManager],
+                  defaults: Sequence[str]) -> dict[str, ResourceManager]:
+    """An orchestrator's managers by name: `defaults` and those the config names, made from
+    the config's options (the GPU manager with its service hooks), except where `given`
+    (instances, by name or by their `name`) replaces them or adds others."""
+    instances = dict(given) if isinstance(given, Mapping) else {m.name: m for m in given}
+    managers: dict[str, ResourceManager] = {}
+    for name in dict.fromkeys([*defaults, *config.managers]):
+        if name in instances:
+            continue
+        options = dict(config.managers.get(name, {}))
+        if name == SERVICES_MANAGER and config.service_hooks and "services" not in options:
+            options["services"] = config.service_hooks
+        cls = manager_class(name)
+        try:
+            managers[name] = cls(**options)
+        except TypeError as e:
+            raise ManagerError(f"managers.{name}", f"bad options for {cls.__name__}: {e}") from None
+    managers.update(instances)
+    return managers
+
+
+__all__ = ["ENTRY_POINT_GROUP", "GpuCapabilities", "Host", "LiveAction", "ResourceManager", "MockManager", "make_managers",
+           "register_manager", "manager_class"]

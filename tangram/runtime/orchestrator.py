@@ -16,48 +16,57 @@ action's result or typed error is set on its future and its completion is queued
 core. Timeouts and cancels are one mechanism: the task is cancelled, the manager kills
 the work and releases it, and the action ends as ActionTimeout or ActionCancelled.
 Every submitted action ends in exactly one terminal state; `close` ends the rest.
+
+The pieces, each module's docstring giving its contract (what it owns, what it may call,
+its invariants):
+
+  orchestrator    the public face and the lifecycle (this module)
+  dispatch        the event loop: queued events into the core, its decisions dispatched
+  runner          each action from its submit to its one terminal state
+  device_ops      restores and evictions in order per device, offload waits, GPU grants
+  service_router  replicated services' copies, the services' learned restore times
+  listeners       the records and queue lengths, the learned run times
+  status          the status snapshot, the utilisation
+  live            one live action's state, which they share
+
+Contract.
+  Owns       the managers, configuration, inventory, records, estimates and metrics; the
+             live actions (shared with the runner); the state ("new", "running",
+             "closing", "closed"); from start, the Dispatcher.
+  Calls      the managers' lifecycle hooks (attach, bind, start, close, check_call,
+             end_trajectory), the Dispatcher and its runner for all that moves an action,
+             the Scheduler for queries and a quota's backoff.
+  Invariant  a call is checked (its fields, its manager, its encoding) before it is
+             queued, and nothing is queued unless the state is "running".
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections.abc
-import contextvars
-import dataclasses
 import itertools
-import logging
 import math
-import re
-import sys
 import traceback
 from typing import Any, Iterable, Mapping, Sequence
 
 from .._errors import TangramError, UnknownNameError, ValidationError
 from .._model import Inventory, Node
 from .._model import given as _given
-from .._records import DISCARD, EVICT, REJECT, RESIZE, RESTORE, START, Decision, decisions
 from ..scheduler import Scheduler, integer_in, record_limits
-from .call import Call, Placement, manager_for, validate_call
+from .call import SERVICES_MANAGER, Call, manager_for, validate_call
 from .config import RuntimeConfig
-from .encode import CallEncoder, call_field_names
-from .estimates import SAVE_EVERY, Estimate, RunTimeEstimates
-from .holds import Backoffs, QuotaHold, check_backoff_seconds
-from .errors import (
-    ActionCancelled,
-    ActionError,
-    ActionFailed,
-    ActionInfeasible,
-    ActionTimeout,
-    ManagerError,
-    outcome_of,
-)
-from .manager import LiveAction, ResourceManager, manager_class
-from .records import ActionRecord, Metrics, RecordLog
-
-log = logging.getLogger("tangram.runtime")
+from .device_ops import gpu_managers
+from .dispatch import Dispatcher
+from .errors import ActionError, ManagerError
+from .estimates import RunTimeEstimates
+from .holds import Backoffs, QuotaHold
+from .listeners import EstimateReporter, RecordKeeper
+from .live import ActionState
+from .manager import ResourceManager, make_managers
+from .records import Metrics, RecordLog
+from .service_router import ServiceRouter
+from .status import snapshot, utilisation
 
 DEFAULT_MANAGERS = ("cpu", "gpu", "api")
-_BEHIND = re.compile(r"^waiting behind \d+ earlier actions? of the same shape;")
 _ID_MAX = record_limits("id")[1]
 _TRAJECTORY_MAX = record_limits("trajectory")[1]
 
@@ -84,32 +93,6 @@ class ActionHandle:
         return self.future.__await__()
 
 
-class _Live:
-    """Book-keeping of one live action (the orchestrator's, not the caller's)."""
-
-    __slots__ = ("id", "call", "future", "manager", "template", "record", "in_core", "running", "task",
-                 "timer", "cancel_reason", "watch", "placement", "estimate", "replica", "generation")
-
-    def __init__(self, action_id: int, call: Call, future: asyncio.Future[Any], manager: ResourceManager,
-                 template: int, record: ActionRecord, estimate: Estimate) -> None:
-        self.id = action_id
-        self.call = call
-        self.future = future
-        self.manager = manager
-        self.template = template
-        self.record = record
-        self.estimate = estimate  # the run time it is planned with, and where that came from
-        self.replica = -1  # running: the copy of a replicated service the core started it on
-        self.generation = 0  # of its template (CallEncoder.generation when it was made)
-        self.in_core = False  # submitted to the core (else still in the pending batch)
-        self.running = False
-        self.task: asyncio.Task[None] | None = None
-        self.timer: asyncio.TimerHandle | None = None
-        self.cancel_reason: str | None = None  # "timeout", "cancelled" or "closed"
-        self.watch: Any = None  # the future's done callback that turns a caller's cancel into ours
-        self.placement: Placement | None = None  # while it runs: what it was given (resizes change it)
-
-
 class Orchestrator:
     """Schedules live actions with the core and runs them through resource managers.
 
@@ -133,76 +116,49 @@ class Orchestrator:
                                   "these into it (Inventory(..., quotas=..., services=...)) rather than the config")
         self.inventory = inventory if inventory is not None else self.config.resolved_inventory()
         self.policy = policy if policy is not None else self.config.policy
-        self.managers: dict[str, ResourceManager] = {}
-        given = dict(managers) if isinstance(managers, Mapping) else {m.name: m for m in managers}
-        for name in dict.fromkeys([*(DEFAULT_MANAGERS if default_managers else ()), *self.config.managers]):
-            if name not in given:
-                self.managers[name] = self._make_manager(name)
-        self.managers.update(given)
+        self.managers = make_managers(self.config, managers, DEFAULT_MANAGERS if default_managers else ())
         self.records = RecordLog(self.config.max_records)
         self.quota_backoffs = Backoffs()  # per quota: the next pause of a throttle without retry_after
-        self._paused_until: dict[str, float] = {}  # per quota: when its latest backoff ends (for status)
         self.estimates = RunTimeEstimates(self.config.estimates)
-        self._save_timer: asyncio.TimerHandle | None = None
         self.metrics = Metrics(self) if metrics else None
         if self.metrics is not None:
             self.records.add_listener(self.metrics.observe)
         self.scheduler: Scheduler | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._ids = itertools.count(1)
-        self._live: dict[int, _Live] = {}
-        self._pending_submit: list[_Live] = []
-        self._pending_complete: list[int] = []
-        self._pending_cancel: list[int] = []
-        self._pending_limit: dict[int, float] = {}  # running action id -> its latest limit
-        self._flush_handle: asyncio.Handle | None = None  # the flush queued for the next iteration
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = float("inf")
-        self._device_ops: dict[tuple[int, int], asyncio.Task[None]] = {}
-        self._service_ops: collections.Counter[int] = collections.Counter()  # restores and evictions decided, per service
-        # The latest eviction decided on each (node, device) while its offload runs: the core
-        # frees an evicted service's memory when it decides, so an action placed into that
-        # memory starts only once the offload (and every device op before it) is done.
-        self._offloads: dict[tuple[int, int], asyncio.Task[None]] = {}
-        self._background: set[asyncio.Task[Any]] = set()
-        self._counts: dict[str, list[int]] = {}  # kind -> [waiting, running]
+        self._live: dict[int, ActionState] = {}
+        self._record_keeper = RecordKeeper(self.records)
+        self._learning = EstimateReporter(self.estimates)
+        self._dispatch: Dispatcher | None = None  # from start: the event loop
         self._state = "new"
         self._metrics_server: Any = None
 
-    def _make_manager(self, name: str) -> ResourceManager:
-        options = dict(self.config.managers.get(name, {}))
-        if name == "gpu" and self.config.service_hooks and "services" not in options:
-            options["services"] = self.config.service_hooks
-        cls = manager_class(name)
-        try:
-            return cls(**options)
-        except TypeError as e:
-            raise ManagerError(f"managers.{name}", f"bad options for {cls.__name__}: {e}") from None
+    def _dispatcher(self, doing: str) -> Dispatcher:
+        """The event loop, which exists once started (closed or not): a live action has one."""
+        if self._dispatch is None:
+            raise OrchestratorClosed("orchestrator", f"cannot {doing}: it is {self._state}")
+        return self._dispatch
+
+    def _running(self, doing: str) -> Dispatcher:
+        """The event loop, while the state is "running"."""
+        run = self._dispatch
+        if run is None or self._state != "running":
+            raise OrchestratorClosed("orchestrator", f"cannot {doing}: it is {self._state}")
+        return run
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> "Orchestrator":
         if self._state != "new":
             raise OrchestratorClosed("orchestrator", f"cannot start: it is {self._state}")
-        self._loop = asyncio.get_running_loop()
-        self._t0 = self._loop.time()
-        self.scheduler = Scheduler(self.inventory, self.policy, **self.config.scheduler_options())
-        self._core = self.scheduler.core
-        self._encoder = CallEncoder(self.scheduler.encoder)
-        self._node_names = [n.name for n in self.inventory.nodes]
-        self._kind_index = self.scheduler.encoder.kind_index
-        instances = self.inventory.service_instances
-        self._service_names = [name for name, _ in instances]
-        self._service_specs = [spec for _, spec in instances]  # per core service: its Service
-        for service in range(len(self._service_names)):  # times learned in earlier runs
-            self._apply_service_times(service)
-        self._cpu = self._kind_index.get("cpu", -1)
-        self._memory = self._kind_index.get("memory", -1)
+        loop = asyncio.get_running_loop()
+        self.scheduler = scheduler = Scheduler(self.inventory, self.policy, **self.config.scheduler_options())
+        router = ServiceRouter(self.inventory, self.estimates, scheduler.core)
         for m in self.managers.values():
             m.attach(self.inventory)
             m.bind(self)
-        # A GPU call's process holds a CUDA context beside what it allocates: the core counts it.
-        self._encoder.process_gpu_memory = float(getattr(self.managers.get("gpu"), "context_mib", 0.0) or 0.0)
-        self._encoder.set_gpus(float(g.memory) for n in self.inventory.nodes for g in n.gpus)
+        self._dispatch = Dispatcher(loop, scheduler, router, self.managers.get(SERVICES_MANAGER),
+                                    gpu_managers(self.managers.values()), self._live,
+                                    (self._learning, self._record_keeper),
+                                    lambda: self._state == "running")
         started: list[ResourceManager] = []
         try:
             for m in self.managers.values():
@@ -215,8 +171,7 @@ class Orchestrator:
             raise
         if self.config.metrics_port is not None and self.metrics is not None:
             self._metrics_server = self.metrics.serve(self.config.metrics_port)
-        if self.estimates.path is not None:
-            self._save_timer = self._loop.call_later(SAVE_EVERY, self._save_estimates)
+        self._learning.save_periodically(loop)
         self._state = "running"
         return self
 
@@ -238,27 +193,16 @@ class Orchestrator:
         managers. Idempotent."""
         if self._state in ("closing", "closed"):
             return
-        if self._state == "new":
-            self.estimates.close()
+        run = self._dispatch
+        if run is None:
+            self._learning.close()
             self._state = "closed"
             return
         self._state = "closing"
         try:
-            if drain:
-                while self._live:
-                    await asyncio.gather(*[asyncio.shield(lv.future) for lv in list(self._live.values())],
-                                         return_exceptions=True)
-            for lv in list(self._live.values()):
-                self._cancel(lv, "closed")
-            tasks = [lv.task for lv in self._live.values() if lv.task is not None]
-            if tasks:
-                await asyncio.gather(*tasks, return_exceptions=True)
-            self._flush()
-            if self._background:
-                await asyncio.gather(*self._background, return_exceptions=True)
+            await run.close(drain)
         finally:  # whatever went wrong above, the managers' processes and pools go
-            if self._timer is not None:
-                self._timer.cancel()
+            run.stop_timer()
             for m in self.managers.values():
                 try:
                     await m.close()
@@ -267,12 +211,7 @@ class Orchestrator:
             if self._metrics_server is not None:
                 self._metrics_server.shutdown()
                 self._metrics_server.server_close()
-            if self._save_timer is not None:
-                self._save_timer.cancel()
-            try:
-                self.estimates.close()
-            except Exception as e:  # as in _save_estimates: the run's results stand
-                log.warning("estimates: cannot save to %s: %s: %s", self.estimates.path, type(e).__name__, e)
+            self._learning.close()
             self._state = "closed"
 
     # ---------------------------------------------------------------- API
@@ -282,7 +221,8 @@ class Orchestrator:
         manager can run, an unknown kind, service, quota or manager, a bound below the
         minimum...). The core checks the rest (upper bounds, a service with an affinity...)
         when the batch is flushed; such an error ends that action alone, with that error."""
-        if self._state != "running":
+        run = self._dispatch
+        if run is None or self._state != "running":  # _running's check, inline: every submit passes here
             raise OrchestratorClosed("orchestrator", f"cannot submit: it is {self._state}")
         validate_call(call)
         name = manager_for(call)
@@ -290,7 +230,7 @@ class Orchestrator:
         if manager is None:
             raise ManagerError("call.manager", f"no manager {name!r} in this orchestrator (have: {', '.join(self.managers)})")
         estimate = self.estimates.estimate(call)
-        template = self._encoder.template(call, estimate.model)
+        template = run.encoder.template(call, estimate.model)
         manager.check_call(call)
         if action_id is None:
             action_id = next(self._ids)
@@ -298,19 +238,8 @@ class Orchestrator:
             raise ValidationError("action_id", f"must be an integer in [0, {_ID_MAX}], got {_given(action_id)}")
         elif action_id in self._live:
             raise ValidationError("action_id", f"action {action_id} is live")
-        future = self._loop.create_future()  # type: ignore[union-attr]
-        record = ActionRecord(action_id, call.kind, call.trajectory, name, self._now(),
-                              estimate=_DECLARED if estimate.source == "declared" else estimate.describe(),
-                              quota=call.quota or "")
-        lv = _Live(action_id, call, future, manager, template, record, estimate)
-        lv.generation = self._encoder.generation
-        self._live[action_id] = lv
-        lv.watch = lambda f, i=action_id: self._on_future_done(f, i)
-        future.add_done_callback(lv.watch)
-        self._pending_submit.append(lv)
-        self._count(call.kind, 0, +1)
-        self._kick()
-        return ActionHandle(action_id, future, self)
+        lv = run.runner.admit(action_id, call, manager, name, template, estimate)
+        return ActionHandle(action_id, lv.future, self)
 
     async def run(self, call: Call) -> Any:
         """Submits `call` and awaits its result (or its typed error). Cancelling the
@@ -332,9 +261,8 @@ class Orchestrator:
         the next event-loop iteration (a no-op when nothing is queued). For a caller that
         must know its submits have had their start decisions (the server, before it
         queues its writes); others need not call it."""
-        if (self._flush_handle is not None or self._pending_submit or self._pending_complete or self._pending_cancel
-                or self._pending_limit):
-            self._flush()
+        if self._dispatch is not None:
+            self._dispatch.flush_queued()
 
     def cancel(self, action_id: int) -> bool:
         """Ends a live action as ActionCancelled (killing it if it runs). False if it is
@@ -342,7 +270,7 @@ class Orchestrator:
         lv = self._live.get(action_id)
         if lv is None:
             return False
-        self._cancel(lv, "cancelled")
+        self._dispatcher("cancel").runner.cancel(lv, "cancelled")
         return True
 
     async def end_trajectory(self, trajectory: int) -> None:
@@ -351,8 +279,7 @@ class Orchestrator:
         if not integer_in(trajectory, 0, _TRAJECTORY_MAX):
             raise ValidationError("trajectory", f"must be an integer in [0, {_TRAJECTORY_MAX}], "
                                                 f"got {_given(trajectory)}")
-        self._flush()  # its completions first
-        self._handle(self._core.end_trajectories(_ids([trajectory]), self._now()))
+        self._dispatcher("end a trajectory").end_trajectory(trajectory)
         await asyncio.gather(*(m.end_trajectory(trajectory) for m in self.managers.values()))
 
     # explain, queue_lengths and utilisation are coroutines because a Client's must be
@@ -378,84 +305,27 @@ class Orchestrator:
             return f"action {action_id} is not live"
         if not lv.in_core:
             return f"submitted; the core sees it at the next flush\n{lv.estimate.describe()}"
-        return f"{self._core.explain(action_id)}\n{lv.estimate.describe()}"
+        return f"{self._dispatcher('explain').scheduler.explain(action_id)}\n{lv.estimate.describe()}"
 
     def queue_lengths_now(self) -> dict[str, tuple[int, int]]:
         """`queue_lengths`, answered synchronously."""
-        return {k: (v[0], v[1]) for k, v in self._counts.items()}
+        return self._record_keeper.queue_lengths()
 
     def utilisation_now(self) -> dict[tuple[str, str], float]:
         """`utilisation`, answered synchronously."""
-        out: dict[tuple[str, str], float] = {}
-        if self.scheduler is None:
-            return out
-        for n, node in enumerate(self.inventory.nodes):
-            for kind, cap in node.resources.items():
-                if cap > 0:
-                    out[(node.name, kind)] = 1.0 - self.scheduler.free(n, kind) / cap
-        return out
+        return utilisation(self.scheduler, self.inventory)
 
     async def status(self, running_limit: int = 20) -> dict[str, Any]:
         """A snapshot for a live view (`tangram top`): status_now's."""
         return self.status_now(running_limit)
 
     def status_now(self, running_limit: int = 20) -> dict[str, Any]:
-        """What is happening now, as plain data (it travels to a Client as is):
-
-          time, policy, objective   the clock (seconds since start) and the policy
-          queues       kind -> [waiting, running]
-          quotas       quota -> [waiting, running] (actions admitted under it)
-          quota_limits quota -> its limits as configured ("rate" per second, "burst",
-                       "max_concurrency", "tokens_per_minute"; 0: none), what it would admit
-                       now ("requests_now" back to back by its rate, "tokens_now" of its
-                       budget; None: no such limit) and "paused_for", the seconds left of a
-                       backoff (back_off_quota; 0: none)
-          running      the `running_limit` longest-running actions: [id, kind, quota, node,
-                       elastic grant (0: not elastic), seconds running], longest first
-          services     service instance -> [state, device]: "resident", "restoring",
-                       "evicting", "offloaded" or "not loaded" (the GPU manager's view)
-          utilisation  [node, resource, share held]
-          last_minute  actions ended in the last 60 s: count, per second, ACT p50 and p99
-        """
-        now = self._now() if self._loop is not None else 0.0
-        quotas: dict[str, list[int]] = {q.name: [0, 0] for q in self.inventory.quotas}
-        running = []
-        for lv in self._live.values():
-            quota = lv.call.quota
-            if quota is not None and quota in quotas:
-                quotas[quota][1 if lv.running else 0] += 1
-            if lv.running and lv.record.start is not None:
-                running.append([lv.id, lv.call.kind, quota or "", lv.record.node, lv.record.grant,
-                                now - lv.record.start])
-        running.sort(key=lambda r: -r[5])
-        service_states = getattr(self.managers.get("gpu"), "service_states", None)  # the GPU manager's
-        states = service_states() if service_states is not None else {}
-        acts = sorted(self.records.recent_acts(now - 60.0))
-        pick = lambda q: acts[min(len(acts) - 1, int(q * len(acts)))] if acts else None  # noqa: E731
-        return {
-            "time": now,
-            "policy": self.policy,
-            "objective": self.scheduler.policy.objective if self.scheduler is not None else None,
-            "queues": {k: list(v) for k, v in self.queue_lengths_now().items()},
-            "quotas": quotas,
-            "quota_limits": {q.name: self._quota_limits(q, now) for q in self.inventory.quotas},
-            "running": running[:running_limit],
-            "running_total": len(running),
-            "services": {name: list(v) for name, v in states.items()},
-            "utilisation": [[node, kind, share] for (node, kind), share in sorted(self.utilisation_now().items())],
-            "last_minute": {"ended": len(acts), "per_second": len(acts) / 60.0, "act_p50": pick(0.5),
-                            "act_p99": pick(0.99)},
-        }
-
-    def _quota_limits(self, quota: Any, now: float) -> dict[str, Any]:
-        snapshot = self.scheduler.quota_snapshot(quota.name, now) if self.scheduler is not None else {}
-        return {"rate": quota.rate, "burst": quota.burst, "max_concurrency": quota.max_concurrency,
-                "tokens_per_minute": quota.tokens_per_minute, "requests_now": snapshot.get("requests"),
-                "tokens_now": snapshot.get("tokens"), "paused_for": max(0.0, self._paused_until.get(quota.name, 0.0) - now)}
+        """What is happening now, as plain data: tangram.runtime.status documents it."""
+        return snapshot(self, self._live.values(), self._dispatch, running_limit)
 
     def now(self) -> float:
         """The orchestrator's clock: seconds since start (the core's time)."""
-        return self._now()
+        return self._dispatcher("tell the time").now()
 
     def advertise(self, host: str, port: int) -> None:
         """Where clients reach this orchestrator: a server calls it once it listens. Nothing
@@ -469,8 +339,7 @@ class Orchestrator:
         waits until the quota admits it, as any request of the quota, and gives the slot back
         on leaving; `Throttled` raised inside pauses the quota for every caller
         (tangram.runtime.holds)."""
-        if self._state != "running":
-            raise OrchestratorClosed("orchestrator", f"cannot hold a quota: it is {self._state}")
+        self._running("hold a quota")
         if "api" not in self.managers:
             raise ManagerError("managers", "a quota hold is an action of the 'api' manager, and this orchestrator has "
                                            f"none (have: {', '.join(self.managers)})")
@@ -484,19 +353,12 @@ class Orchestrator:
 
     def back_off_quota_now(self, name: str, seconds: float | None = None) -> float:
         """back_off_quota, from the orchestrator's own loop."""
-        if self.scheduler is None or self._state != "running":
-            raise OrchestratorClosed("orchestrator", f"cannot back off a quota: it is {self._state}")
+        run = self._running("back off a quota")
         if not isinstance(name, str) or name not in {q.name for q in self.inventory.quotas}:
             raise UnknownNameError("quota", f"no quota named {name!r}")
-        now = self._now()
-        if seconds is None and self._paused_until.get(name, 0.0) > now:
-            # Paused already: the throttles of requests sent before the pause answer for
-            # the same burst, not a new one, so the backoff does not step up for each.
-            return self._paused_until[name] - now
-        pause = self.quota_backoffs.next(name) if seconds is None else check_backoff_seconds(seconds, "retry_after")
-        until = now + pause
-        self.scheduler.back_off_quota(name, until)
-        self._paused_until[name] = max(self._paused_until.get(name, 0.0), until)
+        pause, until = self.quota_backoffs.pause(name, seconds, run.now())
+        if until is not None:
+            run.scheduler.back_off_quota(name, until)
         return pause
 
     # ---------------------------------------------------------------- node changes
@@ -506,37 +368,25 @@ class Orchestrator:
         """Takes a node out of placement (False) or back in (True). Actions running there
         are not ended by this: whoever took the node offline ends each of them (its
         manager fails them, or `requeue`s them)."""
-        self._flush()  # queued completions and cancels first
-        self._handle(self.scheduler.set_node_online(node, online, self._now()).array)  # type: ignore[union-attr]
-        self._arm_timer()
+        self._dispatcher("set a node online").set_node_online(node, online)
 
     def set_device_online(self, node: str | int, device: int, online: bool) -> None:
         """Takes one GPU out of placement (False: it needs a reset, as after a fatal Xid
         error) or back in (True). Its memory is fenced off; actions running there are not
         ended by this, and services resident there are evicted once their actions end."""
-        if self._state != "running":
-            return
-        self._flush()
-        index = node if isinstance(node, int) else self._node_names.index(node) if node in self._node_names else -1
-        gpu = self.managers.get("gpu")
-        if gpu is not None and getattr(gpu, "node", None) == index and hasattr(gpu, "set_device_online"):
-            gpu.set_device_online(device, online)  # before the core's evictions reach it
-        self._handle(self.scheduler.set_device_online(node, device, online, self._now()).array)  # type: ignore[union-attr]
-        self._arm_timer()
+        if self._state == "running":
+            self._dispatcher("set a device online").set_device_online(node, device, online)
 
     def add_node(self, node: Node) -> int:
         """Adds a node (online) to the core's inventory; returns its index. Waiting work
         may start there at once. Managers are not told: the one that found the node
         calls this."""
-        self._flush()
-        index, decisions = self.scheduler.add_node(node, self._now())  # type: ignore[union-attr]
-        self.inventory = self.scheduler.inventory  # type: ignore[union-attr]
-        self._node_names.append(node.name)
-        self._encoder.set_gpus([*self._encoder.gpus, *(float(g.memory) for g in node.gpus)])
-        self._handle(decisions.array)
-        self._arm_timer()
+        run = self._dispatcher("add a node")
+        index = run.add_node(node)
+        self.inventory = run.scheduler.inventory
         return index
 
+    # ---------------------------------------------------------------- live actions
     def live_call(self, action_id: int) -> Call | None:
         """The call of a live action (waiting or running); None once it has ended."""
         lv = self._live.get(action_id)
@@ -555,20 +405,15 @@ class Orchestrator:
         lv = self._live.get(action_id)
         if lv is None or lv.cancel_reason is not None or lv.record.outcome is not None:
             return False
+        run = self._dispatcher("requeue")
         if call is not None:
             validate_call(call)
             estimate = self.estimates.estimate(call)
-            template = self._encoder.template(call, estimate.model)
+            template = run.encoder.template(call, estimate.model)
             lv.manager.check_call(call)
-            lv.template, lv.generation = template, self._encoder.generation
+            lv.template, lv.generation = template, run.encoder.generation
             lv.call, lv.estimate = call, estimate
-        if not lv.running:  # waiting: in the core's queue, or in the next batch
-            self._withdraw(lv)
-            self._pending_submit.append(lv)
-            return True
-        lv.cancel_reason = "requeue"
-        if lv.task is not None:  # else its first step is running now: _start cancels its task
-            lv.task.cancel()
+        run.runner.requeue(lv)
         return True
 
     def limit_grant(self, action_id: int, amount: float) -> bool:
@@ -585,8 +430,7 @@ class Orchestrator:
         if not math.isfinite(amount):
             raise ValidationError("amount", f"{amount!r} is not a finite number of units")
         lowest = float(lv.call.resources.get(lv.call.elastic, 0.0))
-        self._pending_limit[action_id] = min(max(amount, lowest), float(lv.call.max_units))  # type: ignore[arg-type]
-        self._kick()
+        self._dispatcher("limit a grant").limit(action_id, min(max(amount, lowest), float(lv.call.max_units)))  # type: ignore[arg-type]
         return True
 
     def abort(self, action_id: int, error: ActionError) -> bool:
@@ -595,452 +439,5 @@ class Orchestrator:
         lv = self._live.get(action_id)
         if lv is None or lv.running or lv.record.outcome is not None:
             return False
-        self._withdraw(lv)
-        self._finish(lv, outcome_of(error), error=error)
+        self._dispatcher("abort").runner.abort(lv, error)
         return True
-
-    # ---------------------------------------------------------------- events
-    def _now(self) -> float:
-        return self._loop.time() - self._t0  # type: ignore[union-attr]
-
-    def _kick(self) -> None:
-        if self._flush_handle is None:
-            self._flush_handle = self._loop.call_soon(self._queued_flush)  # type: ignore[union-attr]
-
-    def _queued_flush(self) -> None:
-        self._flush_handle = None
-        self._flush()
-
-    def _flush(self) -> None:
-        """Hands every queued event to the core in batches and acts on its decisions."""
-        if self._flush_handle is not None:  # called directly: the queued one has nothing left to do
-            self._flush_handle.cancel()
-            self._flush_handle = None
-        now = self._now()
-        if self._pending_limit:  # before the completions: an action ended since is still running in the core
-            limits, self._pending_limit = self._pending_limit, {}
-            ids = [i for i in limits if (lv := self._live.get(i)) is not None and lv.running]
-            if ids:
-                self._handle(self._core.limit(_ids(ids), _amounts([limits[i] for i in ids]), now))
-        if self._pending_complete:
-            ids, self._pending_complete = self._pending_complete, []
-            self._handle(self._core.complete(_ids(ids), now))
-        if self._pending_cancel:
-            ids, self._pending_cancel = self._pending_cancel, []
-            self._handle(self._core.cancel(_ids(ids), now))
-        if self._pending_submit:
-            batch, self._pending_submit = self._pending_submit, []
-            self._submit_batch(batch, now)
-        self._encoder.collect()  # no action waiting to be submitted holds a template now
-        self._arm_timer()
-
-    def _submit_batch(self, batch: list[_Live], now: float) -> None:
-        generation = self._encoder.generation
-        for lv in batch:  # requeued since its templates were dropped: encoded again
-            if lv.generation != generation:
-                lv.template, lv.generation = self._encoder.template(lv.call, lv.estimate.model), generation
-        try:
-            records = self._encoder.records([lv.template for lv in batch], [lv.id for lv in batch],
-                                            [lv.call.trajectory for lv in batch])
-            decisions = self._core.submit(records, now)
-        except Exception:
-            # One bad action fails the whole batch (the core takes a batch whole; a value
-            # out of the record's range fails the copy): submit one by one, so only the
-            # bad ones end, each with its error, and the rest of the batch proceeds.
-            for lv in batch:
-                if lv.record.outcome is not None:  # ended meanwhile (an action started here cancelled it)
-                    continue
-                try:
-                    decisions = self._core.submit(self._encoder.records([lv.template], [lv.id], [lv.call.trajectory]),
-                                                  now)
-                except TangramError as e:
-                    self._finish(lv, "failed", error=call_field_names(e))
-                    continue
-                except Exception as e:
-                    self._finish(lv, "failed", error=ValidationError("call", f"cannot be encoded for the core: "
-                                                                             f"{type(e).__name__}: {e}"))
-                    continue
-                lv.in_core = True
-                self._handle(decisions)
-            self._note_wait_reasons(batch)
-            return
-        for lv in batch:
-            lv.in_core = True
-        self._handle(decisions)
-        self._note_wait_reasons(batch)
-
-    def _note_wait_reasons(self, batch: list[_Live]) -> None:
-        # Actions of one shape in one batch wait for the same reason: ask the core once
-        # per shape (an explanation costs microseconds; a burst has thousands of actions).
-        reasons: dict[int, str] = {}
-        for lv in batch:
-            if lv.in_core and not lv.running and lv.record.outcome is None:
-                reason = reasons.get(lv.template)
-                if reason is None:
-                    reason = reasons[lv.template] = _BEHIND.sub("waiting", self._core.explain(lv.id))
-                lv.record.wait_reason = reason
-
-    def _handle(self, records: Any) -> None:
-        if not len(records):
-            return
-        for decision in decisions(records):
-            kind = decision.kind
-            if kind == START:
-                self._start(self._live[decision.action], decision)
-            elif kind == REJECT:
-                lv = self._live[decision.action]
-                lv.in_core = False  # the core forgot it
-                self._finish(lv, "infeasible", error=ActionInfeasible(lv.id, self._core.message(decision.reason)))
-            elif kind == RESIZE:
-                lv = self._live.get(decision.action)
-                if lv is not None:  # else it ended and its completion is still on the way to the core
-                    self._resize(lv, decision.grant, decision.elastic_kind)
-            elif kind == RESTORE:
-                self._device_op("restore", decision.service, decision.node, decision.device)
-            elif kind == EVICT:
-                self._device_op("evict", decision.service, decision.node, decision.device,
-                                discard=decision.reason == DISCARD)
-
-    def _start(self, lv: _Live, decision: Decision) -> None:
-        node, device, service = decision.node, decision.device, decision.service
-        # A call naming a replicated service runs on the copy the core routed it to.
-        lv.replica = service if service >= 0 and self._service_names[service] != lv.call.service else -1
-        call = lv.call
-        resources = call.resources
-        cores = float(resources.get("cpu", 0.0))
-        memory = float(resources.get("memory", 0.0))
-        elastic_kind = decision.elastic_kind
-        if elastic_kind >= 0:
-            grant = decision.grant
-            if elastic_kind == self._cpu:
-                cores = grant
-            elif elastic_kind == self._memory:
-                memory = grant
-        else:
-            grant = float(resources.get(call.elastic, 0.0)) if call.elastic else 0.0
-        placement = Placement(lv.id, node, self._node_names[node], device if device >= 0 else None,
-                              grant, cores, memory, float(call.gpu_memory),
-                              self._gpu_env(lv, node, device) if device >= 0 else {})
-        lv.placement = placement
-        record = lv.record
-        record.start = self._now()
-        record.node = placement.node_name
-        record.device = placement.device
-        record.grant = grant
-        if lv.estimate.source != "declared":  # its run informs the estimate from now on
-            self.estimates.started(lv.id, lv.estimate.key, call.kind, call.elastic is not None, grant, record.start)
-        lv.running = True
-        self._count(call.kind, 0, -1)
-        self._count(call.kind, 1, +1)
-        # The first step of the manager's execute runs now (an eager start): an action that
-        # ends without suspending (a no-op, a cached answer, a failed precondition) is
-        # finished here, with no event-loop hop; one that suspends continues in its task.
-        # Python 3.12+: asyncio's eager task, so the first step runs as the action's task
-        # (asyncio.current_task(), wait_for and timeout work there); 3.11: the first step
-        # runs before the task exists (_Resume).
-        offload = self._offloads.get((node, device)) if device >= 0 and call.gpu_memory > 0 else None
-        coro = self._execute(lv, placement, offload)
-        context = contextvars.copy_context()
-        if _EAGER_TASKS:
-            task = asyncio.Task(coro, loop=self._loop, context=context, eager_start=True)  # type: ignore[call-arg]
-            if task.done():
-                return  # it ended; _execute has finished it
-            lv.task = task
-        else:
-            try:
-                waiting_on = context.run(coro.send, None)
-            except StopIteration:
-                return  # it ended; _execute has finished it
-            except asyncio.CancelledError:
-                return  # raised by the manager itself: _execute has finished it (cancelled)
-            lv.task = self._loop.create_task(_Resume(coro, waiting_on), context=context)  # type: ignore[union-attr]
-        if lv.cancel_reason is not None:  # cancelled (or requeued) during that first step
-            lv.task.cancel()
-        elif call.timeout is not None:
-            lv.timer = self._loop.call_later(call.timeout, self._cancel, lv, "timeout")  # type: ignore[union-attr]
-
-    def _resize(self, lv: _Live, grant: float, elastic_kind: int) -> None:
-        """The core changed a running elastic action's grant: its manager applies it to the
-        running work (the record keeps the latest grant)."""
-        old = lv.placement
-        if old is None:
-            return
-        changes: dict[str, float] = {"grant": grant}
-        if elastic_kind == self._cpu:
-            changes["cores"] = grant
-        elif elastic_kind == self._memory:
-            changes["memory"] = grant
-        lv.placement = dataclasses.replace(old, **changes)
-        self.estimates.resized(lv.id, grant, self._now())
-        lv.record.grant = grant
-        try:
-            lv.manager.resize(LiveAction(lv.id, self._running_call(lv)), lv.placement)
-        except Exception as e:  # the action runs on at its old share; the core's accounting moved
-            log.warning("managers.%s: resize of action %d to %g failed: %s: %s", lv.manager.name, lv.id, grant,
-                        type(e).__name__, e)
-
-    def _gpu_env(self, lv: _Live, node: int, device: int) -> Mapping[str, str]:
-        gpu = self.managers.get("gpu")
-        if gpu is None or lv.manager is gpu or not hasattr(gpu, "device_environment"):
-            return {}
-        if getattr(lv.manager, "gpu_env_on_node", False):  # e.g. a Ray node agent computes it on its node
-            return {}
-        return gpu.device_environment(node, device, float(lv.call.gpu_memory))  # type: ignore[attr-defined]
-
-    async def _execute(self, lv: _Live, placement: Placement, offload: asyncio.Task[None] | None = None) -> None:
-        try:
-            if offload is not None:  # its memory is still being freed (asyncio.wait: a cancel leaves the offload be)
-                await asyncio.wait((offload,))
-            result = await lv.manager.execute(LiveAction(lv.id, self._running_call(lv)), placement)
-        except asyncio.CancelledError:
-            reason = lv.cancel_reason
-            if reason is None:
-                self._finish(lv, "cancelled", error=ActionCancelled(lv.id, "the runtime was shut down"))
-                raise
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
-            if reason == "requeue":
-                self._requeue(lv)
-                return
-            if reason == "timeout":
-                self._finish(lv, "timeout", error=ActionTimeout(lv.id, f"ran past its timeout of {lv.call.timeout:g} s; killed"))
-            else:
-                self._finish(lv, "cancelled", error=ActionCancelled(lv.id, "cancelled while running" if reason == "cancelled"
-                                                                     else "the orchestrator closed while it ran"))
-        except ActionError as e:
-            self._finish(lv, outcome_of(e), error=e)
-        except Exception as e:  # a manager's own bug or a function's error it did not wrap
-            self._finish(lv, "failed", error=ActionFailed(lv.id, f"{type(e).__name__}: {e}", type(e).__name__,
-                                                           traceback.format_exc()))
-        else:
-            self._finish(lv, "ok", result=result)
-
-    def _requeue(self, lv: _Live) -> None:
-        """The end of `requeue`: the core completes the run, then gets the action again."""
-        if lv.timer is not None:
-            lv.timer.cancel()
-            lv.timer = None
-        lv.running = False
-        lv.task = None
-        lv.cancel_reason = None
-        self.estimates.finished(lv.id, self._now(), ok=False)  # its run ended unfinished
-        lv.in_core = False
-        record = lv.record
-        record.start = record.node = record.device = record.grant = None
-        self._count(lv.call.kind, 1, -1)
-        self._count(lv.call.kind, 0, +1)
-        self._pending_complete.append(lv.id)
-        self._pending_submit.append(lv)
-        self._kick()
-
-    def _cancel(self, lv: _Live, reason: str) -> None:
-        if lv.record.outcome is not None:
-            return
-        if lv.running:
-            if lv.cancel_reason is None:
-                lv.cancel_reason = reason
-                if lv.task is not None:  # else its first step is running now: _start cancels its task
-                    lv.task.cancel()
-            return
-        error = ActionCancelled(lv.id, "cancelled while waiting" if reason == "cancelled" else "the orchestrator closed")
-        self._withdraw(lv)
-        self._finish(lv, "cancelled", error=error)
-
-    def _withdraw(self, lv: _Live) -> None:
-        """Takes a waiting action out of the core's queue (by a cancel at the next flush)
-        or out of the batch not yet flushed."""
-        if lv.in_core:
-            self._pending_cancel.append(lv.id)
-            lv.in_core = False
-            self._kick()
-        else:
-            try:
-                self._pending_submit.remove(lv)
-            except ValueError:  # in the batch being submitted now, which skips an action that has ended
-                pass
-
-    def _on_future_done(self, future: asyncio.Future[Any], action_id: int) -> None:
-        # The caller cancelled the future (e.g. its awaiting task was cancelled): cancel
-        # the action itself.
-        if future.cancelled():
-            lv = self._live.get(action_id)
-            if lv is not None:
-                self._cancel(lv, "cancelled")
-
-    def _finish(self, lv: _Live, outcome: str, result: Any = None, error: BaseException | None = None) -> None:
-        """The action's one terminal state."""
-        record = lv.record
-        if record.outcome is not None:
-            return
-        record.outcome = outcome
-        record.end = self._now()
-        if error is not None:
-            record.error = str(error)
-        if lv.timer is not None:
-            lv.timer.cancel()
-        kind = lv.call.kind
-        if lv.running:
-            if lv.estimate.source != "declared":
-                self.estimates.finished(lv.id, record.end, ok=outcome == "ok")
-            self._count(kind, 1, -1)
-            self._pending_complete.append(lv.id)
-            self._kick()
-        else:
-            self._count(kind, 0, -1)
-        del self._live[lv.id]
-        if not lv.future.done():
-            # Ended here, so the caller-cancel watch has nothing left to do: removing it
-            # spares a callback (an event-loop handle) per action.
-            lv.future.remove_done_callback(lv.watch)
-            if error is None:
-                lv.future.set_result(result)
-            else:
-                lv.future.set_exception(error)
-        self.records.finish(record)
-
-    def _save_estimates(self) -> None:
-        self._save_timer = self._loop.call_later(SAVE_EVERY, self._save_estimates)  # type: ignore[union-attr]
-        try:
-            self.estimates.save()
-        except Exception as e:  # a full disk or a locked file loses a save, not the run
-            log.warning("estimates: cannot save to %s: %s: %s", self.estimates.path, type(e).__name__, e)
-
-    def _count(self, kind: str, column: int, delta: int) -> None:
-        counts = self._counts.get(kind)
-        if counts is None:
-            counts = self._counts[kind] = [0, 0]
-        counts[column] += delta
-
-    def _device_op(self, op: str, service: int, node: int, device: int, discard: bool = False) -> None:
-        """Restores and evictions on one device run in the order the core decided them. A
-        restore done is reported to the core (ready now, if it planned later), and the
-        seconds the manager measured teach the service's restore and offload times."""
-        manager = self.managers.get("gpu")
-        if manager is None:
-            # Service calls routed to another manager (Call.manager): residency is then the
-            # core's bookkeeping only, and nothing is there to carry it out.
-            return
-        previous = self._device_ops.get((node, device))
-        self._service_ops[service] += 1
-        decided = self._service_ops[service]
-
-        async def run() -> None:
-            if previous is not None:
-                await asyncio.gather(previous, return_exceptions=True)
-            name = self._service_names[service]
-            seconds = await (manager.evict(name, node, device, discard) if op == "evict"
-                             else manager.restore(name, node, device))
-            if isinstance(seconds, (int, float)):
-                self._learn_service_time(service, "restore" if op == "restore" else "offload", float(seconds))
-            # Reported only while it is the service's latest operation: the core may since have
-            # decided its eviction and another restore, which this report must not mark done.
-            if op == "restore" and self._state == "running" and self._service_ops[service] == decided:
-                self._handle(self._core.service_restored(service, node, device, max(self._now(), self._core.now)))
-                self._flush()
-
-        task = self._loop.create_task(run())  # type: ignore[union-attr]
-        self._device_ops[(node, device)] = task
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        if op == "evict":
-            key = (node, device)
-            self._offloads[key] = task
-            task.add_done_callback(lambda t: self._offloads.pop(key) if self._offloads.get(key) is t else None)
-
-    # ---------------------------------------------------------------- replicas
-    def _running_call(self, lv: _Live) -> Call:
-        """The call as its manager runs it: naming the copy the core routed it to when it
-        named a replicated service (lv.call keeps the name: a requeue routes it again)."""
-        if lv.replica < 0:
-            return lv.call
-        return dataclasses.replace(lv.call, service=self._service_names[lv.replica])
-
-    # ---------------------------------------------------------------- service times
-    def _service_time_key(self, service: int, what: str) -> str:
-        return f"service:{self._service_specs[service].name}:{what}"  # replicas share theirs
-
-    def _service_time(self, service: int, what: str) -> float:
-        """A service's restore or offload seconds: learned from the ones measured (here or
-        in earlier runs sharing the estimates database), else as the inventory declares."""
-        estimate = self.estimates.plan(self._service_time_key(service, what), f"service-{what}", False, 0.0)
-        if estimate.source == "learned":
-            return float(estimate.model)
-        declared = self._service_specs[service]
-        return float(declared.restore_seconds if what == "restore" else declared.offload)
-
-    def _learn_service_time(self, service: int, what: str, seconds: float) -> None:
-        self.estimates.learn(self._service_time_key(service, what), f"service-{what}", False, seconds, None)
-        name = self._service_specs[service].name
-        for sibling, spec in enumerate(self._service_specs):  # its replicas share the estimate
-            if spec.name == name:
-                self._apply_service_times(sibling)
-
-    def _apply_service_times(self, service: int) -> None:
-        restore, offload = self._service_time(service, "restore"), self._service_time(service, "offload")
-        self._core.set_service_times(service, restore, offload)
-
-    def _arm_timer(self) -> None:
-        wakeup = self._core.next_wakeup
-        if wakeup is None or wakeup >= self._timer_at:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer_at = wakeup
-        self._timer = self._loop.call_at(self._t0 + wakeup, self._on_timer)  # type: ignore[union-attr]
-
-    def _on_timer(self) -> None:
-        self._timer, self._timer_at = None, float("inf")
-        self._handle(self._core.tick(max(self._now(), self._core.now)))
-        self._flush()
-
-
-_DECLARED = "declared"  # a record's `estimate` for a call that declared its run time
-_EAGER_TASKS = sys.version_info >= (3, 12)  # asyncio.Task(..., eager_start=True)
-_STEPPED = object()
-
-
-class _Resume(collections.abc.Coroutine):  # type: ignore[type-arg]
-    """A task's body that continues `coro`, whose first step already ran (an eager start)
-    and yielded `waiting_on`, what it awaits: the task's first step gets `waiting_on`
-    back; every later send and throw goes through to `coro`. A cancel that arrives
-    before that first step also cancels `waiting_on`, as a task waiting on it would."""
-
-    __slots__ = ("coro", "waiting_on")
-
-    def __init__(self, coro: Any, waiting_on: Any) -> None:
-        self.coro = coro
-        self.waiting_on = waiting_on
-
-    def send(self, value: Any) -> Any:
-        waiting_on = self.waiting_on
-        if waiting_on is not _STEPPED:
-            self.waiting_on = _STEPPED
-            return waiting_on
-        return self.coro.send(value)
-
-    def throw(self, error: Any, *rest: Any) -> Any:
-        waiting_on = self.waiting_on
-        if waiting_on is not _STEPPED:
-            self.waiting_on = _STEPPED
-            if isinstance(error, asyncio.CancelledError) and isinstance(waiting_on, asyncio.Future):
-                waiting_on.cancel()
-        return self.coro.throw(error, *rest)
-
-    def close(self) -> None:
-        self.coro.close()
-
-    def __await__(self) -> Any:
-        raise TypeError("a task's body, not to be awaited")
-
-
-def _ids(ids: list[int]) -> Any:
-    import numpy as np
-
-    return np.asarray(ids, dtype=np.uint64)
-
-
-def _amounts(values: list[float]) -> Any:
-    import numpy as np
-
-    return np.asarray(values, dtype=np.float64)

@@ -87,7 +87,7 @@ class LoopThread:
         return self._call(self._target.utilisation())
 
     def status(self) -> dict[str, Any]:
-        """A snapshot for a live view (Orchestrator.status_now documents it)."""
+        """A snapshot for a live view (tangram.runtime.status documents it)."""
         return self._call(self._target.status())
 
     def quota(self, name: str, tokens: int = 0, trajectory: int = 0, kind: str = "hold") -> "SyncQuotaHold":

@@ -352,7 +352,7 @@ class Client:
         return await self._request("utilisation", [])
 
     async def status(self) -> dict[str, Any]:
-        """The server's snapshot for a live view (Orchestrator.status_now documents it)."""
+        """The server's snapshot for a live view (tangram.runtime.status documents it)."""
         return await self._request("status", [])
 
     async def ping(self) -> float:

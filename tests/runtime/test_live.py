@@ -238,8 +238,8 @@ def test_a_restore_done_early_is_ready_at_once_and_its_measured_time_is_learned(
             elapsed = time.perf_counter() - began
             learned = {e["key"]: e for e in orch.estimates.entries()}
             assert {"service:reward:restore", "service:reward:offload"} <= set(learned)
-            assert 0.04 <= orch._service_time(0, "restore") < 1.0
-            assert 0.01 <= orch._service_time(0, "offload") < 1.0
+            assert 0.04 <= orch._dispatch.router.service_time(0, "restore") < 1.0
+            assert 0.01 <= orch._dispatch.router.service_time(0, "offload") < 1.0
             return elapsed
 
     assert asyncio.run(main()) < 30.0  # a load and a restore, neither waiting out the 30 s estimate
@@ -249,7 +249,7 @@ def test_a_restore_done_early_is_ready_at_once_and_its_measured_time_is_learned(
         managers = {"gpu": GpuManager(services={"reward": TimedHooks()}, devices="inventory")}
         async with Orchestrator(inventory=inventory, default_managers=False, managers=managers,
                                 config=RuntimeConfig(estimates=str(database))) as orch:
-            assert 0.04 <= orch._service_time(0, "restore") < 1.0
+            assert 0.04 <= orch._dispatch.router.service_time(0, "restore") < 1.0
 
     asyncio.run(again())
 
@@ -532,7 +532,7 @@ def test_more_shapes_in_one_burst_than_templates_kept(monkeypatch) -> None:
             await asyncio.sleep(0.05)
             assert orch.scheduler is not None
             assert [orch.scheduler.runtime(h.id, 1.0) for h in handles] == [float(i + 1) for i in range(10)]
-            assert orch._encoder.generation == 1  # dropped after the burst was submitted
+            assert orch._dispatch.encoder.generation == 1  # dropped after the burst was submitted
             gate.set()
             await asyncio.gather(*handles)
             assert await orch.run(Call(fn=lambda: 7, resources={}, manager="mock", runtime=3.5)) == 7
