@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -75,6 +76,10 @@ struct Bins {
   const Quantity* free_of(std::int32_t bin) const { return &bin_room[static_cast<std::size_t>(bin) * 2 * K]; }
   const Quantity* cap_of(std::int32_t bin) const { return &bin_room[(static_cast<std::size_t>(bin) * 2 + 1) * K]; }
   std::int32_t nodes() const { return static_cast<std::int32_t>(node_online.size()); }
+  // Argument check of the public calls: Error naming the field when out of range.
+  void check_node(std::int32_t node) const {
+    if (node < 0 || node >= nodes()) throw Error(ErrorCode::kUnknownName, "node", "no node with index " + std::to_string(node));
+  }
 
   // ---- bins.cc
   // Sets the kinds and whether there are GPUs (the trees' dimensions); the trees are built

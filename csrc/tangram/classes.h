@@ -126,6 +126,10 @@ struct PartitionParking {
   std::int64_t count = 0;  // classes parked here now
 };
 
+// The class an entry of a parked list names.
+inline std::int32_t class_of(std::int32_t c) { return c; }
+inline std::int32_t class_of(const ClassHead& entry) { return entry.cls; }
+
 struct Classes {
   std::int32_t K = 0;  // kinds: the length of a demand row
   std::vector<Class> all;  // by class id

@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "tangram/model.h"
@@ -71,6 +72,11 @@ struct Gpus {
   std::vector<Quantity> node_offload_used, node_offload_cap;
 
   bool any() const { return !dev_node.empty(); }
+  // Argument check of the public calls: Error naming the field when out of range.
+  void check_service(std::int32_t service) const {
+    if (service < 0 || service >= static_cast<std::int32_t>(services.size()))
+      throw Error(ErrorCode::kUnknownName, "service", "no service with index " + std::to_string(service));
+  }
   // Appends a node's devices after every existing one; returns its largest device's memory.
   Quantity add_node(const NodeSpec& node) {
     const std::int32_t n = static_cast<std::int32_t>(node_first_dev.size()) - 1;

@@ -156,7 +156,7 @@ void Scheduler::Impl::unpark(std::int32_t c) {
   classes.activate(c);
   // Woken mid-pass behind the cursor: this pass has passed it by, as it would have passed
   // by a failed head, so it still waits there (for room, or for its refused quota).
-  if (this_pass.cursor != nullptr && cl.waiting.head() < *this_pass.cursor && waits_for_room(cl)) {
+  if (this_pass.cursor != nullptr && cl.waiting.head() < *this_pass.cursor && this_pass.waits_for_room(cl)) {
     spare.contend(cl.partition, cl.park_node, cl.demand, this_pass.epoch);
   }
 }

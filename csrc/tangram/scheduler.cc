@@ -122,18 +122,8 @@ void Scheduler::tick(TimeNs now, std::vector<Decision>& out) {
   impl_->pass(out);
 }
 
-void Scheduler::Impl::check_service(std::int32_t service) const {
-  if (service < 0 || service >= static_cast<std::int32_t>(gpus.services.size()))
-    throw Error(ErrorCode::kUnknownName, "service", "no service with index " + std::to_string(service));
-}
-
-void Scheduler::Impl::check_node(std::int32_t node) const {
-  if (node < 0 || node >= static_cast<std::int32_t>(inv.nodes.size()))
-    throw Error(ErrorCode::kUnknownName, "node", "no node with index " + std::to_string(node));
-}
-
 std::int32_t Scheduler::Impl::global_device(std::int32_t node, std::int32_t device) const {
-  check_node(node);
+  bins.check_node(node);
   const std::int32_t d = gpus.node_first_dev[node] + device;
   if (device < 0 || d >= gpus.node_first_dev[node + 1])
     throw Error(ErrorCode::kUnknownName, "device", "node " + std::to_string(node) + " has no GPU " + std::to_string(device));
@@ -145,7 +135,7 @@ void Scheduler::service_restored(std::int32_t service, std::int32_t node, std::i
   out.clear();
   Impl& m = *impl_;
   m.validate_now(now);
-  m.check_service(service);
+  m.gpus.check_service(service);
   const std::int32_t d = m.global_device(node, device);
   m.messages.clear();
   m.now = now;
@@ -173,7 +163,7 @@ QuotaSnapshot Scheduler::quota_snapshot(std::int32_t quota, TimeNs now) const {
 
 void Scheduler::set_service_times(std::int32_t service, double restore_seconds, double offload_seconds) {
   Impl& m = *impl_;
-  m.check_service(service);
+  m.gpus.check_service(service);
   if (!std::isfinite(restore_seconds) || restore_seconds < 0 || restore_seconds > kMaxSeconds)
     throw Error(ErrorCode::kInvalidArgument, "restore_seconds", "must be a finite number in [0, 1e9]");
   if (!std::isfinite(offload_seconds) || offload_seconds < 0 || offload_seconds > kMaxSeconds)
@@ -186,7 +176,7 @@ void Scheduler::set_node_online(std::int32_t node, bool online, TimeNs now, std:
   out.clear();
   Impl& m = *impl_;
   m.validate_now(now);
-  m.check_node(node);
+  m.bins.check_node(node);
   m.messages.clear();
   m.now = now;
   m.set_node_online(node, online);
@@ -236,7 +226,7 @@ bool Scheduler::device_online(std::int32_t node, std::int32_t device) const {
 
 bool Scheduler::node_online(std::int32_t node) const {
   const Impl& m = *impl_;
-  m.check_node(node);
+  m.bins.check_node(node);
   return m.bins.node_online[node] != 0;
 }
 
@@ -283,7 +273,7 @@ std::size_t Scheduler::class_count() const { return impl_->classes.in_use(); }
 
 Quantity Scheduler::free(std::int32_t node, std::int32_t kind) const {
   const Impl& m = *impl_;
-  m.check_node(node);
+  m.bins.check_node(node);
   if (kind < 0 || kind >= m.K) throw Error(ErrorCode::kUnknownName, "kind", "no kind with index " + std::to_string(kind));
   Quantity total = 0;
   for (std::size_t b = 0; b < m.bins.bin_node.size(); ++b)
@@ -302,7 +292,7 @@ std::int32_t Scheduler::trajectory_slot_node(TrajectoryId trajectory) const {
 
 std::pair<std::int32_t, std::int32_t> Scheduler::service_location(std::int32_t service) const {
   const Impl& m = *impl_;
-  m.check_service(service);
+  m.gpus.check_service(service);
   std::int32_t d = m.gpus.services[service].device;
   if (d == kNone) return {kNone, kNone};
   return {m.gpus.dev_node[d], m.gpus.dev_local[d]};
@@ -310,7 +300,7 @@ std::pair<std::int32_t, std::int32_t> Scheduler::service_location(std::int32_t s
 
 bool Scheduler::service_ready(std::int32_t service) const {
   const Impl& m = *impl_;
-  m.check_service(service);
+  m.gpus.check_service(service);
   return m.gpus.services[service].ready(m.now);
 }
 

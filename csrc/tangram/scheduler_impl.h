@@ -1,33 +1,47 @@
 // The scheduler core's private state and the map of its sources. docs/scheduling.md states
 // the rules; tangram/reference.py implements the same rules naively, and the differential
-// tests hold the two to identical decisions. This header is not installed.
+// tests hold the two to identical decisions. These headers are not installed.
 //
-// State:
-//   bins        what placement packs into, per the policy's BinLayout: a node, one trajectory
-//               slot, or a node's share for one task pool. Each partition (one, or one per
-//               task pool) has a BinTree over its bins for fast "first bins that fit".
-//   classes     waiting actions with identical admission constraints (demand, gpu memory,
-//               affinity, service, quota, tokens; the trajectory with trajectory slots). If
-//               the first of a class cannot start, none of the class can in that pass.
-//   active      a heap of the head of every class that may start, in policy order. A
-//               class that failed on resources alone is parked off it until resources are
-//               released where it could run; parking only skips work that would fail. A
-//               class woken by released room looks only at the released bins.
-//   running     under ResizeRule::kMalleable: each bin's running actions, and per bin and
-//               kind the units above their minimum that running elastic actions hold
-//               (what a shrink could take back). A class parks only where free plus those
-//               units cannot hold it either: growing and shrinking move units between the
-//               two, so only a release can make such a class fit.
+// Scheduler::Impl is made of parts, each a struct in its own header that states what it
+// owns and guarantees, with the methods that touch only its own state:
+//   Bins (bins.h)          what placement packs into, per the policy's BinLayout: a node,
+//                          one trajectory slot, or a node's share for one task pool. Each
+//                          partition (one, or one per task pool) has a BinTree over its bins
+//                          for fast "first bins that fit". Node membership; trajectory
+//                          slots' holders.
+//   Gpus (gpus.h)          devices and the GPU services resident on them or offloaded.
+//   Actions (actions.h)    live actions by slot, the id and trajectory indexes.
+//   Classes (classes.h)    waiting actions with identical admission constraints (demand,
+//                          gpu memory, affinity, service, quota, tokens; the trajectory with
+//                          trajectory slots): if the first of a class cannot start, none of
+//                          the class can in that pass. A heap of the head of every class
+//                          that may start, in policy order; a class that failed on resources
+//                          alone is parked off it until resources are released where it
+//                          could run (parking only skips work that would fail).
+//   Releases (releases.h)  room released since the last pass: a class woken by it looks
+//                          only at the released bins.
+//   Elastic (elastic_state.h)  under ResizeRule::kMalleable: each bin's running actions,
+//                          and per bin and kind the units above their minimum that running
+//                          elastic actions hold (what a shrink could take back). A class
+//                          parks only where free plus those units cannot hold it either:
+//                          growing and shrinking move units between the two, so only a
+//                          release can make such a class fit.
+//   SpareReserve (spare.h) what spare elastic units must leave free in a pass.
+//   PassState (below)      what holds for one pass only.
+// Impl holds the parts, the policy's resolved rules, quotas, tables and the clock, and the
+// methods that coordinate across parts: the events (submit, finish, ...), the pass and a
+// head's try, services' restores and evictions, spare units and shrinks.
 //
 // Sources, one concern each (each file opens with what it reads, changes and guarantees):
 //   policy.cc          the rows of rules, policy names
-//   bins.cc            construction, bins, trees, node membership
+//   bins.cc            construction, bins, trees, node membership (and Bins' methods)
 //   actions.cc         validation, classes, submit, the end of an action
-//   parking.cc         parking and wakes
+//   parking.cc         parking and wakes (and Classes' park, Releases' leaves)
 //   pass.cc            the pass and a head's try (placement, starvation, quota admission)
 //   services.cc        GPU services: restores, greedy eviction
 //   spare.cc           spare elastic units (to this pass's starts, and to running actions)
-//   resize.cc          running grants: remaining work, shrinks for a waiting head
+//   resize.cc          running grants: remaining work, shrinks for a waiting head (and
+//                      Elastic's methods)
 //   introspection.cc   explain, invariants
 //   scheduler.cc       the public face: events in, decisions out
 //   quota.cc, elasticity.cc, bin_tree.cc, id_map.h, wait_queue.h: the data structures.
@@ -95,41 +109,50 @@ struct PassState {
   std::vector<ClassHead> pending_wakes;
   std::vector<std::int32_t> cand;  // scratch of try_head: find_room's candidate leaves
   std::vector<Quantity> query;     // scratch of placement searches: a demand and GPU memory (D entries)
+
+  // A head that cannot fit, tried now in this pass: false when it would wait for its quota
+  // (refused for an earlier head of this pass) rather than for room.
+  bool waits_for_room(const Class& k) const {
+    return k.quota == kNone || !quota_blocked[k.quota] || k.waiting.head() < quota_blocked_at[k.quota];
+  }
 };
 
 struct Scheduler::Impl {
+  // The inventory and policy, and the policy's rules resolved once.
   Inventory inv;
   PolicyConfig policy;
-  PolicyRow row;  // the policy's rules, resolved once (policy.h): nothing below asks its name
+  PolicyRow row;  // the policy's rules (policy.h): nothing below asks its name
+  std::int32_t K = 0;  // kinds
   // OrderRule as numbers, so the key needs no branch: key = est_ns * estimate_weight +
   // submit_ns * aging_permille / 1000 (both 0 under kArrival).
   std::int64_t estimate_weight = 0;
+  std::int64_t aging_permille = 0;
+  // OrderRule::kProgress: Actions::trajectory_progress counts each trajectory's starts.
+  bool count_progress = false;
+  bool malleable = false;  // ResizeRule::kMalleable
   // A starving head that may use any bin stops the pass: the whole partition is its. Not
   // with several partitions (the others go on) nor with trajectory slots (bound slots are
   // their trajectories' own).
   bool starving_head_halts = false;
-  std::int32_t K = 0;  // kinds
-  std::int64_t aging_permille = 0;
-  // OrderRule::kProgress: Actions::trajectory_progress counts each trajectory's starts.
-  bool count_progress = false;
   TimeNs starvation_ns = 0;
 
-  Bins bins;  // bins and trees, node membership, trajectory slots (bins.h)
-  Gpus gpus;  // services and devices (gpus.h)
+  // The parts.
+  Bins bins;
+  Gpus gpus;
+  Actions actions;
+  Classes classes;
+  Releases released;
+  Elastic elastic;
+  SpareReserve spare;
+  PassState this_pass;
   std::vector<QuotaState> quotas;
-  std::vector<RuntimeTable> tables;
+  std::vector<RuntimeTable> tables;  // Scheduler::add_table's run-time tables
 
-  Actions actions;  // live actions by slot (actions.h)
-  Classes classes;  // classes, the active heap, parked classes (classes.h)
-  Releases released;  // room released since the last pass (releases.h)
-  Elastic elastic;  // running actions per bin, reclaimable units, shrink memos (elastic_state.h)
-  SpareReserve spare;  // what spare units leave free in a pass (spare.h)
+  // The clock and what the last event call hands back besides its decisions.
   TimeNs now = 0;
-  TimeNs wakeup = kNever;
   TimeNs prev_pass_now = -1;  // when the previous pass ran
+  TimeNs wakeup = kNever;
   std::vector<std::string> messages;
-
-  PassState this_pass;  // what holds for the current pass only
 
   // ---- bins.cc: construction, bins and node membership
   Impl(Inventory inventory, PolicyConfig cfg);
@@ -180,8 +203,6 @@ struct Scheduler::Impl {
 
 
   // ---- parking.cc: parking and wakes
-  static std::int32_t class_of(std::int32_t c) { return c; }
-  static std::int32_t class_of(const ClassHead& entry) { return entry.cls; }
   template <class Entry, class Fits>
   void wake(std::vector<Entry>& list, std::int32_t scope, Fits&& fits);
   void release_on_node(std::int32_t node, std::int32_t partition);
@@ -256,8 +277,6 @@ struct Scheduler::Impl {
   bool serves_another(const Class& cl, std::int32_t d) const;
   bool device_online(std::int32_t d) const { return bins.node_online[gpus.dev_node[d]] && !gpus.dev_offline[d]; }
   // Argument checks of the public calls: Error naming the field when out of range.
-  void check_service(std::int32_t service) const;
-  void check_node(std::int32_t node) const;
   std::int32_t global_device(std::int32_t node, std::int32_t device) const;  // node's GPU `device`
   void set_device_online(std::int32_t d, bool online);
 
@@ -275,14 +294,8 @@ struct Scheduler::Impl {
   // actions it waits on. Computed once per bin and pass.
   const Quantity* bin_reserve(std::int32_t bin);
   void parked_need(std::int32_t part, std::int32_t node, Quantity* reserve) const;
-  // A head that cannot fit, tried now in this pass: false when it would wait for its quota
-  // (refused for an earlier head of this pass) rather than for room.
-  bool waits_for_room(const Class& k) const {
-    return k.quota == kNone || !this_pass.quota_blocked[k.quota] || k.waiting.head() < this_pass.quota_blocked_at[k.quota];
-  }
 
   // ---- resize.cc: running grants under ResizeRule::kMalleable
-  bool malleable = false;
   // Its running actions or their grants changed: the earliest finish is stale, and a bin
   // where no shrink could pay (shrink_futile) may now have one that does: its node counts as
   // released for the next pass (flush_releases), which wakes the classes parked for want of

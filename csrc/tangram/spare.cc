@@ -32,7 +32,7 @@ void Scheduler::Impl::parked_need(std::int32_t part, std::int32_t node, Quantity
   auto take = [&](std::int32_t c) {
     const Class& k = classes[c];
     if (!k.parked || k.park_node != node || (node == kNone && k.partition != part)) return;  // stale entry
-    if (this_pass.quota_refused && !waits_for_room(k)) return;
+    if (this_pass.quota_refused && !this_pass.waits_for_room(k)) return;
     for (std::int32_t x = 0; x < K; ++x) reserve[x] = std::max(reserve[x], k.demand[x]);
   };
   if (node != kNone) {
