@@ -5,7 +5,7 @@
 // slot; the free slots; live ids -> slots; per trajectory its live actions and (OrderRule::
 // kProgress) the actions it has started; the waiting and running counts; the submit
 // sequence; the batch mark of validate_ids.
-// Guarantees (check() in introspection.cc holds them):
+// Guarantees (Scheduler::Impl::check(), in introspection.cc, with the classes they wait in):
 //   - by_id maps exactly the live (waiting or running) actions' ids to their slots, outside
 //     a submit's validation (which marks the batch's ids kBatchSlot and takes them out again
 //     on an error); a free slot's record is kUnknown;

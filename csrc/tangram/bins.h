@@ -7,7 +7,7 @@
 // (one, or one per task pool) its bins in leaf order, each node's leaf range and two
 // BinTrees (free room, capacity); per node whether it is online and its largest free and
 // total device memory (the trees' GPU dimension); trajectory slots' holders.
-// Guarantees (check() in introspection.cc holds them):
+// Guarantees (check(), in introspection.cc; Impl::check() adds those that need the actions):
 //   - each bin's free vector is mirrored in its partition's free tree, the node's largest
 //     free device memory beside it when there are GPUs, except that the leaf of a bound
 //     trajectory slot or of an offline node is hidden (all -1): nothing else is placed there;
@@ -108,6 +108,8 @@ struct Bins {
   // Whether `bin` can never hold `demand` with `gpu_memory` on one device: by capacity, or
   // GPU memory no device of its node has.
   bool never_holds(std::int32_t bin, const Quantity* demand, Quantity gpu_memory) const;
+
+  void check() const;  // the trees, node membership and slot bindings (introspection.cc)
 
   // Best fit among candidate `leaves` of `partition` (at least one): least normalised room
   // left over by `demand`; the first on ties.

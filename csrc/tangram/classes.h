@@ -7,7 +7,7 @@
 // their demand rows, the index by key, each trajectory's classes (trajectory slots), the
 // free class ids; the active heap; the parked lists per node and per partition and the
 // starvation deadlines of parked classes.
-// Guarantees (check() in introspection.cc holds them):
+// Guarantees (check(), in introspection.cc):
 //   - a class with waiting actions is either active (in_active, exactly one live heap
 //     entry, whose key is its head's) or parked, never both; an empty class is neither;
 //     active_count counts the active ones;
@@ -228,6 +228,7 @@ struct Classes {
     leave_park(all[c]);
     return make_active(c);
   }
+  void check(std::size_t n_partitions) const;  // its guarantees (introspection.cc)
   // A parked class whose head starves by `now` (its deadline taken off), or kNone.
   std::int32_t next_starving(TimeNs now) {
     while (!park_deadlines.empty() && park_deadlines.front().at <= now) {

@@ -9,7 +9,7 @@
 // futility; per running action (by slot) its resize state; the bins a completion freed
 // room on since the last pass; per partition the bound on free plus reclaimable room, the
 // demands that found no shrink room in this pass and the bins still worth a shrink plan.
-// Guarantees (check_running() in introspection.cc holds them):
+// Guarantees (Scheduler::Impl::check_running(), in introspection.cc: they need the actions):
 //   - each running action is listed once, on its bin, at run_state's running_pos;
 //   - bin_reclaim holds, per bin and kind, the sum over the bin's running elastic actions
 //     of their grant above their minimum, reclaim_sum its total, and a bin is in its

@@ -6,7 +6,7 @@
 // is); each service's record (residency, readiness, queue, the device it is pinned to or
 // drained for); replica groups; per node, the host memory offloaded services hold there.
 // Changes only through its own methods and the services' coordinators in services.cc.
-// Guarantees (check() in introspection.cc holds them):
+// Guarantees (check(), in introspection.cc):
 //   - device d's free memory + the GPU memory of actions running on it + the memory of
 //     services resident (or asleep, pinned) on it + fenced memory = its total; none
 //     negative;
@@ -124,6 +124,8 @@ struct Gpus {
     const Quantity cap = node_offload_cap[node];
     return cap < 0 || node_offload_used[node] + extra <= cap;
   }
+  // Its guarantees, given the GPU memory of the actions running on each device (introspection.cc).
+  void check(const Inventory& inv, const std::vector<Quantity>& action_memory) const;
   // Service v's offloaded state (`host_memory` of it) leaves host memory: restored, or given up.
   void release_offloaded_state(std::int32_t v, Quantity host_memory) {
     ServiceRec& svc = services[v];

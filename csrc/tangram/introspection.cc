@@ -1,4 +1,5 @@
-// Introspection: why an action waits (explain) and the invariants (check).
+// Introspection: why an action waits (explain) and the invariants (check: those across
+// parts here, each part's own in its check()).
 //
 // Reads everything; changes nothing.
 #include "tangram/scheduler_impl.h"
@@ -10,6 +11,10 @@
 #include <vector>
 
 namespace tangram {
+
+namespace {
+[[noreturn]] void fail(const std::string& what) { throw std::logic_error("invariant violated: " + what); }
+}  // namespace
 
 std::string Scheduler::Impl::explain(ActionId id) const {
   const std::int32_t* slot = actions.by_id.find(id);
@@ -105,7 +110,6 @@ std::string Scheduler::Impl::explain(ActionId id) const {
 // reclaimable units the sum of its running elastic actions' units above their minimum, and
 // listed in its partition exactly when there are some; remaining work a fraction.
 void Scheduler::Impl::check_running() const {
-  auto fail = [](const std::string& what) { throw std::logic_error("invariant violated: " + what); };
   const std::size_t B = bins.bin_node.size();
   std::vector<Quantity> reclaim(B * K, 0);
   std::size_t listed = 0;
@@ -142,7 +146,6 @@ void Scheduler::Impl::check_running() const {
 }
 
 void Scheduler::Impl::check() const {
-  auto fail = [](const std::string& what) { throw std::logic_error("invariant violated: " + what); };
   const std::size_t B = bins.bin_node.size();
   std::vector<Quantity> used(B * K, 0);
   std::vector<Quantity> dev_used(gpus.dev_node.size(), 0);
@@ -183,110 +186,14 @@ void Scheduler::Impl::check() const {
       if (f < 0) fail("capacity exceeded on bin " + std::to_string(b));
       if (f + used[b * K + k] != cap) fail("free + used != capacity on bin " + std::to_string(b));
     }
-  for (std::size_t s = 0; s < gpus.services.size(); ++s) {
+  for (std::size_t s = 0; s < gpus.services.size(); ++s)
     if (gpus.services[s].running != svc_running[s]) fail("service running count");
-    if (gpus.services[s].device != kNone) dev_used[gpus.services[s].device] += inv.services[s].memory;
-    else if (gpus.services[s].running) fail("offloaded service with running actions");
-    else if (gpus.services[s].pinned_device != kNone) dev_used[gpus.services[s].pinned_device] += inv.services[s].asleep_memory;
-    if (gpus.services[s].device != kNone && gpus.services[s].pinned_device != kNone && gpus.services[s].device != gpus.services[s].pinned_device)
-      fail("unmovable service resident away from its process's device");
-  }
-  std::vector<Quantity> offload_used(inv.nodes.size(), 0);
-  for (std::size_t s = 0; s < gpus.services.size(); ++s) {
-    if (gpus.services[s].host_node == kNone) continue;
-    if (gpus.services[s].device != kNone) fail("a resident service holds offloaded host memory");
-    offload_used[gpus.services[s].host_node] += inv.services[s].host_memory;
-  }
-  for (std::size_t n = 0; n < inv.nodes.size(); ++n) {
-    if (offload_used[n] != gpus.node_offload_used[n]) fail("offload memory accounting on node " + std::to_string(n));
-    if (inv.nodes[n].offload_memory >= 0 && offload_used[n] > inv.nodes[n].offload_memory)
-      fail("offload memory exceeded on node " + std::to_string(n));
-  }
-  for (std::size_t d = 0; d < gpus.dev_node.size(); ++d) {
-    if (gpus.dev_free[d] < 0) fail("GPU memory exceeded on device " + std::to_string(d));
-    if (gpus.dev_free[d] + dev_used[d] + gpus.dev_fenced[d] != gpus.dev_total[d])
-      fail("GPU free + used + fenced != total on device " + std::to_string(d));
-    if (gpus.dev_offline[d] ? gpus.dev_free[d] != 0 : gpus.dev_fenced[d] != 0) fail("GPU fence out of sync on device " + std::to_string(d));
-  }
+  gpus.check(inv, dev_used);
   for (std::size_t q = 0; q < quotas.size(); ++q)
     if (quotas[q].running != quota_running[q]) fail("quota running count");
-  std::size_t heads = 0;
-  for (std::size_t c = 0; c < classes.size(); ++c) {
-    const Class& cl = classes[c];
-    if (cl.in_active) {
-      ++heads;
-      std::size_t entries = 0;
-      for (const Classes::ActiveEntry& e : classes.active)
-        if (classes.live(e)) {
-          if (e.cls == static_cast<std::int32_t>(c)) ++entries;
-        }
-      if (cl.waiting.empty() || entries != 1) fail("active class head missing or duplicated");
-      for (const Classes::ActiveEntry& e : classes.active)
-        if (classes.live(e) && e.cls == static_cast<std::int32_t>(c) && e.key.seq != cl.waiting.head().seq)
-          fail("active entry is not the class head");
-      if (cl.parked) fail("class both parked and active");
-    } else if (!cl.waiting.empty() && !cl.parked) {
-      fail("waiting class neither active nor parked");
-    }
-  }
-  if (heads != classes.active_count) fail("active count out of sync");
-  std::vector<std::uint8_t> is_free(classes.size(), 0);
-  for (std::int32_t c : classes.free_classes) {
-    if (is_free[c]) fail("class freed twice");
-    is_free[c] = 1;
-    const Class& cl = classes[c];
-    if (!cl.waiting.empty() || cl.in_active || cl.parked) fail("freed class in use");
-  }
-  for (std::size_t c = 0; c < classes.size(); ++c) {
-    if (is_free[c]) continue;
-    const std::int32_t* head = classes.index.find(classes[c].key_hash);
-    std::int32_t p = head == nullptr ? kNone : *head;
-    while (p != kNone && p != static_cast<std::int32_t>(c)) {
-      if (is_free[p]) fail("freed class still indexed");
-      p = classes[p].next_same_hash;
-    }
-    if (p == kNone) fail("class missing from its hash chain");
-  }
-  for (const auto& [traj, list] : classes.trajectory_classes)
-    for (std::int32_t c : list)
-      if (is_free[c] || classes[c].trajectory != traj) fail("trajectory's class list out of sync");
-  std::vector<std::int64_t> node_count(classes.node_parked.size(), 0), part_count(bins.partitions.size(), 0);
-  std::size_t deadlines = 0;
-  for (const Class& cl : classes) {
-    if (!cl.parked) continue;
-    ++deadlines;
-    if (cl.waiting.empty()) fail("parked class without waiting actions");
-    if (cl.park_node == kNone) ++part_count[cl.partition];
-    else ++node_count[cl.park_node];
-  }
-  for (const Classes::ParkDeadline& d : classes.park_deadlines) {
-    const Class& cl = classes[d.cls];
-    if (cl.parked && cl.park_generation == d.generation && d.at != cl.park_deadline) fail("park deadline out of sync");
-  }
-  if (deadlines > classes.park_deadlines.size()) fail("parked class without a deadline");
-  std::int32_t offline = 0;
-  for (std::uint8_t on : bins.node_online) offline += on ? 0 : 1;
-  if (offline != bins.n_offline || bins.node_online.size() != inv.nodes.size()) fail("offline node count");
-  std::int32_t offline_devices = 0;
-  for (std::uint8_t off : gpus.dev_offline) offline_devices += off ? 1 : 0;
-  if (offline_devices != gpus.n_offline_devices) fail("offline device count");
-  for (std::size_t n = 0; n < node_count.size(); ++n)
-    if (node_count[n] != classes.node_parked_count[n]) fail("node parked count");
-  for (std::size_t p = 0; p < part_count.size(); ++p)
-    if (part_count[p] != classes.partition_parking[p].count) fail("partition parked count");
-  for (const Partition& part : bins.partitions)
-    for (std::size_t leaf = 0; leaf < part.bins.size(); ++leaf) {
-      std::int32_t b = part.bins[leaf];
-      const Quantity* v = part.free_tree.leaf(static_cast<std::int32_t>(leaf));
-      if (bins.bin_bound[b] || !bins.node_online[bins.bin_node[b]]) {
-        for (std::int32_t d = 0; d < bins.D; ++d)
-          if (v[d] != -1) fail(bins.bin_bound[b] ? "bound trajectory slot visible in the free tree" : "offline node's bin visible in the free tree");
-        continue;
-      }
-      for (std::int32_t k = 0; k < K; ++k)
-        if (v[k] != bins.free_of(static_cast<std::int32_t>(b))[k]) fail("free tree out of sync");
-      if (bins.has_gpus && v[K] != bins.node_max_dev_free[bins.bin_node[b]]) fail("free tree GPU entry out of sync");
-    }
+  classes.check(bins.partitions.size());
+  if (bins.nodes() != static_cast<std::int32_t>(inv.nodes.size())) fail("node count");
+  bins.check();
   // Trajectory slots: holders, their running actions per slot, busy holders per node.
   std::vector<std::int32_t> holder_running(bins.bin_node.size(), 0), lent_running(bins.bin_node.size(), 0),
       busy(inv.nodes.size(), 0);
@@ -301,20 +208,136 @@ void Scheduler::Impl::check() const {
       ++lent_running[a.bin];
     }
   }
-  std::size_t bound = 0;
   for (std::size_t b = 0; b < bins.bin_node.size(); ++b) {
-    bound += bins.bin_bound[b] ? 1 : 0;
     if (holder_running[b] != bins.bin_holder_running[b]) fail("slot holder's running count out of sync");
     if (lent_running[b] != bins.bin_lent_running[b]) fail("lent slot's running count out of sync");
-    if (!bins.bin_bound[b] && bins.bin_holder[b] != 0) fail("free slot with a holder");
   }
-  if (bound != bins.trajectory_bin.size()) fail("bound slots and trajectory bindings differ");
-  for (const auto& [traj, b] : bins.trajectory_bin) {
-    if (!bins.bin_bound[b] || bins.bin_holder[b] != traj) fail("trajectory binding out of sync");
+  for (const auto& [traj, b] : bins.trajectory_bin)
     if (actions.trajectory_live.find(traj) != nullptr) ++busy[bins.bin_node[b]];
-  }
   for (std::size_t n = 0; n < busy.size(); ++n)
     if (busy[n] != bins.node_busy_holders[n]) fail("busy slot holders per node out of sync");
+}
+
+// ---- the parts' own invariants (their headers state them)
+
+// `action_memory`: per device, the GPU memory of the actions running on it.
+void Gpus::check(const Inventory& inv, const std::vector<Quantity>& action_memory) const {
+  std::vector<Quantity> used = action_memory;
+  for (std::size_t s = 0; s < services.size(); ++s) {
+    if (services[s].device != kNone) used[services[s].device] += inv.services[s].memory;
+    else if (services[s].running) fail("offloaded service with running actions");
+    else if (services[s].pinned_device != kNone) used[services[s].pinned_device] += inv.services[s].asleep_memory;
+    if (services[s].device != kNone && services[s].pinned_device != kNone && services[s].device != services[s].pinned_device)
+      fail("unmovable service resident away from its process's device");
+  }
+  std::vector<Quantity> offload_used(node_offload_used.size(), 0);
+  for (std::size_t s = 0; s < services.size(); ++s) {
+    if (services[s].host_node == kNone) continue;
+    if (services[s].device != kNone) fail("a resident service holds offloaded host memory");
+    offload_used[services[s].host_node] += inv.services[s].host_memory;
+  }
+  for (std::size_t n = 0; n < offload_used.size(); ++n) {
+    if (offload_used[n] != node_offload_used[n]) fail("offload memory accounting on node " + std::to_string(n));
+    if (node_offload_cap[n] >= 0 && offload_used[n] > node_offload_cap[n])
+      fail("offload memory exceeded on node " + std::to_string(n));
+  }
+  std::int32_t offline_devices = 0;
+  for (std::size_t d = 0; d < dev_node.size(); ++d) {
+    if (dev_free[d] < 0) fail("GPU memory exceeded on device " + std::to_string(d));
+    if (dev_free[d] + used[d] + dev_fenced[d] != dev_total[d])
+      fail("GPU free + used + fenced != total on device " + std::to_string(d));
+    if (dev_offline[d] ? dev_free[d] != 0 : dev_fenced[d] != 0) fail("GPU fence out of sync on device " + std::to_string(d));
+    offline_devices += dev_offline[d] ? 1 : 0;
+  }
+  if (offline_devices != n_offline_devices) fail("offline device count");
+}
+
+void Classes::check(std::size_t n_partitions) const {
+  std::size_t heads = 0;
+  for (std::size_t c = 0; c < all.size(); ++c) {
+    const Class& cl = all[c];
+    if (cl.in_active) {
+      ++heads;
+      std::size_t entries = 0;
+      for (const ActiveEntry& e : active)
+        if (live(e)) {
+          if (e.cls == static_cast<std::int32_t>(c)) ++entries;
+        }
+      if (cl.waiting.empty() || entries != 1) fail("active class head missing or duplicated");
+      for (const ActiveEntry& e : active)
+        if (live(e) && e.cls == static_cast<std::int32_t>(c) && e.key.seq != cl.waiting.head().seq)
+          fail("active entry is not the class head");
+      if (cl.parked) fail("class both parked and active");
+    } else if (!cl.waiting.empty() && !cl.parked) {
+      fail("waiting class neither active nor parked");
+    }
+  }
+  if (heads != active_count) fail("active count out of sync");
+  std::vector<std::uint8_t> is_free(all.size(), 0);
+  for (std::int32_t c : free_classes) {
+    if (is_free[c]) fail("class freed twice");
+    is_free[c] = 1;
+    const Class& cl = all[c];
+    if (!cl.waiting.empty() || cl.in_active || cl.parked) fail("freed class in use");
+  }
+  for (std::size_t c = 0; c < all.size(); ++c) {
+    if (is_free[c]) continue;
+    const std::int32_t* head = index.find(all[c].key_hash);
+    std::int32_t p = head == nullptr ? kNone : *head;
+    while (p != kNone && p != static_cast<std::int32_t>(c)) {
+      if (is_free[p]) fail("freed class still indexed");
+      p = all[p].next_same_hash;
+    }
+    if (p == kNone) fail("class missing from its hash chain");
+  }
+  for (const auto& [traj, list] : trajectory_classes)
+    for (std::int32_t c : list)
+      if (is_free[c] || all[c].trajectory != traj) fail("trajectory's class list out of sync");
+  std::vector<std::int64_t> node_count(node_parked.size(), 0), part_count(n_partitions, 0);
+  std::size_t deadlines = 0;
+  for (const Class& cl : all) {
+    if (!cl.parked) continue;
+    ++deadlines;
+    if (cl.waiting.empty()) fail("parked class without waiting actions");
+    if (cl.park_node == kNone) ++part_count[cl.partition];
+    else ++node_count[cl.park_node];
+  }
+  for (const ParkDeadline& d : park_deadlines) {
+    const Class& cl = all[d.cls];
+    if (cl.parked && cl.park_generation == d.generation && d.at != cl.park_deadline) fail("park deadline out of sync");
+  }
+  if (deadlines > park_deadlines.size()) fail("parked class without a deadline");
+  for (std::size_t n = 0; n < node_count.size(); ++n)
+    if (node_count[n] != node_parked_count[n]) fail("node parked count");
+  for (std::size_t p = 0; p < part_count.size(); ++p)
+    if (part_count[p] != partition_parking[p].count) fail("partition parked count");
+}
+
+void Bins::check() const {
+  std::int32_t offline = 0;
+  for (std::uint8_t on : node_online) offline += on ? 0 : 1;
+  if (offline != n_offline) fail("offline node count");
+  for (const Partition& part : partitions)
+    for (std::size_t leaf = 0; leaf < part.bins.size(); ++leaf) {
+      std::int32_t b = part.bins[leaf];
+      const Quantity* v = part.free_tree.leaf(static_cast<std::int32_t>(leaf));
+      if (bin_bound[b] || !node_online[bin_node[b]]) {
+        for (std::int32_t d = 0; d < D; ++d)
+          if (v[d] != -1) fail(bin_bound[b] ? "bound trajectory slot visible in the free tree" : "offline node's bin visible in the free tree");
+        continue;
+      }
+      for (std::int32_t k = 0; k < K; ++k)
+        if (v[k] != free_of(static_cast<std::int32_t>(b))[k]) fail("free tree out of sync");
+      if (has_gpus && v[K] != node_max_dev_free[bin_node[b]]) fail("free tree GPU entry out of sync");
+    }
+  std::size_t bound = 0;
+  for (std::size_t b = 0; b < bin_node.size(); ++b) {
+    bound += bin_bound[b] ? 1 : 0;
+    if (!bin_bound[b] && bin_holder[b] != 0) fail("free slot with a holder");
+  }
+  if (bound != trajectory_bin.size()) fail("bound slots and trajectory bindings differ");
+  for (const auto& [traj, b] : trajectory_bin)
+    if (!bin_bound[b] || bin_holder[b] != traj) fail("trajectory binding out of sync");
 }
 
 }  // namespace tangram
