@@ -39,7 +39,7 @@ so every policy runs the same calls. Run times are declared from the calibration
 user measures: one program's time on one core), as Amdahl models: a run's is perfectly
 parallel up to its one core, a suite's 95% parallel. With `--runtimes learned` the calls
 declare none, as a user who measured nothing writes them: each run starts cold and plans
-with what it learns from its own finished actions (tangram.runtime.estimates: one estimate
+with what it learns from its own finished actions (tangram.estimates: one estimate
 for every run, one for every suite). With `--pace`, tangram's calls carry a priority that
 keeps the trajectories at one pace (Call.priority: minus the calls the trajectory has made,
 so the calls of the trajectories furthest behind go first), as the pool's arrival order does.

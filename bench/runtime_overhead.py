@@ -13,7 +13,7 @@ Four ways to run the same no-op Python function, all in this one process and run
                metrics), with nothing to carry out
   tangram-learned  the same, with calls that declare no run time: each is planned with an
                estimate learned from the ones before it, and each end updates it
-               (tangram.runtime.estimates)
+               (tangram.estimates)
 
 Two measurements each:
   submit-to-start  one action at a time: from the submit call to the first line of the

@@ -71,7 +71,7 @@ def _main(argv: list[str] | None) -> int:
 
         return top.cli_main(rest)
     if args.command == "estimates":
-        from .runtime import estimates
+        from . import estimates
 
         return estimates.cli_main(rest)
     if args.command == "sim":

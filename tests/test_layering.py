@@ -9,6 +9,8 @@ The layers, lowest first:
   devices    tangram.devices: GPU discovery (NVML, or the TANGRAM_FAKE_GPUS inventory)
   model      tangram._model: inventory, elasticity models, actions
   scheduler  tangram.scheduler
+  estimates  tangram.estimates: run times learned for calls that declare none (the runtime
+             plans with it, the simulator learns with it)
   face       the package itself (tangram/__init__.py): it imports base..scheduler; the
              names it exports from higher layers are imported on first use (its
              `_LAZY` table, mirrored by an `if TYPE_CHECKING:` block for type checkers,
@@ -55,6 +57,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("devices", ("tangram.devices",)),
     ("model", ("tangram._model",)),
     ("scheduler", ("tangram.scheduler",)),
+    ("estimates", ("tangram.estimates",)),
     ("face", ("tangram",)),
     ("runtime", ("tangram.runtime.",)),
     ("server", ("tangram.server.",)),

@@ -10,7 +10,7 @@ import pytest
 
 import tangram
 import tangram.sim as sim
-from tangram.runtime.estimates import PRIOR_PARALLEL
+from tangram.estimates import PRIOR_PARALLEL
 from tangram.sim.engine import ENV
 
 from sim_cases import small_coding, tiny

@@ -31,7 +31,7 @@ class Call:
     `max_units`; `runtime` is the run-time estimate and elasticity model the core plans
     with (seconds, or a model: tangram.Amdahl, Table, cost_model...); left None, the
     orchestrator plans with a run time learned from earlier actions with the same `key`
-    (tangram.runtime.estimates; by default the kind and the function or command). `memory` in
+    (tangram.estimates; by default the kind and the function or command). `memory` in
     `resources` is also the action's memory limit in the CPU manager.
 
     `timeout` (seconds of running, not of waiting) kills the action's process group and

@@ -81,7 +81,7 @@ class RuntimeConfig:
     managers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # name -> constructor options
     max_records: int = 100_000
     metrics_port: int | None = None  # serve Prometheus /metrics on 127.0.0.1:port when set
-    estimates: str | None = None  # SQLite file of learned run times (tangram.runtime.estimates); None: in memory
+    estimates: str | None = None  # SQLite file of learned run times (tangram.estimates); None: in memory
 
     def __post_init__(self) -> None:
         check_string(self.policy, "config.policy", "a policy name (a string)")

@@ -29,7 +29,7 @@ import asyncio
 import logging
 from typing import Callable, Sequence
 
-from .estimates import DECLARED, SAVE_EVERY, RunTimeEstimates
+from ..estimates import DECLARED, SAVE_EVERY, RunTimeEstimates
 from .live import ActionState
 from .records import RecordLog
 
@@ -63,7 +63,7 @@ def hooks(listeners: Sequence[ActionListener], step: str) -> tuple[Callable[...,
 
 
 class EstimateReporter(ActionListener):
-    """Runs of learned calls, as they go, to the estimates (tangram.runtime.estimates)."""
+    """Runs of learned calls, as they go, to the estimates (tangram.estimates)."""
 
     def __init__(self, estimates: RunTimeEstimates) -> None:
         self.estimates = estimates

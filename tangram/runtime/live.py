@@ -8,7 +8,7 @@ import asyncio
 from typing import Any, Callable
 
 from .call import Call, Placement
-from .estimates import Estimate
+from ..estimates import Estimate
 from .manager import ResourceManager
 from .records import ActionRecord
 

@@ -57,7 +57,7 @@ from .config import RuntimeConfig
 from .device_ops import gpu_managers
 from .dispatch import Dispatcher
 from .errors import ActionError, ManagerError
-from .estimates import RunTimeEstimates
+from ..estimates import RunTimeEstimates
 from .holds import Backoffs, QuotaHold
 from .listeners import EstimateReporter, RecordKeeper
 from .live import ActionState

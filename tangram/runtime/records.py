@@ -19,7 +19,7 @@ class ActionRecord:
     the core's explanation of why it waited (taken when it did not start at once: quota,
     service restoring, resources...), empty when it started in the pass of its submit.
     `estimate` says what run time it was planned with and where that came from ("declared",
-    or learned from earlier runs: tangram.runtime.estimates)."""
+    or learned from earlier runs: tangram.estimates)."""
 
     id: int
     kind: str

@@ -19,7 +19,7 @@ import dataclasses
 from .. import _core
 from .._model import Inventory
 from .call import Call
-from .estimates import RunTimeEstimates
+from ..estimates import RunTimeEstimates
 
 
 class ServiceRouter:

@@ -16,7 +16,7 @@ estimates are imperfect. What the core is told (`estimates`):
   noisy:SIGMA   the true model's seconds times a seeded lognormal factor of mean 1 and
                 log-sd SIGMA per action (a user's declared run times, that far off);
   learned       nothing declared: each action is planned with what
-                tangram.runtime.estimates has learned from the step's earlier runs of its
+                tangram.estimates has learned from the step's earlier runs of its
                 action kind (a reward from those of its service), as the live orchestrator
                 plans a call without a runtime; it starts cold (a prior of 1 s) at t = 0.
 A resize decision (policies with malleable grants) moves a running action's completion:
@@ -49,7 +49,7 @@ import numpy as np
 from .._errors import InvalidStateError, ValidationError
 from .._model import Action, Amdahl, Constant, Gpu, Inventory, Model, Node, Quota, Service
 from .._records import EVICT, RESIZE, RESTORE, START, Decision, decisions
-from ..runtime.estimates import RunTimeEstimates
+from ..estimates import RunTimeEstimates
 from ..scheduler import POLICIES, Decisions, Policy, Scheduler
 from .bounds import step_bounds
 from .result import ENV, KIND_LABELS, REWARD, SimResult

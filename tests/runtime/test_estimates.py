@@ -1,4 +1,4 @@
-"""Run times learned for calls that declare none (tangram.runtime.estimates): the keys,
+"""Run times learned for calls that declare none (tangram.estimates): the keys,
 the cold start, the robust median, the elasticity fit, persistence in SQLite, export and
 import, and the orchestrator planning with them (records, explain, the core's order)."""
 
@@ -16,7 +16,7 @@ import pytest
 import tangram
 from tangram import Amdahl, Call, Inventory, MockManager, Orchestrator
 from tangram.runtime.config import RuntimeConfig
-from tangram.runtime.estimates import (
+from tangram.estimates import (
     MAX_ESTIMATE,
     MIN_ESTIMATE,
     MIN_FIT,
@@ -125,7 +125,7 @@ def test_a_resized_run_is_learned_from_each_grant_it_held() -> None:
     assert est.estimate(call).runs == got.runs
 
 
-def _burst(seed: int, report: bool, runs: int = 300, ended: float = 0.33) -> tangram.runtime.estimates.Estimate:
+def _burst(seed: int, report: bool, runs: int = 300, ended: float = 0.33) -> tangram.estimates.Estimate:
     """A burst of one key's runs, all started at 0 at grants of 1 to 8 cores, inputs of
     lognormal sizes, p = 0.6: the estimate when the first third have ended. `report`:
     the runs are reported as they start and end (as the orchestrator does), else only

@@ -70,13 +70,12 @@ import json
 import math
 import os
 import sqlite3
-from typing import Any, Hashable, Iterable, Mapping, Sequence, Union
+from typing import Any, Hashable, Iterable, Mapping, Protocol, Sequence, Union
 
 import numpy as np
 
-from .._errors import ValidationError
-from .._model import Amdahl, given
-from .call import Call
+from ._errors import ValidationError
+from ._model import Amdahl, given
 
 PARALLEL_GRID = tuple(i / 20 for i in range(21))  # the parallel fractions the fit chooses among
 HALF_LIFE = 1024  # runs of a key: how fast its estimate forgets
@@ -105,7 +104,21 @@ Grants = Union[float, Sequence[tuple[float, float]]]
 _LOG_MIN, _LOG_MAX = math.log(MIN_ESTIMATE), math.log(MAX_ESTIMATE)
 
 
-def key_of(call: Call) -> str:
+class CallLike(Protocol):
+    """What an estimate reads of a call (tangram.Call has it): its key, kind, what it
+    runs, and its declared run time and elastic resource. The estimator sits below the
+    runtime (the simulator learns with it too), so it names these fields, not the class."""
+
+    key: str | None
+    kind: str
+    fn: Any
+    command: Any
+    runtime: Any  # a Model, or None: learned
+    elastic: str | None
+    resources: Mapping[str, float]
+
+
+def key_of(call: CallLike) -> str:
     """The key a call's estimate is learned under: `call.key` when set, else its kind and
     what it runs: a function's module and qualified name, or a command's first two words
     (the program and its first argument: "pytest -x", "make -j", "python solve.py")."""
@@ -470,7 +483,7 @@ class RunTimeEstimates:
             self._open()
 
     # ------------------------------------------------------------ planning and learning
-    def estimate(self, call: Call) -> Estimate:
+    def estimate(self, call: CallLike) -> Estimate:
         """What `call` is planned with: its declared runtime, else an estimate."""
         if call.runtime is not None:
             return Estimate(call.runtime, DECLARED)
@@ -481,7 +494,7 @@ class RunTimeEstimates:
             minimum = 0.0
         return self.plan(key_of(call), call.kind, elastic, minimum)
 
-    def observe(self, call: Call, seconds: float, grants: Grants | None, key: str | None = None) -> None:
+    def observe(self, call: CallLike, seconds: float, grants: Grants | None, key: str | None = None) -> None:
         """A successful run of a call that declared no runtime: `seconds` of running, at
         `grants` units of its elastic kind (None for a fixed call; see `learn`). `key`: the
         call's key when known (its Estimate's), else derived again."""
@@ -709,8 +722,8 @@ def cli_main(argv: list[str] | None = None) -> int:
     """`tangram estimates DB [--import FILE] [--export FILE]`: shows, imports and exports
     the learned run times kept in DB (RuntimeConfig.estimates). Bad input exits with
     status 2 and one line on stderr."""
-    from .._arguments import ArgumentParser
-    from .._errors import TangramError
+    from ._arguments import ArgumentParser
+    from ._errors import TangramError
 
     parser = ArgumentParser(prog="tangram estimates",
                             description="Shows the run times an orchestrator learned (its RuntimeConfig.estimates "
