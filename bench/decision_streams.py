@@ -96,8 +96,21 @@ def sim_hash(workload: str, policy: str, seed: int) -> str:
             digest.update(key.encode())
             digest.update(np.ascontiguousarray(value).tobytes())
         elif isinstance(value, (int, float, str, dict, list, tuple)):
-            digest.update(f"{key}={value!r}".encode())
+            digest.update(f"{key}={plain(value)!r}".encode())
     return digest.hexdigest()[:16]
+
+
+def plain(value: Any) -> Any:
+    """`value` with its ints as plain ints, in lists, tuples and dicts: an IntEnum member
+    (a DecisionKind in the service log) prints as its name, but fingerprints as the number
+    it is, so that the fingerprint follows the decisions, not how their kinds print."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain(v) for v in value)
+    if isinstance(value, dict):
+        return {plain(k): plain(v) for k, v in value.items()}
+    return value
 
 
 def main(path: str) -> None:

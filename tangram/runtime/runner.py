@@ -28,12 +28,12 @@ import functools
 import logging
 import sys
 import traceback
-from typing import TYPE_CHECKING, Any, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from .._records import Decision
 from .call import Call, Placement
 from .errors import ActionCancelled, ActionError, ActionFailed, ActionInfeasible, ActionTimeout, outcome_of
-from .estimates import DECLARED, Estimate
+from ..estimates import DECLARED, Estimate
 from .listeners import ActionListener, hooks
 from .live import ActionState
 from .manager import LiveAction, ResourceManager
@@ -112,11 +112,29 @@ class ActionRunner:
             hook(lv, now)
         # Its memory may still be being freed: the offload of the service evicted there.
         offload = self.devices.offload_on(node, device) if device >= 0 and gpu_memory > 0 else None
-        lv.task = _start_task(self._execute(lv, placement, offload), self.loop)
-        if lv.task is None:
-            return  # it ended in its first step; _execute has finished it
+        # The first step of the manager's execute runs now (an eager start), in a copy of
+        # the current context: an action that ends without suspending (a no-op, a cached
+        # answer, a failed precondition) is finished here, with no event-loop hop; one that
+        # suspends continues in its task. Python 3.12+: asyncio's eager task, so the first
+        # step runs as the action's task (asyncio.current_task(), wait_for and timeout
+        # work there); 3.11: the first step runs before the task exists (_Resume).
+        coro = self._execute(lv, placement, offload)
+        context = contextvars.copy_context()
+        if _EAGER_TASKS:
+            task = asyncio.Task(coro, loop=self.loop, context=context, eager_start=True)  # type: ignore[call-arg]
+            if task.done():
+                return  # it ended; _execute has finished it
+        else:
+            try:
+                waiting_on = context.run(coro.send, None)
+            except StopIteration:
+                return  # it ended; _execute has finished it
+            except asyncio.CancelledError:
+                return  # raised by the manager itself: _execute has finished it (cancelled)
+            task = self.loop.create_task(_Resume(coro, waiting_on), context=context)
+        lv.task = task
         if lv.cancel_reason is not None:  # cancelled (or requeued) during that first step
-            lv.task.cancel()
+            task.cancel()
         elif call.timeout is not None:
             lv.timer = self.loop.call_later(call.timeout, self.cancel, lv, "timeout")
 
@@ -273,26 +291,6 @@ class ActionRunner:
 
 
 # ---------------------------------------------------------------- eager starts
-def _start_task(coro: Coroutine[Any, Any, None], loop: asyncio.AbstractEventLoop) -> asyncio.Task[None] | None:
-    """Runs the first step of an action's `coro` now (an eager start), in a copy of the
-    current context: an action that ends without suspending (a no-op, a cached answer, a
-    failed precondition) is finished here, with no event-loop hop, and None is returned;
-    one that suspends continues in the task returned. Python 3.12+: asyncio's eager task,
-    so the first step runs as the action's task (asyncio.current_task(), wait_for and
-    timeout work there); 3.11: the first step runs before the task exists (_Resume)."""
-    context = contextvars.copy_context()
-    if _EAGER_TASKS:
-        task = asyncio.Task(coro, loop=loop, context=context, eager_start=True)  # type: ignore[call-arg]
-        return None if task.done() else task
-    try:
-        waiting_on = context.run(coro.send, None)
-    except StopIteration:
-        return None
-    except asyncio.CancelledError:
-        return None  # raised by the manager itself: the coroutine has finished it (cancelled)
-    return loop.create_task(_Resume(coro, waiting_on), context=context)
-
-
 _STEPPED = object()
 
 
