@@ -102,8 +102,8 @@ struct alignas(64) Class {
   std::int64_t tokens = 0;
   TrajectoryId trajectory = 0;
   // state
-  // A search hint for its placements across all bins (try_head): while `tree_epoch` is the
-  // scheduler's search_epoch, no leaf before `tree_from` holds its demand (free room only
+  // A search hint for its placements across all bins (try_head): while `tree_epoch` is
+  // Bins::search_epoch, no leaf before `tree_from` holds its demand (free room only
   // shrinks until the epoch moves on: at each pass, and when an eviction frees GPU memory).
   std::uint64_t tree_epoch = 0;
   std::int32_t tree_from = 0;
