@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import struct
 from typing import Iterator, NamedTuple
 
 import numpy as np
@@ -88,16 +89,23 @@ class Decision(NamedTuple):
 
 assert tuple(Decision.__annotations__) == DECISION_DTYPE.names
 
-# A record's tuple (ndarray.tolist) becomes a Decision in C, without a Python-level call
-# per record: what Decision._make does, less its length check (the assert above holds).
+# One record as `struct` reads it: DECISION_DTYPE's fields in order (u8, i8, f8, f8, six
+# i4), little-endian, unpadded. Unpacking the array's buffer with it is about twice as fast
+# as ndarray.tolist, and the runtime reads every decision of a burst.
+_DECISION_RECORD = struct.Struct("<Qqdd6i")
+assert _DECISION_RECORD.size == DECISION_DTYPE.itemsize
+# A record's tuple becomes a Decision in C, without a Python-level call per record: what
+# Decision._make does, less its length check (the asserts above hold).
 _decision_of_row = functools.partial(tuple.__new__, Decision)
 
 
 def decisions(records: np.ndarray) -> Iterator[Decision]:
-    """The DECISION_DTYPE records as Decisions, in order. The array is read once
-    (`tolist`), not field by field as NumPy scalars: the runtime handles every decision
-    of a burst here."""
-    return map(_decision_of_row, records.tolist())
+    """The DECISION_DTYPE records as Decisions, in order, with plain Python numbers."""
+    try:
+        rows = _DECISION_RECORD.iter_unpack(records)
+    except ValueError:  # a strided view (a slice with a step): its records copied together
+        rows = _DECISION_RECORD.iter_unpack(np.ascontiguousarray(records))
+    return map(_decision_of_row, rows)
 
 
 def action_dtype(kinds: int) -> np.dtype:

@@ -199,6 +199,7 @@ def test_decision_records_view_reads_every_field():
         assert x._asdict() == {name: row[name].item() for name in d.array.dtype.names}
         assert all(type(v) in (int, float) for v in x)
     assert list(decisions(d.array[:0])) == []
+    assert list(decisions(d.array[::2])) == view[::2]  # a strided view
 
 
 def test_queries_and_states():

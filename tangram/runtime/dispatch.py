@@ -39,7 +39,7 @@ from .device_ops import DeviceOps
 from .encode import CallEncoder, call_field_names
 from .listeners import ActionListener
 from .live import ActionState
-from .manager import GpuCapabilities, ResourceManager
+from .managers.base import GpuCapabilities, ResourceManager
 from .runner import ActionRunner
 from .service_router import ServiceRouter
 
@@ -136,7 +136,9 @@ class Dispatcher:
         if self.pending_submit:
             batch, self.pending_submit = self.pending_submit, []
             self._submit_batch(batch, now)
-        self.encoder.collect()  # no action waiting to be submitted holds a template now
+            # No action waiting to be submitted holds a template now, and only submits
+            # (a call's, a requeue's) make templates.
+            self.encoder.collect()
         self._arm_timer()
 
     def _submit_batch(self, batch: list[ActionState], now: float) -> None:
