@@ -35,8 +35,8 @@ import time
 from typing import Any
 
 from tangram.runtime.call import Call
-from tangram.runtime.cpu import CpuManager
-from tangram.runtime.manager import LiveAction
+from tangram.runtime.managers.cpu import CpuManager
+from tangram.runtime.managers.base import LiveAction
 
 from sandbox_isolation import busybox_root, placement  # bench/ is on sys.path
 

@@ -36,8 +36,8 @@ import time
 from typing import Any
 
 from tangram.runtime.call import Call, Placement
-from tangram.runtime.cpu import CPU_LIMITS, CpuManager
-from tangram.runtime.manager import LiveAction
+from tangram.runtime.managers.cpu import CPU_LIMITS, CpuManager
+from tangram.runtime.managers.base import LiveAction
 
 _ids = itertools.count(1)
 # A fixed amount of work (about 0.4 s of one core here), checked: a wrong sum fails the run.

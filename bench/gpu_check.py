@@ -24,7 +24,7 @@ NVIDIA GPU, each PASS, FAIL or SKIP with the figures it measured.
                     which fits only once the service is evicted, and which allocates that for
                     real in its own process. The core decides the eviction. Passes when the
                     action's allocation succeeds and it started after the offload had ended.
-  mps_limits        only where an MPS control daemon answers (tangram.runtime.gpu.mps_active):
+  mps_limits        only where an MPS control daemon answers (tangram.runtime.managers.gpu.mps_active):
                     an action granted a 2,048 MiB slice must fail to allocate 4,096 MiB
                     (CUDA_ERROR_OUT_OF_MEMORY) and succeed with 1,024 MiB. Otherwise SKIP.
 
@@ -42,7 +42,7 @@ check run in a child process of their own, in a new session, within the check's 
 and what is left of the global timeout (--timeout-s, 280 s by default, so that the whole run
 ends within 5 minutes). A child still running at its limit is killed with its process group
 and with the sandbox processes its runtime started (they run in sessions of their own and
-carry the marker tangram.runtime.sandbox.kill_marked finds), and its check is FAIL, saying
+carry the marker tangram.runtime.sandbox.workers.kill_marked finds), and its check is FAIL, saying
 that it did not finish. The children import this file as the module `bench.gpu_check`, and the checks from
 bench/gpu_check_cases.py, so that the functions they hand to tangram as GPU actions pickle
 by reference and are imported, not copied, in the sandbox (bench/gpu_probe.py: the CUDA
@@ -154,8 +154,8 @@ def kill_check_processes(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
     try:
-        from tangram.runtime.isolation import detect, remove_stale
-        from tangram.runtime.sandbox import kill_marked
+        from tangram.runtime.sandbox.isolation import detect, remove_stale
+        from tangram.runtime.sandbox.workers import kill_marked
     except ImportError:
         return
     kill_marked(f"{pid}.")

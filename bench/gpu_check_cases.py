@@ -360,7 +360,7 @@ def orchestrator(devices: Sequence[Any], services: Sequence[Any] = (),
     """A tangram runtime over `devices`: the CPU manager (sandboxes, default options) and the
     GPU manager with that device table (MPS detected as it always is)."""
     from tangram import Orchestrator, RuntimeConfig
-    from tangram.runtime.gpu import GpuManager
+    from tangram.runtime.managers.gpu import GpuManager
 
     gpu = GpuManager(services=dict(hooks or {}), devices=list(devices), hook_timeout=HOOK_TIMEOUT_S)
     return Orchestrator(inventory=host_inventory(devices, services), default_managers=False, managers={"gpu": gpu},
@@ -408,7 +408,7 @@ def grant_sizes(memory_mib: float) -> tuple[float, float]:
 
 
 def expected_pinned_limit(grant_mib: float, device_mib: float, mig: bool, mps: bool) -> str | None:
-    """CUDA_MPS_PINNED_DEVICE_MEM_LIMIT a grant must carry (tangram.runtime.gpu.
+    """CUDA_MPS_PINNED_DEVICE_MEM_LIMIT a grant must carry (tangram.runtime.managers.gpu.
     grant_environment's rule, stated again): a slice of a whole GPU under MPS only."""
     if mps and not mig and 0 < grant_mib < device_mib:
         return f"0={max(1, math.floor(grant_mib))}M"
@@ -442,7 +442,7 @@ def judge_grants(run: Mapping[str, Any]) -> dict[str, Any]:
     the granted UUID, the only device), saw its own TANGRAM_GPU_MEMORY_MIB (and MPS limit),
     and ran in a process of its own forked by the trajectory's worker. Under
     isolation="namespaces" the GPU actions' worker is another than the CPU action's (a worker
-    gets the device nodes at its start: tangram.runtime.namespaces), so there the CPU action
+    gets the device nodes at its start: tangram.runtime.sandbox.namespaces), so there the CPU action
     must have seen no /dev/nvidia* node, the GPU actions must have seen them, and the two must
     share one parent."""
     problems: list[str] = []
@@ -593,7 +593,7 @@ class DeviceMemoryService:
 
 def service_hooks(model: DeviceMemoryService) -> Any:
     """`model` as tangram ServiceHooks (the GPU manager runs them in the service's thread)."""
-    from tangram.runtime.gpu import ServiceHooks
+    from tangram.runtime.managers.gpu import ServiceHooks
 
     class Hooks(ServiceHooks):
         def load(self, device: Any) -> Any:
@@ -779,7 +779,7 @@ def judge_mps(run: Mapping[str, Any]) -> dict[str, Any]:
 
 def check_mps_limits(budget: float, context: Mapping[str, Any]) -> dict[str, Any]:
     from tangram.devices import discover
-    from tangram.runtime.gpu import mps_active, mps_pipe_directory
+    from tangram.runtime.managers.gpu import mps_active, mps_pipe_directory
 
     if not mps_active():
         return verdict(SKIP, f"no MPS control daemon answers in {mps_pipe_directory()} (CUDA_MPS_PIPE_DIRECTORY): "

@@ -398,7 +398,7 @@ def probe_machine(library: str | None = None) -> dict[str, Any]:
 def _tangram_description() -> dict[str, Any]:
     try:
         import tangram
-        from tangram.runtime.gpu import mps_active, mps_pipe_directory
+        from tangram.runtime.managers.gpu import mps_active, mps_pipe_directory
     except Exception as e:
         return {"error": f"{type(e).__name__}: {e}"}
     return {"version": tangram.__version__, "mps_active": mps_active(), "mps_pipe_directory": mps_pipe_directory()}

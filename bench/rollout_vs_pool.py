@@ -73,8 +73,8 @@ from typing import Any
 from rollout_programs import PROGRAMS, TIMELINE, run_program, run_suite
 from tangram import Amdahl, Call, Orchestrator
 from tangram.runtime.config import RuntimeConfig
-from tangram.runtime.cpu import CpuManager
-from tangram.runtime.isolation import descendants
+from tangram.runtime.managers.cpu import CpuManager
+from tangram.runtime.sandbox.isolation import descendants
 
 SUITE_SIZE = 8
 

@@ -16,7 +16,7 @@ Two servers, each a subprocess on loopback, run in turn in every repetition:
            CPU manager, cgroup isolation where it is available; pooled sandboxes; each
            request guaranteed `--tangram-cpu` cores, default 1)
   pool     a minimal aiohttp server whose handler runs the same program runner
-           (tangram.runtime.run_code.run_code_timed) in a concurrent.futures.ProcessPoolExecutor
+           (tangram.runtime.sandbox.run_code.run_code_timed) in a concurrent.futures.ProcessPoolExecutor
            with one worker per core: no scheduler, no sandbox, nothing isolated
 
 Two phases per server:
@@ -26,7 +26,7 @@ Two phases per server:
               Server-Timing header with `total` (from the handler's start to the answer
               encoded) and `run` (running the request in the worker: writing its files,
               starting and running the program, reading its output back, and for tangram
-              scrubbing the pooled sandbox; tangram._run_code.run_code_timed). Reported:
+              scrubbing the pooled sandbox; tangram.runtime.sandbox.inside_run_code.run_code_timed). Reported:
               the endpoint's overhead, total - run: parsing and checking the request and
               handing it to the worker and back (for tangram: scheduling it, the sandbox's
               round trip); running it beyond the program, run - the run step's
@@ -161,7 +161,7 @@ def serve_pool() -> None:
     """The baseline: aiohttp and a process pool of one worker per core, nothing else."""
     from aiohttp import web
 
-    from tangram.runtime.run_code import check_request, run_code_timed
+    from tangram.runtime.sandbox.run_code import check_request, run_code_timed
 
     os.chdir(tempfile.mkdtemp(prefix="sandbox-fusion-pool-"))
     pool = concurrent.futures.ProcessPoolExecutor(os.cpu_count() or 1)

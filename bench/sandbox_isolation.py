@@ -36,9 +36,9 @@ import time
 from typing import Any
 
 from tangram.runtime.call import Call, Placement
-from tangram.runtime.cpu import CpuManager
-from tangram.runtime.manager import LiveAction
-from tangram.runtime.namespaces import detect
+from tangram.runtime.managers.cpu import CpuManager
+from tangram.runtime.managers.base import LiveAction
+from tangram.runtime.sandbox.namespaces import detect
 
 ISOLATIONS = ("process", "namespaces")
 BUSYBOX = shutil.which("busybox") or "/bin/busybox"

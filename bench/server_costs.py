@@ -38,7 +38,7 @@ from typing import Any, Callable
 import numpy as np
 
 from tangram import Call, Inventory
-from tangram.runtime.manager import ResourceManager
+from tangram.runtime.managers.base import ResourceManager
 from tangram.runtime.records import ACT_BUCKETS, ActionRecord, Metrics
 
 

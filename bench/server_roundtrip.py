@@ -51,7 +51,7 @@ import time
 from typing import Any
 
 try:
-    from tangram.runtime.manager import ResourceManager
+    from tangram.runtime.managers.base import ResourceManager
 except ImportError:  # pragma: no cover
     ResourceManager = object  # type: ignore[assignment,misc]
 

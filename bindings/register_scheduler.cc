@@ -1,6 +1,6 @@
 // tangram._core.Scheduler: batches of NumPy records in, NumPy decision records out.
 // Floats from Python are checked here (NaN, infinities, negatives, absurd sizes) and
-// turned into the core's fixed-point integers with the same rounding as tangram/reference.py.
+// turned into the core's fixed-point integers with the same rounding as tangram/bench/reference.py.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>

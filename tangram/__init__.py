@@ -17,6 +17,8 @@ from ._errors import (
     UnknownNameError,
     ValidationError,
 )
+from ._lazy import lazy_names
+
 # Every public name but the errors is imported on first use of it, so that `import tangram`
 # loads the compiled core alone: no NumPy, no asyncio, no cloudpickle, nothing a process
 # pays for that needs one light corner (a sandbox's `tangram.worker`) or only schedules.
@@ -53,15 +55,15 @@ _LAZY = {
     "ActionRecord": "runtime.records",
     "Call": "runtime.call",
     "CommandResult": "runtime.call",
-    "MockManager": "runtime.manager",
-    "ResourceManager": "runtime.manager",
-    "register_manager": "runtime.manager",
+    "MockManager": "runtime.managers.base",
+    "ResourceManager": "runtime.managers.base",
+    "register_manager": "runtime.managers.base",
     "Orchestrator": "runtime.orchestrator",
     "OrchestratorClosed": "runtime.orchestrator",
     "OrchestratorAPI": "runtime.interface",
     "RuntimeConfig": "runtime.config",
     "SyncOrchestrator": "runtime.sync",
-    "ServiceHooks": "runtime.gpu",
+    "ServiceHooks": "runtime.managers.hooks",
     "AuthenticationError": "server.protocol",
     "ConnectionLost": "server.protocol",
     "FrameTooLarge": "server.protocol",
@@ -88,10 +90,10 @@ if TYPE_CHECKING:  # what type checkers see of the names above; never executed
         ManagerError,
         ResourceLimitExceeded,
     )
-    from .runtime.gpu import ServiceHooks
+    from .runtime.managers.hooks import ServiceHooks
     from .runtime.holds import Throttled
     from .runtime.interface import OrchestratorAPI
-    from .runtime.manager import MockManager, ResourceManager, register_manager
+    from .runtime.managers.base import MockManager, ResourceManager, register_manager
     from .runtime.orchestrator import Orchestrator, OrchestratorClosed
     from .runtime.records import ActionRecord
     from .runtime.sync import SyncOrchestrator
@@ -101,15 +103,7 @@ if TYPE_CHECKING:  # what type checkers see of the names above; never executed
 del TYPE_CHECKING
 
 
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'tangram' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _LAZY, globals())
 
 
 def __dir__() -> list[str]:

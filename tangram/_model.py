@@ -87,7 +87,7 @@ class Service:
     # CUDA context and allocator pool); at most `memory`, and non-zero only if not movable.
     asleep_memory: float = 0.0
     # Whether a restore may go to another device than the one it first loaded on. A server
-    # process cannot move its CUDA context (tangram.runtime.inference): False pins it to
+    # process cannot move its CUDA context (tangram.runtime.managers.inference): False pins it to
     # its first device, until that device's node goes offline (then it loads afresh).
     movable: bool = True
     # Identical copies (each its own residency, e.g. its own server process): the core

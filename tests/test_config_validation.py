@@ -34,7 +34,7 @@ from tangram import (
     UnknownNameError,
     ValidationError,
 )
-from tangram.runtime.gpu import ServiceHooks
+from tangram.runtime.managers.gpu import ServiceHooks
 
 V, U = ValidationError, UnknownNameError
 NODE = '[inventory]\nnodes = [{ name = "n0", resources = { cpu = 2 } }'  # closed by each case
@@ -76,7 +76,7 @@ BAD_FILES: list[tuple[str, str, type[Exception], str]] = [
     ("service-hooks-not-hooks", "[[services]]\nname = 's'\nmemory = 1\nhooks = 'json:dumps'", V,
      "config.services[0].hooks"),
     ("service-hooks-constructor-fails", "[[services]]\nname = 's'\nmemory = 1\n"
-     "hooks = 'tangram.runtime.gpu:FunctionService'", V, "config.services[0].hooks"),
+     "hooks = 'tangram.runtime.managers.gpu:FunctionService'", V, "config.services[0].hooks"),
     ("managers-not-a-table", "managers = 3", V, "config.managers"),
     ("manager-options-not-a-table", "managers = { cpu = 3 }", V, "config.managers.cpu"),
     ("objective-unknown", "objective = 'fast'", V, "config.objective"),
@@ -250,7 +250,7 @@ def test_documented_config_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 def test_hooks_that_raise_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "cfg_broken_hooks.py").write_text("def broken(:\n")
     (tmp_path / "cfg_raising_hooks.py").write_text(
-        "from tangram.runtime.gpu import FunctionService\n"
+        "from tangram.runtime.managers.gpu import FunctionService\n"
         "class Hooks(FunctionService):\n"
         "    def __init__(self):\n"
         "        raise RuntimeError('no weights\\nat /models/rm')\n")

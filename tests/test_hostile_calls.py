@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 
 import tangram
 from tangram import Action, Call, Inventory, MockManager, Orchestrator, Quota, Scheduler
-from tangram.runtime.api import ApiManager
-from tangram.runtime.manager import LiveAction, ResourceManager
+from tangram.runtime.managers.api import ApiManager
+from tangram.runtime.managers.base import LiveAction, ResourceManager
 
 from hostile import HOSTILE, Mix, plans
 
@@ -100,7 +100,7 @@ def assert_idle(orch: Orchestrator) -> None:
 
 
 def sandbox_processes() -> list[int]:
-    from tangram.runtime.sandbox import marked_processes
+    from tangram.runtime.sandbox.workers import marked_processes
 
     return marked_processes(f"{os.getpid()}.")
 
@@ -242,7 +242,7 @@ class Echo(ResourceManager):
 # argument, without fn.
 @linux
 def test_a_call_needs_what_its_manager_runs() -> None:
-    from tangram.runtime.cpu import CpuManager
+    from tangram.runtime.managers.cpu import CpuManager
 
     async def main() -> None:
         managers = {"cpu": CpuManager(resource_control="affinity"), "api": ApiManager(), "mock": MockManager(),
@@ -264,7 +264,7 @@ def test_a_call_needs_what_its_manager_runs() -> None:
     # The managers of GPU services (the gpu manager, a Ray cluster's) take the service's
     # input as the call's one positional argument; a Ray node runs other calls in a sandbox.
     from tangram.ray.manager import RayManager
-    from tangram.runtime.gpu import GpuManager
+    from tangram.runtime.managers.gpu import GpuManager
 
     service = Call(service="judge", args=("input",), resources={})
     for manager in (GpuManager.__new__(GpuManager), RayManager.__new__(RayManager)):
@@ -286,7 +286,7 @@ def test_a_call_needs_what_its_manager_runs() -> None:
 # reaches the command.
 @linux
 def test_a_bad_environment_never_reaches_a_sandbox() -> None:
-    from tangram.runtime.cpu import CpuManager
+    from tangram.runtime.managers.cpu import CpuManager
 
     async def main() -> None:
         managers = {"cpu": CpuManager(resource_control="affinity")}
@@ -311,7 +311,7 @@ def test_a_bad_environment_never_reaches_a_sandbox() -> None:
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(plans(HOSTILE, max_size=30))
 def test_random_hostile_calls_end_alone_in_process(plan: list[int]) -> None:
-    from tangram.runtime.cpu import CpuManager
+    from tangram.runtime.managers.cpu import CpuManager
 
     async def main() -> None:
         managers = {"cpu": CpuManager(resource_control="affinity"), "api": ApiManager(max_threads=2), "mock": MockManager()}

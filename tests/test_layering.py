@@ -5,7 +5,9 @@ The layers, lowest first:
 
   base       tangram._compiled, tangram._core (the compiled core), tangram._errors,
              tangram._records, tangram._arguments (the command lines' argument types),
-             tangram.worker and tangram._run_code (what sandboxes import)
+             tangram._lazy (a package's names imported on first use), and what runs inside
+             a sandbox: tangram.worker (the API sandboxed code imports) and the
+             tangram.runtime.sandbox.inside_* modules
   devices    tangram.devices: GPU discovery (NVML, or the TANGRAM_FAKE_GPUS inventory)
   model      tangram._model: inventory, elasticity models, actions
   scheduler  tangram.scheduler
@@ -15,7 +17,8 @@ The layers, lowest first:
              names it exports from higher layers are imported on first use (its
              `_LAZY` table, mirrored by an `if TYPE_CHECKING:` block for type checkers,
              the one place where a module may name a higher layer)
-  runtime    tangram.runtime.*: the orchestrator and its resource managers
+  runtime    tangram.runtime.*: the orchestrator, its resource managers (runtime.managers)
+             and the sandboxes CPU actions run in (runtime.sandbox)
   server     tangram.server.*: `tangram serve` and its client
   integrations  tangram.integrations.*: the RL frameworks' adapters (they use the client)
   ray        tangram.ray.*: the Ray backend
@@ -53,7 +56,8 @@ PACKAGE = Path(tangram.__file__).resolve().parent
 # Lowest first. A name ending in "." covers a package and every module under it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("tangram._compiled", "tangram._core", "tangram._errors", "tangram._records", "tangram._arguments",
-              "tangram.worker", "tangram._run_code")),
+              "tangram._lazy", "tangram.worker", "tangram.runtime.sandbox.inside_worker",
+              "tangram.runtime.sandbox.inside_run_code")),
     ("devices", ("tangram.devices",)),
     ("model", ("tangram._model",)),
     ("scheduler", ("tangram.scheduler",)),
@@ -274,7 +278,7 @@ def test_private_names_stay_in_their_module() -> None:
 # The checks above must be able to fail: each kind of bad import, planted into a copy of
 # a real module's tree, is reported with the module, line and name.
 @pytest.mark.parametrize("module, planted, expected", [
-    ("tangram._model", "from .runtime.gpu import discover", "model imports runtime"),
+    ("tangram._model", "from .runtime.managers.gpu import discover", "model imports runtime"),
     ("tangram._model", "def f():\n    from tangram.server import client", "model imports server"),
     ("tangram.scheduler", "import tangram.sim.engine", "scheduler imports sim"),
     ("tangram", "from .runtime import Orchestrator", "face imports runtime"),
@@ -336,3 +340,85 @@ def test_every_public_name_resolves_from_a_fresh_import() -> None:
     for name, module in LAZY.items():
         assert name in tangram.__all__, f"tangram.{name} is imported on first use but not in __all__"
         assert getattr(tangram, name) is getattr(__import__(module, fromlist=[name]), name)
+
+
+# Invariant: what runs inside a sandbox (its worker's main, a Sandbox Fusion run, and
+# tangram.worker, which sandboxed code imports) loads neither the orchestrator nor the
+# compiled core's Python side: a sandbox starts fast, and a generated file in its working
+# directory cannot shadow what those modules would import.
+def test_sandbox_code_loads_no_runtime() -> None:
+    done = _fresh("import sys, tangram.worker, tangram.runtime.sandbox.inside_worker, "
+                  "tangram.runtime.sandbox.inside_run_code; print('\\n'.join(sys.modules))")
+    assert done.returncode == 0, done.stderr
+    loaded = set(done.stdout.split())
+    assert "tangram.runtime.sandbox.inside_run_code" in loaded  # the probe sees what it should
+    heavy = sorted(loaded & {"asyncio", "numpy", "tangram.scheduler", "tangram.runtime.orchestrator",
+                             "tangram.runtime.managers.cpu"})
+    assert not heavy, f"code that runs inside a sandbox loads {heavy}"
+
+
+def import_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+    for root in sorted(edges):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    cycles.append(sorted(component))
+    return cycles
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the tangram modules it imports when it runs (`if TYPE_CHECKING:` left out)."""
+    graph = {}
+    for module, path in SOURCES.items():
+        tree = ast.parse(path.read_text())
+        typing_only = type_checking_nodes(tree)
+        typing_lines = {node.lineno for node in ast.walk(tree) if id(node) in typing_only and hasattr(node, "lineno")}
+        graph[module] = {i.target for i in imports_of(module, tree)
+                         if i.target != module and i.target in SOURCES and i.line not in typing_lines}
+    return graph
+
+
+# Invariant: no two modules import each other, directly or through others (a loop makes
+# the import order matter and hides which one is the lower layer).
+def test_no_import_cycles() -> None:
+    assert import_cycles(import_graph()) == []
+
+
+def test_an_import_cycle_is_reported() -> None:
+    graph = import_graph()
+    graph["tangram.scheduler"] = graph["tangram.scheduler"] | {"tangram._model"}
+    graph["tangram._model"] = graph["tangram._model"] | {"tangram.scheduler"}  # planted
+    assert ["tangram._model", "tangram.scheduler"] in import_cycles(graph)

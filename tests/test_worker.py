@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tangram import worker
-from tangram.runtime.grant import GRANT_WIDTH
+from tangram.runtime.sandbox.grant import GRANT_WIDTH
 
 
 def set_grant(path: Path, cores: float) -> None:
@@ -183,7 +183,7 @@ def test_the_executor_starts_workers_on_demand_and_survives_their_deaths(tmp_pat
 # The manager's end of the limit FIFO: each action's last well-formed limit reaches the
 # callback; garbled lines (no id, extra words, not a positive finite number) are dropped.
 def test_the_grant_channel_reads_limits_and_drops_garbled_lines(tmp_path: Path) -> None:
-    from tangram.runtime.grant import GrantChannel
+    from tangram.runtime.sandbox.grant import GrantChannel
 
     async def main() -> list[tuple[int, float]]:
         heard: list[tuple[int, float]] = []

@@ -1,7 +1,7 @@
 // Elasticity models: run time as a function of the elastic grant.
 //
 // Evaluated in the same IEEE double operations, in the same order, as the Python
-// reference (tangram/reference.py), so both take identical decisions.
+// reference (tangram/bench/reference.py), so both take identical decisions.
 #pragma once
 
 #include <utility>

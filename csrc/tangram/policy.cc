@@ -12,7 +12,7 @@ namespace tangram {
 namespace {
 
 // One row per PolicyKind, in its order: the one list of policies. _core exports it as
-// POLICIES and POLICY_RULES (tangram/reference.py takes its rows from there);
+// POLICIES and POLICY_RULES (tangram/bench/reference.py takes its rows from there);
 // docs/scheduling.md has the same table in words; tests/cpp/test_policy_rows.cc pins it.
 const std::vector<PolicyRow>& rows() {
   static const std::vector<PolicyRow> kPolicyRows = {

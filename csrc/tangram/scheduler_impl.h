@@ -1,5 +1,5 @@
 // The scheduler core's private state and the map of its sources. docs/scheduling.md states
-// the rules; tangram/reference.py implements the same rules naively, and the differential
+// the rules; tangram/bench/reference.py implements the same rules naively, and the differential
 // tests hold the two to identical decisions. These headers are not installed.
 //
 // Scheduler::Impl is made of parts, each a struct in its own header that states what it

@@ -37,7 +37,7 @@ inline constexpr double kMaxBaseUnits = 1e12;
 inline constexpr double kMaxSeconds = 1e9;
 inline constexpr TimeNs kNever = INT64_MAX;
 
-// Conversions shared bit-for-bit with the Python reference (tangram/reference.py):
+// Conversions shared bit-for-bit with the Python reference (tangram/bench/reference.py):
 // round half up after scaling, computed in IEEE doubles.
 inline Quantity to_milli(double base_units) {
   return static_cast<Quantity>(std::floor(base_units * 1000.0 + 0.5));

@@ -109,7 +109,7 @@ def demo_inventory(cores: int, memory: float) -> tuple[Inventory, bool]:
 
 
 async def rollout(policy: str, trajectories: int, port: int, seed: int, progress: Any) -> PolicyRun:
-    from ..runtime.gpu import FunctionService, GpuManager
+    from ..runtime.managers.gpu import FunctionService, GpuManager
 
     cores = len(os.sched_getaffinity(0))
     memory = min(Inventory.local().nodes[0].resources["memory"], 1024.0 * trajectories)
@@ -211,8 +211,8 @@ def main(trajectories: int | None = None, policies: tuple[str, ...] = ("trajecto
     """Runs the rollout under each policy and prints the comparison; 1 if any action failed."""
     from tqdm import tqdm
 
-    from ..runtime.isolation import detect
-    from ..runtime.namespaces import detect as detect_boundary
+    from ..runtime.sandbox.isolation import detect
+    from ..runtime.sandbox.namespaces import detect as detect_boundary
 
     cores = len(os.sched_getaffinity(0))
     trajectories = trajectories or max(4, min(32, 2 * cores))

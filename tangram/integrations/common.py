@@ -8,7 +8,7 @@ code (`connect_sync`). `use(orchestrator)` sets the process's own orchestrator i
 (an embedded `tangram.Orchestrator`, or a `tangram.Client` made some other way); a
 `SyncOrchestrator` or `SyncClient` serves the synchronous callers.
 
-Programs run as Sandbox Fusion requests do (tangram.runtime.run_code): one request, one
+Programs run as Sandbox Fusion requests do (tangram.runtime.sandbox.run_code): one request, one
 action, in a trajectory's sandbox; the adapters keep a trajectory per tool instance,
 episode or sandbox, so its files persist across its calls, and end it when it is released.
 A program without a trajectory of its own (a test case of a reward) runs in a pooled
@@ -27,7 +27,7 @@ import weakref
 from typing import Any, Mapping, Sequence
 
 from .._errors import TangramError
-from ..runtime.run_code import TrajectoryPool, check_request, error_answer, run_code_call
+from ..runtime.sandbox.run_code import TrajectoryPool, check_request, error_answer, run_code_call
 
 # The adapters' trajectory ids: from 3 x 2**30 up, so that they do not meet the ids a
 # caller uses itself on the same orchestrator or client (keep those below), and stay
@@ -121,7 +121,7 @@ def _pool(orch: Any) -> TrajectoryPool:
 async def run_code(code: str, language: str = "python", *, stdin: str | None = None, trajectory: int | None = None,
                    timeout: float = 30.0, memory_limit_mb: int = 1024, orchestrator: Any = None) -> dict[str, Any]:
     """Runs a program as one tangram action and returns its Sandbox Fusion response (an
-    action that ends in an error answers as tangram.runtime.run_code.error_answer says).
+    action that ends in an error answers as tangram.runtime.sandbox.run_code.error_answer says).
     In `trajectory`'s sandbox (its files kept across calls) when given, else in a pooled
     sandbox, scrubbed after it (Call.pooled)."""
     orch = orchestrator if orchestrator is not None else await connect()

@@ -14,7 +14,7 @@ on the host. The environment's own logic (parsing the action, the reward) is unc
     register(id="my_env_tangram", entry_point=through_tangram(MyToolEnv))
 
 `TangramCodeEnv` is a ready environment for code tasks: each step's last fenced code
-block runs (Sandbox Fusion semantics: tangram.runtime.run_code) in the episode's sandbox,
+block runs (Sandbox Fusion semantics: tangram.runtime.sandbox.run_code) in the episode's sandbox,
 and its output is the next observation; an answer without code ends the episode, and the
 reward is the share of the test cases (`extras["reward_spec"]["ground_truth"]`: {"inputs":
 [...], "outputs": [...]}) that the last program passed.

@@ -13,7 +13,7 @@ tool_config_path),
 
 `create` gives each instance (one per tool use in a trajectory) a tangram trajectory, so
 its files persist from one `execute` to the next; `execute` runs the `code` parameter as
-one action (Sandbox Fusion semantics: tangram.runtime.run_code) and answers with its
+one action (Sandbox Fusion semantics: tangram.runtime.sandbox.run_code) and answers with its
 output; `release` ends the trajectory (its sandbox goes). The tool reaches tangram through
 tangram.integrations.connect: `tangram serve` at $TANGRAM_ADDRESS (one per host), or the
 orchestrator the process set with tangram.integrations.use.

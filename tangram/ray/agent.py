@@ -35,7 +35,7 @@ import cloudpickle
 from .._model import Inventory, Node
 from ..runtime.call import Call, Placement
 from ..runtime.errors import ActionCrashed, ActionError, ActionFailed, ResourceLimitExceeded
-from ..runtime.manager import LiveAction
+from ..runtime.managers.base import LiveAction
 
 Completion = tuple[int, str, Any]  # (action id, "ok" | "error" | "cancelled", result or error tuple)
 
@@ -134,7 +134,7 @@ class NodeAgent:
 
     async def start(self, resources: Mapping[str, float], gpus: Sequence[float] = ()) -> dict[str, Any]:
         """Starts the managers for this node (as node 0 of a one-node inventory)."""
-        from ..runtime.cpu import CpuManager
+        from ..runtime.managers.cpu import CpuManager
 
         self._wake = asyncio.Event()
         env = dict(self.cpu_options.pop("env", {}) or {})
@@ -147,7 +147,7 @@ class NodeAgent:
         self.cpu.attach(inventory)
         await self.cpu.start()
         if self.gpu_options is not None:
-            from ..runtime.gpu import GpuManager
+            from ..runtime.managers.gpu import GpuManager
 
             self.gpu = GpuManager(**self.gpu_options)
             self.gpu.attach(inventory)

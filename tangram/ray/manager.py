@@ -14,11 +14,11 @@ from typing import Any, Mapping, Sequence
 import cloudpickle
 
 from .._model import Gpu, Inventory, Node, Quota, Service
-from ..runtime.api import ApiManager
+from ..runtime.managers.api import ApiManager
 from ..runtime.call import Call, Placement, manager_for, require_fn_or_command, require_service_input
 from ..runtime.config import RuntimeConfig
 from ..runtime.errors import ActionCrashed, ActionFailed, ManagerError
-from ..runtime.manager import Host, LiveAction, ResourceManager
+from ..runtime.managers.base import Host, LiveAction, ResourceManager
 from ..runtime.orchestrator import ActionHandle, Orchestrator
 from .agent import NodeAgent, pack_batch, rebuild_error, unpack_completions
 from .claim import ClusterClaimed, advertise, claim_cluster, release_claim

@@ -1,26 +1,26 @@
-"""The live runtime: the orchestrator and its resource managers (CPU sandboxes, GPU
-services, API quotas) carrying the core's decisions out on real resources."""
+"""The live runtime: the orchestrator (this folder), its resource managers (managers/:
+CPU sandboxes, GPU services, API quotas) and the sandboxes CPU actions run in (sandbox/),
+carrying the core's decisions out on real resources.
 
-from .call import Call, CommandResult, Placement
-from .config import RuntimeConfig
-from .errors import (
-    ActionCancelled,
-    ActionCrashed,
-    ActionError,
-    ActionFailed,
-    ActionInfeasible,
-    ActionTimeout,
-    ManagerError,
-    ResourceLimitExceeded,
-)
-from .manager import LiveAction, MockManager, ResourceManager, manager_class, register_manager
-from .orchestrator import ActionHandle, Orchestrator, OrchestratorClosed
-from .records import ActionRecord
-from .sync import SyncHandle, SyncOrchestrator
+Its public names are imported on first use: code running inside a sandbox imports
+tangram.runtime.sandbox's inside_* modules through this package, and must not load the
+orchestrator (asyncio, NumPy, the compiled core) it never uses.
+"""
 
-__all__ = [
-    "ActionCancelled", "ActionCrashed", "ActionError", "ActionFailed", "ActionHandle", "ActionInfeasible",
-    "ActionRecord", "ActionTimeout", "Call", "CommandResult", "LiveAction", "ManagerError", "MockManager",
-    "Orchestrator", "OrchestratorClosed", "Placement", "ResourceLimitExceeded", "ResourceManager",
-    "RuntimeConfig", "SyncHandle", "SyncOrchestrator", "manager_class", "register_manager",
-]
+from .._lazy import lazy_names
+
+# Each public name and its module here.
+_LAZY = {
+    "Call": "call", "CommandResult": "call", "Placement": "call",
+    "RuntimeConfig": "config",
+    "ActionCancelled": "errors", "ActionCrashed": "errors", "ActionError": "errors", "ActionFailed": "errors",
+    "ActionInfeasible": "errors", "ActionTimeout": "errors", "ManagerError": "errors",
+    "ResourceLimitExceeded": "errors",
+    "LiveAction": "managers.base", "MockManager": "managers.base", "ResourceManager": "managers.base",
+    "manager_class": "managers.base", "register_manager": "managers.base",
+    "ActionHandle": "orchestrator", "Orchestrator": "orchestrator", "OrchestratorClosed": "orchestrator",
+    "ActionRecord": "records",
+    "SyncHandle": "sync", "SyncOrchestrator": "sync",
+}
+__all__ = sorted(_LAZY)
+__getattr__ = lazy_names(__name__, _LAZY, globals())

@@ -45,14 +45,14 @@ class Call:
     False keeps it from being rerun elsewhere when its node is lost (docs/ray.md).
     `pooled` runs it in any idle sandbox of a pool the CPU manager keeps, taken when the
     action starts, instead of its trajectory's: for calls that leave the sandbox as they
-    found it (tangram.runtime.run_code's scrub), so that many concurrent stateless calls
+    found it (tangram.runtime.sandbox.run_code's scrub), so that many concurrent stateless calls
     need only as many sandboxes as run at once. `network` opens the network to a
     namespaced CPU sandbox for this call (False: loopback only, its own; None: the
     manager's `network` option); a sandbox's worker keeps the network it was started with,
     so a call asking for more than its worker has gets a new worker in the same directory
     (docs/sandbox.md). `image` runs its sandbox on a task image's root filesystem (an OCI
     layout directory, a `docker save`/`podman save` archive, "podman:NAME" or "docker:NAME"
-    of a local store, or an unpacked root directory; tangram.runtime.images): a trajectory's
+    of a local store, or an unpacked root directory; tangram.runtime.sandbox.images): a trajectory's
     sandbox keeps the image of its first call, and a later call of it with image=None runs
     there too (docs/sandbox.md, "Task images").
     """

@@ -64,6 +64,7 @@ from .._model import (
     given,
 )
 from ..scheduler import OBJECTIVES, POLICIES, Policy
+from .managers.hooks import ServiceHooks
 
 
 @dataclass
@@ -238,7 +239,6 @@ def _node(values: Any, where: str) -> Node:
 def _hooks(target: Any, where: str) -> Any:
     """A service's hooks: a ServiceHooks instance, or 'module:attribute' naming a
     ServiceHooks class (constructed with no arguments) or instance."""
-    from .gpu import ServiceHooks  # lazy: the GPU manager's module is loaded on use
 
     hooks = target
     if isinstance(target, str):

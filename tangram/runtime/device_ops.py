@@ -24,7 +24,7 @@ import asyncio
 import collections
 from typing import Any, Callable, Iterable, Mapping
 
-from .manager import GpuCapabilities, ResourceManager
+from .managers.base import GpuCapabilities, ResourceManager
 from .service_router import ServiceRouter
 
 Device = tuple[int, int]  # (node, device)

@@ -39,7 +39,7 @@ from .device_ops import DeviceOps
 from .encode import CallEncoder, call_field_names
 from .listeners import ActionListener
 from .live import ActionState
-from .manager import GpuCapabilities, ResourceManager
+from .managers.base import GpuCapabilities, ResourceManager
 from .runner import ActionRunner
 from .service_router import ServiceRouter
 

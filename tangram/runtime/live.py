@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from .call import Call, Placement
 from ..estimates import Estimate
-from .manager import ResourceManager
+from .managers.base import ResourceManager
 from .records import ActionRecord
 
 

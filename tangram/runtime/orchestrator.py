@@ -61,7 +61,7 @@ from ..estimates import RunTimeEstimates
 from .holds import Backoffs, QuotaHold
 from .listeners import EstimateReporter, RecordKeeper
 from .live import ActionState
-from .manager import ResourceManager, make_managers
+from .managers.base import ResourceManager, make_managers
 from .records import Metrics, RecordLog
 from .service_router import ServiceRouter
 from .status import snapshot, utilisation

@@ -36,7 +36,7 @@ from .errors import ActionCancelled, ActionError, ActionFailed, ActionInfeasible
 from ..estimates import DECLARED, Estimate
 from .listeners import ActionListener, hooks
 from .live import ActionState
-from .manager import LiveAction, ResourceManager
+from .managers.base import LiveAction, ResourceManager
 from .records import ActionRecord
 from .service_router import ServiceRouter
 

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from .._errors import TangramError, ValidationError
 from ..runtime.config import RuntimeConfig
-from ..runtime.manager import ResourceManager, manager_class
+from ..runtime.managers.base import ResourceManager, manager_class
 from ..runtime.orchestrator import Orchestrator
 from ..runtime.records import ActionRecord
 from ..scheduler import OBJECTIVES

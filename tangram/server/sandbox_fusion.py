@@ -3,7 +3,7 @@
 Sandbox Fusion's `POST /run_code` is what RL frameworks send code execution to (veRL's
 code rewards and tool, SkyRL's verifiers and tools, the `sandbox-fusion` client). This
 endpoint takes the same requests and answers with the same responses and status values
-(tangram.runtime.run_code), so pointing such a framework at tangram is one URL. Each
+(tangram.runtime.sandbox.run_code), so pointing such a framework at tangram is one URL. Each
 request is one tangram action: the requests that arrive in one event-loop iteration reach
 the core as one batch, are ordered and placed with every other action of the orchestrator,
 and run in a sandbox (the CPU manager's, with its isolation).
@@ -65,7 +65,7 @@ from typing import Any
 
 from .._errors import TangramError, ValidationError
 from ..runtime.orchestrator import Orchestrator
-from ..runtime.run_code import TrajectoryPool, check_request, error_answer, run_code_call, sandbox_error
+from ..runtime.sandbox.run_code import TrajectoryPool, check_request, error_answer, run_code_call, sandbox_error
 from .protocol import is_loopback
 
 DEFAULT_PORT = 8080  # Sandbox Fusion's (SkyRL's verifier assumes it)
@@ -221,7 +221,7 @@ class SandboxFusionEndpoint:
         """POST /run_code. Its answer carries a Server-Timing header, which clients ignore
         and bench/sandbox_fusion.py reads for the endpoint's own time: `total`
         (from the handler's start to the answer encoded) and, for a request that ran,
-        `run` (running it in the sandbox: tangram._run_code.run_code_timed), in ms."""
+        `run` (running it in the sandbox: tangram.runtime.sandbox.inside_run_code.run_code_timed), in ms."""
         began = time.perf_counter()
         response = await self._answer(request)
         timing = f"total;dur={(time.perf_counter() - began) * 1e3:.3f}"

@@ -38,7 +38,7 @@ from ..runtime.call import Call
 from ..runtime.config import RuntimeConfig
 from ..runtime.errors import ActionCancelled, ActionFailed
 from ..runtime.holds import QuotaHold
-from ..runtime.manager import ResourceManager
+from ..runtime.managers.base import ResourceManager
 from ..runtime.orchestrator import ActionHandle, Orchestrator, OrchestratorClosed
 from ..runtime.records import ActionRecord
 from . import protocol as P

@@ -1,4 +1,4 @@
-"""Trajectory sandboxes as podman containers (CpuManager option containers; tangram.runtime.containers).
+"""Trajectory sandboxes as podman containers (CpuManager option containers; tangram.runtime.sandbox.containers).
 
 A busybox image is imported into this machine's podman store offline (`podman import`, the
 root the image-sandbox tests build), with an ENV of its own. Each test starts real
@@ -31,11 +31,11 @@ import pytest
 from test_image_sandboxes import busybox_root
 
 from tangram.runtime.call import Call, Placement
-from tangram.runtime.cpu import CpuManager
+from tangram.runtime.managers.cpu import CpuManager
 from tangram.runtime.errors import ActionCrashed, ActionFailed, ManagerError, ResourceLimitExceeded
-from tangram.runtime.isolation import detect as detect_resources
-from tangram.runtime.manager import LiveAction
-from tangram.runtime.sandbox import marked_processes
+from tangram.runtime.sandbox.isolation import detect as detect_resources
+from tangram.runtime.managers.base import LiveAction
+from tangram.runtime.sandbox.workers import marked_processes
 
 PODMAN = shutil.which("podman")
 pytestmark = [
@@ -338,8 +338,8 @@ def test_what_cannot_work_is_a_typed_error(engine: Any, monkeypatch: pytest.Monk
 KILLED_MANAGER = """
 import asyncio, sys
 from tangram.runtime.call import Call, Placement
-from tangram.runtime.cpu import CpuManager
-from tangram.runtime.manager import LiveAction
+from tangram.runtime.managers.cpu import CpuManager
+from tangram.runtime.managers.base import LiveAction
 
 async def main():
     mgr = CpuManager(warm_sandboxes=0, containers="podman", container_options=sys.argv[2:])

@@ -21,7 +21,7 @@ import pytest
 
 from tangram import Amdahl, Inventory, Node, Orchestrator
 from tangram.runtime.call import Call, CommandResult, Placement
-from tangram.runtime.cpu import CpuManager, CpuPool
+from tangram.runtime.managers.cpu import CpuManager, CpuPool
 from tangram.runtime.errors import (
     ActionCrashed,
     ActionFailed,
@@ -29,11 +29,11 @@ from tangram.runtime.errors import (
     ResourceLimitExceeded,
 )
 from tangram._arguments import int_ranges
-from tangram.runtime.isolation import cpu_weight, descendants, detect
-from tangram.runtime.namespaces import HOME
-from tangram.runtime.namespaces import detect as detect_boundary
-from tangram.runtime.manager import LiveAction, manager_class
-from tangram.runtime.sandbox import marked_processes
+from tangram.runtime.sandbox.isolation import cpu_weight, descendants, detect
+from tangram.runtime.sandbox.namespaces import HOME
+from tangram.runtime.sandbox.namespaces import detect as detect_boundary
+from tangram.runtime.managers.base import LiveAction, manager_class
+from tangram.runtime.sandbox.workers import marked_processes
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sandboxes need Linux")
 
@@ -120,7 +120,7 @@ def worker_host_pid(mgr: CpuManager, key: int = 0) -> int:
             cmdline = read(f"/proc/{pid}/cmdline")
         except OSError:
             continue
-        if "_sandbox_worker" in cmdline and "bwrap" not in cmdline.split("\0")[0]:
+        if "inside_worker" in cmdline and "bwrap" not in cmdline.split("\0")[0]:
             return pid
     raise AssertionError(f"no worker under {proc.pid}")
 
@@ -288,7 +288,7 @@ def test_a_sandbox_cgroup_that_cannot_be_made_is_a_manager_error(tmp_path: Any) 
     removed (nothing half-built is left to fail on)."""
     from types import SimpleNamespace
 
-    from tangram.runtime.isolation import SandboxCgroup
+    from tangram.runtime.sandbox.isolation import SandboxCgroup
 
     parent = tmp_path / "cpu"
     parent.mkdir()

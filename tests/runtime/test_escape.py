@@ -28,11 +28,11 @@ import pytest
 
 import tangram
 from tangram.runtime.call import Call, Placement
-from tangram.runtime.cpu import CpuManager
+from tangram.runtime.managers.cpu import CpuManager
 from tangram.runtime.errors import ResourceLimitExceeded
-from tangram.runtime.manager import LiveAction
-from tangram.runtime.namespaces import HOME, detect
-from tangram.runtime.sandbox import marked_processes
+from tangram.runtime.managers.base import LiveAction
+from tangram.runtime.sandbox.namespaces import HOME, detect
+from tangram.runtime.sandbox.workers import marked_processes
 
 BOUNDARY = detect("auto") if sys.platform.startswith("linux") else None
 pytestmark = pytest.mark.skipif(BOUNDARY is None or not BOUNDARY.namespaces,
@@ -411,7 +411,7 @@ def test_filling_the_disk_limit_fails_the_action_and_nothing_else(tmp_path: Any)
 def test_the_working_directory_and_tmp_are_never_shown(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """sys.path's '' (the working directory) is not shown, nor /tmp or a parent of it, even
     when sys.path names them: a sandbox's /tmp is its own."""
-    from tangram.runtime.namespaces import python_paths
+    from tangram.runtime.sandbox.namespaces import python_paths
 
     shown = python_paths(["", "/tmp", "/", str(tmp_path)])
     assert "/tmp" not in shown and "/" not in shown

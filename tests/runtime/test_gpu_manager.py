@@ -19,8 +19,8 @@ from tangram import Call, Gpu, Inventory, Node, Service
 from tangram.devices import GpuDevice, discover, parse_fake
 from tangram.runtime.call import Placement
 from tangram.runtime.errors import ActionFailed, ManagerError
-from tangram.runtime.gpu import FunctionService, GpuManager, ServiceHooks, grant_environment, mps_active
-from tangram.runtime.manager import LiveAction, manager_class
+from tangram.runtime.managers.gpu import FunctionService, GpuManager, ServiceHooks, grant_environment, mps_active
+from tangram.runtime.managers.base import LiveAction, manager_class
 
 WAIT = 5.0  # seconds a blocked hook waits at most: a broken test fails instead of hanging
 
@@ -67,11 +67,11 @@ def test_fake_inventory_malformed(monkeypatch, spec):
 # Invariant: the GPU manager's module offers the discovery API of tangram.devices as is.
 def test_gpu_module_offers_discovery() -> None:
     import tangram.devices
-    import tangram.runtime.gpu
+    import tangram.runtime.managers.gpu
 
     for name in tangram.devices.__all__:
-        assert getattr(tangram.runtime.gpu, name) is getattr(tangram.devices, name)
-        assert name in tangram.runtime.gpu.__all__
+        assert getattr(tangram.runtime.managers.gpu, name) is getattr(tangram.devices, name)
+        assert name in tangram.runtime.managers.gpu.__all__
 
 
 def test_discover_source(monkeypatch, no_fake):
@@ -1168,7 +1168,7 @@ def test_attach_errors():
         GpuManager(services={"rm": "no_such_module:Hooks"})
     assert e.value.field == "services.rm" and "cannot import" in e.value.reason
     with pytest.raises(ManagerError) as e:
-        GpuManager(services={"rm": "tangram.runtime.gpu:FunctionService"})  # needs fn: not constructible bare
+        GpuManager(services={"rm": "tangram.runtime.managers.gpu:FunctionService"})  # needs fn: not constructible bare
     assert e.value.field == "services.rm" and "cannot construct" in e.value.reason
     assert isinstance(GpuManager(services={"rm": f"{__name__}:Recorder"}).hooks["rm"], Recorder)
 
@@ -1230,7 +1230,7 @@ def test_describe():
 
 
 def test_context_mib_defaults_and_validation(monkeypatch, no_fake):
-    from tangram.runtime.gpu import CUDA_CONTEXT_MIB
+    from tangram.runtime.managers.gpu import CUDA_CONTEXT_MIB
 
     assert manager().context_mib == 0.0  # fake devices hold no CUDA context
     assert manager(context_mib=300).context_mib == 300.0

@@ -17,7 +17,7 @@ import pytest
 
 from tangram import (Client, Inventory, MockManager, Node, Orchestrator, Quota, SyncOrchestrator, Throttled,
                      UnknownNameError, ValidationError)
-from tangram.runtime.api import ApiManager
+from tangram.runtime.managers.api import ApiManager
 from tangram.runtime.holds import BACKOFF_FIRST, BACKOFF_MAX
 
 from test_server import Served, _readline, write_config

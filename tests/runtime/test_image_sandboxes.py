@@ -1,4 +1,4 @@
-"""Sandboxes on a task image (Call.image; tangram.runtime.rootfs): a busybox image built here,
+"""Sandboxes on a task image (Call.image; tangram.runtime.sandbox.rootfs): a busybox image built here,
 offline, from the Debian package busybox-static, as a root directory and as an OCI layout.
 Commands run the image's programs; functions run the orchestrator's Python with the image
 as /; each sandbox writes to its own overlay, so no trajectory sees another's edits and the
@@ -22,11 +22,11 @@ import pytest
 from test_images import oci_layout
 
 from tangram.runtime.call import Call, Placement
-from tangram.runtime.cpu import CpuManager
+from tangram.runtime.managers.cpu import CpuManager
 from tangram.runtime.errors import ActionFailed, ResourceLimitExceeded
-from tangram.runtime.manager import LiveAction
-from tangram.runtime.namespaces import detect
-from tangram.runtime.sandbox import marked_processes
+from tangram.runtime.managers.base import LiveAction
+from tangram.runtime.sandbox.namespaces import detect
+from tangram.runtime.sandbox.workers import marked_processes
 
 BOUNDARY = detect("auto")
 BUSYBOX = shutil.which("busybox") or "/bin/busybox"
@@ -262,8 +262,8 @@ def test_warm_workers_per_image_and_pooled_sandboxes_per_image(images: dict[str,
 KILLED_MANAGER = """
 import asyncio, sys
 from tangram.runtime.call import Call, Placement
-from tangram.runtime.cpu import CpuManager
-from tangram.runtime.manager import LiveAction
+from tangram.runtime.managers.cpu import CpuManager
+from tangram.runtime.managers.base import LiveAction
 
 async def main():
     mgr = CpuManager(isolation="namespaces", warm_sandboxes=0, root=sys.argv[1], image_cache=sys.argv[2],

@@ -1,4 +1,4 @@
-"""Task images unpacked into the cache (tangram.runtime.images): OCI layouts and docker/podman
+"""Task images unpacked into the cache (tangram.runtime.sandbox.images): OCI layouts and docker/podman
 save archives built here, offline, from two layers with whiteouts; root directories used in
 place; bad images refused with an ImageError naming the cause."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tangram.runtime.images import ImageCache, ImageError
+from tangram.runtime.sandbox.images import ImageCache, ImageError
 
 
 def layer(files: dict[str, bytes | None], dirs: tuple[str, ...] = (), links: dict[str, str] | None = None) -> bytes:

@@ -1,4 +1,4 @@
-"""Inference servers as GPU services (tangram.runtime.inference), against real server
+"""Inference servers as GPU services (tangram.runtime.managers.inference), against real server
 processes on loopback: the stand-in (stand_in_server.py) speaks vLLM's and SGLang's
 protocols for health, sleep, wake-up and scoring. Every hook directly, for both protocols:
 start on the device's UUID, concurrent scoring in input order, sleep and wake-up, cold
@@ -26,8 +26,8 @@ import pytest
 
 from tangram import Call, Inventory, Orchestrator, Service, ValidationError
 from tangram.devices import GpuDevice
-from tangram.runtime.gpu import GpuManager
-from tangram.runtime.inference import InferenceServer, InferenceServerError, ServerHandle, SglangServer, VllmServer
+from tangram.runtime.managers.gpu import GpuManager
+from tangram.runtime.managers.inference import InferenceServer, InferenceServerError, ServerHandle, SglangServer, VllmServer
 
 STAND_IN = Path(__file__).with_name("stand_in_server.py")
 PROTOCOLS = ["vllm", "sglang"]

@@ -16,9 +16,9 @@ import tangram
 from tangram import Amdahl, Call, Inventory, Orchestrator, Quota, RuntimeConfig, Service, ValidationError
 from tangram.demo import search, server_stats, start_search_server, stop_search_server
 from tangram.runtime import ActionCancelled, ActionFailed, ActionTimeout, CommandResult
-from tangram.runtime.cpu import CpuManager
-from tangram.runtime.gpu import FunctionService, GpuManager, ServiceHooks
-from tangram.runtime.manager import MockManager
+from tangram.runtime.managers.cpu import CpuManager
+from tangram.runtime.managers.gpu import FunctionService, GpuManager, ServiceHooks
+from tangram.runtime.managers.base import MockManager
 
 CORES = len(os.sched_getaffinity(0))
 

@@ -513,7 +513,7 @@ nodes = [{ name = "n0", resources = { cpu = 2, memory = 1024 } }]
 def test_managers_are_plugins_by_name_and_entry_point(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from importlib.metadata import EntryPoint
 
-    from tangram.runtime import manager as registry
+    from tangram.runtime.managers import base as registry
 
     class Echo(tangram.ResourceManager):
         name = "echo"

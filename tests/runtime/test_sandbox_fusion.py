@@ -1,4 +1,4 @@
-"""Sandbox Fusion's API served by tangram: the programs themselves (tangram.runtime.run_code:
+"""Sandbox Fusion's API served by tangram: the programs themselves (tangram.runtime.sandbox.run_code:
 languages, compile steps, time and memory limits, files in and out, the status values),
 the requests checked as Sandbox Fusion's server checks them, and `tangram serve
 --sandbox-fusion-port` end to end: a real server subprocess on loopback, the real
@@ -26,7 +26,7 @@ from typing import Any, Iterator
 import pytest
 
 import tangram
-from tangram.runtime.run_code import check_request, run_code
+from tangram.runtime.sandbox.run_code import check_request, run_code
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="servers and sandboxes need Linux")
 
@@ -106,8 +106,8 @@ def test_memory_limit_is_the_programs_address_space(in_tmp: Path) -> None:
 def test_each_way_of_setting_the_memory_limit_sets_it_soft_and_hard(in_tmp: Path, way: str,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The limit is the program's, soft and hard (it cannot raise it), whichever way the
-    sandbox sets it (tangram._run_code._spawn); the sandbox's own limit is as before."""
-    from tangram import _run_code
+    sandbox sets it (tangram.runtime.sandbox.inside_run_code._spawn); the sandbox's own limit is as before."""
+    from tangram.runtime.sandbox import inside_run_code as _run_code
 
     if way == "own limit" and not _run_code._may_raise_limits():
         pytest.skip("this process lacks CAP_SYS_RESOURCE: it could not raise its own limit again")

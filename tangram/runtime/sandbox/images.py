@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import IO, Any
 
-from .errors import ManagerError
+from ..errors import ManagerError
 
 _ROOT_MARKERS = ("bin", "usr", "etc")
 _WHITEOUT = ".wh."

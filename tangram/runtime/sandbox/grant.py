@@ -30,7 +30,7 @@ import math
 import os
 from collections.abc import Callable
 
-from ..worker import whole_cores
+from ...worker import whole_cores
 
 GRANT_WIDTH = 16
 

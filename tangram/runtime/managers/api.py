@@ -15,10 +15,10 @@ import inspect
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping
 
-from .._errors import ValidationError
-from .call import Call, Placement
-from .errors import ManagerError
-from .manager import LiveAction, ResourceManager
+from ..._errors import ValidationError
+from ..call import Call, Placement
+from ..errors import ManagerError
+from .base import LiveAction, ResourceManager
 
 
 class ApiManager(ResourceManager):

@@ -13,10 +13,10 @@ users and files, as `run` gives them.
           own (the container's root is an unprivileged uid of the host). Bound in: the
           sandbox directory at /sandbox (HOME, the working directory), the grant channel
           at /run/tangram read-only, and what the host's Python needs under /run/host
-          read-only, as for tangram's own image sandboxes (tangram.runtime.rootfs):
+          read-only, as for tangram's own image sandboxes (tangram.runtime.sandbox.rootfs):
           function actions run the orchestrator's interpreter whatever the image holds.
   exec    one `ENGINE exec -i` per worker, not per action: the sandbox worker
-          (tangram/runtime/_sandbox_worker.py, "stdio" mode) talks over the engine's relay
+          (tangram/runtime/sandbox/inside_worker.py, "stdio" mode) talks over the engine's relay
           of its stdin and stdout, one frame each way per action, as any sandbox's does.
   resize  through the container's own cgroup, adopted by the sandbox: CPU weight, cpuset,
           quota and memory limit written there at each grant, as for tangram's own
@@ -51,16 +51,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ManagerError
+from ..errors import ManagerError
 from .isolation import SandboxCgroup
 from .namespaces import CONTROL, HOME, SYSTEM_DIRS, outermost
 from .rootfs import HOST, host_python_argv, host_python_paths, inside
-from .sandbox import MARKER, WORKER_FILE, Needs, Preload, SlotDirs, start_with_channel
+from .workers import MARKER, WORKER_FILE, Needs, Preload, SlotDirs, start_with_channel
 
 ENGINES = ("podman", "docker")
 # Host uids of the containers' user namespaces (podman under root): a range of 2**16 per
 # container, CONTAINER_UID_BASE + ((pid % 31) * 2**10 + n % 2**10) * 2**16, above the uids of
-# tangram's own sandboxes (tangram.runtime.namespaces.SANDBOX_UID_BASE) and below 2**32 - 1.
+# tangram's own sandboxes (tangram.runtime.sandbox.namespaces.SANDBOX_UID_BASE) and below 2**32 - 1.
 CONTAINER_UID_BASE = 1 << 31
 _ID_RANGE = 1 << 16
 _NAME = re.compile(r"tangram-(\d+)\.\d+-c\d+")
@@ -103,7 +103,7 @@ class ContainerSlot(SlotDirs):
 
 class ContainerJail:
     """Starts trajectory sandboxes as containers of `engine`: what a Sandbox asks of
-    tangram.runtime.sandbox.Jail (default, new_slot, spawn, detach, base_processes)."""
+    tangram.runtime.sandbox.workers.Jail (default, new_slot, spawn, detach, base_processes)."""
 
     base_processes = 2  # the container's init and the worker
 
@@ -131,7 +131,7 @@ class ContainerJail:
         """The `-v` options of what the worker needs from the host, read-only under HOST."""
         out: list[str] = []
         # the system directories the host's Python and its loader need, as bwrap shows them to
-        # an image sandbox (tangram.runtime.namespaces), but /etc: not the host's accounts and
+        # an image sandbox (tangram.runtime.sandbox.namespaces), but /etc: not the host's accounts and
         # configuration (with docker the container's root is the host's root); a symlinked
         # one (/lib -> usr/lib) is reached through its target
         system = [d for d in SYSTEM_DIRS if d != "/etc" and os.path.isdir(d) and not os.path.islink(d)]

@@ -1,6 +1,6 @@
 """How the CPU manager confines a sandbox's resources: detection of the mechanism, and the cgroups.
 
-(The sandbox's isolation boundary, its namespaces, is tangram.runtime.namespaces; this is
+(The sandbox's isolation boundary, its namespaces, is tangram.runtime.sandbox.namespaces; this is
 its resource control, the CPU manager's option `resource_control`.)
 
 Three mechanisms, detected in this order (the first that works here wins):
@@ -25,7 +25,7 @@ quota. bench/cpu_grants.py measures both.
 
 `TANGRAM_RESOURCE_CONTROL` (or the CPU manager's `resource_control` option) forces one of the three;
 forcing a cgroup mechanism that is not usable here is an error, not a silent fallback.
-`python -m tangram.runtime.isolation` prints what is in force on this machine.
+`python -m tangram.runtime.sandbox.isolation` prints what is in force on this machine.
 
 Cgroups are made inside this process's own cgroup of each hierarchy (read from
 /proc/self/cgroup and /proc/self/mountinfo), as `<that>/tangram-<pid>-<n>/sb-<trajectory>`,
@@ -41,8 +41,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .._arguments import int_ranges
-from .errors import ManagerError
+from ..._arguments import int_ranges
+from ..errors import ManagerError
 
 MECHANISMS = ("cgroup-v2", "cgroup-v1", "affinity")
 ENV_VAR = "TANGRAM_RESOURCE_CONTROL"
@@ -728,7 +728,7 @@ __all__ = ["ENV_VAR", "MECHANISMS", "Isolation", "ManagerCgroups", "SandboxCgrou
            "hierarchy_path", "remove_stale"]
 
 
-if __name__ == "__main__":  # python -m tangram.runtime.isolation
+if __name__ == "__main__":  # python -m tangram.runtime.sandbox.isolation
     from .namespaces import detect as detect_boundary
 
     boundary = detect_boundary()

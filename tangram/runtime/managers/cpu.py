@@ -1,6 +1,6 @@
 """The CPU manager: stateful sandboxes per trajectory, compute granted per action.
 
-Each trajectory gets a sandbox (tangram.runtime.sandbox): a worker process with its own
+Each trajectory gets a sandbox (tangram.runtime.sandbox.workers): a worker process with its own
 directory that keeps files and Python state across the trajectory's actions. Each action
 gets its grant of cores only while it runs. By default a grant is a guarantee, not a
 ceiling (`cpu_limit="guarantee"`): the sandbox may run on every CPU of the manager and its
@@ -16,7 +16,7 @@ memory limit and tells the action its grant:
     TANGRAM_CPUS    the CPU ids it may run on, "0-3,6" style
     TANGRAM_GRANT_FILE, TANGRAM_JOBSERVER
                     the live grant and a GNU make jobserver, both following resizes while
-                    the action runs (tangram.runtime.grant; commands get MAKEFLAGS for it)
+                    the action runs (tangram.runtime.sandbox.grant; commands get MAKEFLAGS for it)
     TANGRAM_LIMIT, TANGRAM_ACTION
                     where the action writes "<TANGRAM_ACTION> <cores>" when it can use at
                     most that many cores from now on (tangram.worker.limit_grant)
@@ -37,9 +37,9 @@ memory) is reaped when it exits and fails no action: the next one starts a fresh
 The CPUs go back to the pool on every exit path.
 
 Isolation: by default every sandbox runs inside Linux namespaces set up by bubblewrap
-(tangram.runtime.namespaces: its own uid, PID, mount, IPC, UTS and network namespaces, the
+(tangram.runtime.sandbox.namespaces: its own uid, PID, mount, IPC, UTS and network namespaces, the
 host read-only, no network unless asked), or as a bare process under isolation="process".
-Resources: tangram.runtime.isolation (cgroup v2, cgroup v1, or affinity + rlimits).
+Resources: tangram.runtime.sandbox.isolation (cgroup v2, cgroup v1, or affinity + rlimits).
 `describe()` says which are in force; docs/sandbox.md has the threat model.
 """
 
@@ -50,97 +50,33 @@ import itertools
 import logging
 import os
 import pickle
-import re
 import shutil
 import sys
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import cloudpickle
 
-from .._arguments import int_ranges
-from .call import Call, CommandResult, Placement, require_fn_or_command
-from .containers import ENGINES, ContainerError, ContainerJail, check_engine, engine_path, image_known, remove_orphans
-from .errors import ActionCrashed, ActionFailed, ManagerError, ResourceLimitExceeded
-from .grant import whole_cores
-from .images import ImageCache, ImageError
-from .isolation import Isolation, ManagerCgroups, SandboxCgroup, descendants, detect, hierarchy_path
-from .manager import LiveAction, ResourceManager
-from .namespaces import ISOLATIONS, SANDBOX_OWN_PATHS, Boundary, disk_full, python_paths, unmount_orphans, unmount_under
-from .namespaces import detect as detect_boundary
-from .sandbox import Jail, Needs, Preload, Sandbox, WarmWorkers, WorkerDied, kill_marked, marked_processes
+from ..._arguments import int_ranges
+from ..call import Call, CommandResult, Placement, require_fn_or_command
+from ..sandbox.containers import ENGINES, ContainerError, ContainerJail, check_engine, engine_path, image_known, remove_orphans
+from ..errors import ActionCrashed, ActionFailed, ManagerError, ResourceLimitExceeded
+from ..sandbox.grant import whole_cores
+from ..sandbox.images import ImageCache, ImageError
+from ..sandbox.isolation import Isolation, ManagerCgroups, SandboxCgroup, descendants, detect, hierarchy_path
+from .base import LiveAction, ResourceManager
+from ..sandbox.namespaces import Boundary, disk_full, python_paths, unmount_orphans, unmount_under
+from ..sandbox.namespaces import detect as detect_boundary
+from .cpu_options import CPU_LIMITS, MILLI_PER_CORE, CpuPool, check_options
+from ..sandbox.workers import Jail, Needs, Preload, Sandbox, WarmWorkers, WorkerDied, kill_marked, marked_processes
 
-_MILLI = 1000
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-CPU_LIMITS = ("guarantee", "ceiling")
 DEFAULT_WARM_SANDBOXES = 4
 POOLED_IDLE_LIMIT = 64  # idle pooled sandboxes kept (Call.pooled); one given back past it is ended
-_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 DEFAULT_PIDS_LIMIT = 1024
 _ids = itertools.count(1)
-_log = logging.getLogger("tangram.runtime.cpu")
-
-
-class CpuPool:
-    """Per-CPU usage in milli-cores. `take` prefers exclusive whole CPUs and packs fractions
-    onto CPUs already shared; when the free capacity is fragmented (or the inventory
-    declares more cores than there are CPUs) it shares the least used ones. `release`
-    gives back exactly what `take` charged."""
-
-    def __init__(self, cpus: Sequence[int]) -> None:
-        self.cpus = list(cpus)
-        self.used = dict.fromkeys(self.cpus, 0)
-
-    def take(self, cores: float) -> dict[int, int]:
-        need = max(0, int(round(cores * _MILLI)))
-        used = self.used
-        whole, frac = divmod(need, _MILLI)
-        charge: dict[int, int] = {}
-        idle = [c for c in self.cpus if used[c] == 0]
-        if need == 0:  # no cores asked: run on the least used CPU, charging nothing
-            charge[min(self.cpus, key=lambda c: used[c])] = 0
-            return charge
-        if len(idle) >= whole:
-            for c in idle[:whole]:
-                charge[c] = _MILLI
-            if frac:
-                fits = [c for c in self.cpus if c not in charge and _MILLI - used[c] >= frac]
-                if fits:  # best fit: the fullest CPU it fits on, keeping idle CPUs whole
-                    c = min(fits, key=lambda c: (_MILLI - used[c], c))
-                    charge[c] = frac
-                else:
-                    charge = {}
-        if not charge:  # fragmented or oversubscribed: the most free capacity first
-            left = need
-            for c in sorted(self.cpus, key=lambda c: (used[c], c)):
-                take = min(left, max(0, _MILLI - used[c]))
-                if take > 0:
-                    charge[c] = take
-                    left -= take
-                if left == 0:
-                    break
-            if left > 0:  # more than the pool holds: share the least used CPUs beyond capacity
-                order = sorted(self.cpus, key=lambda c: (used[c] + charge.get(c, 0), c))
-                i = 0
-                while left > 0:
-                    c = order[i % len(order)]
-                    step = min(left, _MILLI)
-                    charge[c] = charge.get(c, 0) + step
-                    left -= step
-                    i += 1
-        for c, m in charge.items():
-            used[c] += m
-        return charge
-
-    def release(self, charge: Mapping[int, int]) -> None:
-        for c, m in charge.items():
-            self.used[c] -= m
-
-    @property
-    def full(self) -> bool:
-        """True when nothing is charged: the pool is exactly as it started."""
-        return all(v == 0 for v in self.used.values())
+_log = logging.getLogger("tangram.runtime.managers.cpu")
 
 
 class CpuManager(ResourceManager):
@@ -166,7 +102,7 @@ class CpuManager(ResourceManager):
                     $XDG_CACHE_HOME/tangram/images, else ~/.cache/tangram/images)
       containers    "podman" or "docker" (or a path to either): a trajectory whose calls
                     name an image runs in a container of that engine, the image a name in
-                    its store (tangram.runtime.containers); default None: tangram's own
+                    its store (tangram.runtime.sandbox.containers); default None: tangram's own
                     image sandboxes, the image unpacked into image_cache
       container_options  more options for the engine's `run` of each container (a runtime,
                     --cap-drop, device flags)
@@ -201,73 +137,12 @@ class CpuManager(ResourceManager):
                  resource_control: str = "auto", disk_limit: float | None = None,
                  image_cache: str | None = None, containers: str | None = None,
                  container_options: Sequence[str] = ()) -> None:
-        f = "managers.cpu."
-        if not isinstance(isolation, str) or isolation not in ISOLATIONS:
-            raise ManagerError(f + "isolation", f"{isolation!r} is not one of {', '.join(ISOLATIONS)}" + (
-                " (the cgroup mechanism is the option resource_control)" if isolation in
-                ("cgroup-v2", "cgroup-v1", "affinity") else ""))
-        if not isinstance(network, bool):
-            raise ManagerError(f + "network", f"{network!r} is not true or false")
-        if isinstance(visible_paths, str) or not all(isinstance(p, (str, os.PathLike)) for p in visible_paths):
-            raise ManagerError(f + "visible_paths", f"{visible_paths!r} is not a list of paths")
-        missing = [os.fspath(p) for p in visible_paths if not os.path.isabs(os.fspath(p)) or not os.path.exists(p)]
-        if missing:
-            raise ManagerError(f + "visible_paths", f"{missing[0]!r} is not an existing absolute path")
-        hidden = [os.fspath(p) for p in visible_paths if any(
-            os.path.realpath(p) == d or os.path.realpath(p).startswith(d + "/") for d in SANDBOX_OWN_PATHS)]
-        if hidden:
-            raise ManagerError(f + "visible_paths", f"{hidden[0]!r} is under a path a sandbox has of its own "
-                               f"({', '.join(SANDBOX_OWN_PATHS)}): the sandbox would not see it")
-        if pids_limit is not None and (isinstance(pids_limit, bool) or not isinstance(pids_limit, int)
-                                       or not 16 <= pids_limit <= 4_194_304):
-            raise ManagerError(f + "pids_limit", f"{pids_limit!r} is not a number of processes in [16, 4194304] "
-                               "or None")
-        if isinstance(preload, str) or not all(isinstance(m, str) and _MODULE_NAME.fullmatch(m) for m in preload):
-            raise ManagerError(f + "preload", f"{preload!r} is not a list of module names")
-        if root is not None and not (isinstance(root, (str, os.PathLike)) and os.path.isdir(root)):
-            raise ManagerError(f + "root", f"{root!r} is not an existing directory")
-        if disk_limit is not None and (isinstance(disk_limit, bool) or not isinstance(disk_limit, (int, float))
-                                       or not 1 <= disk_limit <= 1 << 30):
-            raise ManagerError(f + "disk_limit", f"{disk_limit!r} is not a number of MiB in [1, 2**30] or None")
-        if image_cache is not None and not (isinstance(image_cache, (str, os.PathLike)) and os.path.isabs(image_cache)):
-            raise ManagerError(f + "image_cache", f"{image_cache!r} is not an absolute path")
-        if containers is not None and not (isinstance(containers, (str, os.PathLike)) and (
-                os.path.basename(os.fspath(containers)) in ENGINES)):
-            raise ManagerError(f + "containers", f"{containers!r} is not one of {', '.join(ENGINES)} (or a path to one)")
-        if isinstance(container_options, str) or not all(isinstance(o, str) for o in container_options):
-            raise ManagerError(f + "container_options", f"{container_options!r} is not a list of strings")
-        if container_options and containers is None:
-            raise ManagerError(f + "container_options", "given without containers (the engine to run them with)")
-        if containers is not None and disk_limit is not None:
-            raise ManagerError(f + "disk_limit", "not offered for containers (their storage is the engine's): set "
-                               "one of containers and disk_limit")
-        if not isinstance(resource_control, str) or resource_control not in ("auto", "cgroup-v2", "cgroup-v1", "affinity"):
-            raise ManagerError(f + "resource_control", f"{resource_control!r} is not one of auto, cgroup-v2, cgroup-v1, "
-                               "affinity")
-        if not isinstance(cpu_limit, str) or cpu_limit not in CPU_LIMITS:
-            raise ManagerError(f + "cpu_limit", f"{cpu_limit!r} is not one of {', '.join(CPU_LIMITS)}")
-        if isinstance(warm_sandboxes, bool) or not isinstance(warm_sandboxes, int) or not 0 <= warm_sandboxes <= 1024:
-            raise ManagerError(f + "warm_sandboxes", f"{warm_sandboxes!r} is not a number of workers in [0, 1024]")
-        if isinstance(output_limit, bool) or not isinstance(output_limit, int) or output_limit < 0:
-            raise ManagerError(f + "output_limit", f"{output_limit!r} is not a non-negative number of bytes")
-        allowed = sorted(os.sched_getaffinity(0))
-        if cpus is None:
-            chosen = allowed
-        else:
-            try:
-                chosen = sorted({int(c) for c in cpus})
-            except (TypeError, ValueError):
-                raise ManagerError(f + "cpus", f"{cpus!r} is not a list of CPU ids") from None
-            if not chosen:
-                raise ManagerError(f + "cpus", "no CPU given")
-            bad = [c for c in chosen if c not in allowed]
-            if bad:
-                raise ManagerError(f + "cpus", f"CPU {bad} not available to this process (allowed: {int_ranges(allowed)})")
-        env = dict(env or {})
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-            raise ManagerError(f + "env", "keys and values must be strings")
-        if isinstance(inherit_env, str) or not all(isinstance(k, str) for k in inherit_env):
-            raise ManagerError(f + "inherit_env", f"{inherit_env!r} is not a list of variable names")
+        chosen, env = check_options(
+            root=root, isolation=isolation, output_limit=output_limit, cpus=cpus, env=env, inherit_env=inherit_env,
+            cpu_limit=cpu_limit, warm_sandboxes=warm_sandboxes, preload=preload, network=network,
+            visible_paths=visible_paths, pids_limit=pids_limit, resource_control=resource_control,
+            disk_limit=disk_limit, image_cache=image_cache, containers=containers,
+            container_options=container_options)
         self.root = None if root is None else os.fspath(root)
         self.isolation_option = isolation
         self.resource_option = resource_control
@@ -480,7 +355,7 @@ class CpuManager(ResourceManager):
     @property
     def usage(self) -> dict[int, float]:
         """Cores in use per CPU id (0.0 everywhere when no action runs)."""
-        return {c: m / _MILLI for c, m in self.pool.used.items()}
+        return {c: m / MILLI_PER_CORE for c, m in self.pool.used.items()}
 
     @property
     def sandbox_count(self) -> int:
@@ -609,7 +484,7 @@ class CpuManager(ResourceManager):
         task.add_done_callback(self._reaping.discard)
 
     async def _image_root(self, action_id: int, reference: str) -> str:
-        """The unpacked root of a call's image (tangram.runtime.images), resolved once per
+        """The unpacked root of a call's image (tangram.runtime.sandbox.images), resolved once per
         manager (an archive is hashed and unpacked once, off the loop). What cannot be
         used fails the action with error_type "ImageError", naming the cause."""
         root = self._image_roots.get(reference)
@@ -701,25 +576,16 @@ class CpuManager(ResourceManager):
     @staticmethod
     def _apply_ceiling(cg: Any, charge: Mapping[int, int], cores: float) -> None:
         cg.set_cpus(int_ranges(charge))
-        whole = sum(1 for m in charge.values() if m >= _MILLI) == len(charge) and cores == len(charge)
+        whole = sum(1 for m in charge.values() if m >= MILLI_PER_CORE) == len(charge) and cores == len(charge)
         cg.set_quota(None if whole or cores <= 0 else cores)
 
     async def _run(self, action: LiveAction, placement: Placement, running: _Running) -> Any:
         call = action.call
-        sb, charge = running.sandbox, running.charge
-        ids = sorted(charge) if self.ceiling else self.cpus
+        sb = running.sandbox
+        ids = sorted(running.charge) if self.ceiling else self.cpus
         cpus = int_ranges(ids)
-        cores = placement.cores
-        n = str(whole_cores(cores))
-        env = dict.fromkeys(_THREAD_VARS, n)
-        env.update(placement.env)
-        env.update(call.env)
-        env["TANGRAM_CORES"] = n
-        env["TANGRAM_GRANT"] = f"{cores:g}"
-        env["TANGRAM_CPUS"] = cpus
-        env["TANGRAM_ACTION"] = str(action.id)
+        env = _action_environment(action, placement, cpus)
         memory = int(placement.memory * 2**20) if placement.memory > 0 else 0
-        oom_before = pids_before = -1
         gpu = "CUDA_VISIBLE_DEVICES" in placement.env
         mps = placement.env.get("CUDA_MPS_PIPE_DIRECTORY")
         needs = Needs(network=self.network if call.network is None else call.network, gpu=gpu,
@@ -732,34 +598,13 @@ class CpuManager(ResourceManager):
             self._kill(sb)
             raise
         cg = sb.cgroup  # (a container's is known once it started)
-        if cg is None:
-            pin, rlimit = tuple(ids), memory
-        else:
-            pin, rlimit = None, 0
-        try:
-            if call.fn is not None:
-                payload = cloudpickle.dumps(("fn", call.fn, tuple(call.args), dict(call.kwargs), env, pin, rlimit),
-                                            protocol=pickle.HIGHEST_PROTOCOL)
-            else:
-                command = call.command if isinstance(call.command, str) else [os.fspath(a) for a in call.command]  # type: ignore[union-attr]
-                payload = pickle.dumps(("cmd", command, env, pin, rlimit), protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as e:
-            raise ActionFailed(action.id, f"the call cannot be sent to the sandbox: {type(e).__name__}: {e}",
-                               type(e).__name__) from None
+        pin, rlimit = (tuple(ids), memory) if cg is None else (None, 0)
+        payload = _request_payload(action, env, pin, rlimit)
+        oom_before = pids_before = -1
         try:
             sb.grant.start(running.cores)  # type: ignore[union-attr]  # the latest grant: a resize may have come meanwhile
             if cg is not None:
-                if self.ceiling:
-                    self._apply_ceiling(cg, running.charge, running.cores)
-                else:
-                    cg.set_cpus(cpus)
-                    cg.set_quota(None)
-                cg.set_weight(running.cores)
-                try:
-                    cg.set_memory(memory)
-                except OSError as e:
-                    raise ResourceLimitExceeded(action.id, f"cannot limit the sandbox to {placement.memory:g} MiB: it "
-                                                f"already uses more ({e.strerror})", "memory") from None
+                self._limit_cgroup(action, cg, running, cpus, memory, placement.memory)
             oom_before = cg.oom_kills() if cg is not None and memory > 0 else -1
             pids_before = cg.pids_refused() if cg is not None and cg.has_pids else -1
             data = await sb.request(payload)
@@ -767,37 +612,45 @@ class CpuManager(ResourceManager):
             self._kill(sb)
             raise
         except WorkerDied as e:
-            if oom_before >= 0 and cg.oom_kills() > oom_before:  # type: ignore[union-attr]
-                raise ResourceLimitExceeded(action.id, f"the sandbox ran out of its {placement.memory:g} MiB memory "
-                                            "limit and was killed", "memory") from None
-            self._pids_exceeded(action, sb, pids_before)
-            await self._disk_exceeded(action, sb)
-            code = e.returncode
-            tail = f"; worker log: {e.log_tail[-500:]}" if e.log_tail else ""
-            if code is not None and code < 0:
-                raise ActionCrashed(action.id, f"the sandbox worker was killed by signal {-code}{tail}",
-                                    signal=-code) from None
-            raise ActionCrashed(action.id, f"the sandbox worker exited with status {code}{tail}", exit_code=code) from None
+            await self._worker_died(action, sb, e, cg, oom_before, pids_before, placement.memory)
         if oom_before >= 0 and cg.oom_kills() > oom_before:  # type: ignore[union-attr]
             raise ResourceLimitExceeded(action.id, f"a process of the action exceeded its {placement.memory:g} MiB "
                                         "memory limit and was killed", "memory")
         self._pids_exceeded(action, sb, pids_before)
         await self._disk_exceeded(action, sb)
+        return _answer(action.id, data)
+
+    def _limit_cgroup(self, action: LiveAction, cg: Any, running: _Running, cpus: str, memory: int,
+                      memory_mib: float) -> None:
+        """The sandbox's cgroup set to the action's grant: its CPUs (or a ceiling), weight
+        and memory."""
+        if self.ceiling:
+            self._apply_ceiling(cg, running.charge, running.cores)
+        else:
+            cg.set_cpus(cpus)
+            cg.set_quota(None)
+        cg.set_weight(running.cores)
         try:
-            reply = pickle.loads(data)
-        except Exception as e:
-            raise ActionFailed(action.id, f"the result cannot be loaded in the orchestrator: {type(e).__name__}: {e}",
-                               type(e).__name__) from None
-        kind = reply[0]
-        if kind == "ok":
-            return reply[1]
-        if kind == "result":
-            return CommandResult(reply[1], reply[2], reply[3], reply[4])
-        if kind == "memory":
-            raise ResourceLimitExceeded(action.id, reply[1], "memory")
-        if kind == "error":
-            raise ActionFailed(action.id, reply[2], reply[1], reply[3])
-        raise ActionFailed(action.id, f"unexpected reply from the sandbox: {kind!r}", "ProtocolError")
+            cg.set_memory(memory)
+        except OSError as e:
+            raise ResourceLimitExceeded(action.id, f"cannot limit the sandbox to {memory_mib:g} MiB: it "
+                                        f"already uses more ({e.strerror})", "memory") from None
+
+    async def _worker_died(self, action: LiveAction, sb: Sandbox, e: WorkerDied, cg: Any, oom_before: int,
+                           pids_before: int, memory_mib: float) -> NoReturn:
+        """Why the worker died under the action, as the error the action ends with: its
+        memory, process or disk limit, else a crash with the worker log's tail."""
+        if oom_before >= 0 and cg.oom_kills() > oom_before:
+            raise ResourceLimitExceeded(action.id, f"the sandbox ran out of its {memory_mib:g} MiB memory "
+                                        "limit and was killed", "memory") from None
+        self._pids_exceeded(action, sb, pids_before)
+        await self._disk_exceeded(action, sb)
+        code = e.returncode
+        tail = f"; worker log: {e.log_tail[-500:]}" if e.log_tail else ""
+        if code is not None and code < 0:
+            raise ActionCrashed(action.id, f"the sandbox worker was killed by signal {-code}{tail}",
+                                signal=-code) from None
+        raise ActionCrashed(action.id, f"the sandbox worker exited with status {code}{tail}", exit_code=code) from None
 
     def _pids_exceeded(self, action: LiveAction, sb: Sandbox, before: int) -> None:
         """The sandbox hit its PIDs limit during the action (a fork bomb, a runaway pool):
@@ -829,6 +682,54 @@ class CpuManager(ResourceManager):
         task = asyncio.get_running_loop().create_task(sb.reap())
         self._reaping.add(task)
         task.add_done_callback(self._reaping.discard)
+
+
+def _action_environment(action: LiveAction, placement: Placement, cpus: str) -> dict[str, str]:
+    """The environment an action runs with: its grant (cores, CPUs, thread counts), then
+    the placement's (a GPU's) and the call's own variables."""
+    cores = placement.cores
+    n = str(whole_cores(cores))
+    env = dict.fromkeys(_THREAD_VARS, n)
+    env.update(placement.env)
+    env.update(action.call.env)
+    env["TANGRAM_CORES"] = n
+    env["TANGRAM_GRANT"] = f"{cores:g}"
+    env["TANGRAM_CPUS"] = cpus
+    env["TANGRAM_ACTION"] = str(action.id)
+    return env
+
+
+def _request_payload(action: LiveAction, env: dict[str, str], pin: tuple[int, ...] | None, rlimit: int) -> bytes:
+    """The request frame for the sandbox's worker: a function (cloudpickled) or a command."""
+    call = action.call
+    try:
+        if call.fn is not None:
+            return cloudpickle.dumps(("fn", call.fn, tuple(call.args), dict(call.kwargs), env, pin, rlimit),
+                                     protocol=pickle.HIGHEST_PROTOCOL)
+        command = call.command if isinstance(call.command, str) else [os.fspath(a) for a in call.command]  # type: ignore[union-attr]
+        return pickle.dumps(("cmd", command, env, pin, rlimit), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as e:
+        raise ActionFailed(action.id, f"the call cannot be sent to the sandbox: {type(e).__name__}: {e}",
+                           type(e).__name__) from None
+
+
+def _answer(action_id: int, data: bytes) -> Any:
+    """The worker's reply as the action's result, or the error it ends with."""
+    try:
+        reply = pickle.loads(data)
+    except Exception as e:
+        raise ActionFailed(action_id, f"the result cannot be loaded in the orchestrator: {type(e).__name__}: {e}",
+                           type(e).__name__) from None
+    kind = reply[0]
+    if kind == "ok":
+        return reply[1]
+    if kind == "result":
+        return CommandResult(reply[1], reply[2], reply[3], reply[4])
+    if kind == "memory":
+        raise ResourceLimitExceeded(action_id, reply[1], "memory")
+    if kind == "error":
+        raise ActionFailed(action_id, reply[2], reply[1], reply[3])
+    raise ActionFailed(action_id, f"unexpected reply from the sandbox: {kind!r}", "ProtocolError")
 
 
 class _Running:

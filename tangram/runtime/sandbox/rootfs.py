@@ -1,6 +1,6 @@
 """The root of a sandbox that runs in a task image (`Call.image`), and the host's Python in it.
 
-An image sandbox's `/` is the image's root filesystem (tangram.runtime.images unpacks it
+An image sandbox's `/` is the image's root filesystem (tangram.runtime.sandbox.images unpacks it
 once, into a cache all its sandboxes share) under an overlay of the sandbox's own:
 
   <slot>/lower    the image's root, idmapped: what the image owns as its root (uid and
@@ -10,7 +10,7 @@ once, into a cache all its sandboxes share) under an overlay of the sandbox's ow
                   mount is read-only: the cache is never written.
   <slot>/upper    the sandbox's writes (copy-on-write): a 1,000-sandbox step on one image
   <slot>/work     shares one unpacked copy, each sandbox holding only what it changed
-  <slot>/rootfs   the overlay, bound at / by bwrap (tangram.runtime.namespaces)
+  <slot>/rootfs   the overlay, bound at / by bwrap (tangram.runtime.sandbox.namespaces)
 
 Both mounts are made on the host by the orchestrator (root: an idmapped mount needs
 CAP_SYS_ADMIN, and bubblewrap 0.8 makes no overlays) inside the slot, and detached when the

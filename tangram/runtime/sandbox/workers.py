@@ -1,6 +1,6 @@
 """A sandbox: one long-lived worker process per trajectory, seen from the orchestrator.
 
-The worker (tangram/runtime/_sandbox_worker.py) runs in its own session and process group
+The worker (tangram/runtime/sandbox/inside_worker.py) runs in its own session and process group
 (its pgid is its pid), in the sandbox's own directory (cwd = HOME, TMPDIR inside it), with
 a minimal environment: PATH, LANG, HOME, TMPDIR, TANGRAM_SANDBOX (a marker naming the
 manager and the trajectory) and what the manager was told to pass; nothing else of the
@@ -43,17 +43,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from .errors import ManagerError
+from ..errors import ManagerError
 from .grant import GrantChannel
-from .isolation import SandboxCgroup, descendants
+from .isolation import SandboxCgroup
 from .isolation import alive as _alive
+from .kills import MARKER, kill_descendants, kill_marked, marked_processes
 from .namespaces import (CONTROL, HOME, Boundary, UidAllocator, bwrap_argv, mount_tmpfs, outermost, seccomp_fd,
                          seccomp_filter, unmount, unmount_under)
 from .rootfs import host_python_argv, host_python_paths, inside, mount_image_root, remount_image_root
 
 _HEADER = struct.Struct(">Q")
-WORKER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_worker.py")
-MARKER = "TANGRAM_SANDBOX"
+WORKER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "inside_worker.py")
 _DRAIN_ABOVE = 1 << 16  # await drain() only when this much is still unsent
 # Seconds without an action before taken warm workers are replaced (WarmWorkers): longer
 # than a rollout's pauses between calls, far shorter than the trainer's part of a step.
@@ -73,7 +73,7 @@ class WorkerDied(Exception):
 class SlotDirs:
     """The places of a slot under its `root` on the host: the sandbox's directory `home`
     (HOME inside), `control` (CONTROL inside, read-only: its grant channel) and its
-    worker's log. Shared by tangram's slots and containers' (tangram.runtime.containers)."""
+    worker's log. Shared by tangram's slots and containers' (tangram.runtime.sandbox.containers)."""
 
     root: str
 
@@ -100,7 +100,7 @@ class Slot(SlotDirs):
 
     uid: int | None
     mounted: bool = False  # a tmpfs of the disk limit at `root`
-    image: str | None = None  # the task image's unpacked root: its sandboxes' / (tangram.runtime.rootfs)
+    image: str | None = None  # the task image's unpacked root: its sandboxes' / (tangram.runtime.sandbox.rootfs)
 
     @property
     def rootfs(self) -> str | None:
@@ -127,9 +127,9 @@ class Needs:
 
 
 class Jail:
-    """How a manager starts namespaced workers (tangram.runtime.namespaces): the boundary,
+    """How a manager starts namespaced workers (tangram.runtime.sandbox.namespaces): the boundary,
     the host paths they see read-only, their slots and uids, the network by default.
-    (tangram.runtime.containers.ContainerJail starts them in containers instead: the same
+    (tangram.runtime.sandbox.containers.ContainerJail starts them in containers instead: the same
     methods.)"""
 
     base_processes = 3  # what runs in a sandbox's cgroup between actions: bwrap, its init, the worker
@@ -139,12 +139,8 @@ class Jail:
         """`pids_limit`: RLIMIT_NPROC of each sandbox's uid (None where a cgroup limits its
         processes); `disk_limit`: bytes a sandbox may write, its slot a tmpfs of that size
         (root only)."""
-        self.boundary = boundary
-        self.directory = directory
-        self.read_only = read_only
-        self.network = network
-        self.pids_limit = pids_limit
-        self.disk_limit = disk_limit
+        self.boundary, self.directory, self.read_only, self.network = boundary, directory, read_only, network
+        self.pids_limit, self.disk_limit = pids_limit, disk_limit
         self.seccomp = seccomp_filter() is not None
         self._uids = UidAllocator() if boundary.own_uids else None
         self._slots = itertools.count(1)  # next() is atomic: image slots are made off the loop
@@ -231,7 +227,7 @@ class Jail:
             options["user"] = slot.uid
             if self.pids_limit is not None:
                 options["nproc"] = self.pids_limit  # RLIMIT_NPROC: per uid, so per sandbox
-        if image:  # the host's Python, its paths under rootfs.HOST (tangram.runtime.rootfs)
+        if image:  # the host's Python, its paths under rootfs.HOST (tangram.runtime.sandbox.rootfs)
             if preload is not None:
                 preload = Preload(tuple(inside(p) for p in preload.path), preload.modules)
             options["sys_path"] = [inside(p) for p in sys.path if p]
@@ -693,7 +689,7 @@ class Sandbox:
         self.proc = None
         self._dying.append(proc)
         if self.cgroup is None:
-            _kill_descendants(proc.pid)  # its tree, daemons included (it is their subreaper)
+            kill_descendants(proc.pid)  # its tree, daemons included (it is their subreaper)
         if proc.returncode is None:  # not reaped: its pid (= pgid) cannot have been reused
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -779,51 +775,6 @@ async def _wait(proc: subprocess.Popen[bytes], timeout: float | None) -> int | N
             pass
         await _wait(proc, None)
     return proc.returncode
-
-
-def _kill_descendants(pid: int, rounds: int = 20) -> None:
-    """SIGKILL every descendant of `pid` (not `pid` itself), until none is left."""
-    _kill_until_none(lambda: [c for c in descendants(pid) if _alive(c)], rounds)
-
-
-def _kill_until_none(find: Callable[[], list[int]], rounds: int) -> None:
-    """SIGKILL what `find()` lists, again until it lists nothing (a process may fork as
-    its siblings die), at most `rounds` times."""
-    for _ in range(rounds):
-        pids = find()
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-
-def marked_processes(prefix: str, exact: bool = False) -> list[int]:
-    """Live processes whose environment has TANGRAM_SANDBOX starting with `prefix`: the
-    sandboxes' processes, including any that escaped their session and were orphaned
-    when a worker died. A /proc scan: for close() and tests, not for the hot path."""
-    needle = f"{MARKER}={prefix}".encode()
-    out: list[int] = []
-    me = os.getpid()
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                env = f.read()
-        except OSError:
-            continue
-        entries = env.split(b"\0")
-        if (needle in entries if exact else any(e.startswith(needle) for e in entries)) and _alive(int(name)):
-            out.append(int(name))
-    return out
-
-
-def kill_marked(prefix: str, exact: bool = False, rounds: int = 20) -> None:
-    """SIGKILL the processes `marked_processes` finds, until none is left."""
-    _kill_until_none(lambda: marked_processes(prefix, exact), rounds)
 
 
 __all__ = ["MARKER", "WORKER_FILE", "Jail", "Needs", "Sandbox", "Slot", "SlotDirs", "WarmWorkers", "WorkerDied", "kill_marked",

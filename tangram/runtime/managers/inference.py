@@ -2,8 +2,8 @@
 service, whose offload is the server's sleep and whose restore is its wake-up.
 
     from tangram import Inventory, Orchestrator, Service
-    from tangram.runtime.gpu import GpuManager
-    from tangram.runtime.inference import VllmServer
+    from tangram.runtime.managers.gpu import GpuManager
+    from tangram.runtime.managers.inference import VllmServer
 
     rm = VllmServer(command=["vllm", "serve", "/models/reward-8b", "--host", "{host}", "--port", "{port}",
                              "--enable-sleep-mode", "--gpu-memory-utilization", "0.45"],
@@ -99,8 +99,8 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import IO, Any, Callable, ClassVar, Mapping, Sequence
 
-from .._errors import TangramError, ValidationError
-from ..devices import VISIBLE_ENV, GpuDevice
+from ..._errors import TangramError, ValidationError
+from ...devices import VISIBLE_ENV, GpuDevice
 from .gpu import ServiceHooks, grant_environment
 
 logger = logging.getLogger("tangram.gpu")  # the GPU manager's logger: one name for everything GPU

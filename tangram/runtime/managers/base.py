@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, ClassVar, Mapping, Protocol, Sequence, runtime_checkable
 
-from .._model import Inventory, Node
-from .call import SERVICES_MANAGER, Call, Placement
-from .config import RuntimeConfig
-from .errors import ActionError, ManagerError
+from ..._model import Inventory, Node
+from ..call import SERVICES_MANAGER, Call, Placement
+from ..config import RuntimeConfig
+from ..errors import ActionError, ManagerError
 
 ENTRY_POINT_GROUP = "tangram.managers"
 
@@ -208,10 +208,10 @@ class MockManager(ResourceManager):
 
 
 _BUILTIN: dict[str, str] = {
-    "mock": "tangram.runtime.manager:MockManager",
-    "cpu": "tangram.runtime.cpu:CpuManager",
-    "gpu": "tangram.runtime.gpu:GpuManager",
-    "api": "tangram.runtime.api:ApiManager",
+    "mock": "tangram.runtime.managers.base:MockManager",
+    "cpu": "tangram.runtime.managers.cpu:CpuManager",
+    "gpu": "tangram.runtime.managers.gpu:GpuManager",
+    "api": "tangram.runtime.managers.api:ApiManager",
     "ray": "tangram.ray:RayManager",
 }
 _REGISTERED: dict[str, type[ResourceManager]] = {}

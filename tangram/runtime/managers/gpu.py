@@ -26,183 +26,32 @@ Services (`ServiceHooks`, `GpuManager`)
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import collections
 import concurrent.futures
 import functools
 import logging
 import math
-import os
-import socket
-import stat
-import threading
 import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
-from .._errors import ValidationError
-from .._model import Inventory
-from ..devices import FAKE_ENV, VISIBLE_ENV, GpuDevice, discover, parse_fake, visible
-from .call import Call, Placement, require_service_input
-from .errors import ActionFailed, ManagerError
-from .manager import GpuCapabilities, LiveAction, ResourceManager
+from ..._model import Inventory
+from ...devices import FAKE_ENV, VISIBLE_ENV, GpuDevice, discover, parse_fake, visible
+from ..call import Call, Placement, require_service_input
+from ..errors import ActionFailed, ManagerError
+from .base import GpuCapabilities, LiveAction, ResourceManager
+from .gpu_devices import FATAL_XIDS, XidWatch, grant_environment, mib_text, mps_active, mps_pipe_directory
+from .hooks import FunctionService, ServiceHooks
 
 log = logging.getLogger("tangram.gpu")
-
-MPS_DEFAULT_PIPE_DIRECTORY = "/tmp/nvidia-mps"
-
-
-def mps_pipe_directory(pipe_directory: str | None = None) -> str:
-    """Where MPS clients find the daemon: `pipe_directory`, else CUDA_MPS_PIPE_DIRECTORY,
-    else the default /tmp/nvidia-mps."""
-    return pipe_directory or os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_DEFAULT_PIPE_DIRECTORY
-
-
-def mps_active(pipe_directory: str | None = None) -> bool:
-    """Whether an MPS control daemon answers in `mps_pipe_directory(pipe_directory)`: its
-    control socket accepts a connection. A socket file that a crashed daemon left behind
-    refuses it. (A control endpoint that is not a socket, as older daemons made, counts
-    when it exists.)"""
-    path = os.path.join(mps_pipe_directory(pipe_directory), "control")
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        return False
-    if not stat.S_ISSOCK(mode):
-        return True
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(1.0)
-        try:
-            s.connect(path)
-        except OSError:  # refused: nobody listens there any more
-            return False
-    return True
-
-
-def _mib_text(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
-
-
-def grant_environment(device: GpuDevice, gpu_memory_mib: float, mps: bool,
-                      mps_pipe: str | None = None) -> dict[str, str]:
-    """The environment that carries a grant of `gpu_memory_mib` MiB on `device` to a process.
-
-    - CUDA_VISIBLE_DEVICES: the device's UUID, GPU-... for a whole GPU or MIG-... for a MIG
-      instance (UUIDs stay right whatever the numbering of the process and of an MPS
-      server).
-    - TANGRAM_GPU_MEMORY_MIB: the MiB granted (the device's memory when the grant covers
-      it; 0 when nothing was asked for).
-    - Under MPS (`mps` true), CUDA_MPS_PIPE_DIRECTORY: where the daemon is
-      (`mps_pipe_directory(mps_pipe)`), since a sandbox's environment is scrubbed and a
-      client that cannot find the daemon runs outside MPS, unlimited.
-    - A memory slice (0 < gpu_memory_mib < the device's memory) of a shared, non-MIG GPU
-      under MPS is also capped: CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=<MiB>M" (ordinal 0: the
-      one device CUDA_VISIBLE_DEVICES leaves visible). Its compute is not capped
-      (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE is a ceiling, and memory says nothing of how many
-      SMs an action needs: 16 GiB of an H200 would be about 11% of them): MPS shares the
-      SMs among the running clients. Without MPS a slice is only a scheduling share: the
-      core never over-commits the device, but nothing enforces the limit. A MIG instance
-      is isolated by the hardware; a slice of it is a scheduling share too.
-    """
-    gpu_memory_mib = float(gpu_memory_mib)
-    if math.isnan(gpu_memory_mib) or gpu_memory_mib < 0:
-        raise ValidationError("gpu_memory", f"must be a non-negative number of MiB, got {gpu_memory_mib!r}")
-    granted = min(gpu_memory_mib, device.memory_mib)
-    env = {"CUDA_VISIBLE_DEVICES": device.uuid, "TANGRAM_GPU_MEMORY_MIB": _mib_text(granted)}
-    if mps:
-        env["CUDA_MPS_PIPE_DIRECTORY"] = mps_pipe_directory(mps_pipe)
-        if not device.mig and 0 < gpu_memory_mib < device.memory_mib:
-            env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={max(1, math.floor(gpu_memory_mib))}M"
-    return env
-
 
 # ------------------------------------------------------------------ services
 
 
-class ServiceHooks(abc.ABC):
-    """What a GPU service (a reward model) does, as blocking user code. Subclass it.
-
-    The manager calls the hooks of one service in one worker thread, one at a time, in the
-    order the core decided: `load` once on its first residency, then `offload` and
-    `restore` as the core evicts and restores it, `batch` while it is resident, `close`
-    when the runtime closes. A hook that raises fails what it was called for: a restore
-    (the waiting actions fail with ActionFailed), or every action of a batch.
-
-    `device` is the GpuDevice to use (`device.uuid`, `device.nvml_index`; a hook that
-    starts a worker process can give it `grant_environment(device, device.memory_mib,
-    False)`). In-process CUDA code should select the device by UUID or PCI order
-    (CUDA_DEVICE_ORDER=PCI_BUS_ID makes CUDA ordinals match `nvml_index`).
-
-    A replicated service (`Service(replicas=N)`) has one hooks object for its N instances:
-    keep each instance's state in the handle `load` returns, not in the object.
-    """
-
-    @abc.abstractmethod
-    def load(self, device: GpuDevice | None) -> Any:
-        """Load the model onto `device` (first residency) and return its handle."""
-
-    @abc.abstractmethod
-    def offload(self, handle: Any) -> None:
-        """Move the model from its device to host memory, freeing the device memory."""
-
-    @abc.abstractmethod
-    def restore(self, handle: Any, device: GpuDevice | None) -> bool | None:
-        """Move the model from host memory onto `device` (possibly another one than before).
-        Return False when it was a fresh load instead (e.g. a server process restarted):
-        the manager then does not count its time as a restore's."""
-
-    @abc.abstractmethod
-    def batch(self, handle: Any, inputs: list[Any]) -> list[Any]:
-        """Run the model on `inputs`: one output per input, in the same order."""
-
-    def close(self, handle: Any) -> None:
-        """Release the model (called once at shutdown, only if it was loaded; and before
-        a restart, below)."""
-
-    def healthy(self, handle: Any) -> bool:
-        """Whether the loaded model still serves (e.g. its server process is alive and its
-        health endpoint answers). The manager asks after a batch hook raised, and before
-        the next batch on a device that reported an Xid error; False (or an exception)
-        restarts the service in place: `close`, then `load` on its device, while its
-        actions wait. Default: always healthy."""
-        return True
-
-    # Whether the manager may run several batches at once (a server that batches
-    # continuously); else one batch at a time, in this service's hook thread.
-    concurrent_batches: ClassVar[bool] = False
-    # Seconds any one hook call of this service may take, when it needs another limit than
-    # the manager's hook_timeout (a server's load waits for its startup); None: the manager's.
-    hook_timeout: float | None = None
 
 
-class FunctionService(ServiceHooks):
-    """A service that needs no device: a CPU-only scorer. `fn(input) -> output`, or
-    `batch_fn(inputs) -> outputs` for a whole batch at once; load, offload, restore and
-    close do nothing."""
-
-    def __init__(self, fn: Callable[[Any], Any] | None = None,
-                 batch_fn: Callable[[list[Any]], list[Any]] | None = None) -> None:
-        if fn is None and batch_fn is None:
-            raise ValidationError("fn", "FunctionService needs fn or batch_fn")
-        self.fn = fn
-        self.batch_fn = batch_fn
-
-    def load(self, device: GpuDevice | None) -> Any:
-        return None
-
-    def offload(self, handle: Any) -> None:
-        pass
-
-    def restore(self, handle: Any, device: GpuDevice | None) -> None:
-        pass
-
-    def batch(self, handle: Any, inputs: list[Any]) -> list[Any]:
-        if self.batch_fn is not None:
-            return self.batch_fn(inputs)
-        assert self.fn is not None
-        return [self.fn(x) for x in inputs]
 
 
 _UNLOADED = object()
@@ -251,86 +100,6 @@ class _ServiceState:
 # 600 MiB on recent GPUs with CUDA 12's lazy module loading, more with eager loading or
 # large libraries; bench/gpu_check.py's context_cost measures it on a machine.
 CUDA_CONTEXT_MIB = 512.0
-
-# Xid errors after which a GPU needs a reset (NVIDIA's Xid catalogue): 48 double-bit ECC
-# error, 62 internal micro-controller halt, 64 ECC page retirement or row-remapping failure,
-# 74 NVLink error, 79 fallen off the bus, 95 uncontained ECC error, 119 and 120 GSP errors,
-# 140 unrecovered ECC error. Others (13, 31, 43: one process's fault) leave the device usable.
-FATAL_XIDS = frozenset({48, 62, 64, 74, 79, 95, 119, 120, 140})
-
-
-class XidWatch:
-    """Waits for NVML's critical Xid events on the physical GPUs behind `devices` (those
-    discovered through NVML), in a thread of its own, and hands each to `report(device,
-    xid)` in the event loop, for every device on that GPU (a MIG instance's Xid marks its
-    siblings too). A driver without event support is logged once and not watched."""
-
-    WAIT_MS = 500  # how often the thread looks at its stop flag
-
-    def __init__(self, devices: Sequence[GpuDevice], report: Callable[[int, int], None],
-                 loop: asyncio.AbstractEventLoop) -> None:
-        self.by_gpu: dict[int, list[int]] = {}
-        for d in devices:
-            if d.source == "nvml":
-                self.by_gpu.setdefault(d.nvml_index, []).append(d.index)
-        self.report = report
-        self.loop = loop
-        self.stopping = False
-        self.thread: threading.Thread | None = None
-        self.watching: list[int] = []  # the NVML indices whose events are registered
-
-    def start(self) -> None:
-        if self.by_gpu:
-            self.thread = threading.Thread(target=self._run, name="tangram-gpu-xid", daemon=True)
-            self.thread.start()
-
-    def stop(self) -> None:
-        self.stopping = True
-        if self.thread is not None:
-            self.thread.join(timeout=2 * self.WAIT_MS / 1000)
-
-    def _run(self) -> None:
-        try:
-            import pynvml  # nvidia-ml-py
-            pynvml.nvmlInit()
-        except Exception as e:  # no driver now: nothing to watch
-            log.warning("Xid events not watched: NVML did not start: %s: %s", type(e).__name__, e)
-            return
-        events = None
-        try:
-            events = pynvml.nvmlEventSetCreate()
-            handles = {}
-            for index in sorted(self.by_gpu):
-                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-                try:
-                    pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, events)
-                except pynvml.NVMLError as e:
-                    log.warning("Xid events of GPU %d not watched: %s", index, e)
-                    continue
-                handles[index] = handle
-                self.watching.append(index)
-            wait = getattr(pynvml, "nvmlEventSetWait_v2", None) or pynvml.nvmlEventSetWait
-            while handles and not self.stopping:
-                try:
-                    data = wait(events, self.WAIT_MS)
-                except pynvml.NVMLError as e:
-                    if getattr(e, "value", None) == getattr(pynvml, "NVML_ERROR_TIMEOUT", 10):
-                        continue
-                    log.warning("Xid events no longer watched: %s", e)
-                    return
-                index = pynvml.nvmlDeviceGetIndex(data.device)
-                for device in self.by_gpu.get(index, ()):
-                    self.loop.call_soon_threadsafe(self.report, device, int(data.eventData))
-        except Exception as e:
-            log.warning("Xid events not watched: %s: %s", type(e).__name__, e)
-        finally:
-            try:
-                if events is not None:
-                    pynvml.nvmlEventSetFree(events)
-                pynvml.nvmlShutdown()
-            except Exception:
-                pass
-
 
 class HookTimeout(RuntimeError):
     """A service hook ran past the GPU manager's hook_timeout."""
@@ -479,7 +248,7 @@ class GpuManager(ResourceManager, GpuCapabilities):
             if not gpus:
                 return []  # the inventory schedules no GPU here: nothing to discover
             devices = discover()
-            hint = (f" (set {FAKE_ENV}, e.g. {FAKE_ENV}={','.join(_mib_text(g.memory) for g in gpus)}, "
+            hint = (f" (set {FAKE_ENV}, e.g. {FAKE_ENV}={','.join(mib_text(g.memory) for g in gpus)}, "
                     f"or pass devices= to the gpu manager, for a machine without GPUs)")
         elif isinstance(option, str):
             if option == "inventory":
@@ -501,14 +270,14 @@ class GpuManager(ResourceManager, GpuCapabilities):
                     raise ManagerError(f"devices[{i}]", f"expected a GpuDevice or a positive MiB value, got {d!r}")
             hint = ""
         if len(devices) != len(gpus):
-            found = ", ".join(f"{d.uuid} ({_mib_text(d.memory_mib)} MiB)" for d in devices) or "none"
+            found = ", ".join(f"{d.uuid} ({mib_text(d.memory_mib)} MiB)" for d in devices) or "none"
             raise ManagerError("devices", f"the inventory declares {len(gpus)} GPU(s) on node {node_name!r}, but "
                                           f"the gpu manager has {len(devices)}: {found}{hint}")
         for g, d in zip(gpus, devices):
             if float(g.memory) > d.memory_mib * (1 + 1e-9):
-                raise ManagerError(f"devices[{d.index}]", f"the inventory declares {_mib_text(g.memory)} MiB on GPU "
+                raise ManagerError(f"devices[{d.index}]", f"the inventory declares {mib_text(g.memory)} MiB on GPU "
                                                           f"{d.index} of node {node_name!r}, but {d.uuid} has "
-                                                          f"{_mib_text(d.memory_mib)} MiB")
+                                                          f"{mib_text(d.memory_mib)} MiB")
         return devices
 
     def _state(self, service: str) -> _ServiceState:

@@ -30,7 +30,7 @@ step, runs it with `stdin`, and reads back `fetch_files`:
 - memory_limit_MB > 0: RLIMIT_AS of that many MiB on each step's process (as Sandbox
   Fusion), and the action's memory demand, so the core places it where that fits.
 
-Languages: LANGUAGES (in tangram._run_code, the part that runs in the sandbox), each with the file its code goes to, its compile step (if
+Languages: LANGUAGES (in tangram.runtime.sandbox.inside_run_code, the part that runs in the sandbox), each with the file its code goes to, its compile step (if
 any) and its run step; a language Sandbox Fusion knows but this table does not, or whose
 compiler or interpreter is not on the machine, is a SandboxError naming it.
 """
@@ -42,11 +42,11 @@ import binascii
 import math
 from typing import Any, Callable, Mapping
 
-from .._errors import ValidationError
-from .._model import given
-from .._run_code import LANGUAGES, OUTPUT_LIMIT, run_code, run_code_timed, sandbox_error
-from .call import Call
-from .errors import ActionCancelled, ActionTimeout, ResourceLimitExceeded
+from ..._errors import ValidationError
+from ..._model import given
+from .inside_run_code import LANGUAGES, OUTPUT_LIMIT, run_code, run_code_timed, sandbox_error
+from ..call import Call
+from ..errors import ActionCancelled, ActionTimeout, ResourceLimitExceeded
 
 __all__ = ["LANGUAGES", "OUTPUT_LIMIT", "SANDBOX_FUSION_LANGUAGES", "TrajectoryPool", "check_request", "error_answer",
            "run_code", "run_code_call", "run_code_timed", "sandbox_error"]

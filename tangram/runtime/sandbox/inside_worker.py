@@ -1,13 +1,13 @@
 """The sandbox worker: one long-lived process per trajectory, started by the CPU manager.
 
-Run as `python -I tangram/runtime/_sandbox_worker.py FD [START]` (or `python -m
-tangram.runtime._sandbox_worker FD [START]`) with a connected socket on FD, or with FD
+Run as `python -I tangram/runtime/sandbox/inside_worker.py FD [START]` (or `python -m
+tangram.runtime.sandbox.inside_worker FD [START]`) with a connected socket on FD, or with FD
 "stdio": requests on stdin and replies on stdout (a container's worker, started by the
 engine's `exec -i`, whose stdio the engine relays; its output goes to stderr); START, a JSON
 object, may hold "merge_environ" (the hello's environment is added to the one the worker
 started with, a container's, instead of replacing it), "user" (a uid to take before anything else: a namespaced sandbox under
 root), "nproc" (that uid's RLIMIT_NPROC), "sys_path" (its sys.path, for an interpreter run
-without site: an image sandbox's, tangram.runtime.rootfs) and "path" and "preload": modules to import from that
+without site: an image sandbox's, tangram.runtime.sandbox.rootfs) and "path" and "preload": modules to import from that
 path before the first frame (a warm worker imports them before it is taken; one that fails
 to import is reported in the worker's log and left to the action). Of its own it imports nothing of
 tangram (only the standard library and cloudpickle), so it starts fast and the sandbox's
@@ -411,7 +411,7 @@ def _channel(name: str):
 
 
 def _become(uid: int, nproc: int | None) -> None:
-    """A namespaced sandbox under root (tangram.runtime.namespaces): bwrap left this
+    """A namespaced sandbox under root (tangram.runtime.sandbox.namespaces): bwrap left this
     process uid 0 with CAP_SETUID and CAP_SETGID only, for this. It takes the sandbox's uid
     and gid with no supplementary groups, which drops every capability for good (no_new_privs
     is set, so no exec regains one), and, with `nproc`, caps that uid's processes."""

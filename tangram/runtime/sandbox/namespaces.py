@@ -3,7 +3,7 @@
 Under `isolation="namespaces"` (the CPU manager's default where bubblewrap works) every
 sandbox worker starts as
 
-    bwrap <mounts> <namespaces> -- python -I _sandbox_worker.py FD OPTIONS
+    bwrap <mounts> <namespaces> -- python -I inside_worker.py FD OPTIONS
 
 bubblewrap (`bwrap`, the Debian package `bubblewrap`) is the sandbox tool Flatpak uses: it
 makes the namespaces and the mount tree, then execs the worker. Inside:
@@ -24,7 +24,7 @@ makes the namespaces and the mount tree, then execs the worker. Inside:
                sandbox's own; /dev holds null, zero, full, random, urandom, tty and, for a
                sandbox started for a GPU placement, the /dev/nvidia* devices.
   control      CONTROL (/run/tangram): the grant file, the jobserver and the limit FIFO of
-               tangram.runtime.grant, bound one by one from the sandbox's control directory.
+               tangram.runtime.sandbox.grant, bound one by one from the sandbox's control directory.
 
 A warm worker is started with a fresh slot (its directories and uid) and its sandbox takes
 the slot with it, so the mount tree never has to change after the start. Network and GPU
@@ -45,7 +45,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .errors import ManagerError
+from ..errors import ManagerError
 
 ISOLATIONS = ("auto", "namespaces", "process")
 ENV_VAR = "TANGRAM_ISOLATION"
@@ -206,7 +206,7 @@ def bwrap_argv(boundary: Boundary, *, home: str, tmp: str, control: str, read_on
     """bwrap's argv up to `--` for one worker: `home` (the sandbox directory on the host)
     at HOME, `tmp` at /tmp, `control` (a directory holding grant, jobserver and limit) at
     CONTROL, `read_only` host paths at the same paths inside, and `writable` ones too (an
-    MPS pipe directory). With `rootfs` (an image sandbox's root, tangram.runtime.rootfs)
+    MPS pipe directory). With `rootfs` (an image sandbox's root, tangram.runtime.sandbox.rootfs)
     that is /, and the system directories and `read_only` paths are under rootfs.HOST."""
     from .rootfs import HOST
 

@@ -1,5 +1,5 @@
 """The sandbox side of a Sandbox Fusion request: what runs in the trajectory's sandbox
-worker (tangram.runtime.run_code checks the request and makes it an action; its docstring
+worker (tangram.runtime.sandbox.run_code checks the request and makes it an action; its docstring
 says what this does). The standard library only, in the base layer, so that a sandbox
 worker that has imported tangram.worker (every one does, as it starts) imports this at
 no cost: a pooled or fresh sandbox's first request pays for nothing else.
