@@ -61,7 +61,10 @@ class DecisionKind(enum.IntEnum):
     RESIZE = 4
 
 
-START, RESTORE, EVICT, REJECT, RESIZE = DecisionKind
+# The kinds as plain ints, for NumPy: `array == START` with an enum member is a slow
+# object comparison (several times a plain int's), and the benchmarks and the simulator
+# compare whole decision arrays.
+START, RESTORE, EVICT, REJECT, RESIZE = (int(kind) for kind in DecisionKind)
 # An EVICT decision's `reason` when the service's state is given up, not offloaded (its
 # process closed; its next restore is a fresh load): csrc/tangram/model.h kDiscard.
 DISCARD = 1
