@@ -11,6 +11,7 @@ import pytest
 
 import tangram
 import tangram.sim as sim
+from tangram._records import RESTORE
 from tangram.sim.bounds import step_bounds
 from tangram.sim.engine import ENV, REWARD, StepSimulation
 
@@ -618,7 +619,7 @@ def _gpu_overcommit(w: sim.Workload, r: sim.SimResult) -> list[str]:
     instances = sim.build_inventory(w).service_instances  # the core's services: every copy
     for t, kind, svc, node, dev in r.service_log:
         mem = instances[svc][1].memory
-        if kind == 1:
+        if kind == RESTORE:
             assert svc not in where, f"service {svc} restored twice"
             where[svc] = (node, dev)
             used[(node, dev)] += mem
@@ -636,7 +637,7 @@ def _gpu_overcommit(w: sim.Workload, r: sim.SimResult) -> list[str]:
     spans: dict[int, list[tuple[float, float]]] = {}
     opened: dict[int, float] = {}
     for t, kind, svc, _, _ in r.service_log:
-        if kind == 1:
+        if kind == RESTORE:
             opened[svc] = t + instances[svc][1].restore_seconds
         else:
             spans.setdefault(svc, []).append((opened.pop(svc), t))
