@@ -49,7 +49,6 @@ import concurrent.futures
 import json
 import os
 import re
-import select
 import signal
 import statistics
 import subprocess
@@ -58,6 +57,12 @@ import tempfile
 import time
 
 import requests
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # run as a script: bench is the checkout's package
+    sys.path.insert(1, ROOT)
+
+from bench import served  # noqa: E402
 
 PROGRAM = "import sys\nn = int(sys.stdin.readline())\nprint(sum(i * i for i in range(n)))\n"
 SIZES = (100_000, 200_000, 400_000, 800_000)  # about 5 to 60 ms of computing here
@@ -123,38 +128,12 @@ def _p99(ordered: list[float]) -> float:
 
 # ------------------------------------------------------------------ the servers
 def start_tangram(cpu: float) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen([sys.executable, "-m", "tangram", "serve", "--port", "0", "--sandbox-fusion-port", "0",
-                             "--sandbox-fusion-cpu", str(cpu), "--grace", "0"], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
-    return proc, _url(proc, r"Sandbox Fusion API on (http://\S+/run_code)")
+    return served.start([sys.executable, "-m", "tangram", "serve", "--port", "0", "--sandbox-fusion-port", "0",
+                         "--sandbox-fusion-cpu", str(cpu), "--grace", "0"], r"Sandbox Fusion API on (http://\S+/run_code)")
 
 
 def start_pool() -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen([sys.executable, __file__, "--serve-pool"], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
-    return proc, _url(proc, r"pool on (http://\S+/run_code)")
-
-
-def _url(proc: subprocess.Popen[str], pattern: str) -> str:
-    """The URL from the server's first lines (read once it has printed: the lines after
-    the first may already sit in the pipe's buffer, where select does not see them)."""
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], 60.0)
-    for _ in range(3 if ready else 0):
-        match = re.search(pattern, proc.stdout.readline())
-        if match:
-            return match.group(1)
-    proc.kill()
-    raise RuntimeError("the server did not start")
-
-
-def stop(proc: subprocess.Popen[str]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    return served.start([sys.executable, __file__, "--serve-pool"], r"pool on (http://\S+/run_code)")
 
 
 def serve_pool() -> None:
@@ -217,7 +196,7 @@ def main() -> None:
                 post(url, 0)
                 result = measure(url, args.sequential, args.requests, args.clients)
             finally:
-                stop(proc)
+                served.stop(proc)
             runs[way].append(result)
             print(f"  repetition {rep + 1}, {way}: " + ", ".join(f"{k} {v:.4g}" for k, v in result.items()),
                   flush=True)

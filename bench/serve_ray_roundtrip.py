@@ -21,36 +21,16 @@ import asyncio
 import json
 import os
 import platform
-import re
-import select
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # run as a script: bench is the checkout's package
+    sys.path.insert(1, ROOT)
 
-def _serve(*args: str) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen([sys.executable, "-m", "tangram", "serve", "--port", "0", "--grace", "0", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], 180)
-    line = proc.stdout.readline() if ready else ""
-    match = re.search(r"listening on (\S+)", line)
-    if match is None:
-        proc.kill()
-        raise SystemExit(f"tangram serve {' '.join(args)} did not start: {line!r} {proc.communicate()[1]}")
-    return proc, match.group(1)
-
-
-def _stop(proc: subprocess.Popen[str]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
+from bench import served  # noqa: E402
 
 
 async def _round_trips(address: str, samples: int, warmup: int = 30) -> list[float]:
@@ -92,11 +72,13 @@ def main() -> None:
     try:
         for _ in range(args.rounds):
             for name, extra in (("serve", ()), ("serve --ray", ("--ray", cluster.address))):
-                proc, address = _serve(*extra)
+                proc, address = served.start(
+                    [sys.executable, "-m", "tangram", "serve", "--port", "0", "--grace", "0", *extra],
+                    r"listening on (\S+)", timeout=180, lines=1)
                 try:
                     samples[name] += asyncio.run(_round_trips(address, args.samples))
                 finally:
-                    _stop(proc)
+                    served.stop(proc)
     finally:
         cluster.shutdown()
     result: dict[str, Any] = {name: _summary(s) for name, s in samples.items()}
