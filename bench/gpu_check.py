@@ -42,7 +42,7 @@ check run in a child process of their own, in a new session, within the check's 
 and what is left of the global timeout (--timeout-s, 280 s by default, so that the whole run
 ends within 5 minutes). A child still running at its limit is killed with its process group
 and with the sandbox processes its runtime started (they run in sessions of their own and
-carry the marker tangram.runtime.sandbox.workers.kill_marked finds), and its check is FAIL, saying
+carry the marker tangram.runtime.sandbox.kills.kill_marked finds), and its check is FAIL, saying
 that it did not finish. The children import this file as the module `bench.gpu_check`, and the checks from
 bench/gpu_check_cases.py, so that the functions they hand to tangram as GPU actions pickle
 by reference and are imported, not copied, in the sandbox (bench/gpu_probe.py: the CUDA
@@ -155,7 +155,7 @@ def kill_check_processes(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     try:
         from tangram.runtime.sandbox.isolation import detect, remove_stale
-        from tangram.runtime.sandbox.workers import kill_marked
+        from tangram.runtime.sandbox.kills import kill_marked
     except ImportError:
         return
     kill_marked(f"{pid}.")

@@ -100,7 +100,7 @@ def assert_idle(orch: Orchestrator) -> None:
 
 
 def sandbox_processes() -> list[int]:
-    from tangram.runtime.sandbox.workers import marked_processes
+    from tangram.runtime.sandbox.kills import marked_processes
 
     return marked_processes(f"{os.getpid()}.")
 

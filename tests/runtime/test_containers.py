@@ -35,7 +35,7 @@ from tangram.runtime.managers.cpu import CpuManager
 from tangram.runtime.errors import ActionCrashed, ActionFailed, ManagerError, ResourceLimitExceeded
 from tangram.runtime.sandbox.isolation import detect as detect_resources
 from tangram.runtime.managers.base import LiveAction
-from tangram.runtime.sandbox.workers import marked_processes
+from tangram.runtime.sandbox.kills import marked_processes
 
 PODMAN = shutil.which("podman")
 pytestmark = [

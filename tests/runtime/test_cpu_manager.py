@@ -33,7 +33,7 @@ from tangram.runtime.sandbox.isolation import cpu_weight, descendants, detect
 from tangram.runtime.sandbox.namespaces import HOME
 from tangram.runtime.sandbox.namespaces import detect as detect_boundary
 from tangram.runtime.managers.base import LiveAction, manager_class
-from tangram.runtime.sandbox.workers import marked_processes
+from tangram.runtime.sandbox.kills import marked_processes
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sandboxes need Linux")
 

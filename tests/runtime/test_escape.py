@@ -32,7 +32,7 @@ from tangram.runtime.managers.cpu import CpuManager
 from tangram.runtime.errors import ResourceLimitExceeded
 from tangram.runtime.managers.base import LiveAction
 from tangram.runtime.sandbox.namespaces import HOME, detect
-from tangram.runtime.sandbox.workers import marked_processes
+from tangram.runtime.sandbox.kills import marked_processes
 
 BOUNDARY = detect("auto") if sys.platform.startswith("linux") else None
 pytestmark = pytest.mark.skipif(BOUNDARY is None or not BOUNDARY.namespaces,

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 
 import tangram
 from tangram import Call
-from tangram.runtime.sandbox.workers import marked_processes
+from tangram.runtime.sandbox.kills import marked_processes
 from tangram.server import Client
 
 from hostile import HOSTILE, Mix, plans

@@ -26,7 +26,7 @@ from tangram.runtime.managers.cpu import CpuManager
 from tangram.runtime.errors import ActionFailed, ResourceLimitExceeded
 from tangram.runtime.managers.base import LiveAction
 from tangram.runtime.sandbox.namespaces import detect
-from tangram.runtime.sandbox.workers import marked_processes
+from tangram.runtime.sandbox.kills import marked_processes
 
 BOUNDARY = detect("auto")
 BUSYBOX = shutil.which("busybox") or "/bin/busybox"

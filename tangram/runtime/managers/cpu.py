@@ -69,7 +69,8 @@ from .base import LiveAction, ResourceManager
 from ..sandbox.namespaces import Boundary, disk_full, python_paths, unmount_orphans, unmount_under
 from ..sandbox.namespaces import detect as detect_boundary
 from .cpu_options import CPU_LIMITS, MILLI_PER_CORE, CpuPool, check_options
-from ..sandbox.workers import Jail, Needs, Preload, Sandbox, WarmWorkers, WorkerDied, kill_marked, marked_processes
+from ..sandbox.kills import kill_marked, marked_processes
+from ..sandbox.workers import Jail, Needs, Preload, Sandbox, WarmWorkers, WorkerDied
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 DEFAULT_WARM_SANDBOXES = 4

@@ -47,7 +47,7 @@ from ..errors import ManagerError
 from .grant import GrantChannel
 from .isolation import SandboxCgroup
 from .isolation import alive as _alive
-from .kills import MARKER, kill_descendants, kill_marked, marked_processes
+from .kills import MARKER, kill_descendants, kill_marked
 from .namespaces import (CONTROL, HOME, Boundary, UidAllocator, bwrap_argv, mount_tmpfs, outermost, seccomp_fd,
                          seccomp_filter, unmount, unmount_under)
 from .rootfs import host_python_argv, host_python_paths, inside, mount_image_root, remount_image_root
@@ -777,5 +777,4 @@ async def _wait(proc: subprocess.Popen[bytes], timeout: float | None) -> int | N
     return proc.returncode
 
 
-__all__ = ["MARKER", "WORKER_FILE", "Jail", "Needs", "Sandbox", "Slot", "SlotDirs", "WarmWorkers", "WorkerDied", "kill_marked",
-           "marked_processes"]
+__all__ = ["MARKER", "WORKER_FILE", "Jail", "Needs", "Sandbox", "Slot", "SlotDirs", "WarmWorkers", "WorkerDied"]
