@@ -59,7 +59,7 @@ _LAZY = {
     "ResourceManager": "runtime.managers.base",
     "register_manager": "runtime.managers.base",
     "Orchestrator": "runtime.orchestrator",
-    "OrchestratorClosed": "runtime.orchestrator",
+    "OrchestratorClosed": "runtime.errors",
     "OrchestratorAPI": "runtime.interface",
     "RuntimeConfig": "runtime.config",
     "SyncOrchestrator": "runtime.sync",
@@ -88,13 +88,14 @@ if TYPE_CHECKING:  # what type checkers see of the names above; never executed
         ActionInfeasible,
         ActionTimeout,
         ManagerError,
+        OrchestratorClosed,
         ResourceLimitExceeded,
     )
     from .runtime.managers.hooks import ServiceHooks
     from .runtime.holds import Throttled
     from .runtime.interface import OrchestratorAPI
     from .runtime.managers.base import MockManager, ResourceManager, register_manager
-    from .runtime.orchestrator import Orchestrator, OrchestratorClosed
+    from .runtime.orchestrator import Orchestrator
     from .runtime.records import ActionRecord
     from .runtime.sync import SyncOrchestrator
     from .server.client import Client, SyncClient

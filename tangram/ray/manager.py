@@ -19,7 +19,8 @@ from ..runtime.call import Call, Placement, manager_for, require_fn_or_command, 
 from ..runtime.config import RuntimeConfig
 from ..runtime.errors import ActionCrashed, ActionFailed, ManagerError
 from ..runtime.managers.base import Host, LiveAction, ResourceManager
-from ..runtime.orchestrator import ActionHandle, Orchestrator
+from ..runtime.live import ActionHandle
+from ..runtime.orchestrator import Orchestrator
 from .agent import NodeAgent, pack_batch, rebuild_error, unpack_completions
 from .claim import ClusterClaimed, advertise, claim_cluster, release_claim
 

@@ -2,6 +2,18 @@
 CPU sandboxes, GPU services, API quotas) and the sandboxes CPU actions run in (sandbox/),
 carrying the core's decisions out on real resources.
 
+The orchestrator's pieces, each module's docstring giving its contract (what it owns,
+what it may call, its invariants):
+
+  orchestrator    the public face and the lifecycle
+  dispatch        the event loop: queued events into the core, its decisions dispatched
+  runner          each action from its submit to its one terminal state
+  device_ops      restores and evictions in order per device, offload waits, GPU grants
+  service_router  replicated services' copies, the services' learned restore times
+  listeners       the records and queue lengths, the learned run times
+  status          the status snapshot, the utilisation
+  live            one live action's state and its caller's handle, which they share
+
 Its public names are imported on first use: code running inside a sandbox imports
 tangram.runtime.sandbox's inside_* modules through this package, and must not load the
 orchestrator (asyncio, NumPy, the compiled core) it never uses.
@@ -18,7 +30,7 @@ _LAZY = {
     "ResourceLimitExceeded": "errors",
     "LiveAction": "managers.base", "MockManager": "managers.base", "ResourceManager": "managers.base",
     "manager_class": "managers.base", "register_manager": "managers.base",
-    "ActionHandle": "orchestrator", "Orchestrator": "orchestrator", "OrchestratorClosed": "orchestrator",
+    "ActionHandle": "live", "Orchestrator": "orchestrator", "OrchestratorClosed": "errors",
     "ActionRecord": "records",
     "SyncHandle": "sync", "SyncOrchestrator": "sync",
 }

@@ -6,6 +6,10 @@ from __future__ import annotations
 from .._errors import TangramError
 
 
+class OrchestratorClosed(TangramError, RuntimeError):
+    """The orchestrator is not running (not started yet, or closed)."""
+
+
 class ActionError(TangramError):
     """An action did not produce a result. `action_id` is the orchestrator's id."""
 

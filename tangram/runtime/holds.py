@@ -31,7 +31,8 @@ from .._errors import TangramError, UnknownNameError, ValidationError
 from .call import Call
 
 if TYPE_CHECKING:
-    from .orchestrator import ActionHandle, Orchestrator
+    from .live import ActionHandle
+    from .orchestrator import Orchestrator
 
 BACKOFF_FIRST = 1.0  # seconds: a throttle without retry_after, the first in a row
 BACKOFF_MAX = 60.0  # seconds: the longest pause a run of throttles reaches

@@ -5,12 +5,33 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .call import Call, Placement
 from ..estimates import Estimate
 from .managers.base import ResourceManager
 from .records import ActionRecord
+
+if TYPE_CHECKING:
+    from .orchestrator import Orchestrator
+
+
+class ActionHandle:
+    """A submitted action: its id, and a future with its result. Awaitable."""
+
+    __slots__ = ("id", "future", "_orch")
+
+    def __init__(self, action_id: int, future: asyncio.Future[Any], orch: "Orchestrator") -> None:
+        self.id = action_id
+        self.future = future
+        self._orch = orch
+
+    def cancel(self) -> bool:
+        """Cancels the action wherever it is; False when it had already ended."""
+        return self._orch.cancel(self.id)
+
+    def __await__(self):  # type: ignore[no-untyped-def]
+        return self.future.__await__()
 
 
 class ActionState:

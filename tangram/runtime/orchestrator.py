@@ -17,17 +17,7 @@ core. Timeouts and cancels are one mechanism: the task is cancelled, the manager
 the work and releases it, and the action ends as ActionTimeout or ActionCancelled.
 Every submitted action ends in exactly one terminal state; `close` ends the rest.
 
-The pieces, each module's docstring giving its contract (what it owns, what it may call,
-its invariants):
-
-  orchestrator    the public face and the lifecycle (this module)
-  dispatch        the event loop: queued events into the core, its decisions dispatched
-  runner          each action from its submit to its one terminal state
-  device_ops      restores and evictions in order per device, offload waits, GPU grants
-  service_router  replicated services' copies, the services' learned restore times
-  listeners       the records and queue lengths, the learned run times
-  status          the status snapshot, the utilisation
-  live            one live action's state, which they share
+The pieces are listed in tangram.runtime's docstring.
 
 Contract.
   Owns       the managers, configuration, inventory, records, estimates and metrics; the
@@ -48,7 +38,7 @@ import math
 import traceback
 from typing import Any, Iterable, Mapping, Sequence
 
-from .._errors import TangramError, UnknownNameError, ValidationError
+from .._errors import UnknownNameError, ValidationError
 from .._model import Inventory, Node
 from .._model import given as _given
 from ..scheduler import Scheduler, integer_in, record_limits
@@ -56,11 +46,11 @@ from .call import SERVICES_MANAGER, Call, manager_for, validate_call
 from .config import RuntimeConfig
 from .device_ops import gpu_managers
 from .dispatch import Dispatcher
-from .errors import ActionError, ManagerError
-from ..estimates import RunTimeEstimates
+from .errors import ActionError, ManagerError, OrchestratorClosed
+from ..estimates import Estimate, RunTimeEstimates
 from .holds import Backoffs, QuotaHold
 from .listeners import EstimateReporter, RecordKeeper
-from .live import ActionState
+from .live import ActionHandle, ActionState
 from .managers.base import ResourceManager, make_managers
 from .records import Metrics, RecordLog
 from .service_router import ServiceRouter
@@ -69,28 +59,6 @@ from .status import snapshot, utilisation
 DEFAULT_MANAGERS = ("cpu", "gpu", "api")
 _ID_MAX = record_limits("id")[1]
 _TRAJECTORY_MAX = record_limits("trajectory")[1]
-
-
-class OrchestratorClosed(TangramError, RuntimeError):
-    """The orchestrator is not running (not started yet, or closed)."""
-
-
-class ActionHandle:
-    """A submitted action: its id, and a future with its result. Awaitable."""
-
-    __slots__ = ("id", "future", "_orch")
-
-    def __init__(self, action_id: int, future: asyncio.Future[Any], orch: "Orchestrator") -> None:
-        self.id = action_id
-        self.future = future
-        self._orch = orch
-
-    def cancel(self) -> bool:
-        """Cancels the action wherever it is; False when it had already ended."""
-        return self._orch.cancel(self.id)
-
-    def __await__(self):  # type: ignore[no-untyped-def]
-        return self.future.__await__()
 
 
 class Orchestrator:
@@ -229,9 +197,7 @@ class Orchestrator:
         manager = self.managers.get(name)
         if manager is None:
             raise ManagerError("call.manager", f"no manager {name!r} in this orchestrator (have: {', '.join(self.managers)})")
-        estimate = self.estimates.estimate(call)
-        template = run.encoder.template(call, estimate.model)
-        manager.check_call(call)
+        estimate, template = self._checked(run, call, manager)
         if action_id is None:
             action_id = next(self._ids)
         elif not (type(action_id) is int and 0 <= action_id <= _ID_MAX):
@@ -240,6 +206,13 @@ class Orchestrator:
             raise ValidationError("action_id", f"action {action_id} is live")
         lv = run.runner.admit(action_id, call, manager, name, template, estimate)
         return ActionHandle(action_id, lv.future, self)
+
+    def _checked(self, run: Dispatcher, call: Call, manager: ResourceManager) -> tuple[Estimate, int]:
+        """A valid call's planned run time and encoded template, once its manager accepts it."""
+        estimate = self.estimates.estimate(call)
+        template = run.encoder.template(call, estimate.model)
+        manager.check_call(call)
+        return estimate, template
 
     async def run(self, call: Call) -> Any:
         """Submits `call` and awaits its result (or its typed error). Cancelling the
@@ -408,9 +381,7 @@ class Orchestrator:
         run = self._dispatcher("requeue")
         if call is not None:
             validate_call(call)
-            estimate = self.estimates.estimate(call)
-            template = run.encoder.template(call, estimate.model)
-            lv.manager.check_call(call)
+            estimate, template = self._checked(run, call, lv.manager)
             lv.template, lv.generation = template, run.encoder.generation
             lv.call, lv.estimate = call, estimate
         run.runner.requeue(lv)

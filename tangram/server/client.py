@@ -48,7 +48,7 @@ from .._errors import TangramError, ValidationError
 from ..runtime.call import Call, manager_for, validate_call
 from ..runtime.errors import ActionCancelled, outcome_of
 from ..runtime.holds import Throttled
-from ..runtime.orchestrator import OrchestratorClosed
+from ..runtime.errors import OrchestratorClosed
 from ..runtime.records import RecordLog
 from ..runtime.sync import LoopThread, SyncHandle, copy_outcome
 from . import protocol as P

@@ -39,7 +39,9 @@ from ..runtime.config import RuntimeConfig
 from ..runtime.errors import ActionCancelled, ActionFailed
 from ..runtime.holds import QuotaHold
 from ..runtime.managers.base import ResourceManager
-from ..runtime.orchestrator import ActionHandle, Orchestrator, OrchestratorClosed
+from ..runtime.errors import OrchestratorClosed
+from ..runtime.live import ActionHandle
+from ..runtime.orchestrator import Orchestrator
 from ..runtime.records import ActionRecord
 from . import protocol as P
 from .protocol import AuthenticationError, FrameTooLarge, ProtocolError, is_loopback
