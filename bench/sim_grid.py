@@ -92,6 +92,25 @@ def summarise(rows: list[dict], tie: float) -> dict:
     return cells
 
 
+TRADE_OFF = 5.0  # percent: a lower mean ACT bought with a step or p99 worse by more than this is a trade-off
+
+
+def better_elsewhere(cells: dict, tie: float) -> list[dict]:
+    """Each (cell, other policy) where the other policy's step is lower by more than `tie`
+    percent, or its mean ACT is, with a trade-off or without: the mean paired margins (the
+    other policy buys a lower mean ACT with a trade-off when its step or p99 margin is at
+    least TRADE_OFF percent, i.e. they are that much longer)."""
+    found = []
+    for (name, load), c in cells.items():
+        for other, act in c["avg_act"]["policies"].items():
+            step = c["step_duration"]["policies"][other]["mean"]
+            p99 = c["p99_act"]["policies"][other]["mean"]
+            if step < -tie or act["mean"] < -tie:
+                found.append({"workload": name, "load": load, "policy": other, "avg_act": act["mean"], "step": step,
+                              "p99": p99, "trade_off": step >= -tie and max(step, p99) >= TRADE_OFF})
+    return found
+
+
 def markdown(cells: dict, tie: float, seeds: int, command: str, optima: list[dict]) -> str:
     others = [p for p in POLICY_NAMES if p != "tangram"]
     out = ["# The policy grid", "",
@@ -111,6 +130,20 @@ def markdown(cells: dict, tie: float, seeds: int, command: str, optima: list[dic
                 v = c[metric]["policies"][p]
                 entries.append(f"{v['mean']:+.2f} ({v['win']}/{v['tie']}/{v['loss']})")
             out.append(f"| {name} | {load} | " + " | ".join(entries) + f" | {'yes' if c[metric]['holds'] else 'no'} |")
+        out.append("")
+    found = better_elsewhere(cells, tie)
+    losses = [f for f in found if not f["trade_off"]]
+    out += ["## Where another policy is better", "",
+            f"A cell and policy whose step is shorter than `tangram`'s by more than {tie}% (mean margin), "
+            f"or whose mean ACT is lower by more than {tie}%. The second is a trade-off when that policy's "
+            f"step or p99 ACT is longer than `tangram`'s by at least {TRADE_OFF:g}% (margin at least "
+            f"+{TRADE_OFF:g}%); otherwise it is a loss. Losses: {len(losses)}; trade-offs: "
+            f"{len(found) - len(losses)}.", ""]
+    if found:
+        out += ["| workload | load | policy | mean ACT | step | p99 ACT | |", "|---|---:|---|---:|---:|---:|---|"]
+        for f in found:
+            out.append(f"| {f['workload']} | {f['load']} | `{f['policy']}` | {f['avg_act']:+.2f} | {f['step']:+.2f} "
+                       f"| {f['p99']:+.2f} | {'trade-off' if f['trade_off'] else 'loss'} |")
         out.append("")
     out += ["## `tangram` against the lower bounds", "",
             "Mean over seeds of `tangram`'s mean ACT over the zero-wait bound (every action at its best "

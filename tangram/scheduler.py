@@ -65,7 +65,9 @@ class Policy:
                          shares: Scheduler(inv, "isolated", pools={0: 1.0, 1: 3.0}).
     objective            what the order serves (docs/scheduling.md, "Objectives"): "step"
                          (default), the step a synchronous trainer waits for: a quota's
-                         queue keeps arrival order, so every trajectory progresses; "act",
+                         queue keeps arrival order, so every trajectory progresses, and a
+                         GPU service's queue whose arrivals have stopped starts its long
+                         actions early enough for its drain ("Service tails"); "act",
                          the mean ACT an asynchronous trainer (partial rollouts) waits for:
                          a quota's queue serves the trajectories that have started the most
                          actions first (order rule "progress"), so trajectories finish

@@ -47,6 +47,22 @@ def test_paired_margins_count_wins_ties_and_losses() -> None:
     assert cell["act_to_capacity_bound"] == pytest.approx(2.0 / 1.5)
 
 
+def test_a_lower_mean_act_is_a_trade_off_only_with_a_step_or_p99_longer_by_5_percent() -> None:
+    rows = []
+    for seed in (0, 1):
+        rows.append(_row("tangram", seed, 2.0))
+        rows.append(_row("fifo", seed, 1.9, step=11.0))  # -5.3% ACT, step +9.1%: a trade-off
+        rows.append(_row("optimus", seed, 1.9, step=10.2))  # -5.3% ACT, step +2.0%: a loss
+        rows.append(_row("trajectory", seed, 2.0, step=9.0))  # a shorter step (-11.1%): a loss
+        rows.append(_row("isolated", seed, 2.0))  # all ties: not listed
+    found = {f["policy"]: f for f in sim_grid.better_elsewhere(sim_grid.summarise(rows, tie=0.5), tie=0.5)}
+    assert set(found) == {"fifo", "optimus", "trajectory"}
+    assert found["fifo"]["trade_off"] and found["fifo"]["step"] == pytest.approx(1.0 / 11.0 * 100)
+    assert not found["optimus"]["trade_off"] and not found["trajectory"]["trade_off"]
+    page = sim_grid.markdown(sim_grid.summarise(rows, tie=0.5), 0.5, 2, "cmd", [])
+    assert "Losses: 2; trade-offs: 1." in page
+
+
 def test_a_small_grid_runs_every_policy_and_writes_its_files(tmp_path: Path) -> None:
     rows_file, page = tmp_path / "grid.json", tmp_path / "grid.md"
     assert sim_grid.main(["--workloads", "multireward", "--loads", "16", "--seeds", "2",

@@ -205,8 +205,7 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
     if (need > actions.queue_pos.capacity()) actions.queue_pos.reserve(actions.slots.capacity());
     if (malleable && need > elastic.run_state.capacity()) elastic.run_state.reserve(actions.slots.capacity());
   }
-  // The aging term of the order key is the same for the whole batch.
-  const std::int64_t aging_offset = static_cast<std::int64_t>((static_cast<__int128>(now) * aging_permille) / 1000);
+  const std::int64_t aging = aging_term(now);  // the same for the whole batch
   ActionSpec routed;  // an action routed to another copy of its service than the one it names
   for (std::size_t i = 0; i < n; ++i) {
     const ActionSpec* spec = &a[i];
@@ -261,10 +260,8 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
     detail.model = s.model;
     detail.submitted_max = s.elastic_max;
     detail.est_ns = to_ns(seconds(slot, order_units(r)));
-    // Under a quota every request costs the quota the same, so shortest-first would not
-    // shorten its queue, only starve its long calls: they keep arrival order, or under
-    // kProgress go by their trajectory's progress first (OrderRule).
-    std::int64_t key = (classes[c].quota == kNone ? detail.est_ns * estimate_weight : 0) + aging_offset;
+    // Under a quota, kProgress goes by the trajectory's progress first (OrderRule).
+    std::int64_t key = order_key(classes[c], detail.est_ns, aging);
     if (count_progress && classes[c].quota != kNone) {
       const std::int32_t* started_before = actions.trajectory_progress.find(s.trajectory);
       if (started_before != nullptr) key -= kProgressCreditNs * *started_before;

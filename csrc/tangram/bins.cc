@@ -102,6 +102,7 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
     throw Error(ErrorCode::kInvalidArgument, pf + ".aging", "must be a finite number in [0, 4]");
   const bool by_estimate = row.rules.order == OrderRule::kEstimate || row.rules.order == OrderRule::kProgress;
   count_progress = row.rules.order == OrderRule::kProgress;
+  service_tails_ordered = row.rules.order == OrderRule::kEstimate;
   estimate_weight = by_estimate ? 1 : 0;
   aging_permille = by_estimate ? to_milli(policy.aging) : 0;
   if (policy.candidates < 1 || policy.candidates > 1024)

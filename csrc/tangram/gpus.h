@@ -40,6 +40,9 @@ struct ServiceRec {
   TimeNs offload_ns = 0;
   TimeNs last_request_ns = -1;  // its latest action's submit (-1: never asked for)
   TimeNs mean_gap_ns = -1;      // between its actions' submits, a moving average (-1: fewer than two)
+  // OrderRule::kEstimate: its arrivals have stopped and its queue is ordered for its drain
+  // (Impl::order_service_tails).
+  bool tail_ordered = false;
   // Drained for a starving service (restore()): it starts nothing while this equals the pass.
   std::uint64_t draining_pass = 0;
   std::int32_t draining_for = kNone;  // the starving service it was last drained for

@@ -19,8 +19,11 @@ enum class OrderRule : std::uint8_t {
   kArrival = 0,   // key = 0: submission order within a priority
   kEstimate = 1,  // key = estimated run time + aging * submit time (shortest first, aged);
                   // an action under a quota: key = aging * submit time (every request
-                  // costs its quota the same, so its queue keeps arrival order)
-  kProgress = 2,  // as kEstimate, but an action under a quota is keyed by its trajectory's
+                  // costs its quota the same, so its queue keeps arrival order); a GPU
+                  // service's queue whose arrivals have stopped is re-keyed for its drain
+                  // (Impl::order_service_tails: the step's objective)
+  kProgress = 2,  // as kEstimate (without service tails: mean ACT is its objective), but
+                  // an action under a quota is keyed by its trajectory's
                   // progress first: key = aging * submit time - kProgressCreditNs x the
                   // actions its trajectory has started (at most kProgressCap counted), so
                   // the quota serves the trajectories nearest their end first. Lower mean

@@ -129,6 +129,10 @@ struct Scheduler::Impl {
   std::int64_t aging_permille = 0;
   // OrderRule::kProgress: Actions::trajectory_progress counts each trajectory's starts.
   bool count_progress = false;
+  // OrderRule::kEstimate: a GPU service queue whose arrivals have stopped is ordered for its
+  // drain (order_service_tails).
+  bool service_tails_ordered = false;
+  std::vector<std::int64_t> tail_keys;  // scratch of reorder_service_queue: new keys by slot
   bool malleable = false;  // ResizeRule::kMalleable
   // A starving head that may use any bin stops the pass: the whole partition is its. Not
   // with several partitions (the others go on) nor with trajectory slots (bound slots are
@@ -250,6 +254,21 @@ struct Scheduler::Impl {
   template <class NeedOn, class Usable>
   void drain(std::int32_t svc_id, std::int32_t dlo, std::int32_t dhi, NeedOn&& room_on, Usable&& usable);
   void restore_queues(std::vector<Decision>& out);
+  // order_service_tails: a queue's arrivals have stopped after this many mean gaps.
+  static constexpr std::int64_t kTailGaps = 4;
+  void order_service_tails();
+  void reorder_service_queue(std::int32_t svc_id, bool tail);
+  // An action's order key (OrderKey::key) from its class, estimate and aging term (of its
+  // submit time): no run time under a quota (every request costs it the same, so shortest
+  // first would not shorten its queue, only starve its long calls), else the estimate
+  // (OrderRule), then aging.
+  std::int64_t order_key(const Class& cl, TimeNs est_ns, std::int64_t aging) const {
+    return (cl.quota == kNone ? est_ns * estimate_weight : 0) + aging;
+  }
+  std::int64_t aging_term(TimeNs submit_ns) const {
+    return static_cast<std::int64_t>((static_cast<__int128>(submit_ns) * aging_permille) / 1000);
+  }
+
   struct RoomPlan {
     bool ok = false;
     std::int64_t busy = 0;    // victims with waiting actions

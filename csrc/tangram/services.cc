@@ -421,6 +421,70 @@ void Scheduler::Impl::drain(std::int32_t svc_id, std::int32_t dlo, std::int32_t 
   }
 }
 
+// OrderRule::kEstimate serves the step, and a GPU service queue whose arrivals have stopped
+// is work the step waits for. Shortest first minimises its mean ACT but leaves its longest
+// actions to the end, each then alone on a batch slot; so in its tail the queue keeps
+// shortest first except for the actions that would end past the drain: each action may
+// start no later than the drain's end (its queued work over max_batch) less its own run
+// time, and one that shortest first starts later goes where that latest start falls.
+// Arrivals have stopped once the time since the service's last request exceeds kTailGaps
+// of its mean gap between requests; the next request ends the tail, and the queue goes
+// back to shortest first at the pass after it.
+void Scheduler::Impl::order_service_tails() {
+  for (std::int32_t s = 0; s < static_cast<std::int32_t>(gpus.services.size()); ++s) {
+    ServiceRec& svc = gpus.services[s];
+    if (svc.waiting == 0) {
+      svc.tail_ordered = false;  // no key to change
+      continue;
+    }
+    const bool tail = svc.mean_gap_ns >= 0 && (now - svc.last_request_ns) / kTailGaps > svc.mean_gap_ns;
+    if (tail != svc.tail_ordered) reorder_service_queue(s, tail);
+  }
+}
+
+// Re-keys the service's waiting actions and puts their classes back in the active heap
+// under their new heads (a parked class is tried again: its head changed). In its tail,
+// with the queue in shortest-first order (its keys from order_key), W its work and B its
+// max_batch: the action at position j is late when the work before it exceeds W - B x its
+// run time (shortest first would start it after the drain's end less its run time), and
+// then takes the key of the first position whose work before it reaches that.
+void Scheduler::Impl::reorder_service_queue(std::int32_t svc_id, bool tail) {
+  gpus.services[svc_id].tail_ordered = tail;
+  std::vector<OrderKey> queue;  // shortest-first keys
+  for (std::int32_t c = 0; c < static_cast<std::int32_t>(classes.size()); ++c) {
+    Class& cl = classes[c];
+    if (cl.service != svc_id || cl.quota != kNone) continue;
+    cl.waiting.for_each([&](const OrderKey& k) {
+      OrderKey normal = k;
+      normal.key = order_key(cl, actions.details[k.slot].est_ns, aging_term(k.submit_ns));
+      queue.push_back(normal);
+    });
+  }
+  std::sort(queue.begin(), queue.end());
+  std::vector<__int128> before(queue.size() + 1, 0);  // work before each position
+  for (std::size_t j = 0; j < queue.size(); ++j) before[j + 1] = before[j] + actions.details[queue[j].slot].est_ns;
+  const __int128 work = before.back();
+  const std::int64_t batch = inv.services[svc_id].max_batch;
+  std::vector<std::int64_t>& key = tail_keys;  // by slot
+  if (key.size() < actions.slots.size()) key.resize(actions.slots.size());
+  for (std::size_t j = 0; j < queue.size(); ++j) {
+    key[queue[j].slot] = queue[j].key;
+    if (!tail) continue;
+    const __int128 latest = work - static_cast<__int128>(batch) * actions.details[queue[j].slot].est_ns;
+    if (before[j] <= latest) continue;
+    const std::size_t at = static_cast<std::size_t>(std::lower_bound(before.begin(), before.begin() + j, latest) - before.begin());
+    key[queue[j].slot] = queue[at].key;
+  }
+  for (std::int32_t c = 0; c < static_cast<std::int32_t>(classes.size()); ++c) {
+    Class& cl = classes[c];
+    if (cl.service != svc_id || cl.quota != kNone || cl.waiting.empty()) continue;
+    if (cl.parked) classes.leave_park(cl);
+    classes.deactivate(c);
+    cl.waiting.rekey([&](OrderKey& k) { k.key = actions.details[k.slot].order.key = key[k.slot]; }, actions.queue_pos);
+    classes.activate(c);
+  }
+}
+
 // RestoreRule::kQueuesFirst: a restore serves a service's whole queue, so offloaded services with waiting
 // actions are restored before the walk, in queue order rather than action order: starving
 // ones first (the first of their waiting actions in policy order has waited

@@ -51,6 +51,18 @@ class WaitQueue {
     return at >= 0 && static_cast<std::size_t>(at) < size_ && keys_[at].slot == key.slot &&
            !(keys_[at] < key) && !(key < keys_[at]);
   }
+  // Every key, in heap order (not policy order).
+  template <class Visit>
+  void for_each(Visit&& visit) const {
+    for (std::uint32_t i = 0; i < size_; ++i) visit(keys_[i]);
+  }
+  // Changes every key through `change(Key&)` (slots unchanged), then restores the heap: O(n).
+  template <class Change>
+  void rekey(Change&& change, Positions& pos) {
+    for (std::uint32_t i = 0; i < size_; ++i) change(keys_[i]);
+    for (std::size_t i = size_; i-- > 0;) sift_down(i, pos);
+    if (size_ > 0) head_ = keys_[0];
+  }
   // The keys in order (for explanations; O(n log n)).
   std::vector<Key> sorted() const {
     std::vector<Key> keys(keys_.get(), keys_.get() + size_);

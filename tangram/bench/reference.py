@@ -34,6 +34,14 @@ Rules, in words:
   as "estimate", less PROGRESS_CREDIT_NS x min(started, PROGRESS_CAP) for an action under a
   quota, started being the actions its trajectory has started since the scheduler was made
   or end_trajectories last named it.
+* Service tails (order "estimate"). At each pass's start, per service with waiting
+  actions: its tail holds when mean_gap_ns >= 0 and (now - last_request_ns) // 4 >
+  mean_gap_ns; a service with none waiting is not in its tail. When that differs from
+  the service's tail state, the state changes and its waiting actions not under a quota
+  are re-keyed: first each to its order-"estimate" key; then, in its tail, taking them in
+  order (those keys), W their summed est_ns, B the max_batch and before_j the est_ns of
+  those ahead of action j: j with before_j > W - B x est_j takes the key of the first
+  position i (in that order) with before_i >= W - B x est_j.
 * Bins and partitions. Placement packs actions into bins; each bin belongs to one node
   and one partition, and a partition's bins go in node order (a node's bins in the order
   made). bins "node": one bin per node, one partition. bins "trajectory_slots" (needs a
@@ -471,6 +479,7 @@ class _Service:
     ready_ns: int = 0
     last_request_ns: int = -1  # its latest action's submit (-1: never asked for)
     mean_gap_ns: int = -1  # between its actions' submits: (7 x before + gap) // 8 (-1: fewer than two)
+    tail: bool = False  # order "estimate": its arrivals have stopped and its queue is re-keyed for the drain
 
 
 @dataclass
@@ -907,8 +916,7 @@ class ReferenceScheduler:
                     svc.mean_gap_ns = gap if svc.mean_gap_ns < 0 else (7 * svc.mean_gap_ns + gap) // 8
                 svc.last_request_ns = t
             a.est_ns = to_ns(self._seconds(a, self._order_units(a)))
-            key = ((a.est_ns if a.quota == -1 else 0) + (t * self.aging_permille) // 1000
-                   if self.rules.order in ("estimate", "progress") else 0)
+            key = self._estimate_key(a) if self.rules.order in ("estimate", "progress") else 0
             if self.rules.order == "progress" and a.quota >= 0:
                 key -= PROGRESS_CREDIT_NS * self.progress.get(a.trajectory, 0)
             a.order = (-a.priority, key, self.seq)
@@ -916,6 +924,31 @@ class ReferenceScheduler:
             a.submitted_max = a.elastic_max
             self.actions[a.id] = a
         return self._pass(out)
+
+    def _estimate_key(self, a: _Action) -> int:
+        return (a.est_ns if a.quota == -1 else 0) + (a.submit_ns * self.aging_permille) // 1000
+
+    def _order_service_tails(self) -> None:
+        for s, svc in enumerate(self.services):
+            queue = sorted((a for a in self.actions.values() if not a.running and a.service == s), key=lambda a: a.order)
+            tail = bool(queue) and svc.mean_gap_ns >= 0 and (self.now_ns - svc.last_request_ns) // 4 > svc.mean_gap_ns
+            if tail == svc.tail:
+                continue
+            svc.tail = tail
+            queue = [a for a in queue if a.quota == -1]
+            for a in queue:
+                a.order = (a.order[0], self._estimate_key(a), a.order[2])
+            queue.sort(key=lambda a: a.order)
+            work = sum(a.est_ns for a in queue)
+            before = [0]
+            for a in queue:
+                before.append(before[-1] + a.est_ns)
+            keys = [a.order[1] for a in queue]
+            for j, a in enumerate(queue):
+                latest = work - self.services[s].max_batch * a.est_ns
+                if tail and before[j] > latest:
+                    i = next(i for i in range(j + 1) if before[i] >= latest)
+                    a.order = (a.order[0], keys[i], a.order[2])
 
     def _route_replica(self, a: _Action, t: int) -> int:
         """The copy of a's replicated service that would start it soonest: the least wait, whole
@@ -1291,6 +1324,8 @@ class ReferenceScheduler:
         self.draining = set()  # services drained for a starving one (_drain): none yet this pass
         self.drain_wakeups: list[int] = []  # ends of residencies that kept a service from a drain
         p.resized.update(resized)  # limited by this event: not resized again in its pass
+        if self.rules.order == "estimate" and self.services:
+            self._order_service_tails()
         for s, svc in enumerate(self.services):  # resident on an offline node, idle: offloaded
             if svc.device >= 0 and not self._device_online(svc.device) and self._running(service=s) == 0:
                 self._evict(s, out, discard=True)  # its state there is gone

@@ -894,5 +894,50 @@ TEST(Services, AServiceIsKeptFromADrainForStarvationSecondsAfterItBecameReady) {
   EXPECT_EQ(h.complete({4}, 23), (Decisions{evict(0).on(0, 0).at(23), restore(1).on(0, 0).at(25)}));
 }
 
+// OrderRule::kEstimate: a queue whose arrivals have stopped keeps shortest first, except an
+// action shortest first would start after the drain's end less its run time (W = 20 s of
+// work over 2 batch slots: the 10 s action's latest start is the queue's first, so it
+// starts beside the 1 s one). The queue drains at 11 s instead of 15 s.
+TEST(ServiceTails, TheLongestActionOfAStoppedQueueStartsEarlyEnoughForTheDrain) {
+  Inventory inv = cpu_inventory(1, 16);
+  inv.nodes[0].gpus = {{U(4000)}};
+  inv.services = {{"r", U(1000), 1.0, 2, 1.0}};
+  Harness h(inv, policy_of(PolicyKind::kTangram));
+  auto on = [](ActionId id, double seconds) {
+    ActionSpec a = action(id, {U(1)}, seconds);
+    a.service = 0;
+    return a;
+  };
+  EXPECT_EQ(h.submit({on(1, 1), on(2, 2), on(3, 3), on(4, 4), on(5, 10)}, 0), (Decisions{restore(0).on(0, 0).at(1)}));
+  EXPECT_EQ(h.tick(1), (Decisions{start(1).on(0, 0).service(0).at(1), start(5).on(0, 0).service(0).at(1)}));
+  EXPECT_EQ(h.complete({1}, 2), (Decisions{start(2).on(0, 0).service(0).at(2)}));
+  EXPECT_EQ(h.complete({2}, 4), (Decisions{start(3).on(0, 0).service(0).at(4)}));
+  EXPECT_EQ(h.complete({3}, 7), (Decisions{start(4).on(0, 0).service(0).at(7)}));
+}
+
+// While requests still come (the last one now), and under `fifo`, and with one batch slot
+// (where the order cannot change when the queue drains), the queue is shortest first
+// (arrival order under fifo).
+TEST(ServiceTails, AQueueStillGrowingOrWithOneSlotStaysShortestFirst) {
+  auto run = [](std::int32_t max_batch, PolicyKind kind, bool late_request) {
+    Inventory inv = cpu_inventory(1, 16);
+    inv.nodes[0].gpus = {{U(4000)}};
+    inv.services = {{"r", U(1000), 1.0, max_batch, 1.0}};
+    Harness h(inv, policy_of(kind));
+    auto on = [](ActionId id, double seconds) {
+      ActionSpec a = action(id, {U(1)}, seconds);
+      a.service = 0;
+      return a;
+    };
+    h.submit({on(1, 1), on(2, 2), on(3, 3), on(4, 4), on(5, 10)}, 0);
+    return late_request ? h.submit({on(6, 5)}, 1) : h.tick(1);
+  };
+  EXPECT_EQ(run(2, PolicyKind::kTangram, true),
+            (Decisions{start(1).on(0, 0).service(0).at(1), start(2).on(0, 0).service(0).at(1)}));
+  EXPECT_EQ(run(1, PolicyKind::kTangram, false), (Decisions{start(1).on(0, 0).service(0).at(1)}));
+  EXPECT_EQ(run(2, PolicyKind::kFifo, false),
+            (Decisions{start(1).on(0, 0).service(0).at(1), start(2).on(0, 0).service(0).at(1)}));
+}
+
 }  // namespace
 }  // namespace tangram_test
