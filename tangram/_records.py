@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import functools
 import struct
-from typing import Iterator, NamedTuple
+from typing import Iterable, NamedTuple
 
 import numpy as np
 
@@ -102,8 +102,10 @@ assert _DECISION_RECORD.size == DECISION_DTYPE.itemsize
 _decision_of_row = functools.partial(tuple.__new__, Decision)
 
 
-def decisions(records: np.ndarray) -> Iterator[Decision]:
+def decisions(records: np.ndarray) -> Iterable[Decision]:
     """The DECISION_DTYPE records as Decisions, in order, with plain Python numbers."""
+    if len(records) == 1:  # one action's start, the live runtime's common case: no iterator to set up
+        return (_decision_of_row(_DECISION_RECORD.unpack_from(records)),)
     try:
         rows = _DECISION_RECORD.iter_unpack(records)
     except ValueError:  # a strided view (a slice with a step): its records copied together

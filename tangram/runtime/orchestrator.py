@@ -197,7 +197,9 @@ class Orchestrator:
         manager = self.managers.get(name)
         if manager is None:
             raise ManagerError("call.manager", f"no manager {name!r} in this orchestrator (have: {', '.join(self.managers)})")
-        estimate, template = self._checked(run, call, manager)
+        estimate = self.estimates.estimate(call)  # _checked's steps, inline: every submit passes here
+        template = run.encoder.template(call, estimate.model)
+        manager.check_call(call)
         if action_id is None:
             action_id = next(self._ids)
         elif not (type(action_id) is int and 0 <= action_id <= _ID_MAX):

@@ -24,7 +24,6 @@ import asyncio
 import collections.abc
 import contextvars
 import dataclasses
-import functools
 import logging
 import sys
 import traceback
@@ -75,7 +74,7 @@ class ActionRunner:
                               estimate=DECLARED if estimate.source == DECLARED else estimate.describe(),
                               quota=call.quota or "")
         lv = ActionState(action_id, call, future, manager, template, self.encoder.generation, record, estimate,
-                         functools.partial(self._on_future_done, action_id=action_id))
+                         lambda future, i=action_id: self._on_future_done(future, i))  # cheaper than a partial
         self.live[action_id] = lv
         future.add_done_callback(lv.watch)
         for hook in self.on_submitted:
