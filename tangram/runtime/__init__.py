@@ -2,6 +2,16 @@
 CPU sandboxes, GPU services, API quotas) and the sandboxes CPU actions run in (sandbox/),
 carrying the core's decisions out on real resources.
 
+How it works. Every event (a submit, an action ending, a cancel, a timer) is queued and
+the queue is flushed once per event-loop iteration, so a burst of submits is one batched
+call into the core. The core answers with decisions: `start` creates one task that awaits
+the action's manager (`execute`), `restore`/`evict` go to the GPU manager in order per
+device, `reject` ends the action as infeasible. When `execute` returns or raises, the
+action's result or typed error is set on its future and its completion is queued for the
+core. Timeouts and cancels are one mechanism: the task is cancelled, the manager kills
+the work and releases it, and the action ends as ActionTimeout or ActionCancelled.
+Every submitted action ends in exactly one terminal state; `close` ends the rest.
+
 The orchestrator's pieces, each module's docstring giving its contract (what it owns,
 what it may call, its invariants):
 

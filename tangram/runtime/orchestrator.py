@@ -7,17 +7,7 @@ One tool call is one awaited call:
                                      elastic="cpu", max_units=8, runtime=Amdahl(20, 0.9),
                                      trajectory=7, timeout=120))
 
-How it works. Every event (a submit, an action ending, a cancel, a timer) is queued and
-the queue is flushed once per event-loop iteration, so a burst of submits is one batched
-call into the core. The core answers with decisions: `start` creates one task that awaits
-the action's manager (`execute`), `restore`/`evict` go to the GPU manager in order per
-device, `reject` ends the action as infeasible. When `execute` returns or raises, the
-action's result or typed error is set on its future and its completion is queued for the
-core. Timeouts and cancels are one mechanism: the task is cancelled, the manager kills
-the work and releases it, and the action ends as ActionTimeout or ActionCancelled.
-Every submitted action ends in exactly one terminal state; `close` ends the rest.
-
-The pieces are listed in tangram.runtime's docstring.
+How it works, and its pieces: tangram.runtime's docstring.
 
 Contract.
   Owns       the managers, configuration, inventory, records, estimates and metrics; the
@@ -100,16 +90,11 @@ class Orchestrator:
         self._state = "new"
         self._metrics_server: Any = None
 
-    def _dispatcher(self, doing: str) -> Dispatcher:
-        """The event loop, which exists once started (closed or not): a live action has one."""
-        if self._dispatch is None:
-            raise OrchestratorClosed("orchestrator", f"cannot {doing}: it is {self._state}")
-        return self._dispatch
-
-    def _running(self, doing: str) -> Dispatcher:
-        """The event loop, while the state is "running"."""
+    def _dispatcher(self, doing: str, running: bool = False) -> Dispatcher:
+        """The event loop, which exists once started (closed or not: a live action has one);
+        with `running`, only while the state is "running"."""
         run = self._dispatch
-        if run is None or self._state != "running":
+        if run is None or (running and self._state != "running"):
             raise OrchestratorClosed("orchestrator", f"cannot {doing}: it is {self._state}")
         return run
 
@@ -190,7 +175,7 @@ class Orchestrator:
         minimum...). The core checks the rest (upper bounds, a service with an affinity...)
         when the batch is flushed; such an error ends that action alone, with that error."""
         run = self._dispatch
-        if run is None or self._state != "running":  # _running's check, inline: every submit passes here
+        if run is None or self._state != "running":  # _dispatcher's check, inline: every submit passes here
             raise OrchestratorClosed("orchestrator", f"cannot submit: it is {self._state}")
         validate_call(call)
         name = manager_for(call)
@@ -314,7 +299,7 @@ class Orchestrator:
         waits until the quota admits it, as any request of the quota, and gives the slot back
         on leaving; `Throttled` raised inside pauses the quota for every caller
         (tangram.runtime.holds)."""
-        self._running("hold a quota")
+        self._dispatcher("hold a quota", running=True)
         if "api" not in self.managers:
             raise ManagerError("managers", "a quota hold is an action of the 'api' manager, and this orchestrator has "
                                            f"none (have: {', '.join(self.managers)})")
@@ -328,7 +313,7 @@ class Orchestrator:
 
     def back_off_quota_now(self, name: str, seconds: float | None = None) -> float:
         """back_off_quota, from the orchestrator's own loop."""
-        run = self._running("back off a quota")
+        run = self._dispatcher("back off a quota", running=True)
         if not isinstance(name, str) or name not in {q.name for q in self.inventory.quotas}:
             raise UnknownNameError("quota", f"no quota named {name!r}")
         pause, until = self.quota_backoffs.pause(name, seconds, run.now())
