@@ -314,8 +314,7 @@ def test_rewards_on_different_gpus_do_not_share() -> None:
 
 # Fingerprints of the simulator before GPU compute was modelled (tangram/sim at commit
 # 14474e4, with the core of commit 6aac0a3, whose restores spread over devices; multireward's
-# since the core ranks devices by the actions at their services, and its `tangram` since a
-# service queue's tail is ordered for its drain: the same simulator, the new core), seed 1: arrays submit,
+# since the core ranks devices by the actions at their services), seed 1: arrays submit,
 # start, finish, grant, run and best, and the row's ACTs, step, bounds, held cores,
 # restores and evictions, hashed bit for bit. deepsearch had 2 judge replicas then. A change to the core's decisions
 # changes these too: check such a change against that commit's tangram/sim, then update.
@@ -325,7 +324,7 @@ _OLD_MODEL = {
     ("deepsearch", 48): {"tangram": "4dc2d39cc767db59", "fifo": "4fa2d5f99cbbe812",
                          "trajectory": "e4302675aea296dd", "isolated": "4fa2d5f99cbbe812",
                          "optimus": "b8cb48962a3cd73d"},
-    ("multireward", 256): {"tangram": "5caca76168fc5634", "fifo": "5ec424f1d4634a0a",
+    ("multireward", 256): {"tangram": "dea35091bd277b03", "fifo": "5ec424f1d4634a0a",
                            "trajectory": "cb10517d77d3e207", "isolated": "838986f9ba4c41a4",
                            "optimus": "5ec424f1d4634a0a"},
 }

@@ -270,6 +270,11 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
     *actions.by_id.find(s.id) = slot;
     if (actions.trajectory_gains(s.trajectory)) holder_live(s.trajectory, +1);
     ++actions.n_waiting;
+    if (actions.last_submit_ns >= 0) {
+      const TimeNs gap = now - actions.last_submit_ns;
+      actions.mean_gap_ns = actions.mean_gap_ns < 0 ? gap : (7 * actions.mean_gap_ns + gap) / 8;
+    }
+    actions.last_submit_ns = now;
     Class& cl = classes[c];
     if (cl.service != kNone) {
       ServiceRec& svc = gpus.services[cl.service];

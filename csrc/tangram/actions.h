@@ -86,6 +86,8 @@ struct Actions {
   IdMap trajectory_progress;
   std::uint64_t next_seq = 0;
   std::size_t n_waiting = 0, n_running = 0;
+  TimeNs last_submit_ns = -1;  // the latest accepted action's submit (-1: none yet)
+  TimeNs mean_gap_ns = -1;     // between accepted actions' submits, a moving average (-1: fewer than two)
   std::uint32_t mark = 0;  // validate_ids: the current batch's mark (ActionRec::mark)
 
   // A live action of the trajectory more: true when it is its first.

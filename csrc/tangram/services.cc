@@ -428,16 +428,20 @@ void Scheduler::Impl::drain(std::int32_t svc_id, std::int32_t dlo, std::int32_t 
 // start no later than the drain's end (its queued work over max_batch) less its own run
 // time, and one that shortest first starts later goes where that latest start falls.
 // Arrivals have stopped once the time since the service's last request exceeds kTailGaps
-// of its mean gap between requests; the next request ends the tail, and the queue goes
-// back to shortest first at the pass after it.
+// of its mean gap between requests, and the time since the last submit of any action
+// kTailGaps of the mean gap between submits: while other actions still come, trajectories
+// still run and the step is not at its end, so a lull of one service keeps shortest first.
+// The next request ends the tail, and the queue goes back to shortest first at the pass
+// after it.
 void Scheduler::Impl::order_service_tails() {
+  const bool all_stopped = actions.mean_gap_ns >= 0 && (now - actions.last_submit_ns) / kTailGaps > actions.mean_gap_ns;
   for (std::int32_t s = 0; s < static_cast<std::int32_t>(gpus.services.size()); ++s) {
     ServiceRec& svc = gpus.services[s];
     if (svc.waiting == 0) {
       svc.tail_ordered = false;  // no key to change
       continue;
     }
-    const bool tail = svc.mean_gap_ns >= 0 && (now - svc.last_request_ns) / kTailGaps > svc.mean_gap_ns;
+    const bool tail = all_stopped && svc.mean_gap_ns >= 0 && (now - svc.last_request_ns) / kTailGaps > svc.mean_gap_ns;
     if (tail != svc.tail_ordered) reorder_service_queue(s, tail);
   }
 }

@@ -34,9 +34,12 @@ Rules, in words:
   as "estimate", less PROGRESS_CREDIT_NS x min(started, PROGRESS_CAP) for an action under a
   quota, started being the actions its trajectory has started since the scheduler was made
   or end_trajectories last named it.
-* Service tails (order "estimate"). At each pass's start, per service with waiting
-  actions: its tail holds when mean_gap_ns >= 0 and (now - last_request_ns) // 4 >
-  mean_gap_ns; a service with none waiting is not in its tail. When that differs from
+* Service tails (order "estimate"). Every accepted action updates the scheduler's
+  last_submit_ns and mean_gap_ns as a service's are updated by its actions. At each pass's
+  start, per service with waiting actions: its tail holds when both the scheduler's and
+  the service's mean_gap_ns >= 0 and (now - last) // 4 > mean_gap_ns, last being the
+  scheduler's last_submit_ns and the service's last_request_ns; a service with none
+  waiting is not in its tail. When that differs from
   the service's tail state, the state changes and its waiting actions not under a quota
   are re-keyed: first each to its order-"estimate" key; then, in its tail, taking them in
   order (those keys), W their summed est_ns, B the max_batch and before_j the est_ns of
@@ -600,6 +603,8 @@ class ReferenceScheduler:
             raise ValidationError(f"{pf}.starvation_seconds", "must be a finite number in (0, 1e9]")
         self.policy, self.candidates, self.min_relative_gain = policy, int(candidates), float(min_relative_gain)
         self.aging_permille = to_milli(aging)
+        self.last_submit_ns = -1  # the latest accepted action's submit (-1: none yet)
+        self.mean_gap_ns = -1  # between accepted actions' submits: (7 x before + gap) // 8 (-1: fewer than two)
         self.progress: dict[int, int] = {}  # order "progress": trajectory -> actions started
         self.starvation_ns = to_ns(starvation_seconds)
         self._add_bins(pf, capacity, trajectory_slot_cpu, pools)
@@ -909,6 +914,10 @@ class ReferenceScheduler:
                 self.messages.append(f"action {a.id} can never run: {why}")
                 continue
             a.submit_ns = t
+            if self.last_submit_ns >= 0:
+                gap = t - self.last_submit_ns
+                self.mean_gap_ns = gap if self.mean_gap_ns < 0 else (7 * self.mean_gap_ns + gap) // 8
+            self.last_submit_ns = t
             if a.service >= 0:
                 svc = self.services[a.service]
                 if svc.last_request_ns >= 0:
@@ -931,7 +940,8 @@ class ReferenceScheduler:
     def _order_service_tails(self) -> None:
         for s, svc in enumerate(self.services):
             queue = sorted((a for a in self.actions.values() if not a.running and a.service == s), key=lambda a: a.order)
-            tail = bool(queue) and svc.mean_gap_ns >= 0 and (self.now_ns - svc.last_request_ns) // 4 > svc.mean_gap_ns
+            tail = (bool(queue) and self.mean_gap_ns >= 0 and (self.now_ns - self.last_submit_ns) // 4 > self.mean_gap_ns
+                    and svc.mean_gap_ns >= 0 and (self.now_ns - svc.last_request_ns) // 4 > svc.mean_gap_ns)
             if tail == svc.tail:
                 continue
             svc.tail = tail
