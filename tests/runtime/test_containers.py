@@ -32,7 +32,7 @@ from test_image_sandboxes import busybox_root
 
 from tangram.runtime.call import Call, Placement
 from tangram.runtime.managers.cpu import CpuManager
-from tangram.runtime.errors import ActionCrashed, ActionFailed, ManagerError, ResourceLimitExceeded
+from tangram.runtime.errors import ActionFailed, ManagerError, ResourceLimitExceeded
 from tangram.runtime.sandbox.isolation import detect as detect_resources
 from tangram.runtime.managers.base import LiveAction
 from tangram.runtime.sandbox.kills import marked_processes
