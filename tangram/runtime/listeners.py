@@ -16,8 +16,9 @@ the dispatcher or the core. Each call is synchronous and cheap (it runs inside a
 decisions, once per action and step) and must not raise.
 
   RecordKeeper      the records: each ActionRecord's placement fields, the actions
-                    waiting and running per kind (Orchestrator.queue_lengths), each
-                    finished record into the RecordLog (and so to the log's own
+                    waiting and running per kind (Orchestrator.queue_lengths, counted
+                    from the live actions when asked), each finished record into the
+                    RecordLog (and so to the log's own
                     listeners: the metrics, the server)
   EstimateReporter  the runs of calls planned with a learned run time, reported to the
                     RunTimeEstimates that learns from them; saves it every SAVE_EVERY s
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from ..estimates import DECLARED, SAVE_EVERY, RunTimeEstimates
 from .live import ActionState
@@ -112,21 +113,22 @@ class EstimateReporter(ActionListener):
 
 
 class RecordKeeper(ActionListener):
-    """The records of the actions: each ActionRecord's placement fields, the number of
-    actions waiting and running per kind, and the log of the finished records."""
+    """The records of the actions: each ActionRecord's placement fields, the log of the
+    finished records, and the number of actions waiting and running per kind. Those are
+    counted from the live actions when asked (queue_lengths is read by a status or a
+    metrics scrape, far less often than actions come and go, and counting per step cost
+    each submit a call); a kind stays listed, at (0, 0), once an action of it has been."""
 
-    def __init__(self, log: RecordLog) -> None:
+    def __init__(self, log: RecordLog, live: Mapping[int, ActionState]) -> None:
         self.log = log
-        self.counts: dict[str, list[int]] = {}  # kind -> [waiting, running]
+        self.live = live  # the orchestrator's live actions, by id
+        self.kinds_ended: set[str] = set()
 
     def queue_lengths(self) -> dict[str, tuple[int, int]]:
-        return {kind: (waiting, running) for kind, (waiting, running) in self.counts.items()}
-
-    def submitted(self, lv: ActionState) -> None:
-        counts = self.counts.get(lv.call.kind)
-        if counts is None:
-            counts = self.counts[lv.call.kind] = [0, 0]
-        counts[0] += 1
+        counts = {kind: [0, 0] for kind in self.kinds_ended}
+        for lv in list(self.live.values()):
+            counts.setdefault(lv.call.kind, [0, 0])[1 if lv.running else 0] += 1
+        return {kind: (waiting, running) for kind, (waiting, running) in counts.items()}
 
     def started(self, lv: ActionState, now: float) -> None:
         placement, record = lv.placement, lv.record
@@ -135,9 +137,6 @@ class RecordKeeper(ActionListener):
         record.node = placement.node_name
         record.device = placement.device
         record.grant = placement.grant
-        counts = self.counts[lv.call.kind]
-        counts[0] -= 1
-        counts[1] += 1
 
     def resized(self, lv: ActionState, now: float) -> None:
         assert lv.placement is not None
@@ -146,10 +145,7 @@ class RecordKeeper(ActionListener):
     def requeued(self, lv: ActionState, now: float) -> None:
         record = lv.record
         record.start = record.node = record.device = record.grant = None
-        counts = self.counts[lv.call.kind]
-        counts[1] -= 1
-        counts[0] += 1
 
     def finished(self, lv: ActionState, now: float) -> None:
-        self.counts[lv.call.kind][1 if lv.running else 0] -= 1
+        self.kinds_ended.add(lv.call.kind)
         self.log.finish(lv.record)

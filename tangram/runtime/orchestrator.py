@@ -84,7 +84,7 @@ class Orchestrator:
         self.scheduler: Scheduler | None = None
         self._ids = itertools.count(1)
         self._live: dict[int, ActionState] = {}
-        self._record_keeper = RecordKeeper(self.records)
+        self._record_keeper = RecordKeeper(self.records, self._live)
         self._learning = EstimateReporter(self.estimates)
         self._dispatch: Dispatcher | None = None  # from start: the event loop
         self._state = "new"
