@@ -105,10 +105,10 @@ struct PolicyRow {
 // The built-in policies; their rows are kPolicyRows in policy.cc, in this order.
 enum class PolicyKind : std::uint8_t {
   // Minimise average ACT, and serve the step: shortest estimate first with aging (a GPU
-  // service queue whose requests have stopped ordered for its drain), fractional minimums topped
-  // up to whole units, spare elastic units where nobody waits while they save more than the
-  // wait they cause, running grants that grow and shrink, whole service queues restored
-  // first by Smith's rule.
+  // service queue whose requests have stopped ordered for its drain), fractional minimums
+  // topped up to whole units, spare elastic units where nobody waits while they save more
+  // than the wait they cause, running grants that grow and shrink, whole service queues
+  // restored first by Smith's rule.
   kTangram = 0,
   // One shared pool, first-come first-served (with backfill), fixed minimum grants.
   kFifo = 1,

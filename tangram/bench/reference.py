@@ -938,24 +938,24 @@ class ReferenceScheduler:
         return (a.est_ns if a.quota == -1 else 0) + (a.submit_ns * self.aging_permille) // 1000
 
     def _order_service_tails(self) -> None:
+        all_stopped = self.mean_gap_ns >= 0 and (self.now_ns - self.last_submit_ns) // 4 > self.mean_gap_ns
         for s, svc in enumerate(self.services):
-            queue = sorted((a for a in self.actions.values() if not a.running and a.service == s), key=lambda a: a.order)
-            tail = (bool(queue) and self.mean_gap_ns >= 0 and (self.now_ns - self.last_submit_ns) // 4 > self.mean_gap_ns
+            waiting = [a for a in self.actions.values() if not a.running and a.service == s]
+            tail = (bool(waiting) and all_stopped
                     and svc.mean_gap_ns >= 0 and (self.now_ns - svc.last_request_ns) // 4 > svc.mean_gap_ns)
             if tail == svc.tail:
                 continue
             svc.tail = tail
-            queue = [a for a in queue if a.quota == -1]
+            queue = [a for a in waiting if a.quota == -1]
             for a in queue:
                 a.order = (a.order[0], self._estimate_key(a), a.order[2])
             queue.sort(key=lambda a: a.order)
-            work = sum(a.est_ns for a in queue)
-            before = [0]
+            before = [0]  # the work ahead of each position, shortest first
             for a in queue:
                 before.append(before[-1] + a.est_ns)
             keys = [a.order[1] for a in queue]
             for j, a in enumerate(queue):
-                latest = work - self.services[s].max_batch * a.est_ns
+                latest = before[-1] - svc.max_batch * a.est_ns
                 if tail and before[j] > latest:
                     i = next(i for i in range(j + 1) if before[i] >= latest)
                     a.order = (a.order[0], keys[i], a.order[2])

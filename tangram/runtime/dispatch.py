@@ -77,8 +77,7 @@ class Dispatcher:
     # ---------------------------------------------------------------- queues
     def submit(self, lv: ActionState) -> None:
         self.pending_submit.append(lv)
-        if self._flush_handle is None:  # _kick, inline: every submit passes here
-            self._flush_handle = self.loop.call_soon(self._queued_flush)
+        self._kick()
 
     def completed(self, action_id: int) -> None:
         self.pending_complete.append(action_id)
