@@ -66,6 +66,9 @@ struct ClassHead {
   bool operator<(const ClassHead& o) const { return policy_before(*this, o); }
 };
 
+// Class::fit_from of a lazy wake whose first fitting leaf at the flush is not known yet.
+inline constexpr std::int32_t kUnsettledFit = -1;
+
 struct alignas(64) Class {
   // Laid out by use. The first cache line holds what a flush, a pass and a completion look
   // at for every class they meet; the second its queue (head inline), affinity and GPU
@@ -84,7 +87,9 @@ struct alignas(64) Class {
   // A pending wake of pass `fit_pass` (flush_releases): it fitted nowhere when parked and
   // only released bins have grown since, so in that pass its only possible bins are the
   // partition's released leaves from position `fit_from` on (the first it fitted). Free
-  // room only shrinks within a pass, so placement needs to look at nothing else.
+  // room only shrinks within a pass, so placement needs to look at nothing else. A lazy
+  // wake's fit_from is kUnsettledFit until its turn or settle_fit (parking.cc), only while
+  // it is parked.
   std::uint64_t fit_pass = 0;
   std::int32_t fit_from = 0;
   std::int32_t partition = 0;
@@ -107,8 +112,10 @@ struct alignas(64) Class {
   // shrinks until the epoch moves on: at each pass, and when an eviction frees GPU memory).
   std::uint64_t tree_epoch = 0;
   std::int32_t tree_from = 0;
-  TimeNs park_deadline = 0;        // when its head starts starving
-  std::uint64_t park_generation = 0;  // counts parkings, to spot stale deadline entries
+  TimeNs park_deadline = 0;  // when its head starts starving
+  // The deadline of its latest entry in Classes::park_deadlines not yet popped (kNoDeadline:
+  // none): parked again with that deadline, it needs no new entry.
+  TimeNs deadline_listed = kNoDeadline;
   TimeNs block_until = 0;
   std::string infeasible;  // why no action of this class can ever run; empty if one can
   std::uint64_t key_hash = 0;  // its entry in Classes::index
@@ -176,10 +183,12 @@ struct Classes {
   // again, since the starvation guard changes what a failure means.
   // A min-heap of (deadline, class, park generation); entries of classes since unparked
   // are stale and skipped when they surface.
+  // An entry is live while its class is parked with that deadline; any other is stale and
+  // dropped when it comes up (a class parked again with its listed deadline reuses the entry,
+  // so a burst that parks and wakes classes pass after pass does not grow the heap).
   struct ParkDeadline {
     TimeNs at;
     std::int32_t cls;
-    std::uint64_t generation;
     bool operator>(const ParkDeadline& o) const { return std::tie(at, cls) > std::tie(o.at, o.cls); }
   };
   std::vector<ParkDeadline> park_deadlines;
@@ -235,8 +244,9 @@ struct Classes {
       const ParkDeadline due = park_deadlines.front();
       std::pop_heap(park_deadlines.begin(), park_deadlines.end(), std::greater<>());
       park_deadlines.pop_back();
-      const Class& cl = all[due.cls];
-      if (cl.parked && cl.park_generation == due.generation) return due.cls;
+      Class& cl = all[due.cls];
+      if (cl.deadline_listed == due.at) cl.deadline_listed = kNoDeadline;
+      if (cl.parked && cl.park_deadline == due.at) return due.cls;
     }
     return kNone;
   }
@@ -287,10 +297,12 @@ std::int32_t Classes::find_or_add(const ActionSpec& s, std::int32_t partition, b
     id = free_classes.back();
     free_classes.pop_back();
     const Class& old = all[id];
-    // Stale heap and deadline entries may still name this slot: its generations go on
-    // from where they were, so those entries stay stale. Its demand row is reused.
+    // Stale heap and deadline entries may still name this slot: its active generation goes
+    // on from where it was, so those heap entries stay stale; a deadline entry wakes it
+    // only when parked with that very deadline (due then anyway), and stays listed. Its
+    // demand row is reused.
     c.active_gen = old.active_gen;
-    c.park_generation = old.park_generation;
+    c.deadline_listed = old.deadline_listed;
     Quantity* row = const_cast<Quantity*>(old.demand);  // a row of demand_rows, owned here
     std::copy(s.demand.begin(), s.demand.end(), row);
     c.demand = row;

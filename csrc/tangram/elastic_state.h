@@ -117,7 +117,19 @@ struct Elastic {
   void add_reclaim(std::int32_t bin, std::int32_t kind, Quantity units);
   // Whether a plain class of `partition` asking `demand` is known, in pass `pass`, to find
   // no shrink room (a demand at least as large found none); note_no_shrink_room records one.
-  bool known_no_shrink_room(std::int32_t partition, const Quantity* demand, std::uint64_t pass) const;
+  // Inline: a pass's run of failed wakes asks it of each.
+  bool known_no_shrink_room(std::int32_t partition, const Quantity* demand, std::uint64_t pass) const {
+    const NoShrinkMemo& memo = no_shrink_memo[partition];
+    if (memo.pass != pass || memo.version != shrink_room_version) return false;
+    const Quantity* rows = &no_shrink_demands[static_cast<std::size_t>(partition) * kNoShrinkMemo * K];
+    for (std::int32_t m = 0; m < memo.count; ++m) {
+      const Quantity* failed = rows + static_cast<std::size_t>(m) * K;
+      bool at_least = true;
+      for (std::int32_t k = 0; k < K && at_least; ++k) at_least = demand[k] >= failed[k];
+      if (at_least) return true;
+    }
+    return false;
+  }
   void note_no_shrink_room(std::int32_t partition, const Quantity* demand, std::uint64_t pass);
 
   // Room was freed on `bin`: its running actions are candidates for spare units.

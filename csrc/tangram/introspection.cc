@@ -302,9 +302,16 @@ void Classes::check(std::size_t n_partitions) const {
     if (cl.park_node == kNone) ++part_count[cl.partition];
     else ++node_count[cl.park_node];
   }
+  // Every parked class has a live entry, and every listed deadline is in the heap.
+  std::vector<std::uint8_t> live(all.size(), 0), listed(all.size(), 0);
   for (const ParkDeadline& d : park_deadlines) {
     const Class& cl = all[d.cls];
-    if (cl.parked && cl.park_generation == d.generation && d.at != cl.park_deadline) fail("park deadline out of sync");
+    if (cl.parked && d.at == cl.park_deadline) live[d.cls] = 1;
+    if (d.at == cl.deadline_listed) listed[d.cls] = 1;
+  }
+  for (std::size_t c = 0; c < all.size(); ++c) {
+    if (all[c].parked && !live[c]) fail("parked class without a deadline");
+    if (all[c].deadline_listed != kNoDeadline && !listed[c]) fail("listed deadline not in the heap");
   }
   if (deadlines > park_deadlines.size()) fail("parked class without a deadline");
   for (std::size_t n = 0; n < node_count.size(); ++n)

@@ -97,6 +97,14 @@ void Scheduler::Impl::flush_releases(std::vector<ClassHead>& wakes) {
     if (malleable && !elastic.reclaim_bins[p].empty())
       for (std::int32_t leaf : leaves)
         if (elastic.bin_run[part.bins[leaf]].reclaim_sum > 0) elastic.shrink_bins.push_back(part.bins[leaf]);
+    // Lazy wakes: with no shrink to judge here, a class the per-kind maxima admit is listed
+    // without the scan for its first fitting leaf (fit_from kUnsettledFit). At its turn the
+    // scan on the room left decides, and room only shrinks within a pass, so a leaf that
+    // fits then fitted now; most pending wakes lose their room to earlier heads and are
+    // ruled out then by the first kind alone. Where the answer could depend on what the
+    // flush saw (a try for another reason before its turn), settle_fit scans this snapshot.
+    const bool lazy = elastic.shrink_bins.empty();
+    if (lazy) released.snapshot_for_flush(p);
     // The list in policy order: the few parked since the last flush sorted, then merged in
     // as the list is filtered (one walk, into heads_scratch, swapped in after).
     std::sort(parking.parked_new.begin(), parking.parked_new.end());
@@ -123,6 +131,14 @@ void Scheduler::Impl::flush_releases(std::vector<ClassHead>& wakes) {
       classes.heads_scratch[kept++] = entry;
       bool may_fit = true;
       for (std::int32_t k = 0; k < K && may_fit; ++k) may_fit = cl.demand[k] <= most[k];
+      if (lazy) {
+        if (!may_fit) continue;
+        cl.fit_pass = this_pass.epoch;
+        cl.fit_from = kUnsettledFit;
+        cl.pending_pass = this_pass.epoch;
+        wakes.push_back(entry);
+        continue;
+      }
       const std::int32_t at = may_fit ? released.first_fit(p, 0, cl.demand) : -1;
       if (at >= 0) {
         cl.fit_pass = this_pass.epoch;  // flush runs at the start of the pass
@@ -150,8 +166,29 @@ void Scheduler::Impl::flush_releases(std::vector<ClassHead>& wakes) {
   ++released.epoch;
 }
 
+// A lazy wake of this pass (fit_from kUnsettledFit) learns what the flush would have found:
+// the first released leaf that held it then, or, when none did, that it is no wake at all
+// (false; its fit and pending marks are taken back).
+bool Scheduler::Impl::settle_fit(Class& cl) {
+  return cl.fit_from != kUnsettledFit || cl.fit_pass != this_pass.fit_epoch || listed_at_flush(cl);
+}
+
+// The scan settle_fit makes, whatever the class's fit_from says now.
+bool Scheduler::Impl::listed_at_flush(Class& cl) {
+  const std::int32_t at = released.first_fit_at_flush(cl.partition, 0, cl.demand);
+  if (at < 0) {
+    cl.fit_pass = 0;
+    cl.pending_pass = 0;
+    cl.fit_from = 0;
+    return false;
+  }
+  cl.fit_from = at;
+  return true;
+}
+
 void Scheduler::Impl::unpark(std::int32_t c) {
   Class& cl = classes[c];
+  settle_fit(cl);  // out of the park before its turn: tried as the flush found it
   classes.leave_park(cl);
   classes.activate(c);
   // Woken mid-pass behind the cursor: this pass has passed it by, as it would have passed
@@ -171,8 +208,11 @@ void Classes::park(std::int32_t c, std::int32_t node, TimeNs starvation_ns) {
   cl.fit_pass = 0;
   cl.pending_pass = 0;
   cl.park_deadline = cl.waiting.head().submit_ns + starvation_ns;
-  park_deadlines.push_back(ParkDeadline{cl.park_deadline, c, ++cl.park_generation});
-  std::push_heap(park_deadlines.begin(), park_deadlines.end(), std::greater<>());
+  if (cl.deadline_listed != cl.park_deadline) {
+    cl.deadline_listed = cl.park_deadline;
+    park_deadlines.push_back(ParkDeadline{cl.park_deadline, c});
+    std::push_heap(park_deadlines.begin(), park_deadlines.end(), std::greater<>());
+  }
   if (node == kNone) {
     partition_parking[cl.partition].parked_new.emplace_back(cl.waiting.head(), c);
     ++partition_parking[cl.partition].count;

@@ -16,27 +16,13 @@
 
 namespace tangram {
 
-// Whether try_head could start the head of a parkable class (no service, no GPU memory,
-// not starving) at this point of the pass; false only when it surely could not. With no
-// mask set, that is: some bin it may use covers its demand, or (kMalleable) would with
-// the units a shrink could take back there. Released leaves are all a class woken by this
-// pass's releases can use; a class confined to a node checks the node's bins. Under a
-// mask or a blocked quota the full try decides.
-bool Scheduler::Impl::may_start_now(Class& cl) {
-  if (this_pass.any_mask || (cl.quota != kNone && this_pass.quota_blocked[cl.quota])) return true;
-  const std::int32_t node = cl.parked ? cl.park_node : scope_node(cl);
-  if (may_reclaim(cl)) return fits_or_shrinks(cl, node);  // kept apart: the common path stays lean
-  if (node != kNone) return bins.fits_some_bin(cl.partition, cl.demand, node);
-  return cl.fit_pass == this_pass.fit_epoch ? fits_released_leaf(cl) : true;
-}
-
-// Does a released leaf from the class's `fit_from` on still hold its head? The same test as
-// try_head's placement for a class woken by this pass's releases, with no masks set.
-bool Scheduler::Impl::fits_released_leaf(Class& cl) {
+// fits_released_leaf past its first test: the scan of the released leaves.
+bool Scheduler::Impl::released_leaf_scan(Class& cl) {
   const Partition& part = bins.partitions[cl.partition];
   const std::vector<std::int32_t>& leaves = released.leaves[cl.partition];
   const Quantity* demand = cl.demand;
-  for (std::int32_t i = released.first_fit(cl.partition, cl.fit_from, demand); i >= 0;
+  const std::int32_t from = cl.fit_from == kUnsettledFit ? 0 : cl.fit_from;  // a fit now fitted at the flush
+  for (std::int32_t i = released.first_fit(cl.partition, from, demand); i >= 0;
        i = released.first_fit(cl.partition, i + 1, demand)) {
     const std::int32_t bin = part.bins[leaves[i]];
     if ((bins.bin_bound[bin] && !bins.lends_to(cl.in_trajectory_slot, cl.trajectory, bin)) || !bins.node_online[bins.bin_node[bin]]) continue;
@@ -455,15 +441,9 @@ inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::
   cl.waiting.pop(actions.queue_pos);
   // The class's next head would be tried later in this pass, where room only shrinks: if
   // it surely cannot start now, it parks now, as that try would park it.
-  if (!cl.waiting.empty() && cl.service == kNone && cl.gpu_memory == 0 &&
-      now - cl.waiting.head().submit_ns < starvation_ns && !may_start_now(cl)) {
+  if (!cl.waiting.empty() && surely_parks(cl)) {
     cl.block = Block::kResources;
     const std::int32_t next_scope = scope_node(cl);  // its trajectory's slot may be bound now
-    // It contends for room where it parks; with a quota, only if that quota is not refused
-    // before its turn, which grant_spare judges from where it is parked.
-    if (cl.quota == kNone) {
-      spare.contend(cl.partition, next_scope, cl.demand, this_pass.epoch);
-    }
     classes.park(c, next_scope, starvation_ns);
   } else {
     classes.activate(c);
@@ -531,13 +511,27 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
       }
       if (classes.active.empty() || policy_before(w, classes.active.front().key)) {
         ++next_wake;
+        // A lazy wake that a mask or a refused quota sends to a full try first learns
+        // whether the flush would have listed it at all.
+        const bool unsettled = wc.fit_from == kUnsettledFit;
+        if (unsettled && (this_pass.any_mask || (wc.quota != kNone && this_pass.quota_blocked[wc.quota])) &&
+            !settle_fit(wc))
+          continue;
         if (!may_start_now(wc)) {
           wc.fit_pass = 0;
           wc.pending_pass = 0;
+          // It stays parked, so spare units leave its demand free through bin_reserve's
+          // parked_need (its quota, if any, was not refused before its turn); no contend.
           wc.block = Block::kResources;
-          spare.contend(wc.partition, wc.park_node, wc.demand, this_pass.epoch);
           continue;
         }
+        // A lazy wake that fits a released leaf now fitted it at the flush. One that no
+        // released leaf holds now may be tried for a shrink (fits_or_shrinks): only if the
+        // flush would have listed it.
+        if (unsettled && (wc.fit_from == kUnsettledFit ||
+                          wc.fit_from == static_cast<std::int32_t>(released.leaves[wc.partition].size())) &&
+            !listed_at_flush(wc))
+          continue;
         // Woken: its head comes before every head in the heap, so it is tried now (what
         // a trip into the heap and straight out again would come to).
         e = classes.unpark_for_try(w.cls);
@@ -558,6 +552,14 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
     cursor = e.key;
     have_cursor = true;
     const std::int32_t c = e.cls;
+    // A class woken by this pass's releases whose head surely cannot start now (the room it
+    // fitted went to heads before it) parks at once, as the full try would park it.
+    if (!woken && parks_at_turn(classes[c])) {
+      Class& cl = classes[c];
+      cl.block = Block::kResources;
+      classes.park(c, scope_node(cl), starvation_ns);
+      continue;
+    }
     // The heads tried after this one start by committing to their action's record, most
     // likely a cache miss: fetch them while this one is tried.
     if (!classes.active.empty()) prefetch(&actions.slots[classes.active.front().key.slot]);
@@ -585,7 +587,7 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
     // Whoever still waits for resources has a claim on the bins it could use: no spare
     // units there. (Waiting for a quota or a service is waiting for something else.)
     std::int32_t node = scope_node(classes[c]);
-    if (r != Try::kWaits) spare.contend(classes[c].partition, node, classes[c].demand, this_pass.epoch);
+    if (r == Try::kBlocked) spare.contend(classes[c].partition, node, classes[c].demand, this_pass.epoch);
     if (r == Try::kParked) classes.park(c, node, starvation_ns);
     else classes.active_deferred.push_back(e);
   }

@@ -40,6 +40,10 @@ struct Releases {
   std::vector<std::int32_t> bin_pos;      // per bin: its position among its partition's leaves
   std::vector<std::uint64_t> bin_pass;    // per bin: == the pass that listed it
   std::vector<Quantity> most;             // per kind: the largest over the leaves list_leaves listed
+  // Per partition, for the lazy wakes of a flush (flush_releases): the columns and first_max
+  // as the flush saw them, before the pass's starts took room.
+  std::vector<std::vector<Quantity>> flush_cols;
+  std::vector<Quantity> flush_first_max;
 
   void resize(std::int32_t kinds, std::size_t n_nodes, std::size_t n_partitions, std::size_t n_bins) {
     K = kinds;
@@ -47,6 +51,8 @@ struct Releases {
     leaves.resize(n_partitions);
     free_cols.resize(n_partitions);
     first_max.resize(n_partitions, -1);
+    flush_cols.resize(n_partitions);
+    flush_first_max.resize(n_partitions, -1);
     for (auto& list : leaves) list.clear();  // leaf positions may have changed
     bin_pos.assign(n_bins, 0);
     bin_pass.assign(n_bins, 0);
@@ -64,8 +70,19 @@ struct Releases {
   // `demand`, or -1. The scan runs down the first kind's column, which rules most out (the
   // constructor makes sure there is at least one kind).
   std::int32_t first_fit(std::size_t partition, std::int32_t from, const Quantity* demand) const {
-    if (demand[0] > first_max[partition]) return -1;
-    const std::vector<Quantity>& cols = free_cols[partition];
+    return scan(free_cols[partition], first_max[partition], partition, from, demand);
+  }
+  // The same, on the free vectors as the last snapshot_for_flush saw them.
+  std::int32_t first_fit_at_flush(std::size_t partition, std::int32_t from, const Quantity* demand) const {
+    return scan(flush_cols[partition], flush_first_max[partition], partition, from, demand);
+  }
+  void snapshot_for_flush(std::size_t p) {
+    flush_cols[p] = free_cols[p];
+    flush_first_max[p] = first_max[p];
+  }
+  std::int32_t scan(const std::vector<Quantity>& cols, Quantity most_first, std::size_t partition, std::int32_t from,
+                    const Quantity* demand) const {
+    if (demand[0] > most_first) return -1;
     const std::int32_t n = static_cast<std::int32_t>(leaves[partition].size());
     const Quantity* first = cols.data();
     for (std::int32_t i = from; i < n; ++i) {

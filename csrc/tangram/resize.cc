@@ -143,6 +143,10 @@ bool Scheduler::Impl::reclaim_fits_node(const Class& cl, std::int32_t node) cons
 // (running_changed notes the bin's node as released).
 bool Scheduler::Impl::shrink_room_somewhere(const Class& cl) {
   const std::vector<std::int32_t>& list = elastic.reclaim_bins[cl.partition];
+  // A class that may use any bin of its partition (no slot, service or affinity: `plain`
+  // below) asks the memo first: in a pass's run of failed wakes it answers most.
+  const bool any_bin = !cl.in_trajectory_slot && cl.service == kNone && cl.affinity_node == kNone;
+  if (this_pass.walking && any_bin && elastic.known_no_shrink_room(cl.partition, cl.demand, this_pass.epoch)) return false;
   if (!reclaim_bound_covers(cl)) return false;
   if (cl.service != kNone && gpus.services[cl.service].device == kNone) return false;
   std::int32_t lo = 0, hi = 0, fixed_leaf = kNone;
@@ -158,7 +162,7 @@ bool Scheduler::Impl::shrink_room_somewhere(const Class& cl) {
     return false;
   }
   const bool plain = this_pass.walking && !cl.in_trajectory_slot && lo == 0 && hi == part.free_tree.leaves();
-  if (plain && elastic.known_no_shrink_room(cl.partition, cl.demand, this_pass.epoch)) return false;
+  if (plain && !any_bin && elastic.known_no_shrink_room(cl.partition, cl.demand, this_pass.epoch)) return false;
   for (std::int32_t b : list) {
     const std::int32_t leaf = bins.bin_leaf[b];
     if (leaf >= lo && leaf < hi && shrink_may_help(cl, b)) return true;
@@ -167,21 +171,16 @@ bool Scheduler::Impl::shrink_room_somewhere(const Class& cl) {
   return false;
 }
 
-bool Scheduler::Impl::reclaim_bound_covers(const Class& cl) {
-  const std::int32_t p = cl.partition;
+// Elastic::reclaim_bound of partition p, taken in this pass.
+void Scheduler::Impl::refresh_reclaim_bound(std::int32_t p) {
   Quantity* bound = &elastic.reclaim_bound[static_cast<std::size_t>(p) * K];
-  if (elastic.reclaim_bound_pass[p] != this_pass.epoch) {
-    std::fill(bound, bound + K, 0);
-    for (std::int32_t b : elastic.reclaim_bins[p]) {
-      const Quantity* f = bins.free_of(b);
-      const Quantity* back = &elastic.bin_reclaim[static_cast<std::size_t>(b) * K];
-      for (std::int32_t k = 0; k < K; ++k) bound[k] = std::max(bound[k], f[k] + back[k]);
-    }
-    elastic.reclaim_bound_pass[p] = this_pass.epoch;
+  std::fill(bound, bound + K, 0);
+  for (std::int32_t b : elastic.reclaim_bins[p]) {
+    const Quantity* f = bins.free_of(b);
+    const Quantity* back = &elastic.bin_reclaim[static_cast<std::size_t>(b) * K];
+    for (std::int32_t k = 0; k < K; ++k) bound[k] = std::max(bound[k], f[k] + back[k]);
   }
-  for (std::int32_t k = 0; k < K; ++k)
-    if (cl.demand[k] > bound[k]) return false;
-  return true;
+  elastic.reclaim_bound_pass[p] = this_pass.epoch;
 }
 
 // may_start_now's test when the class's partition has units a shrink could take back: some
@@ -423,19 +422,6 @@ void Elastic::add_reclaim(std::int32_t bin, std::int32_t kind, Quantity units) {
     list.pop_back();
     run.reclaim_pos = -1;
   }
-}
-
-bool Elastic::known_no_shrink_room(std::int32_t partition, const Quantity* demand, std::uint64_t pass) const {
-  const NoShrinkMemo& memo = no_shrink_memo[partition];
-  if (memo.pass != pass || memo.version != shrink_room_version) return false;
-  const Quantity* rows = &no_shrink_demands[static_cast<std::size_t>(partition) * kNoShrinkMemo * K];
-  for (std::int32_t m = 0; m < memo.count; ++m) {
-    const Quantity* failed = rows + static_cast<std::size_t>(m) * K;
-    bool at_least = true;
-    for (std::int32_t k = 0; k < K && at_least; ++k) at_least = demand[k] >= failed[k];
-    if (at_least) return true;
-  }
-  return false;
 }
 
 void Elastic::note_no_shrink_room(std::int32_t partition, const Quantity* demand, std::uint64_t pass) {

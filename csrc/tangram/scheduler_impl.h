@@ -244,8 +244,42 @@ struct Scheduler::Impl {
                   std::vector<Decision>& out, bool borrowed = false);
   std::int32_t scope_node(const Class& c) const;
   bool eligible_range(const Class& c, std::int32_t& lo, std::int32_t& hi, std::int32_t& fixed_leaf) const;
-  bool may_start_now(Class& cl);
-  bool fits_released_leaf(Class& cl);
+  // Whether try_head could start the head of a parkable class (no service, no GPU memory,
+  // not starving) at this point of the pass; false only when it surely could not. With no
+  // mask set, that is: some bin it may use covers its demand, or (kMalleable) would with
+  // the units a shrink could take back there. Released leaves are all a class woken by this
+  // pass's releases can use; a class confined to a node checks the node's bins. Under a
+  // mask or a blocked quota the full try decides. Inline: a pass asks it of every pending
+  // wake, and most are answered by fits_released_leaf's first test.
+  bool may_start_now(Class& cl) {
+    if (this_pass.any_mask || (cl.quota != kNone && this_pass.quota_blocked[cl.quota])) return true;
+    const std::int32_t node = cl.parked ? cl.park_node : scope_node(cl);
+    if (may_reclaim(cl)) return fits_or_shrinks(cl, node);  // kept apart: the common path stays lean
+    if (node != kNone) return bins.fits_some_bin(cl.partition, cl.demand, node);
+    return cl.fit_pass == this_pass.fit_epoch ? fits_released_leaf(cl) : true;
+  }
+  // A parkable head (no service, no GPU memory, not starving) that surely cannot start at
+  // this point of the pass: a try would park it, so it parks without one.
+  bool surely_parks(Class& cl) {
+    return cl.service == kNone && cl.gpu_memory == 0 && now - cl.waiting.head().submit_ns < starvation_ns &&
+           !may_start_now(cl);
+  }
+  // At its turn in the walk: a class woken by this pass's releases (whose released leaves
+  // earlier heads may have filled since) that surely parks.
+  bool parks_at_turn(Class& cl) { return cl.fit_pass == this_pass.fit_epoch && surely_parks(cl); }
+  // Does a released leaf from the class's `fit_from` on still hold its head? The same test as
+  // try_head's placement for a class woken by this pass's releases, with no masks set. Once
+  // the pass's starts have used the released room up, the first kind alone says no.
+  bool fits_released_leaf(Class& cl) {
+    if (cl.demand[0] > released.first_max[cl.partition]) {
+      cl.fit_from = static_cast<std::int32_t>(released.leaves[cl.partition].size());
+      return false;
+    }
+    return released_leaf_scan(cl);
+  }
+  bool released_leaf_scan(Class& cl);
+  bool settle_fit(Class& cl);
+  bool listed_at_flush(Class& cl);
   // ---- services.cc: GPU services and eviction
   std::int32_t route_replica(const ActionSpec& s) const;
   bool uses_service_home() const { return row.rules.service_devices == ServiceDevices::kHome; }
@@ -383,7 +417,15 @@ struct Scheduler::Impl {
   }
   // Whether the most free plus reclaimable room of some bin of the class's partition
   // (Elastic::reclaim_bound, per pass) covers its demand.
-  bool reclaim_bound_covers(const Class& cl);
+  bool reclaim_bound_covers(const Class& cl) {
+    const std::int32_t p = cl.partition;
+    if (elastic.reclaim_bound_pass[p] != this_pass.epoch) refresh_reclaim_bound(p);
+    const Quantity* bound = &elastic.reclaim_bound[static_cast<std::size_t>(p) * K];
+    for (std::int32_t k = 0; k < K; ++k)
+      if (cl.demand[k] > bound[k]) return false;
+    return true;
+  }
+  void refresh_reclaim_bound(std::int32_t p);
   bool fits_or_shrinks(Class& cl, std::int32_t node);  // may_start_now with units to take back
   bool fits_or_shrinks_on_node(const Class& cl, std::int32_t node) const {
     return bins.fits_some_bin(cl.partition, cl.demand, node) || (may_reclaim(cl) && reclaim_fits_node(cl, node));

@@ -36,6 +36,7 @@ inline constexpr double kMaxBaseUnits = 1e12;
 // Largest accepted time or duration, in seconds (about 31 years).
 inline constexpr double kMaxSeconds = 1e9;
 inline constexpr TimeNs kNever = INT64_MAX;
+inline constexpr TimeNs kNoDeadline = INT64_MIN;  // a class with no deadline entry (Class::deadline_listed)
 
 // Conversions shared bit-for-bit with the Python reference (tangram/bench/reference.py):
 // round half up after scaling, computed in IEEE doubles.
