@@ -145,7 +145,7 @@ bool Scheduler::Impl::shrink_room_somewhere(const Class& cl) {
   const std::vector<std::int32_t>& list = elastic.reclaim_bins[cl.partition];
   // A class that may use any bin of its partition (no slot, service or affinity: `plain`
   // below) asks the memo first: in a pass's run of failed wakes it answers most.
-  const bool any_bin = !cl.in_trajectory_slot && cl.service == kNone && cl.affinity_node == kNone;
+  const bool any_bin = may_use_any_bin(cl);
   if (this_pass.walking && any_bin && elastic.known_no_shrink_room(cl.partition, cl.demand, this_pass.epoch)) return false;
   if (!reclaim_bound_covers(cl)) return false;
   if (cl.service != kNone && gpus.services[cl.service].device == kNone) return false;
@@ -197,6 +197,10 @@ bool Scheduler::Impl::plan_shrink(const Class& cl, const Room& room, std::int32_
   const std::vector<std::int32_t>& list = elastic.reclaim_bins[cl.partition];
   if (list.empty() || !room.has_range || room.masked || !reclaim_bound_covers(cl)) return false;
   if (device != kNone && gpus.dev_free[device] < cl.gpu_memory) return false;
+  // The bins considered below are among those shrink_room_somewhere looks at: where it
+  // knows of none, there is no plan.
+  if (this_pass.walking && may_use_any_bin(cl) && elastic.known_no_shrink_room(cl.partition, cl.demand, this_pass.epoch))
+    return false;
   const Partition& part = bins.partitions[cl.partition];
   elastic.shrink_bins.clear();
   auto consider = [&](std::int32_t leaf) {

@@ -412,6 +412,10 @@ struct Scheduler::Impl {
   bool may_reclaim(const Class& cl) const { return malleable && !elastic.reclaim_bins[cl.partition].empty(); }
   bool could_shrink_into(const Class& cl) { return may_reclaim(cl) && shrink_room_somewhere(cl); }
   bool shrink_room_somewhere(const Class& cl);
+  // No trajectory slot, service or affinity confines the class: any bin of its partition.
+  static bool may_use_any_bin(const Class& cl) {
+    return !cl.in_trajectory_slot && cl.service == kNone && cl.affinity_node == kNone;
+  }
   bool shrink_may_help(const Class& cl, std::int32_t bin) const {
     return !elastic.bin_run[bin].shrink_futile && reclaim_covers(cl, bin) && bins.may_use(bin, cl.in_trajectory_slot, cl.trajectory);
   }
