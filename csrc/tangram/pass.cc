@@ -180,7 +180,12 @@ inline Scheduler::Impl::Room Scheduler::Impl::find_room(Class& cl, std::int32_t 
       // Its heads are tried again and again in one pass: each search starts where the
       // last one found its first fit, past the leaves filled up since the pass began.
       const std::int32_t from = cl.tree_epoch == bins.search_epoch ? cl.tree_from : 0;
-      part.free_tree.find(from, hi, this_pass.query.data(), policy.candidates, skip, cand);
+      Partition& searched = bins.partitions[cl.partition];
+      const bool whole = from == 0 && !this_pass.any_mask;  // every leaf, none skipped
+      if (!whole || !searched.known_no_fit(this_pass.query.data(), bins.D, bins.search_epoch)) {
+        part.free_tree.find(from, hi, this_pass.query.data(), policy.candidates, skip, cand);
+        if (whole && cand.empty()) searched.note_no_fit(this_pass.query.data(), bins.D, bins.search_epoch);
+      }
       cl.tree_epoch = bins.search_epoch;
       cl.tree_from = cand.empty() ? hi : cand[0];
     } else {
