@@ -180,11 +180,11 @@ inline Scheduler::Impl::Room Scheduler::Impl::find_room(Class& cl, std::int32_t 
       // Its heads are tried again and again in one pass: each search starts where the
       // last one found its first fit, past the leaves filled up since the pass began.
       const std::int32_t from = cl.tree_epoch == bins.search_epoch ? cl.tree_from : 0;
-      Partition& searched = bins.partitions[cl.partition];
+      Partition& memo = bins.partitions[cl.partition];  // `part`, for its no-fit memo
       const bool whole = from == 0 && !this_pass.any_mask;  // every leaf, none skipped
-      if (!whole || !searched.known_no_fit(this_pass.query.data(), bins.D, bins.search_epoch)) {
+      if (!whole || !memo.known_no_fit(this_pass.query.data(), bins.D, bins.search_epoch)) {
         part.free_tree.find(from, hi, this_pass.query.data(), policy.candidates, skip, cand);
-        if (whole && cand.empty()) searched.note_no_fit(this_pass.query.data(), bins.D, bins.search_epoch);
+        if (whole && cand.empty()) memo.note_no_fit(this_pass.query.data(), bins.D, bins.search_epoch);
       }
       cl.tree_epoch = bins.search_epoch;
       cl.tree_from = cand.empty() ? hi : cand[0];
@@ -590,7 +590,8 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
     }
     if (r == Try::kStarted) continue;  // try_head pushed the class's next head, if any
     // Whoever still waits for resources has a claim on the bins it could use: no spare
-    // units there. (Waiting for a quota or a service is waiting for something else.)
+    // units there. (Waiting for a quota or a service is waiting for something else.) A
+    // parked class's claim is bin_reserve's parked_need; a blocked one's is noted here.
     std::int32_t node = scope_node(classes[c]);
     if (r == Try::kBlocked) spare.contend(classes[c].partition, node, classes[c].demand, this_pass.epoch);
     if (r == Try::kParked) classes.park(c, node, starvation_ns);
