@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "tangram/bin_tree.h"
+#include "tangram/failed_demands.h"
 #include "tangram/model.h"
 
 namespace tangram {
@@ -40,33 +41,9 @@ struct Partition {
   BinTree cap_tree;   // capacity vector (+ node's largest device) for feasibility
 
   // Queries of the free tree over all its leaves, none skipped, that found no leaf under
-  // Bins::search_epoch `no_fit_epoch`: the last kNoFitMemo of them. While the epoch stays,
-  // room only shrinks, so a query at least as large in every dimension finds none either:
-  // the heads of a pass that fit nowhere (new arrivals into a full cluster) skip the search.
-  static constexpr std::int32_t kNoFitMemo = 4;
-  std::uint64_t no_fit_epoch = UINT64_MAX;
-  std::int32_t no_fit_count = 0, no_fit_next = 0;
-  std::vector<Quantity> no_fit_rows;  // kNoFitMemo rows of the tree's dimensions
-  bool known_no_fit(const Quantity* query, std::int32_t dims, std::uint64_t epoch) const {
-    if (no_fit_epoch != epoch) return false;
-    for (std::int32_t m = 0; m < no_fit_count; ++m) {
-      const Quantity* failed = &no_fit_rows[static_cast<std::size_t>(m) * dims];
-      bool at_least = true;
-      for (std::int32_t d = 0; d < dims && at_least; ++d) at_least = query[d] >= failed[d];
-      if (at_least) return true;
-    }
-    return false;
-  }
-  void note_no_fit(const Quantity* query, std::int32_t dims, std::uint64_t epoch) {
-    if (no_fit_epoch != epoch) {
-      no_fit_epoch = epoch;
-      no_fit_count = no_fit_next = 0;
-      no_fit_rows.resize(static_cast<std::size_t>(kNoFitMemo) * dims);
-    }
-    const std::int32_t row = no_fit_count < kNoFitMemo ? no_fit_count++ : no_fit_next;
-    no_fit_next = (row + 1) % kNoFitMemo;
-    std::copy(query, query + dims, &no_fit_rows[static_cast<std::size_t>(row) * dims]);
-  }
+  // the current Bins::search_epoch: the heads of a pass that fit nowhere (new arrivals into
+  // a full cluster) skip the search.
+  FailedDemands no_fit;
 };
 
 struct Bins {

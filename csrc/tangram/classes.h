@@ -181,11 +181,10 @@ struct Classes {
   std::vector<ClassHead> heads_scratch;  // a flush's merges (flush_releases)
   // Parked classes by the time their head starts starving: then they must be looked at
   // again, since the starvation guard changes what a failure means.
-  // A min-heap of (deadline, class, park generation); entries of classes since unparked
-  // are stale and skipped when they surface.
-  // An entry is live while its class is parked with that deadline; any other is stale and
-  // dropped when it comes up (a class parked again with its listed deadline reuses the entry,
-  // so a burst that parks and wakes classes pass after pass does not grow the heap).
+  // A min-heap of (deadline, class). An entry is live while its class is parked with that
+  // deadline; any other is stale and dropped when it comes up (a class parked again with
+  // its listed deadline reuses the entry, so a burst that parks and wakes classes pass
+  // after pass does not grow the heap).
   struct ParkDeadline {
     TimeNs at;
     std::int32_t cls;

@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "tangram/failed_demands.h"
 #include "tangram/model.h"
 
 namespace tangram {
@@ -88,18 +89,12 @@ struct Elastic {
   std::vector<Quantity> reclaim_bound;
   std::vector<std::uint64_t> reclaim_bound_pass;
   // Per partition, the demands of plain classes (no trajectory slot, the whole partition
-  // in range) that found no shrink room in this pass, the last kNoShrinkMemo of them. In a
-  // pass a bin's free room plus reclaimable units only shrink and a futile bin stays
-  // futile, until a release, units added or a bin's futility lost bump
-  // shrink_room_version: till then a plain class asking at least as much of every kind
-  // finds none either, without the walk over the partition's reclaim bins.
-  static constexpr std::int32_t kNoShrinkMemo = 4;
-  struct NoShrinkMemo {
-    std::uint64_t pass = 0, version = 0;
-    std::int32_t count = 0, next = 0;
-  };
-  std::vector<NoShrinkMemo> no_shrink_memo;
-  std::vector<Quantity> no_shrink_demands;  // per partition, kNoShrinkMemo rows of K
+  // in range) that found no shrink room in this pass. In a pass a bin's free room plus
+  // reclaimable units only shrink and a futile bin stays futile, until a release, units
+  // added or a bin's futility lost bump shrink_room_version: till then a plain class asking
+  // at least as much of every kind finds none either, without the walk over the
+  // partition's reclaim bins.
+  std::vector<FailedDemands> no_shrink_room;
   std::uint64_t shrink_room_version = 0;
   // Per partition, the bins of reclaim_bins not futile when the pass first asked, in list
   // order; recomputed in each pass, and when a bin joins the list.
@@ -117,20 +112,12 @@ struct Elastic {
   void add_reclaim(std::int32_t bin, std::int32_t kind, Quantity units);
   // Whether a plain class of `partition` asking `demand` is known, in pass `pass`, to find
   // no shrink room (a demand at least as large found none); note_no_shrink_room records one.
-  // Inline: a pass's run of failed wakes asks it of each.
   bool known_no_shrink_room(std::int32_t partition, const Quantity* demand, std::uint64_t pass) const {
-    const NoShrinkMemo& memo = no_shrink_memo[partition];
-    if (memo.pass != pass || memo.version != shrink_room_version) return false;
-    const Quantity* rows = &no_shrink_demands[static_cast<std::size_t>(partition) * kNoShrinkMemo * K];
-    for (std::int32_t m = 0; m < memo.count; ++m) {
-      const Quantity* failed = rows + static_cast<std::size_t>(m) * K;
-      bool at_least = true;
-      for (std::int32_t k = 0; k < K && at_least; ++k) at_least = demand[k] >= failed[k];
-      if (at_least) return true;
-    }
-    return false;
+    return no_shrink_room[partition].covers(demand, K, {pass, shrink_room_version});
   }
-  void note_no_shrink_room(std::int32_t partition, const Quantity* demand, std::uint64_t pass);
+  void note_no_shrink_room(std::int32_t partition, const Quantity* demand, std::uint64_t pass) {
+    no_shrink_room[partition].note(demand, K, {pass, shrink_room_version});
+  }
 
   // Room was freed on `bin`: its running actions are candidates for spare units.
   void mark_freed(std::int32_t bin) {

@@ -180,11 +180,12 @@ inline Scheduler::Impl::Room Scheduler::Impl::find_room(Class& cl, std::int32_t 
       // Its heads are tried again and again in one pass: each search starts where the
       // last one found its first fit, past the leaves filled up since the pass began.
       const std::int32_t from = cl.tree_epoch == bins.search_epoch ? cl.tree_from : 0;
-      Partition& memo = bins.partitions[cl.partition];  // `part`, for its no-fit memo
+      FailedDemands& no_fit = bins.partitions[cl.partition].no_fit;
+      const FailedDemands::Stamp epoch{bins.search_epoch, 0};
       const bool whole = from == 0 && !this_pass.any_mask;  // every leaf, none skipped
-      if (!whole || !memo.known_no_fit(this_pass.query.data(), bins.D, bins.search_epoch)) {
+      if (!whole || !no_fit.covers(this_pass.query.data(), bins.D, epoch)) {
         part.free_tree.find(from, hi, this_pass.query.data(), policy.candidates, skip, cand);
-        if (whole && cand.empty()) memo.note_no_fit(this_pass.query.data(), bins.D, bins.search_epoch);
+        if (whole && cand.empty()) no_fit.note(this_pass.query.data(), bins.D, epoch);
       }
       cl.tree_epoch = bins.search_epoch;
       cl.tree_from = cand.empty() ? hi : cand[0];
@@ -516,12 +517,7 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
       }
       if (classes.active.empty() || policy_before(w, classes.active.front().key)) {
         ++next_wake;
-        // A lazy wake that a mask or a refused quota sends to a full try first learns
-        // whether the flush would have listed it at all.
         const bool unsettled = wc.fit_from == kUnsettledFit;
-        if (unsettled && (this_pass.any_mask || (wc.quota != kNone && this_pass.quota_blocked[wc.quota])) &&
-            !settle_fit(wc))
-          continue;
         if (!may_start_now(wc)) {
           wc.fit_pass = 0;
           wc.pending_pass = 0;
@@ -530,13 +526,11 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
           wc.block = Block::kResources;
           continue;
         }
-        // A lazy wake that fits a released leaf now fitted it at the flush. One that no
-        // released leaf holds now may be tried for a shrink (fits_or_shrinks): only if the
-        // flush would have listed it.
-        if (unsettled && (wc.fit_from == kUnsettledFit ||
-                          wc.fit_from == static_cast<std::int32_t>(released.leaves[wc.partition].size())) &&
-            !listed_at_flush(wc))
-          continue;
+        // A lazy wake that fits a released leaf now (fits_released_leaf found it) fitted it
+        // at the flush; one sent to a full try otherwise (a mask, a refused quota, a shrink
+        // that might help) is tried only if the flush would have listed it.
+        const bool fits_released = wc.fit_from >= 0 && wc.fit_from < static_cast<std::int32_t>(released.leaves[wc.partition].size());
+        if (unsettled && !fits_released && !listed_at_flush(wc)) continue;
         // Woken: its head comes before every head in the heap, so it is tried now (what
         // a trip into the heap and straight out again would come to).
         e = classes.unpark_for_try(w.cls);

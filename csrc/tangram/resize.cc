@@ -390,8 +390,7 @@ void Elastic::resize(std::int32_t kinds, std::size_t n_partitions) {
   reclaim_bins.resize(n_partitions);
   reclaim_bound.assign(n_partitions * static_cast<std::size_t>(K), 0);
   reclaim_bound_pass.assign(n_partitions, 0);
-  no_shrink_memo.assign(n_partitions, NoShrinkMemo{});
-  no_shrink_demands.assign(n_partitions * kNoShrinkMemo * static_cast<std::size_t>(K), 0);
+  no_shrink_room.assign(n_partitions, FailedDemands{});
   shrink_candidates.resize(n_partitions);
   shrink_candidates_pass.assign(n_partitions, 0);
 }
@@ -426,14 +425,6 @@ void Elastic::add_reclaim(std::int32_t bin, std::int32_t kind, Quantity units) {
     list.pop_back();
     run.reclaim_pos = -1;
   }
-}
-
-void Elastic::note_no_shrink_room(std::int32_t partition, const Quantity* demand, std::uint64_t pass) {
-  NoShrinkMemo& memo = no_shrink_memo[partition];
-  if (memo.pass != pass || memo.version != shrink_room_version) memo = NoShrinkMemo{pass, shrink_room_version, 0, 0};
-  const std::int32_t row = memo.count < kNoShrinkMemo ? memo.count++ : memo.next;
-  memo.next = (row + 1) % kNoShrinkMemo;
-  std::copy(demand, demand + K, &no_shrink_demands[(static_cast<std::size_t>(partition) * kNoShrinkMemo + row) * K]);
 }
 
 }  // namespace tangram

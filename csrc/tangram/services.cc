@@ -447,11 +447,11 @@ void Scheduler::Impl::order_service_tails() {
 }
 
 // Re-keys the service's waiting actions and puts their classes back in the active heap
-// under their new heads (a parked class is tried again: its head changed). In its tail,
-// with the queue in shortest-first order (its keys from order_key), W its work and B its
-// max_batch: the action at position j is late when the work before it exceeds W - B x its
-// run time (shortest first would start it after the drain's end less its run time), and
-// then takes the key of the first position whose work before it reaches that.
+// under their new heads (a service's classes never park: they are looked at every pass).
+// In its tail, with the queue in shortest-first order (its keys from order_key), W its work
+// and B its max_batch: the action at position j is late when the work before it exceeds
+// W - B x its run time (shortest first would start it after the drain's end less its run
+// time), and then takes the key of the first position whose work before it reaches that.
 void Scheduler::Impl::reorder_service_queue(std::int32_t svc_id, bool tail) {
   gpus.services[svc_id].tail_ordered = tail;
   std::vector<OrderKey> queue;  // shortest-first keys
@@ -482,7 +482,6 @@ void Scheduler::Impl::reorder_service_queue(std::int32_t svc_id, bool tail) {
   for (std::int32_t c = 0; c < static_cast<std::int32_t>(classes.size()); ++c) {
     Class& cl = classes[c];
     if (cl.service != svc_id || cl.quota != kNone || cl.waiting.empty()) continue;
-    if (cl.parked) classes.leave_park(cl);
     classes.deactivate(c);
     cl.waiting.rekey([&](OrderKey& k) { k.key = actions.details[k.slot].order.key = key[k.slot]; }, actions.queue_pos);
     classes.activate(c);

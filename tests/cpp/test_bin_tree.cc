@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "tangram/bin_tree.h"
-#include "tangram/bins.h"
 
 namespace tangram {
 namespace {
@@ -69,30 +68,6 @@ TEST(BinTree, SkippedLeavesAreLeftOut) {
   std::vector<std::int32_t> got;
   tree.find(0, 16, &demand, 3, [](std::int32_t leaf) { return leaf % 2 == 0; }, got);
   EXPECT_EQ(got, (std::vector<std::int32_t>{1, 3, 5}));
-}
-
-// Invariant: a partition's no-fit memo answers only for queries at least as large in every
-// dimension as one noted under the same search epoch, keeps the last kNoFitMemo notes, and
-// forgets them all when the epoch moves on (room may have grown).
-TEST(PartitionNoFitMemo, AnswersForLargerQueriesWithinItsEpoch) {
-  Partition part;
-  const std::vector<Quantity> small{2, 4}, large{3, 4}, other{1, 9};
-  EXPECT_FALSE(part.known_no_fit(small.data(), 2, 7));
-  part.note_no_fit(small.data(), 2, 7);
-  EXPECT_TRUE(part.known_no_fit(small.data(), 2, 7));
-  EXPECT_TRUE(part.known_no_fit(large.data(), 2, 7));
-  EXPECT_FALSE(part.known_no_fit(other.data(), 2, 7));  // smaller in the first dimension
-  EXPECT_FALSE(part.known_no_fit(large.data(), 2, 8));  // another epoch
-  for (Quantity q = 10; q < 10 + Partition::kNoFitMemo; ++q) {
-    const std::vector<Quantity> row{q, q};
-    part.note_no_fit(row.data(), 2, 7);
-  }
-  EXPECT_FALSE(part.known_no_fit(small.data(), 2, 7));  // pushed out by the later notes
-  EXPECT_TRUE(part.known_no_fit(std::vector<Quantity>{10, 10}.data(), 2, 7));
-  const std::vector<Quantity> later{5, 15};
-  part.note_no_fit(later.data(), 2, 8);
-  EXPECT_FALSE(part.known_no_fit(std::vector<Quantity>{10, 10}.data(), 2, 8));  // epoch 7's notes are gone
-  EXPECT_TRUE(part.known_no_fit(std::vector<Quantity>{5, 20}.data(), 2, 8));
 }
 
 }  // namespace
