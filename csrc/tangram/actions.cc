@@ -233,6 +233,7 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
       d.reason = static_cast<std::int32_t>(messages.size());
       messages.push_back("action " + std::to_string(s.id) + " can never run: " + why);
       out.push_back(d);
+      classes.free_if_unused(c);
       continue;
     }
     std::int32_t slot;
@@ -320,6 +321,8 @@ void Scheduler::Impl::finish(std::int32_t slot) {
   }
   if (cl.quota != kNone) quotas[cl.quota].release();
   if (cl.service != kNone) gpus.services[cl.service].running -= 1;
+  --cl.running;
+  classes.free_if_unused(r.cls);
   --actions.n_running;
   if (actions.trajectory_loses(r.trajectory)) holder_live(r.trajectory, -1);
   actions.release(r, slot);
@@ -339,6 +342,7 @@ void Scheduler::Impl::unqueue(std::int32_t slot) {
     gpus.services[cl.service].waiting -= 1;
     gpus.services[cl.service].queued_ns -= actions.details[slot].est_ns;
   }
+  classes.free_if_unused(r.cls);
   --actions.n_waiting;
   if (actions.trajectory_loses(r.trajectory)) holder_live(r.trajectory, -1);
   actions.release(r, slot);

@@ -17,7 +17,10 @@
 //   - every parked class has a live deadline entry at its head's starvation time;
 //   - a class in use is found by its key through index (chains of equal hashes); a freed
 //     one is in free_classes only, and its id and demand row are reused by the next class
-//     made; heap and deadline entries left for a freed id stay stale (generations go on).
+//     made; heap and deadline entries left for a freed id stay stale (generations go on);
+//   - a class in use has waiting or running actions, or is a trajectory's (freed when the
+//     trajectory ends): the others are freed as their last action ends or is rejected, so a
+//     long run holds classes for its live actions, not for every key it has seen.
 #pragma once
 
 #include <algorithm>
@@ -100,7 +103,7 @@ struct alignas(64) Class {
 
   WaitQueue<OrderKey> waiting;  // its waiting actions, head first
   std::int32_t affinity_node = kNone;
-  std::int32_t next_same_hash = kNone;
+  std::int32_t running = 0;  // its running actions (a start and an end count it beside `waiting`)
   Quantity gpu_memory = 0;
 
   // the rest of the class key (with demand, partition, affinity, service, quota, gpu memory)
@@ -117,10 +120,11 @@ struct alignas(64) Class {
   // none): parked again with that deadline, it needs no new entry.
   TimeNs deadline_listed = kNoDeadline;
   TimeNs block_until = 0;
+  std::int32_t next_same_hash = kNone;
   std::string infeasible;  // why no action of this class can ever run; empty if one can
   std::uint64_t key_hash = 0;  // its entry in Classes::index
 };
-static_assert(offsetof(Class, waiting) == 64 && offsetof(Class, tokens) == 128,
+static_assert(offsetof(Class, waiting) == 64 && offsetof(Class, running) < 128 && offsetof(Class, tokens) == 128,
               "a class's hot fields fill its first two cache lines");
 
 
@@ -158,7 +162,8 @@ struct Classes {
   IdMap index;
   // With trajectory slots a class is keyed by its trajectory: an ended trajectory's classes (all empty)
   // are freed and their slots reused, so a long run does not grow by one class per
-  // trajectory. Other policies' classes are bounded by their distinct constraints.
+  // trajectory. Other classes are freed as soon as no action of theirs waits or runs
+  // (free_if_unused).
   std::unordered_map<TrajectoryId, std::vector<std::int32_t>> trajectory_classes;
   std::vector<std::int32_t> free_classes;
 
@@ -197,6 +202,12 @@ struct Classes {
   template <class Made>
   std::int32_t find_or_add(const ActionSpec& s, std::int32_t partition, bool in_slot, Made&& made);
   void free_class(std::int32_t c);  // an empty class (neither active nor parked); actions.cc
+  // Frees class c once it has no waiting or running action, unless a trajectory's slot keys
+  // it (those go when the trajectory ends). Its id and demand row serve the next class made.
+  void free_if_unused(std::int32_t c) {
+    const Class& cl = all[c];
+    if (cl.running == 0 && cl.waiting.empty() && !cl.in_trajectory_slot) free_class(c);
+  }
 
   // ---- the active heap
   bool live(const ActiveEntry& e) const { return all[e.cls].in_active && all[e.cls].active_gen == e.gen; }
@@ -302,6 +313,7 @@ std::int32_t Classes::find_or_add(const ActionSpec& s, std::int32_t partition, b
     // demand row is reused.
     c.active_gen = old.active_gen;
     c.deadline_listed = old.deadline_listed;
+    c.waiting = std::move(all[id].waiting);  // empty: its storage serves the new class
     Quantity* row = const_cast<Quantity*>(old.demand);  // a row of demand_rows, owned here
     std::copy(s.demand.begin(), s.demand.end(), row);
     c.demand = row;
@@ -314,8 +326,13 @@ std::int32_t Classes::find_or_add(const ActionSpec& s, std::int32_t partition, b
   c.tokens = s.tokens;
   c.trajectory = traj;
   c.in_trajectory_slot = in_slot;
-  if (id == static_cast<std::int32_t>(all.size())) all.push_back(std::move(c));
-  else all[id] = std::move(c);
+  if (id == static_cast<std::int32_t>(all.size())) {
+    all.push_back(std::move(c));
+    // Room to free every class without a reallocation in the middle of a completion.
+    if (free_classes.capacity() < all.capacity()) free_classes.reserve(all.capacity());
+  } else {
+    all[id] = std::move(c);
+  }
   *index.insert(h, id).first = id;  // the chain's new head
   if (in_slot) trajectory_classes[traj].push_back(id);
   made(all[id]);

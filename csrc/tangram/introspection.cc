@@ -150,6 +150,7 @@ void Scheduler::Impl::check() const {
   std::vector<Quantity> used(B * K, 0);
   std::vector<Quantity> dev_used(gpus.dev_node.size(), 0);
   std::vector<std::int32_t> svc_running(gpus.services.size(), 0), quota_running(quotas.size(), 0);
+  std::vector<std::int32_t> class_running(classes.size(), 0);
   std::size_t waiting = 0, running = 0;
   actions.by_id.for_each([&](ActionId id, std::int32_t slot) {
     const ActionRec& a = actions.slots[slot];
@@ -157,6 +158,7 @@ void Scheduler::Impl::check() const {
     const Class& cl = classes[a.cls];
     if (a.state == ActionState::kRunning) {
       ++running;
+      ++class_running[a.cls];
       for (std::int32_t k = 0; k < K; ++k) used[a.bin * K + k] += cl.demand[k];
       if (a.elastic_kind != kNone) {
         if (a.grant < cl.demand[a.elastic_kind] || a.grant > std::max(a.elastic_max, cl.demand[a.elastic_kind]))
@@ -191,6 +193,8 @@ void Scheduler::Impl::check() const {
   gpus.check(inv, dev_used);
   for (std::size_t q = 0; q < quotas.size(); ++q)
     if (quotas[q].running != quota_running[q]) fail("quota running count");
+  for (std::size_t c = 0; c < classes.size(); ++c)
+    if (classes[static_cast<std::int32_t>(c)].running != class_running[c]) fail("class running count");
   classes.check(bins.partitions.size());
   if (bins.nodes() != static_cast<std::int32_t>(inv.nodes.size())) fail("node count");
   bins.check();
@@ -278,7 +282,11 @@ void Classes::check(std::size_t n_partitions) const {
     if (is_free[c]) fail("class freed twice");
     is_free[c] = 1;
     const Class& cl = all[c];
-    if (!cl.waiting.empty() || cl.in_active || cl.parked) fail("freed class in use");
+    if (!cl.waiting.empty() || cl.in_active || cl.parked || cl.running != 0) fail("freed class in use");
+  }
+  for (std::size_t c = 0; c < all.size(); ++c) {
+    const Class& cl = all[c];
+    if (!is_free[c] && cl.waiting.empty() && cl.running == 0 && !cl.in_trajectory_slot) fail("unused class not freed");
   }
   for (std::size_t c = 0; c < all.size(); ++c) {
     if (is_free[c]) continue;

@@ -445,6 +445,7 @@ inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::
   }
   classes.deactivate(c);
   cl.waiting.pop(actions.queue_pos);
+  ++cl.running;
   // The class's next head would be tried later in this pass, where room only shrinks: if
   // it surely cannot start now, it parks now, as that try would park it.
   if (!cl.waiting.empty() && surely_parks(cl)) {

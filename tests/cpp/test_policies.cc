@@ -76,6 +76,51 @@ TEST(TrajectoryPolicy, EndedTrajectoriesFreeTheirClasses) {
   EXPECT_EQ(h.s.free(0, 0), U(4));
 }
 
+// Under the pooled policies a class lives while it has waiting or running actions: the
+// last one ending, or a rejection, frees it, so actions pinned to ever new nodes (a class
+// per node and shape) do not grow the class table for the whole run. A freed class's id
+// is reused by the next class made, through waits, parks and wakes (the harness checks
+// every invariant after each event, including that no class without actions stays in use).
+TEST(TangramPolicy, ClassesWithoutActionsAreFreed) {
+  Harness h(cpu_inventory(8, 2), policy_of(PolicyKind::kTangram));
+  ActionId id = 1;
+  double now = 0;
+  for (int round = 0; round < 50; ++round) {
+    // Three actions pinned to one node of two cores: two start, the third waits (parked).
+    const std::int32_t node = round % 8;
+    std::vector<ActionSpec> batch;
+    for (int i = 0; i < 3; ++i) {
+      ActionSpec a = action(id++, {U(1)});
+      a.affinity_node = node;
+      batch.push_back(a);
+    }
+    ASSERT_EQ(h.submit(batch, now), (Decisions{start(id - 3).on(node).at(now), start(id - 2).on(node).at(now)}));
+    EXPECT_EQ(h.s.class_count(), 1u);
+    // One ends: the waiting one starts in its place.
+    ASSERT_EQ(h.complete({id - 3}, now + 1), (Decisions{start(id - 1).on(node).at(now + 1)}));
+    EXPECT_EQ(h.s.class_count(), 1u);
+    h.complete({id - 2, id - 1}, now + 2);
+    EXPECT_EQ(h.s.class_count(), 0u);
+    now += 3;
+  }
+  // A cancelled waiting action and a rejected one leave no class behind either.
+  ASSERT_EQ(h.submit({action(id, {U(2)}, 5), action(id + 1, {U(2)}, 5)}, now),
+            (Decisions{start(id).on(0).at(now), start(id + 1).on(1).at(now)}));
+  ActionSpec pinned = action(id + 2, {U(2)});
+  pinned.affinity_node = 0;
+  EXPECT_EQ(h.submit({pinned}, now), Decisions{});  // waits for node 0
+  EXPECT_EQ(h.s.class_count(), 2u);  // the unpinned ones' class (running) and the pinned one's
+  EXPECT_EQ(h.cancel({id + 2}, now + 1), Decisions{});
+  EXPECT_EQ(h.s.class_count(), 1u);
+  const Decisions& rejected = h.submit({action(id + 3, {U(3)})}, now + 1);  // no node has 3 cores
+  ASSERT_EQ(rejected.size(), 1u);
+  EXPECT_EQ(rejected[0].kind, DecisionKind::kReject);
+  EXPECT_EQ(h.s.class_count(), 1u);
+  h.complete({id, id + 1}, now + 2);
+  EXPECT_EQ(h.s.class_count(), 0u);
+  for (std::int32_t n = 0; n < 8; ++n) EXPECT_EQ(h.s.free(n, 0), U(2));
+}
+
 // The isolated policy keeps task pools apart: a pool whose share is full makes its own
 // actions wait even while another pool's share is idle, and an action larger than its
 // pool's share is rejected although the node could hold it.
