@@ -147,6 +147,7 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
     }
   }
   elastic.resize(K, bins.partitions.size());
+  this_pass.futility_lost.reserve(64);  // grown now, not in a pass: its growth's small frees cost the allocator later
   spare.resize(K, N, bins.partitions.size());
   std::vector<NodeBins> splits(static_cast<std::size_t>(N));
   for (std::int32_t n = 0; n < N; ++n) splits[n] = node_bins(inv.nodes[n].capacity);
@@ -171,6 +172,9 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
   bins.build_trees();
   classes.K = K;
   classes.node_parked.resize(N);
+  // Room for a few parked classes per node up front: the lists' first growths, one per node
+  // in a burst of pinned actions, would otherwise cost a reallocation each in the pass.
+  for (std::vector<std::int32_t>& list : classes.node_parked) list.reserve(Classes::kNodeParkedReserve);
   classes.node_parked_count.assign(N, 0);
   classes.partition_parking.resize(bins.partitions.size());
   released.resize(K, N, bins.partitions.size(), bins.bin_node.size());
@@ -424,7 +428,7 @@ std::int32_t Scheduler::Impl::add_node(NodeSpec spec) {
   bins.set_dims(K, gpus.any());
   this_pass.query.assign(bins.D, 0);
   inv.nodes.push_back(std::move(spec));
-  classes.node_parked.emplace_back();
+  classes.node_parked.emplace_back().reserve(Classes::kNodeParkedReserve);
   classes.node_parked_count.push_back(0);
   spare.resize(K, bins.nodes(), bins.partitions.size());
   this_pass.node_masked.push_back(0);

@@ -181,6 +181,7 @@ struct Classes {
   std::size_t active_count = 0;
 
   std::vector<std::vector<std::int32_t>> node_parked;  // classes parked on one node's bins (may hold stale ids)
+  static constexpr std::size_t kNodeParkedReserve = 8;  // each node list's room from the start
   std::vector<std::int64_t> node_parked_count;
   std::vector<PartitionParking> partition_parking;  // by partition
   std::vector<ClassHead> heads_scratch;  // a flush's merges (flush_releases)

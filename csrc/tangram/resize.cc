@@ -187,7 +187,29 @@ void Scheduler::Impl::refresh_reclaim_bound(std::int32_t p) {
 // bin it may use holds it, or would with those units (`node`: where it is confined, or kNone).
 bool Scheduler::Impl::fits_or_shrinks(Class& cl, std::int32_t node) {
   if (node != kNone) return bins.fits_some_bin(cl.partition, cl.demand, node) || reclaim_fits_node(cl, node);
-  return cl.fit_pass != this_pass.fit_epoch || fits_released_leaf(cl) || shrink_room_somewhere(cl);
+  if (cl.fit_pass != this_pass.fit_epoch || fits_released_leaf(cl)) return true;
+  return may_use_any_bin(cl) ? released_shrink_room(cl) : shrink_room_somewhere(cl);
+}
+
+// shrink_room_somewhere for a pending wake of this pass's releases (fit_pass), which may use
+// any bin. It parked where no bin held it with the units a shrink could take back, except
+// bins known futile. Since then a bin's free room plus those units grew only by a release
+// (the released leaves) and a futile bin became worth a plan only by a change to its
+// running actions (the pass's futility_lost, or a release before it); starts and spare
+// grants only move units between the two or use them up. So those bins are all it needs
+// to look at. A shrink in this pass ends the fit epoch: then the full search runs. What it
+// finds holds for its demand across the partition, so it shares the memo of failed demands.
+bool Scheduler::Impl::released_shrink_room(const Class& cl) {
+  const std::vector<std::int32_t>& leaves = released.leaves[cl.partition];
+  const bool memo = this_pass.walking;  // its stamp is the pass's
+  if ((memo && elastic.known_no_shrink_room(cl.partition, cl.demand, this_pass.epoch)) || !reclaim_bound_covers(cl)) return false;
+  const Partition& part = bins.partitions[cl.partition];
+  for (std::int32_t leaf : leaves)
+    if (shrink_may_help(cl, part.bins[leaf])) return true;
+  for (std::int32_t b : this_pass.futility_lost)
+    if (bins.bin_partition[b] == cl.partition && shrink_may_help(cl, b)) return true;
+  if (memo) elastic.note_no_shrink_room(cl.partition, cl.demand, this_pass.epoch);
+  return false;
 }
 
 // The first bin in leaf order, among those the head may use now (as placement would: not
@@ -282,6 +304,7 @@ bool Scheduler::Impl::shrink_futile(std::int32_t bin) {
 
 void Scheduler::Impl::shrink_futility_lost(std::int32_t bin) {
   elastic.bin_run[bin].shrink_futile = false;
+  this_pass.futility_lost.push_back(bin);
   ++elastic.shrink_room_version;
   const std::int32_t node = bins.bin_node[bin];
   if (bins.node_online[node]) released.note(node);

@@ -99,6 +99,9 @@ struct PassState {
   // than before moves it off for the rest of the pass, so such classes search everywhere.
   std::uint64_t fit_epoch = 0;
   static constexpr std::uint64_t kNoFitEpoch = UINT64_MAX;
+  // Bins whose shrink futility ended since the pass began (shrink_futility_lost): beside the
+  // released leaves, the only bins where such a wake may find shrink room.
+  std::vector<std::int32_t> futility_lost;
   // A room plan fell short while sparing a service ready only since the last pass: the next
   // pass may evict it, so one is due even if no event comes.
   bool spared_fresh = false;
@@ -431,6 +434,7 @@ struct Scheduler::Impl {
   }
   void refresh_reclaim_bound(std::int32_t p);
   bool fits_or_shrinks(Class& cl, std::int32_t node);  // may_start_now with units to take back
+  bool released_shrink_room(const Class& cl);
   bool fits_or_shrinks_on_node(const Class& cl, std::int32_t node) const {
     return bins.fits_some_bin(cl.partition, cl.demand, node) || (may_reclaim(cl) && reclaim_fits_node(cl, node));
   }
