@@ -28,8 +28,10 @@ struct FailedDemands {
     if (!(stamp == now)) return false;
     for (std::int32_t m = 0; m < count; ++m) {
       const Quantity* failed = &rows[static_cast<std::size_t>(m) * dims];
+      // All dimensions compared, without a branch each: which one fails first is a coin toss
+      // for the branch predictor, and the rows are a few words long.
       bool at_least = true;
-      for (std::int32_t d = 0; d < dims && at_least; ++d) at_least = demand[d] >= failed[d];
+      for (std::int32_t d = 0; d < dims; ++d) at_least &= demand[d] >= failed[d];
       if (at_least) return true;
     }
     return false;

@@ -188,7 +188,13 @@ void Scheduler::Impl::refresh_reclaim_bound(std::int32_t p) {
 bool Scheduler::Impl::fits_or_shrinks(Class& cl, std::int32_t node) {
   if (node != kNone) return bins.fits_some_bin(cl.partition, cl.demand, node) || reclaim_fits_node(cl, node);
   if (cl.fit_pass != this_pass.fit_epoch || fits_released_leaf(cl)) return true;
-  return may_use_any_bin(cl) ? released_shrink_room(cl) : shrink_room_somewhere(cl);
+  // Its scope is the whole partition (node kNone), so it has no affinity node (scope_node):
+  // may_use_any_bin without a read of the class's second cache line.
+  if (cl.in_trajectory_slot || cl.service != kNone) return shrink_room_somewhere(cl);
+  // The memo of failed demands answers most pending wakes that fail here (a pass's wakes
+  // mostly ask alike): asked before the call.
+  if (this_pass.walking && elastic.known_no_shrink_room(cl.partition, cl.demand, this_pass.epoch)) return false;
+  return released_shrink_room(cl);
 }
 
 // shrink_room_somewhere for a pending wake of this pass's releases (fit_pass), which may use
@@ -198,17 +204,17 @@ bool Scheduler::Impl::fits_or_shrinks(Class& cl, std::int32_t node) {
 // running actions (the pass's futility_lost, or a release before it); starts and spare
 // grants only move units between the two or use them up. So those bins are all it needs
 // to look at. A shrink in this pass ends the fit epoch: then the full search runs. What it
-// finds holds for its demand across the partition, so it shares the memo of failed demands.
+// finds holds for its demand across the partition, so it shares the memo of failed demands
+// (which fits_or_shrinks asks first).
 bool Scheduler::Impl::released_shrink_room(const Class& cl) {
+  if (!reclaim_bound_covers(cl)) return false;
   const std::vector<std::int32_t>& leaves = released.leaves[cl.partition];
-  const bool memo = this_pass.walking;  // its stamp is the pass's
-  if ((memo && elastic.known_no_shrink_room(cl.partition, cl.demand, this_pass.epoch)) || !reclaim_bound_covers(cl)) return false;
   const Partition& part = bins.partitions[cl.partition];
   for (std::int32_t leaf : leaves)
     if (shrink_may_help(cl, part.bins[leaf])) return true;
   for (std::int32_t b : this_pass.futility_lost)
     if (bins.bin_partition[b] == cl.partition && shrink_may_help(cl, b)) return true;
-  if (memo) elastic.note_no_shrink_room(cl.partition, cl.demand, this_pass.epoch);
+  if (this_pass.walking) elastic.note_no_shrink_room(cl.partition, cl.demand, this_pass.epoch);  // the memo's stamp is the pass's
   return false;
 }
 
