@@ -147,7 +147,6 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
     }
   }
   elastic.resize(K, bins.partitions.size());
-  this_pass.futility_lost.reserve(64);  // grown now, not in a pass: its growth's small frees cost the allocator later
   spare.resize(K, N, bins.partitions.size());
   std::vector<NodeBins> splits(static_cast<std::size_t>(N));
   for (std::int32_t n = 0; n < N; ++n) splits[n] = node_bins(inv.nodes[n].capacity);

@@ -485,7 +485,6 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
   this_pass.quota_refused = false;
   this_pass.started.clear();
   this_pass.started_decision.clear();
-  this_pass.futility_lost.clear();
   if (service_tails_ordered && !gpus.services.empty()) order_service_tails();
   std::vector<ClassHead>& wakes = this_pass.pending_wakes;
   wakes.clear();

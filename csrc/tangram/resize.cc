@@ -201,19 +201,17 @@ bool Scheduler::Impl::fits_or_shrinks(Class& cl, std::int32_t node) {
 // any bin. It parked where no bin held it with the units a shrink could take back, except
 // bins known futile. Since then a bin's free room plus those units grew only by a release
 // (the released leaves) and a futile bin became worth a plan only by a change to its
-// running actions (the pass's futility_lost, or a release before it); starts and spare
-// grants only move units between the two or use them up. So those bins are all it needs
-// to look at. A shrink in this pass ends the fit epoch: then the full search runs. What it
-// finds holds for its demand across the partition, so it shares the memo of failed demands
-// (which fits_or_shrinks asks first).
+// running actions (noted as a release before the pass; in the pass it ends the fit epoch);
+// starts and spare grants only move units between the two or use them up. So the released
+// leaves are all it needs to look at. A shrink in this pass ends the fit epoch too: then
+// the full search runs. What it finds holds for its demand across the partition, so it
+// shares the memo of failed demands (which fits_or_shrinks asks first).
 bool Scheduler::Impl::released_shrink_room(const Class& cl) {
   if (!reclaim_bound_covers(cl)) return false;
   const std::vector<std::int32_t>& leaves = released.leaves[cl.partition];
   const Partition& part = bins.partitions[cl.partition];
   for (std::int32_t leaf : leaves)
     if (shrink_may_help(cl, part.bins[leaf])) return true;
-  for (std::int32_t b : this_pass.futility_lost)
-    if (bins.bin_partition[b] == cl.partition && shrink_may_help(cl, b)) return true;
   if (this_pass.walking) elastic.note_no_shrink_room(cl.partition, cl.demand, this_pass.epoch);  // the memo's stamp is the pass's
   return false;
 }
@@ -310,7 +308,10 @@ bool Scheduler::Impl::shrink_futile(std::int32_t bin) {
 
 void Scheduler::Impl::shrink_futility_lost(std::int32_t bin) {
   elastic.bin_run[bin].shrink_futile = false;
-  this_pass.futility_lost.push_back(bin);
+  // Mid-pass, the pass's pending wakes may now find shrink room off the released leaves
+  // (released_shrink_room): they search everywhere for the rest of the pass. Between
+  // passes the release noted below covers it.
+  this_pass.fit_epoch = PassState::kNoFitEpoch;
   ++elastic.shrink_room_version;
   const std::int32_t node = bins.bin_node[bin];
   if (bins.node_online[node]) released.note(node);

@@ -96,12 +96,10 @@ struct PassState {
   std::vector<std::size_t> started_decision;  // the index of each one's kStart in the event's decisions
   // Class::fit_pass marks a pending wake whose only possible bins are released leaves only
   // while it equals this (set at each pass). A shrink that leaves a bin with more free room
-  // than before moves it off for the rest of the pass, so such classes search everywhere.
+  // than before, or a futile bin becoming worth a plan, moves it off for the rest of the
+  // pass, so such classes search everywhere.
   std::uint64_t fit_epoch = 0;
   static constexpr std::uint64_t kNoFitEpoch = UINT64_MAX;
-  // Bins whose shrink futility ended since the pass began (shrink_futility_lost): beside the
-  // released leaves, the only bins where such a wake may find shrink room.
-  std::vector<std::int32_t> futility_lost;
   // A room plan fell short while sparing a service ready only since the last pass: the next
   // pass may evict it, so one is due even if no event comes.
   bool spared_fresh = false;
