@@ -92,7 +92,8 @@ class Service:
     movable: bool = True
     # Identical copies (each its own residency, e.g. its own server process): the core
     # schedules "name#0" .. "name#{copies-1}" (`instances`), and a call naming the service
-    # goes to the copy that serves it soonest (the core routes it at submit). `replicas` is
+    # goes to the copy that serves it soonest (the core routes it at submit, and its waiting
+    # calls again at every pass: docs/scheduling.md, Replicas). `replicas` is
     # the minimum; up to `max_replicas` (None: `replicas`) copies are brought in when a
     # queue's wait exceeds a restore, and copies beyond `replicas` are evicted first when
     # GPU memory is needed.

@@ -830,42 +830,127 @@ def test_service_eviction() -> None:
 # restore time, the lower index).
 @pytest.mark.parametrize("name", [p for p in POLICIES if POLICY_RULES[p].service_devices == "any"])
 def test_replica_routing_and_surplus_eviction(name: str) -> None:
-    inv = Inventory([Node("n0", {"cpu": 8}, [Gpu(2500)])],
-                    services=[Service("rm", 1000, 1.0, replicas=1, max_replicas=2), Service("other", 1000, 1.0)])
+    inv = Inventory([Node("n0", {"cpu": 8}, [Gpu(3000), Gpu(1000)])],
+                    services=[Service("rm", 1000, 1.0, replicas=1, max_replicas=2), Service("other", 1000, 1.0),
+                              Service("big", 2000, 1.0)])
     h = Harness(inv, Policy(name=name))
-    assert h.service_replica_of == [-1, 0, -1]
+    assert h.service_replica_of == [-1, 0, -1, -1]
     out = h.submit(actions(1, *[dict(id=i, demand=[1], seconds=4.0, service=0, any_replica=1) for i in (1, 2)]))
-    assert sorted(int(d["service"]) for d in out if d["kind"] == RESTORE) == [0, 1]  # the second: a whole batch ahead
-    for _ in range(2):  # the device's restores run one after the other: ready at 1 s and 2 s
-        h.now = h.core.next_wakeup
-        h.tick()
+    # The second: a whole batch ahead at the first copy. Best fit puts the first copy on the
+    # small device; the surplus copy never goes beside it.
+    restores = [(int(d["service"]), int(d["device"])) for d in out if d["kind"] == RESTORE]
+    assert sorted(restores) == [(0, 1), (1, 0)]
+    h.now = h.core.next_wakeup
+    h.tick()
     assert {h.state[1], h.state[2]} == {"running"}
-    h.now += 4.0
-    h.complete([1, 2])
-    out = h.submit(actions(1, dict(id=3, demand=[1], seconds=1.0, service=2)))
-    assert [(int(d["kind"]), int(d["service"])) for d in out][:2] == [(EVICT, 1), (RESTORE, 2)]
+    out = h.submit(actions(1, dict(id=3, demand=[1], seconds=1.0, service=2)))  # beside the surplus copy
+    assert [(int(d["kind"]), int(d["service"]), int(d["device"])) for d in out][:1] == [(RESTORE, 2, 0)]
+    h.now = h.core.next_wakeup  # its restore, after the surplus copy's on that device
+    h.tick()
+    assert h.state[3] == "running"
+    h.now = 5.0
+    h.complete([1, 2, 3])
+    # Both idle on device 0: the surplus copy goes first.
+    out = h.submit(actions(1, dict(id=4, demand=[1], seconds=1.0, service=3)))
+    assert [(int(d["kind"]), int(d["service"])) for d in out][:2] == [(EVICT, 1), (RESTORE, 3)]
     h.drain()
 
 
-# A surplus copy comes only into free memory: with the GPU full (the first copy and an idle
-# other service resident), a queue on the first copy waits there rather than evict the
-# other service for a second copy; once memory is free again, the next queue brings it.
+# A surplus copy comes only into memory that is free or held by idle services, and never
+# beside another copy of its service: while the other device's service is busy, a queue on
+# the first copy waits there; once that service is idle, the queue's actions move to a
+# surplus copy restored in its place (late binding: they were bound to the first copy).
 @pytest.mark.parametrize("name", [p for p in POLICIES if POLICY_RULES[p].service_devices == "any"])
-def test_a_surplus_copy_comes_only_into_free_memory(name: str) -> None:
-    inv = Inventory([Node("n0", {"cpu": 8}, [Gpu(2000)])],
+def test_a_surplus_copy_comes_only_into_idle_memory(name: str) -> None:
+    inv = Inventory([Node("n0", {"cpu": 8}, [Gpu(1000), Gpu(1000)])],
                     services=[Service("rm", 1000, 1.0, replicas=1, max_replicas=2), Service("other", 1000, 1.0)])
     h = Harness(inv, Policy(name=name))
-    h.submit(actions(1, dict(id=1, demand=[1], seconds=1.0, service=2), dict(id=2, demand=[1], seconds=1.0, service=0,
-                                                                              any_replica=1)))
+    h.submit(actions(1, dict(id=1, demand=[1], seconds=10.0, service=2), dict(id=2, demand=[1], seconds=10.0, service=0,
+                                                                               any_replica=1)))
     h.now = 2.0
     h.tick()
-    h.now = 3.0
-    h.complete([1, 2])  # both resident and idle: the GPU is full
+    assert h.state[1] == "running" and h.state[2] == "running"
     out = h.submit(actions(1, *[dict(id=i, demand=[1], seconds=4.0, service=0, any_replica=1) for i in (3, 4)]))
-    assert not [d for d in out if d["kind"] in (RESTORE, EVICT)]
-    assert h.state[3] == "running" and h.state[4] == "waiting"  # behind 3 on the first copy
+    assert not [d for d in out if d["kind"] in (RESTORE, EVICT)]  # the other device's service is busy
+    assert h.state[3] == "waiting" and h.state[4] == "waiting"
+    h.now = 5.0
+    h.complete([1])  # "other" is idle now: the queue's head moves to a surplus copy in its place
+    assert [(int(d["kind"]), int(d["service"])) for d in h.log[-1][2]] == [(EVICT, 2), (RESTORE, 1)]
+    h.now = h.core.next_wakeup
+    h.tick()
+    copies = {int(d["action"]): int(d["service"]) for _, _, decisions in h.log for d in decisions if d["kind"] == START}
     h.drain()
-    assert all(int(d["service"]) != 1 for _, _, decisions in h.log for d in decisions)
+    assert copies == {1: 2, 2: 0, 3: 1}  # 3, bound to the first copy at submit, ran on the surplus copy
+
+
+# A surplus copy waits while another service's minimum copy waits offloaded: the memory an
+# idle service gives up goes to that service's restore, not to a second copy of a busy one.
+@pytest.mark.parametrize("name", [p for p in POLICIES if POLICY_RULES[p].service_devices == "any"])
+def test_a_surplus_copy_waits_for_other_services_restores(name: str) -> None:
+    inv = Inventory([Node("n0", {"cpu": 8}, [Gpu(1000), Gpu(1000)])],
+                    services=[Service("rm", 1000, 1.0, replicas=1, max_replicas=2), Service("other", 1000, 1.0),
+                              Service("idle", 1000, 1.0)])
+    h = Harness(inv, Policy(name=name))
+    h.submit(actions(1, dict(id=1, demand=[1], seconds=10.0, service=0, any_replica=1),
+                     dict(id=2, demand=[1], seconds=1.0, service=3)))
+    h.now = 1.0
+    h.tick()
+    h.now = 2.0
+    h.complete([2])  # "idle" is idle now, and was asked once: its memory may be given up
+    h.now = 3.0
+    # Four short calls: a second copy would serve them sooner, and before "other" by Smith's
+    # rule, were it not for "other" waiting offloaded.
+    h.submit(actions(1, *[dict(id=i, demand=[1], seconds=1.0, service=0, any_replica=1) for i in (3, 4, 6, 7)],
+                     dict(id=5, demand=[1], seconds=1.0, service=2)))
+    assert [(int(d["kind"]), int(d["service"])) for d in h.log[-1][2]] == [(EVICT, 3), (RESTORE, 2)]
+    h.drain()
+
+
+# An action that names one copy of a replicated service (any_replica off) runs there: only
+# actions submitted to any copy are routed, at submit and again at every pass.
+def test_an_action_naming_a_copy_stays_there() -> None:
+    inv = Inventory([Node("n0", {"cpu": 8}, [Gpu(1000), Gpu(1000)])], services=[Service("rm", 1000, 1.0, replicas=2)])
+    h = Harness(inv, Policy())
+    h.submit(actions(1, *[dict(id=i, demand=[1], seconds=4.0, service=0) for i in (1, 2, 3)]))
+    for _ in range(4):
+        h.now = h.core.next_wakeup if h.core.next_wakeup is not None else h.now + 4.0
+        h.tick()
+        h.complete([i for i, state in h.state.items() if state == "running"])
+    decisions = [d for _, _, out in h.log for d in out]
+    assert [int(d["service"]) for d in decisions if d["kind"] == START] == [0, 0, 0]
+    assert [int(d["service"]) for d in decisions if d["kind"] == RESTORE] == [0]
+    h.drain()
+
+
+# A drained service serves the queue it had when its drain began, and nothing that came
+# later: a (ready at 5) is drained for b from 15; one action waited then, so it starts one
+# more (the shorter 6, submitted at 16, goes first: 5 waits for a's next restore), then is
+# evicted for b once its running actions end. (tests/cpp/test_services.cc has the same case.)
+def test_a_drained_service_serves_the_queue_it_had() -> None:
+    inv = Inventory([Node("n0", {"cpu": 16}, [Gpu(4000)])],
+                    services=[Service("a", 3000, 5.0, max_batch=2, offload_seconds=1.0),
+                              Service("b", 3000, 1.0, offload_seconds=1.0)])
+    h = Harness(inv, Policy(starvation_seconds=10.0))
+
+    def on(i: int, service: int, seconds: float) -> dict:
+        return dict(id=i, demand=[1], seconds=seconds, service=service)
+
+    h.submit(actions(1, *[on(i, 0, 6.0 + i) for i in (1, 2, 3, 4, 5)]))
+    h.now = 1.0
+    h.submit(actions(1, on(9, 1, 1.0)))
+    for now, done in ((5.0, []), (12.0, [1]), (13.0, [2]), (15.0, [])):
+        h.now = now
+        h.complete(done) if done else h.tick()
+    h.now = 16.0
+    h.submit(actions(1, on(6, 0, 1.0)))
+    h.now = 21.0
+    h.complete([3])
+    assert [(int(d["kind"]), int(d["action"])) for d in h.log[-1][2]] == [(START, 6)]
+    h.now = 23.0
+    h.complete([4, 6])
+    assert [(int(d["kind"]), int(d["service"])) for d in h.log[-1][2]] == [(EVICT, 0), (RESTORE, 1)]
+    assert h.state[5] == "waiting"
+    h.drain()
 
 
 # A dedicated deployment (service_devices "home": trajectory, isolated) runs a service's

@@ -260,6 +260,7 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
     detail = ActionDetail{};
     detail.model = s.model;
     detail.submitted_max = s.elastic_max;
+    detail.any_replica = s.any_replica;
     detail.est_ns = to_ns(seconds(slot, order_units(r)));
     // Under a quota, kProgress goes by the trajectory's progress first (OrderRule).
     std::int64_t key = order_key(classes[c], detail.est_ns, aging);
@@ -320,7 +321,10 @@ void Scheduler::Impl::finish(std::int32_t slot) {
       if (classes[other].parked && bins.never_holds(r.bin, classes[other].demand, classes[other].gpu_memory)) unpark(other);
   }
   if (cl.quota != kNone) quotas[cl.quota].release();
-  if (cl.service != kNone) gpus.services[cl.service].running -= 1;
+  if (cl.service != kNone) {
+    gpus.services[cl.service].running -= 1;
+    gpus.services[cl.service].running_ns -= actions.details[slot].est_ns;
+  }
   --cl.running;
   classes.free_if_unused(r.cls);
   --actions.n_running;

@@ -71,6 +71,7 @@ struct ActionDetail {
   ElasticityModel model;
   TimeNs est_ns = 0;
   Quantity submitted_max = 0;  // elastic_max as submitted (Scheduler::limit may lower it)
+  bool any_replica = false;  // submitted to any copy of a replicated service (rebind_replicas may move it)
   OrderKey order{};  // with its submit time
 };
 

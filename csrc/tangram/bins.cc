@@ -168,6 +168,7 @@ Scheduler::Impl::Impl(Inventory inventory, PolicyConfig cfg)
     for (std::size_t s = 0; bins.has_gpus && s < gpus.services.size(); ++s)
       if (!inv.services[s].surplus) gpus.services[s].home_device = static_cast<std::int32_t>(deployed++ % gpus.dev_node.size());
   }
+  for (const std::vector<std::int32_t>& group : gpus.replica_group) gpus.any_replicated |= group.size() > 1;
   bins.build_trees();
   classes.K = K;
   classes.node_parked.resize(N);

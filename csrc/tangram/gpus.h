@@ -33,6 +33,7 @@ struct ServiceRec {
   std::int32_t running = 0;
   std::int64_t waiting = 0;
   TimeNs queued_ns = 0;  // estimated work of waiting actions
+  TimeNs running_ns = 0;  // estimated work of running actions (their est_ns)
   std::int32_t home_device = kNone;  // ServiceDevices::kHome
   std::int32_t pinned_device = kNone;  // an unmovable one: where its process runs (keeping asleep_memory)
   std::int32_t host_node = kNone;  // offloaded: the node whose offload_memory holds its host_memory
@@ -43,8 +44,10 @@ struct ServiceRec {
   // OrderRule::kEstimate: its arrivals have stopped and its queue is ordered for its drain
   // (Impl::order_service_tails).
   bool tail_ordered = false;
-  // Drained for a starving service (restore()): it starts nothing while this equals the pass.
+  // Drained for a starving service (drain()): while this equals the pass, it starts at most
+  // drain_starts more actions (those that waited when its unbroken run of drains began).
   std::uint64_t draining_pass = 0;
+  std::int64_t drain_starts = 0;
   std::int32_t draining_for = kNone;  // the starving service it was last drained for
 
   bool ready(TimeNs now) const { return device != kNone && ready_ns <= now; }
@@ -70,6 +73,7 @@ struct Gpus {
   // Per service: the copies of its replica group, itself first, when it is a group's first
   // copy (a single copy for an unreplicated service); empty for the other copies.
   std::vector<std::vector<std::int32_t>> replica_group;
+  bool any_replicated = false;  // some group has more than one copy (routed: rebind_replicas)
   // Per node: host memory of the services offloaded there, and its NodeSpec::offload_memory
   // (-1: unlimited).
   std::vector<Quantity> node_offload_used, node_offload_cap;

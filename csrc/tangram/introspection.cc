@@ -151,6 +151,8 @@ void Scheduler::Impl::check() const {
   std::vector<Quantity> dev_used(gpus.dev_node.size(), 0);
   std::vector<std::int32_t> svc_running(gpus.services.size(), 0), quota_running(quotas.size(), 0);
   std::vector<std::int32_t> class_running(classes.size(), 0);
+  std::vector<std::int64_t> svc_waiting(gpus.services.size(), 0);
+  std::vector<TimeNs> svc_queued(gpus.services.size(), 0), svc_running_ns(gpus.services.size(), 0);
   std::size_t waiting = 0, running = 0;
   actions.by_id.for_each([&](ActionId id, std::int32_t slot) {
     const ActionRec& a = actions.slots[slot];
@@ -170,12 +172,17 @@ void Scheduler::Impl::check() const {
       if (cl.gpu_memory > 0) dev_used[a.device] += cl.gpu_memory;
       if (cl.service != kNone) {
         ++svc_running[cl.service];
+        svc_running_ns[cl.service] += actions.details[slot].est_ns;
         if (a.device != gpus.services[cl.service].device) fail("service action off its service's device");
       }
       if (cl.quota != kNone) ++quota_running[cl.quota];
     } else if (a.state == ActionState::kWaiting) {
       ++waiting;
       if (!cl.waiting.contains(actions.details[slot].order, actions.queue_pos)) fail("waiting action missing from its class");
+      if (cl.service != kNone) {
+        ++svc_waiting[cl.service];
+        svc_queued[cl.service] += actions.details[slot].est_ns;
+      }
     } else {
       fail("live action in a terminal state");
     }
@@ -189,7 +196,9 @@ void Scheduler::Impl::check() const {
       if (f + used[b * K + k] != cap) fail("free + used != capacity on bin " + std::to_string(b));
     }
   for (std::size_t s = 0; s < gpus.services.size(); ++s)
-    if (gpus.services[s].running != svc_running[s]) fail("service running count");
+    if (gpus.services[s].running != svc_running[s] || gpus.services[s].waiting != svc_waiting[s] ||
+        gpus.services[s].queued_ns != svc_queued[s] || gpus.services[s].running_ns != svc_running_ns[s])
+      fail("service running, waiting or queued counts");
   gpus.check(inv, dev_used);
   for (std::size_t q = 0; q < quotas.size(); ++q)
     if (quotas[q].running != quota_running[q]) fail("quota running count");

@@ -69,6 +69,8 @@ struct ServiceSpec {
   // beyond the service's minimum count is `surplus`: when GPU memory is needed, idle surplus
   // copies are evicted first.
   std::int32_t replica_of = kNone;
+  // The index of its replica group's first copy (`self` when it is that copy or unreplicated).
+  std::int32_t first_copy(std::int32_t self) const { return replica_of == kNone ? self : replica_of; }
   bool surplus = false;
 };
 // A device's restores and offloads run one after another, in decision order (the runtime

@@ -439,7 +439,10 @@ inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::
     bins.refresh_leaf(bin);
   }
   if (cl.service != kNone) {
+    ServiceRec& svc = gpus.services[cl.service];
+    if (svc.draining_pass == this_pass.epoch) --svc.drain_starts;  // service_admits: above 0
     gpus.services[cl.service].running += 1;
+    gpus.services[cl.service].running_ns += actions.details[slot].est_ns;
     gpus.services[cl.service].waiting -= 1;
     gpus.services[cl.service].queued_ns -= actions.details[slot].est_ns;
   }
@@ -486,6 +489,7 @@ void Scheduler::Impl::pass(std::vector<Decision>& out) {
   this_pass.started.clear();
   this_pass.started_decision.clear();
   if (service_tails_ordered && !gpus.services.empty()) order_service_tails();
+  if (gpus.any_replicated) rebind_replicas();
   std::vector<ClassHead>& wakes = this_pass.pending_wakes;
   wakes.clear();
   flush_releases(wakes);

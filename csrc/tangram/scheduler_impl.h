@@ -93,6 +93,7 @@ struct PassState {
   std::vector<OrderKey> quota_blocked_at;
   bool quota_refused = false;  // some quota refused a head in this pass
   std::vector<std::int32_t> started;  // action slots started in this pass
+  std::vector<OrderKey> rebinding;  // rebind_replicas: a replicated service's waiting actions
   std::vector<std::size_t> started_decision;  // the index of each one's kStart in the event's decisions
   // Class::fit_pass marks a pending wake whose only possible bins are released leaves only
   // while it equals this (set at each pass). A shrink that leaves a bin with more free room
@@ -282,7 +283,14 @@ struct Scheduler::Impl {
   bool settle_fit(Class& cl);
   bool listed_at_flush(Class& cl);
   // ---- services.cc: GPU services and eviction
+  template <class Reachable, class Live, class Work>
+  std::size_t soonest_copy(std::int32_t first, Reachable&& reachable, Live&& live, Work&& work) const;
+  bool copy_reachable(std::int32_t copy) const;
   std::int32_t route_replica(const ActionSpec& s) const;
+  void rebind_replicas();
+  bool move_to_copy(std::int32_t slot, std::int32_t copy);
+  bool sibling_on(std::int32_t copy, std::int32_t d) const;
+  bool surplus_has_room(std::int32_t copy) const;
   bool uses_service_home() const { return row.rules.service_devices == ServiceDevices::kHome; }
   bool service_admits(Class& cl, std::int32_t& device, std::vector<Decision>& out);
   bool restore(std::int32_t svc_id, const Class& head_class, std::vector<Decision>& out);
@@ -319,7 +327,6 @@ struct Scheduler::Impl {
   };
   RoomPlan plan_room(std::int32_t device, Quantity need, std::int32_t keep, bool starving = false) const;
   Quantity promised_on(std::int32_t device, std::int32_t keep) const;
-  bool free_device_holds(Quantity memory) const;
   bool make_gpu_room(const Class& c, std::int32_t lo, std::int32_t hi, std::int32_t fixed_leaf,
                      std::int32_t device, std::vector<Decision>& out);
   void evict(std::int32_t svc_id, std::vector<Decision>& out, bool discard = false);

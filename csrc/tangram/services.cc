@@ -32,44 +32,194 @@ void Scheduler::Impl::evict_offline_services(std::vector<Decision>& out) {
   }
 }
 
-// The copy of a replicated service that would start action `s` soonest: the least wait,
-// the whole batches ahead of the action there (its live actions over max_batch) times the
-// action's own run time at its minimum grant, plus, for a surplus copy, how long until it
-// can start anything (0 when resident, what is left of its restore when restoring, its
-// restore time when not resident); among equal waits the copy with the fewest live actions,
-// then the lower copy. The service's minimum copies thus share its calls evenly (each
-// restored when it is first given one), and a surplus copy is brought in once the queue
-// ahead on the others outlasts its restore, and only while an online device has its memory
-// free at routing: a surplus copy is for spare memory, not for pushing out another service
-// (whose only copy that may be); if that memory is taken by the time its restore is planned,
-// the restore makes room as any does. Live counts include the batch's earlier actions.
-std::int32_t Scheduler::Impl::route_replica(const ActionSpec& s) const {
-  const Quantity lo = s.elastic_kind == kNone ? kMilli : s.demand[s.elastic_kind];
-  const TimeNs run_ns = to_ns(model_seconds(s.model, lo, lo, tables));
-  std::int32_t best = s.service;
+// Replicated services. An action of a replicated service waits at one copy of it, the copy
+// that would start it soonest (soonest_copy), chosen at submit and again at every pass for
+// every waiting action of the service (rebind_replicas): so a copy restored later takes over
+// the batches queued at the others, as a surplus copy is brought in once the queue ahead at
+// the others outlasts its restore.
+
+// Index, in its replica group (first copy `first`), of the copy at which an action would
+// start soonest: the least wait, the whole batches ahead of it there (live(i): the actions
+// there, over max_batch) times their mean estimate (work(i): their summed est_ns, over
+// live(i)), plus, for a surplus copy, how long until it can start anything (0 when resident,
+// what is left of its restore when restoring, its restore time when offloaded); among equal
+// waits the copy with the fewest live actions, then the lower copy. Only copies `reachable`
+// are candidates (copy_reachable). The mean of what is ahead, not the action's own time:
+// under shortest first a queue's last actions are its shortest, and would never see the
+// long batches ahead of them.
+template <class Reachable, class Live, class Work>
+std::size_t Scheduler::Impl::soonest_copy(std::int32_t first, Reachable&& reachable, Live&& live, Work&& work) const {
+  const std::vector<std::int32_t>& group = gpus.replica_group[first];
+  std::size_t best = 0;
   __int128 best_wait = -1;
   std::int64_t best_live = 0;
-  for (std::int32_t copy : gpus.replica_group[s.service]) {
+  for (std::size_t i = 0; i < group.size(); ++i) {
+    const std::int32_t copy = group[i];
     const ServiceRec& r = gpus.services[copy];
-    if (inv.services[copy].surplus && r.device == kNone && !free_device_holds(inv.services[copy].memory)) continue;
+    if (!reachable(i)) continue;
     const TimeNs until = !inv.services[copy].surplus ? 0
                          : r.device == kNone     ? r.restore_ns
                                                  : std::max<TimeNs>(r.ready_ns - now, 0);
-    const std::int64_t live = static_cast<std::int64_t>(r.running) + r.waiting;
-    const __int128 wait = static_cast<__int128>(until) + static_cast<__int128>(live / inv.services[copy].max_batch) * run_ns;
-    if (best_wait < 0 || wait < best_wait || (wait == best_wait && live < best_live)) {
-      best = copy;
+    const std::int64_t n = live(i);
+    const __int128 batches = n / inv.services[copy].max_batch;
+    const __int128 wait = static_cast<__int128>(until) + (n == 0 ? 0 : batches * work(i) / n);
+    if (best_wait < 0 || wait < best_wait || (wait == best_wait && n < best_live)) {
+      best = i;
       best_wait = wait;
-      best_live = live;
+      best_live = n;
     }
   }
   return best;
 }
 
-// Whether an online device has `memory` free now (a surplus copy is routed to only then).
-bool Scheduler::Impl::free_device_holds(Quantity memory) const {
-  for (std::size_t d = 0; d < gpus.dev_free.size(); ++d)
-    if (gpus.dev_free[d] >= memory && device_online(static_cast<std::int32_t>(d))) return true;
+// The copy a submitted action of a replicated service joins: its live actions include the
+// batch's earlier ones. The service's minimum copies share its calls evenly (each restored
+// when it is first given one).
+std::int32_t Scheduler::Impl::route_replica(const ActionSpec& s) const {
+  const std::vector<std::int32_t>& group = gpus.replica_group[s.service];
+  return group[soonest_copy(
+      s.service, [&](std::size_t i) { return copy_reachable(group[i]); },
+      [&](std::size_t i) {
+        const ServiceRec& r = gpus.services[group[i]];
+        return static_cast<std::int64_t>(r.running) + r.waiting;
+      },
+      [&](std::size_t i) { return static_cast<__int128>(gpus.services[group[i]].running_ns) + gpus.services[group[i]].queued_ns; })];
+}
+
+// Whether a copy may be routed to: a minimum copy always (it is restored when first given
+// an action), a surplus one when resident or restoring, or while surplus_has_room.
+bool Scheduler::Impl::copy_reachable(std::int32_t copy) const {
+  return !inv.services[copy].surplus || gpus.services[copy].device != kNone || surplus_has_room(copy);
+}
+
+// Every pass, before anything starts: each replicated service's waiting actions, in policy
+// order, go to the copy that would start each soonest, counting the copy's running actions
+// and the waiting ones placed there before it. A copy restored since, or one whose batch
+// ended, thus takes over actions queued at a busier one; actions queued at an offloaded
+// surplus copy that has lost its room go back to the others. An action that named its copy
+// stays there (and counts there), as does one whose class at the chosen copy could never run.
+void Scheduler::Impl::rebind_replicas() {
+  std::vector<OrderKey>& keys = this_pass.rebinding;
+  std::vector<std::int64_t> live;
+  std::vector<TimeNs> work;
+  std::vector<std::uint8_t> reachable;
+  for (std::int32_t first = 0; first < static_cast<std::int32_t>(gpus.replica_group.size()); ++first) {
+    const std::vector<std::int32_t>& group = gpus.replica_group[first];
+    if (group.size() < 2) continue;
+    std::int64_t waiting = 0;
+    for (std::int32_t copy : group) waiting += gpus.services[copy].waiting;
+    if (waiting == 0) continue;
+    keys.clear();
+    for (const Class& cl : classes)
+      if (cl.service != kNone && !cl.waiting.empty() && inv.services[cl.service].first_copy(cl.service) == first)
+        cl.waiting.for_each([&](const OrderKey& k) { keys.push_back(k); });
+    std::sort(keys.begin(), keys.end());
+    // Moving actions within the group changes no copy's reach (surplus_has_room looks at
+    // other services and at devices without another copy of the group): settled once.
+    live.assign(group.size(), 0);
+    work.assign(group.size(), 0);
+    reachable.assign(group.size(), 0);
+    for (std::size_t i = 0; i < group.size(); ++i) {
+      live[i] = gpus.services[group[i]].running;
+      work[i] = gpus.services[group[i]].running_ns;
+      reachable[i] = copy_reachable(group[i]) ? 1 : 0;
+    }
+    for (const OrderKey& k : keys) {  // each counts where it ends up
+      const ActionRec& r = actions.slots[k.slot];
+      if (!actions.details[k.slot].any_replica) {  // it named its copy
+        const std::size_t at = std::find(group.begin(), group.end(), classes[r.cls].service) - group.begin();
+        ++live[at];
+        work[at] += actions.details[k.slot].est_ns;
+        continue;
+      }
+      const std::size_t best = soonest_copy(
+          first, [&](std::size_t i) { return reachable[i] != 0; }, [&](std::size_t i) { return live[i]; },
+          [&](std::size_t i) { return static_cast<__int128>(work[i]); });
+      std::size_t at = best;
+      if (group[best] != classes[r.cls].service && !move_to_copy(k.slot, group[best]))
+        at = std::find(group.begin(), group.end(), classes[r.cls].service) - group.begin();
+      ++live[at];
+      work[at] += actions.details[k.slot].est_ns;
+    }
+  }
+}
+
+// Waiting action `slot` moves to the class like its own at service `copy`; false (and it
+// stays) when that class could never run.
+bool Scheduler::Impl::move_to_copy(std::int32_t slot, std::int32_t copy) {
+  ActionRec& r = actions.slots[slot];
+  const std::int32_t from = r.cls;
+  ActionSpec like;
+  like.demand.assign(classes[from].demand, classes[from].demand + K);
+  like.gpu_memory = classes[from].gpu_memory;
+  like.affinity_node = classes[from].affinity_node;
+  like.service = copy;
+  like.quota = classes[from].quota;
+  like.tokens = classes[from].tokens;
+  const std::int32_t to = classes.find_or_add(like, classes[from].partition, /*in_slot=*/false,
+                                              [&](Class& made) { made.infeasible = infeasible_reason(made); });
+  if (!classes[to].infeasible.empty()) {
+    classes.free_if_unused(to);
+    return false;
+  }
+  const ActionDetail& detail = actions.details[slot];
+  Class& old = classes[from];
+  const bool was_head = old.waiting.head().slot == slot;
+  if (was_head) classes.deactivate(from);
+  old.waiting.erase(slot, actions.queue_pos);
+  if (was_head && old.parked) unpark(from);
+  else if (was_head) classes.activate(from);
+  gpus.services[old.service].waiting -= 1;
+  gpus.services[old.service].queued_ns -= detail.est_ns;
+  r.cls = to;
+  classes.free_if_unused(from);
+  Class& cl = classes[to];
+  gpus.services[copy].waiting += 1;
+  gpus.services[copy].queued_ns += detail.est_ns;
+  const bool new_head = cl.waiting.empty() || detail.order < cl.waiting.head();
+  if (new_head) classes.deactivate(to);
+  cl.waiting.push(detail.order, actions.queue_pos);
+  if (new_head && !cl.parked) classes.activate(to);
+  if (new_head && cl.parked && cl.park_node == kNone) classes.partition_parking[cl.partition].parked_new.emplace_back(cl.waiting.head(), to);
+  return true;
+}
+
+// Whether another copy of `copy`'s replica group is resident (or restoring) on device d.
+bool Scheduler::Impl::sibling_on(std::int32_t copy, std::int32_t d) const {
+  for (std::int32_t o : gpus.replica_group[inv.services[copy].first_copy(copy)])
+    if (o != copy && gpus.services[o].device == d) return true;
+  return false;
+}
+
+// Whether offloaded surplus copy `copy` could be restored without taking memory another
+// service needs: no other service's minimum copy waits offloaded (its restore comes first),
+// and an online device that holds no other copy of its group (two copies on one device
+// share its compute) has its memory free now, or free once the quiet services there give
+// theirs back: idle (nothing running or waiting, ready before the last pass: those plan_room
+// evicts first) and not asked for lately (fewer than two requests, or none for kTailGaps of
+// its mean gaps, as order_service_tails tells a stopped queue). A popular service between
+// two requests is not quiet: evicting it would cost a restore at its next one. A surplus
+// copy is for memory that would otherwise serve nothing, not for pushing out another service
+// (whose only copy that may be); if that memory is taken by the time its restore is
+// planned, the restore makes room as any does.
+bool Scheduler::Impl::surplus_has_room(std::int32_t copy) const {
+  const std::int32_t first = inv.services[copy].first_copy(copy);
+  for (std::int32_t o = 0; o < static_cast<std::int32_t>(gpus.services.size()); ++o)
+    if (!inv.services[o].surplus && inv.services[o].first_copy(o) != first && gpus.services[o].device == kNone &&
+        gpus.services[o].waiting > 0)
+      return false;
+  const Quantity memory = inv.services[copy].memory;
+  for (std::int32_t d = 0; d < static_cast<std::int32_t>(gpus.dev_free.size()); ++d) {
+    if (!device_online(d) || sibling_on(copy, d)) continue;
+    Quantity room = gpus.dev_free[d];
+    for (std::int32_t o = 0; o < static_cast<std::int32_t>(gpus.services.size()) && room < memory; ++o) {
+      const ServiceRec& r = gpus.services[o];
+      if (r.device == d && r.running == 0 && r.waiting == 0 && r.ready_ns <= prev_pass_now &&
+          (r.mean_gap_ns < 0 || (now - r.last_request_ns) / kTailGaps > r.mean_gap_ns))
+        room += evict_frees(inv.services[o]);
+    }
+    if (room >= memory) return true;
+  }
   return false;
 }
 
@@ -292,7 +442,10 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
   auto no_skip = [](std::int32_t) { return false; };
   std::vector<Quantity> demand(head.demand, head.demand + K);
   if (bins.has_gpus) demand.push_back(0);
-  auto usable = [&](std::int32_t d) { return device_online(d) && could_serve(head, d); };
+  // A surplus copy never goes beside another copy of its group: they would share its compute.
+  auto usable = [&](std::int32_t d) {
+    return device_online(d) && could_serve(head, d) && !(spec.surplus && sibling_on(svc_id, d));
+  };
   // Prefer devices whose node has room for the waiting action right now.
   auto busy_node = [&](std::int32_t d) -> std::int64_t {
     std::int32_t n = gpus.dev_node[d];
@@ -376,10 +529,14 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
 // services in its way all have running actions, which plan_room never evicts, and a steady
 // stream of requests would keep them busy for as long as it lasts. So it drains the device
 // (in [dlo, dhi), usable) where the fewest running actions are in its way: the services
-// there that would have to go (fewest running actions first) start nothing new in this
-// pass, and the pass after, while it still waits, and so on. Once their running actions
-// have ended, plan_room evicts them for it. Services still restoring, or ready only since
-// the last pass, are not in the way (plan_room spares them too).
+// there that would have to go (fewest running actions first) serve the queue they had when
+// their drain began (the first of an unbroken run of passes that drain them): as many starts
+// as actions waited then, in their order, and nothing more, in this pass, and the pass after,
+// while it still waits, and so on. A finite queue, served rather than stranded by their
+// eviction (each stranded action would wait for a restore of its own), while what arrives
+// later waits. Once their running actions have ended, plan_room evicts them for it.
+// Services still restoring, or ready only since the last pass, are not in the way
+// (plan_room spares them too).
 template <class NeedOn, class Usable>
 void Scheduler::Impl::drain(std::int32_t svc_id, std::int32_t dlo, std::int32_t dhi, NeedOn&& room_on,
                             Usable&& usable) {
@@ -416,8 +573,11 @@ void Scheduler::Impl::drain(std::int32_t svc_id, std::int32_t dlo, std::int32_t 
     victims.assign(in_way.begin(), in_way.begin() + static_cast<std::ptrdiff_t>(k));
   }
   for (std::int32_t v : victims) {
-    gpus.services[v].draining_pass = this_pass.epoch;
-    gpus.services[v].draining_for = svc_id;
+    ServiceRec& victim = gpus.services[v];
+    const bool run_goes_on = victim.draining_pass == this_pass.epoch || victim.draining_pass + 1 == this_pass.epoch;
+    if (!run_goes_on) victim.drain_starts = victim.waiting;
+    victim.draining_pass = this_pass.epoch;
+    victim.draining_for = svc_id;
   }
 }
 
@@ -491,11 +651,13 @@ void Scheduler::Impl::reorder_service_queue(std::int32_t svc_id, bool tail) {
 // RestoreRule::kQueuesFirst: a restore serves a service's whole queue, so offloaded services with waiting
 // actions are restored before the walk, in queue order rather than action order: starving
 // ones first (the first of their waiting actions in policy order has waited
-// starvation_seconds), then the most waiting actions per second the restore and the queue
-// occupy the GPU memory (Smith's rule: waiting / (restore + queued work / max_batch), cross
-// multiplied in integers), then service order. Each is restored by restore() (the usual
-// device choice and greedy eviction) with its first waiting action in policy order as the
-// head; one that finds no room now is left to the walk. While a GPU action with no service
+// starvation_seconds), then minimum copies before surplus ones, surplus ones by their
+// service's work (waiting and running at all its copies) per batch slot, the most first (a
+// copy shortens its service's drain, and the step waits for the longest); then the most
+// waiting actions per second the restore and the queue occupy the GPU memory (Smith's rule:
+// waiting / (restore + queued work / max_batch), cross multiplied in integers), then service
+// order. Each is restored by restore() (the usual device choice and greedy eviction) with
+// its first waiting action in policy order as the head; one that finds no room now is left to the walk. While a GPU action with no service
 // starves, none is restored ahead of the walk.
 void Scheduler::Impl::restore_queues(std::vector<Decision>& out) {
   std::vector<std::int32_t> order;
@@ -518,9 +680,22 @@ void Scheduler::Impl::restore_queues(std::vector<Decision>& out) {
   auto span = [&](std::int32_t s) {
     return gpus.services[s].restore_ns + gpus.services[s].queued_ns / inv.services[s].max_batch;
   };
+  // A replicated service's work, waiting and running at all its copies, per batch slot.
+  auto group_work = [&](std::int32_t s) {
+    __int128 w = 0;
+    for (std::int32_t o : gpus.replica_group[inv.services[s].first_copy(s)])
+      w += gpus.services[o].queued_ns + gpus.services[o].running_ns;
+    return w / inv.services[s].max_batch;
+  };
   std::sort(order.begin(), order.end(), [&](std::int32_t x, std::int32_t y) {
     bool sx = starving(x), sy = starving(y);
     if (sx != sy) return sx;
+    const bool px = inv.services[x].surplus, py = inv.services[y].surplus;
+    if (px != py) return py;  // minimum copies first
+    if (px) {
+      const __int128 wx = group_work(x), wy = group_work(y);
+      if (wx != wy) return wx > wy;
+    }
     __int128 lhs = static_cast<__int128>(gpus.services[x].waiting) * span(y);
     __int128 rhs = static_cast<__int128>(gpus.services[y].waiting) * span(x);
     if (lhs != rhs) return lhs > rhs;
@@ -639,7 +814,7 @@ bool Scheduler::Impl::service_admits(Class& cl, std::int32_t& device, std::vecto
     wakeup = std::min(wakeup, svc.ready_ns);
     return false;
   }
-  if (svc.draining_pass == this_pass.epoch) {
+  if (svc.draining_pass == this_pass.epoch && svc.drain_starts == 0) {
     cl.block = Block::kServiceDraining;
     return false;
   }

@@ -112,19 +112,32 @@ Rules, in words:
 * Replicas. A service whose replica_of is another's is a copy of that one (its group's
   first copy); an action with any_replica names a group's first copy and is routed at
   submit, before its class and feasibility, to the copy with the least wait: (live
-  actions of the copy, the batch's earlier ones included, // max_batch) x to_ns(its run
-  time at its minimum grant), plus for a surplus copy until (0 resident, max(ready_ns - now,
+  actions of the copy, the batch's earlier ones included, // max_batch) x (their summed
+  est_ns) // (their number) (0 with none), plus for a surplus copy until (0 resident, max(ready_ns - now,
   0) restoring, restore_ns offloaded); then the fewest live actions; then the lower index.
-  An offloaded surplus copy is a candidate only while an online device has dev_free >= its
-  memory. The start names the copy.
+  An offloaded surplus copy is a candidate only while no other service's minimum copy (not
+  surplus) is offloaded with waiting actions, and some online device holding no other
+  copy of its group has dev_free plus (memory - asleep) of each quiet service there (nothing
+  running or waiting, ready_ns <= the previous pass, and mean_gap_ns < 0 or (now -
+  last_request_ns) // 4 > mean_gap_ns) >= its memory. Every pass, after the
+  service tails' order and before anything else, each group with more than one copy (in
+  first-copy order; which copies are candidates is settled at the group's start) routes
+  its any_replica waiting actions again, in policy order, by the
+  same wait, live counting each copy's running actions and the waiting ones before it (an
+  action that named its copy stays and counts there, as does one whose class at the chosen
+  copy is infeasible). A
+  surplus copy is never restored on a device where another copy of its group is resident.
+  The start names the copy.
 * Runtime reports. service_restored(s, node, device, now): if s is restoring on that
   device with ready > now, it is ready now, and the device's ops_end becomes now when it
   was that ready; then a pass. set_service_times(s, restore, offload) replaces its
   restore_ns and offload_ns (no pass).
 * Restore order (restore "queues_first"). Before the walk, offloaded services with
   waiting actions are restored (Restore, below, for the service's first waiting action
-  in order): starving first (that action has waited >= starvation_ns), then most waiting
-  actions per (restore_ns + queued est_ns // max_batch), cross-multiplied, then index;
+  in order): starving first (that action has waited >= starvation_ns), then minimum
+  copies before surplus ones, surplus ones by the live est_ns of their service's copies //
+  max_batch, larger first; then most
+  waiting actions per (restore_ns + queued est_ns // max_batch), cross-multiplied, then index;
   one whose first waiting action its quota would refuse now is left to the walk; and none
   while the first waiting action (in order) of some class without a service that needs
   gpu_memory has waited >= starvation_ns.
@@ -135,8 +148,11 @@ Rules, in words:
   (one ready for less keeps its device; the end of that residency is a wakeup of the
   pass), sorted by running actions then index, are taken until the device's free memory plus what their evictions free
   covers what the restore takes there; of the devices where that suffices, the one whose
-  taken services run the fewest actions (then the lowest index). Those services start
-  nothing for the rest of the pass (their actions wait); the drains of a pass add up.
+  taken services run the fewest actions (then the lowest index). For the rest of the pass
+  each of those services starts at most its drain budget: set, when its unbroken run of
+  passes with a drain begins (it was drained neither earlier in this pass nor in the
+  previous one), to its waiting actions then; each start of its actions while it is
+  drained spends one. The drains of a pass add up.
 * A pass walks the waiting actions once in order. For each (skipping blocked classes):
   1. its quota already blocked in this pass: waits.
   2. a service action: a service resident on an offline node: waits. A ready service
@@ -616,6 +632,8 @@ class ReferenceScheduler:
         self.prev_pass_ns = -1  # when the last pass ran: a service ready since then is not evictable yet
         self.spared_fresh = False  # this pass: a plan fell short sparing such a service
         self.draining: set[int] = set()  # services drained for a starving one (_drain), this pass
+        self.drained_before: set[int] = set()  # ... and the pass before
+        self.drain_starts: dict[int, int] = {}  # service -> starts left to it while drained
         self.wakeup_ns: int | None = None
         self.messages: list[str] = []
         self.freed_bins: set[int] = set()  # resize "malleable": bins a complete or cancel freed room on
@@ -960,27 +978,95 @@ class ReferenceScheduler:
                     i = next(i for i in range(j + 1) if before[i] >= latest)
                     a.order = (a.order[0], keys[i], a.order[2])
 
-    def _route_replica(self, a: _Action, t: int) -> int:
-        """The copy of a's replicated service that would start it soonest: the least wait, whole
-        batches of its live actions (this batch's earlier ones included) times a's run time at
-        its minimum grant, plus for a surplus copy how long until it can start anything (0
-        resident, the rest of its restore while restoring, its restore time otherwise); then
-        the fewest live actions; then the lower copy."""
-        run_ns = to_ns(self._model_seconds(a.model, a.minimum, a.minimum))
-        best, best_key = a.service, None
+    def _group(self, first: int) -> list[int]:
+        """The copies of the replica group whose first copy is `first`, in index order."""
         home = self.rules.service_devices == "home"  # surplus copies are never deployed there
-        for copy in [a.service] + [o for o, svc in enumerate(self.services)
-                                   if svc.replica_of == a.service and not (home and svc.surplus)]:
+        return [first] + [o for o, svc in enumerate(self.services)
+                          if svc.replica_of == first and not (home and svc.surplus)]
+
+    def _copy_reachable(self, copy: int) -> bool:
+        """A minimum copy always; a surplus one resident or restoring, or with room."""
+        svc = self.services[copy]
+        return not svc.surplus or svc.device >= 0 or self._surplus_has_room(copy)
+
+    def _soonest_copy(self, group: list[int], live: list[int], work: list[int], t: int,
+                      reach: list[bool] | None = None) -> int:
+        """Index in `group` of the copy where an action would start soonest: the least wait,
+        whole batches of the copy's live actions times their mean est_ns (work: their sum),
+        plus for a surplus copy how long until it can start anything (0 resident, the rest of
+        its restore while restoring, its restore time otherwise); then the fewest live
+        actions; then the lower copy."""
+        best, best_key = 0, None
+        for i, copy in enumerate(group):
             svc = self.services[copy]
-            if svc.surplus and svc.device < 0 and not any(
-                    free >= svc.memory and self._device_online(d) for d, free in enumerate(self.dev_free)):
-                continue  # a surplus copy comes only into free memory, never by an eviction
+            if not (reach[i] if reach is not None else self._copy_reachable(copy)):
+                continue
             until = 0 if not svc.surplus else svc.restore_ns if svc.device < 0 else max(svc.ready_ns - t, 0)
-            live = sum(1 for b in self.actions.values() if b.service == copy)
-            key = (until + (live // svc.max_batch) * run_ns, live)
+            ahead = (live[i] // svc.max_batch) * work[i] // live[i] if live[i] else 0
+            key = (until + ahead, live[i])
             if best_key is None or key < best_key:
-                best, best_key = copy, key
+                best, best_key = i, key
         return best
+
+    def _sibling_on(self, copy: int, d: int) -> bool:
+        first = self.services[copy].replica_of if self.services[copy].replica_of >= 0 else copy
+        return any(o != copy and self.services[o].device == d for o in self._group(first))
+
+    def _surplus_has_room(self, copy: int) -> bool:
+        """No other service's minimum copy waits offloaded, and an online device holding no
+        other copy of its group has its memory free, or free once its quiet services go:
+        nothing running or waiting, ready before the last pass, and fewer than two requests
+        or none for 4 of their mean gaps."""
+        busy = {a.service for a in self.actions.values()}
+        first = self.services[copy].replica_of
+        if any(not svc.surplus and svc.device < 0 and o != first and svc.replica_of != first
+               and any(not a.running and a.service == o for a in self.actions.values())
+               for o, svc in enumerate(self.services)):
+            return False  # another service's minimum copy waits offloaded: its restore comes first
+        need = self.services[copy].memory
+        for d, free in enumerate(self.dev_free):
+            if not self._device_online(d) or self._sibling_on(copy, d):
+                continue
+            idle = sum(o.memory - o.asleep for s, o in enumerate(self.services)
+                       if o.device == d and s not in busy and o.ready_ns <= self.prev_pass_ns
+                       and (o.mean_gap_ns < 0 or (self.now_ns - o.last_request_ns) // 4 > o.mean_gap_ns))
+            if free + idle >= need:
+                return True
+        return False
+
+    def _route_replica(self, a: _Action, t: int) -> int:
+        """The copy of a's replicated service that would start it soonest (_soonest_copy),
+        counting each copy's live actions, this batch's earlier ones included."""
+        group = self._group(a.service)
+        live = [sum(1 for b in self.actions.values() if b.service == copy) for copy in group]
+        work = [sum(b.est_ns for b in self.actions.values() if b.service == copy) for copy in group]
+        return group[self._soonest_copy(group, live, work, t)]
+
+    def _rebind_replicas(self) -> None:
+        """Each replicated service's waiting actions, in policy order, go to the copy that
+        would start each soonest, counting running actions and those placed before it."""
+        for first, svc in enumerate(self.services):
+            if svc.replica_of >= 0:
+                continue
+            group = self._group(first)
+            waiting = sorted((a for a in self.actions.values() if not a.running and a.service in group),
+                             key=lambda a: a.order)
+            if len(group) < 2 or not waiting:
+                continue
+            live = [self._running(service=copy) for copy in group]
+            work = [sum(b.est_ns for b in self.actions.values() if b.running and b.service == copy) for copy in group]
+            reach = [self._copy_reachable(copy) for copy in group]  # settled once per group
+            for a in waiting:  # each counts where it ends up
+                best = (self._soonest_copy(group, live, work, self.now_ns, reach) if a.any_replica
+                        else group.index(a.service))
+                if group[best] != a.service:
+                    own = a.service
+                    a.service = group[best]
+                    if self._infeasible(a):
+                        a.service = own
+                        best = group.index(own)
+                live[best] += 1
+                work[best] += a.est_ns
 
     def complete(self, ids: Iterable[int], now: float) -> np.ndarray:
         ids = self._ids(ids, self._start_check(now), running_only=True)
@@ -1331,11 +1417,14 @@ class ReferenceScheduler:
     def _pass(self, out: list, resized: Iterable[int] = ()) -> np.ndarray:
         p = _Pass()
         self.spared_fresh = False
+        self.drained_before = self.draining  # the previous pass's (a drain's run goes on)
         self.draining = set()  # services drained for a starving one (_drain): none yet this pass
         self.drain_wakeups: list[int] = []  # ends of residencies that kept a service from a drain
         p.resized.update(resized)  # limited by this event: not resized again in its pass
         if self.rules.order == "estimate" and self.services:
             self._order_service_tails()
+        if self.services:
+            self._rebind_replicas()
         for s, svc in enumerate(self.services):  # resident on an offline node, idle: offloaded
             if svc.device >= 0 and not self._device_online(svc.device) and self._running(service=s) == 0:
                 self._evict(s, out, discard=True)  # its state there is gone
@@ -1449,7 +1538,7 @@ class ReferenceScheduler:
             return -1
         if svc.device < 0 and not self._restore(a, out):
             return -1
-        if svc.ready_ns > self.now_ns or a.service in self.draining or self._running(service=a.service) >= svc.max_batch:
+        if svc.ready_ns > self.now_ns or (a.service in self.draining and self.drain_starts[a.service] == 0) or self._running(service=a.service) >= svc.max_batch:
             return -1
         return svc.device
 
@@ -1584,6 +1673,8 @@ class ReferenceScheduler:
             bin_.bound_to = a.trajectory
         a.running, a.bin, a.device = True, b, device
         a.work_left, a.since = 1.0, now
+        if a.service in self.draining:
+            self.drain_starts[a.service] -= 1
         p.started.append((a, len(out)))
         out.append(self._decision(START, action=a.id, node=bin_.node,
                                   device=self.dev_local[device] if device >= 0 else -1, service=a.service,
@@ -1639,8 +1730,10 @@ class ReferenceScheduler:
     def _restore_queues(self, out: list) -> None:
         """Offloaded services with waiting actions are restored before the walk, in queue
         order: starving first (their first waiting action in policy order has waited
-        starvation_ns), then most waiting actions per (restore_ns + queued est_ns //
-        max_batch) (cross-multiplied integers), then index; each with its first waiting
+        starvation_ns), then minimum copies before surplus ones, surplus ones by the sum of
+        est_ns of the live actions at all copies of the service // max_batch, larger first;
+        then most waiting actions per
+        (restore_ns + queued est_ns // max_batch) (cross-multiplied integers), then index; each with its first waiting
         action in policy order as the one it is restored for."""
         waiting = sorted((a for a in self.actions.values() if not a.running), key=lambda a: a.order)
         class_heads: dict[tuple, _Action] = {}
@@ -1660,9 +1753,18 @@ class ReferenceScheduler:
                 + sum(a.est_ns for a in waiting if a.service == s) // self.services[s].max_batch for s in heads}
         starving = {s: self.now_ns - heads[s].submit_ns >= self.starvation_ns for s in heads}
 
+        def group_work(s: int) -> int:  # its service's waiting and running work per batch slot
+            first = self.services[s].replica_of if self.services[s].replica_of >= 0 else s
+            group = self._group(first)
+            return sum(a.est_ns for a in self.actions.values() if a.service in group) // self.services[s].max_batch
+
         def rank(x: int, y: int) -> int:
             if starving[x] != starving[y]:
                 return -1 if starving[x] else 1
+            if self.services[x].surplus != self.services[y].surplus:
+                return 1 if self.services[x].surplus else -1  # minimum copies first
+            if self.services[x].surplus and group_work(x) != group_work(y):
+                return -1 if group_work(x) > group_work(y) else 1
             lhs, rhs = n[x] * span[y], n[y] * span[x]
             if lhs != rhs:
                 return -1 if lhs > rhs else 1
@@ -1823,8 +1925,8 @@ class ReferenceScheduler:
         def room_on(d: int) -> int:  # the head beside the service (see the core's restore())
             return need_on(d) + a.gpu_memory
 
-        def usable(d: int) -> bool:
-            return self._device_online(d) and self._could_serve(a, d)
+        def usable(d: int) -> bool:  # a surplus copy never beside another copy of its group
+            return self._device_online(d) and self._could_serve(a, d) and not (svc.surplus and self._sibling_on(s, d))
 
         def busy_node(d: int) -> int:  # 1 when no free bin of the node holds the action's demand now
             leaves = self._node_leaves(a.partition, self.dev_node[d])
@@ -1892,6 +1994,9 @@ class ReferenceScheduler:
             if room < room_on(d) or (least >= 0 and running >= least):
                 continue
             least, victims = running, in_way[:k]
+        for v in victims:
+            if v not in self.draining and v not in self.drained_before:
+                self.drain_starts[v] = sum(1 for b in self.actions.values() if not b.running and b.service == v)
         self.draining.update(victims)
 
     def _make_gpu_room(self, a: _Action, bins: list[int], own_slot: bool, device: int, p: _Pass, out: list) -> bool:

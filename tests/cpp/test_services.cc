@@ -803,7 +803,37 @@ TEST(Replicas, AQueueLongerThanARestoreBringsAnotherCopy) {
   EXPECT_EQ(h.submit({any_copy(3, 10)}, 4), (Decisions{restore(1).on(0, 1).at(6)}));
   // A short action: one batch of 1 s ahead on copy 0 is less than copy 1's remaining 2 s.
   EXPECT_EQ(h.submit({any_copy(4, 1)}, 4), Decisions{});
-  EXPECT_EQ(h.tick(6), (Decisions{start(3).on(0, 1).service(1).at(6)}));
+  // Copy 1 ready: no whole batch ahead there, one of 1 s at copy 0, so action 4 moves over too.
+  EXPECT_EQ(h.tick(6), (Decisions{start(3).on(0, 1).service(1).at(6), start(4).on(0, 1).service(1).at(6)}));
+}
+
+// Late binding: actions queued at copy 0 while no device could take a second copy move to
+// the surplus copy once one can (device 1 comes online), rather than wait out the batches
+// ahead of them at copy 0; a start names the copy it runs on.
+TEST(Replicas, QueuedActionsMoveToACopyThatCanServeThemSooner) {
+  Harness h(replica_inventory(2, 1), policy_of(PolicyKind::kFifo));
+  h.s.set_device_online(0, 1, false, 0, h.out);
+  EXPECT_EQ(h.submit({any_copy(1, 10), any_copy(2, 10), any_copy(3, 10), any_copy(4, 10)}, 0),
+            (Decisions{restore(0).on(0, 0).at(2)}));
+  EXPECT_EQ(h.tick(2), (Decisions{start(1).on(0, 0).service(0).at(2), start(2).on(0, 0).service(0).at(2)}));
+  h.out.clear();
+  // Copy 0: a whole batch of 10 s ahead; copy 1 (device 1 now online): a 2 s restore.
+  h.s.set_device_online(0, 1, true, S(3), h.out);
+  h.s.check_invariants();
+  EXPECT_EQ(h.out, (Decisions{restore(1).on(0, 1).at(5)}));
+  EXPECT_EQ(h.tick(5), (Decisions{start(3).on(0, 1).service(1).at(5), start(4).on(0, 1).service(1).at(5)}));
+  h.s.check_invariants();
+}
+
+// A surplus copy is never restored beside another copy of its service (they would share the
+// device's compute): with one device, a queue waits at copy 0.
+TEST(Replicas, ASurplusCopyNeverGoesBesideAnotherCopy) {
+  Inventory inv = replica_inventory(2, 1);
+  inv.nodes[0].gpus = {{U(8000)}};
+  Harness h(inv, policy_of(PolicyKind::kFifo));
+  EXPECT_EQ(h.submit({any_copy(1, 10), any_copy(2, 10), any_copy(3, 10)}, 0), (Decisions{restore(0).on(0, 0).at(2)}));
+  EXPECT_EQ(h.tick(2), (Decisions{start(1).on(0, 0).service(0).at(2), start(2).on(0, 0).service(0).at(2)}));
+  EXPECT_EQ(h.complete({1, 2}, 12), (Decisions{start(3).on(0, 0).service(0).at(12)}));
 }
 
 // An action naming a copy runs there; validation names the field.
@@ -867,9 +897,10 @@ TEST(Replicas, IdleSurplusCopiesAreEvictedFirst) {
 // each other in turn. Service a (ready at 5, two actions at a time) always has one running;
 // b's action, submitted at 1, starves from 11. At 12 and 13 a is kept (ready for less than
 // 10 s) and starts its next actions; the pass at 15 (the wake-up) drains it, and so does
-// every later pass (tangram restores queues before its walk), so it starts nothing more;
-// once its last action ends at 23 it is evicted and b restored. (Without the residency, a
-// would be drained at 12 and evicted at 13.)
+// every later pass (tangram restores queues before its walk), so it starts only as many
+// actions as waited at 15 (one: action 6, shorter, submitted at 16, goes first, and 5
+// waits); once its last action ends at 23 it is evicted and b restored. (Without the residency, a would be drained at 12 and evicted at
+// 13.)
 TEST(Services, AServiceIsKeptFromADrainForStarvationSecondsAfterItBecameReady) {
   Inventory inv = cpu_inventory(1, 16);
   inv.nodes[0].gpus = {{U(4000)}};
@@ -889,9 +920,10 @@ TEST(Services, AServiceIsKeptFromADrainForStarvationSecondsAfterItBecameReady) {
   EXPECT_EQ(h.complete({1}, 12), (Decisions{start(3).on(0, 0).service(0).at(12)}));
   EXPECT_EQ(h.complete({2}, 13), (Decisions{start(4).on(0, 0).service(0).at(13)}));
   EXPECT_EQ(h.s.next_wakeup(), S(15));
-  EXPECT_EQ(h.tick(15), Decisions{});           // drained: a starts nothing more
-  EXPECT_EQ(h.complete({3}, 21), Decisions{});  // drained again; action 5 waits
-  EXPECT_EQ(h.complete({4}, 23), (Decisions{evict(0).on(0, 0).at(23), restore(1).on(0, 0).at(25)}));
+  EXPECT_EQ(h.tick(15), Decisions{});  // drained (and its batch full)
+  EXPECT_EQ(h.submit({on(6, 0, 1)}, 16), Decisions{});
+  EXPECT_EQ(h.complete({3}, 21), (Decisions{start(6).on(0, 0).service(0).at(21)}));  // the drain's one start
+  EXPECT_EQ(h.complete({4, 6}, 23), (Decisions{evict(0).on(0, 0).at(23), restore(1).on(0, 0).at(25)}));
 }
 
 // OrderRule::kEstimate: a queue whose arrivals have stopped keeps shortest first, except an
