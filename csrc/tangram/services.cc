@@ -442,9 +442,14 @@ bool Scheduler::Impl::restore(std::int32_t svc_id, const Class& head, std::vecto
   auto no_skip = [](std::int32_t) { return false; };
   std::vector<Quantity> demand(head.demand, head.demand + K);
   if (bins.has_gpus) demand.push_back(0);
-  // A surplus copy never goes beside another copy of its group: they would share its compute.
+  // A surplus copy goes beside another copy of its group (they would share the device's
+  // compute; its calls were routed to it for room elsewhere) only where no other device in
+  // its range could ever serve its head.
+  bool sibling_free_device = false;
+  for (std::int32_t d = dlo; d < dhi && spec.surplus && !sibling_free_device; ++d)
+    sibling_free_device = device_online(d) && could_serve(head, d) && !sibling_on(svc_id, d);
   auto usable = [&](std::int32_t d) {
-    return device_online(d) && could_serve(head, d) && !(spec.surplus && sibling_on(svc_id, d));
+    return device_online(d) && could_serve(head, d) && !(sibling_free_device && sibling_on(svc_id, d));
   };
   // Prefer devices whose node has room for the waiting action right now.
   auto busy_node = [&](std::int32_t d) -> std::int64_t {

@@ -126,7 +126,8 @@ Rules, in words:
   same wait, live counting each copy's running actions and the waiting ones before it (an
   action that named its copy stays and counts there, as does one whose class at the chosen
   copy is infeasible). A
-  surplus copy is never restored on a device where another copy of its group is resident.
+  surplus copy is restored on a device where another copy of its group is resident only
+  when no online device of its range without one could serve the action it is for.
   The start names the copy.
 * Runtime reports. service_restored(s, node, device, now): if s is restoring on that
   device with ready > now, it is ready now, and the device's ops_end becomes now when it
@@ -1538,7 +1539,8 @@ class ReferenceScheduler:
             return -1
         if svc.device < 0 and not self._restore(a, out):
             return -1
-        if svc.ready_ns > self.now_ns or (a.service in self.draining and self.drain_starts[a.service] == 0) or self._running(service=a.service) >= svc.max_batch:
+        drained = a.service in self.draining and self.drain_starts[a.service] == 0  # its drain's starts are spent
+        if svc.ready_ns > self.now_ns or drained or self._running(service=a.service) >= svc.max_batch:
             return -1
         return svc.device
 
@@ -1925,8 +1927,12 @@ class ReferenceScheduler:
         def room_on(d: int) -> int:  # the head beside the service (see the core's restore())
             return need_on(d) + a.gpu_memory
 
-        def usable(d: int) -> bool:  # a surplus copy never beside another copy of its group
-            return self._device_online(d) and self._could_serve(a, d) and not (svc.surplus and self._sibling_on(s, d))
+        # A surplus copy beside another copy of its group only where no other device will ever do.
+        sibling_free = svc.surplus and any(self._device_online(d) and self._could_serve(a, d)
+                                           and not self._sibling_on(s, d) for d in self._service_devices(s))
+
+        def usable(d: int) -> bool:
+            return self._device_online(d) and self._could_serve(a, d) and not (sibling_free and self._sibling_on(s, d))
 
         def busy_node(d: int) -> int:  # 1 when no free bin of the node holds the action's demand now
             leaves = self._node_leaves(a.partition, self.dev_node[d])

@@ -825,15 +825,22 @@ TEST(Replicas, QueuedActionsMoveToACopyThatCanServeThemSooner) {
   h.s.check_invariants();
 }
 
-// A surplus copy is never restored beside another copy of its service (they would share the
-// device's compute): with one device, a queue waits at copy 0.
-TEST(Replicas, ASurplusCopyNeverGoesBesideAnotherCopy) {
+// A surplus copy goes beside another copy of its service only as a last resort (they would
+// share the device's compute): with one device, a queue at copy 0 does not bring copy 1;
+// a call naming copy 1 does, and then the queued call moves over to it too.
+TEST(Replicas, ASurplusCopyGoesBesideAnotherCopyOnlyAsALastResort) {
   Inventory inv = replica_inventory(2, 1);
   inv.nodes[0].gpus = {{U(8000)}};
   Harness h(inv, policy_of(PolicyKind::kFifo));
-  EXPECT_EQ(h.submit({any_copy(1, 10), any_copy(2, 10), any_copy(3, 10)}, 0), (Decisions{restore(0).on(0, 0).at(2)}));
-  EXPECT_EQ(h.tick(2), (Decisions{start(1).on(0, 0).service(0).at(2), start(2).on(0, 0).service(0).at(2)}));
-  EXPECT_EQ(h.complete({1, 2}, 12), (Decisions{start(3).on(0, 0).service(0).at(12)}));
+  EXPECT_EQ(h.submit({any_copy(1, 10)}, 0), (Decisions{restore(0).on(0, 0).at(2)}));
+  EXPECT_EQ(h.tick(2), (Decisions{start(1).on(0, 0).service(0).at(2)}));
+  // Action 3 has a batch of 10 s ahead at copy 0, but no device without copy 0 for copy 1.
+  EXPECT_EQ(h.submit({any_copy(2, 10), any_copy(3, 10)}, 3), (Decisions{start(2).on(0, 0).service(0).at(3)}));
+  ActionSpec pinned = action(4, {U(1)}, 10);
+  pinned.service = 1;
+  EXPECT_EQ(h.submit({pinned}, 4), (Decisions{restore(1).on(0, 0).at(6)}));
+  EXPECT_EQ(h.tick(6), (Decisions{start(3).on(0, 0).service(1).at(6), start(4).on(0, 0).service(1).at(6)}));
+  h.s.check_invariants();
 }
 
 // An action naming a copy runs there; validation names the field.

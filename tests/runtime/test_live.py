@@ -296,10 +296,10 @@ def test_calls_to_a_replicated_service_go_to_the_replica_that_serves_them_soones
 
 
 def test_a_queue_brings_a_surplus_replica_and_memory_needed_evicts_it_first() -> None:
-    """Service(replicas=1, max_replicas=2) beside another service on one fake GPU: a burst
-    longer than a restore brings the second copy (its own load through the hooks, calls
-    served by both), and when the other service needs the memory, the surplus copy is
-    evicted (offloaded through the hooks), not the first."""
+    """Service(replicas=1, max_replicas=2) and another service on two fake GPUs: a burst
+    longer than a restore brings the second copy (its own load through the hooks, on the
+    other device: never beside the first, calls served by both), and when the other service
+    needs that device's memory, the surplus copy is evicted (offloaded through the hooks)."""
     events: list[tuple[str, int]] = []
 
     class Copy(ServiceHooks):
@@ -322,8 +322,8 @@ def test_a_queue_brings_a_surplus_replica_and_memory_needed_evicts_it_first() ->
 
     async def main() -> None:
         rm = Service("rm", memory=600, restore_seconds=0.05, max_batch=2, replicas=1, max_replicas=2)
-        other = Service("other", memory=600, restore_seconds=0.05)
-        inventory = local_inventory(services=[rm, other], gpus=[1300])
+        other = Service("other", memory=1000, restore_seconds=0.05)
+        inventory = local_inventory(services=[rm, other], gpus=[700, 1300])  # the first copy: best fit
         gpu = GpuManager(services={"rm": Copy(), "other": FunctionService(lambda x: x)}, devices="inventory")
         async with Orchestrator(inventory=inventory, default_managers=False, managers={"gpu": gpu}) as orch:
             calls = [Call(args=(i,), service="rm", resources={}, kind="reward", runtime=0.3) for i in range(4)]
@@ -332,7 +332,7 @@ def test_a_queue_brings_a_surplus_replica_and_memory_needed_evicts_it_first() ->
             assert sorted(copy for copy, _ in outputs) == [0, 0, 1, 1]  # two calls each: a batch per copy
             assert events == [("load", 0), ("load", 1)]
             described = gpu.describe()["services"]
-            assert described["rm#0"]["resident_on"] == described["rm#1"]["resident_on"] == 0
+            assert described["rm#0"]["resident_on"] == 0 and described["rm#1"]["resident_on"] == 1
             assert await orch.run(Call(args=(5,), service="other", resources={}, kind="reward")) == 5
             assert events[-1] == ("offload", 1), events  # the surplus copy went, not the first
             described = gpu.describe()["services"]
