@@ -823,16 +823,21 @@ def test_service_eviction() -> None:
     h.drain()
 
 
-# A replicated service (one copy the minimum, one surplus) on one GPU that holds two of the
-# three services: a queue of 4 s calls brings the surplus copy (routed at submit alike on
-# both sides), and when the other service needs the memory, the idle surplus copy is the
-# one evicted, though every other rule ranks the first copy first (the same requests and
-# restore time, the lower index).
+def replicated_inventory(gpus: list[int], *more: Service) -> Inventory:
+    """One node: "rm" with one minimum copy and one surplus (core services 0 and 1), "other"
+    (2), then `more`, on GPUs of the given memory."""
+    return Inventory([Node("n0", {"cpu": 8}, [Gpu(m) for m in gpus])],
+                     services=[Service("rm", 1000, 1.0, replicas=1, max_replicas=2), Service("other", 1000, 1.0),
+                               *more])
+
+
+# A replicated service (one copy the minimum, one surplus) beside two others on two GPUs: a
+# queue of 4 s calls brings the surplus copy (routed at submit alike on both sides) to the
+# device without the first copy, and when "big" needs that device's memory, of the two idle
+# services there the surplus copy is the one evicted.
 @pytest.mark.parametrize("name", [p for p in POLICIES if POLICY_RULES[p].service_devices == "any"])
 def test_replica_routing_and_surplus_eviction(name: str) -> None:
-    inv = Inventory([Node("n0", {"cpu": 8}, [Gpu(3000), Gpu(1000)])],
-                    services=[Service("rm", 1000, 1.0, replicas=1, max_replicas=2), Service("other", 1000, 1.0),
-                              Service("big", 2000, 1.0)])
+    inv = replicated_inventory([3000, 1000], Service("big", 2000, 1.0))
     h = Harness(inv, Policy(name=name))
     assert h.service_replica_of == [-1, 0, -1, -1]
     out = h.submit(actions(1, *[dict(id=i, demand=[1], seconds=4.0, service=0, any_replica=1) for i in (1, 2)]))
@@ -862,8 +867,7 @@ def test_replica_routing_and_surplus_eviction(name: str) -> None:
 # surplus copy restored in its place (late binding: they were bound to the first copy).
 @pytest.mark.parametrize("name", [p for p in POLICIES if POLICY_RULES[p].service_devices == "any"])
 def test_a_surplus_copy_comes_only_into_idle_memory(name: str) -> None:
-    inv = Inventory([Node("n0", {"cpu": 8}, [Gpu(1000), Gpu(1000)])],
-                    services=[Service("rm", 1000, 1.0, replicas=1, max_replicas=2), Service("other", 1000, 1.0)])
+    inv = replicated_inventory([1000, 1000])
     h = Harness(inv, Policy(name=name))
     h.submit(actions(1, dict(id=1, demand=[1], seconds=10.0, service=2), dict(id=2, demand=[1], seconds=10.0, service=0,
                                                                                any_replica=1)))
@@ -887,9 +891,7 @@ def test_a_surplus_copy_comes_only_into_idle_memory(name: str) -> None:
 # idle service gives up goes to that service's restore, not to a second copy of a busy one.
 @pytest.mark.parametrize("name", [p for p in POLICIES if POLICY_RULES[p].service_devices == "any"])
 def test_a_surplus_copy_waits_for_other_services_restores(name: str) -> None:
-    inv = Inventory([Node("n0", {"cpu": 8}, [Gpu(1000), Gpu(1000)])],
-                    services=[Service("rm", 1000, 1.0, replicas=1, max_replicas=2), Service("other", 1000, 1.0),
-                              Service("idle", 1000, 1.0)])
+    inv = replicated_inventory([1000, 1000], Service("idle", 1000, 1.0))
     h = Harness(inv, Policy(name=name))
     h.submit(actions(1, dict(id=1, demand=[1], seconds=10.0, service=0, any_replica=1),
                      dict(id=2, demand=[1], seconds=1.0, service=3)))
@@ -958,8 +960,7 @@ def test_a_drained_service_serves_the_queue_it_had() -> None:
 # for the one copy there, and the surplus copy is never restored.
 @pytest.mark.parametrize("name", [p for p in POLICIES if POLICY_RULES[p].service_devices == "home"])
 def test_dedicated_deployments_never_use_surplus_copies(name: str) -> None:
-    inv = Inventory([Node("n0", {"cpu": 8}, [Gpu(2500), Gpu(2500)])],
-                    services=[Service("rm", 1000, 1.0, replicas=1, max_replicas=2), Service("other", 1000, 1.0)])
+    inv = replicated_inventory([2500, 2500])
     h = Harness(inv, Policy(name=name))
     out = h.submit(actions(1, *[dict(id=i, demand=[1], seconds=4.0, service=0, any_replica=1) for i in (1, 2, 3)]))
     out2 = h.submit(actions(1, dict(id=4, demand=[1], seconds=1.0, service=2)))

@@ -277,24 +277,33 @@ void Scheduler::Impl::submit(const ActionSpec* a, std::size_t n, TimeNs t, std::
       actions.mean_gap_ns = actions.mean_gap_ns < 0 ? gap : (7 * actions.mean_gap_ns + gap) / 8;
     }
     actions.last_submit_ns = now;
-    Class& cl = classes[c];
-    if (cl.service != kNone) {
-      ServiceRec& svc = gpus.services[cl.service];
-      svc.waiting += 1;
-      svc.queued_ns += detail.est_ns;
+    if (classes[c].service != kNone) {
+      ServiceRec& svc = gpus.services[classes[c].service];
       if (svc.last_request_ns >= 0) {
         const TimeNs gap = now - svc.last_request_ns;
         svc.mean_gap_ns = svc.mean_gap_ns < 0 ? gap : (7 * svc.mean_gap_ns + gap) / 8;
       }
       svc.last_request_ns = now;
     }
-    bool new_head = cl.waiting.empty() || detail.order < cl.waiting.head();
-    if (new_head) classes.deactivate(c);
-    cl.waiting.push(detail.order, actions.queue_pos);
-    if (new_head && !cl.parked) classes.activate(c);
-    // Parked across the partition: listed again under its new head (the old entry is stale).
-    if (new_head && cl.parked && cl.park_node == kNone) classes.partition_parking[cl.partition].parked_new.emplace_back(cl.waiting.head(), c);
+    join_class_queue(c, detail);
   }
+}
+
+// Waiting action `slot` leaves its class's queue (and its service's waiting work); the class
+// is freed once unused.
+void Scheduler::Impl::leave_class_queue(std::int32_t slot) {
+  const std::int32_t c = actions.slots[slot].cls;
+  Class& cl = classes[c];
+  const bool was_head = cl.waiting.head().slot == slot;
+  if (was_head) classes.deactivate(c);
+  cl.waiting.erase(slot, actions.queue_pos);
+  if (was_head && cl.parked) unpark(c);  // its new head may starve sooner
+  else if (was_head) classes.activate(c);
+  if (cl.service != kNone) {
+    gpus.services[cl.service].waiting -= 1;
+    gpus.services[cl.service].queued_ns -= actions.details[slot].est_ns;
+  }
+  classes.free_if_unused(c);
 }
 
 void Scheduler::Impl::finish(std::int32_t slot) {
@@ -336,17 +345,7 @@ void Scheduler::Impl::finish(std::int32_t slot) {
 
 void Scheduler::Impl::unqueue(std::int32_t slot) {
   ActionRec& r = actions.slots[slot];
-  Class& cl = classes[r.cls];
-  bool was_head = cl.waiting.head().slot == slot;
-  if (was_head) classes.deactivate(r.cls);
-  cl.waiting.erase(slot, actions.queue_pos);
-  if (was_head && cl.parked) unpark(r.cls);  // its new head may starve sooner
-  else if (was_head) classes.activate(r.cls);
-  if (cl.service != kNone) {
-    gpus.services[cl.service].waiting -= 1;
-    gpus.services[cl.service].queued_ns -= actions.details[slot].est_ns;
-  }
-  classes.free_if_unused(r.cls);
+  leave_class_queue(slot);
   --actions.n_waiting;
   if (actions.trajectory_loses(r.trajectory)) holder_live(r.trajectory, -1);
   actions.release(r, slot);

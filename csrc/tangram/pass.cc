@@ -441,10 +441,10 @@ inline void Scheduler::Impl::start_head(std::int32_t c, std::int32_t leaf, std::
   if (cl.service != kNone) {
     ServiceRec& svc = gpus.services[cl.service];
     if (svc.draining_pass == this_pass.epoch) --svc.drain_starts;  // service_admits: above 0
-    gpus.services[cl.service].running += 1;
-    gpus.services[cl.service].running_ns += actions.details[slot].est_ns;
-    gpus.services[cl.service].waiting -= 1;
-    gpus.services[cl.service].queued_ns -= actions.details[slot].est_ns;
+    svc.running += 1;
+    svc.running_ns += actions.details[slot].est_ns;
+    svc.waiting -= 1;
+    svc.queued_ns -= actions.details[slot].est_ns;
   }
   classes.deactivate(c);
   cl.waiting.pop(actions.queue_pos);

@@ -178,6 +178,24 @@ struct Scheduler::Impl {
   void submit(const ActionSpec* a, std::size_t n, TimeNs t, std::vector<Decision>& out);
   void finish(std::int32_t slot);  // running -> gone, resources back
   void unqueue(std::int32_t slot);  // waiting -> gone
+  // Waiting action `slot` joins its class's queue (and its service's waiting work); under a
+  // new head the class goes back in the active heap, or, parked across the partition, is
+  // listed again (the old entry is stale). `c` is its class, `detail` its details (the
+  // caller has them at hand: inline on submit's path).
+  void join_class_queue(std::int32_t c, const ActionDetail& detail) {
+    Class& cl = classes[c];
+    if (cl.service != kNone) {
+      gpus.services[cl.service].waiting += 1;
+      gpus.services[cl.service].queued_ns += detail.est_ns;
+    }
+    const bool new_head = cl.waiting.empty() || detail.order < cl.waiting.head();
+    if (new_head) classes.deactivate(c);
+    cl.waiting.push(detail.order, actions.queue_pos);
+    if (new_head && !cl.parked) classes.activate(c);
+    if (new_head && cl.parked && cl.park_node == kNone)
+      classes.partition_parking[cl.partition].parked_new.emplace_back(cl.waiting.head(), c);
+  }
+  void leave_class_queue(std::int32_t slot);  // actions.cc
   // Run time at `units` of the elastic kind (the minimum when not elastic).
   double seconds(std::int32_t slot, Quantity units) const {
     const ActionRec& a = actions.slots[slot];

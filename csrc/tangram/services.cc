@@ -162,25 +162,9 @@ bool Scheduler::Impl::move_to_copy(std::int32_t slot, std::int32_t copy) {
     classes.free_if_unused(to);
     return false;
   }
-  const ActionDetail& detail = actions.details[slot];
-  Class& old = classes[from];
-  const bool was_head = old.waiting.head().slot == slot;
-  if (was_head) classes.deactivate(from);
-  old.waiting.erase(slot, actions.queue_pos);
-  if (was_head && old.parked) unpark(from);
-  else if (was_head) classes.activate(from);
-  gpus.services[old.service].waiting -= 1;
-  gpus.services[old.service].queued_ns -= detail.est_ns;
+  leave_class_queue(slot);
   r.cls = to;
-  classes.free_if_unused(from);
-  Class& cl = classes[to];
-  gpus.services[copy].waiting += 1;
-  gpus.services[copy].queued_ns += detail.est_ns;
-  const bool new_head = cl.waiting.empty() || detail.order < cl.waiting.head();
-  if (new_head) classes.deactivate(to);
-  cl.waiting.push(detail.order, actions.queue_pos);
-  if (new_head && !cl.parked) classes.activate(to);
-  if (new_head && cl.parked && cl.park_node == kNone) classes.partition_parking[cl.partition].parked_new.emplace_back(cl.waiting.head(), to);
+  join_class_queue(to, actions.details[slot]);
   return true;
 }
 
