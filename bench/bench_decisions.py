@@ -17,6 +17,8 @@ from tangram import bench
 from tangram.bench.numpy_placement import NumpyPlacement
 from tangram.scheduler import Policy, core_arguments
 
+from bench.replica_queue import Queue
+
 NODES = 1024
 BURST = 10_000
 REFERENCE_BURST = 300  # the pure-Python reference on a smaller burst of the same workload
@@ -183,3 +185,23 @@ def test_bench_main_json(tmp_path, capsys):
             ("core", "single_submit")} <= seen
     assert {r["api"] for r in rows if r["scenario"] == "single_submit"} == {"Scheduler.submit", "_core.Scheduler.submit"}
     assert "core vs reference" in capsys.readouterr().out
+
+
+# Invariant: a replicated service (4 copies, max_batch 8) with 10,000 calls queued, or one
+# copy of it, completes 500 calls one event at a time: each call starts once, none is
+# rejected, the queue keeps every copy busy (4 copies: all used), and what is left is
+# exactly what was submitted less what ended. Timed, the events (`python
+# bench/replica_queue.py` compares the two and longer queues).
+@pytest.mark.parametrize("copies", [1, 4])
+def test_replica_queue_completions(benchmark, copies):
+    queue = Queue(10_000, copies)
+
+    def events():  # type: ignore[no-untyped-def]
+        for _ in range(500):
+            queue.complete_first()
+
+    benchmark.pedantic(events, rounds=1, iterations=1)
+    queue.sched.check_invariants()
+    assert queue.completed == 500 and len(queue.started) == 8 * copies
+    assert queue.sched.waiting + queue.sched.running == queue.submitted - queue.completed
+    assert queue.copies_used == {f"rm#{i}" for i in range(copies)} if copies > 1 else {"rm"}

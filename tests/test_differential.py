@@ -908,6 +908,38 @@ def test_a_surplus_copy_waits_for_other_services_restores(name: str) -> None:
     h.drain()
 
 
+# A queue longer than the two batches of each copy that every pass routes again: the rest
+# keep their copy, but when a surplus copy becomes reachable with nothing routed to it (the
+# first ones would start sooner where they are), the last waiting action in policy order
+# calls it in, as a new call would. The 20 calls of 0.5 s wait at the first copy (the other
+# device's service is busy); once that one is idle, the surplus copy's 5 s restore beats the
+# queue's 10 s.
+@pytest.mark.parametrize("name", [p for p in POLICIES if POLICY_RULES[p].service_devices == "any"])
+def test_a_long_queue_calls_in_a_surplus_copy(name: str) -> None:
+    inv = Inventory([Node("n0", {"cpu": 8}, [Gpu(1000), Gpu(1000)])],
+                    services=[Service("rm", 1000, 5.0, replicas=1, max_replicas=2), Service("other", 1000, 1.0)])
+    h = Harness(inv, Policy(name=name))
+    h.submit(actions(1, dict(id=1, demand=[1], seconds=60.0, service=2),
+                     dict(id=2, demand=[1], seconds=0.5, service=0, any_replica=1)))
+    h.now = 5.0
+    h.tick()
+    assert h.state[1] == "running" and h.state[2] == "running"
+    queue = list(range(3, 23))
+    h.submit(actions(1, *[dict(id=i, demand=[1], seconds=0.5, service=0, any_replica=1) for i in queue]))
+    assert all(h.state[i] == "waiting" for i in queue)
+    h.now = 5.1
+    h.complete([1])
+    assert [(int(d["kind"]), int(d["service"])) for d in h.log[-1][2]] == [(EVICT, 2), (RESTORE, 1)]
+    while h.live("waiting") or h.live("running"):  # each call ends 0.5 s after it starts
+        h.now += 0.5
+        h.tick()
+        h.complete(h.live("running"))
+    copies = {int(d["action"]): int(d["service"]) for _, _, out in h.log for d in out if d["kind"] == START}
+    assert copies[22] == 1 and copies[3] == 0  # the last call ran on the surplus copy, the first where it was
+    assert sorted(copies.values()).count(1) > 1  # and the copy took over more of the queue once ready
+    h.drain()
+
+
 # An action that names one copy of a replicated service (any_replica off) runs there: only
 # actions submitted to any copy are routed, at submit and again at every pass.
 def test_an_action_naming_a_copy_stays_there() -> None:

@@ -93,7 +93,13 @@ struct PassState {
   std::vector<OrderKey> quota_blocked_at;
   bool quota_refused = false;  // some quota refused a head in this pass
   std::vector<std::int32_t> started;  // action slots started in this pass
-  std::vector<OrderKey> rebinding;  // rebind_replicas: a replicated service's waiting actions
+  // rebind_replicas' scratch: a replicated service's first waiting actions, its classes with
+  // waiting actions, and per copy the live actions, their work, whether it may be routed to.
+  std::vector<OrderKey> rebinding;
+  std::vector<std::int32_t> rebind_classes;
+  std::vector<std::int64_t> rebind_live;
+  std::vector<TimeNs> rebind_work;
+  std::vector<std::uint8_t> rebind_reachable;
   std::vector<std::size_t> started_decision;  // the index of each one's kStart in the event's decisions
   // Class::fit_pass marks a pending wake whose only possible bins are released leaves only
   // while it equals this (set at each pass). A shrink that leaves a bin with more free room
@@ -306,6 +312,11 @@ struct Scheduler::Impl {
   bool copy_reachable(std::int32_t copy) const;
   std::int32_t route_replica(const ActionSpec& s) const;
   void rebind_replicas();
+  void first_waiting(const std::vector<std::int32_t>& queued, std::size_t n, std::vector<OrderKey>& keys) const;
+  void call_in_surplus(std::int32_t first, const std::vector<std::uint8_t>& reachable);
+  // rebind_replicas routes again a replicated service's first waiting actions: this many
+  // batches of each copy.
+  static constexpr std::int64_t kRebindBatches = 2;
   bool move_to_copy(std::int32_t slot, std::int32_t copy);
   bool sibling_on(std::int32_t copy, std::int32_t d) const;
   bool surplus_has_room(std::int32_t copy) const;

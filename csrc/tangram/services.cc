@@ -92,42 +92,76 @@ bool Scheduler::Impl::copy_reachable(std::int32_t copy) const {
   return !inv.services[copy].surplus || gpus.services[copy].device != kNone || surplus_has_room(copy);
 }
 
-// Every pass, before anything starts: each replicated service's waiting actions, in policy
-// order, go to the copy that would start each soonest, counting the copy's running actions
-// and the waiting ones placed there before it. A copy restored since, or one whose batch
-// ended, thus takes over actions queued at a busier one; actions queued at an offloaded
-// surplus copy that has lost its room go back to the others. An action that named its copy
-// stays there (and counts there), as does one whose class at the chosen copy could never run.
+// Every pass, before anything starts: a replicated service's first waiting actions in
+// policy order (the next two batches of every copy: kRebindBatches), go to the copy that
+// would start each soonest, counting the copy's running actions and the waiting ones placed
+// there before it. A copy restored since, or one whose batch ended, thus takes over actions
+// queued at a busier one. An action that named its copy stays there (and counts there), as
+// does one whose class at the chosen copy could never run. Actions further back keep their
+// copy until they come that far forward (an action's place only matters once it is among
+// the next to start), except that
+// - those queued at an offloaded surplus copy that has lost its room go back to the others
+//   (placed after the first ones, in order), and
+// - an offloaded surplus copy with nothing queued, that a new action would be routed to
+//   (route_replica), takes the last waiting action in policy order: its restore begins as if
+//   that action had just arrived.
+// So a pass costs O(B log B) for B batch slots of the group, not O(W log W) for W waiting:
+// a burst of ten thousand rewards is not sorted again at every event.
 void Scheduler::Impl::rebind_replicas() {
   std::vector<OrderKey>& keys = this_pass.rebinding;
-  std::vector<std::int64_t> live;
-  std::vector<TimeNs> work;
-  std::vector<std::uint8_t> reachable;
+  std::vector<std::int64_t>& live = this_pass.rebind_live;
+  std::vector<TimeNs>& work = this_pass.rebind_work;
+  std::vector<std::uint8_t>& reachable = this_pass.rebind_reachable;
+  std::vector<std::int32_t>& queued = this_pass.rebind_classes;  // the group's classes with waiting actions
   for (std::int32_t first = 0; first < static_cast<std::int32_t>(gpus.replica_group.size()); ++first) {
     const std::vector<std::int32_t>& group = gpus.replica_group[first];
     if (group.size() < 2) continue;
-    std::int64_t waiting = 0;
-    for (std::int32_t copy : group) waiting += gpus.services[copy].waiting;
+    std::int64_t waiting = 0, window = 0;
+    for (std::int32_t copy : group) {
+      waiting += gpus.services[copy].waiting;
+      window += kRebindBatches * inv.services[copy].max_batch;
+    }
     if (waiting == 0) continue;
-    keys.clear();
-    for (const Class& cl : classes)
-      if (cl.service != kNone && !cl.waiting.empty() && inv.services[cl.service].first_copy(cl.service) == first)
-        cl.waiting.for_each([&](const OrderKey& k) { keys.push_back(k); });
-    std::sort(keys.begin(), keys.end());
+    auto index_of = [&](std::int32_t copy) {
+      return static_cast<std::size_t>(std::find(group.begin(), group.end(), copy) - group.begin());
+    };
     // Moving actions within the group changes no copy's reach (surplus_has_room looks at
     // other services and at devices without another copy of the group): settled once.
+    reachable.assign(group.size(), 0);
+    for (std::size_t i = 0; i < group.size(); ++i) reachable[i] = copy_reachable(group[i]) ? 1 : 0;
+    // The group's classes with waiting actions. Under home devices the group holds only the
+    // deployed copies: actions naming an undeployed surplus copy are not the group's.
+    queued.clear();
+    for (std::int32_t c = 0; c < static_cast<std::int32_t>(classes.size()); ++c)
+      if (classes[c].service != kNone && !classes[c].waiting.empty() &&
+          inv.services[classes[c].service].first_copy(classes[c].service) == first &&
+          index_of(classes[c].service) < group.size())
+        queued.push_back(c);
+    keys.clear();
+    const bool whole = waiting <= window;
+    if (whole) {
+      for (std::int32_t c : queued) classes[c].waiting.for_each([&](const OrderKey& k) { keys.push_back(k); });
+      std::sort(keys.begin(), keys.end());
+    } else {
+      first_waiting(queued, static_cast<std::size_t>(window), keys);
+      const std::size_t front = keys.size();
+      for (std::int32_t c : queued)
+        if (!reachable[index_of(classes[c].service)])
+          classes[c].waiting.for_each([&](const OrderKey& k) {
+            if (keys[front - 1] < k) keys.push_back(k);  // the first ones are listed already
+          });
+      std::sort(keys.begin() + static_cast<std::ptrdiff_t>(front), keys.end());
+    }
     live.assign(group.size(), 0);
     work.assign(group.size(), 0);
-    reachable.assign(group.size(), 0);
     for (std::size_t i = 0; i < group.size(); ++i) {
       live[i] = gpus.services[group[i]].running;
       work[i] = gpus.services[group[i]].running_ns;
-      reachable[i] = copy_reachable(group[i]) ? 1 : 0;
     }
     for (const OrderKey& k : keys) {  // each counts where it ends up
       const ActionRec& r = actions.slots[k.slot];
       if (!actions.details[k.slot].any_replica) {  // it named its copy
-        const std::size_t at = std::find(group.begin(), group.end(), classes[r.cls].service) - group.begin();
+        const std::size_t at = index_of(classes[r.cls].service);
         ++live[at];
         work[at] += actions.details[k.slot].est_ns;
         continue;
@@ -136,11 +170,62 @@ void Scheduler::Impl::rebind_replicas() {
           first, [&](std::size_t i) { return reachable[i] != 0; }, [&](std::size_t i) { return live[i]; },
           [&](std::size_t i) { return static_cast<__int128>(work[i]); });
       std::size_t at = best;
-      if (group[best] != classes[r.cls].service && !move_to_copy(k.slot, group[best]))
-        at = std::find(group.begin(), group.end(), classes[r.cls].service) - group.begin();
+      if (group[best] != classes[r.cls].service && !move_to_copy(k.slot, group[best])) at = index_of(classes[r.cls].service);
       ++live[at];
       work[at] += actions.details[k.slot].est_ns;
     }
+    if (!whole) call_in_surplus(first, reachable);
+  }
+}
+
+// The first `n` waiting actions in policy order of the classes `queued` into `keys`, by a
+// walk down their heaps (each position's children come after it): O(n log n).
+void Scheduler::Impl::first_waiting(const std::vector<std::int32_t>& queued, std::size_t n,
+                                    std::vector<OrderKey>& keys) const {
+  struct Next {
+    OrderKey key;
+    std::int32_t cls;
+    std::uint32_t at;
+    bool operator>(const Next& o) const { return o.key < key; }
+  };
+  std::vector<Next> next;
+  for (std::int32_t c : queued) next.push_back(Next{classes[c].waiting.at(0), c, 0});
+  std::make_heap(next.begin(), next.end(), std::greater<>());
+  constexpr std::size_t arity = WaitQueue<OrderKey>::arity();
+  while (!next.empty() && keys.size() < n) {
+    std::pop_heap(next.begin(), next.end(), std::greater<>());
+    const Next taken = next.back();
+    next.pop_back();
+    keys.push_back(taken.key);
+    const WaitQueue<OrderKey>& q = classes[taken.cls].waiting;
+    for (std::size_t child = arity * taken.at + 1; child < q.size() && child <= arity * taken.at + arity; ++child) {
+      next.push_back(Next{q.at(child), taken.cls, static_cast<std::uint32_t>(child)});
+      std::push_heap(next.begin(), next.end(), std::greater<>());
+    }
+  }
+}
+
+// An offloaded surplus copy of group `first` with nothing queued, that route_replica would
+// send a new action to, takes the group's last waiting action in policy order (that did not
+// name its copy): the queue beyond the rebound ones would otherwise never call it in.
+void Scheduler::Impl::call_in_surplus(std::int32_t first, const std::vector<std::uint8_t>& reachable) {
+  const std::vector<std::int32_t>& group = gpus.replica_group[first];
+  for (std::size_t i = 0; i < group.size(); ++i) {
+    const ServiceRec& copy = gpus.services[group[i]];
+    if (!inv.services[group[i]].surplus || copy.device != kNone || copy.waiting > 0 || !reachable[i]) continue;
+    const std::size_t best = soonest_copy(
+        first, [&](std::size_t j) { return reachable[j] != 0; },
+        [&](std::size_t j) { return static_cast<std::int64_t>(gpus.services[group[j]].running) + gpus.services[group[j]].waiting; },
+        [&](std::size_t j) { return static_cast<__int128>(gpus.services[group[j]].running_ns) + gpus.services[group[j]].queued_ns; });
+    if (best != i) continue;
+    bool found = false;
+    OrderKey last{};
+    for (const Class& cl : classes)
+      if (cl.service != kNone && cl.service != group[i] && inv.services[cl.service].first_copy(cl.service) == first)
+        cl.waiting.for_each([&](const OrderKey& k) {
+          if (actions.details[k.slot].any_replica && (!found || last < k)) last = k, found = true;
+        });
+    if (found) move_to_copy(last.slot, group[i]);
   }
 }
 

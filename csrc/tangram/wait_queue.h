@@ -51,6 +51,10 @@ class WaitQueue {
     return at >= 0 && static_cast<std::size_t>(at) < size_ && keys_[at].slot == key.slot &&
            !(keys_[at] < key) && !(key < keys_[at]);
   }
+  // The key at heap position i (i < size()): the root is the head, and the children of
+  // position i lie at arity() * i + 1 on. For reading the first keys in order without a sort.
+  const Key& at(std::size_t i) const { return keys_[i]; }
+  static constexpr std::size_t arity() { return kArity; }
   // Every key, in heap order (not policy order).
   template <class Visit>
   void for_each(Visit&& visit) const {

@@ -1044,8 +1044,12 @@ class ReferenceScheduler:
         return group[self._soonest_copy(group, live, work, t)]
 
     def _rebind_replicas(self) -> None:
-        """Each replicated service's waiting actions, in policy order, go to the copy that
-        would start each soonest, counting running actions and those placed before it."""
+        """Each replicated service's first waiting actions (two batches of each copy), in
+        policy order, go to the copy that would start each soonest, counting running actions
+        and those placed before it; further back, only those at an unreachable copy move
+        (after the first ones, in order). Then, when some are further back, an offloaded
+        surplus copy with nothing queued that a new action would be routed to takes the last
+        waiting action that did not name its copy."""
         for first, svc in enumerate(self.services):
             if svc.replica_of >= 0:
                 continue
@@ -1054,9 +1058,13 @@ class ReferenceScheduler:
                              key=lambda a: a.order)
             if len(group) < 2 or not waiting:
                 continue
+            reach = [self._copy_reachable(copy) for copy in group]  # settled once per group
+            window = sum(2 * self.services[copy].max_batch for copy in group)
+            whole = len(waiting) <= window
+            if not whole:
+                waiting = waiting[:window] + [a for a in waiting[window:] if not reach[group.index(a.service)]]
             live = [self._running(service=copy) for copy in group]
             work = [sum(b.est_ns for b in self.actions.values() if b.running and b.service == copy) for copy in group]
-            reach = [self._copy_reachable(copy) for copy in group]  # settled once per group
             for a in waiting:  # each counts where it ends up
                 best = (self._soonest_copy(group, live, work, self.now_ns, reach) if a.any_replica
                         else group.index(a.service))
@@ -1068,6 +1076,25 @@ class ReferenceScheduler:
                         best = group.index(own)
                 live[best] += 1
                 work[best] += a.est_ns
+            if not whole:
+                self._call_in_surplus(group, reach)
+
+    def _call_in_surplus(self, group: list[int], reach: list[bool]) -> None:
+        for i, copy in enumerate(group):
+            svc = self.services[copy]
+            if (not svc.surplus or svc.device >= 0 or not reach[i]
+                    or any(not a.running and a.service == copy for a in self.actions.values())):
+                continue
+            live = [sum(1 for b in self.actions.values() if b.service == c) for c in group]
+            work = [sum(b.est_ns for b in self.actions.values() if b.service == c) for c in group]
+            if self._soonest_copy(group, live, work, self.now_ns, reach) != i:
+                continue
+            movable = [a for a in self.actions.values() if not a.running and a.any_replica and a.service in group]
+            if movable:
+                last = max(movable, key=lambda a: a.order)
+                own, last.service = last.service, copy
+                if self._infeasible(last):
+                    last.service = own
 
     def complete(self, ids: Iterable[int], now: float) -> np.ndarray:
         ids = self._ids(ids, self._start_check(now), running_only=True)

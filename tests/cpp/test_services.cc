@@ -825,6 +825,43 @@ TEST(Replicas, QueuedActionsMoveToACopyThatCanServeThemSooner) {
   h.s.check_invariants();
 }
 
+// A queue longer than two batches of every copy: each pass routes again only its front,
+// and an offloaded surplus copy with nothing routed to it is called in by the queue's last
+// action, as a new call would be: 60 calls of 0.1 s at copy 0 make 29 batches ahead of the
+// last, which outlast copy 1's 2 s restore, though the front's few batches do not. Once copy
+// 1 is ready, the front moves over to it: 60, behind them in the order, waits there (routed
+// again once it comes forward).
+TEST(Replicas, ALongQueueCallsInASurplusCopyFromItsBack) {
+  Harness h(replica_inventory(2, 1), policy_of(PolicyKind::kFifo));
+  h.s.set_device_online(0, 1, false, 0, h.out);
+  std::vector<ActionSpec> queue;
+  for (ActionId id = 1; id <= 60; ++id) queue.push_back(any_copy(id, 0.1));
+  EXPECT_EQ(h.submit(queue, 0), (Decisions{restore(0).on(0, 0).at(2)}));
+  EXPECT_EQ(h.tick(2), (Decisions{start(1).on(0, 0).service(0).at(2), start(2).on(0, 0).service(0).at(2)}));
+  h.out.clear();
+  h.s.set_device_online(0, 1, true, S(2), h.out);
+  EXPECT_EQ(h.out, (Decisions{restore(1).on(0, 1).at(4)}));
+  h.s.check_invariants();
+  EXPECT_EQ(h.tick(4), (Decisions{start(3).on(0, 1).service(1).at(4), start(4).on(0, 1).service(1).at(4)}));
+  h.s.check_invariants();
+}
+
+// Under home devices (isolated) a group is its deployed copies: a call naming the undeployed
+// surplus copy waits beside the group's queue without being counted, or moved, by its
+// routing (it once indexed past the group's copies).
+TEST(Replicas, ACallNamingAnUndeployedCopyStaysOutOfTheGroupsRouting) {
+  PolicyConfig isolated = policy_of(PolicyKind::kIsolated);
+  isolated.pools = {{0, 1.0}};
+  Harness h(replica_inventory(3, 2), isolated);
+  ActionSpec named = action(3, {U(1)}, 1.0);
+  named.service = 2;
+  h.submit({any_copy(1), any_copy(2), named}, 0);
+  h.s.check_invariants();
+  h.tick(2);
+  h.s.check_invariants();
+  EXPECT_EQ(h.s.state(3), tangram::ActionState::kRunning);
+}
+
 // A surplus copy goes beside another copy of its service only as a last resort (they would
 // share the device's compute): with one device, a queue at copy 0 does not bring copy 1;
 // a call naming copy 1 does, and then the queued call moves over to it too.
