@@ -908,6 +908,45 @@ def test_a_surplus_copy_waits_for_other_services_restores(name: str) -> None:
     h.drain()
 
 
+# Trajectory slots (two on the node): trajectory 4 holds one, and runs a long reward there;
+# trajectory 2 holds the other, and its reward waits for the first's batch (max_batch 1).
+# Action 10 of trajectory 1 holds no slot and may only borrow one once no holder has work
+# in progress; it starves, and holds the node back. When the long reward ends, the waiting
+# reward must still get GPU memory (evicting the idle "other" service) for its trajectory's
+# own slot, which no starving action claims; else the two wait on each other for good (the
+# fuzzer found it).
+def test_a_starving_action_without_a_slot_does_not_hold_back_a_holders_reward() -> None:
+    inv = Inventory([Node("n0", {"cpu": 12}, [Gpu(40000)])],
+                    services=[Service("rm", 20000, 1.0), Service("other", 20000, 1.0)])
+    h = Harness(inv, Policy(name="trajectory", trajectory_slot_cpu=6.0, starvation_seconds=100.0))
+    h.submit(actions(1, dict(id=1, demand=[1], seconds=1.0, trajectory=4),
+                     dict(id=2, demand=[1], seconds=1.0, trajectory=2)))
+    h.now = 1.0
+    h.complete([1, 2])  # each trajectory holds its slot, idle
+    h.submit(actions(1, dict(id=3, demand=[1], seconds=200.0, trajectory=4, service=0),
+                     dict(id=10, demand=[4], seconds=1.0, trajectory=1, gpu_memory=16000),
+                     dict(id=11, demand=[4], seconds=1.0, trajectory=2, service=0, gpu_memory=16000)))
+    h.now = 3.0
+    h.tick()
+    assert h.state[3] == "running" and h.state[10] == h.state[11] == "waiting"
+    h.now = 50.0
+    h.submit(actions(1, dict(id=12, demand=[1], seconds=1.0, trajectory=5, service=1)))
+    while h.state[12] != "done":  # "other" is restored beside "rm" and serves its call
+        h.now = h.core.next_wakeup if h.core.next_wakeup is not None else h.now + 1.0
+        h.tick()
+        h.complete([i for i in h.live("running") if i != 3])
+    h.now = 200.0
+    h.complete([3])  # action 10 has waited 199 s
+    for _ in range(10):
+        if not h.live("waiting") and not h.live("running"):
+            break
+        h.now = max(h.now + 1.0, h.core.next_wakeup or 0.0)
+        h.tick()
+        h.complete(h.live("running"))
+    assert h.state[10] == h.state[11] == "done"
+    h.drain()
+
+
 # A queue longer than the two batches of each copy that every pass routes again: the rest
 # keep their copy, but when a surplus copy becomes reachable with nothing routed to it (the
 # first ones would start sooner where they are), the last waiting action in policy order

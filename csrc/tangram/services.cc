@@ -792,12 +792,22 @@ bool Scheduler::Impl::make_gpu_room(const Class& c, std::int32_t lo, std::int32_
   if (device != kNone) {
     if (gpus.dev_free[device] >= c.gpu_memory) return false;  // it waits for something else
     // Its service's node must hold the rest of its demand now, else the memory freed would go
-    // unused (and the victims be restored and evicted again, pass after pass).
+    // unused (and the victims be restored and evicted again, pass after pass). Under
+    // trajectory slots its trajectory's own held slot there is nobody else's: a starving
+    // action does not hold it back (else the starving action, waiting for a slot this
+    // trajectory's end or idleness would lend it, and this action, would wait on each other).
     const Partition& part = bins.partitions[c.partition];
+    std::int32_t own_slot = kNone;
+    if (row.rules.bins == BinLayout::kTrajectorySlots) {
+      auto it = bins.trajectory_bin.find(actions.slots[c.waiting.head().slot].trajectory);
+      if (it != bins.trajectory_bin.end()) own_slot = it->second;
+    }
     bool rest_fits = false;
     for (std::int32_t leaf = lo; leaf < hi && !rest_fits; ++leaf) {
       const std::int32_t b = part.bins[leaf];
-      if (!bins.node_online[bins.bin_node[b]] || (this_pass.any_mask && this_pass.node_masked[bins.bin_node[b]] == this_pass.epoch)) continue;
+      if (!bins.node_online[bins.bin_node[b]] ||
+          (b != own_slot && this_pass.any_mask && this_pass.node_masked[bins.bin_node[b]] == this_pass.epoch))
+        continue;
       const Quantity* f = bins.free_of(b);
       rest_fits = true;
       for (std::int32_t k = 0; k < K && rest_fits; ++k) rest_fits = f[k] >= c.demand[k];

@@ -2039,7 +2039,9 @@ class ReferenceScheduler:
         if device >= 0:
             if self.dev_free[device] >= a.gpu_memory:
                 return False  # it waits for something else
-            if not any(self.online[self.bins[b].node] and self.bins[b].node not in p.held_nodes
+            # Its trajectory's own held slot is nobody else's: not held back by a starving action.
+            own = self.slot_of.get(a.trajectory, -1) if self.rules.bins == "trajectory_slots" else -1
+            if not any(self.online[self.bins[b].node] and (b == own or self.bins[b].node not in p.held_nodes)
                        and _covers(self.bins[b].free, a.demand) for b in bins):
                 return False  # the memory freed would go unused: the rest of its demand does not fit now
             ok, _, _, _, victims, discard = self._plan_room(device, a.gpu_memory, a.service,

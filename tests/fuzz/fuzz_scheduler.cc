@@ -56,6 +56,14 @@
 
 namespace {
 
+// TANGRAM_FUZZ_TRACE=1 prints the inventory, the policy and every accepted call with its
+// decisions to stderr: what a failing input did, to turn into a unit test.
+const bool kTrace = std::getenv("TANGRAM_FUZZ_TRACE") != nullptr;
+template <class... Args>
+void trace(const char* format, Args... args) {
+  if (kTrace) std::fprintf(stderr, format, args...);
+}
+
 using tangram::ActionId;
 using tangram::ActionState;
 using tangram::Decision;
@@ -227,6 +235,26 @@ class Harness {
     nodes_ = nodes;
     services_ = services;
     quotas_ = static_cast<int>(inv.quotas.size());
+    if (kTrace) {
+      for (const auto& node : inv.nodes) {
+        trace("node %s:", node.name.c_str());
+        for (Quantity q : node.capacity) trace(" %lld", static_cast<long long>(q));
+        for (const auto& g : node.gpus) trace(" gpu %lld", static_cast<long long>(g.memory));
+        trace("\n");
+      }
+      for (const auto& svc : inv.services)
+        trace("service %s: memory %lld restore %.1f max_batch %d movable %d asleep %lld replica_of %d surplus %d\n",
+              svc.name.c_str(), static_cast<long long>(svc.memory), svc.restore_seconds, svc.max_batch, svc.movable,
+              static_cast<long long>(svc.asleep_memory), svc.replica_of, svc.surplus);
+      for (const auto& q : inv.quotas)
+        trace("quota: rate %.1f burst %lld concurrency %lld\n", q.rate, static_cast<long long>(q.burst),
+              static_cast<long long>(q.max_concurrency));
+      const tangram::PolicyRules rules = tangram::resolve_policy(policy).rules;
+      trace("policy %d: order %d bins %d spare %d restore %d devices %d resize %d; starvation %.0f s, slot cpu %.0f\n",
+            static_cast<int>(policy.kind), static_cast<int>(rules.order), static_cast<int>(rules.bins),
+            static_cast<int>(rules.spare), static_cast<int>(rules.restore), static_cast<int>(rules.service_devices),
+            static_cast<int>(rules.resize), policy.starvation_seconds, policy.trajectory_slot_cpu);
+    }
     try {
       sched_.reset(new tangram::Scheduler(std::move(inv), std::move(policy)));
     } catch (const tangram::Error&) {
@@ -421,6 +449,13 @@ class Harness {
     }
     submitted_ += count;
     for (const auto& a : batch) {
+      trace("submit t=%.3f id %llu traj %llu demand", now / 1e9, static_cast<unsigned long long>(a.id),
+            static_cast<unsigned long long>(a.trajectory));
+      for (Quantity q : a.demand) trace(" %lld", static_cast<long long>(q));
+      trace(" gpu %lld service %d any %d quota %d affinity %d elastic %d\n", static_cast<long long>(a.gpu_memory),
+            a.service, a.any_replica, a.quota, a.affinity_node, a.elastic_kind);
+    }
+    for (const auto& a : batch) {
       FUZZ_CHECK(running_.count(a.id) == 0 && waiting_.insert(a.id).second,
                  "submit accepted an id that is already live or repeated in the batch: " +
                      std::to_string(a.id));
@@ -451,6 +486,7 @@ class Harness {
     if (ids.empty()) return;
     const TimeNs now = valid_only ? forward_time() : next_time();
     try {
+      trace("complete %zu ids, first %llu\n", ids.size(), static_cast<unsigned long long>(ids[0]));
       sched_->complete(ids.data(), ids.size(), now, out_);
     } catch (const tangram::Error& e) {
       FUZZ_CHECK(!valid_only, std::string("complete() refused distinct running ids at a forward time: ") + e.what());
@@ -487,6 +523,7 @@ class Harness {
     if (ids.empty()) return;
     const TimeNs now = valid_only ? forward_time() : next_time();
     try {
+      trace("cancel %zu ids, first %llu\n", ids.size(), static_cast<unsigned long long>(ids[0]));
       sched_->cancel(ids.data(), ids.size(), now, out_);
     } catch (const tangram::Error& e) {
       FUZZ_CHECK(!valid_only, std::string("cancel() refused distinct live ids at a forward time: ") + e.what());
@@ -545,6 +582,7 @@ class Harness {
     for (int i = 0; i < count; ++i) ids.push_back(in_.ConsumeIntegralInRange<TrajectoryId>(0, 6));
     const TimeNs now = next_time();
     try {
+      trace("end_trajectories %zu ids, first %llu\n", ids.size(), static_cast<unsigned long long>(ids[0]));
       sched_->end_trajectories(ids.data(), ids.size(), now, out_);
     } catch (const tangram::Error&) {
       refused();
@@ -559,6 +597,7 @@ class Harness {
   void tick() {
     const TimeNs now = next_time();
     try {
+      trace("tick\n");
       sched_->tick(now, out_);
     } catch (const tangram::Error&) {
       refused();
@@ -658,6 +697,14 @@ class Harness {
 
   // Advances the model by a successful call's decisions.
   void apply(TimeNs now) {
+    if (kTrace) {
+      trace("  -> t=%.3f:", now / 1e9);
+      for (const Decision& d : out_)
+        trace(" %s(%llu n%d d%d s%d)", d.kind == DecisionKind::kStart ? "start" : d.kind == DecisionKind::kReject ? "reject"
+                                       : d.kind == DecisionKind::kRestore ? "restore" : d.kind == DecisionKind::kEvict ? "evict" : "resize",
+              static_cast<unsigned long long>(d.action), d.node, d.device, d.service);
+      trace("\n");
+    }
     std::set<ActionId> resized;
     for (const Decision& d : out_) {
       switch (d.kind) {
@@ -742,6 +789,7 @@ class Harness {
       if (!running_.empty()) {
         const ActionId id = *running_.begin();
         const TimeNs now = sched_->now() + 250'000'000;
+        trace("settle: complete %llu\n", static_cast<unsigned long long>(id));
         sched_->complete(&id, 1, now, out_);
         running_.erase(id);
         apply(now);
