@@ -204,4 +204,4 @@ def test_replica_queue_completions(benchmark, copies):
     queue.sched.check_invariants()
     assert queue.completed == 500 and len(queue.started) == 8 * copies
     assert queue.sched.waiting + queue.sched.running == queue.submitted - queue.completed
-    assert queue.copies_used == {f"rm#{i}" for i in range(copies)} if copies > 1 else {"rm"}
+    assert queue.copies_used == ({f"rm#{i}" for i in range(copies)} if copies > 1 else {"rm"})

@@ -152,6 +152,11 @@ struct Bins {
     auto it = trajectory_bin.find(trajectory);
     return it != trajectory_bin.end() && it->second == bin;
   }
+  // The slot `trajectory` holds (trajectory slots), or kNone.
+  std::int32_t held_slot(TrajectoryId trajectory) const {
+    auto it = trajectory_bin.find(trajectory);
+    return it == trajectory_bin.end() ? kNone : it->second;
+  }
 };
 
 }  // namespace tangram

@@ -214,8 +214,8 @@ bool Scheduler::Impl::held_slot_room(const Class& cl, const Room& room, bool own
       if (f[k] < cl.demand[k]) return false;
     return true;
   };
-  auto it = bins.trajectory_bin.find(actions.slots[cl.waiting.head().slot].trajectory);
-  const std::int32_t own_leaf = it == bins.trajectory_bin.end() ? kNone : bins.bin_leaf[it->second];
+  const std::int32_t own_bin = bins.held_slot(actions.slots[cl.waiting.head().slot].trajectory);
+  const std::int32_t own_leaf = own_bin == kNone ? kNone : bins.bin_leaf[own_bin];
   if (own) {
     if (own_leaf == kNone || own_leaf < room.lo || own_leaf >= room.hi || !fits(own_leaf)) return false;
     cand.push_back(own_leaf);

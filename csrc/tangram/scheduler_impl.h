@@ -309,6 +309,8 @@ struct Scheduler::Impl {
   // ---- services.cc: GPU services and eviction
   template <class Reachable, class Live, class Work>
   std::size_t soonest_copy(std::int32_t first, Reachable&& reachable, Live&& live, Work&& work) const;
+  template <class Reachable>
+  std::size_t soonest_for_new(std::int32_t first, Reachable&& reachable) const;
   bool copy_reachable(std::int32_t copy) const;
   std::int32_t route_replica(const ActionSpec& s) const;
   void rebind_replicas();

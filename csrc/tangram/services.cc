@@ -33,10 +33,10 @@ void Scheduler::Impl::evict_offline_services(std::vector<Decision>& out) {
 }
 
 // Replicated services. An action of a replicated service waits at one copy of it, the copy
-// that would start it soonest (soonest_copy), chosen at submit and again at every pass for
-// every waiting action of the service (rebind_replicas): so a copy restored later takes over
-// the batches queued at the others, as a surplus copy is brought in once the queue ahead at
-// the others outlasts its restore.
+// that would start it soonest (soonest_copy), chosen at submit (route_replica) and again at
+// every pass while it is among the service's next to start (rebind_replicas): so a copy
+// restored later takes over the batches queued at the others, as a surplus copy is brought
+// in once the queue ahead at the others outlasts its restore.
 
 // Index, in its replica group (first copy `first`), of the copy at which an action would
 // start soonest: the least wait, the whole batches ahead of it there (live(i): the actions
@@ -72,18 +72,23 @@ std::size_t Scheduler::Impl::soonest_copy(std::int32_t first, Reachable&& reacha
   return best;
 }
 
+// Index in group `first` of the copy a new action would join: soonest_copy counting each
+// copy's live actions (running and waiting) and their work.
+template <class Reachable>
+std::size_t Scheduler::Impl::soonest_for_new(std::int32_t first, Reachable&& reachable) const {
+  const std::vector<std::int32_t>& group = gpus.replica_group[first];
+  return soonest_copy(
+      first, reachable,
+      [&](std::size_t i) { return static_cast<std::int64_t>(gpus.services[group[i]].running) + gpus.services[group[i]].waiting; },
+      [&](std::size_t i) { return static_cast<__int128>(gpus.services[group[i]].running_ns) + gpus.services[group[i]].queued_ns; });
+}
+
 // The copy a submitted action of a replicated service joins: its live actions include the
 // batch's earlier ones. The service's minimum copies share its calls evenly (each restored
 // when it is first given one).
 std::int32_t Scheduler::Impl::route_replica(const ActionSpec& s) const {
   const std::vector<std::int32_t>& group = gpus.replica_group[s.service];
-  return group[soonest_copy(
-      s.service, [&](std::size_t i) { return copy_reachable(group[i]); },
-      [&](std::size_t i) {
-        const ServiceRec& r = gpus.services[group[i]];
-        return static_cast<std::int64_t>(r.running) + r.waiting;
-      },
-      [&](std::size_t i) { return static_cast<__int128>(gpus.services[group[i]].running_ns) + gpus.services[group[i]].queued_ns; })];
+  return group[soonest_for_new(s.service, [&](std::size_t i) { return copy_reachable(group[i]); })];
 }
 
 // Whether a copy may be routed to: a minimum copy always (it is restored when first given
@@ -133,9 +138,7 @@ void Scheduler::Impl::rebind_replicas() {
     // deployed copies: actions naming an undeployed surplus copy are not the group's.
     queued.clear();
     for (std::int32_t c = 0; c < static_cast<std::int32_t>(classes.size()); ++c)
-      if (classes[c].service != kNone && !classes[c].waiting.empty() &&
-          inv.services[classes[c].service].first_copy(classes[c].service) == first &&
-          index_of(classes[c].service) < group.size())
+      if (classes[c].service != kNone && !classes[c].waiting.empty() && index_of(classes[c].service) < group.size())
         queued.push_back(c);
     keys.clear();
     const bool whole = waiting <= window;
@@ -213,11 +216,7 @@ void Scheduler::Impl::call_in_surplus(std::int32_t first, const std::vector<std:
   for (std::size_t i = 0; i < group.size(); ++i) {
     const ServiceRec& copy = gpus.services[group[i]];
     if (!inv.services[group[i]].surplus || copy.device != kNone || copy.waiting > 0 || !reachable[i]) continue;
-    const std::size_t best = soonest_copy(
-        first, [&](std::size_t j) { return reachable[j] != 0; },
-        [&](std::size_t j) { return static_cast<std::int64_t>(gpus.services[group[j]].running) + gpus.services[group[j]].waiting; },
-        [&](std::size_t j) { return static_cast<__int128>(gpus.services[group[j]].running_ns) + gpus.services[group[j]].queued_ns; });
-    if (best != i) continue;
+    if (soonest_for_new(first, [&](std::size_t j) { return reachable[j] != 0; }) != i) continue;
     bool found = false;
     OrderKey last{};
     for (const Class& cl : classes)
@@ -731,8 +730,9 @@ void Scheduler::Impl::reorder_service_queue(std::int32_t svc_id, bool tail) {
 // waiting actions per second the restore and the queue occupy the GPU memory (Smith's rule:
 // waiting / (restore + queued work / max_batch), cross multiplied in integers), then service
 // order. Each is restored by restore() (the usual device choice and greedy eviction) with
-// its first waiting action in policy order as the head; one that finds no room now is left to the walk. While a GPU action with no service
-// starves, none is restored ahead of the walk.
+// its first waiting action in policy order as the head; one that finds no room now is left
+// to the walk. While a GPU action with no service starves, none is restored ahead of the
+// walk.
 void Scheduler::Impl::restore_queues(std::vector<Decision>& out) {
   std::vector<std::int32_t> order;
   for (std::int32_t s = 0; s < static_cast<std::int32_t>(gpus.services.size()); ++s)
@@ -797,11 +797,7 @@ bool Scheduler::Impl::make_gpu_room(const Class& c, std::int32_t lo, std::int32_
     // action does not hold it back (else the starving action, waiting for a slot this
     // trajectory's end or idleness would lend it, and this action, would wait on each other).
     const Partition& part = bins.partitions[c.partition];
-    std::int32_t own_slot = kNone;
-    if (row.rules.bins == BinLayout::kTrajectorySlots) {
-      auto it = bins.trajectory_bin.find(actions.slots[c.waiting.head().slot].trajectory);
-      if (it != bins.trajectory_bin.end()) own_slot = it->second;
-    }
+    const std::int32_t own_slot = bins.held_slot(actions.slots[c.waiting.head().slot].trajectory);
     bool rest_fits = false;
     for (std::int32_t leaf = lo; leaf < hi && !rest_fits; ++leaf) {
       const std::int32_t b = part.bins[leaf];
