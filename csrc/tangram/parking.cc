@@ -104,6 +104,7 @@ void Scheduler::Impl::flush_releases(std::vector<ClassHead>& wakes) {
     // ruled out then by the first kind alone. Where the answer could depend on what the
     // flush saw (a try for another reason before its turn), settle_fit scans this snapshot.
     const bool lazy = elastic.shrink_bins.empty();
+    released.no_reclaim_pass[p] = lazy ? this_pass.epoch : 0;
     if (lazy) released.snapshot_for_flush(p);
     // The list in policy order: the few parked since the last flush sorted, then merged in
     // as the list is filtered (one walk, into heads_scratch, swapped in after).

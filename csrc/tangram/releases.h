@@ -44,6 +44,11 @@ struct Releases {
   // as the flush saw them, before the pass's starts took room.
   std::vector<std::vector<Quantity>> flush_cols;
   std::vector<Quantity> flush_first_max;
+  // Per partition: the pass through which none of its released leaves has units a shrink
+  // could take back (kMalleable), set by the flush and taken back (0) when a start or grant
+  // adds some there (reclaim_grew). Till then a pending wake that fits no released leaf
+  // cannot start by a shrink either.
+  std::vector<std::uint64_t> no_reclaim_pass;
 
   void resize(std::int32_t kinds, std::size_t n_nodes, std::size_t n_partitions, std::size_t n_bins) {
     K = kinds;
@@ -53,6 +58,7 @@ struct Releases {
     first_max.resize(n_partitions, -1);
     flush_cols.resize(n_partitions);
     flush_first_max.resize(n_partitions, -1);
+    no_reclaim_pass.assign(n_partitions, 0);
     for (auto& list : leaves) list.clear();  // leaf positions may have changed
     bin_pos.assign(n_bins, 0);
     bin_pass.assign(n_bins, 0);
@@ -92,6 +98,10 @@ struct Releases {
       if (fits) return i;
     }
     return -1;
+  }
+  // Units a shrink could take back grew on `bin` (of partition p) in pass `pass`.
+  void reclaim_grew(std::int32_t bin, std::int32_t p, std::uint64_t pass) {
+    if (bin_pass[bin] == pass) no_reclaim_pass[p] = 0;
   }
   // A start took room on released `bin` of partition p: its free vector is now `f`.
   void took(std::int32_t bin, std::int32_t p, const Quantity* f) {

@@ -107,13 +107,18 @@ void Scheduler::Impl::limit_grant(std::int32_t slot, Quantity max, std::vector<D
   bins.free_of(a.bin)[a.elastic_kind] += old_grant - max;
   a.grant = max;
   if (malleable) {
-    elastic.add_reclaim(a.bin, a.elastic_kind, max - old_grant);
+    add_reclaim(a.bin, a.elastic_kind, max - old_grant);
     record_resize(slot, old_grant, work, this_pass.epoch + 1, out);
   } else {
     push_resize(a, out);
   }
   if (!bins.bin_bound[a.bin]) bins.refresh_leaf(a.bin);
   release_on_node(bins.bin_node[a.bin], bins.bin_partition[a.bin]);
+}
+
+void Scheduler::Impl::add_reclaim(std::int32_t bin, std::int32_t kind, Quantity units) {
+  elastic.add_reclaim(bin, kind, units);
+  if (units > 0 && this_pass.walking) released.reclaim_grew(bin, elastic.bin_run[bin].partition, this_pass.epoch);
 }
 
 // Free room plus what a shrink could take back there covers the class's demand.
@@ -191,6 +196,8 @@ bool Scheduler::Impl::fits_or_shrinks(Class& cl, std::int32_t node) {
   // Its scope is the whole partition (node kNone), so it has no affinity node (scope_node):
   // may_use_any_bin without a read of the class's second cache line.
   if (cl.in_trajectory_slot || cl.service != kNone) return shrink_room_somewhere(cl);
+  // No released leaf has units to take back (most passes): no shrink there either.
+  if (released.no_reclaim_pass[cl.partition] == this_pass.epoch) return false;
   // The memo of failed demands answers most pending wakes that fail here (a pass's wakes
   // mostly ask alike): asked before the call.
   if (this_pass.walking && elastic.known_no_shrink_room(cl.partition, cl.demand, this_pass.epoch)) return false;
@@ -405,7 +412,7 @@ void Scheduler::Impl::start_by_shrinking(std::int32_t c, const Room& room, std::
     const Quantity old_grant = a.grant;
     f[a.elastic_kind] += old_grant - grant;
     a.grant = grant;
-    elastic.add_reclaim(bin, a.elastic_kind, grant - old_grant);
+    add_reclaim(bin, a.elastic_kind, grant - old_grant);
     record_resize(slot, old_grant, plan.work[i], out);
   }
   ++bins.search_epoch;

@@ -398,6 +398,10 @@ struct Scheduler::Impl {
     if (run.shrink_futile) [[unlikely]] shrink_futility_lost(bin);
   }
   void shrink_futility_lost(std::int32_t bin);  // out of line: the starts and ends stay inlined
+  // Every change to what a shrink could take back on `bin` goes through here: where it grows
+  // during the walk on a leaf released for this pass, the pass's pending wakes there may
+  // start by a shrink. (Before the walk the flush sees it; after it no wake is left.)
+  void add_reclaim(std::int32_t bin, std::int32_t kind, Quantity units);  // out of line: rare
   // A start (inline: on every start and end of a malleable row).
   void note_running(std::int32_t slot) {
     const ActionRec& a = actions.slots[slot];
@@ -415,7 +419,7 @@ struct Scheduler::Impl {
     bin.finish_ok = false;
     if (a.elastic_kind != kNone && a.grant > minimum(a)) {
       running_changed(a.bin);
-      elastic.add_reclaim(a.bin, a.elastic_kind, a.grant - minimum(a));
+      add_reclaim(a.bin, a.elastic_kind, a.grant - minimum(a));
     }
   }
   // An end, before its slot is freed: the bin where room was freed is noted.
@@ -429,7 +433,7 @@ struct Scheduler::Impl {
     bin.running.pop_back();
     running_changed(a.bin);
     if (a.elastic_kind != kNone && a.grant > minimum(a))
-      elastic.add_reclaim(a.bin, a.elastic_kind, minimum(a) - a.grant);
+      add_reclaim(a.bin, a.elastic_kind, minimum(a) - a.grant);
     elastic.mark_freed(a.bin);
   }
   double work_now(std::int32_t slot) const;

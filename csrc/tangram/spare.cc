@@ -191,7 +191,7 @@ void Scheduler::Impl::grant_spare(std::vector<Decision>& out) {
     for (const SpareMember& m : members) {
       const ActionRec& a = actions.slots[m.slot];
       if (a.grant == m.was) continue;
-      elastic.add_reclaim(bin, a.elastic_kind, a.grant - m.was);
+      add_reclaim(bin, a.elastic_kind, a.grant - m.was);
       running_changed(bin);
       if (m.decision == SIZE_MAX) record_resize(m.slot, m.was, m.work, out);
     }
