@@ -156,6 +156,25 @@ TEST(Resize, ShrinkLetsAHeadStart) {
   EXPECT_EQ(h.s.free(0, 0), U(8));
 }
 
+// A pending wake that finds its released room taken by an earlier head still starts by a
+// shrink on that node when one pays. Action 1 (1 to 8 cores, t(u) = 100 (0.1 + 0.9 / u),
+// 32.5 s at 4) and action 2 (4 cores, 5 s) split the node. At t=1 action 3 (2 cores, 50 s,
+// priority 1) waits: taking action 1 from 4 cores to 2 would cost 0.969 x 22.5 = 21.8 s
+// against the 4 s until action 2 ends; action 4 (4 cores) parks: 3 units above action 1's
+// minimum are short of it. Action 2's end frees 4 cores, which action 4 fits; action 3
+// comes first and takes 2 of them; action 4 then starts by taking action 1 to 2 cores
+// (a loss of (1 - 5 / 32.5) x 22.5 = 19.0 s against the 27.5 s until action 1 ends).
+TEST(Resize, PendingWakeStartsByAShrinkOnTheReleasedNode) {
+  Harness h(cpu_inventory(1, 8), tangram_policy());
+  EXPECT_EQ(h.submit({amdahl(1, {U(1)}, 0, U(8), 100, 0.9), action(2, {U(4)}, 5)}, 0),
+            (Decisions{start(2).on(0).at(0), start(1).on(0).grant(0, U(4)).at(0)}));
+  ActionSpec first = action(3, {U(2)}, 50);
+  first.priority = 1;
+  EXPECT_EQ(h.submit({first, action(4, {U(4)}, 1)}, 1), Decisions{});
+  EXPECT_EQ(h.complete({2}, 5),
+            (Decisions{start(3).on(0).at(5), resize(1).on(0).grant(0, U(2)).at(5), start(4).on(0).at(5)}));
+}
+
 // Action 2 needs 6 of action 1's 8 cores: down to 2, its run time would go from 21.25 s to
 // 55 s per unit of work, a loss (33.75 x work left) above the wait it saves (21.25 x work
 // left, action 1's own finish). No shrink: action 2 waits for action 1 to end.
