@@ -151,6 +151,8 @@ void Scheduler::back_off_quota(std::int32_t quota, TimeNs until) {
   Impl& m = *impl_;
   if (quota < 0 || quota >= static_cast<std::int32_t>(m.quotas.size()))
     throw Error(ErrorCode::kUnknownName, "quota", "no quota with index " + std::to_string(quota));
+  // A pause past the clock's range would make next_wakeup() a time tick() refuses.
+  if (until < 0 || until > to_ns(kMaxSeconds)) throw Error(ErrorCode::kInvalidArgument, "until", "must be in [0, 1e9] seconds");
   m.quotas[quota].back_off(until);
 }
 
@@ -158,6 +160,7 @@ QuotaSnapshot Scheduler::quota_snapshot(std::int32_t quota, TimeNs now) const {
   const Impl& m = *impl_;
   if (quota < 0 || quota >= static_cast<std::int32_t>(m.quotas.size()))
     throw Error(ErrorCode::kUnknownName, "quota", "no quota with index " + std::to_string(quota));
+  if (now < 0 || now > to_ns(kMaxSeconds)) throw Error(ErrorCode::kInvalidArgument, "now", "must be in [0, 1e9] seconds");
   return m.quotas[quota].snapshot(now);
 }
 

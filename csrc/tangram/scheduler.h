@@ -63,10 +63,11 @@ class Scheduler {
   // quota admits nothing new before `until` (a later backoff extends the pause, an earlier
   // one changes nothing; requests in flight are not touched), its waiting requests held as
   // by its rate. Runs no pass: a backoff can only hold actions back. Throws Error for an
-  // unknown quota.
+  // unknown quota or an `until` outside [0, 1e9] seconds.
   void back_off_quota(std::int32_t quota, TimeNs until);
   // What `quota` would admit at `now` (QuotaState::snapshot; a live view: nothing changes,
-  // `now` is not checked against the clock). Throws Error for an unknown quota.
+  // `now` is not checked against the clock). Throws Error for an unknown quota or a `now`
+  // outside [0, 1e9] seconds.
   QuotaSnapshot quota_snapshot(std::int32_t quota, TimeNs now) const;
   // Running elastic actions say how many units of their elastic kind they can use from now
   // on (a worker pool with fewer tasks left than its grant, or more again when it gets

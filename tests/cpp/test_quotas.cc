@@ -66,6 +66,18 @@ TEST(Quota, BackoffHoldsNewRequests) {
   EXPECT_EQ(h.tick(2), Decisions{});
   EXPECT_EQ(h.tick(3), (Decisions{start(2).on(0).at(3)}));
   EXPECT_THROW(h.s.back_off_quota(1, S(1)), tangram::Error);
+  // A pause the clock could never reach (next_wakeup() would name a time tick() refuses),
+  // or one before time began, is refused, naming the field.
+  for (TimeNs until : {S(1e9) + 1, TimeNs{-1}}) {
+    try {
+      h.s.back_off_quota(0, until);
+      ADD_FAILURE() << "accepted until=" << until;
+    } catch (const tangram::Error& e) {
+      EXPECT_EQ(e.code(), tangram::ErrorCode::kInvalidArgument);
+      EXPECT_EQ(e.field(), "until");
+    }
+  }
+  EXPECT_EQ(h.s.next_wakeup(), tangram::kNever);  // nothing waits; the refused pauses left no trace
 }
 
 // A quota's snapshot (a live view) counts what its rate and budget would admit now, and a
@@ -85,6 +97,8 @@ TEST(Quota, SnapshotCountsWhatWouldBeAdmitted) {
   EXPECT_EQ(unlimited.s.quota_snapshot(0, 0).requests, -1);
   EXPECT_EQ(unlimited.s.quota_snapshot(0, 0).tokens, -1);
   EXPECT_THROW(unlimited.s.quota_snapshot(1, 0), tangram::Error);
+  EXPECT_THROW(unlimited.s.quota_snapshot(0, -1), tangram::Error);  // outside the clock's range
+  EXPECT_THROW(unlimited.s.quota_snapshot(0, S(1e9) + 1), tangram::Error);
 }
 
 // Under tangram's shortest-first order, a quota's queue keeps arrival order: every
