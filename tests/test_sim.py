@@ -420,6 +420,51 @@ def test_cli_gpu_batch_gain(tmp_path, capsys) -> None:  # type: ignore[no-untype
     assert "no reward services" in capsys.readouterr().err
 
 
+def test_restore_scale() -> None:
+    w = sim.builtin("multireward")
+    half = w.with_restore_scale(0.5)
+    assert half.reward is not None and w.reward is not None
+    assert [s.restore_seconds for s in half.reward.services] == [s.restore_seconds / 2 for s in w.reward.services]
+    assert half.reward.restore_scale == 0.5 and half.with_restore_scale(4).reward.restore_scale == 2.0
+    stated = sim.Workload.from_dict({**w.source, "reward": {**w.source["reward"], "services": [
+        {**w.source["reward"]["services"][0], "offload_seconds": 2.0}]}})
+    assert stated.with_restore_scale(3).reward.services[0].offload_seconds == 6.0  # offloads scale too
+    # Faster restores bring the minimum copies in sooner, so the rewards wait less.
+    slow = sim.simulate(w.with_batch(256), "tangram", seed=0)
+    fast = sim.simulate(w.with_batch(256).with_restore_scale(0.1), "tangram", seed=0)
+    assert fast.row()["restore_scale"] == 0.1 and slow.row()["restore_scale"] == 1.0
+    assert fast.row()["act_by_kind"]["reward"] < slow.row()["act_by_kind"]["reward"]
+    for bad in (0, -1, math.inf, math.nan, True, "2"):
+        with pytest.raises(tangram.ValidationError) as e:
+            w.with_restore_scale(bad)  # type: ignore[arg-type]
+        assert e.value.field == "restore_scale", bad
+    with pytest.raises(tangram.ValidationError, match="no reward services"):
+        tiny().with_restore_scale(2)
+
+
+def test_cli_restore_scale(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    args = ["--workload", "multireward", "--policies", "tangram", "--batch", "32", "--no-progress"]
+    rows = tmp_path / "rows.json"
+    assert sim.cli_main(args + ["--restore-scale", "0.5", "--json", str(rows)]) == 0
+    assert json.loads(rows.read_text())[0]["restore_scale"] == 0.5
+    assert "restore times x0.5" in capsys.readouterr().out
+    for bad in ("0", "-2", "nan", "inf", "fast"):
+        with pytest.raises(SystemExit) as e:
+            sim.cli_main(args + ["--restore-scale", bad])
+        assert e.value.code == 2
+        assert "--restore-scale" in capsys.readouterr().err
+    plain = tmp_path / "plain.json"  # no reward services: nothing to scale
+    plain.write_text(json.dumps(tiny().source))
+    with pytest.raises(SystemExit) as e:
+        sim.cli_main(["--workload", str(plain), "--restore-scale", "2", "--no-progress"])
+    assert e.value.code == 2
+    assert "no reward services" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        sim.cli_main(["--report", str(tmp_path / "report"), "--restore-scale", "2"])
+    assert e.value.code == 2
+    assert "--restore-scale" in capsys.readouterr().err
+
+
 def test_rejected_actions_fail_and_the_trajectory_goes_on() -> None:
     w = tiny(batch=1, actions=[{"name": "big", "cpu": 1, "memory": 5000, "seconds": 1.0, "weight": 1}])
     r = sim.simulate(w, "tangram", seed=0)

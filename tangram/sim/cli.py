@@ -126,6 +126,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="the GPU compute model's saturation batch gain S (a number >= 1), for every "
                              "workload run (default: each workload's reward.gpu_batch_gain); inf: no GPU "
                              "compute contention (each reward runs at its speed alone)")
+    parser.add_argument("--restore-scale", type=_restore_scale, default=None, metavar="X",
+                        help="multiply every reward service's restore (and offload) seconds by X, a number > 0: "
+                             "how the results depend on how fast the deployment brings a model back onto a GPU")
     parser.add_argument("--sweep", default=None,
                         help="a sweep, one table and one set of rows per value: batch=256,512,1024 (the load), "
                              "gpus=1,2,4 (GPUs per GPU node; the built-ins have one GPU node) or "
@@ -150,6 +153,17 @@ def _parser() -> argparse.ArgumentParser:
                              "policy x seed, and the savings searches")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return parser
+
+
+def _restore_scale(text: str) -> float:
+    """--restore-scale: a finite number > 0. Raises argparse.ArgumentTypeError."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
 
 
 def _gain(text: str) -> float:
@@ -197,7 +211,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 def _run_report(parser: argparse.ArgumentParser, args: argparse.Namespace, progress: bool) -> int:
     """--report: every built-in workload and policy, written to the report's directory."""
-    stray = _given(args, "workload", "policies", "batch", "sweep", "json", "savings", "figures")
+    stray = _given(args, "workload", "policies", "batch", "sweep", "json", "savings", "figures", "restore_scale")
     if args.estimates != "oracle":
         stray.append("--estimates")
     if stray:
@@ -233,6 +247,11 @@ def _checked_workload(parser: argparse.ArgumentParser, args: argparse.Namespace)
             w = w.with_gpu_batch_gain(args.gpu_batch_gain)
         except ValidationError as e:  # no reward services
             parser.error(f"--gpu-batch-gain: {e.reason}")
+    if args.restore_scale is not None:
+        try:
+            w = w.with_restore_scale(args.restore_scale)
+        except ValidationError as e:  # no reward services
+            parser.error(f"--restore-scale: {e.reason}")
     return w
 
 
@@ -259,7 +278,7 @@ def _run_savings(parser: argparse.ArgumentParser, args: argparse.Namespace, w: W
                                   baseline_value=args.baseline_value, cap=args.cap, progress=bar)
     except ValueError as e:  # a baseline that rejects actions sets no target
         parser.error(f"--baseline: {e}")
-    print(savings_table(rows))
+    print(savings_table(rows, "" if args.restore_scale is None else f", restore times x{args.restore_scale:g}"))
     print(f"searched in {time.perf_counter() - t0:.1f} s of wall time")
     if args.json:
         write_json(args.json, rows)
@@ -305,6 +324,8 @@ def _run_sweep(parser: argparse.ArgumentParser, args: argparse.Namespace, w: Wor
                     "gpus": f"{wl.value('gpus')} GPUs per GPU node, load {wl.batch}",
                     "cores": f"{wl.value('cores')} cores per CPU node ({wl.total('cores')} in all), load {wl.batch}"}[key]
             told = "" if args.estimates == "oracle" else f", run times {args.estimates}"
+            if args.restore_scale is not None:
+                told += f", restore times x{args.restore_scale:g}"
             print(f"tangram sim: workload {wl.name}, {what}, {len(seeds)} seed(s) ({int_ranges(seeds)}){told}; "
                   f"seconds of virtual time (mean±sd over seeds)")
             print(table(part, policies))
@@ -318,12 +339,13 @@ def _run_sweep(parser: argparse.ArgumentParser, args: argparse.Namespace, w: Wor
     return 0
 
 
-def savings_table(rows: list[dict[str, Any]]) -> str:
+def savings_table(rows: list[dict[str, Any]], told: str = "") -> str:
+    """The savings search's table; `told`: what the run changed of the workload, for its header."""
     from .experiments import RESOURCE_WORDS
 
     r0 = rows[0]
     word = RESOURCE_WORDS[r0["resource"]]
-    out = [f"tangram sim --savings: workload {r0['workload']} (load {r0['load']}), {word} needed to match "
+    out = [f"tangram sim --savings: workload {r0['workload']} (load {r0['load']}{told}), {word} needed to match "
            f"{r0['baseline']} at {r0['baseline_total']} {word}: average ACT {r0['baseline_avg_act']:.3f} s "
            f"(mean over {len(r0['seeds'])} seed(s))",
            f"{'policy':<12}{word + ' needed':>14}{'of baseline':>13}{'ACT there':>11}{'probes':>8}  search"]

@@ -709,7 +709,8 @@ class StepSimulation:
             kind_names=tuple(k.name for k in w.actions), service_log=self.service_log, scheduler=self.scheduler,
             cores=w.value("cores"), gpus=w.value("gpus"), estimates=self.estimates,
             bound=dict(self.bounds) if self.bounds is not None else step_bounds(w, self.step),
-            gpu_batch_gain=self.gain, **vars(log))
+            gpu_batch_gain=self.gain, restore_scale=w.reward.restore_scale if w.reward is not None else 1.0,
+            **vars(log))
 
 
 def simulate(workload: Workload, policy: str | Policy, seed: int = 0,

@@ -52,6 +52,7 @@ class SimResult:
     gpus: int = 0  # GPUs per GPU node (the built-ins have one GPU node: the total)
     estimates: str = "oracle"  # what the core was told of run times (see the module docstring)
     gpu_batch_gain: float = math.inf  # S of the GPU compute model it ran under; inf: no contention
+    restore_scale: float = 1.0  # the factor on the reward services' restore times (Workload.with_restore_scale)
 
     @property
     def wait(self) -> np.ndarray:
@@ -85,6 +86,7 @@ class SimResult:
             "estimates": self.estimates,
             # S of the GPU compute model; None (null): no contention modelled
             "gpu_batch_gain": self.gpu_batch_gain if math.isfinite(self.gpu_batch_gain) else None,
+            "restore_scale": self.restore_scale,
             "actions": int(ok.sum()),
             "rejected": int(self.rejected.sum()),
             "avg_act": avg,

@@ -235,6 +235,9 @@ class Reward:
     # S: reward actions on one device share its compute, each at 1 / (1 + (n - 1) / S) of
     # its speed alone with n running there; math.inf: no contention (each at full speed).
     gpu_batch_gain: float = DEFAULT_GPU_BATCH_GAIN
+    # The factor Workload.with_restore_scale applied to every service's restore and offload
+    # seconds (1: as the workload states them), recorded in the rows.
+    restore_scale: float = 1.0
 
     @property
     def replicas(self) -> int:
@@ -479,6 +482,20 @@ class Workload:
         if self.reward is None:
             raise ValidationError("gpu_batch_gain", f"workload {self.name!r} has no reward services")
         return replace(self, reward=replace(self.reward, gpu_batch_gain=parse_gpu_batch_gain(gain, "gpu_batch_gain")))
+
+    def with_restore_scale(self, scale: float) -> "Workload":
+        """The same workload with every reward service's restore seconds (and offload seconds,
+        where stated) times `scale`, a finite number > 0: how the results depend on how fast
+        a deployment brings a model back onto a GPU (from pinned host memory, from disk)."""
+        if self.reward is None:
+            raise ValidationError("restore_scale", f"workload {self.name!r} has no reward services")
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+            raise ValidationError("restore_scale", f"must be a finite number > 0, got {scale!r}")
+        services = tuple(replace(s, restore_seconds=s.restore_seconds * scale,
+                                 offload_seconds=None if s.offload_seconds is None else s.offload_seconds * scale)
+                         for s in self.reward.services)
+        return replace(self, reward=replace(self.reward, services=services,
+                                            restore_scale=self.reward.restore_scale * scale))
 
     def with_gpus(self, gpus: int) -> "Workload":
         """The same workload with `gpus` devices on each GPU node (every device the size of
