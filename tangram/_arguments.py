@@ -69,6 +69,17 @@ def non_negative_seconds(text: str) -> float:
     return value
 
 
+def positive_number(text: str) -> float:
+    """argparse type: a finite number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number above 0, got {text!r}")
+    return value
+
+
 def name_list(text: str, known: Sequence[str], what: str) -> tuple[str, ...]:
     """argparse type (through a lambda binding `known`): a comma-separated list of distinct
     names out of `known`."""

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .._errors import TangramError, ValidationError
-from .._arguments import ArgumentParser, name_list, positive_int, writable_dir, writable_file
+from .._arguments import ArgumentParser, name_list, positive_int, positive_number, writable_dir, writable_file
 from .._arguments import int_ranges
 from .engine import POLICY_NAMES, parse_estimates
 from .experiments import RESOURCES, Progress, run_many
@@ -126,7 +126,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="the GPU compute model's saturation batch gain S (a number >= 1), for every "
                              "workload run (default: each workload's reward.gpu_batch_gain); inf: no GPU "
                              "compute contention (each reward runs at its speed alone)")
-    parser.add_argument("--restore-scale", type=_restore_scale, default=None, metavar="X",
+    parser.add_argument("--restore-scale", type=positive_number, default=None, metavar="X",
                         help="multiply every reward service's restore (and offload) seconds by X, a number > 0: "
                              "how the results depend on how fast the deployment brings a model back onto a GPU")
     parser.add_argument("--sweep", default=None,
@@ -153,17 +153,6 @@ def _parser() -> argparse.ArgumentParser:
                              "policy x seed, and the savings searches")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return parser
-
-
-def _restore_scale(text: str) -> float:
-    """--restore-scale: a finite number > 0. Raises argparse.ArgumentTypeError."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
-    return value
 
 
 def _gain(text: str) -> float:
