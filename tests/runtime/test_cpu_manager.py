@@ -808,9 +808,9 @@ def test_a_function_that_raises_is_action_failed(mechanism: str) -> None:
             import sandboxonly  # type: ignore[import-not-found]
             return sandboxonly.Thing()
 
-        with pytest.raises(ActionFailed) as e:  # its class does not exist in the orchestrator
+        with pytest.raises(ActionFailed) as e:  # a class the orchestrator does not load from a sandbox
             await run(mgr, Call(fn=sandbox_only_object))
-        assert e.value.error_type == "ModuleNotFoundError"
+        assert e.value.error_type == "UntrustedResult" and "sandboxonly.Thing" in str(e.value)
 
         async def coroutine() -> str:
             await asyncio.sleep(0)

@@ -29,7 +29,7 @@ import pytest
 import tangram
 from tangram.runtime.call import Call, Placement
 from tangram.runtime.managers.cpu import CpuManager
-from tangram.runtime.errors import ResourceLimitExceeded
+from tangram.runtime.errors import ActionFailed, ResourceLimitExceeded
 from tangram.runtime.managers.base import LiveAction
 from tangram.runtime.sandbox.namespaces import HOME, detect
 from tangram.runtime.sandbox.kills import marked_processes
@@ -428,3 +428,32 @@ attempt("tmp_writable", lambda: open("/tmp/mine", "w").write("ok"))
         assert failed(out["cwd_secret"]) and out["tmp_writable"][0] == "ok", out
 
     with_manager(body)
+
+
+def test_a_result_cannot_run_code_in_the_orchestrator(tmp_path: Any) -> None:
+    """A function runs model-written code and returns what it made: an object whose pickle
+    names os.system. The orchestrator loads a reply as untrusted data, so the action fails
+    naming the type, and nothing runs on the host; the sandbox serves its next call."""
+    planted = tmp_path / "planted-by-a-result"
+    model_code = textwrap.dedent(f"""
+        import os
+        class Answer:
+            def __reduce__(self):
+                return (os.system, ("touch {planted}",))
+        answer = Answer()
+    """)
+
+    def grade(code: str) -> dict[str, Any]:
+        namespace: dict[str, Any] = {}
+        exec(code, namespace)
+        return {"score": 1.0, "answer": namespace["answer"]}
+
+    async def body(mgr: CpuManager) -> None:
+        with pytest.raises(ActionFailed) as refused:
+            await mgr.execute(LiveAction(next(_ids), Call(fn=grade, args=(model_code,), trajectory=1)), placement())
+        assert refused.value.error_type == "UntrustedResult" and "posix.system" in str(refused.value)
+        value = await mgr.execute(LiveAction(next(_ids), Call(fn=lambda: {"score": 0.5}, trajectory=1)), placement())
+        assert value == {"score": 0.5}
+
+    with_manager(body)
+    assert not planted.exists()

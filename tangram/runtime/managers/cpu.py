@@ -70,6 +70,7 @@ from ..sandbox.namespaces import Boundary, disk_full, python_paths, unmount_orph
 from ..sandbox.namespaces import detect as detect_boundary
 from .cpu_options import CPU_LIMITS, MILLI_PER_CORE, CpuPool, check_options
 from ..sandbox.kills import kill_marked, marked_processes
+from ..sandbox.replies import UntrustedResult, check_result_types, load_reply
 from ..sandbox.workers import Jail, Needs, Preload, Sandbox, WarmWorkers, WorkerDied
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -125,6 +126,10 @@ class CpuManager(ResourceManager):
       env           extra environment variables for every sandbox
       inherit_env   names of variables passed through from the orchestrator's environment
                     (nothing else is: PATH and LANG only, by default)
+      result_types  types, as "module:qualname", that a function's result may hold beside
+                    plain data (numbers, strings, bytes, containers, datetimes, numpy arrays,
+                    standard exceptions); a reply is untrusted, and any other type in it
+                    ends the action with an UntrustedResult error (default: none)
     """
 
     name = "cpu"
@@ -137,13 +142,14 @@ class CpuManager(ResourceManager):
                  visible_paths: Sequence[str] = (), pids_limit: int | None = DEFAULT_PIDS_LIMIT,
                  resource_control: str = "auto", disk_limit: float | None = None,
                  image_cache: str | None = None, containers: str | None = None,
-                 container_options: Sequence[str] = ()) -> None:
+                 container_options: Sequence[str] = (), result_types: Sequence[str] = ()) -> None:
         chosen, env = check_options(
             root=root, isolation=isolation, output_limit=output_limit, cpus=cpus, env=env, inherit_env=inherit_env,
             cpu_limit=cpu_limit, warm_sandboxes=warm_sandboxes, preload=preload, network=network,
             visible_paths=visible_paths, pids_limit=pids_limit, resource_control=resource_control,
             disk_limit=disk_limit, image_cache=image_cache, containers=containers,
             container_options=container_options)
+        self.result_types = check_result_types(result_types, "managers.cpu.result_types")
         self.root = None if root is None else os.fspath(root)
         self.isolation_option = isolation
         self.resource_option = resource_control
@@ -619,7 +625,7 @@ class CpuManager(ResourceManager):
                                         "memory limit and was killed", "memory")
         self._pids_exceeded(action, sb, pids_before)
         await self._disk_exceeded(action, sb)
-        return _answer(action.id, data)
+        return _answer(action.id, data, self.result_types)
 
     def _limit_cgroup(self, action: LiveAction, cg: Any, running: _Running, cpus: str, memory: int,
                       memory_mib: float) -> None:
@@ -714,13 +720,23 @@ def _request_payload(action: LiveAction, env: dict[str, str], pin: tuple[int, ..
                            type(e).__name__) from None
 
 
-def _answer(action_id: int, data: bytes) -> Any:
-    """The worker's reply as the action's result, or the error it ends with."""
+def _answer(action_id: int, data: bytes, trusted: frozenset[tuple[str, str]]) -> Any:
+    """The worker's reply as the action's result, or the error it ends with. The reply is
+    untrusted (what made it ran in the sandbox): only plain data and the manager's
+    `result_types` are loaded (tangram.runtime.sandbox.replies)."""
     try:
-        reply = pickle.loads(data)
+        reply = load_reply(data, trusted)
+    except UntrustedResult as e:
+        raise ActionFailed(action_id, f"the result holds {e.module}.{e.name}, which the orchestrator does not load "
+                           "from a sandbox (its reply is untrusted: loading it could run code): return plain data "
+                           "(numbers, strings, bytes, lists, tuples, dicts, sets, datetimes, numpy arrays, exceptions "
+                           f"of the standard library), or name a type of your own that you trust in the CPU manager's "
+                           "result_types (\"module:Class\")", "UntrustedResult") from None
     except Exception as e:
         raise ActionFailed(action_id, f"the result cannot be loaded in the orchestrator: {type(e).__name__}: {e}",
                            type(e).__name__) from None
+    if not (isinstance(reply, tuple) and reply and isinstance(reply[0], str)):
+        raise ActionFailed(action_id, f"unexpected reply from the sandbox: {type(reply).__name__}", "ProtocolError")
     kind = reply[0]
     if kind == "ok":
         return reply[1]
