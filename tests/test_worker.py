@@ -180,14 +180,16 @@ def test_the_executor_starts_workers_on_demand_and_survives_their_deaths(tmp_pat
         assert pool.workers == 3
 
 
-# The manager's end of the limit FIFO: each action's last well-formed limit reaches the
-# callback; garbled lines (no id, extra words, not a positive finite number) are dropped.
+# The manager's end of the limit FIFO: the running action's last well-formed limit reaches
+# the callback; garbled lines (no id, extra words, not a positive finite number) and lines
+# naming another action (a sandbox limiting another's grant) are dropped.
 def test_the_grant_channel_reads_limits_and_drops_garbled_lines(tmp_path: Path) -> None:
     from tangram.runtime.sandbox.grant import GrantChannel
 
     async def main() -> list[tuple[int, float]]:
         heard: list[tuple[int, float]] = []
         channel = GrantChannel(str(tmp_path / "t0"), lambda action, cores: heard.append((action, cores)))
+        channel.start(2.0, 7)
         try:
             fd = os.open(channel.limit_path, os.O_WRONLY | os.O_NONBLOCK)
             os.write(fd, b"x 1\n7 3.0\n9 1.5 extra\n7 2.0\n8 1.0\n8 nan\n8 inf\n8 0\n8 -1\n10 0\n")
@@ -200,4 +202,42 @@ def test_the_grant_channel_reads_limits_and_drops_garbled_lines(tmp_path: Path) 
             channel.close()
         return heard
 
-    assert asyncio.run(main()) == [(7, 2.0), (8, 1.0)]
+    assert asyncio.run(main()) == [(7, 2.0)]
+
+
+# A sandbox that writes its limit FIFO as fast as it is read cannot keep the manager's
+# reader (a callback of the event loop every action's timeout runs on) from returning: one
+# turn reads a bounded share of a full FIFO and leaves the rest for a later turn.
+def test_one_turn_reads_a_bounded_share_of_a_flooded_limit_fifo(tmp_path: Path) -> None:
+    import fcntl
+
+    from tangram.runtime.sandbox.grant import LIMIT_READ_BYTES, GrantChannel
+
+    async def main() -> tuple[int, int, list[tuple[int, float]]]:
+        heard: list[tuple[int, float]] = []
+        channel = GrantChannel(str(tmp_path / "t0"), lambda action, cores: heard.append((action, cores)))
+        channel.start(2.0, 1)
+        fd = os.open(channel.limit_path, os.O_WRONLY | os.O_NONBLOCK)
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, 1 << 20)
+            written = 0
+            while True:
+                try:
+                    written += os.write(fd, b"1 1.0\n" * 1024)
+                except BlockingIOError:
+                    break
+            channel._read_limits()
+            left = 0
+            while True:
+                try:
+                    left += len(os.read(channel._limit_fd, 1 << 16))
+                except BlockingIOError:
+                    break
+        finally:
+            os.close(fd)
+            channel.close()
+        return written, left, heard
+
+    written, left, heard = asyncio.run(main())
+    assert written > 2 * LIMIT_READ_BYTES
+    assert left >= written - LIMIT_READ_BYTES - 4096 and heard == [(1, 1.0)]

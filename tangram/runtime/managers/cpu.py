@@ -609,7 +609,7 @@ class CpuManager(ResourceManager):
         payload = _request_payload(action, env, pin, rlimit)
         oom_before = pids_before = -1
         try:
-            sb.grant.start(running.cores)  # type: ignore[union-attr]  # the latest grant: a resize may have come meanwhile
+            sb.grant.start(running.cores, action.id)  # type: ignore[union-attr]  # the latest grant: a resize may have come meanwhile
             if cg is not None:
                 self._limit_cgroup(action, cg, running, cpus, memory, placement.memory)
             oom_before = cg.oom_kills() if cg is not None and memory > 0 else -1

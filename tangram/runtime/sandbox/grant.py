@@ -33,6 +33,12 @@ from collections.abc import Callable
 from ...worker import whole_cores
 
 GRANT_WIDTH = 16
+# What one turn of the event loop reads of a sandbox's FIFOs. The sandbox writes them, so a
+# loop "until empty" is one the sandbox can keep from ending (by writing as fast as it is
+# read) while every other action's timeout waits behind it.
+LIMIT_READ_BYTES = 64 << 10
+DRAIN_ALL_BYTES = 1 << 20  # the most a pipe holds (fs.pipe-max-size's default)
+LIMIT_FLOOD_PAUSE = 0.05  # seconds the limit FIFO is left unread after a full turn
 
 
 class GrantChannel:
@@ -40,8 +46,10 @@ class GrantChannel:
 
     def __init__(self, base: str, on_limit: Callable[[int, float], None] | None = None, *,
                  owner: int | None = None, inside: str | None = None, shared: bool = False) -> None:
-        """`on_limit(action, cores)`: called on the event loop for each limit the action
-        writes (None: the limit FIFO is still made, and what is written is dropped).
+        """`on_limit(action, cores)`: called on the event loop for each limit the running
+        action (the one `start` named) writes about itself (None: the limit FIFO is still
+        made, and what is written is dropped); a line naming any other action is dropped,
+        so a sandbox cannot limit another's grant.
         `owner`: the uid (and gid) of a namespaced sandbox, given the FIFOs; `inside`: the
         base the sandbox sees them at (default `base`); `shared`: the FIFOs are everyone's
         (a container's, whose user is the image's: its directory is bound in that
@@ -72,6 +80,7 @@ class GrantChannel:
         self._on_limit = on_limit
         self._limit_loop: asyncio.AbstractEventLoop | None = None
         self._partial = b""  # a line the action has not finished writing
+        self._action: int | None = None  # the running action, whose limits are heard
         if on_limit is not None:
             self._limit_loop = asyncio.get_running_loop()
             self._limit_loop.add_reader(self._limit_fd, self._read_limits)
@@ -101,11 +110,13 @@ class GrantChannel:
     def closed(self) -> bool:
         return self._fifo < 0
 
-    def start(self, cores: float) -> None:
-        """A new action: the grant file says `cores`, the FIFO holds exactly its tokens
-        (whatever an earlier action left is drained)."""
+    def start(self, cores: float, action: int | None = None) -> None:
+        """A new action (`action`, whose limits are heard from now on): the grant file says
+        `cores`, the FIFO holds exactly its tokens (whatever an earlier action left is
+        drained)."""
         if self.closed:
             return
+        self._action = action
         self._stop_collecting()
         self._drain(-1)
         self._owed = 0
@@ -136,6 +147,7 @@ class GrantChannel:
         ended while its action was being torn down)."""
         if self.closed:
             return
+        self._action = None
         self._stop_collecting()
         self._drain(-1)
         self._owed = self._tokens = 0
@@ -155,7 +167,7 @@ class GrantChannel:
     # ------------------------------------------------------------------ limits
     def _read_limits(self) -> None:
         data = self._partial
-        while True:
+        while len(data) < LIMIT_READ_BYTES:
             try:
                 chunk = os.read(self._limit_fd, 4096)
             except BlockingIOError:
@@ -163,6 +175,8 @@ class GrantChannel:
             if not chunk:
                 break
             data += chunk
+        else:  # a full turn's worth: more than any action says; read on after a pause
+            self._pause_limits()
         *lines, self._partial = data.split(b"\n")
         if len(self._partial) > 64:  # no line is that long: not ours, drop it
             self._partial = b""
@@ -173,10 +187,22 @@ class GrantChannel:
                 action_id, cores = int(action), float(text)
             except ValueError:
                 continue
-            if math.isfinite(cores) and cores > 0:  # "nan", "inf", "0" are garbled too
+            if math.isfinite(cores) and cores > 0 and action_id == self._action:  # "nan", "inf", "0" are garbled too
                 latest[action_id] = cores
         for action, cores in latest.items():
             self._on_limit(action, cores)  # type: ignore[misc]
+
+    def _pause_limits(self) -> None:
+        loop = self._limit_loop
+        if loop is None:
+            return
+        loop.remove_reader(self._limit_fd)
+
+        def resume() -> None:
+            if self._limit_loop is loop and not self.closed:
+                loop.add_reader(self._limit_fd, self._read_limits)
+
+        loop.call_later(LIMIT_FLOOD_PAUSE, resume)
 
     # ------------------------------------------------------------------ tokens
     def _put(self, n: int) -> None:
@@ -184,11 +210,13 @@ class GrantChannel:
             os.write(self._fifo, b"+" * n)  # far below the pipe's capacity: never blocks
 
     def _drain(self, limit: int) -> int:
-        """Reads up to `limit` tokens (-1: all) that are free now; returns how many."""
+        """Reads up to `limit` tokens (-1: all, up to what a pipe holds) that are free now;
+        returns how many."""
         got = 0
-        while limit < 0 or got < limit:
+        limit = DRAIN_ALL_BYTES if limit < 0 else limit
+        while got < limit:
             try:
-                data = os.read(self._fifo, 4096 if limit < 0 else limit - got)
+                data = os.read(self._fifo, min(4096, limit - got))
             except BlockingIOError:
                 break
             if not data:
