@@ -2,7 +2,8 @@
 
 A reference names an image as users have one:
 
-  a directory holding a root filesystem (with /bin, /usr or /etc): used where it is
+  a directory holding a root filesystem (with /bin, /usr or /etc): used where it is (never
+      the host's own root, /)
   an OCI image layout directory (`oci-layout` and `index.json`, as `skopeo copy ... oci:DIR`
       or `umoci` write it): its only manifest, or the one tagged TAG with "DIR:TAG"
   an archive of `docker save` or `podman save` (a tar holding manifest.json and the layers):
@@ -11,29 +12,49 @@ A reference names an image as users have one:
       the `podman save` or `docker save` of this machine (where one is installed)
 
 `ImageCache.rootfs(reference)` unpacks the image's layers in order into
-`<cache>/<digest>/rootfs` (digest: of the image's manifest, or of the archive), once: a
-second sandbox of the same image, or a second manager sharing the cache, finds it there.
-Layers are applied with the OCI whiteouts (`.wh.NAME` deletes NAME from the layers below,
-`.wh..wh..opq` empties its directory) and extracted with tarfile's "tar" filter: no member
-lands outside the root (absolute names are made relative, `..` and links that resolve
-outside are refused), setuid, setgid and sticky bits and write bits for group and others
-are cleared, device nodes are skipped. A missing, unreadable or corrupt image is an
-ImageError naming the reference and the cause.
+`<cache>/<key>/rootfs`, once: a second sandbox of the same image, or a second manager
+sharing the cache, finds it there. The key of an OCI layout is its manifest's digest; of an
+archive, a hash of its layers' contents.
+
+Digests are checked: each one the layout names must be `sha256:<64 hex digits>` or
+`sha512:<128 hex digits>`, and each blob read (index.json's manifest, a nested index, the
+layers) must hash to its digest, as it is read; a layer of an archive is hashed before it
+is unpacked and checked again while it is (as are layers an archive names
+blobs/<algorithm>/<digest>). So a layout cannot name a file outside it, nor claim another
+image's digest (and cache entry).
+
+Layers are unpacked by this module, not by tarfile's extraction (whose filters
+os.path.realpath defeats: CVE-2025-4517): each member's path is resolved inside the root as
+in a chroot, component by component with lstat and readlink (an absolute link restarts at
+the root, `..` stops there, at most 40 links per path, a link to a missing directory or a
+path past PATH_MAX is refused), and the member is made there without following a link in
+its last component: a file is created new (O_EXCL, O_NOFOLLOW) after what was there is
+removed, a directory merges with a directory, a link's text is kept verbatim, a hard link
+must name a regular file of the image. OCI whiteouts (`.wh.NAME` deletes NAME from the
+layers below, `.wh..wh..opq` empties its directory) are resolved the same way. Member names
+leading outside the root (`../x`) are refused; setuid, setgid and sticky bits and write bits
+for group and others are cleared; owners are the members' numeric ids (as root); device
+nodes and fifos are skipped. An image may unpack at most `max_bytes` (the layers' tar
+streams, uncompressed: a gzip bomb) and `max_members` members. A missing, unreadable,
+corrupt or malformed image is an ImageError naming the reference and the cause.
 """
 
 from __future__ import annotations
 
 import gzip
 import hashlib
-import io
 import json
 import os
+import posixpath
+import re
 import shutil
+import stat
 import subprocess
 import tarfile
 import tempfile
 import threading
-from collections.abc import Iterator
+import zlib
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import IO, Any
 
@@ -43,24 +64,151 @@ _ROOT_MARKERS = ("bin", "usr", "etc")
 _WHITEOUT = ".wh."
 _OPAQUE = ".wh..wh..opq"
 
+MAX_IMAGE_BYTES = 64 << 30  # what one image may unpack: its layers' tar streams, uncompressed
+MAX_IMAGE_MEMBERS = 1 << 22  # and its layers' members, all together
+_MAX_JSON = 16 << 20  # index.json, a manifest, manifest.json
+_MAX_HEADER = 8 << 20  # a tar member's extended (pax) header or GNU long name, read into memory
+_MAX_LINKS = 40  # symbolic links followed while resolving one path (the kernel's limit)
+_CHUNK = 1 << 20
+_DIGEST_HEX = {"sha256": 64, "sha512": 128}
+_HEX = re.compile(r"[0-9a-f]+")
+_BLOB_NAME = re.compile(r"(?:.*/)?blobs/(sha256|sha512)/([0-9a-f]+)")  # an archive's layer named by its digest
+_EXTENDED = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME,
+             tarfile.GNUTYPE_LONGLINK)
+
 
 class ImageError(ManagerError):
     """An image that cannot be used: `field` is where it was named, `reason` says why."""
 
 
-def _sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+class _Ref:
+    """The reference being resolved, to name it in errors."""
+
+    def __init__(self, reference: str, field: str) -> None:
+        self.reference, self.field = reference, field
+
+    def error(self, what: str) -> ImageError:
+        return ImageError(self.field, f"image {self.reference!r}: {what}")
 
 
+class _Refused(Exception):
+    """A layer member (or header) this unpacker will not make: said by _apply_layer, naming it."""
+
+
+class _Corrupt(Exception):
+    """A layer's stream broke while a member's data was read."""
+
+
+# ---------------------------------------------------------------------------- files, JSON, digests
+def _open_regular(path: str, what: str, ref: _Ref) -> IO[bytes]:
+    """`path` opened for reading, if a regular file (a fifo would block, a device never end)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except (OSError, ValueError) as e:
+        raise ref.error(f"{what} missing: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ref.error(f"{what} is not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _read_json(f: IO[bytes], what: str, ref: _Ref, digest: str | None = None) -> Any:
+    """The JSON document in `f` (closed after), its bytes checked against `digest` if given."""
+    try:
+        with f:
+            data = f.read(_MAX_JSON + 1)
+    except (OSError, EOFError, tarfile.TarError, zlib.error) as e:
+        raise ref.error(f"{what}: unreadable: {type(e).__name__}: {e}") from None
+    if len(data) > _MAX_JSON:
+        raise ref.error(f"{what}: more than {_MAX_JSON} bytes, not a manifest")
+    if digest is not None:
+        algorithm, _, value = digest.partition(":")
+        if hashlib.new(algorithm, data).hexdigest() != value:
+            raise ref.error(f"{what}: its content does not match its digest")
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as e:
+        raise ref.error(f"{what}: not JSON ({type(e).__name__}: {e})") from None
+
+
+def _object(value: Any, what: str, ref: _Ref) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ref.error(f"{what} is not a JSON object")
+    return value
+
+
+def _list(value: Any, what: str, ref: _Ref) -> list[Any]:
+    if not isinstance(value, list):
+        raise ref.error(f"{what} is not a list")
+    return value
+
+
+def _digest(value: Any, what: str, ref: _Ref) -> str:
+    """`value` if it is an OCI digest of a supported algorithm (lowercase hex of its length)."""
+    if isinstance(value, str):
+        algorithm, _, hexa = value.partition(":")
+        if len(hexa) == _DIGEST_HEX.get(algorithm) and _HEX.fullmatch(hexa):
+            return value
+    raise ref.error(f"{what}: {value!r} is not a digest (sha256:<64 lowercase hex digits> or "
+                    "sha512:<128 lowercase hex digits>)")
+
+
+class _Blob:
+    """A layer's bytes, read once front to back, hashed as they are read when its digest
+    is known (`intact` checks it, reading what is left); `unread` puts bytes back."""
+
+    def __init__(self, f: IO[bytes], name: str, digest: str | None = None) -> None:
+        self._f, self.name, self.digest = f, name, digest
+        self._hash = hashlib.new(digest.partition(":")[0]) if digest else None
+        self._back = b""
+
+    def _read(self, n: int) -> bytes:
+        data = self._f.read(n)
+        if self._hash is not None:
+            self._hash.update(data)
+        return data
+
+    def read(self, n: int = -1) -> bytes:
+        if not self._back:
+            return self._read(n)
+        if n is None or n < 0:
+            data, self._back = self._back + self._read(-1), b""
+            return data
+        data, self._back = self._back[:n], self._back[n:]
+        return data + self._read(n - len(data)) if len(data) < n else data
+
+    def unread(self, data: bytes) -> None:
+        self._back = data + self._back
+
+    def intact(self) -> bool:
+        while self._read(_CHUNK):
+            pass
+        return self._hash is None or self._hash.hexdigest() == self.digest.partition(":")[2]  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> _Blob:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------------------- the cache
 class ImageCache:
-    """Root filesystems of images, unpacked under `directory` (made if missing)."""
+    """Root filesystems of images, unpacked under `directory` (made if missing); one image
+    may unpack at most `max_bytes` (its layers' tar streams, uncompressed) and
+    `max_members` members."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, max_bytes: int = MAX_IMAGE_BYTES, max_members: int = MAX_IMAGE_MEMBERS) -> None:
         self.directory = directory
+        self.max_bytes = max_bytes
+        self.max_members = max_members
         os.makedirs(directory, exist_ok=True)
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
@@ -69,102 +217,150 @@ class ImageCache:
         """The root filesystem of `reference` (see the module docstring), unpacked if need be."""
         if not isinstance(reference, str) or not reference:
             raise ImageError(field, f"{reference!r} is not an image reference")
+        ref = _Ref(reference, field)
         if reference.startswith(("podman:", "docker:")):
-            return self._from_store(reference, field)
+            return self._from_store(reference, ref)
         path, _, tag = reference.partition(":") if not os.path.exists(reference) else (reference, "", "")
         if not os.path.exists(path):
-            raise ImageError(field, f"image {reference!r}: no such file or directory")
+            raise ref.error("no such file or directory")
         if os.path.isdir(path):
+            if os.path.realpath(path) == "/":
+                raise ref.error("the host's root / cannot be a task image (its sandboxes would be given the "
+                                "host's files, owned by them)")
             if os.path.exists(os.path.join(path, "oci-layout")):
-                return self._from_oci_layout(path, tag, reference, field)
+                return self._from_oci_layout(path, tag, ref)
             if any(os.path.isdir(os.path.join(path, m)) for m in _ROOT_MARKERS):
                 return os.path.realpath(path)
-            raise ImageError(field, f"image {reference!r}: a directory that is neither an OCI layout (no oci-layout "
-                             "file) nor a root filesystem (no bin, usr or etc)")
-        return self._from_archive(path, tag, reference, field)
+            raise ref.error("a directory that is neither an OCI layout (no oci-layout file) nor a root filesystem "
+                            "(no bin, usr or etc)")
+        return self._from_archive(path, tag, ref)
 
     # ------------------------------------------------------------------ sources
-    def _from_oci_layout(self, path: str, tag: str, reference: str, field: str) -> str:
-        try:
-            with open(os.path.join(path, "index.json")) as f:
-                index = json.load(f)
-            manifests = index["manifests"]
-            if tag:
-                manifests = [m for m in manifests
-                             if m.get("annotations", {}).get("org.opencontainers.image.ref.name") == tag]
-            if len(manifests) != 1:
-                raise ImageError(field, f"image {reference!r}: {len(manifests)} manifests match in its index.json "
-                                 "(name one with DIR:TAG)")
-            digest = manifests[0]["digest"]
-            with self._blob(path, digest, reference, field) as f:
-                manifest = json.load(f)
-            if "layers" not in manifest:  # an index of manifests (several platforms): its first
-                digest = manifest["manifests"][0]["digest"]
-                with self._blob(path, digest, reference, field) as f:
-                    manifest = json.load(f)
-            layers = [layer["digest"] for layer in manifest["layers"]]
-        except ImageError:
-            raise
-        except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
-            raise ImageError(field, f"image {reference!r}: not a readable OCI layout: {type(e).__name__}: {e}") from None
-        key = digest.split(":", 1)[-1]
-        return self._unpacked(key, lambda: (self._blob(path, d, reference, field) for d in layers), reference, field)
+    def _from_oci_layout(self, path: str, tag: str, ref: _Ref) -> str:
+        index = _object(_read_json(_open_regular(os.path.join(path, "index.json"), "index.json", ref), "index.json",
+                                   ref), "index.json", ref)
+        manifests = _list(index.get("manifests"), "index.json manifests", ref)
+        chosen = []
+        for i, m in enumerate(manifests):
+            m = _object(m, f"index.json manifests[{i}]", ref)
+            annotations = _object(m.get("annotations", {}), f"index.json manifests[{i}].annotations", ref)
+            if not tag or annotations.get("org.opencontainers.image.ref.name") == tag:
+                chosen.append((i, m))
+        if len(chosen) != 1:
+            raise ref.error(f"{len(chosen)} manifests match in its index.json (name one with DIR:TAG)")
+        i, entry = chosen[0]
+        digest = _digest(entry.get("digest"), f"index.json manifests[{i}].digest", ref)
+        manifest = _object(_read_json(self._blob(path, digest, ref), f"manifest {digest}", ref, digest),
+                           f"manifest {digest}", ref)
+        if "layers" not in manifest and "manifests" in manifest:  # an index of manifests (several platforms): its first
+            nested = _list(manifest["manifests"], f"index {digest} manifests", ref)
+            if not nested:
+                raise ref.error(f"index {digest} manifests is empty")
+            first = _object(nested[0], f"index {digest} manifests[0]", ref)
+            digest = _digest(first.get("digest"), f"index {digest} manifests[0].digest", ref)
+            manifest = _object(_read_json(self._blob(path, digest, ref), f"manifest {digest}", ref, digest),
+                               f"manifest {digest}", ref)
+        if "layers" not in manifest:
+            raise ref.error(f"manifest {digest} has neither layers nor manifests")
+        layers = []
+        for j, layer in enumerate(_list(manifest["layers"], f"manifest {digest} layers", ref)):
+            layer = _object(layer, f"manifest {digest} layers[{j}]", ref)
+            layers.append(_digest(layer.get("digest"), f"manifest {digest} layers[{j}].digest", ref))
+
+        def blobs() -> Iterator[_Blob]:
+            for d in layers:
+                yield _Blob(self._blob(path, d, ref), d, d)
+
+        return self._unpacked(digest.partition(":")[2], blobs, ref)
 
     @staticmethod
-    def _blob(layout: str, digest: str, reference: str, field: str) -> IO[bytes]:
+    def _blob(layout: str, digest: str, ref: _Ref) -> IO[bytes]:
+        """The blob of `digest` (checked by _digest: no path of its own) in `layout`."""
         algorithm, _, value = digest.partition(":")
-        blob = os.path.join(layout, "blobs", algorithm, value)
-        try:
-            return open(blob, "rb")
-        except OSError as e:
-            raise ImageError(field, f"image {reference!r}: blob {digest} missing: {e.strerror}") from None
+        return _open_regular(os.path.join(layout, "blobs", algorithm, value), f"blob {digest}", ref)
 
-    def _from_archive(self, path: str, tag: str, reference: str, field: str) -> str:
-        try:
-            archive = tarfile.open(path)
-        except (OSError, tarfile.TarError) as e:
-            raise ImageError(field, f"image {reference!r}: not a docker/podman save archive: {e}") from None
-        with archive:
+    def _from_archive(self, path: str, tag: str, ref: _Ref) -> str:
+        with _open_regular(path, "the archive", ref) as f:  # opened once: hashed and unpacked alike
             try:
-                manifest = json.load(archive.extractfile("manifest.json"))  # type: ignore[arg-type]
-                entries = [m for m in manifest if not tag or tag in (m.get("RepoTags") or [])]
-                if len(entries) != 1:
-                    raise ImageError(field, f"image {reference!r}: {len(entries)} images match in the archive "
-                                     "(name one with ARCHIVE:REPO:TAG)")
-                layers = list(entries[0]["Layers"])
-                config = entries[0].get("Config", "")
-            except ImageError:
-                raise
-            except (KeyError, ValueError, TypeError, tarfile.TarError) as e:
-                raise ImageError(field, f"image {reference!r}: not a docker/podman save archive (no usable "
-                                 f"manifest.json: {type(e).__name__}: {e})") from None
-        key = hashlib.sha256(f"{_sha256_file(path)}:{config}".encode()).hexdigest()
+                archive = tarfile.open(fileobj=f)
+            except (OSError, EOFError, tarfile.TarError, zlib.error) as e:
+                raise ref.error(f"not a docker/podman save archive: {e}") from None
+            with archive:
+                names = self._archive_layers(archive, tag, ref)
+                digests = []  # of each layer's content: the key, and checked again as it is unpacked
+                size = 0
+                for name in names:
+                    size += _archive_member(archive, name, ref)[0].size
+                    if size > self.max_bytes:  # (a gzipped archive's claims: not hashed for hours)
+                        raise ref.error(f"more than {self.max_bytes} bytes of layers: the image cache's limit")
+                for name in names:
+                    blob_name = _BLOB_NAME.fullmatch(posixpath.normpath(name))
+                    if blob_name and len(blob_name.group(2)) != _DIGEST_HEX[blob_name.group(1)]:
+                        blob_name = None  # not a digest after all
+                    algorithms = {"sha256"} | ({blob_name.group(1)} if blob_name else set())
+                    hashes = {a: hashlib.new(a) for a in algorithms}
+                    try:
+                        with _archive_member(archive, name, ref)[1] as member:
+                            for chunk in iter(lambda: member.read(_CHUNK), b""):
+                                for h in hashes.values():
+                                    h.update(chunk)
+                    except (OSError, EOFError, tarfile.TarError, zlib.error) as e:
+                        raise ref.error(f"a corrupt archive: layer {name!r}: {type(e).__name__}: {e}") from None
+                    if blob_name and hashes[blob_name.group(1)].hexdigest() != blob_name.group(2):
+                        raise ref.error(f"a corrupt layer {name!r}: its content does not match its digest")
+                    digests.append(f"sha256:{hashes['sha256'].hexdigest()}")
+                key = hashlib.sha256("\n".join(["docker-archive", *digests]).encode()).hexdigest()
 
-        def streams() -> Iterator[IO[bytes]]:
-            with tarfile.open(path) as outer:
-                for name in layers:
-                    member = outer.extractfile(name)
-                    if member is None:
-                        raise ImageError(field, f"image {reference!r}: layer {name} missing from the archive")
-                    yield io.BytesIO(member.read())
+                def blobs() -> Iterator[_Blob]:
+                    for name, digest in zip(names, digests):
+                        yield _Blob(_archive_member(archive, name, ref)[1], name, digest)
 
-        return self._unpacked(key, streams, reference, field)
+                return self._unpacked(key, blobs, ref)
 
-    def _from_store(self, reference: str, field: str) -> str:
+    @staticmethod
+    def _archive_layers(archive: tarfile.TarFile, tag: str, ref: _Ref) -> list[str]:
+        """The layers (names of the archive's members) of its image tagged `tag` (or its only one)."""
+        try:
+            manifest_json = archive.extractfile("manifest.json")
+        except (KeyError, OSError, EOFError, tarfile.TarError, zlib.error) as e:
+            raise ref.error(f"not a docker/podman save archive (no usable manifest.json: {type(e).__name__}: {e})") \
+                from None
+        if manifest_json is None:
+            raise ref.error("not a docker/podman save archive (its manifest.json is not a file)")
+        manifest = _list(_read_json(manifest_json, "manifest.json", ref), "manifest.json", ref)
+        chosen = []
+        for i, m in enumerate(manifest):
+            m = _object(m, f"manifest.json[{i}]", ref)
+            tags = _list(m.get("RepoTags") or [], f"manifest.json[{i}].RepoTags", ref)
+            if not tag or tag in tags:
+                chosen.append((i, m))
+        if len(chosen) != 1:
+            raise ref.error(f"{len(chosen)} images match in the archive (name one with ARCHIVE:REPO:TAG)")
+        i, entry = chosen[0]
+        if not isinstance(entry.get("Config", ""), str):
+            raise ref.error(f"manifest.json[{i}].Config is not a string")
+        names = _list(entry.get("Layers"), f"manifest.json[{i}].Layers", ref)
+        for j, name in enumerate(names):
+            normal = posixpath.normpath(name) if isinstance(name, str) and name and "\0" not in name else "/"
+            if normal.startswith("/") or normal in (".", "..") or normal.startswith("../"):
+                raise ref.error(f"manifest.json[{i}].Layers[{j}]: {name!r} is not a path inside the archive")
+        return names
+
+    def _from_store(self, reference: str, ref: _Ref) -> str:
         tool, _, name = reference.partition(":")
         if shutil.which(tool) is None:
-            raise ImageError(field, f"image {reference!r}: {tool} is not installed on this machine")
+            raise ref.error(f"{tool} is not installed on this machine")
         with tempfile.TemporaryDirectory(dir=self.directory) as tmp:
             archive = os.path.join(tmp, "image.tar")
             argv = [tool, "save", "-o", archive, name] + (["--format", "docker-archive"] if tool == "podman" else [])
             try:
                 out = subprocess.run(argv, capture_output=True, timeout=600)
             except (OSError, subprocess.TimeoutExpired) as e:
-                raise ImageError(field, f"image {reference!r}: {tool} save failed: {e}") from None
+                raise ref.error(f"{tool} save failed: {e}") from None
             if out.returncode != 0:
                 said = out.stderr.decode("utf-8", "replace").strip()
-                raise ImageError(field, f"image {reference!r}: {tool} save failed: {said}")
-            return self._from_archive(archive, "", reference, field)
+                raise ref.error(f"{tool} save failed: {said}")
+            return self._from_archive(archive, "", ref)
 
     # ------------------------------------------------------------------ unpacking
     @contextmanager
@@ -174,7 +370,7 @@ class ImageCache:
         with lock:
             yield
 
-    def _unpacked(self, key: str, layers: Any, reference: str, field: str) -> str:
+    def _unpacked(self, key: str, layers: Callable[[], Iterator[_Blob]], ref: _Ref) -> str:
         target = os.path.join(self.directory, key)
         rootfs = os.path.join(target, "rootfs")
         with self._lock(key):
@@ -184,9 +380,10 @@ class ImageCache:
             try:
                 root = os.path.join(work, "rootfs")
                 os.mkdir(root, 0o755)
-                for stream in layers():
-                    with stream:
-                        _apply_layer(stream, root, reference, field)
+                unpacking = _Unpacking(root, ref, self.max_bytes, self.max_members)
+                for blob in layers():
+                    with blob:
+                        _apply_layer(blob, unpacking)
                 try:
                     os.rename(work, target)  # another process may have made it meanwhile: theirs is kept
                 except OSError:
@@ -199,56 +396,304 @@ class ImageCache:
         return rootfs
 
 
-def _apply_layer(stream: IO[bytes], root: str, reference: str, field: str) -> None:
-    """One layer (a tar, gzip or not) onto `root`, whiteouts first."""
-    head = stream.read(2)
-    stream.seek(0)
-    raw: IO[bytes] = gzip.GzipFile(fileobj=stream) if head == b"\x1f\x8b" else stream  # type: ignore[assignment]
+def _archive_member(archive: tarfile.TarFile, name: str, ref: _Ref) -> tuple[tarfile.TarInfo, IO[bytes]]:
+    """The archive's member `name` and its data (never a file outside the archive)."""
+    for candidate in (name, posixpath.normpath(name)):
+        try:
+            member = archive.getmember(candidate)
+        except KeyError:
+            continue
+        try:
+            data = archive.extractfile(member)
+        except (KeyError, tarfile.TarError) as e:  # a link to no member
+            raise ref.error(f"layer {name!r} is not a file in the archive: {e}") from None
+        if data is None:
+            raise ref.error(f"layer {name!r} is not a file in the archive")
+        return member, data
+    raise ref.error(f"layer {name!r} missing from the archive")
+
+
+# ---------------------------------------------------------------------------- layers
+class _Unpacking:
+    """One image being unpacked into `root`: what it unpacked so far, against the limits."""
+
+    def __init__(self, root: str, ref: _Ref, max_bytes: int, max_members: int) -> None:
+        self.root, self.ref, self.max_bytes, self.max_members = root, ref, max_bytes, max_members
+        self.bytes = self.members = 0
+        self.as_root = os.geteuid() == 0
+
+    def count(self, n: int) -> None:
+        self.bytes += n
+        if self.bytes > self.max_bytes:
+            raise self.ref.error(f"more than {self.max_bytes} bytes unpacked (its layers, uncompressed): the image "
+                                 "cache's limit")
+
+    def member(self) -> None:
+        self.members += 1
+        if self.members > self.max_members:
+            raise self.ref.error(f"more than {self.max_members} members in its layers: the image cache's limit")
+
+
+class _Counted:
+    """A layer's uncompressed tar stream, counted against the image's limit as it is read."""
+
+    def __init__(self, stream: Any, unpacking: _Unpacking) -> None:
+        self._stream, self._unpacking = stream, unpacking
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._stream.read(n if n is not None and n >= 0 else _CHUNK)
+        self._unpacking.count(len(data))
+        return data
+
+
+class _TarInfo(tarfile.TarInfo):
+    """Refuses an extended header (pax, GNU long name) tarfile would read whole into memory."""
+
+    def _proc_member(self, archive: tarfile.TarFile) -> Any:  # type: ignore[override]
+        if self.type in _EXTENDED and self.size > _MAX_HEADER:
+            raise _Refused(f"a {self.size}-byte extended header (at most {_MAX_HEADER})")
+        return super()._proc_member(archive)  # type: ignore[misc]
+
+
+def _apply_layer(blob: _Blob, unpacking: _Unpacking) -> None:
+    """One layer (a tar, gzip or not) onto the image's root, in its members' order."""
+    ref, what = unpacking.ref, blob.name
+    head = blob.read(4)
+    blob.unread(head)
+    if head == b"\x28\xb5\x2f\xfd":
+        raise ref.error(f"layer {what}: compressed with zstd, which this unpacker does not read")
+    stream: Any = gzip.GzipFile(fileobj=blob, mode="rb") if head[:2] == b"\x1f\x8b" else blob  # type: ignore[arg-type]
     try:
-        with tarfile.open(fileobj=raw, mode="r|") as layer:
+        counted: Any = _Counted(stream, unpacking)
+        with tarfile.open(fileobj=counted, mode="r|", tarinfo=_TarInfo) as layer:
             for member in layer:
-                name = os.path.normpath(member.name.lstrip("/"))
-                if name.startswith(".."):
-                    raise ImageError(field, f"image {reference!r}: layer member {member.name!r} outside the root")
-                base, leaf = os.path.split(name)
-                if leaf == _OPAQUE:
-                    _empty(os.path.join(root, base), root)
-                    continue
-                if leaf.startswith(_WHITEOUT):
-                    _remove(os.path.join(root, base, leaf[len(_WHITEOUT):]), root)
-                    continue
-                if member.isdev() or member.isfifo():
-                    continue  # devices come from the sandbox's own /dev
-                target = os.path.join(root, name)
-                if os.path.lexists(target) and not (member.isdir() and os.path.isdir(target)
-                                                    and not os.path.islink(target)):
-                    _remove(target, root)  # a later layer replaces what an earlier one had
-                layer.extract(member, root, set_attrs=True, filter="tar")
+                unpacking.member()
+                try:
+                    _apply_member(layer, member, unpacking)
+                except _Refused as e:
+                    raise ref.error(f"layer {what}: member {member.name!r}: {e}") from None
+                except (OSError, ValueError, OverflowError) as e:
+                    said = (e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}")
+                    raise ref.error(f"layer {what}: member {member.name!r}: {said}") from None
     except ImageError:
         raise
-    except (OSError, EOFError, tarfile.TarError, ValueError) as e:
-        raise ImageError(field, f"image {reference!r}: a corrupt layer: {type(e).__name__}: {e}") from None
+    except _Refused as e:
+        raise ref.error(f"layer {what}: {e}") from None
+    except (_Corrupt, OSError, EOFError, tarfile.TarError, ValueError, zlib.error) as e:
+        cause = e.args[0] if isinstance(e, _Corrupt) else e
+        try:
+            intact = blob.intact()
+        except OSError:
+            intact = True
+        if not intact:
+            raise ref.error(f"a corrupt layer {what}: its content does not match its digest") from None
+        raise ref.error(f"a corrupt layer {what}: {type(cause).__name__}: {cause}") from None
+    try:
+        intact = blob.intact()
+    except OSError as e:
+        raise ref.error(f"a corrupt layer {what}: {e}") from None
+    if not intact:
+        raise ref.error(f"a corrupt layer {what}: its content does not match its digest")
 
 
-def _inside(path: str, root: str) -> bool:
-    real = os.path.realpath(os.path.dirname(path))
-    return real == root or real.startswith(root.rstrip("/") + "/")
-
-
-def _remove(path: str, root: str) -> None:
-    if not _inside(path, root):
+def _apply_member(layer: tarfile.TarFile, member: tarfile.TarInfo, unpacking: _Unpacking) -> None:
+    root = unpacking.root
+    parts = _parts(member.name)
+    if not parts:  # the root itself ("./")
+        if member.isdir():
+            _set_attrs_at(root, member, unpacking, os.O_DIRECTORY)
         return
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, ignore_errors=True)
-    elif os.path.lexists(path):
+    dirs, leaf = parts[:-1], parts[-1]
+    if leaf == _OPAQUE:
+        _empty(root, dirs)
+        return
+    if leaf.startswith(_WHITEOUT):
+        if leaf.startswith(_WHITEOUT + _WHITEOUT):
+            return  # other aufs metadata (.wh..wh.plnk, ...): nothing of the image
+        name = leaf[len(_WHITEOUT):]
+        if name in ("", ".", ".."):
+            raise _Refused("a whiteout naming nothing")
+        parent = _resolve(root, dirs, make=False)
+        if parent is not None:
+            _clear(_join(root, parent + [name]), keep_directory=False)
+        return
+    if member.isdev() or member.isfifo():
+        return  # devices come from the sandbox's own /dev
+    if member.islnk():
+        _hard_link(member, dirs, leaf, unpacking)
+        return
+    path = _join(root, _resolve(root, dirs, make=True) + [leaf])  # type: ignore[operator]
+    if member.isdir():
+        if not _clear(path, keep_directory=True):  # a directory over a directory merges
+            os.mkdir(path, 0o700)
+        _set_attrs_at(path, member, unpacking, os.O_DIRECTORY)
+    elif member.issym():
+        _clear(path, keep_directory=False)
+        os.symlink(member.linkname, path)  # its text verbatim: resolved inside the sandbox, or by _resolve
+        if unpacking.as_root:
+            os.chown(path, member.uid, member.gid, follow_symlinks=False)
+    elif member.isreg() or member.type not in tarfile.SUPPORTED_TYPES:  # unknown types as files, as tarfile does
+        if member.size > unpacking.max_bytes - unpacking.bytes:
+            unpacking.count(member.size)  # says it: the stream is about to go past the limit
+        _clear(path, keep_directory=False)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            source = layer.extractfile(member)
+            while source is not None:
+                try:
+                    chunk = source.read(_CHUNK)
+                except (OSError, EOFError, tarfile.TarError, zlib.error) as e:
+                    raise _Corrupt(e) from None
+                if not chunk:
+                    break
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view):]
+            _set_attrs(fd, member, unpacking)
+        finally:
+            os.close(fd)
+
+
+def _hard_link(member: tarfile.TarInfo, dirs: list[str], leaf: str, unpacking: _Unpacking) -> None:
+    """A hard link to a regular file of the image (its target resolved inside the root)."""
+    root, linkname = unpacking.root, member.linkname
+    try:
+        target_parts = _parts(linkname)
+    except _Refused:
+        raise _Refused(f"a hard link to {linkname!r}, outside the root") from None
+    if not target_parts:
+        raise _Refused(f"a hard link to {linkname!r}, which is not a regular file")
+    target_dir = _resolve(root, target_parts[:-1], make=False)
+    if target_dir is None:
+        raise _Refused(f"a hard link to {linkname!r}, which is not in the image")
+    target = _join(root, target_dir + [target_parts[-1]])
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        raise _Refused(f"a hard link to {linkname!r}, which is not in the image") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise _Refused(f"a hard link to {linkname!r}, which is not a regular file")
+    path = _join(root, _resolve(root, dirs, make=True) + [leaf])  # type: ignore[operator]
+    if path != target:
+        _clear(path, keep_directory=False)
+        os.link(target, path, follow_symlinks=False)
+    _set_attrs_at(path, member, unpacking, os.O_NONBLOCK)
+
+
+def _parts(name: str) -> list[str]:
+    """A member's name as components below the root (lexically: tar's `a/../b` is `b`); a
+    name that leads above it is refused."""
+    normal = posixpath.normpath(name.lstrip("/"))
+    if normal == ".." or normal.startswith("../"):
+        raise _Refused("outside the root")
+    return [] if normal == "." else normal.split("/")
+
+
+def _join(root: str, parts: list[str]) -> str:
+    return os.path.join(root, *parts)
+
+
+def _resolve(root: str, parts: list[str], make: bool) -> list[str] | None:
+    """The directory `parts` names, resolved inside `root` as if `root` were / (a chroot):
+    component by component with lstat; a symbolic link's text replaces it (an absolute one
+    restarts at the root), `..` never goes above the root, at most _MAX_LINKS links. Returns
+    the components of a real directory under root (no link in them), or None where one is
+    missing or not a directory and not `make`; with `make`, missing directories the name
+    itself gives are made, and one a link's text gives is refused (a link to a missing
+    directory), as is a component that is neither a directory nor a link. Any other lstat error (a path past
+    PATH_MAX) propagates: nothing is ever taken as missing that is not."""
+    pending = [(part, False) for part in reversed(parts)]  # a stack: (component, from a link's text)
+    done: list[str] = []
+    links = 0
+    while pending:
+        part, from_link = pending.pop()
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if done:
+                done.pop()
+            continue
+        path = _join(root, done + [part])
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            if not make:
+                return None
+            if from_link:
+                raise _Refused(f"/{'/'.join(done + [part])} is reached through a symbolic link to a missing "
+                               "directory") from None
+            os.mkdir(path, 0o755)
+            done.append(part)
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            links += 1
+            if links > _MAX_LINKS:
+                raise _Refused(f"too many levels of symbolic links (more than {_MAX_LINKS})")
+            text = os.readlink(path)
+            if text.startswith("/"):
+                done = []
+            pending.extend((p, True) for p in reversed(text.split("/")))
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            if not make:
+                return None
+            raise _Refused(f"/{'/'.join(done + [part])} is not a directory")
+        done.append(part)
+    return done
+
+
+def _clear(path: str, keep_directory: bool) -> bool:
+    """Removes what is at `path` (a link itself, never what it names; a directory with its
+    contents, unless `keep_directory`); True if a directory was kept there."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISDIR(st.st_mode):
+        if keep_directory:
+            return True
+        shutil.rmtree(path)  # fd-based: follows no link
+    else:
         os.unlink(path)
+    return False
 
 
-def _empty(directory: str, root: str) -> None:
-    if not os.path.isdir(directory) or os.path.islink(directory) or not _inside(os.path.join(directory, "x"), root):
-        return
+def _empty(root: str, dirs: list[str]) -> None:
+    """An opaque whiteout: the directory `dirs` (resolved inside the root, not itself a link) emptied."""
+    if dirs:
+        parent = _resolve(root, dirs[:-1], make=False)
+        if parent is None:
+            return
+        directory = _join(root, parent + [dirs[-1]])
+        try:
+            if not stat.S_ISDIR(os.lstat(directory).st_mode):
+                return
+        except FileNotFoundError:
+            return
+    else:
+        directory = root
     for entry in os.listdir(directory):
-        _remove(os.path.join(directory, entry), root)
+        _clear(os.path.join(directory, entry), keep_directory=False)
 
 
-__all__ = ["ImageCache", "ImageError"]
+def _set_attrs_at(path: str, member: tarfile.TarInfo, unpacking: _Unpacking, flags: int) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | flags)
+    try:
+        _set_attrs(fd, member, unpacking)
+    finally:
+        os.close(fd)
+
+
+def _set_attrs(fd: int, member: tarfile.TarInfo, unpacking: _Unpacking) -> None:
+    """Owner (numeric, as root), mode (no setuid, setgid, sticky, group or other write
+    bits) and modification time of what `fd` has open: never through a link."""
+    if unpacking.as_root:
+        os.fchown(fd, member.uid, member.gid)
+    os.fchmod(fd, member.mode & 0o755)
+    try:
+        os.utime(fd, (member.mtime, member.mtime))
+    except (OSError, OverflowError, ValueError):
+        pass
+
+
+__all__ = ["MAX_IMAGE_BYTES", "MAX_IMAGE_MEMBERS", "ImageCache", "ImageError"]

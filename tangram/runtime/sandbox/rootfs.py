@@ -37,6 +37,8 @@ import sys
 import sysconfig
 import time
 
+from .images import ImageError
+
 HOST = "/run/host"  # the host's system directories and Python, read-only, in an image sandbox
 
 _SYS_OPEN_TREE, _SYS_MOVE_MOUNT, _SYS_MOUNT_SETATTR = 428, 429, 442  # x86_64 and aarch64 alike (the new numbers)
@@ -134,12 +136,16 @@ def mount_overlay(lower: str, upper: str, work: str, target: str) -> None:
 
 def mount_image_root(image: str, slot: str, uid: int) -> str:
     """The sandbox root of `image` (an unpacked root filesystem) in `slot` (see the module
-    docstring); returns <slot>/rootfs. Mounts made before a failure are left for the
-    caller's unmount_under(slot)."""
+    docstring); returns <slot>/rootfs. An image that cannot be idmapped is an ImageError.
+    Mounts made before a failure are left for the caller's unmount_under(slot)."""
     lower, upper, work, rootfs = (os.path.join(slot, d) for d in ("lower", "upper", "work", "rootfs"))
     for d in (lower, upper, work, rootfs):
         os.makedirs(d, exist_ok=True)
-    mount_idmapped(image, lower, uid)
+    try:
+        mount_idmapped(image, lower, uid)
+    except OSError as e:  # a file system, or a mount inside the image, that cannot be idmapped
+        raise ImageError("call.image", f"{image!r} cannot be a sandbox's root (an idmapped mount of it): "
+                         f"{e.strerror or e}") from None
     remount_image_root(slot, uid)
     return rootfs
 
