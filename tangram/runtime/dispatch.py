@@ -127,12 +127,15 @@ class Dispatcher:
             ids = [i for i in limits if (lv := live.get(i)) is not None and lv.running]
             if ids:
                 self._handle(self.core.limit(_ids(ids), np.asarray([limits[i] for i in ids], dtype=np.float64), now))
-        if self.pending_complete:
-            ids, self.pending_complete = self.pending_complete, []
-            self._handle(self.core.complete(_ids(ids), now))
+        # Cancels before completions: what a completion frees must not go to an action
+        # withdrawn meanwhile (runner.start skips it, and the cores would sit idle until
+        # its cancel came).
         if self.pending_cancel:
             ids, self.pending_cancel = self.pending_cancel, []
             self._handle(self.core.cancel(_ids(ids), now))
+        if self.pending_complete:
+            ids, self.pending_complete = self.pending_complete, []
+            self._handle(self.core.complete(_ids(ids), now))
         if self.pending_submit:
             batch, self.pending_submit = self.pending_submit, []
             self._submit_batch(batch, now)

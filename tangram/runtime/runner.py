@@ -84,7 +84,13 @@ class ActionRunner:
 
     # ---------------------------------------------------------------- the core's decisions
     def start(self, decision: Decision) -> None:
-        lv = self.live[decision.action]
+        lv = self.live.get(decision.action)
+        if lv is None:
+            # Withdrawn (cancelled while waiting) since the core last heard of it: a timer's
+            # or a restore's pass may start it before the queued cancel reaches the core,
+            # and that cancel gives back what this start took. Raising here would lose the
+            # rest of the batch's decisions, and the actions they start would wait for good.
+            return
         node, device = decision.node, decision.device
         call = lv.call
         service = decision.service

@@ -159,6 +159,30 @@ def test_cancel_waiting_and_running_actions() -> None:
     run(main())
 
 
+def test_a_cancel_of_a_running_and_a_waiting_action_at_once_leaves_no_action_behind() -> None:
+    """What a client that drops does: it cancels its running action and its waiting one in
+    the same breath. The running one's end frees its cores; they must go to the waiting
+    action of another caller, not to the one withdrawn (whose start, had the core made it,
+    used to fail and lose the batch's other starts: that caller's action waited for good)."""
+    async def main() -> None:
+        async with orchestrator(cpu=2) as orch:
+            running = orch.submit(Call(runtime=60.0, resources={"cpu": 2}))
+            while not orch._live[running.id].running:
+                await asyncio.sleep(0.005)
+            withdrawn = orch.submit(Call(runtime=0.01, resources={"cpu": 1}))
+            bystander = orch.submit(Call(runtime=0.01, resources={"cpu": 1}))
+            await asyncio.sleep(0.01)  # both wait in the core
+            assert running.cancel() and withdrawn.cancel()
+            await asyncio.wait_for(bystander.future, 30)
+            for h in (running, withdrawn):
+                with pytest.raises(ActionCancelled):
+                    await h
+            assert_idle(orch)
+            assert sorted(r.outcome for r in orch.records) == ["cancelled", "cancelled", "ok"]
+
+    run(main())
+
+
 class _FirstStepManager(tangram.runtime.ResourceManager):
     """Runs `hook(orch, action)` in the first step of execute, then sleeps `seconds`
     (0: returns at once, without suspending)."""
