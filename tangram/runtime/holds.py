@@ -24,7 +24,6 @@ quota ends without one.
 from __future__ import annotations
 
 import asyncio
-import math
 from typing import TYPE_CHECKING, Any
 
 from .._errors import TangramError, UnknownNameError, ValidationError
@@ -52,8 +51,8 @@ class Throttled(TangramError):
 
 
 def check_backoff_seconds(seconds: Any, field: str = "seconds") -> float:
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
-            or not 0 <= seconds <= MAX_RETRY_AFTER:
+    # (a comparison, not math.isfinite: NaN fails it too, and an int of any size compares)
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds <= MAX_RETRY_AFTER:
         raise ValidationError(field, f"must be a number of seconds in [0, {MAX_RETRY_AFTER:g}], got {seconds!r}")
     return float(seconds)
 

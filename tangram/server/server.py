@@ -249,6 +249,15 @@ class Server:
             conn._done(record)
 
 
+def _hello_flag(hello: dict[str, Any], key: str) -> bool:
+    """A true/false option of HELLO (absent: false); anything else is a ProtocolError, not
+    a guess ("false" is a non-empty string)."""
+    value = hello.get(key, False)
+    if not isinstance(value, bool):
+        raise ProtocolError(key, f"HELLO: must be true or false, got {value!r}")
+    return value
+
+
 class _Connection(asyncio.BufferedProtocol):
     """One client: its frames in (read straight into its frame reader's buffer), its
     results out."""
@@ -421,8 +430,8 @@ class _Connection(asyncio.BufferedProtocol):
             self.hello_timer.cancel()
         self.number = next(self.server._numbers)
         self.server._by_number[self.number] = self
-        self.shared = bool(hello.get("shared_trajectories", False))
-        self.send_records = bool(hello.get("records", False))
+        self.shared = _hello_flag(hello, "shared_trajectories")
+        self.send_records = _hello_flag(hello, "records")
         self.state = "ready"
         self.reader.limit = self.server.max_frame
         orch = self.orch
@@ -437,6 +446,10 @@ class _Connection(asyncio.BufferedProtocol):
         for i in ids:
             if not self._own_id(i):
                 raise ProtocolError("frame", f"SUBMIT: action id {i} is not in this connection's range")
+        if len(set(ids)) != len(ids) or any(i in self.live for i in ids):
+            # Each id gets exactly one RESULT: an id given twice, or one still live, would get two.
+            again = next(i for n, i in enumerate(ids) if i in self.live or i in ids[:n])
+            raise ProtocolError("frame", f"SUBMIT: action id {again} is given twice or still live on this connection")
         try:
             calls = pickle.loads(pickled)
         except Exception as e:
@@ -497,6 +510,8 @@ class _Connection(asyncio.BufferedProtocol):
                 self._reply(rid, True, "pong")
             elif op == "explain":
                 (aid,) = args
+                if not isinstance(aid, int) or isinstance(aid, bool):
+                    raise ValidationError("action_id", f"must be an integer, got {aid!r}")
                 self._reply(rid, True, self.orch.explain_now(aid) if aid in self.live else f"action {aid} is not live")
             elif op == "queue_lengths":
                 self._reply(rid, True, self.orch.queue_lengths_now())
@@ -513,7 +528,7 @@ class _Connection(asyncio.BufferedProtocol):
                 self._reply(rid, True, self.orch.back_off_quota_now(quota, seconds))
             elif op == "end_trajectory":
                 (t,) = args
-                if not isinstance(t, int) or t < 0:
+                if not isinstance(t, int) or isinstance(t, bool) or t < 0:
                     raise ValidationError("trajectory", f"must be a non-negative integer, got {t!r}")
                 if not self.shared:
                     if t >= _TRAJECTORY_LIMIT:

@@ -103,7 +103,7 @@ def test_bad_holds_get_typed_errors_and_a_cancelled_wait_withdraws_the_hold() ->
             with pytest.raises(UnknownNameError) as unknown:
                 orch.quota("nope")
             assert unknown.value.field == "quota" and "api" in str(unknown.value)
-            for bad in (-1.0, float("nan"), 1e9, "5"):
+            for bad in (-1.0, float("nan"), 1e9, "5", 10 ** 400, True):
                 with pytest.raises(ValidationError) as e:
                     await orch.back_off_quota("api", bad)  # type: ignore[arg-type]
                 assert e.value.field == "retry_after"

@@ -537,6 +537,9 @@ def test_malformed_and_oversized_frames_get_a_typed_error_and_spare_the_server(m
                 (False, struct.pack("!IB", 1 << 30, P.HELLO), FrameTooLarge, "limit"),
                 (False, P.frame(P.HELLO, b"{not json"), ProtocolError, "JSON"),
                 (False, P.json_frame(P.HELLO, {"protocol": 99}), ProtocolError, "protocol"),
+                (False, P.json_frame(P.HELLO, {"protocol": P.PROTOCOL, "shared_trajectories": "false"}), ProtocolError,
+                 "shared_trajectories"),
+                (False, P.json_frame(P.HELLO, {"protocol": P.PROTOCOL, "records": 1}), ProtocolError, "records"),
                 (True, struct.pack("!IB", 100_000, P.SUBMIT) + b"x" * 1000, FrameTooLarge, "65536"),
                 (True, P.frame(P.CANCEL, b"[1, 2"), ProtocolError, "JSON"),
                 (True, P.frame(P.SUBMIT, b"\x00\x00"), ProtocolError, "SUBMIT"),
@@ -580,6 +583,27 @@ def test_malformed_and_oversized_frames_get_a_typed_error_and_spare_the_server(m
                 sock.sendall(P.json_frame(P.REQUEST, [1, "ping", []]))
                 item = recv_frame(sock)
                 assert item is not None and item[0] == P.REPLY and pickle.loads(item[1]) == [(1, True, "pong")]
+
+            # An action id given twice in a frame (or still live) would get two RESULTS: the
+            # frame is refused before any of its calls runs.
+            with connect() as sock:
+                number = hello(sock)
+                twice = number << 32 | 1
+                sock.sendall(P.submit_frame([twice, twice], pickle.dumps([Call(runtime=0.01), Call(runtime=0.01)])))
+                _, error = recv_error(sock)
+                assert isinstance(error, ProtocolError) and "given twice" in str(error), error
+                assert recv_frame(sock) is None
+
+            # Requests with arguments of the wrong type get a typed error naming the field.
+            with connect() as sock:
+                hello(sock)
+                for rid, op, args, field in [(1, "explain", [[1]], "action_id"), (2, "back_off", ["nope", 1.0], "quota"),
+                                             (3, "end_trajectory", [True], "trajectory")]:
+                    sock.sendall(P.json_frame(P.REQUEST, [rid, op, args]))
+                    item = recv_frame(sock)
+                    assert item is not None and item[0] == P.REPLY
+                    ((got, ok, error),) = pickle.loads(item[1])
+                    assert got == rid and not ok and P.decode_error(error).field == field, (op, error)
 
             # The client refuses to send a call larger than the server's frame limit.
             big = bystander.submit(Call(fn=len, args=(b"x" * 100_000,)))
