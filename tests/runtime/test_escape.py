@@ -346,10 +346,14 @@ attempt("sysrq", lambda: open("/proc/sysrq-trigger", "w").write("h"))
 attempt("cgroup_fs", lambda: os.listdir("/sys/fs/cgroup"))
 attempt("kmsg", lambda: open("/dev/kmsg").read(1))
 attempt("sethostname", lambda: check(libc.sethostname(b"pwned", 5)))
+import socket
+attempt("vsock", lambda: socket.socket(40, socket.SOCK_STREAM).close())  # AF_VSOCK: a VM's host, no netns
+attempt("unix_socket", lambda: socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close())  # still allowed
 ''')
         for name in ("mount_tmpfs", "remount_usr_rw", "unshare_user", "unshare_mount", "mknod_disk", "proc_sys_write",
-                     "sysrq", "cgroup_fs", "kmsg", "sethostname"):
+                     "sysrq", "cgroup_fs", "kmsg", "sethostname", "vsock"):
             assert failed(out[name]), (name, out[name])
+        assert out["unix_socket"][0] == "ok", out["unix_socket"]
         devices = eval(out["dev_listing"][1])
         assert not [d for d in devices if d.startswith(("sd", "vd", "nvme", "mem", "kmem", "port", "nvidia"))], devices
 

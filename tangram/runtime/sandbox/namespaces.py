@@ -260,9 +260,11 @@ def bwrap_argv(boundary: Boundary, *, home: str, tmp: str, control: str, read_on
 # Tracing and mounting of any kind, new user namespaces (clone with CLONE_NEWUSER, unshare,
 # setns), kernel keyrings, modules, kexec, BPF, perf, userfaultfd and io_uring (the kernel
 # surface local exploits use most), handles that reopen files by inode, and the syscalls of
-# foreign ABIs (i386, x32: a filter on x86_64 numbers says nothing of them). Each fails with
-# EPERM; clone3 fails with ENOSYS, so that libc falls back to clone, whose flags a classic
-# filter can read. x86_64 only; elsewhere no filter is installed (Boundary.seccomp says so).
+# foreign ABIs (i386, x32: a filter on x86_64 numbers says nothing of them), and sockets of
+# AF_VSOCK (a VM's channel to its host and hypervisor, which no network namespace
+# separates). Each fails with EPERM; clone3 fails with ENOSYS, so that libc falls back to
+# clone, whose flags a classic filter can read. x86_64 only; elsewhere no filter is
+# installed (Boundary.seccomp says so).
 _DENIED_X86_64 = {
     "ptrace": 101, "syslog": 103, "uselib": 134, "pivot_root": 155, "acct": 163, "mount": 165, "umount2": 166,
     "swapon": 167, "swapoff": 168, "reboot": 169, "sethostname": 170, "setdomainname": 171, "iopl": 172,
@@ -273,7 +275,8 @@ _DENIED_X86_64 = {
     "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
     "mount_setattr": 442,
 }
-_NR_CLONE, _NR_CLONE3 = 56, 435
+_NR_CLONE, _NR_CLONE3, _NR_SOCKET = 56, 435, 41
+_AF_VSOCK = 40
 _AUDIT_ARCH_X86_64 = 0xC000003E
 _X32_SYSCALL_BIT = 0x40000000
 _CLONE_NEWUSER = 0x10000000
@@ -299,13 +302,16 @@ def seccomp_filter() -> bytes | None:
     op(_JEQ_K, _AUDIT_ARCH_X86_64, jt=1)                # x86_64: on
     prog.append(deny)                                   # i386 and others: denied
     op(_LD_W_ABS, 0)                                    # nr
-    op(_JGE_K, _X32_SYSCALL_BIT, jt=len(numbers) + 6)   # x32: denied (to the last deny)
+    op(_JGE_K, _X32_SYSCALL_BIT, jt=len(numbers) + 9)   # x32: denied (to the last deny)
     for i, nr in enumerate(numbers):
-        op(_JEQ_K, nr, jt=len(numbers) - i + 5)         # to the last deny
-    op(_JEQ_K, _NR_CLONE3, jt=4)                        # to enosys
-    op(_JEQ_K, _NR_CLONE, jf=2)                         # not clone: to allow
+        op(_JEQ_K, nr, jt=len(numbers) - i + 8)         # to the last deny
+    op(_JEQ_K, _NR_CLONE3, jt=7)                        # to enosys
+    op(_JEQ_K, _NR_CLONE, jf=2)                         # not clone: to the socket check
     op(_LD_W_ABS, 16)                                   # clone's flags (args[0], low word)
-    op(_JSET_K, _CLONE_NEWUSER, jt=2)                   # to deny
+    op(_JSET_K, _CLONE_NEWUSER, jt=5, jf=3)             # to deny, else to allow
+    op(_JEQ_K, _NR_SOCKET, jf=2)                        # not socket: to allow
+    op(_LD_W_ABS, 16)                                   # socket's family (args[0])
+    op(_JEQ_K, _AF_VSOCK, jt=2)                         # to deny
     op(_RET_K, _RET_ALLOW)
     prog.append(enosys)
     prog.append(deny)
