@@ -473,3 +473,21 @@ def test_the_hosts_root_through_the_cpu_manager(tmp_path: Path) -> None:
     with pytest.raises(ActionFailed) as e:
         end_to_end(tmp_path / "cache", "/")
     assert e.value.error_type == "ImageError" and "the host's root" in str(e.value)
+
+
+def test_an_idmap_failure_through_the_cpu_manager_fails_the_action(tmp_path: Path) -> None:
+    """The root is mounted as the sandbox starts: its ImageError ends the action as
+    ActionFailed(error_type="ImageError"), as every other image error does."""
+    from tangram.runtime.errors import ActionFailed
+    image = tmp_path / "root"
+    (image / "bin").mkdir(parents=True)
+    (image / "proc").mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("an idmapped mount needs root")
+    subprocess.run(["mount", "-t", "proc", "proc", str(image / "proc")], check=True)
+    try:
+        with pytest.raises(ActionFailed) as e:
+            end_to_end(tmp_path / "cache", str(image))
+        assert e.value.error_type == "ImageError" and "cannot idmap" in str(e.value)
+    finally:
+        subprocess.run(["umount", str(image / "proc")], check=True)

@@ -601,6 +601,8 @@ class CpuManager(ResourceManager):
             await sb.ready(needs)  # a worker that died since the last action is replaced here
         except ContainerError as e:
             raise ActionFailed(action.id, str(e), "ContainerError") from None
+        except ImageError as e:  # its root cannot be mounted (a directory that cannot be idmapped)
+            raise ActionFailed(action.id, str(e), "ImageError") from None
         except asyncio.CancelledError:
             self._kill(sb)
             raise
