@@ -10,10 +10,13 @@ from __future__ import annotations
 import base64
 import errno
 import functools
+import itertools
 import os
+import re
 import resource  # imported here, not in the forked child: a child's import costs every request milliseconds
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -43,24 +46,40 @@ LANGUAGES: dict[str, tuple[str, tuple[str, ...] | None, tuple[str, ...]]] = {
 }
 
 OUTPUT_LIMIT = 1 << 20  # bytes of stdout and of stderr read back per step
+# Bytes of fetch_files read back per request, all its files together: one past it ends the
+# request in a SandboxError naming the file, and no more than the limit is ever read into
+# memory (the answer crosses the worker's channel and the endpoint as base64, 4/3 of it).
+FETCH_LIMIT = 32 << 20
+# Seconds the scrub after a pooled request waits for the processes it killed to be gone:
+# past it the scrub fails (ScrubError) and the sandbox is ended instead of reused.
+SCRUB_SECONDS = 5.0
 
 
-def run_code(request: Mapping[str, Any], keep_files: bool = False, scrub: bool = False) -> dict[str, Any]:
+class ScrubError(RuntimeError):
+    """A pooled sandbox could not be scrubbed after a request (a process that would not
+    die, something it could not remove, a part of the sandbox the request changed): the
+    request's action fails with it, so the CPU manager ends the sandbox rather than hand
+    it to the next request."""
+
+
+def run_code(request: Mapping[str, Any], keep_files: bool = False, scrub: bool = False,
+             fetch_limit: int = FETCH_LIMIT) -> dict[str, Any]:
     """Runs one checked request (`check_request`) in the current directory (the sandbox's):
-    returns the Sandbox Fusion response as a dict (see the module docstring). `scrub`
-    (a sandbox pooled between requests without a session): afterwards, every process the
-    steps left behind is killed, those that detached themselves too, and the sandbox's
-    directory is emptied, so the next request finds the sandbox as a new one."""
+    returns the Sandbox Fusion response as a dict (see the module docstring). fetch_files
+    past `fetch_limit` bytes in all are a SandboxError naming the file (the run's results
+    and the files fetched before it are kept). `scrub` (a sandbox pooled between requests
+    without a session): afterwards the sandbox is made as the next request must find it
+    (`_scrub`): every process the request left is killed, whatever it did to escape, and
+    every place it could write is emptied; a scrub that cannot finish raises ScrubError."""
     if scrub:
         _adopt_orphans()
+        own = _own_pid_namespace()
+        if own:
+            _take_skeleton()  # the sandbox's own file tree as bwrap made it, before any request of this worker
         try:
-            return run_code(request, keep_files=False)
+            return run_code(request, keep_files=False, fetch_limit=fetch_limit)
         finally:
-            _kill_descendants()
-            _empty(os.getcwd())
-            tmp = os.environ.get("TMPDIR", "")
-            if tmp and os.path.isdir(tmp) and not os.path.realpath(tmp).startswith(os.path.realpath(os.getcwd()) + "/"):
-                _empty(tmp)  # a namespaced sandbox's /tmp is its own, beside its directory
+            _scrub(own)
     language = request["language"]
     entry = LANGUAGES.get(language)
     if entry is None:
@@ -84,9 +103,16 @@ def run_code(request: Mapping[str, Any], keep_files: bool = False, scrub: bool =
             if compile_result["status"] == "Error":
                 return sandbox_error(compile_result["stderr"], compile_result=compile_result)
             if compile_result["status"] != "Finished" or compile_result["return_code"] != 0:
-                return _response("Failed", compile_result, None, _fetch(workdir, request["fetch_files"]))
+                try:
+                    files = _fetch(workdir, request["fetch_files"], fetch_limit)
+                except _FetchError as e:
+                    return sandbox_error(str(e), compile_result, None, e.files)
+                return _response("Failed", compile_result, None, files)
         run_result = _step(run_argv, names, workdir, request["stdin"], request["run_timeout"], memory)
-        files = _fetch(workdir, request["fetch_files"])
+        try:
+            files = _fetch(workdir, request["fetch_files"], fetch_limit)
+        except _FetchError as e:
+            return sandbox_error(str(e), compile_result, run_result, e.files)
         if run_result["status"] == "Error":
             return sandbox_error(run_result["stderr"], compile_result, run_result, files)
         ok = run_result["status"] == "Finished" and run_result["return_code"] == 0
@@ -101,14 +127,73 @@ def run_code(request: Mapping[str, Any], keep_files: bool = False, scrub: bool =
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def run_code_timed(request: Mapping[str, Any], keep_files: bool = False,
-                   scrub: bool = False) -> tuple[dict[str, Any], float]:
+def run_code_timed(request: Mapping[str, Any], keep_files: bool = False, scrub: bool = False,
+                   fetch_limit: int = FETCH_LIMIT) -> tuple[dict[str, Any], float]:
     """run_code, and the seconds it took here in the sandbox: everything running the
     request costs, from its files written to its sandbox scrubbed (the endpoint's
     Server-Timing `run` metric; what the endpoint spends beyond it is its own)."""
     began = time.perf_counter()
-    answer = run_code(request, keep_files, scrub)
+    answer = run_code(request, keep_files, scrub, fetch_limit)
     return answer, time.perf_counter() - began
+
+
+# ------------------------------------------------------------------ the scrub of a pooled sandbox
+
+
+def _scrub(own_namespace: bool) -> None:
+    """Makes the sandbox as the next request must find it, or raises ScrubError:
+
+    - processes: in a PID namespace of the sandbox's own (`own_namespace`: a namespaced
+      sandbox), every process but bwrap's init and this worker is killed
+      (`_kill_namespace`); elsewhere (a bare process, a container) every descendant of this
+      worker, at every depth (`_kill_descendants`);
+    - files: the sandbox's directory and its TMPDIR are emptied, and in a namespaced sandbox
+      its /tmp and /dev/shm too (every place there it can write), directories the request
+      made unreadable or read-only included, symlinks removed and never followed, mount
+      points (read-only paths shown inside /tmp) left as they are (`_empty`); the parts of
+      the sandbox bwrap made (its root, /dev and /run, on tmpfs: writable to a sandbox
+      without uids of its own) are checked against what they held before the worker's first
+      scrubbed request, what a request added removed (`_check_skeleton`);
+    - IPC, in a namespaced sandbox (an IPC namespace of its own): its System V shared
+      memory segments, message queues and semaphore sets are removed (`_remove_sysv_ipc`).
+    A problem left by any of these is a ScrubError (the sandbox is then ended, not reused).
+    """
+    deadline = time.monotonic() + SCRUB_SECONDS
+    if own_namespace:
+        _kill_namespace(deadline)
+    else:
+        _kill_descendants(deadline)
+    problems: list[str] = []
+    mounts = _mounts()
+    home = os.path.realpath(os.getcwd())
+    keep: set[str] = set()
+    places = [home]
+    tmp = os.environ.get("TMPDIR", "")
+    if tmp and os.path.isdir(tmp):
+        tmp = os.path.abspath(tmp)  # not resolved: a request that made it a symlink gets that removed, not followed
+        if tmp.startswith(home + "/"):
+            keep.add(tmp)  # the sandbox's .tmp inside its directory stays, emptied
+        elif own_namespace:  # a bare process's TMPDIR elsewhere (a call's env) may be the host's
+            places.append(tmp)
+    if own_namespace:
+        places += ["/tmp", "/dev/shm"]
+    done: set[str] = set()
+    for place in places:
+        if place not in done:
+            done.add(place)
+            _empty(place, mounts, keep, problems)
+    for path in keep:  # a request that replaced it (a symlink, a file) had it removed
+        if not os.path.isdir(path) or os.path.islink(path):
+            try:
+                os.mkdir(path)
+            except OSError as e:
+                problems.append(f"{path}: {e.strerror or e}")
+    if own_namespace:
+        _check_skeleton(mounts, problems)
+        _remove_sysv_ipc(problems)
+    if problems:
+        shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+        raise ScrubError(f"the pooled sandbox could not be scrubbed after the request, so it is ended: {shown}")
 
 
 _subreaper_pid = 0  # the process made a subreaper already (the flag is the process's, for good)
@@ -130,49 +215,408 @@ def _adopt_orphans() -> None:
     _subreaper_pid = os.getpid()
 
 
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
+def _own_pid_namespace() -> bool:
+    """Whether this process is a namespaced sandbox's worker in the sandbox's own PID
+    namespace: bwrap starts the worker as pid 2, its init being pid 1
+    (tangram.runtime.sandbox.namespaces), so every other process there is the sandbox's.
+    Not so for a bare process (isolation="process": the host's namespace) nor a container's
+    worker (its init is the engine's), nor a child the worker forked: there, other processes
+    than the sandbox's may share the namespace."""
+    if os.getpid() != 2 or os.getppid() != 1:
+        return False
     try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                found += [int(c) for c in f.read().split()]
+        with open("/proc/1/cmdline", "rb") as f:
+            init = f.read().split(b"\0", 1)[0]
     except OSError:
-        pass
-    return found
+        return False
+    return os.path.basename(init) == b"bwrap"
 
 
-def _kill_descendants() -> None:
-    """Kills and reaps every child of this process, and the children they leave it (as a
-    subreaper it inherits them), until none is left."""
-    for _ in range(100):
-        children = _children(os.getpid())
-        if not children:
-            return
-        for pid in children:
+def _processes() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, state letter) of every process /proc shows."""
+    table: dict[int, tuple[int, str]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            table[int(name)] = (int(fields[1]), fields[0].decode("ascii", "replace"))
+        except (OSError, IndexError, ValueError):
+            pass  # gone meanwhile
+    return table
+
+
+def _reap(table: Mapping[int, tuple[int, str]]) -> None:
+    """Reaps this process's children in `table` that have exited (never waits)."""
+    me = os.getpid()
+    for pid, (parent, _) in table.items():
+        if parent == me:
             try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        for pid in children:
-            try:
-                os.waitpid(pid, 0)
+                os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
                 pass
 
 
-def _empty(directory: str) -> None:
-    """Removes what `directory` holds; its `.tmp` (the sandbox's TMPDIR) stays, emptied."""
-    for entry in os.listdir(directory):
-        path = os.path.join(directory, entry)
-        if entry == ".tmp" and os.path.isdir(path) and not os.path.islink(path):
-            _empty(path)
-        elif os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
+def _kill_namespace(deadline: float) -> None:
+    """Kills every process of this PID namespace but its init and this one, and reaps
+    those that were this one's children. kill(-1) signals, at once and at any depth, every
+    process this one may signal (those of the sandbox all run as its uid), and a process
+    killed so cannot fork any more (a fork under way gives its child the signal too), so
+    each round leaves only processes on their way out: it repeats until /proc shows none
+    alive but init and this one, ScrubError past `deadline`."""
+    me = os.getpid()
+    pause = 0.0005
+    while True:
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except OSError:  # ESRCH: none left to signal
+            pass
+        table = _processes()
+        _reap(table)
+        left = sorted(pid for pid, (_, state) in table.items() if pid not in (1, me) and state not in ("Z", "X"))
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            raise ScrubError(f"processes the request left did not die within {SCRUB_SECONDS:g} s of SIGKILL "
+                             f"(pids {left[:10]} of the sandbox's PID namespace)")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.02)
+
+
+def _kill_descendants(deadline: float) -> None:
+    """Kills and reaps every descendant of this process, all of them each round: /proc is
+    read, every process whose chain of parents leads here is killed (those that detached
+    themselves too: as a subreaper this process inherits the orphans), until none is left;
+    ScrubError past `deadline`. A process is only signalled while it is still the child of
+    the parent /proc named (a pidfd pins it): a pid reused meanwhile by a process outside
+    the sandbox is left alone."""
+    me = os.getpid()
+    pause = 0.0005
+    while True:
+        if _childless():
+            return  # and so without descendants: an orphan comes back here
+        table = _processes()
+        children: dict[int, list[int]] = {}
+        for pid, (parent, _) in table.items():
+            children.setdefault(parent, []).append(pid)
+        mine: list[int] = []
+        level = children.get(me, [])
+        while level:
+            mine += level
+            level = [c for pid in level for c in children.get(pid, ())]
+        if not mine:
+            return
+        for pid in mine:
+            _kill_child_of(pid, table[pid][0])
+        _reap(table)
+        if time.monotonic() > deadline:
+            raise ScrubError(f"processes the request left did not die within {SCRUB_SECONDS:g} s of SIGKILL "
+                             f"(pids {sorted(mine)[:10]})")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.02)
+
+
+def _childless() -> bool:
+    """Whether /proc says this process has no child (False where it cannot tell): what a
+    bare process's scrub reads instead of the whole host's /proc when nothing was left."""
+    try:
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/children") as f:
+                if f.read().strip():
+                    return False
+    except OSError:
+        return False
+    return True
+
+
+def _kill_child_of(pid: int, parent: int) -> None:
+    """SIGKILL to `pid` if it is still `parent`'s child."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return  # gone
+    except AttributeError:  # Python without pidfds: the pid as /proc named it a moment ago
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        return
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            now = int(f.read().rsplit(b")", 1)[1].split()[1])
+        if now == parent:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except (OSError, IndexError, ValueError):
+        pass
+    finally:
+        os.close(pidfd)
+
+
+# ---- files
+
+
+def _mounts() -> dict[str, str]:
+    """Mount point -> file system type, as this process sees them (/proc/self/mountinfo)."""
+    found: dict[str, str] = {}
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        fields = line.split(b" ")
+        try:
+            fstype = fields[fields.index(b"-") + 1]
+        except (ValueError, IndexError):
+            continue
+        point = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), fields[4])
+        found[os.fsdecode(point)] = os.fsdecode(fstype)
+    return found
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _empty(directory: str, mounts: Mapping[str, str], keep: set[str], problems: list[str]) -> None:
+    """Removes what `directory` holds (a real path), directories the request made
+    unreadable or read-only included, never following a symlink; mount points under it
+    stay, and the directories on the way to one and those in `keep` stay, emptied. What
+    cannot be removed goes to `problems`."""
+    on_the_way = {os.path.dirname(p) for p in mounts} | set(keep)
+    while True:  # every ancestor of a mount point
+        more = {os.path.dirname(p) for p in on_the_way} - on_the_way
+        if not more:
+            break
+        on_the_way |= more
+    try:
+        fd = os.open(directory, _DIR_FLAGS)
+    except OSError as e:
+        problems.append(f"{directory}: {e.strerror or e}")
+        return
+    try:
+        _unlock(fd)
+        _empty_at(fd, directory, mounts, on_the_way, problems)
+    except OSError as e:
+        problems.append(f"{directory}: {e.strerror or e}")
+    finally:
+        os.close(fd)
+
+
+def _empty_at(fd: int, path: str, mounts: Mapping[str, str], on_the_way: set[str], problems: list[str]) -> None:
+    try:
+        with os.scandir(fd) as entries:
+            listed = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries]
+    except OSError as e:
+        problems.append(f"{path}: {e.strerror or e}")
+        return
+    for name, is_dir in listed:
+        full = os.path.join(path, name)
+        if full in mounts:
+            continue
+        try:
+            if is_dir and full in on_the_way:
+                sub = _open_dir(name, fd)
+                try:
+                    _empty_at(sub, full, mounts, on_the_way, problems)
+                finally:
+                    os.close(sub)
+            else:
+                _remove(name, fd, is_dir)
+        except OSError as e:
+            problems.append(f"{full}: {e.strerror or e}")
+
+
+def _remove(name: str, dir_fd: int, is_dir: bool) -> None:
+    """Removes the entry `name` of the directory open at `dir_fd`, a whole tree if it is a
+    directory (not a symlink to one)."""
+    if not is_dir:
+        os.unlink(name, dir_fd=dir_fd)
+        return
+    sub = _open_dir(name, dir_fd)
+    try:
+        _clear(sub)
+    finally:
+        os.close(sub)
+    os.rmdir(name, dir_fd=dir_fd)
+
+
+def _clear(top: int) -> None:
+    """Removes everything in the directory open at `top` (unlocked): depth first with one
+    directory open at a time, so a tree of any depth; each directory gets its owner's rwx
+    back before it is read, and symlinks are removed, never followed. Going back up, ".."
+    must be the directory come down from (nothing runs in the sandbox any more; else
+    OSError)."""
+    fd = os.dup(top)
+    above: list[tuple[str, int, int]] = []  # per level below `top`: its name, its parent's st_dev and st_ino
+    pending: list[list[str]] = [[]]  # per level: subdirectories listed, not yet removed
+    try:
+        while True:
+            if pending[-1]:
+                name = pending[-1].pop()
+                sub = _open_dir(name, fd)
+                st = os.fstat(fd)
+                above.append((name, st.st_dev, st.st_ino))
+                pending.append([])
+                os.close(fd)
+                fd = sub
+                continue
+            with os.scandir(fd) as entries:
+                batch = [(e.name, e.is_dir(follow_symlinks=False)) for e in itertools.islice(entries, 1024)]
+            for name, is_dir in batch:
+                if not is_dir:
+                    os.unlink(name, dir_fd=fd)
+            pending[-1] = [name for name, is_dir in batch if is_dir]
+            if batch:
+                continue
+            if not above:
+                return
+            name, dev, ino = above.pop()
+            pending.pop()
+            parent = os.open("..", _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = parent
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != (dev, ino):
+                raise OSError(errno.EBUSY, "a directory moved while it was being removed")
+            os.rmdir(name, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def _open_dir(name: str, dir_fd: int) -> int:
+    """The directory `name` of the one open at `dir_fd` (never a symlink's target), opened
+    and, where it is this process's own, given its owner's rwx first where it lacks them
+    (the request's chmod)."""
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except PermissionError:
+        # unreadable: chmod through an O_PATH descriptor (Linux has no lchmod of a directory)
+        path_fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        try:
+            os.chmod(f"/proc/self/fd/{path_fd}", stat.S_IMODE(os.fstat(path_fd).st_mode) | 0o700)
+        finally:
+            os.close(path_fd)
+        fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    try:
+        _unlock(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _unlock(fd: int) -> None:
+    """Gives the directory open at `fd` its owner's rwx where it lacks them."""
+    st = os.fstat(fd)
+    if st.st_mode & 0o700 != 0o700 and st.st_uid == os.geteuid():
+        os.chmod(fd, stat.S_IMODE(st.st_mode) | 0o700)
+
+
+# The parts of a namespaced sandbox's file tree that bwrap made on tmpfs: its root, /dev and
+# /run (not the mounts in them). As its own uid the sandbox cannot write them; in a user
+# namespace (a non-root orchestrator) it can, and a change there (a binary under a new
+# directory, /lib64 pointing elsewhere) would outlive the request.
+_SKELETON = ("/", "/dev", "/run")
+_skeleton: tuple[int, dict[str, tuple[Any, ...]]] | None = None  # (worker pid, path -> what it was)
+
+
+def _take_skeleton() -> None:
+    """Notes the skeleton as it is before this worker's first scrubbed request."""
+    global _skeleton
+    if _skeleton is None or _skeleton[0] != os.getpid():
+        _skeleton = (os.getpid(), _skeleton_now(_mounts()))
+
+
+def _skeleton_now(mounts: Mapping[str, str]) -> dict[str, tuple[Any, ...]]:
+    """Path -> (type, mode, owner, link target or size, device and ctime) of every entry of
+    the skeleton, mount points as ("mount",), not descended into."""
+    seen: dict[str, tuple[Any, ...]] = {}
+    todo = [top for top in _SKELETON if mounts.get(top) == "tmpfs"]
+    while todo:
+        path = todo.pop()
+        try:
+            names = os.listdir(path)
+        except OSError:
+            continue
+        for name in names:
+            full = os.path.join(path, name)
+            if full in mounts:
+                seen[full] = ("mount",)
+                continue
             try:
-                os.unlink(path)
+                st = os.lstat(full)
             except OSError:
-                pass
+                continue
+            kind = stat.S_IFMT(st.st_mode)
+            what: Any = (st.st_size, st.st_rdev, st.st_ctime_ns)  # ctime: a write or utime() moves it
+            if stat.S_ISLNK(st.st_mode):
+                what = os.readlink(full)
+            elif stat.S_ISDIR(st.st_mode):
+                what = None  # its entries are compared one by one
+                todo.append(full)
+            seen[full] = (kind, stat.S_IMODE(st.st_mode), st.st_uid, what)
+    return seen
+
+
+def _check_skeleton(mounts: Mapping[str, str], problems: list[str]) -> None:
+    """Removes what a request added to the skeleton; what it changed or removed there
+    cannot be put back: a problem (the sandbox is ended)."""
+    if _skeleton is None or _skeleton[0] != os.getpid():
+        return
+    before = _skeleton[1]
+    now = _skeleton_now(mounts)
+    changed = sorted(p for p, what in before.items() if now.get(p) != what)
+    problems += [f"{p}: changed by the request" for p in changed]
+    if changed:
+        return
+    added = sorted(p for p in now if p not in before)
+    for path in added:
+        if os.path.dirname(path) in added:
+            continue  # goes with its directory
+        if now[path] == ("mount",):
+            problems.append(f"{path}: mounted after the sandbox started")
+            continue
+        parent, name = os.path.split(path)
+        try:
+            fd = os.open(parent, _DIR_FLAGS)
+            try:
+                _remove(name, fd, stat.S_ISDIR(now[path][0]))
+            finally:
+                os.close(fd)
+        except OSError as e:
+            problems.append(f"{path}: {e.strerror or e}")
+
+
+def _remove_sysv_ipc(problems: list[str]) -> None:
+    """Removes the System V shared memory segments, message queues and semaphore sets of
+    the sandbox's own IPC namespace (a segment would hand its bytes to the next request).
+    POSIX message queues have no list to read without mounting mqueue: not removed."""
+    libc = None
+    for kind in ("shm", "msg", "sem"):
+        ids = _sysv_ids(kind)
+        if not ids:
+            continue
+        if libc is None:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+        for ident in ids:  # IPC_RMID is 0 for all three
+            if kind == "sem":
+                libc.semctl(ident, 0, 0)
+            else:
+                getattr(libc, kind + "ctl")(ident, 0, None)
+        left = _sysv_ids(kind)
+        if left:
+            problems.append(f"System V {kind} ids {left[:10]} could not be removed")
+
+
+def _sysv_ids(kind: str) -> list[int]:
+    try:
+        with open(f"/proc/sysvipc/{kind}") as f:
+            return [int(line.split()[1]) for line in f.read().splitlines()[1:] if line.strip()]
+    except (OSError, IndexError, ValueError):
+        return []
 
 
 def _step(argv: tuple[str, ...], names: Mapping[str, str], workdir: str, stdin: str | None, timeout: float,
@@ -274,15 +718,47 @@ def _read(f: Any) -> str:
     return f.read(OUTPUT_LIMIT).decode("utf-8", errors="replace")
 
 
-def _fetch(workdir: str, paths: list[str]) -> dict[str, str]:
+class _FetchError(Exception):
+    """fetch_files that cannot come back: the message, and the files fetched before."""
+
+    def __init__(self, message: str, files: dict[str, str]) -> None:
+        super().__init__(message)
+        self.files = files
+
+
+def _fetch(workdir: str, paths: list[str], limit: int = FETCH_LIMIT) -> dict[str, str]:
     """The fetch_files that exist as regular files, base64 (missing ones are left out, as
-    Sandbox Fusion does)."""
-    files = {}
+    Sandbox Fusion does); _FetchError where one cannot be read, or where one takes the
+    files past `limit` bytes in all: at most `limit` + 1 bytes are ever read."""
+    files: dict[str, str] = {}
+    total = 0
     for path in paths:
-        full = os.path.join(workdir, path)
-        if os.path.isfile(full):
-            with open(full, "rb") as f:
-                files[path] = base64.b64encode(f.read()).decode("ascii")
+        if path in files:
+            continue
+        try:  # O_NONBLOCK: a FIFO put there does not hold the request (it is not a regular file)
+            fd = os.open(os.path.join(workdir, path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as e:
+            raise _FetchError(f"fetch_files: cannot read {path!r}: {e.strerror or e}", files) from None
+        with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                continue
+            room = limit - total
+            chunks: list[bytes] = []
+            size = 0
+            while size <= room:
+                chunk = f.read(min(1 << 20, room + 1 - size))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+        if size > room:
+            raise _FetchError(f"fetch_files: {path!r} is past the limit on the files a request fetches: "
+                              f"{limit} bytes ({limit / (1 << 20):g} MiB) in all (FETCH_LIMIT), {total} of them "
+                              f"taken by the files before it", files)
+        total += size
+        files[path] = base64.b64encode(b"".join(chunks)).decode("ascii")
     return files
 
 

@@ -260,7 +260,8 @@ def bwrap_argv(boundary: Boundary, *, home: str, tmp: str, control: str, read_on
 # Tracing and mounting of any kind, new user namespaces (clone with CLONE_NEWUSER, unshare,
 # setns), kernel keyrings, modules, kexec, BPF, perf, userfaultfd and io_uring (the kernel
 # surface local exploits use most), handles that reopen files by inode, and the syscalls of
-# foreign ABIs (i386, x32: a filter on x86_64 numbers says nothing of them), and sockets of
+# foreign ABIs (i386, x32: a filter on x86_64 numbers says nothing of them), POSIX message
+# queues (they outlive a pooled request, and a sandbox cannot list them to remove), and sockets of
 # AF_VSOCK (a VM's channel to its host and hypervisor, which no network namespace
 # separates). Each fails with EPERM; clone3 fails with ENOSYS, so that libc falls back to
 # clone, whose flags a classic filter can read. x86_64 only; elsewhere no filter is
@@ -271,7 +272,7 @@ _DENIED_X86_64 = {
     "ioperm": 173, "init_module": 175, "delete_module": 176, "quotactl": 179, "lookup_dcookie": 212,
     "kexec_load": 246, "add_key": 248, "request_key": 249, "keyctl": 250, "unshare": 272, "perf_event_open": 298,
     "name_to_handle_at": 303, "open_by_handle_at": 304, "setns": 308, "finit_module": 313, "kexec_file_load": 320,
-    "bpf": 321, "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+    "mq_open": 240, "bpf": 321, "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
     "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
     "mount_setattr": 442,
 }
