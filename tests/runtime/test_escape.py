@@ -15,8 +15,10 @@ import hashlib
 import itertools
 import json
 import os
+import pickle
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import textwrap
@@ -441,8 +443,8 @@ attempt("tmp_writable", lambda: open("/tmp/mine", "w").write("ok"))
 
 def test_a_result_cannot_run_code_in_the_orchestrator(tmp_path: Any) -> None:
     """A function runs model-written code and returns what it made: an object whose pickle
-    names os.system. The orchestrator loads a reply as untrusted data, so the action fails
-    naming the type, and nothing runs on the host; the sandbox serves its next call."""
+    names os.system. A reply is plain data, not a pickle, so the action fails naming the
+    type, and nothing runs on the host; the sandbox serves its next call."""
     planted = tmp_path / "planted-by-a-result"
     model_code = textwrap.dedent(f"""
         import os
@@ -460,9 +462,44 @@ def test_a_result_cannot_run_code_in_the_orchestrator(tmp_path: Any) -> None:
     async def body(mgr: CpuManager) -> None:
         with pytest.raises(ActionFailed) as refused:
             await mgr.execute(LiveAction(next(_ids), Call(fn=grade, args=(model_code,), trajectory=1)), placement())
-        assert refused.value.error_type == "UntrustedResult" and "posix.system" in str(refused.value)
+        assert refused.value.error_type == "UnsupportedResult" and "Answer" in str(refused.value)
         value = await mgr.execute(LiveAction(next(_ids), Call(fn=lambda: {"score": 0.5}, trajectory=1)), placement())
         assert value == {"score": 0.5}
+
+    with_manager(body)
+    assert not planted.exists()
+
+
+def test_frames_written_to_the_channel_by_hostile_code_are_refused(tmp_path: Any) -> None:
+    """Code in the worker writes its own reply frames to the worker's channel (its fd is
+    the worker's first argument): a pickle that would run a command on the host, and a
+    frame announcing more than a reply may hold. The first is malformed and the second is
+    not read; both fail the action, kill the worker (the channel is out of step), run
+    nothing on the host, and the trajectory's next call gets a new worker."""
+    planted = tmp_path / "planted-by-a-frame"
+
+    class Runs:
+        def __reduce__(self) -> Any:
+            return (os.system, (f"touch {planted}",))
+
+    hostile = pickle.dumps(("ok", Runs()))
+
+    def write_frame(payload: bytes, announced: int) -> str:
+        channel = int(sys.argv[1])
+        os.write(channel, struct.pack(">Q", announced) + payload[:1 << 16])
+        return "the worker's own reply, after the forged one"
+
+    async def body(mgr: CpuManager) -> None:
+        with pytest.raises(ActionFailed) as malformed:
+            await mgr.execute(LiveAction(next(_ids), Call(fn=write_frame, args=(hostile, len(hostile)), trajectory=1)),
+                              placement())
+        assert malformed.value.error_type == "ProtocolError", malformed.value
+        assert await mgr.execute(LiveAction(next(_ids), Call(fn=lambda: "next", trajectory=1)), placement()) == "next"
+        with pytest.raises(ActionFailed) as huge:
+            await mgr.execute(LiveAction(next(_ids), Call(fn=write_frame, args=(b"x" * 1000, 1 << 40), trajectory=1)),
+                              placement())
+        assert huge.value.error_type == "ResultTooLarge", huge.value
+        assert await mgr.execute(LiveAction(next(_ids), Call(fn=lambda: "after", trajectory=1)), placement()) == "after"
 
     with_manager(body)
     assert not planted.exists()

@@ -70,8 +70,8 @@ from ..sandbox.namespaces import Boundary, disk_full, python_paths, unmount_orph
 from ..sandbox.namespaces import detect as detect_boundary
 from .cpu_options import CPU_LIMITS, MILLI_PER_CORE, CpuPool, check_options
 from ..sandbox.kills import kill_marked, marked_processes
-from ..sandbox.replies import UntrustedResult, check_result_types, load_reply
-from ..sandbox.workers import Jail, Needs, Preload, Sandbox, WarmWorkers, WorkerDied
+from ..sandbox.replies import MAX_REPLY_BYTES, Malformed, load_reply
+from ..sandbox.workers import Jail, Needs, Preload, ReplyTooLarge, Sandbox, WarmWorkers, WorkerDied
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 DEFAULT_WARM_SANDBOXES = 4
@@ -126,10 +126,6 @@ class CpuManager(ResourceManager):
       env           extra environment variables for every sandbox
       inherit_env   names of variables passed through from the orchestrator's environment
                     (nothing else is: PATH and LANG only, by default)
-      result_types  types, as "module:qualname", that a function's result may hold beside
-                    plain data (numbers, strings, bytes, containers, datetimes, numpy arrays,
-                    standard exceptions); a reply is untrusted, and any other type in it
-                    ends the action with an UntrustedResult error (default: none)
     """
 
     name = "cpu"
@@ -142,14 +138,13 @@ class CpuManager(ResourceManager):
                  visible_paths: Sequence[str] = (), pids_limit: int | None = DEFAULT_PIDS_LIMIT,
                  resource_control: str = "auto", disk_limit: float | None = None,
                  image_cache: str | None = None, containers: str | None = None,
-                 container_options: Sequence[str] = (), result_types: Sequence[str] = ()) -> None:
+                 container_options: Sequence[str] = ()) -> None:
         chosen, env = check_options(
             root=root, isolation=isolation, output_limit=output_limit, cpus=cpus, env=env, inherit_env=inherit_env,
             cpu_limit=cpu_limit, warm_sandboxes=warm_sandboxes, preload=preload, network=network,
             visible_paths=visible_paths, pids_limit=pids_limit, resource_control=resource_control,
             disk_limit=disk_limit, image_cache=image_cache, containers=containers,
             container_options=container_options)
-        self.result_types = check_result_types(result_types, "managers.cpu.result_types")
         self.root = None if root is None else os.fspath(root)
         self.isolation_option = isolation
         self.resource_option = resource_control
@@ -622,12 +617,21 @@ class CpuManager(ResourceManager):
             raise
         except WorkerDied as e:
             await self._worker_died(action, sb, e, cg, oom_before, pids_before, placement.memory)
+        except ReplyTooLarge as e:  # not read: the worker was killed, its next action gets a new one
+            raise ActionFailed(action.id, f"the reply is {e.size} bytes, more than the {MAX_REPLY_BYTES} a sandbox may "
+                               "send back (return less: write large outputs to the sandbox's files)",
+                               "ResultTooLarge") from None
         if oom_before >= 0 and cg.oom_kills() > oom_before:  # type: ignore[union-attr]
             raise ResourceLimitExceeded(action.id, f"a process of the action exceeded its {placement.memory:g} MiB "
                                         "memory limit and was killed", "memory")
         self._pids_exceeded(action, sb, pids_before)
         await self._disk_exceeded(action, sb)
-        return _answer(action.id, data, self.result_types)
+        try:
+            return _answer(action.id, data)
+        except ActionFailed as e:
+            if e.error_type == "ProtocolError":  # a frame the worker did not write as it should: out of step
+                self._kill(sb)
+            raise
 
     def _limit_cgroup(self, action: LiveAction, cg: Any, running: _Running, cpus: str, memory: int,
                       memory_mib: float) -> None:
@@ -722,23 +726,15 @@ def _request_payload(action: LiveAction, env: dict[str, str], pin: tuple[int, ..
                            type(e).__name__) from None
 
 
-def _answer(action_id: int, data: bytes, trusted: frozenset[tuple[str, str]]) -> Any:
+def _answer(action_id: int, data: bytes) -> Any:
     """The worker's reply as the action's result, or the error it ends with. The reply is
-    untrusted (what made it ran in the sandbox): only plain data and the manager's
-    `result_types` are loaded (tangram.runtime.sandbox.replies)."""
+    untrusted (what made it ran in the sandbox): plain data only, checked field by field
+    (tangram.runtime.sandbox.replies)."""
     try:
-        reply = load_reply(data, trusted)
-    except UntrustedResult as e:
-        raise ActionFailed(action_id, f"the result holds {e.module}.{e.name}, which the orchestrator does not load "
-                           "from a sandbox (its reply is untrusted: loading it could run code): return plain data "
-                           "(numbers, strings, bytes, lists, tuples, dicts, sets, datetimes, numpy arrays, exceptions "
-                           f"of the standard library), or name a type of your own that you trust in the CPU manager's "
-                           "result_types (\"module:Class\")", "UntrustedResult") from None
-    except Exception as e:
-        raise ActionFailed(action_id, f"the result cannot be loaded in the orchestrator: {type(e).__name__}: {e}",
-                           type(e).__name__) from None
-    if not (isinstance(reply, tuple) and reply and isinstance(reply[0], str)):
-        raise ActionFailed(action_id, f"unexpected reply from the sandbox: {type(reply).__name__}", "ProtocolError")
+        reply = load_reply(data)
+    except Exception as e:  # Malformed, or anything else a hostile frame could raise
+        why = str(e) if isinstance(e, Malformed) else f"{type(e).__name__}: {e}"
+        raise ActionFailed(action_id, f"the sandbox's reply is malformed: {why}", "ProtocolError") from None
     kind = reply[0]
     if kind == "ok":
         return reply[1]

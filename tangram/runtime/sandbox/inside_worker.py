@@ -13,8 +13,10 @@ to import is reported in the worker's log and left to the action). Of its own it
 tangram (only the standard library and cloudpickle), so it starts fast and the sandbox's
 files (the working directory may hold a generated `json.py`) can never shadow its imports.
 
-Protocol: frames of an 8-byte big-endian length and a pickle, one request and one reply per
-action, strictly in turn.
+Protocol: frames of an 8-byte big-endian length and a payload, one request and one reply
+per action, strictly in turn. A request is a pickle (the orchestrator's). A reply is plain
+data in the format of inside_values.py, never a pickle: the orchestrator must not run
+anything a sandbox chose while it reads what came back.
 
   first frame   ("hello", sys_path, output_limit, home, affinity_mode, environ)
                 a worker started ahead of time (a warm worker) learns its sandbox here: it
@@ -58,6 +60,20 @@ import time
 import traceback
 
 cloudpickle = None  # imported by main(), once sys.path is the one START gives
+
+
+def _load_values():  # type: ignore[no-untyped-def]
+    """inside_values.py, beside this file, loaded by its path (this worker imports nothing
+    of tangram's package)."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "inside_values.py")
+    spec = importlib.util.spec_from_file_location("_tangram_inside_values", path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+_values = _load_values()
 
 _HEADER = struct.Struct(">Q")
 _PR_SET_CHILD_SUBREAPER = 36
@@ -185,7 +201,7 @@ class Worker:
             payload = reply.read()
         _, status = os.waitpid(pid, 0)
         if payload:
-            return pickle.loads(payload)
+            return _values.decode(payload)
         how = f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else \
             f"exit code {os.WEXITSTATUS(status)}"
         return ("error", "ChildProcessError", f"the process running this GPU action died ({how})", "")
@@ -318,16 +334,17 @@ def _flush_output() -> None:
 
 
 def _encode(msg: tuple) -> bytes:
-    """A reply as pickle bytes: pickle, else cloudpickle (a value of a function defined in the
-    call), else an error saying why the result cannot travel."""
+    """A reply as bytes (inside_values), or, for a result that is not plain data, an error
+    saying which type cannot come back."""
     try:
-        return pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:
-        try:
-            return cloudpickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as e:
-            return pickle.dumps(("error", type(e).__name__, f"the result cannot be pickled: {e}",
-                                 traceback.format_exc()), protocol=pickle.HIGHEST_PROTOCOL)
+        return _values.encode(msg)
+    except _values.Unsupported as e:
+        return _values.encode((
+            "error", "UnsupportedResult",
+            f"the result holds {e}, which cannot come back from a sandbox (a reply is plain data: what the "
+            "orchestrator reads must not run anything the sandbox chose): return numbers, strings, bytes, "
+            "lists, tuples, dicts, sets, datetimes, Decimal, Fraction, numpy arrays of numbers, or exceptions "
+            "of the standard library (e.g. dataclasses.asdict(x) for a dataclass)", ""))
 
 
 def _limit_address_space(extra: int) -> tuple[int, int]:

@@ -48,6 +48,7 @@ from .grant import GrantChannel
 from .isolation import SandboxCgroup
 from .isolation import alive as _alive
 from .kills import MARKER, kill_descendants, kill_marked
+from .replies import MAX_REPLY_BYTES
 from .namespaces import (CONTROL, HOME, Boundary, UidAllocator, bwrap_argv, mount_tmpfs, outermost, seccomp_fd,
                          seccomp_filter, unmount, unmount_under)
 from .rootfs import host_python_argv, host_python_paths, inside, mount_image_root, remount_image_root
@@ -58,6 +59,15 @@ _DRAIN_ABOVE = 1 << 16  # await drain() only when this much is still unsent
 # Seconds without an action before taken warm workers are replaced (WarmWorkers): longer
 # than a rollout's pauses between calls, far shorter than the trainer's part of a step.
 REFILL_AFTER_IDLE = 0.5
+
+
+class ReplyTooLarge(Exception):
+    """The worker announced a reply longer than MAX_REPLY_BYTES: not read (the worker is
+    killed)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.size = size
 
 
 class WorkerDied(Exception):
@@ -641,7 +651,10 @@ class Sandbox:
             if writer.transport.get_write_buffer_size() > _DRAIN_ABOVE:
                 await writer.drain()
             header = await reader.readexactly(_HEADER.size)
-            data = await reader.readexactly(_HEADER.unpack(header)[0])
+            (size,) = _HEADER.unpack(header)
+            if size > MAX_REPLY_BYTES:  # the sandbox's memory limit does not hold in this process
+                raise ReplyTooLarge(size)  # (below: the worker is killed, its channel out of step)
+            data = await reader.readexactly(size)
         except (asyncio.IncompleteReadError, ConnectionError) as e:
             if self.jail is not None:  # bwrap exits right after the worker, with its status
                 await _wait(proc, timeout=1.0)
@@ -777,4 +790,5 @@ async def _wait(proc: subprocess.Popen[bytes], timeout: float | None) -> int | N
     return proc.returncode
 
 
-__all__ = ["MARKER", "WORKER_FILE", "Jail", "Needs", "Sandbox", "Slot", "SlotDirs", "WarmWorkers", "WorkerDied"]
+__all__ = ["MARKER", "WORKER_FILE", "Jail", "Needs", "ReplyTooLarge", "Sandbox", "Slot", "SlotDirs", "WarmWorkers",
+           "WorkerDied"]

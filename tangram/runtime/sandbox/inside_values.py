@@ -1,0 +1,331 @@
+"""Plain data as bytes, for what a sandbox sends back: a reply the orchestrator decodes
+without running anything the sandbox chose.
+
+A function's result was once pickled, and unpickling lets the stream pick the callables
+it calls: however short the list of allowed ones, their state goes through
+`__setstate__`, `setattr` on classes and numpy's raw buffers (a review turned that into a
+forged object pointer and into patched classes of the orchestrator). So a reply is data in
+this format, which the decoder builds from bytes with a fixed set of constructors, each
+bounded by the bytes it is given:
+
+  None, bool, int (any size), float, complex, str, bytes, bytearray;
+  list, tuple, dict, set, frozenset, and collections' OrderedDict, Counter and deque;
+  datetime's datetime, date, time and timedelta; Decimal and Fraction;
+  numpy arrays and scalars of numbers, booleans, fixed-width strings and datetimes (no
+  objects, no structured dtypes), C order;
+  exceptions of the standard library (builtins), rebuilt from their args.
+
+Anything else in a result (a class of the user's, a function, an object array) cannot be
+sent: `encode` raises Unsupported naming its type, inside the sandbox. `decode` raises
+Malformed for bytes that are not such a value, at any depth up to MAX_DEPTH.
+
+Runs on both sides: the sandbox's worker loads this file by its path (standard library
+only, as every inside_*.py), and the orchestrator imports it. numpy is imported only for a
+value that holds an array, on the side that has one.
+"""
+
+from __future__ import annotations
+
+import builtins
+import collections
+import datetime
+import decimal
+import fractions
+import math
+import re
+import struct
+import sys
+from typing import Any
+
+MAX_DEPTH = 200  # containers nested deeper are refused on both sides (no RecursionError)
+_FRACTION_BITS = 1 << 16
+_DTYPE = re.compile(r"[<>|=]?(?:[biufc][1-9][0-9]?|[US][0-9]{1,9}|[mM]8(?:\[[0-9]*[a-zA-Z]{1,2}\])?)")
+_ARRAY_KINDS = frozenset("biufcUSmM")
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_F64 = struct.Struct("<d")
+_C128 = struct.Struct("<dd")
+
+
+class Unsupported(TypeError):
+    """A value that is not plain data (encode); `type_name` names it."""
+
+    def __init__(self, type_name: str, why: str = "") -> None:
+        super().__init__(f"{type_name}{': ' + why if why else ''}")
+        self.type_name = type_name
+
+
+class Malformed(ValueError):
+    """Bytes that are not an encoded value (decode)."""
+
+
+# ---------------------------------------------------------------------------- encode
+def encode(value: Any) -> bytes:
+    """`value` as bytes; Unsupported for a value (or part) that is not plain data."""
+    out: list[bytes] = []
+    _put(value, out, 0)
+    return b"".join(out)
+
+
+def _name(value: Any) -> str:
+    t = type(value)
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+def _put(v: Any, out: list[bytes], depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise Unsupported(_name(v), f"nested more than {MAX_DEPTH} deep")
+    t = type(v)
+    if v is None:
+        out.append(b"N")
+    elif t is bool:
+        out.append(b"T" if v else b"F")
+    elif t is int:
+        n = (v.bit_length() + 8) // 8
+        out += [b"i", _U64.pack(n), v.to_bytes(n, "little", signed=True)]
+    elif t is float:
+        out += [b"f", _F64.pack(v)]
+    elif t is complex:
+        out += [b"c", _C128.pack(v.real, v.imag)]
+    elif t is str:
+        data = v.encode("utf-8", "surrogatepass")
+        out += [b"s", _U64.pack(len(data)), data]
+    elif t is bytes or t is bytearray:
+        out += [b"b" if t is bytes else b"B", _U64.pack(len(v)), bytes(v)]
+    elif t in _SEQUENCES:
+        items = list(v.items()) if t in (collections.OrderedDict, collections.Counter) else v
+        out += [_SEQUENCES[t], _U64.pack(len(items))]
+        if t is collections.deque:
+            _put(v.maxlen, out, depth + 1)
+        for item in items:
+            _put(item, out, depth + 1)
+    elif t is dict:
+        out += [b"d", _U64.pack(len(v))]
+        for key, item in v.items():
+            _put(key, out, depth + 1)
+            _put(item, out, depth + 1)
+    elif t is datetime.datetime or t is datetime.date or t is datetime.time:
+        text = v.isoformat().encode()
+        out += [_DATES[t], _U64.pack(len(text)), text]
+    elif t is datetime.timedelta:
+        out.append(b"x")
+        for part in (v.days, v.seconds, v.microseconds):
+            _put(part, out, depth + 1)
+    elif t is decimal.Decimal:
+        text = str(v).encode()
+        out += [b"m", _U64.pack(len(text)), text]
+    elif t is fractions.Fraction:
+        out.append(b"q")
+        _put(v.numerator, out, depth + 1)
+        _put(v.denominator, out, depth + 1)
+    elif isinstance(v, BaseException) and getattr(builtins, t.__name__, None) is t:
+        out.append(b"e")
+        _put(t.__name__, out, depth + 1)
+        _put(tuple(_plain_arg(a) for a in v.args), out, depth + 1)
+    elif t.__module__ == "numpy" and _is_numpy(v):
+        _put_array(v, out)
+    else:
+        raise Unsupported(_name(v))
+
+
+def _plain_arg(a: Any) -> Any:
+    """An exception's argument as sent: itself if plain data, else its repr."""
+    try:
+        encode(a)
+        return a
+    except Unsupported:
+        return repr(a)
+
+
+def _is_numpy(v: Any) -> bool:
+    np = sys.modules.get("numpy")
+    return np is not None and (type(v) is np.ndarray or isinstance(v, np.generic))
+
+
+def _put_array(v: Any, out: list[bytes]) -> None:
+    import numpy as np
+    scalar = isinstance(v, np.generic)
+    a = np.asarray(v)  # (tobytes is in C order whatever the layout)
+    dtype = a.dtype
+    if dtype.kind not in _ARRAY_KINDS or dtype.fields is not None or dtype.hasobject or dtype.subdtype is not None:
+        raise Unsupported(_name(v), f"a numpy dtype of objects or fields ({dtype.str}) cannot be sent")
+    text = dtype.str.encode()
+    data = a.tobytes()
+    out += [b"g" if scalar else b"a", _U64.pack(len(text)), text, _U64.pack(a.ndim)]
+    out += [_U64.pack(n) for n in a.shape]
+    out += [_U64.pack(len(data)), data]
+
+
+_SEQUENCES = {list: b"l", tuple: b"t", set: b"S", frozenset: b"Z", collections.OrderedDict: b"O",
+              collections.Counter: b"C", collections.deque: b"Q"}
+_DATES = {datetime.datetime: b"D", datetime.date: b"y", datetime.time: b"h"}
+
+
+# ---------------------------------------------------------------------------- decode
+def decode(data: bytes) -> Any:
+    """The value `data` encodes; Malformed unless it is exactly one encoded value."""
+    reader = _Reader(memoryview(data))
+    value = reader.value(0)
+    if reader.at != len(data):
+        raise Malformed(f"{len(data) - reader.at} bytes after the value")
+    return value
+
+
+class _Reader:
+    __slots__ = ("data", "at")
+
+    def __init__(self, data: memoryview) -> None:
+        self.data, self.at = data, 0
+
+    def take(self, n: int) -> memoryview:
+        if n > len(self.data) - self.at:
+            raise Malformed(f"truncated: {n} bytes wanted at offset {self.at}, {len(self.data) - self.at} left")
+        chunk = self.data[self.at:self.at + n]
+        self.at += n
+        return chunk
+
+    def u64(self) -> int:
+        return _U64.unpack(self.take(8))[0]
+
+    def text(self) -> str:
+        try:
+            return bytes(self.take(self.u64())).decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError as e:
+            raise Malformed(f"a string that is not UTF-8: {e}") from None
+
+    def value(self, depth: int) -> Any:
+        if depth > MAX_DEPTH:
+            raise Malformed(f"nested more than {MAX_DEPTH} deep")
+        tag = bytes(self.take(1))
+        if tag == b"N":
+            return None
+        if tag in (b"T", b"F"):
+            return tag == b"T"
+        if tag == b"i":
+            return int.from_bytes(self.take(self.u64()), "little", signed=True)
+        if tag == b"f":
+            return _F64.unpack(self.take(8))[0]
+        if tag == b"c":
+            return complex(*_C128.unpack(self.take(16)))
+        if tag == b"s":
+            return self.text()
+        if tag in (b"b", b"B"):
+            data = self.take(self.u64())
+            return bytes(data) if tag == b"b" else bytearray(data)
+        if tag == b"d":
+            return self.mapping(dict, depth)
+        if tag in _SEQUENCE_TYPES:
+            return self.sequence(tag, depth)
+        if tag in _DATE_TYPES:
+            text = self.text()
+            if len(text) > 64:
+                raise Malformed("a date of more than 64 characters")
+            try:
+                return _DATE_TYPES[tag].fromisoformat(text)
+            except ValueError as e:
+                raise Malformed(f"a date that does not parse: {e}") from None
+        if tag == b"x":
+            days, seconds, micros = (self.integer(depth) for _ in range(3))
+            try:
+                return datetime.timedelta(days=days, seconds=seconds, microseconds=micros)
+            except OverflowError as e:
+                raise Malformed(f"a timedelta out of range: {e}") from None
+        if tag == b"m":
+            text = self.text()
+            if len(text) > 1000:  # str(Decimal) of any value a program made is far shorter
+                raise Malformed("a Decimal of more than 1000 characters")
+            try:
+                return decimal.Decimal(text)
+            except decimal.InvalidOperation:
+                raise Malformed(f"a Decimal that does not parse: {text[:40]!r}") from None
+        if tag == b"q":
+            numerator, denominator = self.integer(depth), self.integer(depth)
+            # (its normalisation is a gcd, quadratic in the digits: any fraction a program
+            # made has far fewer)
+            if denominator <= 0 or max(numerator.bit_length(), denominator.bit_length()) > _FRACTION_BITS:
+                raise Malformed("a Fraction with a denominator <= 0 or more than 65,536 bits")
+            return fractions.Fraction(numerator, denominator)
+        if tag == b"e":
+            return self.exception(depth)
+        if tag in (b"a", b"g"):
+            return self.array(tag == b"g")
+        raise Malformed(f"unknown tag {tag!r} at offset {self.at - 1}")
+
+    def integer(self, depth: int) -> int:
+        v = self.value(depth + 1)
+        if type(v) is not int:
+            raise Malformed(f"an int expected, got {type(v).__name__}")
+        return v
+
+    def mapping(self, make: Any, depth: int) -> Any:
+        out = make()
+        for _ in range(self.u64()):  # no allocation ahead: a false count runs out of bytes
+            key = self.value(depth + 1)
+            try:
+                out[key] = self.value(depth + 1)
+            except TypeError as e:  # an unhashable key
+                raise Malformed(f"a dict key that cannot be one: {e}") from None
+        return out
+
+    def sequence(self, tag: bytes, depth: int) -> Any:
+        count = self.u64()
+        maxlen = self.value(depth + 1) if tag == b"Q" else None
+        if maxlen is not None and (type(maxlen) is not int or not 0 <= maxlen < 1 << 62):
+            raise Malformed(f"a deque's maxlen of {maxlen!r}")
+        items = []
+        for _ in range(count):
+            items.append(self.value(depth + 1))
+        kind = _SEQUENCE_TYPES[tag]
+        try:
+            if kind is collections.deque:
+                return collections.deque(items, maxlen)
+            if kind in (collections.OrderedDict, collections.Counter):
+                if not all(type(i) is tuple and len(i) == 2 for i in items):
+                    raise Malformed(f"a {kind.__name__} item that is not a (key, value) pair")
+                out = kind()
+                for k, v in items:
+                    out[k] = v
+                return out
+            return kind(items)
+        except (TypeError, ValueError, OverflowError) as e:  # an unhashable member of a set...
+            raise Malformed(f"a {kind.__name__} of members that cannot be: {e}") from None
+
+    def exception(self, depth: int) -> BaseException:
+        name = self.value(depth + 1)
+        args = self.value(depth + 1)
+        cls = getattr(builtins, name, None) if type(name) is str else None
+        if not (isinstance(cls, type) and issubclass(cls, BaseException)) or type(args) is not tuple:
+            raise Malformed(f"an exception that is not the standard library's: {name!r}")
+        try:
+            return cls(*args)
+        except Exception as e:  # args its constructor refuses: not an exception's own
+            raise Malformed(f"a {name} of arguments it refuses: {type(e).__name__}") from None
+
+    def array(self, scalar: bool) -> Any:
+        text = bytes(self.take(self.u64())).decode("ascii", "replace")
+        if not _DTYPE.fullmatch(text):
+            raise Malformed(f"a numpy dtype that cannot be sent: {text[:40]!r}")
+        ndim = self.u64()
+        if ndim > 32 or (scalar and ndim):
+            raise Malformed(f"an array of {ndim} dimensions")
+        shape = tuple(self.u64() for _ in range(ndim))
+        data = self.take(self.u64())
+        import numpy as np
+        try:
+            dtype = np.dtype(text)
+            if dtype.kind not in _ARRAY_KINDS or dtype.hasobject or dtype.fields is not None or dtype.itemsize == 0:
+                raise Malformed(f"a numpy dtype that cannot be sent: {text!r}")
+            if math.prod(shape) * dtype.itemsize != len(data):
+                raise Malformed(f"an array of shape {shape} and dtype {text} in {len(data)} bytes")
+            a = np.frombuffer(data, dtype=dtype).reshape(shape).copy()
+        except (TypeError, ValueError, OverflowError, MemoryError) as e:
+            if isinstance(e, Malformed):
+                raise
+            raise Malformed(f"an array that numpy refuses: {type(e).__name__}: {e}") from None
+        return a[()] if scalar else a
+
+
+_SEQUENCE_TYPES = {tag: kind for kind, tag in _SEQUENCES.items()}
+_DATE_TYPES = {tag: kind for kind, tag in _DATES.items()}
+
+__all__ = ["MAX_DEPTH", "Malformed", "Unsupported", "decode", "encode"]
