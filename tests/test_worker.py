@@ -241,3 +241,31 @@ def test_one_turn_reads_a_bounded_share_of_a_flooded_limit_fifo(tmp_path: Path) 
     written, left, heard = asyncio.run(main())
     assert written > 2 * LIMIT_READ_BYTES
     assert left >= written - LIMIT_READ_BYTES - 4096 and heard == [(1, 1.0)]
+
+
+# A process the sandbox left behind shrinks the jobserver FIFO and keeps it full: the next
+# action's start (which puts its tokens there) must not fail on the full pipe.
+def test_a_full_jobserver_fifo_does_not_fail_the_next_start(tmp_path: Path) -> None:
+    import fcntl
+
+    from tangram.runtime.sandbox.grant import GrantChannel
+
+    async def main() -> str:
+        channel = GrantChannel(str(tmp_path / "t0"))
+        fd = os.open(channel.fifo_path, os.O_WRONLY | os.O_NONBLOCK)
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, 4096)
+            channel.start(1.0, 1)
+            while True:  # (a start drains the FIFO first, so only a process writing all along
+                try:     # fills it before the start's put; a grow puts with no drain)
+                    os.write(fd, b"+" * 512)
+                except BlockingIOError:
+                    break
+            channel.resize(4.0)  # its three more tokens find no room
+            return channel.grant_path
+        finally:
+            os.close(fd)
+            channel.close()
+
+    path = asyncio.run(main())
+    assert os.path.exists(path)

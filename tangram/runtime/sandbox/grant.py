@@ -207,7 +207,10 @@ class GrantChannel:
     # ------------------------------------------------------------------ tokens
     def _put(self, n: int) -> None:
         if n > 0:
-            os.write(self._fifo, b"+" * n)  # far below the pipe's capacity: never blocks
+            try:
+                os.write(self._fifo, b"+" * n)  # far below the pipe's default capacity
+            except BlockingIOError:  # full: a process of the sandbox shrank it (F_SETPIPE_SZ) and filled it
+                pass  # with tokens of its own; it only ever lends its own sandbox more jobs
 
     def _drain(self, limit: int) -> int:
         """Reads up to `limit` tokens (-1: all, up to what a pipe holds) that are free now;
