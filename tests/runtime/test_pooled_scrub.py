@@ -299,3 +299,168 @@ def test_the_skeleton_check_removes_additions_and_fails_on_changes(tmp_path: Pat
     (root / "lib64").symlink_to("/elsewhere")
     inside_run_code._check_skeleton(mounts, problems)
     assert problems == [f"{root / 'lib64'}: changed by the request"]
+
+
+# ------------------------------------------------ what a request does to its worker (pid 2)
+# Programs in a namespaced sandbox run as the worker's uid, so they may change the worker's
+# limits and scheduling from outside (prlimit, setpriority, sched_setscheduler,
+# sched_setaffinity, ioprio_set on pid 2): what the next request's programs, the worker's
+# children, would inherit. The scrub sets back what it can and ends the sandbox otherwise.
+
+STATE = r"""
+import ctypes, json, os, resource, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+machine = os.uname().machine
+IOPRIO_GET = {"x86_64": 252, "aarch64": 31}.get(machine)
+SCHED_GETATTR = {"x86_64": 315, "aarch64": 275}.get(machine)
+
+def state(pid):
+    ioprio = libc.syscall(IOPRIO_GET, 1, pid) if IOPRIO_GET else None
+    sched = None
+    if SCHED_GETATTR:
+        buf = ctypes.create_string_buffer(56)
+        if libc.syscall(SCHED_GETATTR, pid, buf, 56, 0) == 0:
+            sched = list(struct.unpack("=IIQiIQQQII", buf.raw)[1:])
+    return {"nice": os.getpriority(os.PRIO_PROCESS, pid), "policy": os.sched_getscheduler(pid),
+            "priority": os.sched_getparam(pid).sched_priority, "affinity": sorted(os.sched_getaffinity(pid)),
+            "ioprio": ioprio, "sched": sched,
+            "limits": {n: list(resource.prlimit(pid, getattr(resource, n)))
+                       for n in sorted(dir(resource)) if n.startswith("RLIMIT_")}}
+"""
+
+# What a program sees of its own state (a child of the worker inherits the worker's), and
+# an honest program's work: more output and a bigger file than a tampered limit allows.
+LOOK_AT_ME = STATE + r"""
+with open("out.bin", "wb") as f:
+    f.write(b"y" * 100000)
+print(json.dumps(state(0)))
+sys.stdout.write("x" * 100000 + "\n")
+"""
+
+# How request A changes the worker (pid 2), and whether the scrub can set it back (else it
+# ends the sandbox): an unprivileged process may lower a limit (not raise a hard one),
+# raise its nice value (not lower it), leave SCHED_BATCH (not SCHED_IDLE), set its affinity
+# and I/O priority (class best-effort or idle) and its slice.
+TAMPER = {
+    "fsize soft": ("resource.prlimit(2, resource.RLIMIT_FSIZE, (1000, resource.prlimit(2, resource.RLIMIT_FSIZE)[1]))",
+                   "restored"),
+    "fsize hard": ("resource.prlimit(2, resource.RLIMIT_FSIZE, (1000, 1000))", "RLIMIT_FSIZE"),
+    "nofile soft": ("resource.prlimit(2, resource.RLIMIT_NOFILE, (16, resource.prlimit(2, resource.RLIMIT_NOFILE)[1]))",
+                    "restored"),
+    "as hard": ("resource.prlimit(2, resource.RLIMIT_AS, (1 << 40, 1 << 40))", "RLIMIT_AS"),
+    "nice": ("os.setpriority(os.PRIO_PROCESS, 2, 19)", "nice"),
+    "nice of the uid": ("os.setpriority(os.PRIO_USER, os.getuid(), 5)", "nice"),
+    "sched idle": ("os.sched_setscheduler(2, os.SCHED_IDLE, os.sched_param(0))", "SCHED_IDLE"),
+    "sched batch": ("os.sched_setscheduler(2, os.SCHED_BATCH, os.sched_param(0))", "restored"),
+    "reset on fork": ("os.sched_setscheduler(2, os.SCHED_OTHER | 0x40000000, os.sched_param(0))", "RESET_ON_FORK"),
+    "affinity": ("os.sched_setaffinity(2, {min(os.sched_getaffinity(2))})", "restored"),
+    "ioprio": ("assert libc.syscall({'x86_64': 251, 'aarch64': 30}[machine], 1, 2, 3 << 13) == 0", "restored"),
+    "slice": ("assert libc.syscall({'x86_64': 314, 'aarch64': 274}[machine], 2, "
+              "struct.pack('=IIQiIQQQII', 56, 0, 0, 0, 0, 100000, 0, 0, 0, 0), 0) == 0", "restored"),
+}
+
+# A's tampering, also done again and again by a process A leaves behind (detached), which
+# the scrub must kill before it looks at the worker.
+TAMPERING = STATE + r"""
+import subprocess, time
+before = state(2)
+TAMPER
+subprocess.Popen([sys.executable, "-c", "import time\nexec(open('again.py').read())"], start_new_session=True,
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+time.sleep(0.2)
+print(json.dumps([before, state(2)]))
+"""
+
+AGAIN = STATE + r"""
+while True:
+    try:
+        TAMPER
+    except Exception:
+        pass
+    time.sleep(0.001)
+"""
+
+
+def _pooled_key(mgr: CpuManager) -> int:
+    (key,) = [k for k in mgr._sandboxes if k < 0]
+    return key
+
+
+@namespaced
+@pytest.mark.parametrize("how", sorted(TAMPER))
+def test_what_a_request_did_to_its_worker_never_reaches_the_next(how: str) -> None:
+    """Request A changes the limits or scheduling of its worker (pid 2 of the sandbox),
+    once and from a process it leaves behind: request B, an honest program after it,
+    runs as the first request did, in the same pooled sandbox (the scrub set the worker
+    back) or, where an unprivileged process cannot set it back (a lowered hard limit, a
+    raised nice value, SCHED_IDLE), in a new one (A's scrub failed, naming the change,
+    and its sandbox was ended). B's program always succeeds."""
+    tamper, outcome = TAMPER[how]
+    tampering = TAMPERING.replace("TAMPER", tamper)
+    again = AGAIN.replace("TAMPER", tamper)
+
+    async def body(mgr: CpuManager) -> None:
+        first = await pooled(mgr, LOOK_AT_ME)
+        assert first["status"] == "Success", first
+        original = json.loads(first["run_result"]["stdout"].splitlines()[0])
+        key = _pooled_key(mgr)
+        if how == "affinity" and len(original["affinity"]) < 2:
+            pytest.skip("the sandbox runs on one CPU: no affinity to take away")
+        if outcome == "restored":
+            a = await pooled(mgr, tampering, files={"again.py": b64(again.encode())})
+            assert a["status"] == "Success", a
+            before, after = json.loads(a["run_result"]["stdout"])
+            assert before != after  # A did change its worker
+        else:
+            with pytest.raises(ActionFailed) as failed:
+                await pooled(mgr, tampering, files={"again.py": b64(again.encode())})
+            assert failed.value.error_type == "ScrubError" and outcome in str(failed.value), failed.value
+            assert "after the request" in str(failed.value)  # A's own scrub saw it
+        b = await pooled(mgr, LOOK_AT_ME)
+        assert b["status"] == "Success", b
+        lines = b["run_result"]["stdout"].splitlines()
+        assert lines[1] == "x" * 100000
+        assert json.loads(lines[0]) == original
+        assert mgr.pooled_sandbox_count == 1
+        assert (_pooled_key(mgr) == key) == (outcome == "restored")
+
+    with_manager(body)
+
+
+def change_the_worker(request: dict[str, Any]) -> dict[str, Any]:
+    """A pooled call of someone's own (not a request: not scrubbed) that changes the worker
+    it runs in: its soft RLIMIT_FSIZE ("soft") or its nice value ("nice")."""
+    import resource
+
+    if request["code"] == "soft":
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1000, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    else:
+        os.setpriority(os.PRIO_PROCESS, 0, 5)
+    return {}
+
+
+@namespaced
+@pytest.mark.parametrize("how", ["soft", "nice"])
+def test_a_worker_changed_between_requests_is_set_back_or_ended_before_the_next(how: str) -> None:
+    """The worker changed since the first request by something no scrub followed (here a
+    pooled call of someone's own, run in the worker itself): before the next request runs
+    anything, a soft limit is set back (it runs as the first one did), and a raised nice
+    value ends the sandbox (the request fails with ScrubError; the one after it gets a new
+    sandbox)."""
+    async def body(mgr: CpuManager) -> None:
+        first = await pooled(mgr, LOOK_AT_ME)
+        assert first["status"] == "Success", first
+        original = json.loads(first["run_result"]["stdout"].splitlines()[0])
+        key = _pooled_key(mgr)
+        assert await pooled(mgr, how, change_the_worker) == {}
+        if how == "nice":
+            with pytest.raises(ActionFailed) as failed:
+                await pooled(mgr, LOOK_AT_ME)
+            assert failed.value.error_type == "ScrubError" and "before the request" in str(failed.value)
+            assert "nice value" in str(failed.value), failed.value
+        b = await pooled(mgr, LOOK_AT_ME)
+        assert b["status"] == "Success", b
+        assert json.loads(b["run_result"]["stdout"].splitlines()[0]) == original
+        assert (_pooled_key(mgr) == key) == (how == "soft")
+
+    with_manager(body)

@@ -17,6 +17,7 @@ import resource  # imported here, not in the forked child: a child's import cost
 import shutil
 import signal
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -70,16 +71,21 @@ def run_code(request: Mapping[str, Any], keep_files: bool = False, scrub: bool =
     and the files fetched before it are kept). `scrub` (a sandbox pooled between requests
     without a session): afterwards the sandbox is made as the next request must find it
     (`_scrub`): every process the request left is killed, whatever it did to escape, and
-    every place it could write is emptied; a scrub that cannot finish raises ScrubError."""
+    every place it could write is emptied, and this worker's own limits and scheduling
+    (which the request's processes, of its uid, may change from outside) are set back as
+    they were before its first request; a scrub that cannot finish raises ScrubError, and
+    so does a request that finds the worker changed where it cannot be set back."""
+    _note_worker()  # this process's limits and scheduling, before any request of it runs
     if scrub:
         _adopt_orphans()
         own = _own_pid_namespace()
         if own:
             _take_skeleton()  # the sandbox's own file tree as bwrap made it, before any request of this worker
+        worker = _worker_at_start()
         try:
             return run_code(request, keep_files=False, fetch_limit=fetch_limit)
         finally:
-            _scrub(own)
+            _scrub(own, worker)
     language = request["language"]
     entry = LANGUAGES.get(language)
     if entry is None:
@@ -140,13 +146,22 @@ def run_code_timed(request: Mapping[str, Any], keep_files: bool = False, scrub: 
 # ------------------------------------------------------------------ the scrub of a pooled sandbox
 
 
-def _scrub(own_namespace: bool) -> None:
+def _scrub(own_namespace: bool, worker: _Expected | None = None) -> None:
     """Makes the sandbox as the next request must find it, or raises ScrubError:
 
     - processes: in a PID namespace of the sandbox's own (`own_namespace`: a namespaced
       sandbox), every process but bwrap's init and this worker is killed
       (`_kill_namespace`); elsewhere (a bare process, a container) every descendant of this
       worker, at every depth (`_kill_descendants`);
+    - the worker itself (`worker`: what `_worker_at_start` said it must be): its resource
+      limits, and per thread its scheduling (policy, priority, nice value, slice) and I/O
+      priority, which a process of its uid may change from outside (prlimit, setpriority,
+      sched_setscheduler, sched_setattr, ioprio_set on it) and its next request's programs
+      would inherit, are set back where an unprivileged process can (a soft limit under
+      its hard one, the I/O priority, SCHED_BATCH, the slice); what it cannot set back (a
+      lowered hard limit, a raised nice value, SCHED_IDLE, SCHED_RESET_ON_FORK) is a
+      problem. Its CPU affinity (sched_setaffinity on it) is reset to every CPU, which the
+      kernel narrows to the cpuset (`_settle_worker`);
     - files: the sandbox's directory and its TMPDIR are emptied, and in a namespaced sandbox
       its /tmp and /dev/shm too (every place there it can write), directories the request
       made unreadable or read-only included, symlinks removed and never followed, mount
@@ -159,11 +174,15 @@ def _scrub(own_namespace: bool) -> None:
     A problem left by any of these is a ScrubError (the sandbox is then ended, not reused).
     """
     deadline = time.monotonic() + SCRUB_SECONDS
+    if worker is not None:  # limits first, as far as they go back (a low RLIMIT_NOFILE would stop the kill)
+        _settle_limits(worker[0], [])
     if own_namespace:
         _kill_namespace(deadline)
     else:
         _kill_descendants(deadline)
     problems: list[str] = []
+    if worker is not None:  # nothing of the request's is left to change it again
+        _settle_worker(worker, problems)
     mounts = _mounts()
     home = os.path.realpath(os.getcwd())
     keep: set[str] = set()
@@ -192,8 +211,8 @@ def _scrub(own_namespace: bool) -> None:
         _check_skeleton(mounts, problems)
         _remove_sysv_ipc(problems)
     if problems:
-        shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
-        raise ScrubError(f"the pooled sandbox could not be scrubbed after the request, so it is ended: {shown}")
+        raise ScrubError(f"the pooled sandbox could not be scrubbed after the request, so it is ended: "
+                         f"{_shown(problems)}")
 
 
 _subreaper_pid = 0  # the process made a subreaper already (the flag is the process's, for good)
@@ -351,6 +370,274 @@ def _kill_child_of(pid: int, parent: int) -> None:
         pass
     finally:
         os.close(pidfd)
+
+
+# ---- the worker's own limits and scheduling
+# A request's processes run as the worker's uid, so they may change the worker from outside:
+# its resource limits (prlimit), and per thread its nice value (setpriority, also through
+# PRIO_PGRP and PRIO_USER), scheduling policy, priority and slice (sched_setscheduler,
+# sched_setattr), I/O priority (ioprio_set) and CPU affinity (sched_setaffinity); the
+# programs of every later request, the worker's children, would inherit them. Nothing else
+# of it is theirs to change: the worker is not dumpable (its /proc files are root's: no
+# oom_score_adj, timerslack_ns, comm, memory or file descriptors), not traceable, and its
+# umask and directory are its own to change. Its limits, scheduling and I/O priority are
+# noted before the first request of the process runs (`_note_worker`) and checked before
+# and after each scrubbed one; its affinity is reset after each.
+
+# Every resource limit of the platform, number -> name.
+_RLIMIT_NAMES = {getattr(resource, name): name for name in sorted(dir(resource)) if name.startswith("RLIMIT_")}
+# Linux system calls Python has no function for, per machine: ioprio_set, ioprio_get,
+# sched_setattr, sched_getattr. Elsewhere the I/O priority is not checked, nor the slice,
+# deadline parameters and utilization clamps of sched_getattr (os's functions still read
+# and set the policy, priority and nice value).
+_SYSCALLS = {"x86_64": (251, 252, 314, 315), "aarch64": (30, 31, 274, 275)}.get(os.uname().machine)
+_IOPRIO_WHO_PROCESS = 1
+_SCHED_ATTR = struct.Struct("=IIQiIQQQII")  # struct sched_attr: size, policy, flags, nice, priority,
+# runtime, deadline, period, util_min, util_max
+_SCHED_RESET_ON_FORK = 0x40000000  # in a policy: its children start with the default scheduling
+_SCHED_FLAG_RESET_ON_FORK, _SCHED_FLAG_UTIL_CLAMP = 0x01, 0x60
+_POLICIES = {0: "SCHED_OTHER", 1: "SCHED_FIFO", 2: "SCHED_RR", 3: "SCHED_BATCH", 5: "SCHED_IDLE", 6: "SCHED_DEADLINE"}
+_SCHED_FIELDS = ("policy", "priority", "nice value", "slice (sched_runtime, ns)", "sched_deadline", "sched_period",
+                 "minimum utilization clamp", "maximum utilization clamp")
+# Every CPU id there may be: the affinity a thread is reset to, which the kernel narrows to
+# its cpuset (a cgroup's, a container's) and that follows the cpuset when it changes.
+_ALL_CPUS = range(max(os.sysconf("SC_NPROCESSORS_CONF"), os.cpu_count() or 1, 1024))
+
+_Thread = tuple[tuple[int, ...], "int | None"]  # a thread's scheduling (`_sched`) and I/O priority (None: not read)
+# What the worker must be: its limits (number -> soft, hard), and its threads' (thread id ->
+# _Thread; one not named there: its main thread's).
+_Expected = tuple[dict[int, tuple[int, int]], dict[int, _Thread]]
+_worker: tuple[int, _Expected] | None = None  # (pid, how it was before its first request)
+
+
+def _note_worker() -> None:
+    """Notes this process's limits and its threads' scheduling and I/O priority, once per
+    process, before its first request (run_code's first call here, whether scrubbed or
+    not) runs anything: what every later scrubbed request must find it as."""
+    global _worker
+    pid = os.getpid()
+    if _worker is not None and _worker[0] == pid:
+        return
+    threads: dict[int, _Thread] = {}
+    for tid in _tasks():
+        try:
+            threads[tid] = (_sched(tid), _ioprio(tid))
+        except ProcessLookupError:  # a thread that ended meanwhile
+            pass
+    if pid not in threads:
+        threads[pid] = (_sched(0), _ioprio(0))
+    _worker = (pid, (_limits(), threads))
+
+
+def _worker_at_start() -> _Expected:
+    """Before a scrubbed request: the worker as `_note_worker` found it, set back where
+    something changed it since (ScrubError where it cannot be: the sandbox is ended before
+    the request runs anything). Returns what the scrub after the request must find: the
+    same, with the soft RLIMIT_AS as it is now (the worker sets it per action itself:
+    tangram.runtime.sandbox.inside_worker's affinity mode)."""
+    _note_worker()
+    assert _worker is not None
+    limits, threads = dict(_worker[1][0]), _worker[1][1]
+    if resource.RLIMIT_AS in limits:
+        now = resource.getrlimit(resource.RLIMIT_AS)
+        if now[1] == limits[resource.RLIMIT_AS][1]:
+            limits[resource.RLIMIT_AS] = now
+    problems: list[str] = []
+    _settle_worker((limits, threads), problems, affinity=False)  # the worker just pinned itself (affinity mode)
+    if problems:
+        raise ScrubError(f"the pooled sandbox's worker was changed before the request, so the sandbox is ended: "
+                         f"{_shown(problems)}")
+    return limits, threads
+
+
+def _settle_worker(want: _Expected, problems: list[str], affinity: bool = True) -> None:
+    """Sets this process back as `want` says where it differs, as far as an unprivileged
+    process may; what stays different goes to `problems`, named. `affinity`: every
+    thread's CPU affinity is reset too (to every CPU, which the kernel narrows to the
+    cpuset: the affinity a thread that never set one has, and that follows a cpuset
+    changed later; in affinity mode the worker pins itself again at its next action)."""
+    limits, threads = want
+    _settle_limits(limits, problems)
+    pid = os.getpid()
+    for tid in _tasks():
+        sched, ioprio = threads.get(tid) or threads[pid]
+        who = "the worker's" if tid == pid else f"the worker's thread {tid}'s"
+        try:
+            now = _sched(tid)
+            if now != sched:
+                _set_sched(tid, sched)
+                now = _sched(tid)
+                if now != sched:
+                    changed = ", ".join(f"{field} {_sched_value(i, a)} (was {_sched_value(i, b)})" for i, (field, a, b)
+                                        in enumerate(zip(_SCHED_FIELDS, now, sched)) if a != b)
+                    problems.append(f"{who} scheduling cannot be set back: {changed}")
+            if ioprio is not None and _ioprio(tid) != ioprio:
+                try:
+                    _syscall(_SYSCALLS[0], _IOPRIO_WHO_PROCESS, tid, ioprio)  # type: ignore[index]
+                except OSError:
+                    pass
+                now_io = _ioprio(tid)
+                if now_io != ioprio:
+                    problems.append(f"{who} I/O priority cannot be set back: {_ioprio_text(now_io)} (was "
+                                    f"{_ioprio_text(ioprio)})")
+            if affinity and hasattr(os, "sched_setaffinity"):
+                try:
+                    os.sched_setaffinity(tid, _ALL_CPUS)
+                except ProcessLookupError:
+                    raise
+                except OSError as e:
+                    problems.append(f"{who} CPU affinity cannot be reset: {e.strerror or e}")
+        except ProcessLookupError:  # a thread that ended meanwhile
+            continue
+
+
+def _settle_limits(limits: Mapping[int, tuple[int, int]], problems: list[str]) -> None:
+    """Sets each resource limit back to `limits` where it differs: a soft limit goes back
+    under its hard one, a hard limit only goes back up with CAP_SYS_RESOURCE; what stays
+    different goes to `problems`."""
+    for number, was in limits.items():
+        try:
+            now = resource.getrlimit(number)
+            if now == was:
+                continue
+            try:
+                resource.setrlimit(number, was)
+            except (OSError, ValueError):  # ValueError: a hard limit to raise
+                pass
+            after = resource.getrlimit(number)
+        except (OSError, ValueError):
+            continue
+        if after != was:
+            problems.append(f"the worker's {_RLIMIT_NAMES.get(number, number)} (soft/hard) cannot be set back: "
+                            f"{_limit_text(after)} (was {_limit_text(was)})")
+
+
+def _limits() -> dict[int, tuple[int, int]]:
+    found = {}
+    for number in _RLIMIT_NAMES:
+        try:
+            found[number] = resource.getrlimit(number)
+        except (OSError, ValueError):  # a limit this kernel does not have
+            pass
+    return found
+
+
+def _tasks() -> list[int]:
+    """This process's thread ids (the main one first)."""
+    pid = os.getpid()
+    try:
+        tids = [int(name) for name in os.listdir("/proc/self/task")]
+    except (OSError, ValueError):
+        return [pid]
+    return sorted(tids, key=lambda tid: tid != pid)
+
+
+def _syscall(number: int, *args: Any) -> int:
+    import ctypes
+
+    result = _libc().syscall(number, *args)
+    if result < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+    return int(result)
+
+
+@functools.cache
+def _libc() -> Any:
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
+
+
+@functools.cache
+def _has_sched_attr() -> bool:
+    """Whether sched_getattr answers here (a seccomp filter may deny it)."""
+    return _SYSCALLS is not None and _sched_attr(0) is not None
+
+
+def _sched_attr(tid: int) -> tuple[int, ...] | None:
+    import ctypes
+
+    buffer = ctypes.create_string_buffer(_SCHED_ATTR.size)
+    try:
+        _syscall(_SYSCALLS[3], tid, buffer, _SCHED_ATTR.size, 0)  # type: ignore[index]
+    except OSError as e:
+        if e.errno == errno.ESRCH:
+            raise ProcessLookupError(e.errno, e.strerror) from None
+        return None
+    return _SCHED_ATTR.unpack(buffer.raw)  # type: ignore[no-any-return]
+
+
+def _sched(tid: int) -> tuple[int, ...]:
+    """Thread `tid`'s scheduling, as _SCHED_FIELDS names it: its policy (with
+    SCHED_RESET_ON_FORK), priority and nice value, and where sched_getattr answers, its
+    slice (a normal thread's sched_runtime), deadline parameters and utilization clamps."""
+    own = (os.sched_getscheduler(tid), os.sched_getparam(tid).sched_priority, os.getpriority(os.PRIO_PROCESS, tid))
+    if not _has_sched_attr():
+        return own
+    attr = _sched_attr(tid)
+    return own + (attr[5:] if attr is not None else (-1,) * 5)
+
+
+def _set_sched(tid: int, want: tuple[int, ...]) -> None:
+    """Sets thread `tid`'s scheduling to `want` (`_sched`'s), as far as this process may."""
+    policy, priority, nice = want[:3]
+    now = _sched(tid)
+    try:
+        if now[:2] != (policy, priority):
+            os.sched_setscheduler(tid, policy, os.sched_param(priority))
+        if _sched(tid)[2] != nice:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+    except OSError:
+        pass
+    if len(want) == 3 or _sched(tid) == want:
+        return
+    runtime, deadline, period, least, most = want[3:]
+    flags = _SCHED_FLAG_RESET_ON_FORK if policy & _SCHED_RESET_ON_FORK else 0
+    if (least, most) != _sched(tid)[6:]:
+        flags |= _SCHED_FLAG_UTIL_CLAMP
+    for slice_ns in dict.fromkeys((0, runtime)):  # 0: a normal thread's default slice, which it most likely had
+        attr = _SCHED_ATTR.pack(_SCHED_ATTR.size, policy & ~_SCHED_RESET_ON_FORK, flags, nice, priority, slice_ns,
+                                deadline, period, least, most)
+        try:
+            _syscall(_SYSCALLS[2], tid, attr, 0)  # type: ignore[index]
+        except OSError:
+            return
+        if _sched(tid) == want:
+            return
+
+
+def _ioprio(tid: int) -> int | None:
+    """Thread `tid`'s I/O priority (ioprio_get), None where it cannot be read."""
+    if _SYSCALLS is None:
+        return None
+    try:
+        return _syscall(_SYSCALLS[1], _IOPRIO_WHO_PROCESS, tid)
+    except OSError as e:
+        if e.errno == errno.ESRCH:
+            raise ProcessLookupError(e.errno, e.strerror) from None
+        return None
+
+
+def _sched_value(field: int, value: int) -> str:
+    if field != 0:
+        return str(value)
+    name = _POLICIES.get(value & ~_SCHED_RESET_ON_FORK, str(value & ~_SCHED_RESET_ON_FORK))
+    return name + ("|SCHED_RESET_ON_FORK" if value & _SCHED_RESET_ON_FORK else "")
+
+
+def _ioprio_text(value: int | None) -> str:
+    if value is None:
+        return "unreadable"
+    return f"class {value >> 13} level {value & 0x1FFF}"
+
+
+def _limit_text(limit: tuple[int, int]) -> str:
+    return "/".join("unlimited" if v == resource.RLIM_INFINITY else str(v) for v in limit)
+
+
+def _shown(problems: list[str]) -> str:
+    return "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
 
 
 # ---- files
