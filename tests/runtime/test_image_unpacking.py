@@ -14,15 +14,19 @@ import itertools
 import json
 import os
 import shutil
+import stat
 import subprocess
 import tarfile
+import tempfile
 import threading
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
 import pytest
 from test_images import layer, oci_layout, save_archive
 
+from tangram.runtime.sandbox import images
 from tangram.runtime.sandbox.images import ImageCache, ImageError
 
 _ids = itertools.count(1)
@@ -404,6 +408,331 @@ def test_a_huge_extended_header_is_refused(tmp_path: Path) -> None:
         ImageCache(str(tmp_path / "cache")).rootfs(str(oci_layout(tmp_path / "oci", [data])))
 
 
+# ---------------------------------------------------------------------------- headers, sparse files, deep trees
+def layer_peak(body: Any, monkeypatch: pytest.MonkeyPatch) -> int:
+    """The most memory Python held (tracemalloc) while a layer was unpacked by `body`, above
+    what it held before (reading a JSON document allocates _MAX_JSON bytes, briefly)."""
+    peaks = [0]
+    apply_layer = images._apply_layer
+
+    def measured(*args: Any) -> None:
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        try:
+            apply_layer(*args)
+        finally:
+            peaks.append(tracemalloc.get_traced_memory()[1] - base)
+
+    monkeypatch.setattr(images, "_apply_layer", measured)
+    tracemalloc.start()
+    try:
+        body()
+    finally:
+        tracemalloc.stop()
+        monkeypatch.setattr(images, "_apply_layer", apply_layer)
+    return max(peaks)
+
+
+def test_extended_headers_are_not_kept_for_the_whole_layer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tarfile's stream mode keeps every member it read (with its pax records) until the
+    layer ends: 48 members with a 512 KiB pax record each held 24 MiB, 4 000 of them GBs
+    (from a gzipped layer of a few MB). Only the member being unpacked is kept."""
+    members = [(entry(f"f{i}"), b"") for i in range(48)]
+    for i, (info, _) in enumerate(members):
+        info.pax_headers = {"comment": chr(ord("a") + i % 26) * (512 << 10)}
+    image = oci_layout(tmp_path / "oci", [tar(*members)])
+    cache = ImageCache(str(tmp_path / "cache"))
+    roots: list[str] = []
+    peak = layer_peak(lambda: roots.append(cache.rootfs(str(image))), monkeypatch)
+    assert Path(roots[0], "f47").exists()
+    assert peak < 8 << 20, f"unpacking held {peak >> 20} MiB"
+    # and the extended headers of an image are bounded all together
+    monkeypatch.setattr(images, "_MAX_EXTENDED", 8 << 20)
+    with pytest.raises(ImageError, match="extended headers"):
+        ImageCache(str(tmp_path / "cache2")).rootfs(str(image))
+    nothing_cached(tmp_path / "cache2")
+
+
+def raw_tar(*members: tuple[bytes, bytes]) -> bytes:
+    """A tar of raw headers: (type, data) each, named h<i>, nothing added by tarfile; a file ends it."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as t:
+        for i, (kind, data) in enumerate(members):
+            info = entry(f"h{i}", kind)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+        info = entry("file")
+        info.size = 2
+        t.addfile(info, io.BytesIO(b"x\n"))
+    return out.getvalue()
+
+
+def pax_record(key: str, value: str) -> bytes:
+    body = f" {key}={value}\n".encode()
+    n = len(body) + 1
+    while len(str(n)) + len(body) != n:
+        n += 1
+    return str(n).encode() + body
+
+
+def test_chained_and_global_extended_headers_are_bounded(tmp_path: Path) -> None:
+    """Each extended header is parsed while the next is read (recursively, its records held):
+    400 of them in a row were a RecursionError, not an ImageError; global (pax 'g') records
+    are kept for all the layer's members, and copied onto each."""
+    cache = tmp_path / "cache"
+    chain = raw_tar(*[(tarfile.XHDTYPE, pax_record("comment", "c" * 100))] * 400)
+    with pytest.raises(ImageError, match="extended headers in a row"):
+        ImageCache(str(cache)).rootfs(str(oci_layout(tmp_path / "chain", [chain])))
+    nothing_cached(cache)
+    many = raw_tar(*[(tarfile.XGLTYPE, b"".join(pax_record(f"k{i}.{j}", "v") for j in range(100)))
+                     for i in range(40)])
+    with pytest.raises(ImageError, match="global"):
+        ImageCache(str(cache)).rootfs(str(oci_layout(tmp_path / "globals", [many])))
+    nothing_cached(cache)
+    # a few in a row, as GNU tar and git archive write them, are fine
+    fine = raw_tar((tarfile.XGLTYPE, pax_record("comment", "0" * 40)), (tarfile.XHDTYPE, pax_record("mtime", "1.5")))
+    assert Path(ImageCache(str(cache)).rootfs(str(oci_layout(tmp_path / "fine", [fine]))), "file").read_text() == "x\n"
+
+
+def old_gnu_sparse(name: str, realsize: int) -> bytes:
+    """A GNU tar sparse member (type 'S'): one byte of data at its end, `realsize` bytes long."""
+    info = entry(name)
+    info.size = 1
+    buf = bytearray(info.tobuf(tarfile.GNU_FORMAT))
+    buf[156:157] = tarfile.GNUTYPE_SPARSE
+    buf[386:398] = tarfile.itn(realsize - 1, 12, tarfile.GNU_FORMAT)  # one struct: offset, numbytes
+    buf[398:410] = tarfile.itn(1, 12, tarfile.GNU_FORMAT)
+    buf[482] = 0  # not extended
+    buf[483:495] = tarfile.itn(realsize, 12, tarfile.GNU_FORMAT)
+    buf[148:156] = b" " * 8
+    buf[148:156] = b"%06o\0 " % sum(buf)
+    return bytes(buf) + b"x".ljust(512, b"\0")
+
+
+def sparse_layer(version: str, count: int, realsize: int) -> bytes:
+    """`count` sparse members s<i> of `realsize` bytes (one of data), GNU sparse `version`."""
+    if version == "old":
+        return b"".join(old_gnu_sparse(f"s{i}", realsize) for i in range(count)) + bytes(1024)
+    members = []
+    for i in range(count):
+        info = entry(f"s{i}")
+        data = b"x"
+        if version == "0.0":
+            info.pax_headers = {"GNU.sparse.size": str(realsize), "GNU.sparse.numblocks": "1",
+                                "GNU.sparse.offset": str(realsize - 1), "GNU.sparse.numbytes": "1"}
+        elif version == "0.1":
+            info.pax_headers = {"GNU.sparse.map": f"{realsize - 1},1", "GNU.sparse.realsize": str(realsize)}
+        else:
+            info.pax_headers = {"GNU.sparse.major": "1", "GNU.sparse.minor": "0", "GNU.sparse.name": f"s{i}",
+                                "GNU.sparse.realsize": str(realsize)}
+            data = f"1\n{realsize - 1}\n1\n".encode().ljust(512, b"\0") + b"x"
+            info.name = f"GNUSparseFile.0/s{i}"
+        members.append((info, data))
+    return tar(*members)
+
+
+@pytest.mark.parametrize("version", ["old", "0.0", "0.1", "1.0"])
+def test_sparse_members_are_refused(tmp_path: Path, version: str) -> None:
+    """A sparse member's holes were written for real, and not counted: with max_bytes=4 MiB,
+    4 members of 3 MiB each (a few bytes of stream) wrote 12 MiB. Images hold no sparse
+    files: each is refused, by name."""
+    cache = tmp_path / "cache"
+    evil = sparse_layer(version, 4, 3 << 20)
+    with pytest.raises(ImageError, match=r"member 's0'.*sparse"):
+        ImageCache(str(cache), max_bytes=4 << 20).rootfs(str(oci_layout(tmp_path / "oci", [evil])))
+    nothing_cached(cache)
+
+
+def test_a_sparse_map_is_refused_before_it_is_parsed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GNU.sparse.map record became a list of ints and tuples, kept for the whole layer
+    (+1.4 GB for a 62 KB gzipped layer)."""
+    cache = tmp_path / "cache"
+    sparse = ",".join(["0,0"] * 200_000)
+    members = []
+    for i in range(3):
+        info = entry(f"s{i}")
+        info.pax_headers = {"GNU.sparse.map": sparse, "GNU.sparse.realsize": "0"}
+        members.append((info, b""))
+    evil = tar(*members)
+    image = oci_layout(tmp_path / "oci", [evil])
+    failed: list[str] = []
+
+    def unpack() -> None:
+        with pytest.raises(ImageError, match=r"member 's0'.*sparse") as e:
+            ImageCache(str(cache)).rootfs(str(image))
+        failed.append(str(e.value))
+
+    peak = layer_peak(unpack, monkeypatch)
+    assert failed and peak < 8 << 20, f"unpacking held {peak >> 20} MiB"
+    nothing_cached(cache)
+
+
+def deep_layer(last: tuple[tarfile.TarInfo, bytes | None] | None, depth: int = 1900) -> bytes:
+    """A file `depth` directories deep (a/a/.../a/f), then `last`."""
+    members = [(entry("bin", tarfile.DIRTYPE, mode=0o755), None), (entry("/".join(["a"] * depth) + "/f"), b"x")]
+    return tar(*members, *([last] if last else []))
+
+
+@pytest.mark.parametrize("case", ["whiteout", "opaque", "file over it", "second layer"])
+def test_a_deep_tree_is_removed_without_recursion(tmp_path: Path, case: str) -> None:
+    """shutil.rmtree recurses (Python 3.11): a tree 1 900 directories deep, whited out or
+    replaced, raised RecursionError."""
+    if case == "whiteout":
+        layers = [deep_layer((entry(".wh.a"), b""))]
+    elif case == "opaque":
+        layers = [deep_layer((entry("a/.wh..wh..opq"), b""))]
+    elif case == "file over it":
+        layers = [deep_layer((entry("a"), b"file\n"))]
+    else:
+        layers = [deep_layer(None), tar((entry("a"), b"file\n"))]
+    root = Path(ImageCache(str(tmp_path / "cache")).rootfs(str(oci_layout(tmp_path / "oci", layers))))
+    if case == "opaque":
+        assert os.listdir(root / "a") == []
+    elif case == "whiteout":
+        assert not (root / "a").exists()
+    else:
+        assert (root / "a").read_text() == "file\n"
+
+
+def test_a_deep_tree_then_an_error_leaves_no_work_directory(tmp_path: Path) -> None:
+    """The cleanup's rmtree raised RecursionError (hiding the ImageError) and left
+    <cache>/.<key>-<random> behind, one more at each try."""
+    cache = tmp_path / "cache"
+    image = oci_layout(tmp_path / "oci", [deep_layer((entry("../escape"), b"x"))])
+    for _ in range(2):
+        with pytest.raises(ImageError, match="member '../escape': outside the root"):
+            ImageCache(str(cache)).rootfs(str(image))
+        nothing_cached(cache)
+
+
+def test_a_name_past_path_max_is_refused_at_once(tmp_path: Path) -> None:
+    """A member 2 100 directories deep (4 200 characters) cannot be made: refused by its
+    length, before 2 000 directories are made for it."""
+    cache = tmp_path / "cache"
+    with pytest.raises(ImageError, match="a name of 4201 characters"):
+        ImageCache(str(cache)).rootfs(str(oci_layout(tmp_path / "oci", [tar((entry("a/" * 2100 + "f"), b"x"))])))
+    nothing_cached(cache)
+
+
+def test_a_read_only_tree_is_removed(tmp_path: Path) -> None:
+    """Directories of the image without write (or read) permission for their owner are
+    removed too (as a user other than root as well)."""
+    lower = tar((entry("bin", tarfile.DIRTYPE, mode=0o755), None), (entry("ro", tarfile.DIRTYPE, mode=0o755), None),
+                (entry("ro/sub", tarfile.DIRTYPE, mode=0o755), None), (entry("ro/sub/f"), b"x"),
+                (entry("ro/sub", tarfile.DIRTYPE, mode=0o500), None), (entry("ro", tarfile.DIRTYPE, mode=0o000), None))
+    upper = tar((entry(".wh.ro"), b""))
+    root = Path(ImageCache(str(tmp_path / "cache")).rootfs(str(oci_layout(tmp_path / "oci", [lower, upper]))))
+    assert not (root / "ro").exists()
+    base = Path(tempfile.mkdtemp(prefix="tangram-test-")) if os.geteuid() == 0 else tmp_path  # reachable by nobody
+    try:
+        tree = base / "tree"
+        (tree / "sub" / "deeper").mkdir(parents=True)
+        (tree / "sub" / "deeper" / "f").write_text("x")
+        (tree / "link").symlink_to(base / "keep")
+        (base / "keep").mkdir()
+        (base / "keep" / "mine").write_text("mine")
+        if os.geteuid() == 0:  # removed by a user other than root (whom permissions do not stop)
+            for path in (base, tree, tree / "sub", tree / "sub" / "deeper", tree / "link"):
+                os.lchown(path, 65534, 65534)
+            os.lchown(tree / "sub" / "deeper" / "f", 65534, 65534)
+        os.chmod(tree / "sub" / "deeper", 0o000)
+        os.chmod(tree / "sub", 0o500)
+        if os.geteuid() != 0:
+            images._remove(str(tree))
+        else:
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    os.setgroups([])
+                    os.setgid(65534)
+                    os.setuid(65534)
+                    images._remove(str(tree))
+                    os._exit(0)
+                except BaseException:
+                    os._exit(1)
+            assert os.waitpid(pid, 0)[1] == 0
+        assert not tree.exists() and (base / "keep" / "mine").read_text() == "mine"
+    finally:
+        if base != tmp_path:
+            shutil.rmtree(base)
+
+
+@pytest.mark.parametrize("error", [RecursionError, MemoryError, KeyError])
+def test_an_unexpected_error_is_an_image_error_naming_the_member(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               error: type[BaseException]) -> None:
+    def failing(*args: Any) -> None:
+        raise error("injected")
+
+    monkeypatch.setattr(images, "_set_attrs", failing)
+    cache = tmp_path / "cache"
+    with pytest.raises(ImageError, match=rf"member 'etc/x': {error.__name__}.*injected"):
+        ImageCache(str(cache)).rootfs(str(oci_layout(tmp_path / "oci", [tar((entry("etc/x"), b"x"))])))
+    nothing_cached(cache)
+
+
+# ---------------------------------------------------------------------------- the cache's own directories
+def manifest_key(layout_path: Path) -> str:
+    return json.loads((layout_path / "index.json").read_text())["manifests"][0]["digest"].partition(":")[2]
+
+
+def test_a_planted_cache_entry_is_not_used(tmp_path: Path, outside: Path) -> None:
+    """<cache>/<key> is found by the image's digest: a symbolic link there (to the host's
+    files), a directory of someone else's or a rootfs that is a link is refused, never
+    used as the image's root."""
+    image = oci_layout(tmp_path / "oci", [tar((entry("etc/x"), b"image\n"))])
+    cache = tmp_path / "cache"
+    entry_path = cache / manifest_key(image)
+    (outside / "rootfs" / "etc").mkdir(parents=True)
+    cache.mkdir(mode=0o700)
+    planted: list[Any] = [lambda: entry_path.symlink_to(outside),
+                          lambda: (entry_path.mkdir(), (entry_path / "rootfs").symlink_to(outside / "rootfs"))]
+    if os.geteuid() == 0:
+        planted.append(lambda: (entry_path.mkdir(), (entry_path / "rootfs").mkdir(), os.chown(entry_path, 4321, 4321)))
+    planted.append(lambda: (entry_path.mkdir(mode=0o777), os.chmod(entry_path, 0o777), (entry_path / "rootfs").mkdir()))
+    for plant in planted:
+        plant()
+        with pytest.raises(ImageError, match="not a directory of this cache"):
+            ImageCache(str(cache)).rootfs(str(image))
+        assert sorted(p.name for p in outside.iterdir()) == ["precious", "rootfs", "secret"]
+        assert list((outside / "rootfs").iterdir()) == [outside / "rootfs" / "etc"]
+        if entry_path.is_symlink():
+            entry_path.unlink()
+        else:
+            shutil.rmtree(entry_path)
+        assert list(cache.iterdir()) == []  # (nothing left by the refused try)
+    assert Path(ImageCache(str(cache)).rootfs(str(image)), "etc", "x").read_text() == "image\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="files of another user need root")
+def test_a_cache_directory_others_can_change_is_refused(tmp_path: Path) -> None:
+    """The cache's directory and every directory on the way to it (through links) must be
+    writable only by root or this user: someone who can replace it could swap in an image
+    root of theirs. A link of ours (to a directory of ours) is fine."""
+    image = oci_layout(tmp_path / "oci", [tar((entry("etc/x"), b"image\n"))])
+    shared = tmp_path / "shared"  # as /tmp: sticky, anyone may add entries
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    (shared / "planted").symlink_to(mine)
+    os.lchown(shared / "planted", 4321, 4321)
+    theirs = shared / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 4321, 4321)
+    group = tmp_path / "group"
+    group.mkdir()
+    os.chmod(group, 0o775)
+    for directory in (shared / "planted", theirs, theirs / "cache", group / "cache", group):
+        with pytest.raises(ImageError, match="image cache"):
+            ImageCache(str(directory)).rootfs(str(image))
+        assert list(mine.iterdir()) == []
+    (tmp_path / "link").symlink_to(mine)
+    (shared / "ours").symlink_to(mine)
+    for directory in (tmp_path / "link", shared / "ours", shared / "new" / "cache"):
+        assert Path(ImageCache(str(directory)).rootfs(str(image)), "etc", "x").read_text() == "image\n"
+    assert stat.S_IMODE((shared / "new" / "cache").stat().st_mode) == 0o700
+
+
 # ---------------------------------------------------------------------------- the host's root, idmapped
 def test_the_hosts_root_is_not_an_image(tmp_path: Path) -> None:
     (tmp_path / "slash").symlink_to("/")
@@ -491,3 +820,16 @@ def test_an_idmap_failure_through_the_cpu_manager_fails_the_action(tmp_path: Pat
         assert e.value.error_type == "ImageError" and "cannot idmap" in str(e.value)
     finally:
         subprocess.run(["umount", str(image / "proc")], check=True)
+
+
+def test_a_deep_tree_through_the_cpu_manager(tmp_path: Path) -> None:
+    """The action fails with ImageError (not a RecursionError), each try, and no work
+    directory stays in the cache."""
+    from tangram.runtime.errors import ActionFailed
+    cache = tmp_path / "cache"
+    image = oci_layout(tmp_path / "deep", [deep_layer((entry("../escape"), b"x"))])
+    for _ in range(2):
+        with pytest.raises(ActionFailed) as e:
+            end_to_end(cache, str(image))
+        assert e.value.error_type == "ImageError" and "outside the root" in str(e.value)
+        assert list(cache.iterdir()) == []

@@ -34,13 +34,29 @@ must name a regular file of the image. OCI whiteouts (`.wh.NAME` deletes NAME fr
 layers below, `.wh..wh..opq` empties its directory) are resolved the same way. Member names
 leading outside the root (`../x`) are refused; setuid, setgid and sticky bits and write bits
 for group and others are cleared; owners are the members' numeric ids (as root); device
-nodes and fifos are skipped. An image may unpack at most `max_bytes` (the layers' tar
-streams, uncompressed: a gzip bomb) and `max_members` members. A missing, unreadable,
-corrupt or malformed image is an ImageError naming the reference and the cause.
+nodes and fifos are skipped; sparse files (GNU tar's, old or pax: images hold none, and
+their holes would be written for real) are refused, before their maps are read. An image
+may unpack at most `max_bytes` (the layers' tar streams, uncompressed: a gzip bomb; and as
+much written to its files) and `max_members` members; a member's extended headers (pax
+records, GNU long names) at most _MAX_HEADER bytes together and _MAX_HEADERS_IN_A_ROW
+headers, a layer's global pax records _MAX_GLOBAL bytes, an image's extended headers
+_MAX_EXTENDED bytes; only the member being unpacked is held in memory (tarfile's stream
+mode would keep them all). Trees are removed (whiteouts, a directory replaced, a failed
+unpacking's work directory) without recursion, at any depth. A missing, unreadable,
+corrupt or malformed image, or any error while it is unpacked, is an ImageError naming
+the reference and the cause (and the member), its work directory removed.
+
+The cache is used only where nobody but root and this user can change it: its directory
+and every directory on the way to it (through links, as the kernel follows them) owned by
+root or this user and writable by no one else (or sticky, as /tmp, with the entry in it
+theirs), the cache's own directory this user's (made 0700); an entry <key> is used only if
+a real directory of this user, writable by no one else, holding a real directory rootfs:
+a link or anything else planted there is an ImageError, never an image's root.
 """
 
 from __future__ import annotations
 
+import errno
 import gzip
 import hashlib
 import json
@@ -67,7 +83,11 @@ _OPAQUE = ".wh..wh..opq"
 MAX_IMAGE_BYTES = 64 << 30  # what one image may unpack: its layers' tar streams, uncompressed
 MAX_IMAGE_MEMBERS = 1 << 22  # and its layers' members, all together
 _MAX_JSON = 16 << 20  # index.json, a manifest, manifest.json
-_MAX_HEADER = 8 << 20  # a tar member's extended (pax) header or GNU long name, read into memory
+_MAX_HEADER = 1 << 20  # a tar member's extended headers (pax, GNU long names), together, read into memory
+_MAX_HEADERS_IN_A_ROW = 8  # extended headers before one member (tarfile reads them recursively, each held)
+_MAX_GLOBAL = 4 << 10  # a layer's global pax records: kept, and copied onto each of its members
+_MAX_EXTENDED = 256 << 20  # an image's extended headers, all together
+_MAX_NAME = 4095  # a member's name (PATH_MAX): a longer one could not be made
 _MAX_LINKS = 40  # symbolic links followed while resolving one path (the kernel's limit)
 _CHUNK = 1 << 20
 _DIGEST_HEX = {"sha256": 64, "sha512": 128}
@@ -75,6 +95,9 @@ _HEX = re.compile(r"[0-9a-f]+")
 _BLOB_NAME = re.compile(r"(?:.*/)?blobs/(sha256|sha512)/([0-9a-f]+)")  # an archive's layer named by its digest
 _EXTENDED = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME,
              tarfile.GNUTYPE_LONGLINK)
+_SPARSE = "a sparse file (GNU tar's), which images do not hold"
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_REMOVE_BATCH = 256  # subdirectories of one directory remembered while a tree is removed
 
 
 class ImageError(ManagerError):
@@ -209,7 +232,10 @@ class ImageCache:
         self.directory = directory
         self.max_bytes = max_bytes
         self.max_members = max_members
-        os.makedirs(directory, exist_ok=True)
+        try:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+        except OSError:
+            pass  # said by rootfs, as an ImageError
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
 
@@ -350,6 +376,7 @@ class ImageCache:
         tool, _, name = reference.partition(":")
         if shutil.which(tool) is None:
             raise ref.error(f"{tool} is not installed on this machine")
+        self._check_directory(ref)
         with tempfile.TemporaryDirectory(dir=self.directory) as tmp:
             archive = os.path.join(tmp, "image.tar")
             argv = [tool, "save", "-o", archive, name] + (["--format", "docker-archive"] if tool == "podman" else [])
@@ -370,13 +397,41 @@ class ImageCache:
         with lock:
             yield
 
+    def _check_directory(self, ref: _Ref) -> None:
+        """An ImageError unless only root and this user can change the cache's directory."""
+        why = _unsafe_directory(self.directory)
+        if why is not None:
+            raise ref.error(f"the image cache {self.directory!r} cannot be used: {why} (only root and uid "
+                            f"{os.geteuid()} may be able to change it, and the directory must be theirs)")
+
+    @staticmethod
+    def _cached(target: str, ref: _Ref) -> bool:
+        """Whether the entry `target` holds an unpacked image: False if missing; an ImageError
+        if it is not what this cache makes (a directory of this user, writable by no one
+        else, holding a directory rootfs), as a link planted there: never used."""
+        try:
+            st = os.lstat(target)
+        except FileNotFoundError:
+            return False
+        except OSError as e:
+            why = e.strerror or str(e)
+        else:
+            why = _foreign_entry(target, st)
+        if why:
+            raise ref.error(f"{target} is not a directory of this cache ({why}): it is not used (remove it)")
+        return True
+
     def _unpacked(self, key: str, layers: Callable[[], Iterator[_Blob]], ref: _Ref) -> str:
         target = os.path.join(self.directory, key)
         rootfs = os.path.join(target, "rootfs")
         with self._lock(key):
-            if os.path.isdir(rootfs):
+            self._check_directory(ref)
+            if self._cached(target, ref):
                 return rootfs
-            work = tempfile.mkdtemp(prefix=f".{key[:12]}-", dir=self.directory)
+            try:
+                work = tempfile.mkdtemp(prefix=f".{key[:12]}-", dir=self.directory)
+            except OSError as e:
+                raise ref.error(f"cannot unpack into the image cache {self.directory!r}: {e.strerror or e}") from None
             try:
                 root = os.path.join(work, "rootfs")
                 os.mkdir(root, 0o755)
@@ -387,13 +442,37 @@ class ImageCache:
                 try:
                     os.rename(work, target)  # another process may have made it meanwhile: theirs is kept
                 except OSError:
-                    if not os.path.isdir(rootfs):
+                    if not self._cached(target, ref):
                         raise
-                    shutil.rmtree(work, ignore_errors=True)
+                    _discard(work)
+            except ImageError:
+                _discard(work)
+                raise
+            except Exception as e:  # (RecursionError, MemoryError, OSError: an ImageError all the same)
+                _discard(work)
+                raise ref.error(f"unpacking failed: {type(e).__name__}: {e}") from None
             except BaseException:
-                shutil.rmtree(work, ignore_errors=True)
+                _discard(work)
                 raise
         return rootfs
+
+
+def _foreign_entry(target: str, st: os.stat_result) -> str:
+    """Why the cache's entry `target` (lstat: `st`) is not one the cache made; "" if it is."""
+    if stat.S_ISLNK(st.st_mode):
+        return "a symbolic link"
+    if not stat.S_ISDIR(st.st_mode):
+        return "not a directory"
+    if st.st_uid != os.geteuid():
+        return f"owned by uid {st.st_uid}"
+    if st.st_mode & 0o022:
+        return "writable by others"
+    try:
+        if not stat.S_ISDIR(os.lstat(os.path.join(target, "rootfs")).st_mode):
+            return "its rootfs is not a directory"
+    except OSError as e:
+        return f"its rootfs: {e.strerror or e}"
+    return ""
 
 
 def _archive_member(archive: tarfile.TarFile, name: str, ref: _Ref) -> tuple[tarfile.TarInfo, IO[bytes]]:
@@ -419,7 +498,7 @@ class _Unpacking:
 
     def __init__(self, root: str, ref: _Ref, max_bytes: int, max_members: int) -> None:
         self.root, self.ref, self.max_bytes, self.max_members = root, ref, max_bytes, max_members
-        self.bytes = self.members = 0
+        self.bytes = self.members = self.written = self.extended = 0
         self.as_root = os.geteuid() == 0
 
     def count(self, n: int) -> None:
@@ -427,6 +506,12 @@ class _Unpacking:
         if self.bytes > self.max_bytes:
             raise self.ref.error(f"more than {self.max_bytes} bytes unpacked (its layers, uncompressed): the image "
                                  "cache's limit")
+
+    def write(self, n: int) -> None:
+        """`n` more bytes written to the image's files (a member's real size, not its stream's)."""
+        self.written += n
+        if self.written > self.max_bytes:
+            raise self.ref.error(f"more than {self.max_bytes} bytes written (its files): the image cache's limit")
 
     def member(self) -> None:
         self.members += 1
@@ -446,13 +531,62 @@ class _Counted:
         return data
 
 
+class _Headers:
+    """A layer's extended headers, against the limits, as tarfile reads them: it reads those
+    of a member recursively (each held until the member is read), keeps a global header's
+    records for all the members after it (copying them onto each)."""
+
+    def __init__(self, unpacking: _Unpacking) -> None:
+        self.unpacking = unpacking
+        self.in_a_row = self.row_bytes = self.globals = 0
+
+    def header(self, info: tarfile.TarInfo) -> None:
+        if info.type not in _EXTENDED:  # a member: the next one's headers begin
+            self.in_a_row = self.row_bytes = 0
+            return
+        size = max(info.size, 0)
+        if size > _MAX_HEADER:
+            raise _Refused(f"a {size}-byte extended header (at most {_MAX_HEADER})")
+        self.in_a_row += 1
+        self.row_bytes += size
+        if self.in_a_row > _MAX_HEADERS_IN_A_ROW:
+            raise _Refused(f"more than {_MAX_HEADERS_IN_A_ROW} extended headers in a row")
+        if self.row_bytes > _MAX_HEADER:
+            raise _Refused(f"{self.row_bytes} bytes of extended headers for one member (at most {_MAX_HEADER})")
+        if info.type == tarfile.XGLTYPE:
+            self.globals += size
+            if self.globals > _MAX_GLOBAL:
+                raise _Refused(f"more than {_MAX_GLOBAL} bytes of global (pax 'g') headers")
+        self.unpacking.extended += size
+        if self.unpacking.extended > _MAX_EXTENDED:
+            raise _Refused(f"more than {_MAX_EXTENDED} bytes of extended headers in the image's layers: the image "
+                           "cache's limit")
+
+
 class _TarInfo(tarfile.TarInfo):
-    """Refuses an extended header (pax, GNU long name) tarfile would read whole into memory."""
+    """Bounds the extended headers (pax, GNU long names) tarfile reads whole into memory, and
+    refuses sparse members before tarfile reads their maps (unbounded: old GNU sparse
+    headers' extension blocks, a pax map's list of numbers, version 1.0's map in the data).
+    A layer's subclass sets `_headers`."""
+
+    _headers: _Headers
 
     def _proc_member(self, archive: tarfile.TarFile) -> Any:  # type: ignore[override]
-        if self.type in _EXTENDED and self.size > _MAX_HEADER:
-            raise _Refused(f"a {self.size}-byte extended header (at most {_MAX_HEADER})")
+        self._headers.header(self)
+        if self.type == tarfile.GNUTYPE_SPARSE:
+            raise _Refused(f"member {_shown(self.name)}: {_SPARSE}")
         return super()._proc_member(archive)  # type: ignore[misc]
+
+    def _proc_gnusparse_00(self, next: tarfile.TarInfo, pax_headers: dict[str, str], *rest: Any) -> None:
+        name = pax_headers.get("GNU.sparse.name") or pax_headers.get("path") or next.name
+        raise _Refused(f"member {_shown(name)}: {_SPARSE}")
+
+    _proc_gnusparse_01 = _proc_gnusparse_10 = _proc_gnusparse_00
+
+
+def _shown(name: str) -> str:
+    """A member's name in a message (a long one shortened)."""
+    return repr(name if len(name) <= 256 else f"{name[:120]}...{name[-120:]}")
 
 
 def _apply_layer(blob: _Blob, unpacking: _Unpacking) -> None:
@@ -465,16 +599,25 @@ def _apply_layer(blob: _Blob, unpacking: _Unpacking) -> None:
     stream: Any = gzip.GzipFile(fileobj=blob, mode="rb") if head[:2] == b"\x1f\x8b" else blob  # type: ignore[arg-type]
     try:
         counted: Any = _Counted(stream, unpacking)
-        with tarfile.open(fileobj=counted, mode="r|", tarinfo=_TarInfo) as layer:
-            for member in layer:
+        tarinfo = type("_LayerTarInfo", (_TarInfo,), {"_headers": _Headers(unpacking)})
+        with tarfile.open(fileobj=counted, mode="r|", tarinfo=tarinfo) as layer:
+            while True:
+                member = layer.next()
+                if member is None:
+                    break
+                layer.members.clear()  # stream mode keeps each member read (its pax records): only this one is
                 unpacking.member()
                 try:
                     _apply_member(layer, member, unpacking)
+                except (ImageError, _Corrupt, tarfile.TarError, EOFError, zlib.error):
+                    raise
                 except _Refused as e:
-                    raise ref.error(f"layer {what}: member {member.name!r}: {e}") from None
+                    raise ref.error(f"layer {what}: member {_shown(member.name)}: {e}") from None
                 except (OSError, ValueError, OverflowError) as e:
                     said = (e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}")
-                    raise ref.error(f"layer {what}: member {member.name!r}: {said}") from None
+                    raise ref.error(f"layer {what}: member {_shown(member.name)}: {said}") from None
+                except Exception as e:  # RecursionError, MemoryError, ...: an ImageError all the same
+                    raise ref.error(f"layer {what}: member {_shown(member.name)}: {type(e).__name__}: {e}") from None
     except ImageError:
         raise
     except _Refused as e:
@@ -488,6 +631,8 @@ def _apply_layer(blob: _Blob, unpacking: _Unpacking) -> None:
         if not intact:
             raise ref.error(f"a corrupt layer {what}: its content does not match its digest") from None
         raise ref.error(f"a corrupt layer {what}: {type(cause).__name__}: {cause}") from None
+    except Exception as e:  # RecursionError, MemoryError, ...: an ImageError all the same
+        raise ref.error(f"layer {what}: {type(e).__name__}: {e}") from None
     try:
         intact = blob.intact()
     except OSError as e:
@@ -498,6 +643,11 @@ def _apply_layer(blob: _Blob, unpacking: _Unpacking) -> None:
 
 def _apply_member(layer: tarfile.TarFile, member: tarfile.TarInfo, unpacking: _Unpacking) -> None:
     root = unpacking.root
+    if member.sparse is not None or member.type == tarfile.GNUTYPE_SPARSE or \
+            any(key.startswith("GNU.sparse.") for key in member.pax_headers):
+        raise _Refused(_SPARSE)
+    if len(member.name) > _MAX_NAME:
+        raise _Refused(f"a name of {len(member.name)} characters (at most {_MAX_NAME})")
     parts = _parts(member.name)
     if not parts:  # the root itself ("./")
         if member.isdir():
@@ -546,6 +696,7 @@ def _apply_member(layer: tarfile.TarFile, member: tarfile.TarInfo, unpacking: _U
                     raise _Corrupt(e) from None
                 if not chunk:
                     break
+                unpacking.write(len(chunk))
                 view = memoryview(chunk)
                 while view:
                     view = view[os.write(fd, view):]
@@ -652,7 +803,7 @@ def _clear(path: str, keep_directory: bool) -> bool:
     if stat.S_ISDIR(st.st_mode):
         if keep_directory:
             return True
-        shutil.rmtree(path)  # fd-based: follows no link
+        _remove(path)
     else:
         os.unlink(path)
     return False
@@ -673,7 +824,152 @@ def _empty(root: str, dirs: list[str]) -> None:
     else:
         directory = root
     for entry in os.listdir(directory):
-        _clear(os.path.join(directory, entry), keep_directory=False)
+        _remove(os.path.join(directory, entry))
+
+
+def _remove(path: str) -> None:
+    """Removes what is at `path`: a link or a file itself, a directory with all it holds, at
+    any depth, without recursion (shutil.rmtree recurses in Python 3.11: a tree 1 000
+    directories deep is a RecursionError) and with one directory open at a time, through
+    directory fds, following no link; a directory of ours without read, write or search
+    permission for its owner gets them first (as a user other than root)."""
+    parent, name = os.path.split(path)
+    top = os.open(parent or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        st = os.stat(name, dir_fd=top, follow_symlinks=False)
+        if not stat.S_ISDIR(st.st_mode):
+            os.unlink(name, dir_fd=top)
+            return
+        # the directories from `top` to the one open, and the subdirectories each has left to remove
+        names, ids, subdirectories = [name], [(st.st_dev, st.st_ino)], [[]]
+        fd = _open_directory(top, name, st)
+        try:
+            while True:
+                seen = bool(subdirectories[-1])
+                if not seen:  # (read again from its start: what was removed is gone)
+                    with os.scandir(fd) as entries:
+                        for entry in entries:
+                            seen = True
+                            if not entry.is_dir(follow_symlinks=False):
+                                os.unlink(entry.name, dir_fd=fd)
+                            elif len(subdirectories[-1]) < _REMOVE_BATCH:
+                                subdirectories[-1].append(entry.name)
+                            else:
+                                break
+                if subdirectories[-1]:
+                    sub = subdirectories[-1].pop()
+                    st = os.stat(sub, dir_fd=fd, follow_symlinks=False)
+                    child = _open_directory(fd, sub, st)
+                    os.close(fd)
+                    fd = child
+                    names.append(sub)
+                    ids.append((st.st_dev, st.st_ino))
+                    subdirectories.append([])
+                elif not seen:  # empty: removed from its parent
+                    done = names.pop()
+                    ids.pop()
+                    subdirectories.pop()
+                    if not names:
+                        break
+                    up = os.open("..", _DIR_FLAGS, dir_fd=fd)
+                    os.close(fd)
+                    fd = up
+                    st = os.fstat(fd)
+                    if (st.st_dev, st.st_ino) != ids[-1]:
+                        raise OSError(errno.ESTALE, f"{path} was moved while it was removed")
+                    os.rmdir(done, dir_fd=fd)
+        finally:
+            os.close(fd)
+        os.rmdir(name, dir_fd=top)
+    finally:
+        os.close(top)
+
+
+def _open_directory(parent: int, name: str, st: os.stat_result) -> int:
+    """The directory `name` in `parent` (as lstat saw it: `st`) open, with rwx for its owner."""
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except PermissionError:  # no read permission (not root): given, as it is ours
+        try:
+            os.chmod(name, st.st_mode | 0o700, dir_fd=parent, follow_symlinks=False)
+        except (NotImplementedError, OSError) as e:
+            if isinstance(e, OSError) and e.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP):
+                raise
+            os.chmod(name, st.st_mode | 0o700, dir_fd=parent)  # (a directory: lstat said so)
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+    try:
+        now = os.fstat(fd)
+        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+            raise OSError(errno.ESTALE, f"{name} was replaced while it was removed")
+        if now.st_mode & 0o700 != 0o700:
+            try:
+                os.fchmod(fd, now.st_mode | 0o700)
+            except OSError:
+                pass  # not ours: root needs none, anyone else fails on what they cannot remove
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _discard(path: str) -> None:
+    """`path` removed if it can be (a failed unpacking's work directory)."""
+    try:
+        _remove(path)
+    except OSError:
+        pass
+
+
+def _unsafe_directory(path: str) -> str | None:
+    """Why someone other than root and this user could change the directory `path` or
+    replace it; None if nobody can: every directory on the way to it (through symbolic
+    links, as the kernel follows them) owned by root or this user and writable by no one
+    else, or sticky (as /tmp) with the entry in it owned by root or this user; `path` a
+    directory of this user that no one else can write."""
+    me = os.geteuid()
+    ours = (0, me)
+    pending = list(reversed(os.path.join(os.getcwd(), path).split("/")))
+    here = "/"
+    links = 0
+    try:
+        st = os.lstat(here)
+        while pending:
+            part = pending.pop()
+            if part in ("", "."):
+                continue
+            if part == "..":
+                here = os.path.dirname(here)
+                st = os.lstat(here)
+                continue
+            entry = os.path.join(here, part)
+            entry_st = os.lstat(entry)
+            if st.st_uid not in ours:
+                return f"{here} is owned by uid {st.st_uid}"
+            if st.st_mode & 0o022:
+                if not st.st_mode & stat.S_ISVTX:
+                    return f"{here} is writable by others"
+                if entry_st.st_uid not in ours:
+                    return f"{entry}, in the shared directory {here}, is owned by uid {entry_st.st_uid}"
+            if stat.S_ISLNK(entry_st.st_mode):
+                links += 1
+                if links > _MAX_LINKS:
+                    return f"too many levels of symbolic links (more than {_MAX_LINKS})"
+                text = os.readlink(entry)
+                if text.startswith("/"):
+                    here = "/"
+                    st = os.lstat(here)
+                pending.extend(reversed(text.split("/")))
+                continue
+            here, st = entry, entry_st
+    except OSError as e:
+        return f"{e.filename or here}: {e.strerror or e}"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{here} is not a directory"
+    if st.st_uid != me:
+        return f"{here} is owned by uid {st.st_uid}"
+    if st.st_mode & 0o022:
+        return f"{here} is writable by others"
+    return None
 
 
 def _set_attrs_at(path: str, member: tarfile.TarInfo, unpacking: _Unpacking, flags: int) -> None:
