@@ -163,11 +163,56 @@ def test_languages_it_cannot_run_are_sandbox_errors(in_tmp: Path) -> None:
     ({"code": "1", "language": "python", "files": {"/etc/passwd": b64(b"x")}}, "request.files['/etc/passwd']"),
     ({"code": "1", "language": "python", "fetch_files": ["../x"]}, "request.fetch_files[0]"),
     ([1, 2], "request"),
+    # not silently "none": only null (or leaving it out) is
+    ({"code": "1", "language": "python", "files": False}, "request.files"),
+    ({"code": "1", "language": "python", "files": ""}, "request.files"),
+    ({"code": "1", "language": "python", "files": []}, "request.files"),
+    ({"code": "1", "language": "python", "fetch_files": 0}, "request.fetch_files"),
+    ({"code": "1", "language": "python", "fetch_files": ""}, "request.fetch_files"),
+    ({"code": "1", "language": "python", "fetch_files": {}}, "request.fetch_files"),
+    # paths that name no file, or one the sandbox could not make
+    ({"code": "1", "language": "python", "files": {".": "eA=="}}, "request.files['.']"),
+    ({"code": "1", "language": "python", "files": {"d/": "eA=="}}, "request.files['d/']"),
+    ({"code": "1", "language": "python", "files": {"d/.": "eA=="}}, "request.files['d/.']"),
+    ({"code": "1", "language": "python", "files": {"a": "eA==", "a/b": "eA=="}}, "request.files['a/b']"),
+    ({"code": "1", "language": "python", "files": {"a/b": "eA==", "a": "eA=="}}, "request.files['a']"),
+    ({"code": "1", "language": "python", "files": {"a": "eA==", "./a": "eA=="}}, "request.files['./a']"),
+    ({"code": "1", "language": "python", "files": {"main.py/x": "eA=="}}, "request.files['main.py/x']"),
+    ({"code": "1", "language": "python", "files": {"a/" * 3000 + "x": "eA=="}},
+     f"request.files[{'a/' * 3000 + 'x'!r}]"),
+    ({"code": "1", "language": "python", "files": {"n" * 300: "eA=="}}, f"request.files[{'n' * 300!r}]"),
+    ({"code": "1", "language": "python", "fetch_files": ["."]}, "request.fetch_files[0]"),
+    ({"code": "1", "language": "python", "fetch_files": ["ok", "d/"]}, "request.fetch_files[1]"),
+    # text that is not Unicode (a lone surrogate, which JSON's \\uXXXX escapes can carry)
+    ({"code": "print('\ud800')", "language": "python"}, "request.code"),
+    ({"code": "1", "language": "python", "stdin": "\udc00"}, "request.stdin"),
+    ({"code": "1", "language": "python", "files": {"\ud800": "eA=="}}, "request.files['\\ud800']"),
+    ({"code": "1", "language": "python", "fetch_files": ["\ud800"]}, "request.fetch_files[0]"),
 ])
 def test_requests_are_checked_field_by_field(request_: Any, field: str) -> None:
     with pytest.raises(tangram.ValidationError) as e:
         check_request(request_)
     assert e.value.field == field
+
+
+def test_what_a_refusal_says() -> None:
+    """It shows the value as sent (not as converted), and names the path and the reason."""
+    with pytest.raises(tangram.ValidationError) as e:
+        check_request({"code": "1", "language": "python", "memory_limit_MB": 1e300})
+    assert "1e+300" in e.value.reason and "1000000" not in e.value.reason
+    with pytest.raises(tangram.ValidationError) as e:
+        check_request({"code": "1", "language": "python", "files": {"a": "eA==", "a/b": "eA=="}})
+    assert "'a'" in e.value.reason and "'a/b'" in e.value.reason
+    with pytest.raises(tangram.ValidationError) as e:
+        check_request({"code": "1", "language": "python", "files": {"d/": "eA=="}})
+    assert "'d/'" in e.value.reason and "directory" in e.value.reason
+    with pytest.raises(tangram.ValidationError) as e:
+        check_request({"code": "x = '\ud800'", "language": "python"})
+    assert "surrogate" in e.value.reason and "position 5" in e.value.reason
+    # paths that do name a file inside the directory are taken as they are
+    ok = check_request({"code": "1", "language": "python", "files": {"./a": "eA==", "d//b": "eA==", "c/./e": None},
+                        "fetch_files": ["./out.txt", "d/x"]})
+    assert set(ok["files"]) == {"./a", "d//b"} and ok["fetch_files"] == ["./out.txt", "d/x"]
 
 
 def test_a_request_takes_sandbox_fusions_defaults() -> None:

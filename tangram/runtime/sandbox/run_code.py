@@ -89,51 +89,125 @@ def check_request(request: Any) -> dict[str, Any]:
             raise ValidationError(f"request.{name}", f"must be a number of seconds in (0, {MAX_TIMEOUT:g}], "
                                                      f"got {given(value)}")
         out[name] = float(value)
-    memory = request.get("memory_limit_MB", -1)
+    memory = sent = request.get("memory_limit_MB", -1)
     if memory is None:
         memory = -1
     if isinstance(memory, float) and memory.is_integer():
         memory = int(memory)
     if not isinstance(memory, int) or isinstance(memory, bool) or not (memory == -1 or 0 < memory <= 1 << 30):
-        raise ValidationError("request.memory_limit_MB", f"must be -1 (no limit) or a positive number of MiB, "
-                                                         f"got {given(memory)}")
+        raise ValidationError("request.memory_limit_MB", f"must be -1 (no limit) or a number of MiB in "
+                                                         f"[1, {1 << 30}], got {given(sent)}")
     out["memory_limit_MB"] = memory
     stdin = request.get("stdin")
     if stdin is not None and not isinstance(stdin, str):
         raise ValidationError("request.stdin", f"must be a string or null, got {given(stdin)}")
+    _check_text("request.code", code)
+    if stdin is not None:
+        _check_text("request.stdin", stdin)
     out["stdin"] = stdin
-    files = request.get("files") or {}
+    files = request.get("files")
+    if files is None:  # null or left out: no files (false, "", [] are not "none": they are refused)
+        files = {}
     if not isinstance(files, Mapping):
-        raise ValidationError("request.files", f"must be an object of path -> base64 content, got {given(files)}")
+        raise ValidationError("request.files", f"must be an object of path -> base64 content (or null), "
+                                               f"got {given(files)}")
     checked: dict[str, bytes] = {}
+    named: list[tuple[str, tuple[str, ...]]] = []  # each path, and the parts it names
     for path, content in files.items():
         if content is None:  # skipped, as Sandbox Fusion does
             continue
-        _check_path(f"request.files[{path!r}]", path)
+        field = f"request.files[{path!r}]"
+        named.append((path, _check_path(field, path)))
         if not isinstance(content, str):
-            raise ValidationError(f"request.files[{path!r}]", f"must be base64 text or null, got {given(content)}")
+            raise ValidationError(field, f"must be base64 text or null, got {given(content)}")
         try:
             checked[path] = base64.b64decode(content, validate=True)
         except (binascii.Error, ValueError) as e:
-            raise ValidationError(f"request.files[{path!r}]", f"is not base64: {e}") from None
+            raise ValidationError(field, f"is not base64: {e}") from None
+    _check_distinct(named, LANGUAGES[language][0] if language in LANGUAGES else None)
     out["files"] = checked
-    fetch = request.get("fetch_files") or []
+    fetch = request.get("fetch_files")
+    if fetch is None:  # null or left out: nothing to fetch (0, "", false are refused)
+        fetch = []
     if not isinstance(fetch, list):
-        raise ValidationError("request.fetch_files", f"must be a list of paths, got {given(fetch)}")
+        raise ValidationError("request.fetch_files", f"must be a list of paths (or null), got {given(fetch)}")
     for i, path in enumerate(fetch):
         _check_path(f"request.fetch_files[{i}]", path)
     out["fetch_files"] = list(fetch)
     return out
 
 
-def _check_path(field: str, path: Any) -> None:
-    """A file path inside the working directory: relative, without '..', not empty."""
+# What a path in `files` or `fetch_files` may be: the limits of Linux (NAME_MAX, PATH_MAX)
+# and a depth the sandbox makes directories to without running out of stack.
+MAX_NAME_BYTES = 255
+MAX_PATH_BYTES = 4095
+MAX_PATH_DEPTH = 64
+
+
+def _shown(path: str) -> str:
+    """A path as a refusal shows it: its repr, cut short past 80 characters."""
+    return repr(path) if len(path) <= 80 else f"{path[:60]!r}... ({len(path)} characters)"
+
+
+def _check_text(field: str, text: str) -> None:
+    """Text the sandbox writes as UTF-8: no lone surrogate (JSON's \\uXXXX escapes can
+    carry one; no encoding can write it)."""
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValidationError(field, f"is not valid Unicode text: a lone surrogate ({text[e.start]!r}) at "
+                                     f"position {e.start}") from None
+
+
+def _check_path(field: str, path: Any) -> tuple[str, ...]:
+    """A file path inside the working directory: relative, without '..', naming a file
+    (not a directory: not '.', not ending in '/'), within Linux's limits on names and
+    paths and MAX_PATH_DEPTH directories deep. Its parts, without the empty and '.' ones."""
     if not isinstance(path, str) or not path or "\0" in path:
         raise ValidationError(field, f"must be a non-empty path, got {given(path)}")
+    _check_text(field, path)
     parts = path.replace("\\", "/").split("/")
     if path.startswith("/") or ".." in parts:
         raise ValidationError(field, f"must be a path inside the sandbox's working directory (relative, without "
-                                     f"'..'), got {path!r}")
+                                     f"'..'), got {_shown(path)}")
+    if parts[-1] in ("", "."):
+        raise ValidationError(field, f"must name a file, got {_shown(path)}, which names a directory")
+    named = tuple(part for part in parts if part not in ("", "."))
+    if len(path.encode("utf-8")) > MAX_PATH_BYTES or len(named) > MAX_PATH_DEPTH:
+        raise ValidationError(field, f"must be at most {MAX_PATH_BYTES} bytes long and {MAX_PATH_DEPTH} directories "
+                                     f"deep, got {_shown(path)} ({len(path.encode('utf-8'))} bytes, {len(named) - 1} "
+                                     f"directories deep)")
+    for part in named:
+        if len(part.encode("utf-8")) > MAX_NAME_BYTES:
+            raise ValidationError(field, f"has a name over {MAX_NAME_BYTES} bytes ({_shown(part)}), in "
+                                         f"{_shown(path)}")
+    return named
+
+
+def _check_distinct(paths: list[tuple[str, tuple[str, ...]]], source: str | None) -> None:
+    """The paths of `files` (as given, and the parts each names, in the request's order)
+    each name a file that no other one names, nor needs as a directory; nor do they need
+    the code's own file (`source`) as one. The later path of a pair that conflicts is
+    the one refused. (Sorted with the parts joined by NUL, which no path holds, a path
+    is followed by those inside it: one pass over neighbours finds every conflict.)"""
+    for path, parts in paths:
+        if source is not None and len(parts) > 1 and parts[0] == source:
+            raise ValidationError(f"request.files[{path!r}]", f"needs {source!r}, the file the code goes to, as a "
+                                                             f"directory: got {_shown(path)}")
+    keyed = sorted(("\0".join(parts), i) for i, (_, parts) in enumerate(paths))
+    for (key, i), (following, j) in zip(keyed, keyed[1:]):
+        if following == key or following.startswith(key + "\0"):
+            first, later = sorted((i, j))
+            path, other = paths[later][0], paths[first][0]
+            if following == key:
+                reason = f"names the same file as {_shown(other)}, also in `files`"
+            elif later == i:
+                reason = f"names a file where {_shown(other)}, also in `files`, needs a directory"
+            else:
+                reason = f"needs a directory where {_shown(other)}, also in `files`, is a file"
+            raise ValidationError(f"request.files[{path!r}]", f"{reason}: got {_shown(path)}")
 
 
 def run_code_call(request: Mapping[str, Any], trajectory: int = 0, keep_files: bool = False,
