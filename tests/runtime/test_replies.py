@@ -27,6 +27,9 @@ PLAIN = [
     datetime.datetime(2026, 12, 5, 18, 0, 1, 5, tzinfo=datetime.timezone(datetime.timedelta(hours=2))),
     datetime.datetime(2026, 1, 2), datetime.date(2026, 1, 2), datetime.time(3, 4, 5),
     datetime.timedelta(days=-3, seconds=7, microseconds=9), decimal.Decimal("-1.25E+7"), fractions.Fraction(-1, 3),
+    # packed vectors (more than 8 floats, or 8 ints of 64 bits), and what falls back from them
+    [float(i) / 3 for i in range(20)], tuple(range(-10, 10)), [2 ** 70] * 10, [*range(9), 1.5], [True] * 10,
+    [-(2 ** 63), 2 ** 63 - 1] * 5,
 ]
 
 
@@ -34,6 +37,8 @@ PLAIN = [
 def test_plain_data_comes_back_whole(value: Any) -> None:
     back = decode(encode(value))
     assert back == value and type(back) is type(value)
+    if isinstance(value, (list, tuple)):
+        assert [type(x) for x in back] == [type(x) for x in value]
     if isinstance(value, collections.deque):
         assert back.maxlen == value.maxlen
 
@@ -112,6 +117,8 @@ def u64(n: int) -> bytes:
     b"D" + u64(5) + b"nope!",                                     # a date that does not parse
     b"Q" + u64(1) + b"i" + u64(1) + b"\xff" + b"N",               # a deque of maxlen -1
     b"C" + u64(1) + b"i" + u64(1) + b"\x01",                      # a Counter item that is not a pair
+    b"v" + b"x" + b"l" + u64(0),                                  # a packed vector of no known type
+    b"v" + b"d" + b"l" + u64(7) + b"\x00" * 7,                     # a packed vector of a partial item
 ], ids=lambda d: repr(d[:12]))
 def test_hostile_bytes_are_malformed(data: bytes) -> None:
     with pytest.raises(Malformed):

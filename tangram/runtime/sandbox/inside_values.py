@@ -26,6 +26,7 @@ value that holds an array, on the side that has one.
 
 from __future__ import annotations
 
+import array
 import builtins
 import collections
 import datetime
@@ -92,6 +93,8 @@ def _put(v: Any, out: list[bytes], depth: int) -> None:
         out += [b"s", _U64.pack(len(data)), data]
     elif t is bytes or t is bytearray:
         out += [b"b" if t is bytes else b"B", _U64.pack(len(v)), bytes(v)]
+    elif (t is list or t is tuple) and len(v) > 8 and _put_vector(v, t, out):
+        pass  # a list or tuple of floats, or of int64s, packed: a result of per-sample scores
     elif t in _SEQUENCES:
         items = list(v.items()) if t in (collections.OrderedDict, collections.Counter) else v
         out += [_SEQUENCES[t], _U64.pack(len(items))]
@@ -126,6 +129,26 @@ def _put(v: Any, out: list[bytes], depth: int) -> None:
         _put_array(v, out)
     else:
         raise Unsupported(_name(v))
+
+
+def _put_vector(v: Any, t: type, out: list[bytes]) -> bool:
+    """`v` as a packed vector if all its items are floats, or all ints of 64 bits."""
+    first = type(v[0])
+    if first is float and all(type(x) is float for x in v):
+        code = b"d"
+    elif first is int and all(type(x) is int for x in v):
+        code = b"q"
+    else:
+        return False
+    try:
+        packed = array.array(code.decode(), v)
+        if sys.byteorder != "little":
+            packed.byteswap()
+        data = packed.tobytes()
+    except OverflowError:  # an int past 64 bits
+        return False
+    out += [b"v", code, b"t" if t is tuple else b"l", _U64.pack(len(data)), data]
+    return True
 
 
 def _plain_arg(a: Any) -> Any:
@@ -249,6 +272,16 @@ class _Reader:
             return self.exception(depth)
         if tag in (b"a", b"g"):
             return self.array(tag == b"g")
+        if tag == b"v":
+            code, kind = bytes(self.take(1)), bytes(self.take(1))
+            data = self.take(self.u64())
+            if code not in (b"d", b"q") or kind not in (b"l", b"t") or len(data) % 8:
+                raise Malformed(f"a packed vector of {code!r}, {kind!r}, {len(data)} bytes")
+            items = array.array(code.decode())
+            items.frombytes(data)
+            if sys.byteorder != "little":
+                items.byteswap()
+            return items.tolist() if kind == b"l" else tuple(items.tolist())
         raise Malformed(f"unknown tag {tag!r} at offset {self.at - 1}")
 
     def integer(self, depth: int) -> int:
