@@ -500,6 +500,8 @@ def test_frames_written_to_the_channel_by_hostile_code_are_refused(tmp_path: Any
                               placement())
         assert huge.value.error_type == "ResultTooLarge", huge.value
         assert await mgr.execute(LiveAction(next(_ids), Call(fn=lambda: "after", trajectory=1)), placement()) == "after"
+        big = await mgr.execute(LiveAction(next(_ids), Call(fn=lambda: [b"y" * (3 << 20)], trajectory=1)), placement())
+        assert big == [b"y" * (3 << 20)]  # a reply past a MiB, decoded off the event loop
 
     with_manager(body)
     assert not planted.exists()

@@ -118,6 +118,16 @@ def u64(n: int) -> bytes:
     b"Q" + u64(1) + b"i" + u64(1) + b"\xff" + b"N",               # a deque of maxlen -1
     b"C" + u64(1) + b"i" + u64(1) + b"\x01",                      # a Counter item that is not a pair
     b"v" + b"x" + b"l" + u64(0),                                  # a packed vector of no known type
+    b"d" + u64(1) + b"m" + u64(1) + b"1" + b"N",                   # a Decimal key: hashes with ints, compared at length
+    b"S" + u64(1) + b"i" + u64(8) + (2 ** 61 - 1).to_bytes(8, "little") ,  # an int member whose hash can be made to collide
+    b"e" + b"s" + u64(18) + b"UnicodeDecodeError" + b"t" + u64(5) + b"s" + u64(5) + b"utf-8" + b"b" + u64(1) + b"a"
+    + b"i" + u64(8) + (-(10 ** 9)).to_bytes(8, "little", signed=True)
+    + b"i" + u64(8) + (-(10 ** 9) + 1).to_bytes(8, "little", signed=True) + b"s" + u64(1) + b"r",  # str() reads out of bounds
+    b"a" + u64(3) + b"|b1" + u64(1) + u64(2) + u64(2) + b"\x01\x02",  # a bool array holding 2
+    b"a" + u64(3) + b"<U1" + u64(1) + u64(1) + u64(4) + struct.pack("<I", 0x110000),  # past U+10FFFF
+    b"a" + u64(7) + b"<M8[0D]" + u64(1) + u64(1) + u64(8) + b"\x00" * 8,  # a datetime unit times 0
+    b"a" + u64(3) + b"<M8" + u64(1) + u64(1) + u64(8) + b"\x00" * 8,  # a datetime of no unit
+    b"a" + u64(3) + b"|u1" + u64(2) + u64(0) + u64(2 ** 62) + u64(0),  # an empty array no program makes
     b"v" + b"d" + b"l" + u64(7) + b"\x00" * 7,                     # a packed vector of a partial item
 ], ids=lambda d: repr(d[:12]))
 def test_hostile_bytes_are_malformed(data: bytes) -> None:
@@ -137,3 +147,33 @@ def test_a_reply_must_be_one_of_the_workers_four(reply: Any, ok: bool) -> None:
     else:
         with pytest.raises(Malformed):
             load_reply(encode(reply))
+
+
+def test_what_decoding_builds_is_bounded_by_the_bytes() -> None:
+    """An empty deque is 10 bytes and a few hundred bytes of objects: past an estimate of
+    64 MiB plus 8 bytes per byte of input, the reply is refused rather than built."""
+    count = 2_000_000
+    data = b"l" + u64(count) + (b"Q" + u64(0) + b"N") * count
+    with pytest.raises(Malformed, match="more objects"):
+        decode(data)
+    assert len(decode(b"l" + u64(1000) + (b"Q" + u64(0) + b"N") * 1000)) == 1000  # a few are fine
+
+
+def test_keys_whose_hashes_could_collide_are_refused_where_they_are_encoded() -> None:
+    for bad in ({decimal.Decimal(1): 1}, {2 ** 61: 1}, {(1, 2 ** 70)}, collections.Counter({fractions.Fraction(1, 2): 1})):
+        with pytest.raises(Unsupported):
+            encode(bad)
+    fine = {None: 1, True: 2, 1.5: 3, "s": 4, b"b": 5, 2 ** 60: 6, (1, "a", (2.5,)): 7, frozenset({1, 2}): 8}
+    assert decode(encode(fine)) == fine
+
+
+def test_nested_exceptions_are_encoded_once_each() -> None:
+    """Each argument of an exception is encoded once (as itself or, if not plain data, as
+    its repr): 24 levels of exceptions in exceptions once took 2**24 encodings."""
+    error: BaseException = ValueError("leaf", object())
+    for level in range(24):
+        error = RuntimeError(level, error)
+    back = decode(encode(error))
+    for _ in range(24):
+        back = back.args[1]
+    assert type(back) is ValueError and back.args[0] == "leaf" and back.args[1].startswith("<object")

@@ -627,11 +627,15 @@ class CpuManager(ResourceManager):
         self._pids_exceeded(action, sb, pids_before)
         await self._disk_exceeded(action, sb)
         try:
-            return _answer(action.id, data)
-        except ActionFailed as e:
-            if e.error_type == "ProtocolError":  # a frame the worker did not write as it should: out of step
-                self._kill(sb)
-            raise
+            if len(data) <= _DECODE_ON_THE_LOOP:
+                reply = load_reply(data)
+            else:  # seconds for the largest replies: in a thread, the loop keeps its turns
+                reply = await asyncio.get_running_loop().run_in_executor(None, load_reply, data)
+        except Exception as e:  # Malformed, or anything else a hostile frame could raise
+            self._kill(sb)  # a frame the worker did not write as it should: the channel is out of step
+            why = str(e) if isinstance(e, Malformed) else type(e).__name__
+            raise ActionFailed(action.id, f"the sandbox's reply is malformed: {why}", "ProtocolError") from None
+        return _answer(action.id, reply)
 
     def _limit_cgroup(self, action: LiveAction, cg: Any, running: _Running, cpus: str, memory: int,
                       memory_mib: float) -> None:
@@ -712,6 +716,9 @@ def _action_environment(action: LiveAction, placement: Placement, cpus: str) -> 
     return env
 
 
+_DECODE_ON_THE_LOOP = 1 << 20  # bytes of a reply decoded on the event loop; longer ones in a thread
+
+
 def _request_payload(action: LiveAction, env: dict[str, str], pin: tuple[int, ...] | None, rlimit: int) -> bytes:
     """The request frame for the sandbox's worker: a function (cloudpickled) or a command."""
     call = action.call
@@ -726,15 +733,10 @@ def _request_payload(action: LiveAction, env: dict[str, str], pin: tuple[int, ..
                            type(e).__name__) from None
 
 
-def _answer(action_id: int, data: bytes) -> Any:
-    """The worker's reply as the action's result, or the error it ends with. The reply is
-    untrusted (what made it ran in the sandbox): plain data only, checked field by field
-    (tangram.runtime.sandbox.replies)."""
-    try:
-        reply = load_reply(data)
-    except Exception as e:  # Malformed, or anything else a hostile frame could raise
-        why = str(e) if isinstance(e, Malformed) else f"{type(e).__name__}: {e}"
-        raise ActionFailed(action_id, f"the sandbox's reply is malformed: {why}", "ProtocolError") from None
+def _answer(action_id: int, reply: tuple[Any, ...]) -> Any:
+    """The worker's reply (decoded and checked by tangram.runtime.sandbox.replies: plain data
+    only, as what made it ran in the sandbox) as the action's result, or the error it ends
+    with."""
     kind = reply[0]
     if kind == "ok":
         return reply[1]

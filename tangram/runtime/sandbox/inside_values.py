@@ -19,6 +19,13 @@ Anything else in a result (a class of the user's, a function, an object array) c
 sent: `encode` raises Unsupported naming its type, inside the sandbox. `decode` raises
 Malformed for bytes that are not such a value, at any depth up to MAX_DEPTH.
 
+What decoding may cost is bounded by the bytes: the objects it builds by an estimate of
+their memory (at most 64 MiB plus 8 bytes per byte of input: an empty deque costs far more
+than its 10 bytes), dict keys and set members by type (None, bool, float, str, bytes,
+ints below 2**61 and tuples and frozensets of those: types whose hashes an attacker cannot
+make collide by the thousand, so no table is quadratic to fill), and exceptions whose
+message reads their arguments by index (UnicodeError's) by those arguments' bounds.
+
 Runs on both sides: the sandbox's worker loads this file by its path (standard library
 only, as every inside_*.py), and the orchestrator imports it. numpy is imported only for a
 value that holds an array, on the side that has one.
@@ -39,8 +46,10 @@ import sys
 from typing import Any
 
 MAX_DEPTH = 200  # containers nested deeper are refused on both sides (no RecursionError)
+MAX_PARTS = 1 << 26  # values one encode writes (shared references could make a small value huge)
+_KEY_INT = (1 << 61) - 1  # ints below it in magnitude hash to themselves (sys.hash_info.modulus)
 _FRACTION_BITS = 1 << 16
-_DTYPE = re.compile(r"[<>|=]?(?:[biufc][1-9][0-9]?|[US][0-9]{1,9}|[mM]8(?:\[[0-9]*[a-zA-Z]{1,2}\])?)")
+_DTYPE = re.compile(r"[<>|=]?(?:[biufc][1-9][0-9]?|[US][0-9]{1,9}|[mM]8\[(?:[1-9][0-9]{0,8})?(?:Y|M|W|D|h|m|s|ms|us|ns|ps|fs|as)\])")
 _ARRAY_KINDS = frozenset("biufcUSmM")
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
@@ -64,8 +73,29 @@ class Malformed(ValueError):
 def encode(value: Any) -> bytes:
     """`value` as bytes; Unsupported for a value (or part) that is not plain data."""
     out: list[bytes] = []
-    _put(value, out, 0)
+    try:
+        _put(value, out, 0)
+    except RecursionError:  # an exception's args nested past the interpreter's limit
+        raise Unsupported(_name(value), "nested too deep") from None
     return b"".join(out)
+
+
+def safe_key(v: Any) -> bool:
+    """Whether `v` may be a dict key or set member in a reply (the module docstring)."""
+    t = type(v)
+    if v is None or t is bool or t is float or t is str or t is bytes:
+        return True
+    if t is int:
+        return -_KEY_INT < v < _KEY_INT
+    if t is tuple or t is frozenset:
+        return all(safe_key(x) for x in v)
+    return False
+
+
+def _key(k: Any) -> None:
+    if not safe_key(k):
+        raise Unsupported(_name(k), "a dict key or set member must be None, a bool, a float, a str, bytes, an "
+                                    "int below 2**61, or a tuple or frozenset of those")
 
 
 def _name(value: Any) -> str:
@@ -76,6 +106,8 @@ def _name(value: Any) -> str:
 def _put(v: Any, out: list[bytes], depth: int) -> None:
     if depth > MAX_DEPTH:
         raise Unsupported(_name(v), f"nested more than {MAX_DEPTH} deep")
+    if len(out) > MAX_PARTS:
+        raise Unsupported(_name(v), f"more than {MAX_PARTS} values (shared references written out?)")
     t = type(v)
     if v is None:
         out.append(b"N")
@@ -97,6 +129,9 @@ def _put(v: Any, out: list[bytes], depth: int) -> None:
         pass  # a list or tuple of floats, or of int64s, packed: a result of per-sample scores
     elif t in _SEQUENCES:
         items = list(v.items()) if t in (collections.OrderedDict, collections.Counter) else v
+        for k in (v if t is set or t is frozenset else v.keys() if t in (collections.OrderedDict, collections.Counter)
+                  else ()):
+            _key(k)
         out += [_SEQUENCES[t], _U64.pack(len(items))]
         if t is collections.deque:
             _put(v.maxlen, out, depth + 1)
@@ -105,6 +140,7 @@ def _put(v: Any, out: list[bytes], depth: int) -> None:
     elif t is dict:
         out += [b"d", _U64.pack(len(v))]
         for key, item in v.items():
+            _key(key)
             _put(key, out, depth + 1)
             _put(item, out, depth + 1)
     elif t is datetime.datetime or t is datetime.date or t is datetime.time:
@@ -124,7 +160,15 @@ def _put(v: Any, out: list[bytes], depth: int) -> None:
     elif isinstance(v, BaseException) and getattr(builtins, t.__name__, None) is t:
         out.append(b"e")
         _put(t.__name__, out, depth + 1)
-        _put(tuple(_plain_arg(a) for a in v.args), out, depth + 1)
+        out += [b"t", _U64.pack(len(v.args))]
+        for a in v.args:  # each encoded once: as itself if plain data, else as its repr
+            part: list[bytes] = []
+            try:
+                _put(a, part, depth + 2)
+            except Unsupported:
+                part = []
+                _put(repr(a), part, depth + 2)
+            out += part
     elif t.__module__ == "numpy" and _is_numpy(v):
         _put_array(v, out)
     else:
@@ -149,15 +193,6 @@ def _put_vector(v: Any, t: type, out: list[bytes]) -> bool:
         return False
     out += [b"v", code, b"t" if t is tuple else b"l", _U64.pack(len(data)), data]
     return True
-
-
-def _plain_arg(a: Any) -> Any:
-    """An exception's argument as sent: itself if plain data, else its repr."""
-    try:
-        encode(a)
-        return a
-    except Unsupported:
-        return repr(a)
 
 
 def _is_numpy(v: Any) -> bool:
@@ -187,18 +222,32 @@ _DATES = {datetime.datetime: b"D", datetime.date: b"y", datetime.time: b"h"}
 # ---------------------------------------------------------------------------- decode
 def decode(data: bytes) -> Any:
     """The value `data` encodes; Malformed unless it is exactly one encoded value."""
-    reader = _Reader(memoryview(data))
+    reader = _Reader(memoryview(data), _COST_FREE + _COST_PER_BYTE * len(data))
     value = reader.value(0)
     if reader.at != len(data):
         raise Malformed(f"{len(data) - reader.at} bytes after the value")
     return value
 
 
-class _Reader:
-    __slots__ = ("data", "at")
+# What decoding may build: estimated bytes of the objects (CPython, 64-bit, rounded up).
+_COST_FREE = 64 << 20
+_COST_PER_BYTE = 8
+_COST = {b"N": 8, b"T": 8, b"F": 8, b"i": 40, b"f": 32, b"c": 40, b"s": 56, b"b": 40, b"B": 64, b"d": 240,
+         b"l": 64, b"t": 56, b"S": 232, b"Z": 232, b"O": 400, b"C": 300, b"Q": 640, b"D": 64, b"y": 40, b"h": 48,
+         b"x": 48, b"m": 120, b"q": 120, b"e": 120, b"a": 128, b"g": 128, b"v": 64}
 
-    def __init__(self, data: memoryview) -> None:
-        self.data, self.at = data, 0
+
+class _Reader:
+    __slots__ = ("data", "at", "budget")
+
+    def __init__(self, data: memoryview, budget: int) -> None:
+        self.data, self.at, self.budget = data, 0, budget
+
+    def charge(self, n: int) -> None:
+        self.budget -= n
+        if self.budget < 0:
+            raise Malformed(f"it decodes to more objects than its {len(self.data)} bytes could hold (an estimate "
+                            f"past {_COST_FREE} + {_COST_PER_BYTE} per byte)")
 
     def take(self, n: int) -> memoryview:
         if n > len(self.data) - self.at:
@@ -211,8 +260,10 @@ class _Reader:
         return _U64.unpack(self.take(8))[0]
 
     def text(self) -> str:
+        data = self.take(self.u64())
+        self.charge(4 * len(data))  # one 4-byte character makes all of a str 4 bytes each
         try:
-            return bytes(self.take(self.u64())).decode("utf-8", "surrogatepass")
+            return bytes(data).decode("utf-8", "surrogatepass")
         except UnicodeDecodeError as e:
             raise Malformed(f"a string that is not UTF-8: {e}") from None
 
@@ -220,12 +271,15 @@ class _Reader:
         if depth > MAX_DEPTH:
             raise Malformed(f"nested more than {MAX_DEPTH} deep")
         tag = bytes(self.take(1))
+        self.charge(_COST.get(tag, 0))
         if tag == b"N":
             return None
         if tag in (b"T", b"F"):
             return tag == b"T"
         if tag == b"i":
-            return int.from_bytes(self.take(self.u64()), "little", signed=True)
+            data = self.take(self.u64())
+            self.charge(len(data))
+            return int.from_bytes(data, "little", signed=True)
         if tag == b"f":
             return _F64.unpack(self.take(8))[0]
         if tag == b"c":
@@ -234,6 +288,7 @@ class _Reader:
             return self.text()
         if tag in (b"b", b"B"):
             data = self.take(self.u64())
+            self.charge(len(data))
             return bytes(data) if tag == b"b" else bytearray(data)
         if tag == b"d":
             return self.mapping(dict, depth)
@@ -275,6 +330,7 @@ class _Reader:
         if tag == b"v":
             code, kind = bytes(self.take(1)), bytes(self.take(1))
             data = self.take(self.u64())
+            self.charge(5 * len(data))  # 8 bytes an item: a slot and a float or int object
             if code not in (b"d", b"q") or kind not in (b"l", b"t") or len(data) % 8:
                 raise Malformed(f"a packed vector of {code!r}, {kind!r}, {len(data)} bytes")
             items = array.array(code.decode())
@@ -293,7 +349,10 @@ class _Reader:
     def mapping(self, make: Any, depth: int) -> Any:
         out = make()
         for _ in range(self.u64()):  # no allocation ahead: a false count runs out of bytes
+            self.charge(32)
             key = self.value(depth + 1)
+            if not safe_key(key):
+                raise Malformed(f"a dict key of type {type(key).__name__} (or holding one, or an int of 2**61 or more)")
             try:
                 out[key] = self.value(depth + 1)
             except TypeError as e:  # an unhashable key
@@ -305,16 +364,22 @@ class _Reader:
         maxlen = self.value(depth + 1) if tag == b"Q" else None
         if maxlen is not None and (type(maxlen) is not int or not 0 <= maxlen < 1 << 62):
             raise Malformed(f"a deque's maxlen of {maxlen!r}")
+        kind = _SEQUENCE_TYPES[tag]
+        keyed = kind is set or kind is frozenset
         items = []
         for _ in range(count):
-            items.append(self.value(depth + 1))
-        kind = _SEQUENCE_TYPES[tag]
+            self.charge(40 if keyed else 16)  # its slot, here and in the container made of them
+            item = self.value(depth + 1)
+            if keyed and not safe_key(item):
+                raise Malformed(f"a set member of type {type(item).__name__} (or holding one, or an int of 2**61 "
+                                "or more)")
+            items.append(item)
         try:
             if kind is collections.deque:
                 return collections.deque(items, maxlen)
             if kind in (collections.OrderedDict, collections.Counter):
-                if not all(type(i) is tuple and len(i) == 2 for i in items):
-                    raise Malformed(f"a {kind.__name__} item that is not a (key, value) pair")
+                if not all(type(i) is tuple and len(i) == 2 and safe_key(i[0]) for i in items):
+                    raise Malformed(f"a {kind.__name__} item that is not a (key, value) pair of a key it may have")
                 out = kind()
                 for k, v in items:
                     out[k] = v
@@ -328,7 +393,10 @@ class _Reader:
         args = self.value(depth + 1)
         cls = getattr(builtins, name, None) if type(name) is str else None
         if not (isinstance(cls, type) and issubclass(cls, BaseException)) or type(args) is not tuple:
-            raise Malformed(f"an exception that is not the standard library's: {name!r}")
+            raise Malformed(f"an exception that is not the standard library's: {str(name)[:40]!r}")
+        if issubclass(cls, _INDEXED) and not _indexed_args_fit(cls, args):
+            # its str() reads its object at start without a check: out of bounds, a crash
+            raise Malformed(f"a {name} whose start and end are not within its object")
         try:
             return cls(*args)
         except Exception as e:  # args its constructor refuses: not an exception's own
@@ -343,6 +411,7 @@ class _Reader:
             raise Malformed(f"an array of {ndim} dimensions")
         shape = tuple(self.u64() for _ in range(ndim))
         data = self.take(self.u64())
+        self.charge(len(data))
         import numpy as np
         try:
             dtype = np.dtype(text)
@@ -350,12 +419,35 @@ class _Reader:
                 raise Malformed(f"a numpy dtype that cannot be sent: {text!r}")
             if math.prod(shape) * dtype.itemsize != len(data):
                 raise Malformed(f"an array of shape {shape} and dtype {text} in {len(data)} bytes")
+            if not data and (any(n > 1 << 20 for n in shape) or dtype.itemsize > 1 << 16):
+                raise Malformed(f"an empty array of shape {shape} and dtype {text}: past what a program makes")
             a = np.frombuffer(data, dtype=dtype).reshape(shape).copy()
-        except (TypeError, ValueError, OverflowError, MemoryError) as e:
+            if dtype.kind == "b" and a.size and a.view(np.uint8).max() > 1:
+                raise Malformed("a boolean array holding bytes other than 0 and 1")
+            if dtype.kind == "U" and a.size and a.view(dtype.byteorder.replace("|", "=") + "u4").max() > 0x10FFFF:
+                raise Malformed("a str array holding code points past U+10FFFF")
+            return a[()] if scalar else a
+        except (TypeError, ValueError, OverflowError, MemoryError, SystemError) as e:
             if isinstance(e, Malformed):
                 raise
             raise Malformed(f"an array that numpy refuses: {type(e).__name__}: {e}") from None
-        return a[()] if scalar else a
+
+
+# Exceptions whose message reads their own arguments by index (CPython checks nothing).
+_INDEXED = (UnicodeDecodeError, UnicodeEncodeError, UnicodeTranslateError)
+
+
+def _indexed_args_fit(cls: type, args: tuple) -> bool:
+    """The arguments of one of _INDEXED as its constructor takes them, start and end within
+    its object."""
+    if issubclass(cls, UnicodeTranslateError):
+        shape, at = (str, int, int, str), 0
+    else:
+        shape, at = (str, bytes if issubclass(cls, UnicodeDecodeError) else str, int, int, str), 1
+    if len(args) != len(shape) or not all(type(a) is t for a, t in zip(args, shape)):
+        return False
+    start, end = args[at + 1], args[at + 2]
+    return 0 <= start <= end <= len(args[at])
 
 
 _SEQUENCE_TYPES = {tag: kind for kind, tag in _SEQUENCES.items()}

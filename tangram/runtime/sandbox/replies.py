@@ -32,7 +32,7 @@ def load_reply(data: bytes) -> tuple[Any, ...]:
     not one of them."""
     reply = decode(data)
     if type(reply) is not tuple or not reply or reply[0] not in _FIELDS:
-        raise Malformed(f"not a reply: {type(reply).__name__} {str(reply)[:60]!r}")
+        raise Malformed(f"not a reply: a {type(reply).__name__}")  # (never its text: str() of a value runs its type's code)
     fields = _FIELDS[reply[0]]
     if len(reply) != 1 + len(fields) or not all(t is object or type(v) is t for v, t in zip(reply[1:], fields)):
         raise Malformed(f"a {reply[0]!r} reply of {len(reply) - 1} fields that are not "
