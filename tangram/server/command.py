@@ -3,6 +3,8 @@
     tangram serve [--config FILE] [--host 127.0.0.1] [--port 7450] [--token T]
                   [--policy P] [--max-frame BYTES] [--grace SECONDS] [--manager KIND=NAME]
                   [--sandbox-fusion-port PORT] [--sandbox-fusion-fresh] [--sandbox-fusion-cpu CORES]
+                  [--sandbox-fusion-max-sessions N] [--sandbox-fusion-max-connections N]
+                  [--sandbox-fusion-client-timeout SECONDS]
 
 The command parses its arguments and configuration, makes the Server (tangram.server.server)
 and runs it until SIGTERM or SIGINT; --log-actions appends every finished action's record
@@ -35,7 +37,7 @@ from .server import Server
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .._arguments import ArgumentParser, non_negative_seconds
+    from .._arguments import ArgumentParser, non_negative_seconds, positive_int, positive_number
 
     def port(text: str) -> int:
         if not text.isdigit() or int(text) > 65535:
@@ -78,6 +80,15 @@ def _parser() -> argparse.ArgumentParser:
                         help="cores each Sandbox Fusion request is guaranteed (default 1: a single-threaded program "
                              "runs at full speed, so its run_timeout holds under load; 0.5 runs two per core when "
                              "every core is taken)")
+    parser.add_argument("--sandbox-fusion-max-sessions", type=positive_int, default=None, metavar="N",
+                        help="Sandbox Fusion sessions open at once; a new one past it is refused in-band (default 256, "
+                             "or the descriptor limit / 16 if lower)")
+    parser.add_argument("--sandbox-fusion-max-connections", type=positive_int, default=None, metavar="N",
+                        help="HTTP connections open at once; more get 503 (default 1024, or half the descriptor limit "
+                             "if lower)")
+    parser.add_argument("--sandbox-fusion-client-timeout", type=positive_number, default=None, metavar="SECONDS",
+                        help="seconds an HTTP client has to send a request's head or body, or to take its answer "
+                             "(default 60)")
     parser.add_argument("--ray", nargs="?", const="auto", default=None, metavar="ADDRESS",
                         help="schedule a Ray cluster: connect to it (ray.init(address=ADDRESS); default 'auto', the "
                              "cluster this host belongs to) and run every action on its nodes, one scheduler for all "
@@ -119,7 +130,11 @@ def cli_main(argv: list[str] | None = None, ray_orchestrator: RayOrchestratorFac
         options: dict[str, Any] = dict(host=args.host, port=args.port, token=token, max_frame=args.max_frame,
                                        sandbox_fusion_port=args.sandbox_fusion_port,
                                        sandbox_fusion_fresh=args.sandbox_fusion_fresh,
-                                       sandbox_fusion_cpu=args.sandbox_fusion_cpu)
+                                       sandbox_fusion_cpu=args.sandbox_fusion_cpu,
+                                       sandbox_fusion_options={k: v for k, v in (
+                                           ("max_sessions", args.sandbox_fusion_max_sessions),
+                                           ("max_connections", args.sandbox_fusion_max_connections),
+                                           ("client_timeout", args.sandbox_fusion_client_timeout)) if v is not None})
         if args.ray is not None:
             if managers:
                 raise ValidationError("--manager", "not with --ray: the cluster's node agents run every action "

@@ -177,26 +177,26 @@ class SandboxFusionEndpoint:
                  max_connections: int | None = None, max_sessions: int | None = None,
                  max_answer: int = DEFAULT_MAX_ANSWER) -> None:
         if not isinstance(max_body, int) or isinstance(max_body, bool) or max_body < 1024:
-            raise ValidationError("max_body", f"must be an integer of at least 1024 bytes, got {max_body!r}")
+            raise ValidationError("sandbox_fusion.max_body", f"must be an integer of at least 1024 bytes, got {max_body!r}")
         if not (isinstance(session_idle, (int, float)) and session_idle > 0):
-            raise ValidationError("session_idle", f"must be a positive number of seconds, got {session_idle!r}")
+            raise ValidationError("sandbox_fusion.session_idle", f"must be a positive number of seconds, got {session_idle!r}")
         if (isinstance(client_timeout, bool) or not isinstance(client_timeout, (int, float))
                 or not (math.isfinite(client_timeout) and 0 < client_timeout <= 86400)):
-            raise ValidationError("client_timeout", f"must be a number of seconds in (0, 86400], got "
+            raise ValidationError("sandbox_fusion.client_timeout", f"must be a number of seconds in (0, 86400], got "
                                                     f"{client_timeout!r}")
         limit = _descriptor_limit()
         if max_connections is None:
             max_connections = min(DEFAULT_MAX_CONNECTIONS, max(16, limit // 2))
         if not isinstance(max_connections, int) or isinstance(max_connections, bool) or max_connections < 1:
-            raise ValidationError("max_connections", f"must be a positive integer (or None: the default), got "
+            raise ValidationError("sandbox_fusion.max_connections", f"must be a positive integer (or None: the default), got "
                                                      f"{max_connections!r}")
         if max_sessions is None:
             max_sessions = min(DEFAULT_MAX_SESSIONS, max(4, limit // 16))
         if not isinstance(max_sessions, int) or isinstance(max_sessions, bool) or max_sessions < 1:
-            raise ValidationError("max_sessions", f"must be a positive integer (or None: the default), got "
+            raise ValidationError("sandbox_fusion.max_sessions", f"must be a positive integer (or None: the default), got "
                                                   f"{max_sessions!r}")
         if not isinstance(max_answer, int) or isinstance(max_answer, bool) or max_answer < 1024:
-            raise ValidationError("max_answer", f"must be an integer of at least 1024 bytes, got {max_answer!r}")
+            raise ValidationError("sandbox_fusion.max_answer", f"must be an integer of at least 1024 bytes, got {max_answer!r}")
         self.orchestrator = orchestrator
         self.host, self.port = host, port
         self.token = token or None

@@ -78,6 +78,7 @@ class Server:
                  default_managers: bool = True, max_frame: int = P.DEFAULT_MAX_FRAME,
                  hello_timeout: float = 10.0, sandbox_fusion_port: int | None = None,
                  sandbox_fusion_fresh: bool = False, sandbox_fusion_cpu: float = 1.0,
+                 sandbox_fusion_options: Mapping[str, Any] | None = None,
                  orchestrator: Orchestrator | None = None) -> None:
         if not isinstance(max_frame, int) or max_frame < 1024:
             raise ValidationError("max_frame", f"must be an integer of at least 1024 bytes, got {max_frame!r}")
@@ -100,6 +101,8 @@ class Server:
         self.sandbox_fusion_port = sandbox_fusion_port
         self.sandbox_fusion_fresh = sandbox_fusion_fresh
         self.sandbox_fusion_cpu = sandbox_fusion_cpu
+        # more of SandboxFusionEndpoint's options (max_sessions, max_connections, client_timeout...)
+        self.sandbox_fusion_options = dict(sandbox_fusion_options or {})
         self.sandbox_fusion: SandboxFusionEndpoint | None = None
         self._listener: asyncio.AbstractServer | None = None
         self._connections: set[_Connection] = set()
@@ -133,7 +136,7 @@ class Server:
                 self.sandbox_fusion = SandboxFusionEndpoint(
                     self.orchestrator, host=self.host, port=self.sandbox_fusion_port, token=self.token,
                     trajectories=(number << P.ID_BITS, 1 << P.ID_BITS), fresh_sandboxes=self.sandbox_fusion_fresh,
-                    cpu=self.sandbox_fusion_cpu)
+                    cpu=self.sandbox_fusion_cpu, **self.sandbox_fusion_options)
                 await self.sandbox_fusion.start()
             sockname = self._listener.sockets[0].getsockname()
             self.address = (sockname[0], sockname[1])

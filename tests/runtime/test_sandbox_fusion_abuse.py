@@ -72,12 +72,13 @@ class Served:
     `options`) the endpoint alone with those options. `url` is its HTTP root; its stderr
     goes to a file (a log storm must not block it on a full pipe)."""
 
-    def __init__(self, tmp: Path, options: dict[str, Any] | None = None, nofile: int | None = None) -> None:
+    def __init__(self, tmp: Path, options: dict[str, Any] | None = None, nofile: int | None = None,
+                 args: tuple[str, ...] = ()) -> None:
         config = tmp / "server.toml"
         config.write_text(INVENTORY)
         if options is None:
             argv = [sys.executable, "-P", "-m", "tangram", "serve", "--port", "0", "--sandbox-fusion-port", "0",
-                    "--grace", "2", "--config", str(config)]
+                    "--grace", "2", "--config", str(config), *args]
         else:
             argv = [sys.executable, "-P", "-c", OPTIONS_SERVER, str(config), json.dumps(options)]
         self.errpath = tmp / f"stderr.{uuid.uuid4().hex}"
@@ -157,13 +158,14 @@ class Served:
 
 @pytest.fixture
 def serve(tmp_path: Path) -> Iterator[Callable[..., Served]]:
-    """Starts servers (`serve(options=..., nofile=...)`); each is stopped after the test."""
+    """Starts servers (`serve(options=..., nofile=...)`, or `serve(args=...)`: flags of
+    `tangram serve`); each is stopped after the test."""
     started: list[Served] = []
 
-    def start(options: dict[str, Any] | None = None, nofile: int | None = None) -> Served:
+    def start(options: dict[str, Any] | None = None, nofile: int | None = None, args: tuple[str, ...] = ()) -> Served:
         directory = tmp_path / f"server{len(started)}"
         directory.mkdir()
-        served = Served(directory, options, nofile)
+        served = Served(directory, options, nofile, args)
         started.append(served)
         return served
 
@@ -501,7 +503,7 @@ def test_sessions_are_capped(serve: Callable[..., Served]) -> None:
     """max_sessions: a new session past it is refused in-band (a SandboxError naming the
     cap, as the endpoint answers what it cannot run); the open ones go on, and ending one
     makes room."""
-    served = serve(options={"max_sessions": 2})
+    served = serve(args=("--sandbox-fusion-max-sessions", "2"))  # as `tangram serve` users set it
     code = {"code": "print('in')", "language": "python"}
     for name in ("s1", "s2"):
         assert post(served.url, code | {"session_id": name}).json()["status"] == "Success"
