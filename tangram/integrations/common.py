@@ -27,7 +27,7 @@ import weakref
 from typing import Any, Mapping, Sequence
 
 from .._errors import TangramError
-from ..runtime.sandbox.run_code import TrajectoryPool, check_request, error_answer, run_code_call
+from ..runtime.sandbox.run_code import TrajectoryPool, check_request, checked_answer, error_answer, run_code_call
 
 # The adapters' trajectory ids: from 3 x 2**30 up, so that they do not meet the ids a
 # caller uses itself on the same orchestrator or client (keep those below), and stay
@@ -128,14 +128,14 @@ async def run_code(code: str, language: str = "python", *, stdin: str | None = N
     request = code_request(code, language, stdin, timeout, memory_limit_mb)
     if trajectory is not None:
         try:
-            return await orch.run(run_code_call(request, trajectory, keep_files=True))  # type: ignore[no-any-return]
+            return checked_answer(await orch.run(run_code_call(request, trajectory, keep_files=True)))
         except TangramError as e:
             return error_answer(e)
     pool = _pool(orch)
     with _lock:
         t = pool.take()
     try:
-        return await orch.run(run_code_call(request, t, pooled=True))  # type: ignore[no-any-return]
+        return checked_answer(await orch.run(run_code_call(request, t, pooled=True)))
     except TangramError as e:
         return error_answer(e)
     finally:
@@ -157,7 +157,7 @@ def _run_many_sync(requests: Sequence[dict[str, Any]], trajectory: int | None, o
         answers = []
         for request in requests:
             try:
-                answers.append(orch.run(run_code_call(request, trajectory, keep_files=True)))
+                answers.append(checked_answer(orch.run(run_code_call(request, trajectory, keep_files=True))))
             except TangramError as e:
                 answers.append(error_answer(e))
         return answers
@@ -168,7 +168,7 @@ def _run_many_sync(requests: Sequence[dict[str, Any]], trajectory: int | None, o
     answers = []
     for handle, t in zip(handles, taken):
         try:
-            answers.append(handle.result())
+            answers.append(checked_answer(handle.result()))
         except TangramError as e:
             answers.append(error_answer(e))
         with _lock:

@@ -99,7 +99,8 @@ from typing import Any, Iterator
 
 from .._errors import TangramError, ValidationError
 from ..runtime.orchestrator import Orchestrator
-from ..runtime.sandbox.run_code import TrajectoryPool, check_request, error_answer, run_code_call, sandbox_error
+from ..runtime.sandbox.run_code import (TrajectoryPool, check_request, checked_timed_answer, error_answer, run_code_call,
+                                        sandbox_error)
 from .protocol import is_loopback
 
 DEFAULT_PORT = 8080  # Sandbox Fusion's (SkyRL's verifier assumes it)
@@ -516,7 +517,7 @@ class SandboxFusionEndpoint:
             return sandbox_error(f"tangram cannot run this request: {e}")
         self._live.add(handle.future)
         try:
-            answer, seconds = await handle.future
+            answer, seconds = checked_timed_answer(await handle.future)
             if note is not None:
                 note[RUN_SECONDS] = seconds
             return answer

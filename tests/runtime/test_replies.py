@@ -177,3 +177,27 @@ def test_nested_exceptions_are_encoded_once_each() -> None:
     for _ in range(24):
         back = back.args[1]
     assert type(back) is ValueError and back.args[0] == "leaf" and back.args[1].startswith("<object")
+
+
+def test_more_than_a_few_keys_of_one_hash_are_refused() -> None:
+    """Floats x * 2**(61 k) share x's hash (as do tuples of small ints built to): a table of
+    many keys of one hash is quadratic to fill, so a container may hold MAX_SAME_HASH."""
+    from tangram.runtime.sandbox.inside_values import MAX_SAME_HASH
+    same = [1.5 * 2.0 ** (61 * k) for k in range(MAX_SAME_HASH + 1)]
+    assert len({hash(x) for x in same}) == 1
+    assert decode(encode(dict.fromkeys(same[:MAX_SAME_HASH]))) == dict.fromkeys(same[:MAX_SAME_HASH])
+    for value in (dict.fromkeys(same), set(same), frozenset(same), collections.Counter(same),
+                  collections.OrderedDict.fromkeys(same)):
+        with pytest.raises(Malformed, match="of one hash"):
+            decode(encode(value))
+
+
+def test_a_syntax_error_keeps_its_location_only_within_its_text() -> None:
+    try:
+        compile("x = = 1", "f.py", "exec")
+    except SyntaxError as e:
+        real = e
+    back = decode(encode(real))
+    assert type(back) is SyntaxError and back.args == real.args
+    with pytest.raises(Malformed, match="location"):  # a traceback of it would draw 2**31 carets
+        decode(encode(SyntaxError("m", ("f", 1, 1, "abc", 1, 2 ** 31 + 5))))

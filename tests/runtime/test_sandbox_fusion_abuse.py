@@ -571,3 +571,18 @@ def test_a_client_that_does_not_read_its_answer_is_dropped(serve: Callable[..., 
     assert received < len(b64(b"x" * (30 << 20)))  # ... and cut off
     assert eventually(lambda: served.connections() == 0), served.connections()
     assert healthy(served)
+
+
+def test_an_answer_not_of_run_codes_shape_is_a_sandbox_error() -> None:
+    """Code in the worker can send any plain data as the action's result: the endpoint and
+    the adapters take only a run_code answer's shape, else a SandboxError (not a 500)."""
+    from tangram.runtime.sandbox.run_code import checked_answer, checked_timed_answer, sandbox_error
+
+    good = sandbox_error("fine", files={"a.txt": "eA=="})
+    assert checked_answer(good) is good
+    assert checked_timed_answer((good, 0.5)) == (good, 0.5)
+    for bad in ("text", ("a", "b"), {"status": 1}, {"status": "Success", "files": {"a": b"x"}},
+                {"status": "Success", "run_result": ["x"]}, {"status": "Success", "message": None}):
+        answer = checked_answer(bad)
+        assert answer["status"] == "SandboxError" and "malformed" in answer["message"], bad
+    assert checked_timed_answer("not a pair")[0]["status"] == "SandboxError"

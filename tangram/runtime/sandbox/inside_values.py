@@ -23,8 +23,10 @@ What decoding may cost is bounded by the bytes: the objects it builds by an esti
 their memory (at most 64 MiB plus 8 bytes per byte of input: an empty deque costs far more
 than its 10 bytes), dict keys and set members by type (None, bool, float, str, bytes,
 ints below 2**61 and tuples and frozensets of those: types whose hashes an attacker cannot
-make collide by the thousand, so no table is quadratic to fill), and exceptions whose
-message reads their arguments by index (UnicodeError's) by those arguments' bounds.
+make collide cheaply), no more than MAX_SAME_HASH of them in one container with one hash
+(a tuple of small ints, whose hash an attacker can invert, or floats x * 2**61k: a table
+of many keys of one hash is quadratic to fill), and exceptions whose message reads their
+arguments by index or length (UnicodeError's, SyntaxError's) by those arguments' bounds.
 
 Runs on both sides: the sandbox's worker loads this file by its path (standard library
 only, as every inside_*.py), and the orchestrator imports it. numpy is imported only for a
@@ -48,6 +50,7 @@ from typing import Any
 MAX_DEPTH = 200  # containers nested deeper are refused on both sides (no RecursionError)
 MAX_PARTS = 1 << 26  # values one encode writes (shared references could make a small value huge)
 _KEY_INT = (1 << 61) - 1  # ints below it in magnitude hash to themselves (sys.hash_info.modulus)
+MAX_SAME_HASH = 8  # keys of one container sharing a hash (decode): a few by chance, thousands by design
 _FRACTION_BITS = 1 << 16
 _DTYPE = re.compile(r"[<>|=]?(?:[biufc][1-9][0-9]?|[US][0-9]{1,9}|[mM]8\[(?:[1-9][0-9]{0,8})?(?:Y|M|W|D|h|m|s|ms|us|ns|ps|fs|as)\])")
 _ARRAY_KINDS = frozenset("biufcUSmM")
@@ -232,16 +235,36 @@ def decode(data: bytes) -> Any:
 # What decoding may build: estimated bytes of the objects (CPython, 64-bit, rounded up).
 _COST_FREE = 64 << 20
 _COST_PER_BYTE = 8
-_COST = {b"N": 8, b"T": 8, b"F": 8, b"i": 40, b"f": 32, b"c": 40, b"s": 56, b"b": 40, b"B": 64, b"d": 240,
-         b"l": 64, b"t": 56, b"S": 232, b"Z": 232, b"O": 400, b"C": 300, b"Q": 640, b"D": 64, b"y": 40, b"h": 48,
+_COST = {b"N": 8, b"T": 8, b"F": 8, b"i": 40, b"f": 32, b"c": 40, b"s": 56, b"b": 40, b"B": 64, b"d": 300,
+         b"l": 64, b"t": 56, b"S": 300, b"Z": 300, b"O": 500, b"C": 400, b"Q": 800, b"D": 64, b"y": 40, b"h": 48,
          b"x": 48, b"m": 120, b"q": 120, b"e": 120, b"a": 128, b"g": 128, b"v": 64}
 
 
 class _Reader:
-    __slots__ = ("data", "at", "budget")
+    __slots__ = ("data", "at", "budget", "safe", "kept")
 
     def __init__(self, data: memoryview, budget: int) -> None:
         self.data, self.at, self.budget = data, 0, budget
+        # The tuples and frozensets decoded so far that may be keys (by id: each checked
+        # once, not again at every level it is nested in), kept alive so no id is reused.
+        self.safe: set[int] = set()
+        self.kept: list[Any] = []
+
+    def key_ok(self, v: Any) -> bool:
+        """safe_key, with a tuple's or frozenset's answer from when it was decoded."""
+        t = type(v)
+        if v is None or t is bool or t is float or t is str or t is bytes:
+            return True
+        if t is int:
+            return -_KEY_INT < v < _KEY_INT
+        return (t is tuple or t is frozenset) and id(v) in self.safe
+
+    def made(self, v: Any, items: Any) -> Any:
+        """A tuple or frozenset `v` of `items` just decoded: noted if it may be a key."""
+        if all(self.key_ok(x) for x in items):
+            self.safe.add(id(v))
+            self.kept.append(v)
+        return v
 
     def charge(self, n: int) -> None:
         self.budget -= n
@@ -337,7 +360,10 @@ class _Reader:
             items.frombytes(data)
             if sys.byteorder != "little":
                 items.byteswap()
-            return items.tolist() if kind == b"l" else tuple(items.tolist())
+            if kind == b"l":
+                return items.tolist()
+            values = tuple(items.tolist())
+            return self.made(values, values)
         raise Malformed(f"unknown tag {tag!r} at offset {self.at - 1}")
 
     def integer(self, depth: int) -> int:
@@ -348,16 +374,26 @@ class _Reader:
 
     def mapping(self, make: Any, depth: int) -> Any:
         out = make()
+        hashes: dict[int, int] = {}
         for _ in range(self.u64()):  # no allocation ahead: a false count runs out of bytes
             self.charge(32)
             key = self.value(depth + 1)
-            if not safe_key(key):
-                raise Malformed(f"a dict key of type {type(key).__name__} (or holding one, or an int of 2**61 or more)")
+            self.check_key(key, hashes, "dict key")
             try:
                 out[key] = self.value(depth + 1)
             except TypeError as e:  # an unhashable key
                 raise Malformed(f"a dict key that cannot be one: {e}") from None
         return out
+
+    def check_key(self, key: Any, hashes: dict[int, int], what: str) -> None:
+        """Malformed unless `key` may be a key (key_ok) and fewer than MAX_SAME_HASH keys of
+        its container (`hashes`: each hash's count so far) share its hash."""
+        if not self.key_ok(key):
+            raise Malformed(f"a {what} of type {type(key).__name__} (or holding one, or an int of 2**61 - 1 or more)")
+        h = hash(key)
+        n = hashes[h] = hashes.get(h, 0) + 1  # (an int keyed dict: ints hash to themselves, no collisions)
+        if n > MAX_SAME_HASH:
+            raise Malformed(f"more than {MAX_SAME_HASH} {what}s of one hash in a container (crafted to collide)")
 
     def sequence(self, tag: bytes, depth: int) -> Any:
         count = self.u64()
@@ -366,24 +402,29 @@ class _Reader:
             raise Malformed(f"a deque's maxlen of {maxlen!r}")
         kind = _SEQUENCE_TYPES[tag]
         keyed = kind is set or kind is frozenset
+        pairs = kind is collections.OrderedDict or kind is collections.Counter
+        hashes: dict[int, int] = {}
         items = []
         for _ in range(count):
             self.charge(40 if keyed else 16)  # its slot, here and in the container made of them
             item = self.value(depth + 1)
-            if keyed and not safe_key(item):
-                raise Malformed(f"a set member of type {type(item).__name__} (or holding one, or an int of 2**61 "
-                                "or more)")
+            if keyed:
+                self.check_key(item, hashes, "set member")
+            elif pairs:
+                if type(item) is not tuple or len(item) != 2:
+                    raise Malformed(f"a {kind.__name__} item that is not a (key, value) pair")
+                self.check_key(item[0], hashes, f"{kind.__name__} key")
             items.append(item)
         try:
             if kind is collections.deque:
                 return collections.deque(items, maxlen)
-            if kind in (collections.OrderedDict, collections.Counter):
-                if not all(type(i) is tuple and len(i) == 2 and safe_key(i[0]) for i in items):
-                    raise Malformed(f"a {kind.__name__} item that is not a (key, value) pair of a key it may have")
+            if pairs:
                 out = kind()
                 for k, v in items:
                     out[k] = v
                 return out
+            if kind is tuple or kind is frozenset:
+                return self.made(kind(items), items)
             return kind(items)
         except (TypeError, ValueError, OverflowError) as e:  # an unhashable member of a set...
             raise Malformed(f"a {kind.__name__} of members that cannot be: {e}") from None
@@ -397,6 +438,9 @@ class _Reader:
         if issubclass(cls, _INDEXED) and not _indexed_args_fit(cls, args):
             # its str() reads its object at start without a check: out of bounds, a crash
             raise Malformed(f"a {name} whose start and end are not within its object")
+        if issubclass(cls, SyntaxError) and not _syntax_args_fit(args):
+            # a traceback of it draws end_offset - offset carets: gigabytes, for a huge one
+            raise Malformed(f"a {name} whose location is not within its text")
         try:
             return cls(*args)
         except Exception as e:  # args its constructor refuses: not an exception's own
@@ -448,6 +492,22 @@ def _indexed_args_fit(cls: type, args: tuple) -> bool:
         return False
     start, end = args[at + 1], args[at + 2]
     return 0 <= start <= end <= len(args[at])
+
+
+def _syntax_args_fit(args: tuple) -> bool:
+    """SyntaxError's arguments: (msg,) or (msg, (filename, lineno, offset, text, end_lineno,
+    end_offset)) of their types, offsets within the text."""
+    if len(args) < 2:
+        return True
+    if len(args) != 2 or type(args[1]) is not tuple or len(args[1]) not in (4, 6):
+        return False
+    filename, lineno, offset, text, *ends = args[1]
+    end_lineno, end_offset = ends if ends else (None, None)
+    if not all(x is None or type(x) is str for x in (filename, text)):
+        return False
+    room = len(text or "") + 1
+    return (all(x is None or (type(x) is int and 0 <= x < 1 << 31) for x in (lineno, end_lineno))
+            and all(x is None or (type(x) is int and -1 <= x <= room) for x in (offset, end_offset)))
 
 
 _SEQUENCE_TYPES = {tag: kind for kind, tag in _SEQUENCES.items()}

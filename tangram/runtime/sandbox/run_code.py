@@ -227,6 +227,26 @@ def run_code_call(request: Mapping[str, Any], trajectory: int = 0, keep_files: b
                 timeout=timeout, trajectory=trajectory, kind=kind, key=f"{kind}:{request['language']}", pooled=pooled)
 
 
+def checked_answer(value: Any) -> dict[str, Any]:
+    """What a run_code action returned, if it has a run_code answer's shape (a dict whose
+    status and message are strings, compile_result and run_result None or dicts, files a
+    dict of strings); else a SandboxError saying so. The answer comes from the sandbox:
+    plain data, but of any shape code in the worker chose to send."""
+    files = value.get("files", {}) if type(value) is dict else None
+    if (type(value) is dict and type(value.get("status")) is str and type(value.get("message", "")) is str
+            and all(value.get(k) is None or type(value.get(k)) is dict for k in ("compile_result", "run_result"))
+            and type(files) is dict and all(type(k) is str and type(v) is str for k, v in files.items())):
+        return value
+    return sandbox_error(f"the sandbox's answer is malformed: a {type(value).__name__} that is not a run_code answer")
+
+
+def checked_timed_answer(value: Any) -> tuple[dict[str, Any], float]:
+    """checked_answer of run_code_timed's (answer, seconds)."""
+    if type(value) is tuple and len(value) == 2 and type(value[1]) is float:
+        return checked_answer(value[0]), value[1]
+    return checked_answer(None), 0.0
+
+
 def error_answer(error: BaseException) -> dict[str, Any]:
     """The Sandbox Fusion answer for an action that ended in `error` instead of answering:
     a program killed by its memory limit is a Failed run with return code -9 (as a killed
