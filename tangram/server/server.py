@@ -446,13 +446,13 @@ class _Connection(asyncio.BufferedProtocol):
 
     def _submit(self, payload: bytes) -> None:
         ids, pickled = P.parse_submit(payload)
+        seen: set[int] = set()
         for i in ids:
             if not self._own_id(i):
                 raise ProtocolError("frame", f"SUBMIT: action id {i} is not in this connection's range")
-        if len(set(ids)) != len(ids) or any(i in self.live for i in ids):
-            # Each id gets exactly one RESULT: an id given twice, or one still live, would get two.
-            again = next(i for n, i in enumerate(ids) if i in self.live or i in ids[:n])
-            raise ProtocolError("frame", f"SUBMIT: action id {again} is given twice or still live on this connection")
+            if i in seen or i in self.live:  # each id gets exactly one RESULT: this one would get two
+                raise ProtocolError("frame", f"SUBMIT: action id {i} is given twice or still live on this connection")
+            seen.add(i)
         try:
             calls = pickle.loads(pickled)
         except Exception as e:

@@ -744,9 +744,7 @@ def _answer(action_id: int, reply: tuple[Any, ...]) -> Any:
         return CommandResult(reply[1], reply[2], reply[3], reply[4])
     if kind == "memory":
         raise ResourceLimitExceeded(action_id, reply[1], "memory")
-    if kind == "error":
-        raise ActionFailed(action_id, reply[2], reply[1], reply[3])
-    raise ActionFailed(action_id, f"unexpected reply from the sandbox: {kind!r}", "ProtocolError")
+    raise ActionFailed(action_id, reply[2], reply[1], reply[3])  # "error": load_reply let no other kind through
 
 
 class _Running:

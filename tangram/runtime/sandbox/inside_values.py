@@ -21,12 +21,13 @@ Malformed for bytes that are not such a value, at any depth up to MAX_DEPTH.
 
 What decoding may cost is bounded by the bytes: the objects it builds by an estimate of
 their memory (at most 64 MiB plus 8 bytes per byte of input: an empty deque costs far more
-than its 10 bytes), dict keys and set members by type (None, bool, float, str, bytes,
-ints below 2**61 and tuples and frozensets of those: types whose hashes an attacker cannot
-make collide cheaply), no more than MAX_SAME_HASH of them in one container with one hash
-(a tuple of small ints, whose hash an attacker can invert, or floats x * 2**61k: a table
-of many keys of one hash is quadratic to fill), and exceptions whose message reads their
-arguments by index or length (UnicodeError's, SyntaxError's) by those arguments' bounds.
+than its 10 bytes); dict keys and set members by type (None, bool, float, str, bytes, ints
+below 2**61 - 1 and tuples and frozensets of those: no key whose comparison with another
+of the same hash is costly, as a huge int's with a Decimal is) and by hash (at most
+MAX_SAME_HASH keys of one hash in a container: tuples of small ints can be built to share
+one, floats x * 2**61k share x's, and a table of many keys of one hash is quadratic to
+fill); exceptions whose message reads their arguments by index or length (UnicodeError's,
+SyntaxError's) by those arguments' bounds.
 
 Runs on both sides: the sandbox's worker loads this file by its path (standard library
 only, as every inside_*.py), and the orchestrator imports it. numpy is imported only for a
@@ -54,7 +55,6 @@ MAX_SAME_HASH = 8  # keys of one container sharing a hash (decode): a few by cha
 _FRACTION_BITS = 1 << 16
 _DTYPE = re.compile(r"[<>|=]?(?:[biufc][1-9][0-9]?|[US][0-9]{1,9}|[mM]8\[(?:[1-9][0-9]{0,8})?(?:Y|M|W|D|h|m|s|ms|us|ns|ps|fs|as)\])")
 _ARRAY_KINDS = frozenset("biufcUSmM")
-_U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _F64 = struct.Struct("<d")
 _C128 = struct.Struct("<dd")
@@ -83,22 +83,24 @@ def encode(value: Any) -> bytes:
     return b"".join(out)
 
 
-def safe_key(v: Any) -> bool:
-    """Whether `v` may be a dict key or set member in a reply (the module docstring)."""
+def safe_key(v: Any, members_ok: Any = None) -> bool:
+    """Whether `v` may be a dict key or set member in a reply (the module docstring); a
+    tuple's or frozenset's members are checked by `members_ok(v)` when given (the decoder
+    knows it from when it decoded them), else one by one."""
     t = type(v)
     if v is None or t is bool or t is float or t is str or t is bytes:
         return True
     if t is int:
         return -_KEY_INT < v < _KEY_INT
     if t is tuple or t is frozenset:
-        return all(safe_key(x) for x in v)
+        return members_ok(v) if members_ok is not None else all(safe_key(x) for x in v)
     return False
 
 
 def _key(k: Any) -> None:
     if not safe_key(k):
         raise Unsupported(_name(k), "a dict key or set member must be None, a bool, a float, a str, bytes, an "
-                                    "int below 2**61, or a tuple or frozenset of those")
+                                    "int below 2**61 - 1, or a tuple or frozenset of those")
 
 
 def _name(value: Any) -> str:
@@ -252,12 +254,7 @@ class _Reader:
 
     def key_ok(self, v: Any) -> bool:
         """safe_key, with a tuple's or frozenset's answer from when it was decoded."""
-        t = type(v)
-        if v is None or t is bool or t is float or t is str or t is bytes:
-            return True
-        if t is int:
-            return -_KEY_INT < v < _KEY_INT
-        return (t is tuple or t is frozenset) and id(v) in self.safe
+        return safe_key(v, lambda container: id(container) in self.safe)
 
     def made(self, v: Any, items: Any) -> Any:
         """A tuple or frozenset `v` of `items` just decoded: noted if it may be a key."""
