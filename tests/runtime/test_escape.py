@@ -10,7 +10,6 @@ does not contain is listed in docs/sandbox.md ("Threat model").
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import itertools
 import json
@@ -23,50 +22,25 @@ import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
 import tangram
-from tangram.runtime.call import Call, Placement
+from tangram.runtime.call import Call
 from tangram.runtime.managers.cpu import CpuManager
 from tangram.runtime.errors import ActionFailed, ResourceLimitExceeded
 from tangram.runtime.managers.base import LiveAction
-from tangram.runtime.sandbox.namespaces import HOME, detect
-from tangram.runtime.sandbox.kills import marked_processes
+from tangram.runtime.sandbox.namespaces import HOME
 
-BOUNDARY = detect("auto") if sys.platform.startswith("linux") else None
-pytestmark = pytest.mark.skipif(BOUNDARY is None or not BOUNDARY.namespaces,
-                                reason=f"no namespaces here: {BOUNDARY.reason if BOUNDARY else 'not Linux'}")
+import namespaced
+from namespaced import HAS_NAMESPACES, WHY_NOT, placement, with_manager
+
+no_leaked_process = namespaced.no_leaked_process  # its autouse fixture, for this module's tests
+
+pytestmark = pytest.mark.skipif(not HAS_NAMESPACES, reason=WHY_NOT)
 ROOT = os.geteuid() == 0
 _ids = itertools.count(1)
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_process() -> Any:
-    yield
-    leaked = marked_processes(f"{os.getpid()}.")
-    assert leaked == [], f"processes left behind: {leaked}"
-
-
-def placement(cores: float = 1.0) -> Placement:
-    return Placement(action_id=0, node=0, node_name="local", device=None, grant=cores, cores=cores,
-                     memory=0.0, gpu_memory=0.0, env={})
-
-
-def with_manager(body: Callable[[CpuManager], Awaitable[None]], **options: Any) -> None:
-    options.setdefault("warm_sandboxes", 0)
-    mgr = CpuManager(isolation="namespaces", **options)
-
-    async def main() -> None:
-        await mgr.start()
-        try:
-            await body(mgr)
-        finally:
-            await mgr.close()
-
-    asyncio.run(main())
 
 
 async def python(mgr: CpuManager, code: str, trajectory: int = 1, **call: Any) -> dict[str, Any]:

@@ -9,56 +9,30 @@ isolation="namespaces" (never in a bare host process)."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import itertools
 import json
 import os
-import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tangram.runtime.call import Call, Placement
+from tangram.runtime.call import Call
 from tangram.runtime.errors import ActionFailed
 from tangram.runtime.managers.base import LiveAction
 from tangram.runtime.managers.cpu import CpuManager
-from tangram.runtime.sandbox.kills import marked_processes
-from tangram.runtime.sandbox.namespaces import detect
 from tangram.runtime.sandbox.run_code import check_request, run_code_call
 
-BOUNDARY = detect("auto") if sys.platform.startswith("linux") else None
-namespaced = pytest.mark.skipif(BOUNDARY is None or not BOUNDARY.namespaces,
-                                reason="needs namespaced sandboxes (bubblewrap): these requests act as hostile ones")
+import namespaced
+from namespaced import HAS_NAMESPACES, placement, with_manager
+
+needs_namespaces = pytest.mark.skipif(not HAS_NAMESPACES,
+                                      reason="needs namespaced sandboxes (bubblewrap): these requests act as hostile ones")
+no_leaked_process = namespaced.no_leaked_process  # its autouse fixture, for this module's tests
 
 _ids = itertools.count(1)
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_process() -> Any:
-    yield
-    leaked = marked_processes(f"{os.getpid()}.")
-    assert leaked == [], f"processes left behind: {leaked}"
-
-
-def placement() -> Placement:
-    return Placement(action_id=0, node=0, node_name="local", device=None, grant=1.0, cores=1.0, memory=0.0,
-                     gpu_memory=0.0, env={})
-
-
-def with_manager(body: Callable[[CpuManager], Awaitable[None]], **options: Any) -> None:
-    mgr = CpuManager(isolation="namespaces", warm_sandboxes=0, **options)
-
-    async def main() -> None:
-        await mgr.start()
-        try:
-            await body(mgr)
-        finally:
-            await mgr.close()
-
-    asyncio.run(main())
 
 
 async def pooled(mgr: CpuManager, code: str, fn: Callable[..., Any] | None = None, **fields: Any) -> dict[str, Any]:
@@ -130,7 +104,7 @@ def run_code_walking_proc(request: dict[str, Any]) -> dict[str, Any]:
             inside_run_code._own_pid_namespace = saved  # type: ignore[attr-defined]
 
 
-@namespaced
+@needs_namespaces
 @pytest.mark.parametrize("how", ["pid namespace", "proc walk"])
 def test_a_deep_process_chain_does_not_outlive_its_request(how: str) -> None:
     """A 150-deep chain of sleeping processes left by request A is gone, all of it, before
@@ -192,7 +166,7 @@ print(json.dumps({"shm": sorted(os.listdir("/dev/shm")), "home": sorted(os.listd
 """
 
 
-@namespaced
+@needs_namespaces
 def test_files_and_ipc_left_by_a_request_are_gone_for_the_next(tmp_path: Path) -> None:
     """/dev/shm, directories A made read-only (0500, 0000) beside its own and in /tmp, a
     deep tree, symlinks out of the sandbox's writable places (removed, not followed) and a
@@ -224,7 +198,7 @@ def test_files_and_ipc_left_by_a_request_are_gone_for_the_next(tmp_path: Path) -
     assert (shown / "data.txt").read_text() == "read-only"
 
 
-@namespaced
+@needs_namespaces
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs a file in the sandbox its own uid cannot remove (root)")
 def test_a_sandbox_the_scrub_cannot_clean_is_ended_not_reused() -> None:
     """Something in a pooled sandbox's directory that the sandbox cannot remove (here a
@@ -246,7 +220,7 @@ def test_a_sandbox_the_scrub_cannot_clean_is_ended_not_reused() -> None:
     with_manager(body)
 
 
-@namespaced
+@needs_namespaces
 def test_fetched_files_are_limited_per_request() -> None:
     """A fetch past FETCH_LIMIT bytes in all is an in-band SandboxError naming the file and
     the limit; the run's own result and the files fetched before it still come back."""
@@ -386,7 +360,7 @@ def _pooled_key(mgr: CpuManager) -> int:
     return key
 
 
-@namespaced
+@needs_namespaces
 @pytest.mark.parametrize("how", sorted(TAMPER))
 def test_what_a_request_did_to_its_worker_never_reaches_the_next(how: str) -> None:
     """Request A changes the limits or scheduling of its worker (pid 2 of the sandbox),
@@ -439,7 +413,7 @@ def change_the_worker(request: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
-@namespaced
+@needs_namespaces
 @pytest.mark.parametrize("how", ["soft", "nice"])
 def test_a_worker_changed_between_requests_is_set_back_or_ended_before_the_next(how: str) -> None:
     """The worker changed since the first request by something no scrub followed (here a

@@ -449,17 +449,30 @@ def test_connections_over_max_connections_are_refused(serve: Callable[..., Serve
     assert healthy(served)
 
 
+def connect_up_to(served: Served, n: int) -> list[socket.socket]:
+    """Up to `n` connections to the server, fewer if it refuses one."""
+    socks = []
+    for _ in range(n):
+        try:
+            socks.append(socket.create_connection(served.address, timeout=5))
+        except OSError:
+            break
+    return socks
+
+
+def assert_no_log_storm(served: Served) -> list[str]:
+    """The server's stderr lines, checked to be few and none of asyncio's accept errors."""
+    lines = served.stderr().splitlines()
+    assert len(lines) < 20 and not any("out of system resource" in line for line in lines), lines[:20]
+    return lines
+
+
 def test_idle_connections_cannot_exhaust_the_descriptors(serve: Callable[..., Served]) -> None:
     """Under a descriptor limit of 128, 200 idle connections: the ones over the default
     max_connections (half the limit) are refused, the server keeps its
     descriptors and answers once they go, and nothing floods its log."""
     served = serve(nofile=128)
-    socks = []
-    for _ in range(200):
-        try:
-            socks.append(socket.create_connection(served.address, timeout=5))
-        except OSError:
-            break
+    socks = connect_up_to(served, 200)
     time.sleep(2)
     assert served.fds() < 100
     tcp = socket.create_connection(served.address, timeout=10)  # the server still accepts (and refuses)
@@ -471,8 +484,7 @@ def test_idle_connections_cannot_exhaust_the_descriptors(serve: Callable[..., Se
         sock.close()
     assert eventually(lambda: served.fds() < 40)
     assert healthy(served)
-    lines = served.stderr().splitlines()
-    assert len(lines) < 20 and not any("out of system resource" in line for line in lines), lines[:20]
+    assert_no_log_storm(served)
 
 
 def test_running_out_of_descriptors_sheds_connections_without_a_log_storm(serve: Callable[..., Served]) -> None:
@@ -480,19 +492,13 @@ def test_running_out_of_descriptors_sheds_connections_without_a_log_storm(serve:
     connections are closed at once (a spare descriptor makes room to accept them), with
     one warning, not asyncio's line per attempt; the server answers again once they go."""
     served = serve(options={"max_connections": 10_000}, nofile=96)
-    socks = []
-    for _ in range(160):
-        try:
-            socks.append(socket.create_connection(served.address, timeout=5))
-        except OSError:
-            break
+    socks = connect_up_to(served, 160)
     time.sleep(3)
     for sock in socks:
         sock.close()
     assert eventually(lambda: served.fds() < 40)
     assert healthy(served)
-    lines = served.stderr().splitlines()
-    assert len(lines) < 20 and not any("out of system resource" in line for line in lines), lines[:20]
+    lines = assert_no_log_storm(served)
     assert any("file descriptors" in line for line in lines), lines
 
 
