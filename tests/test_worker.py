@@ -261,11 +261,11 @@ def test_a_full_jobserver_fifo_does_not_fail_the_next_start(tmp_path: Path) -> N
                     os.write(fd, b"+" * 512)
                 except BlockingIOError:
                     break
-            channel.resize(4.0)  # its three more tokens find no room
-            return channel.grant_path
+            channel.resize(4.0)  # its three more tokens find no room: no error, and the grant is told
+            with open(channel.grant_path) as f:
+                return f.read()
         finally:
             os.close(fd)
             channel.close()
 
-    path = asyncio.run(main())
-    assert os.path.exists(path)
+    assert float(asyncio.run(main())) == 4.0
